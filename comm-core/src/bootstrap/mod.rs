@@ -1,0 +1,108 @@
+//! Bootstrap: how ranks find each other and exchange small messages before (and beside) the
+//! data path.
+//!
+//! [`Bootstrap`] is the trait; [`TcpBootstrap`] the built-in implementation (rank 0 listens on
+//! the address of a [`UniqueId`], every rank then keeps one TCP link to every other);
+//! [`from_env`] builds one from torchrun, Open MPI or Slurm variables. Users may implement the
+//! trait over their own channel (MPI, torch.distributed).
+
+mod env;
+mod tcp;
+mod unique_id;
+
+// pub use env::{EnvRendezvous, from_env};
+// pub use tcp::TcpBootstrap;
+// pub use unique_id::UniqueId;
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Tags at or above this value belong to weave itself; user code should use smaller tags.
+pub const RESERVED_TAG_BASE: u64 = 1 << 63;
+/// Tag used by the default [`Bootstrap::all_gather`].
+pub const TAG_ALL_GATHER: u64 = RESERVED_TAG_BASE | 1;
+/// Tag used by the default [`Bootstrap::broadcast`].
+pub const TAG_BROADCAST: u64 = RESERVED_TAG_BASE | 2;
+/// Tag used by the default [`Bootstrap::barrier`].
+pub const TAG_BARRIER: u64 = RESERVED_TAG_BASE | 3;
+
+/// Small-message exchange among the ranks of a job.
+///
+/// Messages between a pair of ranks with the same tag arrive in the order they were sent;
+/// messages with different tags do not block each other. Every blocking call is bounded by
+/// [`timeout`](Bootstrap::timeout) and fails with [`Error::Timeout`] naming the peer, or
+/// [`Error::PeerLost`] once the peer's link is gone.
+pub trait Bootstrap: Send + Sync {
+    /// This rank, `0..world_size`.
+    fn rank(&self) -> usize;
+
+    /// Number of ranks.
+    fn world_size(&self) -> usize;
+
+    /// This rank's index among the ranks on the same host.
+    fn local_rank(&self) -> usize;
+
+    /// Number of ranks on this host.
+    fn local_world_size(&self) -> usize;
+
+    /// Short hex string unique to this job (from the job secret); used to name OS objects.
+    fn job_key(&self) -> String;
+
+    /// Bound on every blocking call.
+    fn timeout(&self) -> Duration;
+
+    /// Sends `data` to `peer` under `tag`. Returns once the bytes are handed to the link.
+    fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()>;
+
+    /// Receives the next message from `peer` under `tag`.
+    fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
+
+    /// Every rank contributes `data`; returns all contributions indexed by rank.
+    fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        let (me, n) = (self.rank(), self.world_size());
+        for peer in (0..n).filter(|&p| p != me) {
+            self.send(peer, TAG_ALL_GATHER, data)?;
+        }
+        let mut out = Vec::with_capacity(n);
+        for peer in 0..n {
+            if peer == me {
+                out.push(data.to_vec());
+            } else {
+                out.push(self.recv(peer, TAG_ALL_GATHER)?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Returns `root`'s `data` on every rank (`data` is ignored elsewhere).
+    fn broadcast(&self, root: usize, data: &[u8]) -> Result<Vec<u8>> {
+        let (me, n) = (self.rank(), self.world_size());
+        if root >= n {
+            return Err(Error::invalid(format!("broadcast root {root} is not a rank of a {n}-rank job")));
+        }
+        if me == root {
+            for peer in (0..n).filter(|&p| p != me) {
+                self.send(peer, TAG_BROADCAST, data)?;
+            }
+            Ok(data.to_vec())
+        } else {
+            self.recv(root, TAG_BROADCAST)
+        }
+    }
+
+    /// Returns once every rank has called it.
+    fn barrier(&self) -> Result<()> {
+        let (me, n) = (self.rank(), self.world_size());
+        for peer in (0..n).filter(|&p| p != me) {
+            self.send(peer, TAG_BARRIER, &[])?;
+        }
+        for peer in (0..n).filter(|&p| p != me) {
+            let m = self.recv(peer, TAG_BARRIER)?;
+            if !m.is_empty() {
+                return Err(Error::protocol(format!("barrier message from rank {peer} is not empty")));
+            }
+        }
+        Ok(())
+    }
+}

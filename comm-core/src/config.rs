@@ -1,0 +1,161 @@
+//! Configuration: every `WEAVE_*` environment variable is read here and nowhere else.
+//!
+//! | variable | meaning | default |
+//! |---|---|---|
+//! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed) | `60` |
+//! | `WEAVE_TRANSPORTS` | comma list of transports to use (`shm,loopback,cudaipc,ib`) | all compiled in |
+//! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
+//! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::env`] |
+//!
+//! Every value can be overridden through the API ([`Config`] fields are public).
+
+use std::time::{Duration, Instant};
+
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+
+/// Default bound on every blocking call.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// How much weave prints on stderr.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum LogLevel {
+    /// Nothing.
+    Off,
+    /// Warnings only.
+    Warn,
+    /// Decisions (algorithm choices, transport choices).
+    Info,
+    /// Everything.
+    Trace,
+}
+
+/// Settings shared by one communicator and everything it builds.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Bound on every blocking call (bootstrap, semaphore waits, proxy flushes).
+    pub timeout: Duration,
+    /// Transports allowed at run time; `None` means every transport that was given to the builder.
+    pub transports: Option<Transport>,
+    /// Log level.
+    pub log_level: LogLevel,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config { timeout: DEFAULT_TIMEOUT, transports: None, log_level: LogLevel::Warn }
+    }
+}
+
+impl Config {
+    /// Reads the `WEAVE_*` variables; unset variables keep their defaults, malformed ones are
+    /// an [`Error::InvalidArgument`] naming the variable.
+    pub fn from_env() -> Result<Self> {
+        let mut c = Config::default();
+        if let Some(v) = var("WEAVE_TIMEOUT") {
+            c.timeout = parse_timeout(&v)?;
+        }
+        if let Some(v) = var("WEAVE_TRANSPORTS") {
+            c.transports =
+                Some(Transport::parse_list(&v).map_err(|e| Error::invalid(format!("WEAVE_TRANSPORTS={v:?}: {e}")))?);
+        }
+        if let Some(v) = var("WEAVE_DEBUG") {
+            c.log_level = parse_log_level(&v)?;
+        }
+        Ok(c)
+    }
+
+    /// A deadline [`Config::timeout`] from now.
+    pub fn deadline(&self) -> Deadline {
+        Deadline::after(self.timeout)
+    }
+
+    /// True when messages at `level` should be printed.
+    pub fn logs(&self, level: LogLevel) -> bool {
+        level <= self.log_level && level != LogLevel::Off
+    }
+}
+
+/// Reads one `WEAVE_*` variable; empty counts as unset.
+pub fn var(name: &str) -> Option<String> {
+    std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+fn parse_timeout(v: &str) -> Result<Duration> {
+    let secs: f64 =
+        v.trim().parse().map_err(|_| Error::invalid(format!("WEAVE_TIMEOUT={v:?} is not a number of seconds")))?;
+    if !(secs.is_finite() && secs > 0.0 && secs <= 1e7) {
+        return Err(Error::invalid(format!("WEAVE_TIMEOUT={v:?} must be between 0 and 1e7 seconds")));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_log_level(v: &str) -> Result<LogLevel> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "off" | "0" | "none" => Ok(LogLevel::Off),
+        "warn" | "1" => Ok(LogLevel::Warn),
+        "info" | "2" => Ok(LogLevel::Info),
+        "trace" | "3" | "debug" => Ok(LogLevel::Trace),
+        _ => Err(Error::invalid(format!("WEAVE_DEBUG={v:?}: expected off, warn, info or trace"))),
+    }
+}
+
+/// A point in time after which a blocking call gives up.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadline {
+    start: Instant,
+    end: Instant,
+}
+
+impl Deadline {
+    /// `timeout` from now.
+    pub fn after(timeout: Duration) -> Self {
+        let start = Instant::now();
+        let end = start.checked_add(timeout).unwrap_or(start + Duration::from_secs(1 << 30));
+        Deadline { start, end }
+    }
+
+    /// Time left, zero once passed.
+    pub fn remaining(&self) -> Duration {
+        self.end.saturating_duration_since(Instant::now())
+    }
+
+    /// True once the deadline has passed.
+    pub fn expired(&self) -> bool {
+        Instant::now() >= self.end
+    }
+
+    /// Time since the deadline was set.
+    pub fn elapsed(&self) -> Duration {
+        self.start.elapsed()
+    }
+
+    /// `Err(Error::Timeout)` naming `operation` and `peer` once the deadline has passed.
+    pub fn check(&self, operation: &str, peer: Option<usize>) -> Result<()> {
+        if self.expired() { Err(Error::timeout(operation, peer, self.elapsed())) } else { Ok(()) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_timeouts_and_levels() {
+        assert_eq!(parse_timeout("2.5").unwrap(), Duration::from_millis(2500));
+        assert!(parse_timeout("-1").is_err());
+        assert!(parse_timeout("abc").is_err());
+        assert!(parse_timeout("inf").is_err());
+        assert_eq!(parse_log_level("INFO").unwrap(), LogLevel::Info);
+        assert!(parse_log_level("loud").is_err());
+    }
+
+    #[test]
+    fn deadline_expires() {
+        let d = Deadline::after(Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(3));
+        assert!(d.expired());
+        assert!(matches!(d.check("x", Some(2)), Err(Error::Timeout { peer: Some(2), .. })));
+        assert!(!Deadline::after(Duration::from_secs(10)).expired());
+    }
+}

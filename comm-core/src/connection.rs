@@ -1,0 +1,122 @@
+//! Connections: how one rank moves bytes into a peer's registered memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+use crate::memory::RegisteredMemory;
+use crate::transport::Transport;
+
+/// A one-way data path from this rank to one peer, built by a transport.
+///
+/// Writes may complete asynchronously; [`update_and_sync`](Connection::update_and_sync) is
+/// ordered after every earlier [`write`](Connection::write) on the same connection, and
+/// [`flush`](Connection::flush) waits until everything issued so far is visible at the peer.
+pub trait Connection: Send + Sync {
+    /// The transport that built this connection.
+    fn transport(&self) -> Transport;
+
+    /// The peer rank at the other end.
+    fn peer(&self) -> usize;
+
+    /// Copies `len` bytes from `src[src_offset..]` (local) to `dst[dst_offset..]` (usually the
+    /// peer's). Both ranges are checked: out of range is [`Error::InvalidArgument`].
+    fn write(
+        &self,
+        dst: &RegisteredMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()>;
+
+    /// Stores `value` into the 8-byte word at `dst[dst_offset]`, visible to the peer only after
+    /// every earlier write of this connection (release ordering). Used for semaphores and flags.
+    fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()>;
+
+    /// Waits (bounded) until every earlier write and update is complete at the peer.
+    fn flush(&self) -> Result<()>;
+
+    /// `Err(PeerLost)` once the transport knows the peer is gone; cheap enough to call while
+    /// spinning.
+    fn check_peer(&self) -> Result<()> {
+        Ok(())
+    }
+}
+
+/// Tells whether a peer is still alive; transports supply one to [`DirectConnection`].
+pub type PeerCheck = Box<dyn Fn() -> Result<()> + Send + Sync>;
+
+/// A connection for transports whose imported memory is mapped into this process as host
+/// memory (loopback, shared memory): writes are plain copies done by the calling thread.
+pub struct DirectConnection {
+    transport: Transport,
+    peer: usize,
+    check: PeerCheck,
+}
+
+impl DirectConnection {
+    /// A direct connection to `peer`, with `check` telling whether the peer still lives.
+    pub fn new(transport: Transport, peer: usize, check: PeerCheck) -> Self {
+        DirectConnection { transport, peer, check }
+    }
+
+    fn mapped(&self, m: &RegisteredMemory, what: &str) -> Result<*mut u8> {
+        if !m.is_host_mapped() {
+            return Err(Error::invalid(format!(
+                "{} connection to rank {}: {what} {:?} is not host memory mapped into this process",
+                self.transport.name(),
+                self.peer,
+                m.label()
+            )));
+        }
+        Ok(m.as_ptr())
+    }
+}
+
+impl Connection for DirectConnection {
+    fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn write(
+        &self,
+        dst: &RegisteredMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        dst.check_range(dst_offset, len)?;
+        src.check_range(src_offset, len)?;
+        let d = self.mapped(dst, "destination")?;
+        let s = self.mapped(src, "source")?;
+        if len == 0 {
+            return Ok(());
+        }
+        // SAFETY: both ranges were checked to lie inside their mapped regions, which stay mapped
+        // while `dst` and `src` are borrowed. `ptr::copy` allows overlap (a rank may copy within
+        // one buffer). Concurrent access by other processes is ordered by semaphores.
+        unsafe { std::ptr::copy(s.add(src_offset), d.add(dst_offset), len) };
+        Ok(())
+    }
+
+    fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
+        let word: &AtomicU64 = dst.atomic_u64(dst_offset)?;
+        word.store(value, Ordering::Release);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        // Copies are done by the time `write` returns; a fence orders them for any observer.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        self.check_peer()
+    }
+
+    fn check_peer(&self) -> Result<()> {
+        (self.check)()
+    }
+}

@@ -1,0 +1,135 @@
+//! The one error type of weave, with kinds a caller can act on.
+
+use std::time::Duration;
+
+/// Result alias used across weave.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in weave.
+///
+/// Each variant names what failed and where; the message says what to do about it where there
+/// is something to do. Library code returns these instead of panicking on input from a user or
+/// a peer.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A bounded wait ran out. Raise `WEAVE_TIMEOUT`, or look at the named peer: it is slow,
+    /// stuck, or running a different sequence of calls.
+    #[error("timed out after {waited:?} waiting for {operation}{}; check that peer or raise WEAVE_TIMEOUT", peer_suffix(*.peer))]
+    Timeout {
+        /// What was being waited for.
+        operation: String,
+        /// The peer rank waited on, when there is one.
+        peer: Option<usize>,
+        /// How long the wait lasted.
+        waited: Duration,
+    },
+    /// A peer process went away (its socket closed, or its process no longer exists).
+    #[error("peer rank {peer} was lost during {operation}: {reason}")]
+    PeerLost {
+        /// The rank that was lost.
+        peer: usize,
+        /// What was in progress.
+        operation: String,
+        /// How the loss was noticed.
+        reason: String,
+    },
+    /// An argument from the caller is out of range or inconsistent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// Ranks registered or exchanged memory in different orders or with different contents.
+    #[error("registration mismatch: {0}")]
+    RegistrationMismatch(String),
+    /// A peer (or a stranger) sent bytes that do not follow weave's wire format.
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    /// A transport failed to do its job (map memory, connect, copy).
+    #[error("transport {transport} failed: {message}")]
+    Transport {
+        /// The transport's name (`shm`, `loopback`, `cudaipc`, `ib`, or a user transport).
+        transport: String,
+        /// What failed.
+        message: String,
+    },
+    /// A CUDA driver call failed, or there is no CUDA driver.
+    #[error("CUDA error in {operation}: {message}")]
+    Cuda {
+        /// The CUDA call or step.
+        operation: String,
+        /// The driver's message.
+        message: String,
+    },
+    /// The request is valid but this build or this machine cannot serve it.
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+    /// The operation stopped because the communicator was aborted (by the user, or after an
+    /// earlier error).
+    #[error("aborted: {0}")]
+    Aborted(String),
+    /// An operating-system call failed.
+    #[error("{operation} failed: {source}")]
+    Io {
+        /// The call and its object, e.g. "shm_open /weave-…".
+        operation: String,
+        /// The OS error.
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+fn peer_suffix(peer: Option<usize>) -> String {
+    match peer {
+        Some(p) => format!(" from peer rank {p}"),
+        None => String::new(),
+    }
+}
+
+impl Error {
+    /// Shorthand for [`Error::InvalidArgument`].
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidArgument(message.into())
+    }
+
+    /// Shorthand for [`Error::Protocol`].
+    pub fn protocol(message: impl Into<String>) -> Self {
+        Error::Protocol(message.into())
+    }
+
+    /// Shorthand for [`Error::Timeout`].
+    pub fn timeout(operation: impl Into<String>, peer: Option<usize>, waited: Duration) -> Self {
+        Error::Timeout { operation: operation.into(), peer, waited }
+    }
+
+    /// Shorthand for [`Error::PeerLost`].
+    pub fn peer_lost(peer: usize, operation: impl Into<String>, reason: impl Into<String>) -> Self {
+        Error::PeerLost { peer, operation: operation.into(), reason: reason.into() }
+    }
+
+    /// Shorthand for [`Error::Transport`].
+    pub fn transport(transport: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Transport { transport: transport.into(), message: message.into() }
+    }
+
+    /// Shorthand for [`Error::Io`].
+    pub fn io(operation: impl Into<String>, source: std::io::Error) -> Self {
+        Error::Io { operation: operation.into(), source }
+    }
+
+    /// Wraps a `nix` errno as [`Error::Io`].
+    pub fn errno(operation: impl Into<String>, errno: nix::errno::Errno) -> Self {
+        Error::Io { operation: operation.into(), source: std::io::Error::from(errno) }
+    }
+
+    /// True for errors after which the communicator cannot be trusted any more (a peer is gone,
+    /// a wait expired, the job was aborted), as opposed to a rejected argument.
+    pub fn is_fatal(&self) -> bool {
+        matches!(
+            self,
+            Error::Timeout { .. }
+                | Error::PeerLost { .. }
+                | Error::Aborted(_)
+                | Error::Protocol(_)
+                | Error::RegistrationMismatch(_)
+        )
+    }
+}

@@ -1,0 +1,28 @@
+//! # comm-core
+//!
+//! The transport-independent core of weave: errors, configuration, bootstrap, registered
+//! memory and its wire format, the [`Connection`](connection::Connection) trait, host
+//! semaphores, the trigger FIFO and its proxy thread, memory and port channels, and the
+//! [`Communicator`](communicator::Communicator) that sets them up between ranks.
+//!
+//! comm-core knows no transport but the in-process [`loopback`] one (for tests); transports live
+//! in their own crates and plug in through [`transport::TransportFactory`].
+
+pub mod bootstrap;
+pub mod communicator;
+pub mod config;
+pub mod connection;
+pub mod error;
+pub mod fifo;
+pub mod launch;
+pub mod loopback;
+pub mod memory;
+pub mod memory_channel;
+pub mod port_channel;
+pub mod proxy;
+pub mod semaphore;
+pub mod spin;
+pub mod transport;
+pub mod wire;
+
+pub use error::{Error, Result};

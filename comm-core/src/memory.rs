@@ -1,0 +1,458 @@
+//! Registered memory: regions a transport allocated or mapped, their serialized descriptor, and
+//! bounds-checked access.
+//!
+//! A rank registers memory with its communicator (which asks a transport to allocate it), then
+//! exchanges the [`MemoryDescriptor`] with peers, who import it through the transport that
+//! connects them. Every access through a [`RegisteredMemory`] checks its range.
+
+use std::any::Any;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use crate::error::{Error, Result};
+use crate::transport::Transport;
+use crate::wire::{Decoder, Encoder, digest64};
+
+/// Largest registration weave accepts (256 TiB): anything larger in a descriptor is garbage.
+pub const MAX_REGISTRATION_LEN: usize = 1 << 48;
+
+/// Where memory lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemoryKind {
+    /// Host (CPU) memory.
+    Host,
+    /// Memory of the CUDA device with this ordinal (as the owning process numbers it).
+    Device(u32),
+}
+
+impl MemoryKind {
+    fn encode(self, e: &mut Encoder) {
+        match self {
+            MemoryKind::Host => e.u8(0).u32(0),
+            MemoryKind::Device(d) => e.u8(1).u32(d),
+        };
+    }
+
+    fn decode(d: &mut Decoder<'_>) -> Result<Self> {
+        let tag = d.u8()?;
+        let ordinal = d.u32()?;
+        match tag {
+            0 => Ok(MemoryKind::Host),
+            1 => Ok(MemoryKind::Device(ordinal)),
+            t => Err(Error::protocol(format!("memory descriptor: unknown memory kind {t}"))),
+        }
+    }
+}
+
+/// A span of memory a transport allocated or mapped into this process.
+///
+/// Implementations free or unmap it on drop.
+pub trait MemoryRegion: Send + Sync + Any {
+    /// Address of the first byte in this process (host virtual address, or CUDA device address
+    /// for device memory); null when the region is not mapped here (e.g. an RDMA-only import).
+    fn as_ptr(&self) -> *mut u8;
+
+    /// Length in bytes.
+    fn len(&self) -> usize;
+
+    /// True when the region has no bytes.
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the bytes live.
+    fn kind(&self) -> MemoryKind;
+
+    /// Called on the owner once every peer that should import the region has done so: a
+    /// transport that gave the region a name (a shared-memory segment) removes the name here, so
+    /// nothing is left behind if the process dies later. Idempotent.
+    fn seal(&self) -> Result<()> {
+        Ok(())
+    }
+
+    /// Lets a transport reach its own region type (an rkey, a CUDA handle).
+    fn as_any(&self) -> &dyn Any;
+}
+
+/// The serialized form of a registration, sent to peers.
+///
+/// Wire format (little-endian): magic `WVMR`, version, owner rank `u32`, sequence `u64`, digest
+/// `u64`, kind (`u8` tag + `u32` device), length `u64`, label (`u32` length + UTF-8), number of
+/// exports `u8`, then per export a transport flag `u32` and a payload (`u32` length + bytes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MemoryDescriptor {
+    /// Rank that owns the memory.
+    pub owner: usize,
+    /// Position of this registration in its communicator's registration order.
+    pub seq: u64,
+    /// Digest of (sequence, label, kind): equal on every rank for the same registration step.
+    pub digest: u64,
+    /// Where the memory lives on its owner.
+    pub kind: MemoryKind,
+    /// Length in bytes.
+    pub len: usize,
+    /// The name the owner gave the registration.
+    pub label: String,
+    /// How each transport can reach it: (transport flag, transport-specific payload).
+    pub exports: Vec<(Transport, Vec<u8>)>,
+}
+
+const DESCRIPTOR_MAGIC: [u8; 4] = *b"WVMR";
+const DESCRIPTOR_VERSION: u16 = 1;
+
+impl MemoryDescriptor {
+    /// The digest every rank computes for registration step `seq` with this label and kind.
+    pub fn digest_for(seq: u64, label: &str, kind: MemoryKind) -> u64 {
+        let kind_bytes = match kind {
+            MemoryKind::Host => [0u8; 5],
+            MemoryKind::Device(d) => {
+                let b = d.to_le_bytes();
+                [1, b[0], b[1], b[2], b[3]]
+            }
+        };
+        digest64(&[&seq.to_le_bytes(), label.as_bytes(), &kind_bytes])
+    }
+
+    /// Serializes the descriptor.
+    pub fn encode(&self) -> Vec<u8> {
+        let mut e = Encoder::new(DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION);
+        e.u32(self.owner as u32).u64(self.seq).u64(self.digest);
+        self.kind.encode(&mut e);
+        e.usize(self.len).str(&self.label).u8(self.exports.len() as u8);
+        for (t, payload) in &self.exports {
+            e.u32(t.bits()).bytes(payload);
+        }
+        e.finish()
+    }
+
+    /// Parses and checks a descriptor: every length, the memory kind, and that each export
+    /// names exactly one transport.
+    pub fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut d = Decoder::new(bytes, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, "memory descriptor")?;
+        let owner = d.u32()? as usize;
+        let seq = d.u64()?;
+        let digest = d.u64()?;
+        let kind = MemoryKind::decode(&mut d)?;
+        let len = d.usize()?;
+        if len > MAX_REGISTRATION_LEN {
+            return Err(Error::protocol(format!(
+                "memory descriptor: length {len} is larger than {MAX_REGISTRATION_LEN}"
+            )));
+        }
+        let label = d.str()?.to_string();
+        let n = d.u8()?;
+        let mut exports = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let bits = d.u32()?;
+            let t = Transport::from_bits(bits)
+                .filter(|t| t.bits().count_ones() == 1)
+                .ok_or_else(|| Error::protocol(format!("memory descriptor: bad transport flag {bits:#x}")))?;
+            exports.push((t, d.bytes()?.to_vec()));
+        }
+        d.finish()?;
+        Ok(MemoryDescriptor { owner, seq, digest, kind, len, label, exports })
+    }
+
+    /// The payload for transport `t`, if the owner exported through it.
+    pub fn export_for(&self, t: Transport) -> Option<&[u8]> {
+        self.exports.iter().find(|(x, _)| *x == t).map(|(_, p)| p.as_slice())
+    }
+}
+
+struct Registration {
+    descriptor: MemoryDescriptor,
+    region: Arc<dyn MemoryRegion>,
+    transport: Transport,
+    local: bool,
+}
+
+/// Memory registered with a communicator: either this rank's own (local) or a peer's, imported.
+///
+/// Cloning is cheap and shares the mapping; the memory is freed or unmapped when the last clone
+/// drops. Contents change under other ranks' writes: read them only after a semaphore wait (or
+/// another synchronization) says they are ready.
+#[derive(Clone)]
+pub struct RegisteredMemory {
+    inner: Arc<Registration>,
+}
+
+impl fmt::Debug for RegisteredMemory {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RegisteredMemory")
+            .field("label", &self.inner.descriptor.label)
+            .field("owner", &self.inner.descriptor.owner)
+            .field("seq", &self.inner.descriptor.seq)
+            .field("len", &self.inner.descriptor.len)
+            .field("kind", &self.inner.descriptor.kind)
+            .field("transport", &self.inner.transport.name())
+            .field("local", &self.inner.local)
+            .finish()
+    }
+}
+
+impl RegisteredMemory {
+    /// Wraps a region this rank owns. `descriptor.len` must equal the region's length.
+    pub fn new_local(
+        descriptor: MemoryDescriptor,
+        region: Arc<dyn MemoryRegion>,
+        transport: Transport,
+    ) -> Result<Self> {
+        Self::new(descriptor, region, transport, true)
+    }
+
+    /// Wraps a peer's region that `transport` imported.
+    pub fn new_imported(
+        descriptor: MemoryDescriptor,
+        region: Arc<dyn MemoryRegion>,
+        transport: Transport,
+    ) -> Result<Self> {
+        Self::new(descriptor, region, transport, false)
+    }
+
+    fn new(
+        descriptor: MemoryDescriptor,
+        region: Arc<dyn MemoryRegion>,
+        transport: Transport,
+        local: bool,
+    ) -> Result<Self> {
+        if region.len() < descriptor.len {
+            return Err(Error::transport(
+                transport.name(),
+                format!(
+                    "region for {:?} is {} bytes, descriptor says {}",
+                    descriptor.label,
+                    region.len(),
+                    descriptor.len
+                ),
+            ));
+        }
+        Ok(RegisteredMemory { inner: Arc::new(Registration { descriptor, region, transport, local }) })
+    }
+
+    /// The descriptor peers import.
+    pub fn descriptor(&self) -> &MemoryDescriptor {
+        &self.inner.descriptor
+    }
+
+    /// The name given at registration.
+    pub fn label(&self) -> &str {
+        &self.inner.descriptor.label
+    }
+
+    /// The rank that owns the memory.
+    pub fn owner(&self) -> usize {
+        self.inner.descriptor.owner
+    }
+
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.inner.descriptor.len
+    }
+
+    /// True for a zero-length registration.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Where the bytes live.
+    pub fn kind(&self) -> MemoryKind {
+        self.inner.descriptor.kind
+    }
+
+    /// True when this rank owns the memory.
+    pub fn is_local(&self) -> bool {
+        self.inner.local
+    }
+
+    /// The transport that allocated (local) or imported (peer) the region.
+    pub fn transport(&self) -> Transport {
+        self.inner.transport
+    }
+
+    /// The underlying region, for transports.
+    pub fn region(&self) -> &Arc<dyn MemoryRegion> {
+        &self.inner.region
+    }
+
+    /// Address of the first byte in this process; null when not mapped here. Dereferencing it
+    /// is `unsafe`: stay within [`len`](Self::len) and synchronize with the other ranks.
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.inner.region.as_ptr()
+    }
+
+    /// True when the memory is host memory mapped into this process.
+    pub fn is_host_mapped(&self) -> bool {
+        self.kind() == MemoryKind::Host && !self.as_ptr().is_null()
+    }
+
+    /// `Err(InvalidArgument)` unless `[offset, offset + len)` lies inside the registration.
+    pub fn check_range(&self, offset: usize, len: usize) -> Result<()> {
+        match offset.checked_add(len) {
+            Some(end) if end <= self.len() => Ok(()),
+            _ => Err(Error::invalid(format!(
+                "range [{offset}, {offset}+{len}) is outside {:?} (rank {}, {} bytes)",
+                self.label(),
+                self.owner(),
+                self.len()
+            ))),
+        }
+    }
+
+    fn host_ptr(&self, offset: usize, len: usize) -> Result<*mut u8> {
+        self.check_range(offset, len)?;
+        if !self.is_host_mapped() {
+            return Err(Error::invalid(format!(
+                "{:?} (rank {}) is {:?} memory not mapped into this process; use a channel to move it",
+                self.label(),
+                self.owner(),
+                self.kind()
+            )));
+        }
+        // SAFETY: offset + len <= self.len() <= region length, checked above, so the result stays
+        // inside (or one past) the mapped region.
+        Ok(unsafe { self.as_ptr().add(offset) })
+    }
+
+    /// Copies `data` into the memory at `offset` (host memory mapped here only).
+    pub fn write_bytes(&self, offset: usize, data: &[u8]) -> Result<()> {
+        let dst = self.host_ptr(offset, data.len())?;
+        // SAFETY: dst..dst+len is inside the mapped region (host_ptr checked it); `data` is a
+        // separate Rust slice, so the ranges cannot overlap.
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        Ok(())
+    }
+
+    /// Copies bytes at `offset` into `out` (host memory mapped here only).
+    pub fn read_bytes(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        let src = self.host_ptr(offset, out.len())?;
+        // SAFETY: src..src+len is inside the mapped region; `out` is an exclusive Rust slice.
+        unsafe { std::ptr::copy_nonoverlapping(src, out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    /// The 8-byte word at `offset` as an atomic (host memory mapped here, 8-byte aligned).
+    pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
+        let p = self.host_ptr(offset, 8)?;
+        if (p as usize) % 8 != 0 {
+            return Err(Error::invalid(format!("offset {offset} in {:?} is not 8-byte aligned", self.label())));
+        }
+        // SAFETY: p is 8-byte aligned, inside the mapping, and the mapping lives as long as
+        // `self` (the returned reference borrows self). Other processes only touch this word
+        // atomically, so viewing it as an AtomicU64 is sound.
+        Ok(unsafe { AtomicU64::from_ptr(p.cast::<u64>()) })
+    }
+
+    /// Loads the 8-byte word at `offset` with acquire ordering.
+    pub fn load_u64(&self, offset: usize) -> Result<u64> {
+        Ok(self.atomic_u64(offset)?.load(Ordering::Acquire))
+    }
+}
+
+/// A host region on the Rust heap, 64-byte aligned; used by the loopback transport and for
+/// private scratch.
+pub struct HeapRegion {
+    ptr: *mut u8,
+    len: usize,
+}
+
+// SAFETY: HeapRegion owns its allocation; the raw pointer is only a handle to it, and all access
+// through it is synchronized by the channel protocols (atomics, semaphores).
+unsafe impl Send for HeapRegion {}
+// SAFETY: see Send: shared access goes through raw pointers with explicit synchronization.
+unsafe impl Sync for HeapRegion {}
+
+const HEAP_ALIGN: usize = 64;
+
+impl HeapRegion {
+    /// Allocates `len` zeroed bytes (at least one cache line, so the pointer is never dangling).
+    pub fn new(len: usize) -> Result<Self> {
+        let layout = std::alloc::Layout::from_size_align(len.max(HEAP_ALIGN), HEAP_ALIGN)
+            .map_err(|_| Error::invalid(format!("cannot allocate {len} bytes")))?;
+        // SAFETY: the layout has non-zero size.
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return Err(Error::Unsupported(format!("out of host memory allocating {len} bytes")));
+        }
+        Ok(HeapRegion { ptr, len })
+    }
+}
+
+impl Drop for HeapRegion {
+    fn drop(&mut self) {
+        let layout = std::alloc::Layout::from_size_align(self.len.max(HEAP_ALIGN), HEAP_ALIGN)
+            .expect("layout was valid at allocation");
+        // SAFETY: ptr came from alloc_zeroed with this same layout and is freed once.
+        unsafe { std::alloc::dealloc(self.ptr, layout) };
+    }
+}
+
+impl MemoryRegion for HeapRegion {
+    fn as_ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+    fn len(&self) -> usize {
+        self.len
+    }
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn descriptor(len: usize) -> MemoryDescriptor {
+        MemoryDescriptor {
+            owner: 3,
+            seq: 9,
+            digest: MemoryDescriptor::digest_for(9, "buf", MemoryKind::Host),
+            kind: MemoryKind::Host,
+            len,
+            label: "buf".into(),
+            exports: vec![(Transport::SHM, vec![1, 2, 3]), (Transport::IB, vec![])],
+        }
+    }
+
+    #[test]
+    fn descriptor_round_trips_and_rejects_damage() {
+        let d = descriptor(4096);
+        let bytes = d.encode();
+        assert_eq!(MemoryDescriptor::decode(&bytes).unwrap(), d);
+        for cut in 0..bytes.len() {
+            assert!(MemoryDescriptor::decode(&bytes[..cut]).is_err(), "truncated at {cut} decoded");
+        }
+        let mut bad = bytes.clone();
+        bad[0] ^= 1;
+        assert!(MemoryDescriptor::decode(&bad).is_err());
+        let mut huge = descriptor(MAX_REGISTRATION_LEN + 1).encode();
+        assert!(MemoryDescriptor::decode(&huge).is_err());
+        huge.push(0);
+        assert!(MemoryDescriptor::decode(&huge).is_err());
+    }
+
+    #[test]
+    fn access_is_bounds_checked() {
+        let region: Arc<dyn MemoryRegion> = Arc::new(HeapRegion::new(64).unwrap());
+        let m = RegisteredMemory::new_local(descriptor(64), region, Transport::LOOPBACK).unwrap();
+        m.write_bytes(60, &[1, 2, 3, 4]).unwrap();
+        let mut out = [0u8; 4];
+        m.read_bytes(60, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 4]);
+        assert!(matches!(m.write_bytes(61, &[0; 4]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(m.check_range(usize::MAX, 2), Err(Error::InvalidArgument(_))));
+        assert!(m.atomic_u64(4).is_err());
+        m.atomic_u64(8).unwrap().store(5, Ordering::Release);
+        assert_eq!(m.load_u64(8).unwrap(), 5);
+    }
+
+    #[test]
+    fn region_shorter_than_descriptor_is_refused() {
+        let region: Arc<dyn MemoryRegion> = Arc::new(HeapRegion::new(64).unwrap());
+        assert!(RegisteredMemory::new_local(descriptor(65), region, Transport::LOOPBACK).is_err());
+    }
+}

@@ -1,0 +1,140 @@
+//! Host semaphores: monotonic 64-bit counters, never reset.
+//!
+//! `signal` stores the next outbound count into the peer's inbound token through the
+//! connection (release, ordered after earlier writes); `wait` bumps the local expected count and
+//! spins, bounded, until the inbound token reaches it (acquire).
+
+use std::sync::Arc;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use crate::connection::Connection;
+use crate::error::{Error, Result};
+use crate::memory::RegisteredMemory;
+use crate::spin::{WaitContext, spin_until};
+
+/// One 8-byte token inside registered memory.
+#[derive(Debug, Clone)]
+pub struct Token {
+    /// The memory holding the token.
+    pub memory: RegisteredMemory,
+    /// Byte offset of the token (8-byte aligned).
+    pub offset: usize,
+}
+
+/// A semaphore between this rank and one peer, driven from host threads.
+pub struct HostSemaphore {
+    connection: Arc<dyn Connection>,
+    inbound: Token,
+    remote_inbound: Token,
+    outbound: Mutex<u64>,
+    expected: AtomicU64,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for HostSemaphore {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostSemaphore")
+            .field("peer", &self.connection.peer())
+            .field("inbound", &self.inbound)
+            .field("remote_inbound", &self.remote_inbound)
+            .field("expected", &self.expected.load(Ordering::Relaxed))
+            .finish()
+    }
+}
+
+impl HostSemaphore {
+    /// A semaphore whose inbound token is `inbound` (local, host-mapped) and which signals the
+    /// peer's token `remote_inbound` through `connection`. Waits give up after `timeout` or when
+    /// `abort` is set.
+    pub fn new(
+        connection: Arc<dyn Connection>,
+        inbound: Token,
+        remote_inbound: Token,
+        timeout: Duration,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Self> {
+        if !inbound.memory.is_local() {
+            return Err(Error::invalid("semaphore inbound token must be local memory"));
+        }
+        // Checks range, mapping and alignment once, so later loads cannot fail.
+        let start = inbound.memory.load_u64(inbound.offset)?;
+        remote_inbound.memory.check_range(remote_inbound.offset, 8)?;
+        if remote_inbound.offset % 8 != 0 {
+            return Err(Error::invalid("semaphore remote token must be 8-byte aligned"));
+        }
+        Ok(HostSemaphore {
+            connection,
+            inbound,
+            remote_inbound,
+            outbound: Mutex::new(0),
+            expected: AtomicU64::new(start),
+            timeout,
+            abort,
+        })
+    }
+
+    /// The peer this semaphore pairs with.
+    pub fn peer(&self) -> usize {
+        self.connection.peer()
+    }
+
+    /// The connection used to signal.
+    pub fn connection(&self) -> &Arc<dyn Connection> {
+        &self.connection
+    }
+
+    fn inbound_word(&self) -> &AtomicU64 {
+        self.inbound.memory.atomic_u64(self.inbound.offset).expect("checked in HostSemaphore::new")
+    }
+
+    /// Adds one to the peer's inbound counter, after all earlier writes of the connection.
+    pub fn signal(&self) -> Result<()> {
+        let mut out = self.outbound.lock().unwrap_or_else(|p| p.into_inner());
+        let next = *out + 1;
+        self.connection.update_and_sync(&self.remote_inbound.memory, self.remote_inbound.offset, next)?;
+        *out = next;
+        Ok(())
+    }
+
+    /// Waits, bounded by the timeout, for the next signal from the peer.
+    pub fn wait(&self) -> Result<()> {
+        let target = self.expected.fetch_add(1, Ordering::AcqRel) + 1;
+        let word = self.inbound_word();
+        let conn = &self.connection;
+        let check = || conn.check_peer();
+        let op = format!("semaphore signal #{target}");
+        let ctx = WaitContext {
+            operation: &op,
+            peer: Some(conn.peer()),
+            timeout: self.timeout,
+            abort: &self.abort,
+            check_peer: &check,
+        };
+        let r = spin_until(&ctx, || word.load(Ordering::Acquire) >= target);
+        if r.is_err() {
+            // Leave the count as it was, so a caller that handles the error sees a consistent state.
+            self.expected.fetch_sub(1, Ordering::AcqRel);
+        }
+        r
+    }
+
+    /// Consumes one signal if it has arrived; never blocks.
+    pub fn poll(&self) -> bool {
+        let have = self.inbound_word().load(Ordering::Acquire);
+        let expected = self.expected.load(Ordering::Acquire);
+        if have > expected {
+            self.expected.fetch_add(1, Ordering::AcqRel);
+            true
+        } else {
+            false
+        }
+    }
+
+    /// Signals received so far (the inbound counter).
+    pub fn received(&self) -> u64 {
+        self.inbound_word().load(Ordering::Acquire)
+    }
+}

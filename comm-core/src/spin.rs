@@ -1,0 +1,109 @@
+//! Bounded spin-waits: every spin in weave checks a deadline, an abort flag and the peer's
+//! health, and returns an error instead of waiting forever.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use crate::config::Deadline;
+use crate::error::{Error, Result};
+
+/// Spins before the waiter starts yielding its core (ranks may outnumber cores).
+const SPINS_BEFORE_YIELD: u32 = 2_000;
+/// Iterations between checks of the deadline, abort flag and peer health.
+const CHECK_EVERY: u32 = 128;
+
+/// What a wait needs besides its condition.
+pub struct WaitContext<'a> {
+    /// What is being waited for, for the error message.
+    pub operation: &'a str,
+    /// The peer that should make the condition true, if any.
+    pub peer: Option<usize>,
+    /// How long to wait at most.
+    pub timeout: Duration,
+    /// Set to stop the wait early with [`Error::Aborted`].
+    pub abort: &'a AtomicBool,
+    /// Returns an error once the peer is known to be gone; called now and then.
+    pub check_peer: &'a dyn Fn() -> Result<()>,
+}
+
+/// Spins until `ready()` is true; errors on timeout, abort or a lost peer.
+pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Result<()> {
+    if ready() {
+        return Ok(());
+    }
+    let deadline = Deadline::after(ctx.timeout);
+    let mut i: u32 = 0;
+    loop {
+        if ready() {
+            return Ok(());
+        }
+        i = i.wrapping_add(1);
+        if i < SPINS_BEFORE_YIELD {
+            std::hint::spin_loop();
+        } else {
+            std::thread::yield_now();
+        }
+        if i % CHECK_EVERY == 0 {
+            if ctx.abort.load(Ordering::Relaxed) {
+                return Err(Error::Aborted(format!("{} was aborted", ctx.operation)));
+            }
+            (ctx.check_peer)()?;
+            if deadline.expired() {
+                // One last look: the condition may have come true while we checked.
+                if ready() {
+                    return Ok(());
+                }
+                return Err(Error::timeout(ctx.operation, ctx.peer, deadline.elapsed()));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicU64;
+
+    fn ok() -> Result<()> {
+        Ok(())
+    }
+
+    #[test]
+    fn returns_when_ready_times_out_otherwise() {
+        let abort = AtomicBool::new(false);
+        let ctx = WaitContext {
+            operation: "test",
+            peer: Some(1),
+            timeout: Duration::from_millis(20),
+            abort: &abort,
+            check_peer: &ok,
+        };
+        let n = AtomicU64::new(0);
+        spin_until(&ctx, || n.fetch_add(1, Ordering::Relaxed) > 10).unwrap();
+        let r = spin_until(&ctx, || false);
+        assert!(matches!(r, Err(Error::Timeout { peer: Some(1), .. })), "{r:?}");
+    }
+
+    #[test]
+    fn abort_and_lost_peer_stop_the_wait() {
+        let abort = AtomicBool::new(true);
+        let ctx = WaitContext {
+            operation: "t",
+            peer: None,
+            timeout: Duration::from_secs(10),
+            abort: &abort,
+            check_peer: &ok,
+        };
+        assert!(matches!(spin_until(&ctx, || false), Err(Error::Aborted(_))));
+        let abort = AtomicBool::new(false);
+        let lost = || Err(Error::peer_lost(3, "t", "gone"));
+        let ctx = WaitContext {
+            operation: "t",
+            peer: Some(3),
+            timeout: Duration::from_secs(10),
+            abort: &abort,
+            check_peer: &lost,
+        };
+        assert!(matches!(spin_until(&ctx, || false), Err(Error::PeerLost { peer: 3, .. })));
+    }
+}
