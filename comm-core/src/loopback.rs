@@ -1,1 +1,327 @@
-//! (in progress)
+//! The in-process loopback transport and bootstrap: ranks are threads of one process.
+//!
+//! They exist so that the connection, semaphore, channel and communicator logic can be tested
+//! without other processes, and as the smallest example of a transport: read this file to see
+//! what a transport crate implements.
+
+use std::any::Any;
+use std::collections::{HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::time::Duration;
+
+use crate::bootstrap::Bootstrap;
+use crate::config::Deadline;
+use crate::connection::{Connection, DirectConnection};
+use crate::error::{Error, Result};
+use crate::memory::{HeapRegion, MemoryKind, MemoryRegion};
+use crate::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use crate::wire::{Decoder, Encoder};
+
+const ENDPOINT_MAGIC: [u8; 4] = *b"WVLE";
+const EXPORT_MAGIC: [u8; 4] = *b"WVLX";
+const WIRE_VERSION: u16 = 1;
+
+/// Regions exported through the loopback transport, by key. Importers look regions up here
+/// instead of trusting an address from the peer.
+fn registry() -> &'static Mutex<HashMap<u64, Weak<LoopbackRegion>>> {
+    static REGISTRY: std::sync::OnceLock<Mutex<HashMap<u64, Weak<LoopbackRegion>>>> = std::sync::OnceLock::new();
+    REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
+}
+
+fn next_key() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// Identifies this process instance (pid alone can repeat across reboots or containers).
+fn process_nonce() -> u64 {
+    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    *NONCE.get_or_init(|| {
+        let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+        crate::wire::digest64(&[&t.to_le_bytes(), &std::process::id().to_le_bytes()])
+    })
+}
+
+/// The loopback transport factory: hand it to the communicator builder in in-process tests.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct LoopbackTransport;
+
+impl TransportFactory for LoopbackTransport {
+    fn transport(&self) -> Transport {
+        Transport::LOOPBACK
+    }
+
+    fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
+        Ok(Arc::new(LoopbackBackend { rank: ctx.rank }))
+    }
+}
+
+/// The loopback transport serving one communicator.
+#[derive(Debug)]
+pub struct LoopbackBackend {
+    rank: usize,
+}
+
+/// A heap region that loopback peers in the same process can import.
+pub struct LoopbackRegion {
+    heap: HeapRegion,
+    key: u64,
+}
+
+impl Drop for LoopbackRegion {
+    fn drop(&mut self) {
+        let mut reg = registry().lock().unwrap_or_else(|p| p.into_inner());
+        reg.remove(&self.key);
+    }
+}
+
+impl MemoryRegion for LoopbackRegion {
+    fn as_ptr(&self) -> *mut u8 {
+        self.heap.as_ptr()
+    }
+    fn len(&self) -> usize {
+        self.heap.len()
+    }
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+fn decode_endpoint(bytes: &[u8]) -> Result<(u32, u64)> {
+    let mut d = Decoder::new(bytes, ENDPOINT_MAGIC, WIRE_VERSION, "loopback endpoint")?;
+    let pid = d.u32()?;
+    let nonce = d.u64()?;
+    d.finish()?;
+    Ok((pid, nonce))
+}
+
+impl TransportBackend for LoopbackBackend {
+    fn transport(&self) -> Transport {
+        Transport::LOOPBACK
+    }
+
+    fn local_endpoint(&self) -> Result<Vec<u8>> {
+        Ok(Encoder::new(ENDPOINT_MAGIC, WIRE_VERSION).u32(std::process::id()).u64(process_nonce()).finish())
+    }
+
+    fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
+        Ok(decode_endpoint(a)? == decode_endpoint(b)?)
+    }
+
+    fn direct_access(&self) -> bool {
+        true
+    }
+
+    fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
+        if kind != MemoryKind::Host {
+            return Err(Error::Unsupported(format!("loopback transport cannot allocate {kind:?} memory")));
+        }
+        let region = Arc::new(LoopbackRegion { heap: HeapRegion::new(len)?, key: next_key() });
+        registry().lock().unwrap_or_else(|p| p.into_inner()).insert(region.key, Arc::downgrade(&region));
+        Ok(region)
+    }
+
+    fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>> {
+        let Some(r) = region.as_any().downcast_ref::<LoopbackRegion>() else { return Ok(None) };
+        Ok(Some(Encoder::new(EXPORT_MAGIC, WIRE_VERSION).u64(r.key).finish()))
+    }
+
+    fn import(
+        &self,
+        peer: usize,
+        peer_endpoint: &[u8],
+        payload: &[u8],
+        len: usize,
+        kind: MemoryKind,
+    ) -> Result<Arc<dyn MemoryRegion>> {
+        let (pid, nonce) = decode_endpoint(peer_endpoint)?;
+        if pid != std::process::id() || nonce != process_nonce() {
+            return Err(Error::transport("loopback", format!("rank {peer} is in another process")));
+        }
+        if kind != MemoryKind::Host {
+            return Err(Error::protocol(format!("loopback import from rank {peer}: {kind:?} memory")));
+        }
+        let mut d = Decoder::new(payload, EXPORT_MAGIC, WIRE_VERSION, "loopback export")?;
+        let key = d.u64()?;
+        d.finish()?;
+        let region =
+            registry().lock().unwrap_or_else(|p| p.into_inner()).get(&key).and_then(Weak::upgrade).ok_or_else(
+                || Error::transport("loopback", format!("rank {peer} exported region {key}, which is gone")),
+            )?;
+        if region.len() < len {
+            return Err(Error::protocol(format!("loopback import from rank {peer}: region shorter than {len} bytes")));
+        }
+        Ok(region)
+    }
+
+    fn connect(&self, peer: usize, _peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
+        if peer == self.rank {
+            return Err(Error::invalid("a loopback connection needs a peer other than this rank"));
+        }
+        Ok(Arc::new(DirectConnection::new(Transport::LOOPBACK, peer, Box::new(|| Ok(())))))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+type Mailboxes = HashMap<(usize, usize, u64), VecDeque<Vec<u8>>>;
+
+struct Shared {
+    boxes: Mutex<Mailboxes>,
+    arrived: Condvar,
+    gone: Vec<AtomicBool>,
+    job_key: String,
+}
+
+/// A bootstrap whose ranks are threads of this process, for tests.
+pub struct LoopbackBootstrap {
+    shared: Arc<Shared>,
+    rank: usize,
+    timeout: Duration,
+}
+
+impl LoopbackBootstrap {
+    /// Creates the bootstraps of an `n`-rank group, one per thread-rank.
+    pub fn group(n: usize, timeout: Duration) -> Vec<LoopbackBootstrap> {
+        let shared = Arc::new(Shared {
+            boxes: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+            gone: (0..n).map(|_| AtomicBool::new(false)).collect(),
+            job_key: format!("lb{:014x}", next_key() ^ (process_nonce() & 0xffff_ffff_ffff)),
+        });
+        (0..n).map(|rank| LoopbackBootstrap { shared: shared.clone(), rank, timeout }).collect()
+    }
+
+    fn check_peer(&self, peer: usize) -> Result<()> {
+        if peer >= self.shared.gone.len() || peer == self.rank {
+            return Err(Error::invalid(format!(
+                "rank {} cannot talk to rank {peer} in a {}-rank loopback group",
+                self.rank,
+                self.shared.gone.len()
+            )));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for LoopbackBootstrap {
+    fn drop(&mut self) {
+        self.shared.gone[self.rank].store(true, Ordering::Release);
+        self.shared.arrived.notify_all();
+    }
+}
+
+impl Bootstrap for LoopbackBootstrap {
+    fn rank(&self) -> usize {
+        self.rank
+    }
+    fn world_size(&self) -> usize {
+        self.shared.gone.len()
+    }
+    fn local_rank(&self) -> usize {
+        self.rank
+    }
+    fn local_world_size(&self) -> usize {
+        self.shared.gone.len()
+    }
+    fn job_key(&self) -> String {
+        self.shared.job_key.clone()
+    }
+    fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+        self.check_peer(peer)?;
+        if self.shared.gone[peer].load(Ordering::Acquire) {
+            return Err(Error::peer_lost(peer, format!("loopback send tag {tag:#x}"), "peer dropped its bootstrap"));
+        }
+        let mut boxes = self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner());
+        boxes.entry((self.rank, peer, tag)).or_default().push_back(data.to_vec());
+        self.shared.arrived.notify_all();
+        Ok(())
+    }
+
+    fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
+        self.check_peer(peer)?;
+        let deadline = Deadline::after(self.timeout);
+        let mut boxes = self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(m) = boxes.get_mut(&(peer, self.rank, tag)).and_then(VecDeque::pop_front) {
+                return Ok(m);
+            }
+            if self.shared.gone[peer].load(Ordering::Acquire) {
+                return Err(Error::peer_lost(
+                    peer,
+                    format!("loopback recv tag {tag:#x}"),
+                    "peer dropped its bootstrap",
+                ));
+            }
+            let left = deadline.remaining();
+            if left.is_zero() {
+                return Err(Error::timeout(format!("loopback recv tag {tag:#x}"), Some(peer), deadline.elapsed()));
+            }
+            boxes = self.shared.arrived.wait_timeout(boxes, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bootstrap_collectives_and_tags() {
+        let group = LoopbackBootstrap::group(3, Duration::from_secs(5));
+        std::thread::scope(|s| {
+            for b in &group {
+                s.spawn(move || {
+                    let all = b.all_gather(&[b.rank() as u8]).unwrap();
+                    assert_eq!(all, vec![vec![0], vec![1], vec![2]]);
+                    assert_eq!(b.broadcast(1, &[b.rank() as u8 + 10]).unwrap(), vec![11]);
+                    b.barrier().unwrap();
+                    let next = (b.rank() + 1) % 3;
+                    let prev = (b.rank() + 2) % 3;
+                    b.send(next, 7, b"seven").unwrap();
+                    b.send(next, 8, b"eight").unwrap();
+                    assert_eq!(b.recv(prev, 8).unwrap(), b"eight");
+                    assert_eq!(b.recv(prev, 7).unwrap(), b"seven");
+                });
+            }
+        });
+    }
+
+    #[test]
+    fn recv_times_out_and_notices_dropped_peers() {
+        let mut group = LoopbackBootstrap::group(2, Duration::from_millis(50));
+        let r = group[0].recv(1, 1);
+        assert!(matches!(r, Err(Error::Timeout { peer: Some(1), .. })), "{r:?}");
+        group.pop();
+        assert!(matches!(group[0].recv(1, 1), Err(Error::PeerLost { peer: 1, .. })));
+        assert!(matches!(group[0].send(0, 1, &[]), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn import_refuses_foreign_endpoints_and_unknown_keys() {
+        let b = LoopbackBackend { rank: 0 };
+        let ep = b.local_endpoint().unwrap();
+        let other = Encoder::new(ENDPOINT_MAGIC, WIRE_VERSION).u32(std::process::id() + 1).u64(1).finish();
+        assert!(!b.can_reach(&ep, &other).unwrap());
+        assert!(b.can_reach(&ep, &b"junk"[..]).is_err());
+        let payload = Encoder::new(EXPORT_MAGIC, WIRE_VERSION).u64(u64::MAX).finish();
+        assert!(b.import(1, &ep, &payload, 8, MemoryKind::Host).is_err());
+        assert!(b.import(1, &other, &payload, 8, MemoryKind::Host).is_err());
+        let region = b.allocate(100, MemoryKind::Host).unwrap();
+        let payload = b.export(&region).unwrap().unwrap();
+        let imported = b.import(1, &ep, &payload, 100, MemoryKind::Host).unwrap();
+        assert_eq!(imported.as_ptr(), region.as_ptr());
+        assert!(b.import(1, &ep, &payload, 101, MemoryKind::Host).is_err());
+        assert!(b.import(1, &ep, &payload[..payload.len() - 1], 100, MemoryKind::Host).is_err());
+    }
+}

@@ -162,6 +162,8 @@ impl MemoryDescriptor {
 
 struct Registration {
     descriptor: MemoryDescriptor,
+    /// Id of the communicator that registered (local) or imported it; 0 when made by hand.
+    communicator: u64,
     region: Arc<dyn MemoryRegion>,
     transport: Transport,
     local: bool,
@@ -227,7 +229,20 @@ impl RegisteredMemory {
                 ),
             ));
         }
-        Ok(RegisteredMemory { inner: Arc::new(Registration { descriptor, region, transport, local }) })
+        Ok(RegisteredMemory { inner: Arc::new(Registration { descriptor, communicator: 0, region, transport, local }) })
+    }
+
+    /// Marks the registration as belonging to communicator `id` (right after construction).
+    pub(crate) fn in_communicator(mut self, id: u64) -> Self {
+        if let Some(inner) = Arc::get_mut(&mut self.inner) {
+            inner.communicator = id;
+        }
+        self
+    }
+
+    /// Id of the communicator this registration belongs to (0 when built by hand).
+    pub fn communicator_id(&self) -> u64 {
+        self.inner.communicator
     }
 
     /// The descriptor peers import.

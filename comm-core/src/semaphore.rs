@@ -46,7 +46,8 @@ impl std::fmt::Debug for HostSemaphore {
 }
 
 impl HostSemaphore {
-    /// A semaphore whose inbound token is `inbound` (local, host-mapped) and which signals the
+    /// A semaphore whose inbound token is `inbound` (local, host-mapped, zero when first used)
+    /// and which signals the
     /// peer's token `remote_inbound` through `connection`. Waits give up after `timeout` or when
     /// `abort` is set.
     pub fn new(
@@ -59,8 +60,10 @@ impl HostSemaphore {
         if !inbound.memory.is_local() {
             return Err(Error::invalid("semaphore inbound token must be local memory"));
         }
-        // Checks range, mapping and alignment once, so later loads cannot fail.
-        let start = inbound.memory.load_u64(inbound.offset)?;
+        // Checks range, mapping and alignment once, so later loads cannot fail. The token must
+        // be fresh: the peer may signal before this side is built, so the count starts at 0,
+        // not at whatever the token already holds.
+        inbound.memory.load_u64(inbound.offset)?;
         remote_inbound.memory.check_range(remote_inbound.offset, 8)?;
         if remote_inbound.offset % 8 != 0 {
             return Err(Error::invalid("semaphore remote token must be 8-byte aligned"));
@@ -70,7 +73,7 @@ impl HostSemaphore {
             inbound,
             remote_inbound,
             outbound: Mutex::new(0),
-            expected: AtomicU64::new(start),
+            expected: AtomicU64::new(0),
             timeout,
             abort,
         })
