@@ -5,7 +5,9 @@
 //! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed) | `60` |
 //! | `WEAVE_TRANSPORTS` | comma list of transports to use (`shm,loopback,cudaipc,ib`) | all compiled in |
 //! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
-//! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::env`] |
+//! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived from the rendezvous variables |
+//! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
+//! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
 
@@ -39,11 +41,21 @@ pub struct Config {
     pub transports: Option<Transport>,
     /// Log level.
     pub log_level: LogLevel,
+    /// Algorithm overrides, as written in `WEAVE_ALGO` (parsed by the collectives crate).
+    pub algorithm_overrides: Option<String>,
+    /// Bytes of each half of the host scratch of a collectives communicator.
+    pub host_scratch_bytes: Option<usize>,
 }
 
 impl Default for Config {
     fn default() -> Self {
-        Config { timeout: DEFAULT_TIMEOUT, transports: None, log_level: LogLevel::Warn }
+        Config {
+            timeout: DEFAULT_TIMEOUT,
+            transports: None,
+            log_level: LogLevel::Warn,
+            algorithm_overrides: None,
+            host_scratch_bytes: None,
+        }
     }
 }
 
@@ -61,6 +73,10 @@ impl Config {
         }
         if let Some(v) = var("WEAVE_DEBUG") {
             c.log_level = parse_log_level(&v)?;
+        }
+        c.algorithm_overrides = var("WEAVE_ALGO");
+        if let Some(v) = var("WEAVE_HOST_SCRATCH") {
+            c.host_scratch_bytes = Some(parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_HOST_SCRATCH: {e}")))?);
         }
         Ok(c)
     }
@@ -88,6 +104,22 @@ fn parse_timeout(v: &str) -> Result<Duration> {
         return Err(Error::invalid(format!("WEAVE_TIMEOUT={v:?} must be between 0 and 1e7 seconds")));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+/// Parses a byte count with an optional `K`, `M` or `G` suffix (powers of 1024).
+pub fn parse_bytes(v: &str) -> Result<usize> {
+    let t = v.trim();
+    let (num, mult) = match t.chars().last().map(|c| c.to_ascii_uppercase()) {
+        Some('K') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M') => (&t[..t.len() - 1], 1 << 20),
+        Some('G') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<usize>()
+        .ok()
+        .and_then(|n| n.checked_mul(mult))
+        .ok_or_else(|| Error::invalid(format!("{v:?} is not a byte count like 4096, 64K, 4M or 1G")))
 }
 
 fn parse_log_level(v: &str) -> Result<LogLevel> {
@@ -148,6 +180,11 @@ mod tests {
         assert!(parse_timeout("inf").is_err());
         assert_eq!(parse_log_level("INFO").unwrap(), LogLevel::Info);
         assert!(parse_log_level("loud").is_err());
+        assert_eq!(parse_bytes("4M").unwrap(), 4 << 20);
+        assert_eq!(parse_bytes("64k").unwrap(), 64 << 10);
+        assert_eq!(parse_bytes("4096").unwrap(), 4096);
+        assert!(parse_bytes("4X").is_err());
+        assert!(parse_bytes("99999999999999999999G").is_err());
     }
 
     #[test]

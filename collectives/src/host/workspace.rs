@@ -1,0 +1,204 @@
+//! The host workspace: each rank's shared-memory area that host algorithms run through.
+//!
+//! Layout of one rank's workspace (every peer maps it):
+//!
+//! | offset | size | what |
+//! |---|---|---|
+//! | 0 | 8 | `phase`: how many times this rank has arrived (monotonic) |
+//! | 64 + 128·h | 40 | the [`Publication`] of the current step using half `h` |
+//! | 4096 + h·S | S | scratch half `h` (`h` = step parity) |
+//!
+//! A *step* is: write this rank's data into scratch half `step % 2`, publish what it is, arrive,
+//! wait until every peer has arrived, check the peers' publications agree, then read the peers'
+//! scratch directly. Double buffering makes one arrive per step enough: a rank writes half `h`
+//! again only two steps later, after every peer has arrived at the step in between — which each
+//! peer does only after it finished reading half `h`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
+
+use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::connection::Connection;
+use comm_core::memory::RegisteredMemory;
+use comm_core::spin::{WaitContext, spin_until};
+use comm_core::{Error, Result};
+
+/// Bytes of the control block at the start of each workspace.
+const CONTROL_BYTES: usize = 4096;
+/// Offset of the publication of half 0 (half 1 follows `PUBLICATION_STRIDE` later).
+const PUBLICATION_OFFSET: usize = 64;
+const PUBLICATION_STRIDE: usize = 128;
+/// Default size of one scratch half.
+pub const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
+
+/// What a rank says about the step it is in; peers check that everyone agrees.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Publication {
+    /// The step number (every rank counts steps the same way).
+    pub step: u64,
+    /// Collective code, dtype code and op code packed by the caller.
+    pub signature: u64,
+    /// Element count as the collective defines it.
+    pub count: u64,
+    /// Root rank, or 0.
+    pub root: u64,
+    /// Collective-specific extra word (e.g. the number of steps of a chunked call).
+    pub extra: u64,
+}
+
+impl Publication {
+    const WORDS: usize = 5;
+
+    fn to_words(self) -> [u64; Self::WORDS] {
+        [self.step, self.signature, self.count, self.root, self.extra]
+    }
+
+    fn from_words(w: [u64; Self::WORDS]) -> Self {
+        Publication { step: w[0], signature: w[1], count: w[2], root: w[3], extra: w[4] }
+    }
+}
+
+/// One rank's view of every rank's workspace, plus its own progress.
+pub struct Workspace {
+    rank: usize,
+    all: Vec<RegisteredMemory>,
+    connections: Vec<Option<Arc<dyn Connection>>>,
+    scratch_bytes: usize,
+    /// Times this rank has arrived.
+    phase: u64,
+    /// Steps completed; selects the scratch half.
+    step: u64,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for Workspace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Workspace")
+            .field("rank", &self.rank)
+            .field("ranks", &self.all.len())
+            .field("scratch_bytes", &self.scratch_bytes)
+            .field("phase", &self.phase)
+            .field("step", &self.step)
+            .finish()
+    }
+}
+
+impl Workspace {
+    /// Collective: registers and exchanges this rank's workspace with `scratch_bytes` per half.
+    pub fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
+        let scratch_bytes = scratch_bytes.max(4096).next_multiple_of(4096);
+        let len = CONTROL_BYTES + 2 * scratch_bytes;
+        let mine = core.register_host(len, "weave host workspace")?;
+        let all = core.exchange(&mine)?;
+        let (rank, n) = (core.rank(), core.world_size());
+        let mut connections = Vec::with_capacity(n);
+        for p in 0..n {
+            connections.push(if p == rank { None } else { Some(core.connection(p)?) });
+        }
+        for m in &all {
+            if !m.is_host_mapped() {
+                return Err(Error::Unsupported(format!(
+                    "rank {} workspace is not mapped here; host collectives need a shared-memory transport",
+                    m.owner()
+                )));
+            }
+        }
+        Ok(Workspace {
+            rank,
+            all,
+            connections,
+            scratch_bytes,
+            phase: 0,
+            step: 0,
+            timeout: core.config().timeout,
+            abort: core.abort_flag().clone(),
+        })
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.all.len()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Bytes of one scratch half.
+    pub fn scratch_bytes(&self) -> usize {
+        self.scratch_bytes
+    }
+
+    /// The scratch half the current step uses.
+    fn half(&self) -> usize {
+        (self.step % 2) as usize
+    }
+
+    fn word(&self, rank: usize, offset: usize) -> &AtomicU64 {
+        // The workspace was checked to be host-mapped and every caller's offset is an aligned
+        // word inside the control block, so this cannot fail.
+        self.all[rank].atomic_u64(offset).expect("control word inside a mapped workspace")
+    }
+
+    /// Address of byte `offset` of `rank`'s scratch for the current step, valid for `len` bytes.
+    pub fn scratch(&self, rank: usize, offset: usize, len: usize) -> Result<*mut u8> {
+        if offset.checked_add(len).is_none_or(|end| end > self.scratch_bytes) {
+            return Err(Error::invalid(format!(
+                "scratch range [{offset}, +{len}) exceeds the {} bytes of a scratch half",
+                self.scratch_bytes
+            )));
+        }
+        let base = CONTROL_BYTES + self.half() * self.scratch_bytes + offset;
+        self.all[rank].check_range(base, len)?;
+        // SAFETY: base + len lies inside rank's mapped workspace (checked just above).
+        Ok(unsafe { self.all[rank].as_ptr().add(base) })
+    }
+
+    /// Publishes this rank's description of the current step (read by peers after they wait).
+    pub fn publish(&self, mut p: Publication) {
+        p.step = self.step;
+        let base = PUBLICATION_OFFSET + self.half() * PUBLICATION_STRIDE;
+        for (i, w) in p.to_words().into_iter().enumerate() {
+            // Relaxed: the arrive that follows is a release store that orders these.
+            self.word(self.rank, base + 8 * i).store(w, Ordering::Relaxed);
+        }
+    }
+
+    /// `rank`'s publication for the current step (valid after [`arrive_and_wait`](Self::arrive_and_wait)).
+    pub fn publication(&self, rank: usize) -> Publication {
+        let base = PUBLICATION_OFFSET + self.half() * PUBLICATION_STRIDE;
+        let mut w = [0u64; Publication::WORDS];
+        for (i, x) in w.iter_mut().enumerate() {
+            // Relaxed: ordered by the acquire load of the peer's phase in the wait.
+            *x = self.word(rank, base + 8 * i).load(Ordering::Relaxed);
+        }
+        Publication::from_words(w)
+    }
+
+    /// Arrives (release: everything this rank wrote so far becomes visible), then waits until
+    /// every peer has arrived as often (acquire), bounded by the timeout and peer liveness.
+    pub fn arrive_and_wait(&mut self, what: &str) -> Result<()> {
+        self.phase += 1;
+        self.word(self.rank, 0).store(self.phase, Ordering::Release);
+        let target = self.phase;
+        let n = self.world_size();
+        for k in 1..n {
+            let peer = (self.rank + k) % n;
+            let word = self.word(peer, 0);
+            let Some(conn) = self.connections[peer].as_ref() else { continue };
+            let check = || conn.check_peer();
+            let ctx =
+                WaitContext { operation: what, peer: Some(peer), timeout: self.timeout, abort: &self.abort, check_peer: &check };
+            spin_until(&ctx, || word.load(Ordering::Acquire) >= target)?;
+        }
+        Ok(())
+    }
+
+    /// Ends the current step: the next one uses the other scratch half.
+    pub fn finish_step(&mut self) {
+        self.step += 1;
+    }
+}

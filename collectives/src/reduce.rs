@@ -1,0 +1,292 @@
+//! Host reduction kernels: combine several source arrays into one, block by block, in loops the
+//! compiler vectorizes. Half-precision types accumulate in `f32` and round once at the end.
+
+use half::{bf16, f16};
+
+use crate::op::ReduceOp;
+#[cfg(test)]
+use crate::dtype::Element;
+
+/// Elements per block: the accumulator of one block stays in L1.
+const BLOCK: usize = 1024;
+
+/// Per-type arithmetic behind the kernels.
+pub trait Arith: Copy + Default + PartialOrd + Send + Sync + 'static {
+    /// The type sums and products are accumulated in.
+    type Acc: Copy + Default;
+    /// Widens to the accumulator.
+    fn load(self) -> Self::Acc;
+    /// Narrows from the accumulator.
+    fn store(acc: Self::Acc) -> Self;
+    /// `a + b` (wrapping for integers).
+    fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// `a * b` (wrapping for integers).
+    fn mul(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The smaller of `a` and `b`.
+    fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// The larger of `a` and `b`.
+    fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
+    /// `a / n` (truncating for integers).
+    fn div(a: Self::Acc, n: usize) -> Self::Acc;
+}
+
+macro_rules! float_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn load(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn store(a: $t) -> $t {
+                a
+            }
+            #[inline(always)]
+            fn add(a: $t, b: $t) -> $t {
+                a + b
+            }
+            #[inline(always)]
+            fn mul(a: $t, b: $t) -> $t {
+                a * b
+            }
+            #[inline(always)]
+            fn min(a: $t, b: $t) -> $t {
+                if b < a { b } else { a }
+            }
+            #[inline(always)]
+            fn max(a: $t, b: $t) -> $t {
+                if b > a { b } else { a }
+            }
+            #[inline(always)]
+            fn div(a: $t, n: usize) -> $t {
+                a / n as $t
+            }
+        }
+    };
+}
+float_arith!(f32);
+float_arith!(f64);
+
+macro_rules! half_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            type Acc = f32;
+            #[inline(always)]
+            fn load(self) -> f32 {
+                self.to_f32()
+            }
+            #[inline(always)]
+            fn store(a: f32) -> $t {
+                <$t>::from_f32(a)
+            }
+            #[inline(always)]
+            fn add(a: f32, b: f32) -> f32 {
+                a + b
+            }
+            #[inline(always)]
+            fn mul(a: f32, b: f32) -> f32 {
+                a * b
+            }
+            #[inline(always)]
+            fn min(a: f32, b: f32) -> f32 {
+                if b < a { b } else { a }
+            }
+            #[inline(always)]
+            fn max(a: f32, b: f32) -> f32 {
+                if b > a { b } else { a }
+            }
+            #[inline(always)]
+            fn div(a: f32, n: usize) -> f32 {
+                a / n as f32
+            }
+        }
+    };
+}
+half_arith!(f16);
+half_arith!(bf16);
+
+macro_rules! int_arith {
+    ($t:ty) => {
+        impl Arith for $t {
+            type Acc = $t;
+            #[inline(always)]
+            fn load(self) -> $t {
+                self
+            }
+            #[inline(always)]
+            fn store(a: $t) -> $t {
+                a
+            }
+            #[inline(always)]
+            fn add(a: $t, b: $t) -> $t {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn mul(a: $t, b: $t) -> $t {
+                a.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn min(a: $t, b: $t) -> $t {
+                if b < a { b } else { a }
+            }
+            #[inline(always)]
+            fn max(a: $t, b: $t) -> $t {
+                if b > a { b } else { a }
+            }
+            #[inline(always)]
+            fn div(a: $t, n: usize) -> $t {
+                (a as i128 / n.max(1) as i128) as $t
+            }
+        }
+    };
+}
+int_arith!(i64);
+int_arith!(i32);
+int_arith!(u64);
+int_arith!(u32);
+int_arith!(i8);
+int_arith!(u8);
+
+#[inline(always)]
+fn fold_block<T: Arith>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
+    for (a, s) in acc.iter_mut().zip(src) {
+        *a = f(*a, s.load());
+    }
+}
+
+/// `out[i] = op(srcs[0][i], srcs[1][i], …)` for `i < len`; `Avg` divides by `divisor`.
+///
+/// `out` may alias any source exactly (in-place reduction): each block is read from every
+/// source before it is written.
+///
+/// # Safety
+/// Every pointer must be valid for `len` elements (reads for sources, writes for `out`) and
+/// properly aligned for `T`; no other thread or process may write these ranges during the call.
+/// `out` may overlap a source only if they are the same range.
+pub unsafe fn reduce_raw<T: Arith>(op: ReduceOp, divisor: usize, out: *mut T, srcs: &[*const T], len: usize) {
+    let Some((&first, rest)) = srcs.split_first() else { return };
+    let mut acc = [T::Acc::default(); BLOCK];
+    let mut done = 0;
+    while done < len {
+        let n = BLOCK.min(len - done);
+        let acc = &mut acc[..n];
+        {
+            // SAFETY: the caller guarantees `first` is valid for `len` reads; done + n <= len.
+            let s0 = unsafe { std::slice::from_raw_parts(first.add(done), n) };
+            for (a, s) in acc.iter_mut().zip(s0) {
+                *a = s.load();
+            }
+            for &src in rest {
+                // SAFETY: as above for every source; the slice is dropped before `out` is written.
+                let s = unsafe { std::slice::from_raw_parts(src.add(done), n) };
+                match op {
+                    ReduceOp::Sum | ReduceOp::Avg => fold_block(acc, s, T::add),
+                    ReduceOp::Prod => fold_block(acc, s, T::mul),
+                    ReduceOp::Min => fold_block(acc, s, T::min),
+                    ReduceOp::Max => fold_block(acc, s, T::max),
+                }
+            }
+        }
+        if op == ReduceOp::Avg {
+            for a in acc.iter_mut() {
+                *a = T::div(*a, divisor);
+            }
+        }
+        for (j, a) in acc.iter().enumerate() {
+            // SAFETY: the caller guarantees `out` is valid for `len` writes; done + j < len. No
+            // reference into the sources is alive here.
+            unsafe { out.add(done + j).write(T::store(*a)) };
+        }
+        done += n;
+    }
+}
+
+/// Safe form of [`reduce_raw`] for distinct slices: `out = op(srcs…)`.
+///
+/// Lengths are not checked here beyond `debug_assert`; the shortest length wins.
+pub fn reduce_slices<T: Arith>(op: ReduceOp, divisor: usize, out: &mut [T], srcs: &[&[T]]) {
+    let len = srcs.iter().map(|s| s.len()).min().unwrap_or(0).min(out.len());
+    let ptrs: Vec<*const T> = srcs.iter().map(|s| s.as_ptr()).collect();
+    // SAFETY: every slice is valid for `len` elements; `out` is an exclusive borrow, so it cannot
+    // overlap the shared source slices.
+    unsafe { reduce_raw(op, divisor, out.as_mut_ptr(), &ptrs, len) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn check<T: Arith + Element>(op: ReduceOp, inputs: &[Vec<f64>], want: impl Fn(&[f64]) -> f64, tol: f64) {
+        let srcs: Vec<Vec<T>> = inputs.iter().map(|v| v.iter().map(|&x| T::from_f64(x)).collect()).collect();
+        let refs: Vec<&[T]> = srcs.iter().map(|v| v.as_slice()).collect();
+        let len = inputs[0].len();
+        let mut out = vec![T::default(); len];
+        reduce_slices(op, inputs.len(), &mut out, &refs);
+        for i in 0..len {
+            let column: Vec<f64> = srcs.iter().map(|v| v[i].to_f64()).collect();
+            let w = want(&column);
+            let got = out[i].to_f64();
+            assert!((got - w).abs() <= tol * w.abs().max(1.0), "{:?} {op:?} at {i}: {got} vs {w}", T::DTYPE);
+        }
+    }
+
+    fn inputs(ranks: usize, len: usize) -> Vec<Vec<f64>> {
+        (0..ranks).map(|r| (0..len).map(|i| ((i * 7 + r * 13) % 23) as f64 - 5.0).collect()).collect()
+    }
+
+    #[test]
+    fn every_op_on_every_type_matches_the_reference() {
+        let ins = inputs(5, 3 * BLOCK + 17);
+        let ops: [(ReduceOp, fn(&[f64]) -> f64); 5] = [
+            (ReduceOp::Sum, |c| c.iter().sum()),
+            (ReduceOp::Prod, |c| c.iter().product()),
+            (ReduceOp::Min, |c| c.iter().cloned().fold(f64::INFINITY, f64::min)),
+            (ReduceOp::Max, |c| c.iter().cloned().fold(f64::NEG_INFINITY, f64::max)),
+            (ReduceOp::Avg, |c| c.iter().sum::<f64>() / c.len() as f64),
+        ];
+        for (op, f) in ops {
+            check::<f64>(op, &ins, f, 1e-12);
+            check::<f32>(op, &ins, f, 1e-6);
+            check::<f16>(op, &ins, f, 1e-3);
+            check::<bf16>(op, &ins, f, 1e-2);
+            if op != ReduceOp::Avg {
+                check::<i64>(op, &ins, f, 0.0);
+                check::<i32>(op, &ins, f, 0.0);
+            }
+        }
+        // Unsigned and narrow types on non-negative data.
+        let pos: Vec<Vec<f64>> = ins.iter().map(|v| v.iter().map(|x| x + 5.0).collect()).collect();
+        for (op, f) in ops {
+            if op == ReduceOp::Avg || op == ReduceOp::Prod {
+                continue;
+            }
+            check::<u64>(op, &pos, f, 0.0);
+            check::<u32>(op, &pos, f, 0.0);
+            check::<u8>(op, &pos, f, 0.0);
+        }
+    }
+
+    #[test]
+    fn integer_overflow_wraps_and_avg_truncates() {
+        let mut out = [0u8; 1];
+        reduce_slices(ReduceOp::Sum, 2, &mut out, &[&[200u8], &[100u8]]);
+        assert_eq!(out[0], 44);
+        let mut out = [0i32; 1];
+        reduce_slices(ReduceOp::Avg, 2, &mut out, &[&[7i32], &[0i32]]);
+        assert_eq!(out[0], 3);
+        let mut out = [0i8; 1];
+        reduce_slices(ReduceOp::Avg, 200, &mut out, &[&[-100i8], &[-100i8]]);
+        assert_eq!(out[0], 0);
+    }
+
+    #[test]
+    fn in_place_reduction_through_raw_pointers() {
+        let mut a: Vec<f32> = (0..5000).map(|i| i as f32).collect();
+        let b: Vec<f32> = (0..5000).map(|i| 2.0 * i as f32).collect();
+        let p = a.as_mut_ptr();
+        // SAFETY: both vectors hold 5000 elements; `out` aliases the first source exactly.
+        unsafe { reduce_raw(ReduceOp::Sum, 2, p, &[p as *const f32, b.as_ptr()], 5000) };
+        assert!(a.iter().enumerate().all(|(i, &x)| x == 3.0 * i as f32));
+    }
+}

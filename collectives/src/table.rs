@@ -1,0 +1,304 @@
+//! The algorithm table: which algorithm runs a collective, as data.
+//!
+//! Each [`Row`] maps (collective, memory space, world-size range, byte range) to an
+//! [`Algorithm`]; the first matching row wins. `WEAVE_ALGO` (or
+//! [`AlgorithmTable::set_override`]) forces an algorithm per collective. The GPU path adds its
+//! rows to the same table.
+
+use std::fmt;
+
+use comm_core::{Error, Result};
+
+/// A collective operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Collective {
+    /// All-reduce.
+    AllReduce,
+    /// All-gather.
+    AllGather,
+    /// Reduce-scatter.
+    ReduceScatter,
+    /// Broadcast from a root.
+    Broadcast,
+    /// Reduce to a root.
+    Reduce,
+    /// All-to-all with equal blocks.
+    AllToAll,
+    /// All-to-all with per-peer counts and displacements.
+    AllToAllv,
+}
+
+impl Collective {
+    /// Every collective.
+    pub const ALL: [Collective; 7] = [
+        Collective::AllReduce,
+        Collective::AllGather,
+        Collective::ReduceScatter,
+        Collective::Broadcast,
+        Collective::Reduce,
+        Collective::AllToAll,
+        Collective::AllToAllv,
+    ];
+
+    /// The snake-case name (`all_reduce`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Collective::AllReduce => "all_reduce",
+            Collective::AllGather => "all_gather",
+            Collective::ReduceScatter => "reduce_scatter",
+            Collective::Broadcast => "broadcast",
+            Collective::Reduce => "reduce",
+            Collective::AllToAll => "all_to_all",
+            Collective::AllToAllv => "all_to_allv",
+        }
+    }
+
+    /// Parses a name as printed by [`name`](Self::name) (also accepts `allreduce`, `alltoall`, …).
+    pub fn parse(s: &str) -> Option<Collective> {
+        let s = s.trim().to_ascii_lowercase().replace('-', "_");
+        Collective::ALL.into_iter().find(|c| c.name() == s || c.name().replace('_', "") == s)
+    }
+}
+
+impl fmt::Display for Collective {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// Where a collective's buffers live.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MemorySpace {
+    /// CPU memory.
+    Host,
+    /// GPU memory.
+    Device,
+}
+
+/// An algorithm implementation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Algorithm {
+    /// Every rank stages its data, then reads and combines every peer's (one sync per chunk).
+    OneShot,
+    /// Reduce-scatter then all-gather (all-reduce) or gather (reduce) through shared scratch:
+    /// each rank reduces only its share, so memory traffic does not grow with the rank count.
+    TwoPhase,
+    /// Neighbour-to-neighbour ring: n-1 steps each way; the path that scales to many ranks and
+    /// to transports without direct access.
+    Ring,
+    /// Each rank reads exactly the blocks it needs from every peer.
+    Direct,
+}
+
+impl Algorithm {
+    /// Every algorithm.
+    pub const ALL: [Algorithm; 4] = [Algorithm::OneShot, Algorithm::TwoPhase, Algorithm::Ring, Algorithm::Direct];
+
+    /// The snake-case name (`one_shot`).
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::OneShot => "one_shot",
+            Algorithm::TwoPhase => "two_phase",
+            Algorithm::Ring => "ring",
+            Algorithm::Direct => "direct",
+        }
+    }
+
+    /// Parses a name as printed by [`name`](Self::name).
+    pub fn parse(s: &str) -> Option<Algorithm> {
+        let s = s.trim().to_ascii_lowercase().replace('-', "_");
+        Algorithm::ALL.into_iter().find(|a| a.name() == s)
+    }
+
+    /// Whether the host path implements this algorithm for `c`.
+    pub fn runs_on_host(self, c: Collective) -> bool {
+        use Algorithm::*;
+        use Collective::*;
+        matches!(
+            (c, self),
+            (AllReduce, OneShot | TwoPhase | Ring)
+                | (AllGather, Direct | Ring)
+                | (ReduceScatter, Direct | Ring)
+                | (Broadcast, Direct)
+                | (Reduce, OneShot | TwoPhase)
+                | (AllToAll, Direct)
+                | (AllToAllv, Direct)
+        )
+    }
+}
+
+impl fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One row of the table. Ranges are inclusive of the minimum and exclusive of the maximum.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Row {
+    /// The collective.
+    pub collective: Collective,
+    /// Where the buffers live.
+    pub memory: MemorySpace,
+    /// Smallest world size (inclusive).
+    pub min_ranks: usize,
+    /// Largest world size (exclusive).
+    pub max_ranks: usize,
+    /// Smallest message in bytes (inclusive).
+    pub min_bytes: usize,
+    /// Largest message in bytes (exclusive).
+    pub max_bytes: usize,
+    /// What runs.
+    pub algorithm: Algorithm,
+}
+
+const ANY: usize = usize::MAX;
+
+const fn host(c: Collective, ranks: (usize, usize), bytes: (usize, usize), a: Algorithm) -> Row {
+    Row {
+        collective: c,
+        memory: MemorySpace::Host,
+        min_ranks: ranks.0,
+        max_ranks: ranks.1,
+        min_bytes: bytes.0,
+        max_bytes: bytes.1,
+        algorithm: a,
+    }
+}
+
+/// The host rows, tuned on a 2-core x86 machine (see docs/PERF.md). "Bytes" is the size of the
+/// largest buffer of the call (the receive buffer of an all-gather, the send buffer of a
+/// reduce-scatter), as in the nccl-tests tables.
+pub const HOST_ROWS: &[Row] = {
+    use Algorithm::*;
+    use Collective::*;
+    &[
+        host(AllReduce, (1, 9), (0, 64 << 10), OneShot),
+        host(AllReduce, (1, 64), (0, 16 << 10), OneShot),
+        host(AllReduce, (1, 64), (0, ANY), TwoPhase),
+        host(AllReduce, (64, ANY), (0, ANY), Ring),
+        host(AllGather, (1, 64), (0, ANY), Direct),
+        host(AllGather, (64, ANY), (0, ANY), Ring),
+        host(ReduceScatter, (1, 64), (0, ANY), Direct),
+        host(ReduceScatter, (64, ANY), (0, ANY), Ring),
+        host(Broadcast, (1, ANY), (0, ANY), Direct),
+        host(Reduce, (1, 9), (0, 64 << 10), OneShot),
+        host(Reduce, (1, ANY), (0, ANY), TwoPhase),
+        host(AllToAll, (1, ANY), (0, ANY), Direct),
+        host(AllToAllv, (1, ANY), (0, ANY), Direct),
+    ]
+};
+
+/// The table a communicator consults, with its overrides.
+#[derive(Debug, Clone)]
+pub struct AlgorithmTable {
+    rows: Vec<Row>,
+    overrides: Vec<(Option<Collective>, Algorithm)>,
+}
+
+impl Default for AlgorithmTable {
+    fn default() -> Self {
+        AlgorithmTable { rows: HOST_ROWS.to_vec(), overrides: Vec::new() }
+    }
+}
+
+impl AlgorithmTable {
+    /// The rows, first match wins.
+    pub fn rows(&self) -> &[Row] {
+        &self.rows
+    }
+
+    /// Puts `row` in front of the existing rows.
+    pub fn prepend(&mut self, row: Row) {
+        self.rows.insert(0, row);
+    }
+
+    /// Forces `algorithm` for `collective` (or for every collective that has it, when `None`).
+    pub fn set_override(&mut self, collective: Option<Collective>, algorithm: Algorithm) {
+        self.overrides.retain(|(c, _)| *c != collective);
+        self.overrides.push((collective, algorithm));
+    }
+
+    /// Parses `WEAVE_ALGO`: `ring` or `all_reduce=one_shot,all_gather=ring`.
+    pub fn apply_overrides(&mut self, spec: &str) -> Result<()> {
+        for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (c, a) = match part.split_once('=') {
+                Some((c, a)) => {
+                    let c = Collective::parse(c)
+                        .ok_or_else(|| Error::invalid(format!("WEAVE_ALGO: unknown collective {c:?} in {part:?}")))?;
+                    (Some(c), a)
+                }
+                None => (None, part),
+            };
+            let a = Algorithm::parse(a).ok_or_else(|| {
+                Error::invalid(format!(
+                    "WEAVE_ALGO: unknown algorithm {a:?}; expected one of {}",
+                    Algorithm::ALL.map(|a| a.name()).join(", ")
+                ))
+            })?;
+            if let Some(c) = c
+                && !a.runs_on_host(c)
+            {
+                return Err(Error::invalid(format!("WEAVE_ALGO: {c} has no {a} algorithm")));
+            }
+            self.set_override(c, a);
+        }
+        Ok(())
+    }
+
+    /// The algorithm for this call: an override that applies, else the first matching row.
+    pub fn select(&self, c: Collective, memory: MemorySpace, ranks: usize, bytes: usize) -> Result<Algorithm> {
+        if let Some((_, a)) = self.overrides.iter().rev().find(|(oc, a)| *oc == Some(c) || (oc.is_none() && a.runs_on_host(c))) {
+            return Ok(*a);
+        }
+        self.rows
+            .iter()
+            .find(|r| {
+                r.collective == c
+                    && r.memory == memory
+                    && (r.min_ranks..r.max_ranks).contains(&ranks)
+                    && (r.min_bytes..r.max_bytes).contains(&bytes)
+            })
+            .map(|r| r.algorithm)
+            .ok_or_else(|| Error::Unsupported(format!("no algorithm for {c} on {memory:?} memory with {ranks} ranks and {bytes} bytes")))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_host_collective_has_an_algorithm_for_every_size_and_world() {
+        let t = AlgorithmTable::default();
+        for c in Collective::ALL {
+            for ranks in [1, 2, 3, 8, 63, 64, 1000] {
+                for bytes in [0, 1, 4096, 1 << 20, 1 << 30, usize::MAX - 1] {
+                    let a = t.select(c, MemorySpace::Host, ranks, bytes).unwrap();
+                    assert!(a.runs_on_host(c), "{c} {ranks} {bytes} -> {a}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn small_and_large_all_reduce_pick_different_algorithms() {
+        let t = AlgorithmTable::default();
+        assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 1024).unwrap(), Algorithm::OneShot);
+        assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 64 << 20).unwrap(), Algorithm::TwoPhase);
+        assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 128, 64 << 20).unwrap(), Algorithm::Ring);
+    }
+
+    #[test]
+    fn overrides_parse_and_apply() {
+        let mut t = AlgorithmTable::default();
+        t.apply_overrides("ring").unwrap();
+        assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 8).unwrap(), Algorithm::Ring);
+        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 2, 8).unwrap(), Algorithm::Direct);
+        t.apply_overrides("all-reduce=one_shot").unwrap();
+        assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 1 << 30).unwrap(), Algorithm::OneShot);
+        assert!(t.apply_overrides("broadcast=ring").is_err());
+        assert!(t.apply_overrides("all_reduce=fast").is_err());
+        assert!(t.apply_overrides("gather=direct").is_err());
+    }
+}
