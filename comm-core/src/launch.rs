@@ -41,7 +41,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::{self, JoinHandle};
 use std::time::{Duration, Instant};
 
-use nix::sys::signal::{self, SigSet, Signal};
+use nix::sys::signal::{self, SigSet, SigmaskHow, Signal};
 use nix::unistd::Pid;
 
 use crate::config;
@@ -153,7 +153,10 @@ impl CancelToken {
 /// groups, so a Ctrl-C on the terminal reaches only the launcher, which must pass it on. Call it
 /// from `main` before any other thread starts — threads inherit the blocked set, and a thread
 /// that started earlier would still take the signal's default action (ending the launcher and
-/// orphaning the ranks). Children started through [`launch`] get an empty signal mask.
+/// orphaning the ranks). Ranks started through [`launch`] get an empty signal mask again;
+/// signals ignored by the launcher (`nohup`, a background job of a shell without job control
+/// ignores `SIGINT`) stay ignored in the ranks, so forwarding one of those ends them only after
+/// the grace time.
 pub fn forward_signals_to(token: &CancelToken) -> Result<()> {
     let mut set = SigSet::empty();
     for s in [Signal::SIGINT, Signal::SIGTERM, Signal::SIGHUP] {
@@ -588,6 +591,15 @@ impl Job {
             .env("MASTER_ADDR", &spec.master_addr)
             .env("MASTER_PORT", master_port.to_string())
             .env("WEAVE_SECRET", secret);
+        // The calling thread may block signals (see `forward_signals_to`), and a blocked mask
+        // survives fork and exec: reset it so the ranks can be stopped by the signals we forward.
+        // SAFETY: the closure runs in the forked child before exec; it only calls `sigemptyset`
+        // and `sigprocmask`, which are async-signal-safe, and it neither allocates nor locks.
+        unsafe {
+            cmd.pre_exec(|| {
+                signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None).map_err(std::io::Error::from)
+            });
+        }
         let mut child = cmd.spawn().map_err(|e| {
             Error::io(
                 format!(
@@ -931,6 +943,18 @@ mod tests {
         assert!(report.success(), "{}", report.summary());
         assert_eq!(report.ranks[0].stdout, ["started"]);
         assert!(!report.ranks[0].output_complete);
+    }
+
+    #[test]
+    fn ranks_start_with_no_blocked_signals() {
+        let mut set = SigSet::empty();
+        set.add(Signal::SIGHUP);
+        set.thread_block().unwrap();
+        let report = launch(&sh(1, "grep SigBlk /proc/self/status"));
+        set.thread_unblock().unwrap();
+        let report = report.unwrap();
+        assert!(report.success(), "{}", report.summary());
+        assert_eq!(report.ranks[0].stdout, ["SigBlk:\t0000000000000000"]);
     }
 
     #[test]
