@@ -1,0 +1,72 @@
+//! `cargo xtask <command>`: developer tasks for weave.
+//!
+//! Each command lives in its own module with a `SUMMARY`, a `USAGE` text and a
+//! `run(Args) -> ExitCode`; add it to [`COMMANDS`] to make it reachable.
+
+mod args;
+mod launch_cmd;
+
+use std::process::ExitCode;
+
+use args::{Args, UsageError};
+
+/// One subcommand.
+struct Command {
+    name: &'static str,
+    summary: &'static str,
+    usage: &'static str,
+    run: fn(Args) -> ExitCode,
+}
+
+/// Every subcommand, in the order `help` lists them.
+const COMMANDS: &[Command] =
+    &[Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run }];
+
+fn usage() -> String {
+    let mut s = String::from("usage: cargo xtask <command> [options]\n\ncommands:\n");
+    for c in COMMANDS {
+        s.push_str(&format!("  {:<10} {}\n", c.name, c.summary));
+    }
+    s.push_str(&format!("  {:<10} {}\n", "help", "print this help, or `help <command>` for one command"));
+    s
+}
+
+/// Prints a command-line mistake with a pointer to the help; exit status 2.
+fn usage_error(err: &UsageError, command: &str) -> ExitCode {
+    eprintln!("error: {err}\nrun `cargo xtask help {command}` for usage");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let mut args = Args::from_env();
+    let Some(name) = args.subcommand() else {
+        eprint!("{}", usage());
+        return ExitCode::from(2);
+    };
+    let name = name.to_string_lossy().into_owned();
+    if matches!(name.as_str(), "help" | "--help" | "-h") {
+        return match args.subcommand() {
+            None => {
+                print!("{}", usage());
+                ExitCode::SUCCESS
+            }
+            Some(topic) => match COMMANDS.iter().find(|c| topic == c.name) {
+                Some(c) => {
+                    print!("{}", c.usage);
+                    ExitCode::SUCCESS
+                }
+                None => {
+                    eprintln!("error: no command named {topic:?}\n\n{}", usage());
+                    ExitCode::from(2)
+                }
+            },
+        };
+    }
+    match COMMANDS.iter().find(|c| c.name == name) {
+        Some(c) => (c.run)(args),
+        None => {
+            eprintln!("error: unknown command {name:?}\n\n{}", usage());
+            ExitCode::from(2)
+        }
+    }
+}
