@@ -15,8 +15,11 @@ use crate::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
 use crate::config::{Config, LogLevel};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
+use crate::fifo::DEFAULT_FIFO_CAPACITY;
 use crate::memory::{MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
 use crate::memory_channel::MemoryChannel;
+use crate::port_channel::PortChannel;
+use crate::proxy::ProxyService;
 use crate::semaphore::{HostSemaphore, Token};
 use crate::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
 use crate::wire::{Decoder, Encoder};
@@ -554,6 +557,27 @@ impl Communicator {
         }
         MemoryChannel::new(self.semaphore(peer)?, local.clone(), remote.clone())
     }
+
+    /// A proxy service bound to this communicator's timeout and abort flag (not started yet:
+    /// add channels, then call [`ProxyService::start`]).
+    pub fn proxy(&self) -> Result<ProxyService> {
+        ProxyService::new(DEFAULT_FIFO_CAPACITY, self.config.timeout, self.abort.clone())
+    }
+
+    /// Pairwise: a port channel from this rank's `local` registration into `remote` (a peer's
+    /// registration), driven by `proxy`, with a fresh semaphore. Works over any transport,
+    /// including those without direct access.
+    pub fn port_channel(
+        &self,
+        proxy: &ProxyService,
+        local: &RegisteredMemory,
+        remote: &RegisteredMemory,
+    ) -> Result<PortChannel> {
+        let semaphore = proxy.add_semaphore(self.semaphore(remote.owner())?)?;
+        let dst = proxy.add_memory(remote.clone())?;
+        let src = proxy.add_memory(local.clone())?;
+        proxy.port_channel(semaphore, dst, src)
+    }
 }
 
 fn encode_status(err: Option<&Error>) -> Vec<u8> {
@@ -698,6 +722,33 @@ mod tests {
                     assert!(matches!(sem.wait(), Err(Error::Aborted(_))));
                 });
             }
+        });
+    }
+
+    #[test]
+    fn port_channels_move_data_through_the_proxy() {
+        run(3, |comm| {
+            let (me, n) = (comm.rank(), comm.world_size());
+            let buf = comm.register_host(4096 * n, "port").unwrap();
+            let all = comm.exchange(&buf).unwrap();
+            let proxy = comm.proxy().unwrap();
+            let channels: Vec<_> =
+                (0..n).filter(|&p| p != me).map(|p| comm.port_channel(&proxy, &buf, &all[p]).unwrap()).collect();
+            proxy.start(|| Ok(())).unwrap();
+            buf.write_bytes(4096 * me, &[me as u8 + 7; 4096]).unwrap();
+            for ch in &channels {
+                ch.put_with_signal(4096 * me, 4096 * me, 4096).unwrap();
+            }
+            for ch in &channels {
+                ch.flush().unwrap();
+                ch.wait().unwrap();
+            }
+            for p in (0..n).filter(|&p| p != me) {
+                let mut got = vec![0u8; 4096];
+                buf.read_bytes(4096 * p, &mut got).unwrap();
+                assert!(got.iter().all(|&b| b == p as u8 + 7), "rank {me} from {p}");
+            }
+            assert!(matches!(channels[0].put(4096 * n - 1, 0, 2), Err(Error::InvalidArgument(_))));
         });
     }
 

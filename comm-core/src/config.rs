@@ -76,7 +76,8 @@ impl Config {
         }
         c.algorithm_overrides = var("WEAVE_ALGO");
         if let Some(v) = var("WEAVE_HOST_SCRATCH") {
-            c.host_scratch_bytes = Some(parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_HOST_SCRATCH: {e}")))?);
+            c.host_scratch_bytes =
+                Some(parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_HOST_SCRATCH: {e}")))?);
         }
         Ok(c)
     }

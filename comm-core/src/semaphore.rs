@@ -84,6 +84,16 @@ impl HostSemaphore {
         self.connection.peer()
     }
 
+    /// The local token the peer signals (this side's inbound counter).
+    pub fn inbound_token(&self) -> &Token {
+        &self.inbound
+    }
+
+    /// The peer's token this side signals.
+    pub fn remote_token(&self) -> &Token {
+        &self.remote_inbound
+    }
+
     /// The connection used to signal.
     pub fn connection(&self) -> &Arc<dyn Connection> {
         &self.connection
