@@ -1,0 +1,168 @@
+//! Host all-reduce and reduce: one-shot, two-phase (reduce-scatter + all-gather / gather) and
+//! ring.
+
+use comm_core::Result;
+
+use super::workspace::Publication;
+use super::{Agree, HostEngine, capacity, copy, scratch, share, signature};
+use crate::dtype::Element;
+use crate::op::ReduceOp;
+use crate::reduce::reduce_raw;
+use crate::table::{Algorithm, Collective};
+
+/// Gathers `n` typed scratch addresses (one per rank) for the current step.
+fn all_scratch<T: Element>(e: &HostEngine, elem: usize, len: usize) -> Result<Vec<*const T>> {
+    (0..e.ws.world_size()).map(|r| scratch::<T>(&e.ws, r, elem, len).map(|p| p as *const T)).collect()
+}
+
+/// All-reduce of `count` elements from `send` into `recv` (which may be the same memory).
+///
+/// # Safety
+/// `send` valid for `count` reads and `recv` for `count` writes; either identical or disjoint.
+pub(crate) unsafe fn all_reduce<T: Element>(
+    e: &mut HostEngine,
+    algo: Algorithm,
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    let n = e.ws.world_size();
+    let me = e.ws.rank();
+    let sig = signature(Collective::AllReduce, T::DTYPE, Some(op), algo);
+    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let agree = Agree { count: true, root: false };
+    let cap = capacity::<T>(&e.ws);
+    match algo {
+        Algorithm::OneShot | Algorithm::Direct => {
+            let steps = count.div_ceil(cap).max(1);
+            for s in 0..steps {
+                let o = s * cap;
+                let k = (count - o).min(cap);
+                // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
+                unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
+                e.step("all_reduce", publication, agree)?;
+                let srcs = all_scratch::<T>(e, 0, k)?;
+                // SAFETY: every source is a rank's scratch of k elements, stable until the next
+                // step; `recv + o` is valid for k writes and distinct from scratch.
+                unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+                e.ws.finish_step();
+            }
+        }
+        Algorithm::TwoPhase => {
+            let half = cap / 2;
+            let steps = count.div_ceil(half).max(1);
+            for s in 0..steps {
+                let o = s * half;
+                let k = (count - o).min(half);
+                // SAFETY: as above; input area is [0, k) of the scratch.
+                unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
+                e.step("all_reduce", publication, agree)?;
+                let (a, b) = share(k, n, me);
+                let srcs = all_scratch::<T>(e, a, b - a)?;
+                let out = scratch::<T>(&e.ws, me, half + a, b - a)?;
+                // SAFETY: sources are every rank's input share [a, b); out is this rank's output
+                // area, disjoint from every input area.
+                unsafe { reduce_raw(op, n, out, &srcs, b - a) };
+                e.phase("all_reduce gather")?;
+                for q in 0..n {
+                    let (a, b) = share(k, n, q);
+                    // SAFETY: rank q's output share, fully written before the phase; recv + o + a
+                    // is inside the caller's buffer.
+                    unsafe { copy(scratch::<T>(&e.ws, q, half + a, b - a)?, recv.add(o + a), b - a) };
+                }
+                e.ws.finish_step();
+            }
+        }
+        Algorithm::Ring => {
+            let steps = count.div_ceil(cap).max(1);
+            let left = (me + n - 1) % n;
+            for s in 0..steps {
+                let o = s * cap;
+                let k = (count - o).min(cap);
+                let acc = scratch::<T>(&e.ws, me, 0, k)?;
+                // SAFETY: as in one-shot.
+                unsafe { copy(send.add(o), acc, k) };
+                e.step("all_reduce", publication, agree)?;
+                // Reduce-scatter: at sub-step t, fold the left neighbour's partial sum of segment
+                // (me - t - 1) into ours. After n-1 sub-steps segment (me + 1) is complete here.
+                for t in 0..n.saturating_sub(1) {
+                    let c = (me + 2 * n - t - 1) % n;
+                    let (a, b) = share(k, n, c);
+                    let last = t + 2 == n;
+                    let step_op = if op == ReduceOp::Avg && !last { ReduceOp::Sum } else { op };
+                    let mine = scratch::<T>(&e.ws, me, a, b - a)?;
+                    let theirs = scratch::<T>(&e.ws, left, a, b - a)?;
+                    // SAFETY: `mine` aliases the first source exactly (allowed); the left
+                    // neighbour wrote segment c before the last phase and does not touch it now.
+                    unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], b - a) };
+                    e.phase("all_reduce ring reduce-scatter")?;
+                }
+                // All-gather: copy the complete segment the left neighbour holds.
+                for t in 0..n.saturating_sub(1) {
+                    let c = (me + n - t) % n;
+                    let (a, b) = share(k, n, c);
+                    // SAFETY: segment c of the left neighbour is complete and not written now.
+                    unsafe { copy(scratch::<T>(&e.ws, left, a, b - a)?, scratch::<T>(&e.ws, me, a, b - a)?, b - a) };
+                    e.phase("all_reduce ring all-gather")?;
+                }
+                // SAFETY: the accumulator holds k reduced elements; recv + o valid for k.
+                unsafe { copy(acc, recv.add(o), k) };
+                e.ws.finish_step();
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Reduce of `count` elements to `root`; `recv` is written on the root only.
+///
+/// # Safety
+/// `send` valid for `count` reads; on the root, `recv` valid for `count` writes (identical to
+/// `send` or disjoint). Elsewhere `recv` is not touched.
+pub(crate) unsafe fn reduce<T: Element>(
+    e: &mut HostEngine,
+    algo: Algorithm,
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+    op: ReduceOp,
+    root: usize,
+) -> Result<()> {
+    let n = e.ws.world_size();
+    let me = e.ws.rank();
+    let sig = signature(Collective::Reduce, T::DTYPE, Some(op), algo);
+    let publication = Publication { signature: sig, count: count as u64, root: root as u64, ..Publication::default() };
+    let agree = Agree { count: true, root: true };
+    let cap = capacity::<T>(&e.ws);
+    let two_phase = algo == Algorithm::TwoPhase;
+    let chunk = if two_phase { cap / 2 } else { cap };
+    let steps = count.div_ceil(chunk).max(1);
+    for s in 0..steps {
+        let o = s * chunk;
+        let k = (count - o).min(chunk);
+        // SAFETY: o + k <= count; scratch holds `chunk` elements.
+        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
+        e.step("reduce", publication, agree)?;
+        if two_phase {
+            let (a, b) = share(k, n, me);
+            let srcs = all_scratch::<T>(e, a, b - a)?;
+            // SAFETY: as in the two-phase all-reduce.
+            unsafe { reduce_raw(op, n, scratch::<T>(&e.ws, me, chunk + a, b - a)?, &srcs, b - a) };
+            e.phase("reduce gather")?;
+            if me == root {
+                for q in 0..n {
+                    let (a, b) = share(k, n, q);
+                    // SAFETY: rank q's reduced share; recv valid on the root.
+                    unsafe { copy(scratch::<T>(&e.ws, q, chunk + a, b - a)?, recv.add(o + a), b - a) };
+                }
+            }
+        } else if me == root {
+            let srcs = all_scratch::<T>(e, 0, k)?;
+            // SAFETY: as in the one-shot all-reduce.
+            unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+        }
+        e.ws.finish_step();
+    }
+    Ok(())
+}

@@ -1,0 +1,266 @@
+//! Host collectives that move blocks: all-gather, reduce-scatter, broadcast, all-to-all and
+//! all-to-all-v.
+
+use comm_core::{Error, Result};
+
+use super::workspace::Publication;
+use super::{Agree, HostEngine, capacity, copy, scratch, signature};
+use crate::dtype::Element;
+use crate::op::ReduceOp;
+use crate::reduce::reduce_raw;
+use crate::table::{Algorithm, Collective};
+
+const EQUAL: Agree = Agree { count: true, root: false };
+
+/// All-gather: every rank contributes `count` elements; `recv` gets `n * count`, rank r's at
+/// `r * count`.
+///
+/// # Safety
+/// `send` valid for `count` reads, `recv` for `n * count` writes; `send` is either disjoint
+/// from `recv` or exactly `recv + rank * count` (in place).
+pub(crate) unsafe fn all_gather<T: Element>(
+    e: &mut HostEngine,
+    algo: Algorithm,
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+) -> Result<()> {
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let sig = signature(Collective::AllGather, T::DTYPE, None, algo);
+    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let ring = algo == Algorithm::Ring;
+    let cap = if ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
+    let steps = count.div_ceil(cap.max(1)).max(1);
+    let left = (me + n - 1) % n;
+    for s in 0..steps {
+        let o = s * cap;
+        let k = (count - o).min(cap);
+        let seg = |q: usize| if ring { q * cap } else { 0 };
+        // SAFETY: o + k <= count; scratch holds the segment.
+        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, seg(me), k)?, k) };
+        e.step("all_gather", publication, EQUAL)?;
+        if ring {
+            for t in 0..n - 1 {
+                let c = (me + 2 * n - t - 1) % n;
+                // SAFETY: the left neighbour finished segment c before the last phase.
+                unsafe { copy(scratch::<T>(&e.ws, left, seg(c), k)?, scratch::<T>(&e.ws, me, seg(c), k)?, k) };
+                e.phase("all_gather ring")?;
+            }
+            for q in 0..n {
+                // SAFETY: recv + q*count + o valid for k writes.
+                unsafe { copy(scratch::<T>(&e.ws, me, seg(q), k)?, recv.add(q * count + o), k) };
+            }
+        } else {
+            for q in 0..n {
+                // SAFETY: rank q's staged chunk; recv + q*count + o valid for k writes.
+                unsafe { copy(scratch::<T>(&e.ws, q, 0, k)?, recv.add(q * count + o), k) };
+            }
+        }
+        e.ws.finish_step();
+    }
+    Ok(())
+}
+
+/// Reduce-scatter: `send` holds `n * count` elements; rank r gets the reduction of every rank's
+/// block r in `recv` (`count` elements).
+///
+/// # Safety
+/// `send` valid for `n * count` reads, `recv` for `count` writes; `recv` is disjoint from
+/// `send` or exactly `send + rank * count` (in place).
+pub(crate) unsafe fn reduce_scatter<T: Element>(
+    e: &mut HostEngine,
+    algo: Algorithm,
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+    op: ReduceOp,
+) -> Result<()> {
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let sig = signature(Collective::ReduceScatter, T::DTYPE, Some(op), algo);
+    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let cap = capacity::<T>(&e.ws) / n;
+    let steps = count.div_ceil(cap.max(1)).max(1);
+    let left = (me + n - 1) % n;
+    for s in 0..steps {
+        let o = s * cap;
+        let k = (count - o).min(cap);
+        for q in 0..n {
+            // SAFETY: block q, chunk [o, o+k) of the send buffer; scratch segment q.
+            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };
+        }
+        e.step("reduce_scatter", publication, EQUAL)?;
+        if algo == Algorithm::Ring {
+            // Fold the left neighbour's partial sum of segment (me - t - 2); after n-1 sub-steps
+            // segment `me` is complete here.
+            for t in 0..n - 1 {
+                let c = (me + 2 * n - t - 2) % n;
+                let last = t + 2 == n;
+                let step_op = if op == ReduceOp::Avg && !last { ReduceOp::Sum } else { op };
+                let mine = scratch::<T>(&e.ws, me, c * cap, k)?;
+                let theirs = scratch::<T>(&e.ws, left, c * cap, k)?;
+                // SAFETY: `mine` aliases the first source exactly; the neighbour's segment is
+                // complete and unchanged during this sub-step.
+                unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], k) };
+                e.phase("reduce_scatter ring")?;
+            }
+            // SAFETY: segment `me` holds the result.
+            unsafe { copy(scratch::<T>(&e.ws, me, me * cap, k)?, recv.add(o), k) };
+        } else {
+            let srcs: Vec<*const T> =
+                (0..n).map(|p| scratch::<T>(&e.ws, p, me * cap, k).map(|x| x as *const T)).collect::<Result<_>>()?;
+            // SAFETY: every rank's staged block for this rank; recv + o valid for k writes and
+            // disjoint from scratch.
+            unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+        }
+        e.ws.finish_step();
+    }
+    Ok(())
+}
+
+/// Broadcast of `count` elements from `root`'s `send` into every rank's `recv`.
+///
+/// # Safety
+/// On the root `send` valid for `count` reads; everywhere `recv` valid for `count` writes.
+/// `send` and `recv` identical or disjoint.
+pub(crate) unsafe fn broadcast<T: Element>(
+    e: &mut HostEngine,
+    algo: Algorithm,
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+    root: usize,
+) -> Result<()> {
+    let me = e.ws.rank();
+    let sig = signature(Collective::Broadcast, T::DTYPE, None, algo);
+    let publication = Publication { signature: sig, count: count as u64, root: root as u64, ..Publication::default() };
+    let cap = capacity::<T>(&e.ws);
+    let steps = count.div_ceil(cap).max(1);
+    for s in 0..steps {
+        let o = s * cap;
+        let k = (count - o).min(cap);
+        if me == root {
+            // SAFETY: root's send chunk into its scratch.
+            unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
+        }
+        e.step("broadcast", publication, Agree { count: true, root: true })?;
+        if me == root {
+            // SAFETY: out of place on the root: its own data (no-op when identical).
+            unsafe { copy(send.add(o), recv.add(o), k) };
+        } else {
+            // SAFETY: root's staged chunk; recv + o valid for k writes.
+            unsafe { copy(scratch::<T>(&e.ws, root, 0, k)?, recv.add(o), k) };
+        }
+        e.ws.finish_step();
+    }
+    Ok(())
+}
+
+/// All-to-all with `count` elements per (sender, receiver) block.
+///
+/// # Safety
+/// `send` and `recv` valid for `n * count` elements; identical or disjoint.
+pub(crate) unsafe fn all_to_all<T: Element>(
+    e: &mut HostEngine,
+    algo: Algorithm,
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+) -> Result<()> {
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let sig = signature(Collective::AllToAll, T::DTYPE, None, algo);
+    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let cap = capacity::<T>(&e.ws) / n;
+    let steps = count.div_ceil(cap.max(1)).max(1);
+    for s in 0..steps {
+        let o = s * cap;
+        let k = (count - o).min(cap);
+        for q in 0..n {
+            // SAFETY: block for q, chunk [o, o+k).
+            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };
+        }
+        e.step("all_to_all", publication, EQUAL)?;
+        for p in 0..n {
+            // SAFETY: rank p's staged block for this rank; recv block p, chunk [o, o+k).
+            unsafe { copy(scratch::<T>(&e.ws, p, me * cap, k)?, recv.add(p * count + o), k) };
+        }
+        e.ws.finish_step();
+    }
+    Ok(())
+}
+
+/// Counts and displacements (in elements) of an all-to-all-v, indexed by peer.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AllToAllv<'a> {
+    pub send_counts: &'a [usize],
+    pub send_displs: &'a [usize],
+    pub recv_counts: &'a [usize],
+    pub recv_displs: &'a [usize],
+}
+
+/// All-to-all-v. The first step publishes every rank's counts so that each rank checks every
+/// pair (what p sends to q must be what q expects from p) and all agree on the step count.
+///
+/// # Safety
+/// For every peer q, `send + send_displs[q]` valid for `send_counts[q]` reads and
+/// `recv + recv_displs[q]` for `recv_counts[q]` writes; `send` and `recv` disjoint.
+pub(crate) unsafe fn all_to_allv<T: Element>(
+    e: &mut HostEngine,
+    algo: Algorithm,
+    send: *const T,
+    recv: *mut T,
+    v: AllToAllv<'_>,
+) -> Result<()> {
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let sig = signature(Collective::AllToAllv, T::DTYPE, None, algo);
+    // Step 1: publish counts (2n u64: what I send to each rank, what I expect from each).
+    let table = scratch::<u64>(&e.ws, me, 0, 2 * n)?;
+    for q in 0..n {
+        // SAFETY: the table area holds 2n words of this rank's scratch.
+        unsafe {
+            table.add(q).write(v.send_counts[q] as u64);
+            table.add(n + q).write(v.recv_counts[q] as u64);
+        }
+    }
+    e.step("all_to_allv", Publication { signature: sig, ..Publication::default() }, Agree { count: false, root: false })?;
+    let mut longest = 0u64;
+    let mut mismatch = None;
+    for p in 0..n {
+        let row = scratch::<u64>(&e.ws, p, 0, 2 * n)?;
+        for q in 0..n {
+            // SAFETY: rank p's table, complete before the step's phase.
+            let sends = unsafe { row.add(q).read() };
+            let row_q = scratch::<u64>(&e.ws, q, 0, 2 * n)?;
+            // SAFETY: rank q's table.
+            let expects = unsafe { row_q.add(n + p).read() };
+            if sends != expects && mismatch.is_none() {
+                mismatch = Some(Error::invalid(format!(
+                    "all_to_allv: rank {p} sends {sends} elements to rank {q}, which expects {expects}"
+                )));
+            }
+            longest = longest.max(sends);
+        }
+    }
+    e.ws.finish_step();
+    if let Some(err) = mismatch {
+        return Err(err);
+    }
+    let cap = capacity::<T>(&e.ws) / n;
+    let steps = (longest as usize).div_ceil(cap.max(1));
+    for s in 0..steps {
+        let o = s * cap;
+        let part = |count: usize| count.saturating_sub(o).min(cap);
+        for q in 0..n {
+            let k = part(v.send_counts[q]);
+            // SAFETY: chunk [o, o+k) of the block for q lies inside the caller's send range.
+            unsafe { copy(send.add(v.send_displs[q] + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };
+        }
+        e.phase("all_to_allv")?;
+        for p in 0..n {
+            let k = part(v.recv_counts[p]);
+            // SAFETY: rank p staged exactly this many elements for us (checked in step 1).
+            unsafe { copy(scratch::<T>(&e.ws, p, me * cap, k)?, recv.add(v.recv_displs[p] + o), k) };
+        }
+        e.ws.finish_step();
+    }
+    Ok(())
+}

@@ -1,0 +1,216 @@
+//! Host algorithms: every collective on CPU memory through the shared-memory workspace.
+//!
+//! All algorithms share one protocol (see [`workspace`]): stage into scratch, publish, arrive,
+//! wait, check agreement, read peers. Arguments that are wrong on one rank still take part in
+//! one step, publishing an "invalid" mark, so every rank fails promptly with a clear error
+//! instead of waiting for a peer that already returned.
+
+mod all_reduce;
+mod blocks;
+mod p2p;
+pub mod workspace;
+
+pub(crate) use p2p::{P2pOp, P2pState};
+
+use std::time::Duration;
+
+use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::{Error, Result};
+
+use crate::dtype::{DataType, Element};
+use crate::op::ReduceOp;
+use crate::table::{Algorithm, Collective};
+use workspace::{Publication, Workspace};
+
+pub(crate) use all_reduce::{all_reduce, reduce};
+pub(crate) use blocks::{AllToAllv, all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter};
+
+/// Set in a publication's signature by a rank whose arguments were invalid.
+const INVALID_MARK: u64 = 1 << 63;
+
+/// Packs what every rank must agree on into one word.
+pub(crate) fn signature(c: Collective, dtype: DataType, op: Option<ReduceOp>, algo: Algorithm) -> u64 {
+    let ci = Collective::ALL.iter().position(|x| *x == c).unwrap_or(0) as u64 + 1;
+    let di = DataType::ALL.iter().position(|x| *x == dtype).unwrap_or(0) as u64 + 1;
+    let oi = op.and_then(|o| ReduceOp::ALL.iter().position(|x| *x == o)).map_or(0, |i| i as u64 + 1);
+    let ai = Algorithm::ALL.iter().position(|x| *x == algo).unwrap_or(0) as u64 + 1;
+    ci | di << 8 | oi << 16 | ai << 24
+}
+
+fn describe(sig: u64) -> String {
+    let pick = |shift: u32| ((sig >> shift) & 0xff) as usize;
+    let c = pick(0).checked_sub(1).and_then(|i| Collective::ALL.get(i)).map_or("?", |c| c.name());
+    let d = pick(8).checked_sub(1).and_then(|i| DataType::ALL.get(i)).map_or("?", |d| d.name());
+    let o = pick(16).checked_sub(1).and_then(|i| ReduceOp::ALL.get(i)).map_or("-", |o| o.name());
+    let a = pick(24).checked_sub(1).and_then(|i| Algorithm::ALL.get(i)).map_or("?", |a| a.name());
+    format!("{c}({d}, op {o}, algorithm {a})")
+}
+
+/// Which publication fields every rank must share.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Agree {
+    /// The element count must be equal on every rank.
+    pub count: bool,
+    /// The root must be equal on every rank.
+    pub root: bool,
+}
+
+/// The per-communicator host state: workspace, point-to-point state, and whether an earlier
+/// failure left the ranks out of step.
+pub(crate) struct HostEngine {
+    pub(crate) ws: Workspace,
+    pub(crate) p2p: P2pState,
+    broken: Option<String>,
+    timeout: Duration,
+}
+
+impl HostEngine {
+    /// Collective: builds the workspace and the point-to-point semaphores.
+    pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
+        let ws = Workspace::new(core, scratch_bytes)?;
+        let p2p = P2pState::new(core)?;
+        Ok(HostEngine { ws, p2p, broken: None, timeout: core.config().timeout })
+    }
+
+    /// Errors if an earlier failure broke the communicator.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::Aborted(format!(
+                "this communicator is unusable after an earlier failure ({why}); create a new one"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failure that leaves the ranks out of step.
+    pub(crate) fn poison(&mut self, e: Error) -> Error {
+        if e.is_fatal() && self.broken.is_none() {
+            self.broken = Some(e.to_string());
+        }
+        e
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// One synchronized step: publish `mine`, arrive and wait, check every peer agrees.
+    /// On disagreement the step is finished (ranks stay in step) and the error returned.
+    pub(crate) fn step(&mut self, what: &str, mine: Publication, agree: Agree) -> Result<()> {
+        self.ws.publish(mine);
+        if let Err(e) = self.ws.arrive_and_wait(what) {
+            return Err(self.poison(e));
+        }
+        let me = self.ws.rank();
+        let mut problem = None;
+        for p in (0..self.ws.world_size()).filter(|&p| p != me) {
+            let theirs = self.ws.publication(p);
+            if theirs.step != self.ws.step() {
+                let e = Error::protocol(format!(
+                    "rank {p} is at collective step {} while rank {me} is at step {}; \
+                     every rank must call the same collectives in the same order",
+                    theirs.step,
+                    self.ws.step()
+                ));
+                self.ws.finish_step();
+                return Err(self.poison(e));
+            }
+            if theirs.signature & INVALID_MARK != 0 && mine.signature & INVALID_MARK == 0 {
+                problem = Some(Error::invalid(format!(
+                    "rank {p} passed invalid arguments to {what} (its own error says which); this call did nothing"
+                )));
+            } else if theirs.signature & !INVALID_MARK != mine.signature & !INVALID_MARK {
+                problem = Some(Error::invalid(format!(
+                    "rank {p} called {} while rank {me} called {}",
+                    describe(theirs.signature),
+                    describe(mine.signature)
+                )));
+            } else if agree.count && theirs.count != mine.count {
+                problem = Some(Error::invalid(format!(
+                    "{what}: rank {p} passed {} elements, rank {me} passed {}; counts must match",
+                    theirs.count, mine.count
+                )));
+            } else if agree.root && theirs.root != mine.root {
+                problem = Some(Error::invalid(format!(
+                    "{what}: rank {p} named root {}, rank {me} named root {}",
+                    theirs.root, mine.root
+                )));
+            }
+            if problem.is_some() {
+                break;
+            }
+        }
+        if let Some(e) = problem {
+            self.ws.finish_step();
+            return Err(e);
+        }
+        Ok(())
+    }
+
+    /// A synchronization inside a step (no publication).
+    pub(crate) fn phase(&mut self, what: &str) -> Result<()> {
+        self.ws.arrive_and_wait(what).map_err(|e| self.poison(e))
+    }
+
+    /// Takes part in one step with an "invalid" mark so every peer fails too, then returns
+    /// `err` (the local reason).
+    pub(crate) fn fail_step(&mut self, what: &str, signature: u64, err: Error) -> Error {
+        let mine = Publication { signature: signature | INVALID_MARK, ..Publication::default() };
+        match self.step(what, mine, Agree { count: false, root: false }) {
+            Ok(()) => self.ws.finish_step(),
+            Err(e) if e.is_fatal() => return e,
+            Err(_) => {}
+        }
+        err
+    }
+}
+
+/// Scratch capacity in elements of `T`.
+pub(crate) fn capacity<T: Element>(ws: &Workspace) -> usize {
+    ws.scratch_bytes() / std::mem::size_of::<T>()
+}
+
+/// `[a, b)`: the share of `k` elements that `part` of `n` owns.
+pub(crate) fn share(k: usize, n: usize, part: usize) -> (usize, usize) {
+    (k * part / n, k * (part + 1) / n)
+}
+
+/// Typed address of element `elem` of `rank`'s scratch, valid for `len` elements.
+pub(crate) fn scratch<T: Element>(ws: &Workspace, rank: usize, elem: usize, len: usize) -> Result<*mut T> {
+    let sz = std::mem::size_of::<T>();
+    Ok(ws.scratch(rank, elem * sz, len * sz)?.cast::<T>())
+}
+
+/// Copies `len` elements (ranges may overlap).
+///
+/// # Safety
+/// Both pointers valid for `len` elements; no concurrent writer to either range.
+pub(crate) unsafe fn copy<T: Element>(src: *const T, dst: *mut T, len: usize) {
+    if len > 0 && !std::ptr::eq(src, dst) {
+        // SAFETY: forwarded from the caller.
+        unsafe { std::ptr::copy(src, dst, len) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_describe_themselves_and_shares_cover_everything() {
+        let s = signature(Collective::AllReduce, DataType::Bf16, Some(ReduceOp::Max), Algorithm::Ring);
+        assert_eq!(describe(s), "all_reduce(bfloat16, op max, algorithm ring)");
+        assert_ne!(s, signature(Collective::AllReduce, DataType::Bf16, Some(ReduceOp::Min), Algorithm::Ring));
+        for n in 1..9 {
+            for k in [0, 1, 7, 100] {
+                let mut next = 0;
+                for p in 0..n {
+                    let (a, b) = share(k, n, p);
+                    assert_eq!(a, next);
+                    next = b;
+                }
+                assert_eq!(next, k);
+            }
+        }
+    }
+}
