@@ -10,7 +10,7 @@ mod env;
 mod tcp;
 mod unique_id;
 
-// pub use env::{EnvRendezvous, from_env};
+pub use env::{EnvRendezvous, from_env};
 pub use tcp::TcpBootstrap;
 pub use unique_id::UniqueId;
 
