@@ -80,7 +80,9 @@ const MAX_PREALLOCATION: usize = 1 << 20;
 ///   [`Error::InvalidArgument`].
 /// * Messages sent just before a rank drops its `TcpBootstrap` are still delivered: the drop
 ///   first closes the sending side of each link (the peer reads everything, then sees the end),
-///   then stops the reader threads.
+///   waits briefly for peers to close theirs, then stops the reader threads. (A peer that keeps
+///   sending to a rank after that rank dropped can make the kernel reset the link, which may
+///   discard the dropped rank's last unacknowledged bytes.)
 /// * `recv` returns messages already received from a peer even after that peer is gone; once
 ///   none is left it returns [`Error::PeerLost`].
 pub struct TcpBootstrap {
@@ -754,6 +756,8 @@ impl Rendezvous<'_> {
 
     /// Rank 0: accept a hello from every other rank, then send everyone the rank table.
     fn as_root(&self) -> Result<Mesh> {
+        // std's `TcpListener::bind` sets SO_REUSEADDR on Unix, so a port that an earlier job left
+        // in TIME_WAIT can be bound again at once (a port with a live listener cannot).
         let listener = TcpListener::bind(self.id.addr)
             .map_err(|e| Error::io(format!("bind the bootstrap root listener on {}", self.id.addr), e))?;
         let mut acceptor = Acceptor::new(&listener, self.rank, self.warn)?;
