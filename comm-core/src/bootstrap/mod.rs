@@ -10,9 +10,9 @@ mod env;
 mod tcp;
 mod unique_id;
 
-// pub use env::{EnvRendezvous, from_env};
-// pub use tcp::TcpBootstrap;
-// pub use unique_id::UniqueId;
+pub use env::{EnvRendezvous, from_env};
+pub use tcp::TcpBootstrap;
+pub use unique_id::UniqueId;
 
 use std::time::Duration;
 
