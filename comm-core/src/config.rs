@@ -5,7 +5,7 @@
 //! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed) | `60` |
 //! | `WEAVE_TRANSPORTS` | comma list of transports to use (`shm,loopback,cudaipc,ib`) | all compiled in |
 //! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
-//! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived from the rendezvous variables |
+//! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
 //! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
 //!

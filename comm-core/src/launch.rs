@@ -206,6 +206,9 @@ pub struct LaunchSpec {
     pub cancel: Option<CancelToken>,
     /// How long ranks get to exit after a cancel request forwarded its signal.
     pub cancel_grace: Duration,
+    /// Let the other ranks run on after one fails (they still end at the timeout). Fault tests
+    /// use it to watch how the survivors handle a dead peer. Off by default.
+    pub keep_going: bool,
 }
 
 impl LaunchSpec {
@@ -224,6 +227,7 @@ impl LaunchSpec {
             capture: false,
             cancel: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
+            keep_going: false,
         }
     }
 
@@ -290,6 +294,12 @@ impl LaunchSpec {
     /// Sets how long ranks get to exit after a cancel request.
     pub fn cancel_grace(mut self, grace: Duration) -> Self {
         self.cancel_grace = grace;
+        self
+    }
+
+    /// Keeps the other ranks running after one fails (see [`LaunchSpec::keep_going`]).
+    pub fn keep_going(mut self, keep_going: bool) -> Self {
+        self.keep_going = keep_going;
         self
     }
 
@@ -689,7 +699,7 @@ impl Job {
         let mut pause = POLL_MIN;
         loop {
             let running = self.reap_finished(&mut out.first_failure);
-            if running == 0 || out.first_failure.is_some() {
+            if running == 0 || (out.first_failure.is_some() && !spec.keep_going) {
                 return out;
             }
             let now = Instant::now();

@@ -1,1 +1,71 @@
-//! (in progress)
+//! Launching rank-worker jobs from integration tests, through the same launcher as
+//! `cargo xtask launch`.
+
+use std::path::Path;
+use std::time::Duration;
+
+use comm_core::launch::{LaunchReport, LaunchSpec, launch};
+
+/// A job of `ranks` copies of `program SCENARIO`, with `WEAVE_TIMEOUT` set to `weave_timeout`
+/// seconds and the whole job bounded by `job_timeout`.
+pub fn scenario_spec(
+    program: &Path,
+    scenario: &str,
+    ranks: usize,
+    weave_timeout: f64,
+    job_timeout: Duration,
+) -> LaunchSpec {
+    LaunchSpec::new(ranks, program)
+        .arg(scenario)
+        .timeout(job_timeout)
+        .env("WEAVE_TIMEOUT", weave_timeout.to_string())
+        .capture(true)
+}
+
+/// Runs the job and panics with every rank's output unless all ranks exited 0 and each printed
+/// its `OK SCENARIO` line. Returns the report for further checks.
+pub fn run_ok(spec: &LaunchSpec, scenario: &str) -> LaunchReport {
+    let report = launch(spec).unwrap_or_else(|e| panic!("launching {scenario}: {e}"));
+    let all_ok = report.success()
+        && report.ranks.iter().all(|r| r.stdout.iter().any(|l| l.starts_with(&format!("OK {scenario} "))));
+    assert!(all_ok, "{scenario} with {} ranks failed: {}\n{}", spec.ranks, report.summary(), dump(&report));
+    report
+}
+
+/// Every rank's captured output, for failure messages.
+pub fn dump(report: &LaunchReport) -> String {
+    let mut s = String::new();
+    for r in &report.ranks {
+        s.push_str(&format!("--- rank {} ({}) ---\n", r.rank, r.exit));
+        for l in r.stdout.iter().chain(&r.stderr) {
+            s.push_str(l);
+            s.push('\n');
+        }
+    }
+    s
+}
+
+/// Shared-memory segments of the job with this secret that still exist in `/dev/shm` (any
+/// communicator or sub-communicator of the job).
+pub fn leftover_segments(secret_hex: &str) -> Vec<String> {
+    let secret: [u8; 16] = comm_core::wire::parse_hex(secret_hex).expect("test secret is 32 hex digits");
+    let key = comm_core::bootstrap::UniqueId::with_secret("127.0.0.1:1".parse().expect("address"), secret).job_key();
+    let prefix = format!("weave-{key}");
+    std::fs::read_dir("/dev/shm")
+        .map(|d| {
+            d.flatten()
+                .map(|e| e.file_name().to_string_lossy().into_owned())
+                .filter(|n| n.starts_with(&prefix))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// A fresh random job secret as 32 hex digits.
+pub fn random_secret() -> String {
+    let mut b = [0u8; 16];
+    if let Ok(mut f) = std::fs::File::open("/dev/urandom") {
+        let _ = std::io::Read::read_exact(&mut f, &mut b);
+    }
+    comm_core::wire::hex(&b)
+}

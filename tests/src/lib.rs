@@ -43,7 +43,7 @@ impl Pattern {
 /// Builds this process's communicator from the launcher's environment, over shared memory.
 pub fn shm_communicator() -> Result<Communicator> {
     let bootstrap = comm_core::bootstrap::from_env()?;
-    Communicator::builder(bootstrap).with_transport(transport_shm::ShmTransport::default()).build()
+    Communicator::builder(bootstrap).with_transport(transport_shm::ShmTransport).build()
 }
 
 /// Fails with a message naming what differed.

@@ -23,6 +23,7 @@ fn main() {
         "exchange" => exchange(),
         "memory-channel" => memory_channel(),
         "signal-storm" => signal_storm(),
+        "port-channel" => port_channel(),
         "bad-connections" => bad_connections(),
         "fault-kill" => fault_kill(),
         "registration-mismatch" => registration_mismatch(),
@@ -102,8 +103,10 @@ fn memory_channel() -> Result<String> {
     let slot = slot_len();
     let buf = comm.register_host(slot * n, "memory-channel")?;
     let all = comm.exchange(&buf)?;
-    let channels =
-        peers(comm.bootstrap().as_ref()).into_iter().map(|p| comm.memory_channel(&buf, &all[p])).collect::<Result<Vec<_>>>()?;
+    let channels = peers(comm.bootstrap().as_ref())
+        .into_iter()
+        .map(|p| comm.memory_channel(&buf, &all[p]))
+        .collect::<Result<Vec<_>>>()?;
     let mut moved = 0;
     for (case, &(len, offset)) in CASES.iter().enumerate() {
         for ch in &channels {
@@ -122,6 +125,58 @@ fn memory_channel() -> Result<String> {
         }
     }
     Ok(format!("verified {moved} bytes from {} peers", n - 1))
+}
+
+/// Port channels between every pair: the proxy thread copies random data at every size and
+/// offset; put + signal + flush, wait, verify. Also checks out-of-range puts are refused.
+fn port_channel() -> Result<String> {
+    let comm = shm_communicator()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let slot = slot_len();
+    let buf = comm.register_host(slot * n, "port-channel")?;
+    let all = comm.exchange(&buf)?;
+    let proxy = comm.proxy()?;
+    let channels = peers(comm.bootstrap().as_ref())
+        .into_iter()
+        .map(|p| comm.port_channel(&proxy, &buf, &all[p]))
+        .collect::<Result<Vec<_>>>()?;
+    let started_on = std::sync::Arc::new(std::sync::Mutex::new(None));
+    let record = started_on.clone();
+    proxy.start(move || {
+        *record.lock().map_err(|_| Error::invalid("poisoned"))? = Some(std::thread::current().id());
+        Ok(())
+    })?;
+    let mut moved = 0;
+    for (case, &(len, offset)) in CASES.iter().enumerate() {
+        for ch in &channels {
+            let data = Pattern::new(me, ch.peer(), 100 + case as u64).bytes(len);
+            buf.write_bytes(slot * me + offset, &data)?;
+            ch.put_with_signal(slot * me + offset, slot * me + offset, len)?;
+            ch.flush()?;
+            ch.wait()?;
+            let mut got = vec![0u8; len];
+            buf.read_bytes(slot * ch.peer() + offset, &mut got)?;
+            verify_pattern(&got, ch.peer(), me, 100 + case as u64)?;
+            moved += len;
+            // A port-channel signal runs on the proxy thread: flush so it has left this rank
+            // before the rank moves on (or exits).
+            ch.signal()?;
+            ch.flush()?;
+            ch.wait()?;
+        }
+    }
+    for ch in &channels {
+        match ch.put(slot * n - 1, 0, 2) {
+            Err(Error::InvalidArgument(_)) => {}
+            other => return Err(Error::protocol(format!("out-of-range port put gave {other:?}"))),
+        }
+    }
+    // A flush returns only after the proxy thread ran, so with any channel the hook has run.
+    let hook_thread = *started_on.lock().map_err(|_| Error::invalid("poisoned"))?;
+    if !channels.is_empty() && (hook_thread.is_none() || hook_thread == Some(std::thread::current().id())) {
+        return Err(Error::protocol("the proxy's init hook did not run on the proxy thread"));
+    }
+    Ok(format!("verified {moved} bytes through the proxy from {} peers", n - 1))
 }
 
 /// 10,000 signal/wait round trips between every pair (ranks pair up by round-robin rounds).
@@ -190,11 +245,8 @@ fn fault_kill() -> Result<String> {
     let buf = comm.register_host(4096, "fault")?;
     let all = comm.exchange(&buf)?;
     let sem = if me == victim { None } else { Some(comm.semaphore(victim)?) };
-    let victim_sems = if me == victim {
-        (0..n - 1).map(|p| comm.semaphore(p)).collect::<Result<Vec<_>>>()?
-    } else {
-        Vec::new()
-    };
+    let victim_sems =
+        if me == victim { (0..n - 1).map(|p| comm.semaphore(p)).collect::<Result<Vec<_>>>()? } else { Vec::new() };
     drop((all, victim_sems));
     comm.bootstrap().barrier()?;
     if me == victim {
