@@ -5,6 +5,7 @@
 
 mod args;
 mod launch_cmd;
+mod test_cmd;
 
 use std::process::ExitCode;
 
@@ -19,8 +20,10 @@ struct Command {
 }
 
 /// Every subcommand, in the order `help` lists them.
-const COMMANDS: &[Command] =
-    &[Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run }];
+const COMMANDS: &[Command] = &[
+    Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run },
+    Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
+];
 
 fn usage() -> String {
     let mut s = String::from("usage: cargo xtask <command> [options]\n\ncommands:\n");

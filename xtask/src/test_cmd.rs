@@ -1,0 +1,74 @@
+//! `cargo xtask test`: runs every test of the workspace (unit, multi-process, doc tests) and
+//! compiles every example.
+
+use std::process::{Command, ExitCode};
+
+use crate::args::{Arg, Args};
+
+/// One line for the command list of `cargo xtask help`.
+pub(crate) const SUMMARY: &str = "run every test (add --long for the full collective matrix)";
+
+/// The help text of `cargo xtask test`.
+pub(crate) const USAGE: &str = "\
+usage: cargo xtask test [--long] [--release] [-- CARGO-TEST-ARGS...]
+
+Runs `cargo test --workspace`: unit tests, the multi-process tests (which launch ranks through
+the same launcher as `cargo xtask launch`), doc tests, and a compile of every example. GPU
+tests report that they did not run when no GPU is present; they never count as passed there.
+
+options:
+  --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
+  --release    build with optimizations
+  -h, --help   print this help
+";
+
+/// Runs the command.
+pub(crate) fn run(mut args: Args) -> ExitCode {
+    let mut long = false;
+    let mut release = false;
+    let mut extra = Vec::new();
+    loop {
+        match args.next() {
+            Ok(None) => break,
+            Ok(Some(Arg::Flag(f))) if f == "--long" => long = true,
+            Ok(Some(Arg::Flag(f))) if f == "--release" => release = true,
+            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
+                print!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            Ok(Some(Arg::Flag(f))) => {
+                eprintln!("error: unknown option {f:?}\nrun `cargo xtask help test` for usage");
+                return ExitCode::from(2);
+            }
+            Ok(Some(Arg::Positional(p))) => extra.push(p),
+            Ok(Some(Arg::Separator)) => {}
+            Err(e) => {
+                eprintln!("error: {e}\nrun `cargo xtask help test` for usage");
+                return ExitCode::from(2);
+            }
+        }
+    }
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut cmd = Command::new(cargo);
+    cmd.args(["test", "--workspace"]);
+    if release {
+        cmd.arg("--release");
+    }
+    if !extra.is_empty() {
+        cmd.arg("--").args(extra);
+    }
+    if long {
+        cmd.env("WEAVE_TEST_LONG", "1");
+    }
+    match cmd.status() {
+        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) => {
+            eprintln!("cargo xtask test: cargo test failed ({s})");
+            ExitCode::from(1)
+        }
+        Err(e) => {
+            eprintln!("cargo xtask test: could not run cargo: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
