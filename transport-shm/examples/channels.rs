@@ -96,7 +96,7 @@ fn run() -> Result<String> {
     comm.bootstrap().barrier()?;
     Ok(format!(
         "rank {me}/{n}: OK — {} MiB verified from {} peers over memory and port channels",
-        2 * peers.len() * MESSAGE >> 20,
+        (2 * peers.len() * MESSAGE) >> 20,
         peers.len()
     ))
 }
