@@ -3,9 +3,9 @@
 
 use half::{bf16, f16};
 
-use crate::op::ReduceOp;
 #[cfg(test)]
 use crate::dtype::Element;
+use crate::op::ReduceOp;
 
 /// Elements per block: the accumulator of one block stays in L1.
 const BLOCK: usize = 1024;
@@ -238,7 +238,8 @@ mod tests {
     #[test]
     fn every_op_on_every_type_matches_the_reference() {
         let ins = inputs(5, 3 * BLOCK + 17);
-        let ops: [(ReduceOp, fn(&[f64]) -> f64); 5] = [
+        type Reference = fn(&[f64]) -> f64;
+        let ops: [(ReduceOp, Reference); 5] = [
             (ReduceOp::Sum, |c| c.iter().sum()),
             (ReduceOp::Prod, |c| c.iter().product()),
             (ReduceOp::Min, |c| c.iter().cloned().fold(f64::INFINITY, f64::min)),

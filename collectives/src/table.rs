@@ -248,7 +248,9 @@ impl AlgorithmTable {
 
     /// The algorithm for this call: an override that applies, else the first matching row.
     pub fn select(&self, c: Collective, memory: MemorySpace, ranks: usize, bytes: usize) -> Result<Algorithm> {
-        if let Some((_, a)) = self.overrides.iter().rev().find(|(oc, a)| *oc == Some(c) || (oc.is_none() && a.runs_on_host(c))) {
+        if let Some((_, a)) =
+            self.overrides.iter().rev().find(|(oc, a)| *oc == Some(c) || (oc.is_none() && a.runs_on_host(c)))
+        {
             return Ok(*a);
         }
         self.rows
@@ -260,7 +262,11 @@ impl AlgorithmTable {
                     && (r.min_bytes..r.max_bytes).contains(&bytes)
             })
             .map(|r| r.algorithm)
-            .ok_or_else(|| Error::Unsupported(format!("no algorithm for {c} on {memory:?} memory with {ranks} ranks and {bytes} bytes")))
+            .ok_or_else(|| {
+                Error::Unsupported(format!(
+                    "no algorithm for {c} on {memory:?} memory with {ranks} ranks and {bytes} bytes"
+                ))
+            })
     }
 }
 

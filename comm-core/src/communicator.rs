@@ -133,6 +133,8 @@ impl CommunicatorBuilder {
         for (peer, route) in routes.iter_mut().enumerate().filter(|(p, _)| *p != rank) {
             *route = Some(choose_route(&backends, &endpoints, rank, peer)?);
         }
+        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
+        crate::spin::set_oversubscribed(bootstrap.local_world_size() > cores);
         let comm = Communicator {
             bootstrap,
             config,

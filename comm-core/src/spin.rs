@@ -7,8 +7,22 @@ use std::time::Duration;
 use crate::config::Deadline;
 use crate::error::{Error, Result};
 
-/// Spins before the waiter starts yielding its core (ranks may outnumber cores).
+/// Spins before the waiter starts yielding its core.
 const SPINS_BEFORE_YIELD: u32 = 2_000;
+
+/// Set when this host runs more ranks than it has cores: spinning then only delays the rank
+/// that holds the core we wait for, so waiters yield at once.
+static OVERSUBSCRIBED: AtomicBool = AtomicBool::new(false);
+
+/// Tells every wait in this process whether ranks outnumber cores on this host.
+pub fn set_oversubscribed(oversubscribed: bool) {
+    OVERSUBSCRIBED.store(oversubscribed, Ordering::Relaxed);
+}
+
+/// Spins a waiter should make before yielding its core.
+pub fn spins_before_yield() -> u32 {
+    if OVERSUBSCRIBED.load(Ordering::Relaxed) { 1 } else { SPINS_BEFORE_YIELD }
+}
 /// Iterations between checks of the deadline, abort flag and peer health.
 const CHECK_EVERY: u32 = 128;
 
@@ -32,13 +46,14 @@ pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Res
         return Ok(());
     }
     let deadline = Deadline::after(ctx.timeout);
+    let spins = spins_before_yield();
     let mut i: u32 = 0;
     loop {
         if ready() {
             return Ok(());
         }
         i = i.wrapping_add(1);
-        if i < SPINS_BEFORE_YIELD {
+        if i < spins {
             std::hint::spin_loop();
         } else {
             std::thread::yield_now();

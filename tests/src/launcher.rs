@@ -22,10 +22,21 @@ pub fn scenario_spec(
         .capture(true)
 }
 
+/// Jobs of one test binary run one at a time: ranks spin while they wait, and two jobs sharing
+/// two cores would slow each other down by orders of magnitude.
+static ONE_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+/// Launches a job, holding the one-job-at-a-time lock (a panicking test does not poison it
+/// for the others).
+pub fn launch_serialized(spec: &LaunchSpec) -> comm_core::Result<LaunchReport> {
+    let _turn = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    launch(spec)
+}
+
 /// Runs the job and panics with every rank's output unless all ranks exited 0 and each printed
 /// its `OK SCENARIO` line. Returns the report for further checks.
 pub fn run_ok(spec: &LaunchSpec, scenario: &str) -> LaunchReport {
-    let report = launch(spec).unwrap_or_else(|e| panic!("launching {scenario}: {e}"));
+    let report = launch_serialized(spec).unwrap_or_else(|e| panic!("launching {scenario}: {e}"));
     let all_ok = report.success()
         && report.ranks.iter().all(|r| r.stdout.iter().any(|l| l.starts_with(&format!("OK {scenario} "))));
     assert!(all_ok, "{scenario} with {} ranks failed: {}\n{}", spec.ranks, report.summary(), dump(&report));

@@ -8,6 +8,7 @@ use comm_core::communicator::Communicator;
 use comm_core::{Error, Result};
 
 pub mod launcher;
+pub mod matrix;
 
 /// A small, fast, deterministic generator (SplitMix64) so a receiver can recompute what a
 /// sender wrote without sending it twice.

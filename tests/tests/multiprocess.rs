@@ -4,8 +4,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use comm_core::launch::{RankExit, launch};
-use weave_tests::launcher::{dump, leftover_segments, random_secret, run_ok, scenario_spec};
+use comm_core::launch::RankExit;
+use weave_tests::launcher::{dump, launch_serialized, leftover_segments, random_secret, run_ok, scenario_spec};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_rank-worker");
 
@@ -73,7 +73,7 @@ fn a_rank_killed_during_a_wait_fails_the_others_within_the_timeout_and_leaks_not
             .env("WEAVE_SECRET", &secret)
             .keep_going(true);
         let started = Instant::now();
-        let report = launch(&spec).expect("launch fault-kill");
+        let report = launch_serialized(&spec).expect("launch fault-kill");
         let elapsed = started.elapsed();
         let victim = &report.ranks[n - 1];
         assert_eq!(victim.exit, RankExit::Signal(9), "victim must die by SIGKILL\n{}", dump(&report));
@@ -96,7 +96,7 @@ fn a_failing_rank_makes_the_launcher_stop_the_others() {
     // A scenario the worker does not know: every rank fails at once; the launcher must report
     // the failure, not hang.
     let spec = scenario_spec(worker(), "no-such-scenario", 3, 5.0, Duration::from_secs(30));
-    let report = launch(&spec).expect("launch");
+    let report = launch_serialized(&spec).expect("launch");
     assert!(!report.success());
     assert!(report.first_failure.is_some());
 }

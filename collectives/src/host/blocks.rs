@@ -221,7 +221,11 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
             table.add(n + q).write(v.recv_counts[q] as u64);
         }
     }
-    e.step("all_to_allv", Publication { signature: sig, ..Publication::default() }, Agree { count: false, root: false })?;
+    e.step(
+        "all_to_allv",
+        Publication { signature: sig, ..Publication::default() },
+        Agree { count: false, root: false },
+    )?;
     let mut longest = 0u64;
     let mut mismatch = None;
     for p in 0..n {

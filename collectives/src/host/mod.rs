@@ -8,7 +8,7 @@
 mod all_reduce;
 mod blocks;
 mod p2p;
-pub mod workspace;
+pub(crate) mod workspace;
 
 pub(crate) use p2p::{P2pOp, P2pState};
 
@@ -115,11 +115,12 @@ impl HostEngine {
                 self.ws.finish_step();
                 return Err(self.poison(e));
             }
+            const CALL: u64 = 0xff_ffff; // collective, dtype and op; the algorithm is above
             if theirs.signature & INVALID_MARK != 0 && mine.signature & INVALID_MARK == 0 {
                 problem = Some(Error::invalid(format!(
                     "rank {p} passed invalid arguments to {what} (its own error says which); this call did nothing"
                 )));
-            } else if theirs.signature & !INVALID_MARK != mine.signature & !INVALID_MARK {
+            } else if theirs.signature & CALL != mine.signature & CALL {
                 problem = Some(Error::invalid(format!(
                     "rank {p} called {} while rank {me} called {}",
                     describe(theirs.signature),
@@ -129,6 +130,12 @@ impl HostEngine {
                 problem = Some(Error::invalid(format!(
                     "{what}: rank {p} passed {} elements, rank {me} passed {}; counts must match",
                     theirs.count, mine.count
+                )));
+            } else if theirs.signature & !INVALID_MARK != mine.signature & !INVALID_MARK {
+                problem = Some(Error::invalid(format!(
+                    "rank {p} runs {} while rank {me} runs {}; set the same WEAVE_ALGO on every rank",
+                    describe(theirs.signature),
+                    describe(mine.signature)
                 )));
             } else if agree.root && theirs.root != mine.root {
                 problem = Some(Error::invalid(format!(

@@ -30,21 +30,21 @@ const CONTROL_BYTES: usize = 4096;
 const PUBLICATION_OFFSET: usize = 64;
 const PUBLICATION_STRIDE: usize = 128;
 /// Default size of one scratch half.
-pub const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
+pub(crate) const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
 
 /// What a rank says about the step it is in; peers check that everyone agrees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Publication {
+pub(crate) struct Publication {
     /// The step number (every rank counts steps the same way).
-    pub step: u64,
+    pub(crate) step: u64,
     /// Collective code, dtype code and op code packed by the caller.
-    pub signature: u64,
+    pub(crate) signature: u64,
     /// Element count as the collective defines it.
-    pub count: u64,
+    pub(crate) count: u64,
     /// Root rank, or 0.
-    pub root: u64,
+    pub(crate) root: u64,
     /// Collective-specific extra word (e.g. the number of steps of a chunked call).
-    pub extra: u64,
+    pub(crate) extra: u64,
 }
 
 impl Publication {
@@ -60,7 +60,7 @@ impl Publication {
 }
 
 /// One rank's view of every rank's workspace, plus its own progress.
-pub struct Workspace {
+pub(crate) struct Workspace {
     rank: usize,
     all: Vec<RegisteredMemory>,
     connections: Vec<Option<Arc<dyn Connection>>>,
@@ -87,7 +87,7 @@ impl std::fmt::Debug for Workspace {
 
 impl Workspace {
     /// Collective: registers and exchanges this rank's workspace with `scratch_bytes` per half.
-    pub fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
+    pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
         let scratch_bytes = scratch_bytes.max(4096).next_multiple_of(4096);
         let len = CONTROL_BYTES + 2 * scratch_bytes;
         let mine = core.register_host(len, "weave host workspace")?;
@@ -118,18 +118,23 @@ impl Workspace {
     }
 
     /// Number of ranks.
-    pub fn world_size(&self) -> usize {
+    pub(crate) fn world_size(&self) -> usize {
         self.all.len()
     }
 
     /// This rank.
-    pub fn rank(&self) -> usize {
+    pub(crate) fn rank(&self) -> usize {
         self.rank
     }
 
     /// Bytes of one scratch half.
-    pub fn scratch_bytes(&self) -> usize {
+    pub(crate) fn scratch_bytes(&self) -> usize {
         self.scratch_bytes
+    }
+
+    /// The step running now (every rank counts steps the same way).
+    pub(crate) fn step(&self) -> u64 {
+        self.step
     }
 
     /// The scratch half the current step uses.
@@ -144,7 +149,7 @@ impl Workspace {
     }
 
     /// Address of byte `offset` of `rank`'s scratch for the current step, valid for `len` bytes.
-    pub fn scratch(&self, rank: usize, offset: usize, len: usize) -> Result<*mut u8> {
+    pub(crate) fn scratch(&self, rank: usize, offset: usize, len: usize) -> Result<*mut u8> {
         if offset.checked_add(len).is_none_or(|end| end > self.scratch_bytes) {
             return Err(Error::invalid(format!(
                 "scratch range [{offset}, +{len}) exceeds the {} bytes of a scratch half",
@@ -158,7 +163,7 @@ impl Workspace {
     }
 
     /// Publishes this rank's description of the current step (read by peers after they wait).
-    pub fn publish(&self, mut p: Publication) {
+    pub(crate) fn publish(&self, mut p: Publication) {
         p.step = self.step;
         let base = PUBLICATION_OFFSET + self.half() * PUBLICATION_STRIDE;
         for (i, w) in p.to_words().into_iter().enumerate() {
@@ -168,7 +173,7 @@ impl Workspace {
     }
 
     /// `rank`'s publication for the current step (valid after [`arrive_and_wait`](Self::arrive_and_wait)).
-    pub fn publication(&self, rank: usize) -> Publication {
+    pub(crate) fn publication(&self, rank: usize) -> Publication {
         let base = PUBLICATION_OFFSET + self.half() * PUBLICATION_STRIDE;
         let mut w = [0u64; Publication::WORDS];
         for (i, x) in w.iter_mut().enumerate() {
@@ -180,7 +185,7 @@ impl Workspace {
 
     /// Arrives (release: everything this rank wrote so far becomes visible), then waits until
     /// every peer has arrived as often (acquire), bounded by the timeout and peer liveness.
-    pub fn arrive_and_wait(&mut self, what: &str) -> Result<()> {
+    pub(crate) fn arrive_and_wait(&mut self, what: &str) -> Result<()> {
         self.phase += 1;
         self.word(self.rank, 0).store(self.phase, Ordering::Release);
         let target = self.phase;
@@ -190,15 +195,20 @@ impl Workspace {
             let word = self.word(peer, 0);
             let Some(conn) = self.connections[peer].as_ref() else { continue };
             let check = || conn.check_peer();
-            let ctx =
-                WaitContext { operation: what, peer: Some(peer), timeout: self.timeout, abort: &self.abort, check_peer: &check };
+            let ctx = WaitContext {
+                operation: what,
+                peer: Some(peer),
+                timeout: self.timeout,
+                abort: &self.abort,
+                check_peer: &check,
+            };
             spin_until(&ctx, || word.load(Ordering::Acquire) >= target)?;
         }
         Ok(())
     }
 
     /// Ends the current step: the next one uses the other scratch half.
-    pub fn finish_step(&mut self) {
+    pub(crate) fn finish_step(&mut self) {
         self.step += 1;
     }
 }

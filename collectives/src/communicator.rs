@@ -1,0 +1,533 @@
+//! The user-facing communicator: collectives and point-to-point on host memory.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
+use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::config::{Config, LogLevel};
+use comm_core::transport::TransportFactory;
+use comm_core::wire::{Decoder, Encoder};
+use comm_core::{Error, Result};
+
+use crate::dtype::{DataType, Element};
+use crate::host::workspace::DEFAULT_SCRATCH_BYTES;
+use crate::host::{self, AllToAllv, HostEngine, P2pOp};
+use crate::op::ReduceOp;
+use crate::split::SubBootstrap;
+use crate::table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
+
+/// The transports compiled in by Cargo features, in preference order.
+#[allow(clippy::vec_init_then_push, unused_mut, reason = "one push per enabled feature")]
+pub fn default_transports() -> Vec<Arc<dyn TransportFactory>> {
+    let mut v: Vec<Arc<dyn TransportFactory>> = Vec::new();
+    #[cfg(feature = "shm")]
+    v.push(Arc::new(transport_shm::ShmTransport));
+    v
+}
+
+/// Builds a [`Communicator`].
+pub struct Builder {
+    bootstrap: Arc<dyn Bootstrap>,
+    factories: Vec<Arc<dyn TransportFactory>>,
+    config: Option<Config>,
+    overrides: Vec<(Option<Collective>, Algorithm)>,
+}
+
+impl Builder {
+    /// Adds a transport (the first one added replaces the defaults; later ones add to it).
+    pub fn with_transport(mut self, factory: impl TransportFactory + 'static) -> Self {
+        self.factories.push(Arc::new(factory));
+        self
+    }
+
+    /// Uses `config` instead of the `WEAVE_*` environment.
+    pub fn with_config(mut self, config: Config) -> Self {
+        self.config = Some(config);
+        self
+    }
+
+    /// Forces `algorithm` for `collective` (every rank must force the same).
+    pub fn with_algorithm(mut self, collective: Collective, algorithm: Algorithm) -> Self {
+        self.overrides.push((Some(collective), algorithm));
+        self
+    }
+
+    /// Collective: connects the ranks and builds the host workspace.
+    pub fn build(self) -> Result<Communicator> {
+        let n = self.bootstrap.world_size();
+        Communicator::build(self, Lineage { root: None, namespace: 0, root_ranks: (0..n).collect() })
+    }
+}
+
+/// Where a communicator sits in the job: the root bootstrap, its tag namespace and the root
+/// ranks of its members.
+struct Lineage {
+    root: Option<Arc<dyn Bootstrap>>,
+    namespace: u64,
+    root_ranks: Vec<usize>,
+}
+
+/// One rank's handle on a group of ranks for collectives and point-to-point calls.
+///
+/// Every collective is called by every rank of the communicator in the same order; a rank that
+/// passes different counts, operators or roots gets [`Error::InvalidArgument`] on every rank,
+/// and a lost peer gives an error within the timeout, never a hang. Calls on one communicator
+/// are serialized (it is `Sync`; concurrent calls from several threads run one at a time).
+pub struct Communicator {
+    core: CoreCommunicator,
+    host: Mutex<HostEngine>,
+    table: AlgorithmTable,
+    factories: Vec<Arc<dyn TransportFactory>>,
+    config: Config,
+    root: Arc<dyn Bootstrap>,
+    namespace: u64,
+    root_ranks: Vec<usize>,
+    splits: AtomicU64,
+}
+
+impl std::fmt::Debug for Communicator {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Communicator")
+            .field("rank", &self.rank())
+            .field("world_size", &self.world_size())
+            .field("namespace", &self.namespace)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Communicator {
+    /// Starts building a communicator over `bootstrap` with the default transports.
+    pub fn builder(bootstrap: impl Bootstrap + 'static) -> Builder {
+        Builder { bootstrap: Arc::new(bootstrap), factories: Vec::new(), config: None, overrides: Vec::new() }
+    }
+
+    /// Collective: a communicator of all ranks of a job launched by `cargo xtask launch`,
+    /// torchrun, Open MPI or Slurm (see [`comm_core::bootstrap::from_env`]).
+    pub fn from_env() -> Result<Self> {
+        Self::builder(comm_core::bootstrap::from_env()?).build()
+    }
+
+    /// Collective: a communicator of `world_size` ranks meeting at `id` (rank 0 listens there).
+    pub fn from_unique_id(id: &UniqueId, rank: usize, world_size: usize) -> Result<Self> {
+        let config = Config::from_env()?;
+        Self::builder(TcpBootstrap::new(id, rank, world_size, config.timeout)?).with_config(config).build()
+    }
+
+    fn build(b: Builder, lineage: Lineage) -> Result<Self> {
+        let config = match b.config {
+            Some(c) => c,
+            None => Config::from_env()?,
+        };
+        let factories = if b.factories.is_empty() { default_transports() } else { b.factories };
+        let mut table = AlgorithmTable::default();
+        if let Some(spec) = &config.algorithm_overrides {
+            table.apply_overrides(spec)?;
+        }
+        for (c, a) in b.overrides {
+            if let Some(c) = c
+                && !a.runs_on_host(c)
+            {
+                return Err(Error::invalid(format!("{c} has no {a} algorithm on the host")));
+            }
+            table.set_override(c, a);
+        }
+        let mut core = CoreCommunicator::builder_arc(b.bootstrap.clone()).with_config(config.clone());
+        for f in &factories {
+            core = core.with_transport_arc(f.clone());
+        }
+        let core = core.build()?;
+        let scratch = config.host_scratch_bytes.unwrap_or(DEFAULT_SCRATCH_BYTES);
+        let host = HostEngine::new(&core, scratch)?;
+        let root = lineage.root.unwrap_or(b.bootstrap);
+        Ok(Communicator {
+            core,
+            host: Mutex::new(host),
+            table,
+            factories,
+            config,
+            root,
+            namespace: lineage.namespace,
+            root_ranks: lineage.root_ranks,
+            splits: AtomicU64::new(0),
+        })
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.core.rank()
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.core.world_size()
+    }
+
+    /// The primitives layer (registered memory, channels) under this communicator.
+    pub fn core(&self) -> &CoreCommunicator {
+        &self.core
+    }
+
+    /// The algorithm table in force (after `WEAVE_ALGO` and builder overrides).
+    pub fn algorithm_table(&self) -> &AlgorithmTable {
+        &self.table
+    }
+
+    /// The algorithm this communicator would run for a call of `bytes` bytes.
+    pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Result<Algorithm> {
+        self.table.select(collective, MemorySpace::Host, self.world_size(), bytes)
+    }
+
+    /// Makes every current and future wait of this communicator fail with [`Error::Aborted`].
+    pub fn abort(&self) {
+        self.core.abort();
+    }
+
+    fn engine(&self) -> Result<MutexGuard<'_, HostEngine>> {
+        let e = self.host.lock().map_err(|_| Error::Aborted("a thread panicked inside a collective".into()))?;
+        e.check_usable()?;
+        Ok(e)
+    }
+
+    /// Picks the algorithm, serializes the call, and runs `f` — or, when `validation` failed,
+    /// takes part in one step that tells every peer, and returns the local error.
+    fn collective(
+        &self,
+        c: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        bytes: usize,
+        validation: Result<()>,
+        f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
+    ) -> Result<()> {
+        let algo = self.algorithm_for(c, bytes)?;
+        if self.config.logs(LogLevel::Info) {
+            eprintln!("weave[{}]: {c} of {bytes} B on {} ranks -> {algo}", self.rank(), self.world_size());
+        }
+        let mut e = self.engine()?;
+        match validation {
+            Ok(()) => f(&mut e, algo),
+            Err(err) => Err(e.fail_step(c.name(), host::signature(c, dtype, op, algo), err)),
+        }
+    }
+
+    fn bytes<T: Element>(count: usize) -> usize {
+        count.saturating_mul(std::mem::size_of::<T>())
+    }
+
+    /// Sums (or applies `op` to) `send` across all ranks into `recv`.
+    pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let check = same_len("all_reduce", "send", send.len(), "recv", recv.len());
+        let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
+        self.collective(Collective::AllReduce, T::DTYPE, Some(op), Self::bytes::<T>(count), check, |e, a| {
+            // SAFETY: both slices hold `count` elements (checked) and are distinct borrows.
+            unsafe { host::all_reduce(e, a, s, r, count, op) }
+        })
+    }
+
+    /// [`all_reduce`](Self::all_reduce) with the result written over the input.
+    pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let (p, count) = (buf.as_mut_ptr(), buf.len());
+        self.collective(Collective::AllReduce, T::DTYPE, Some(op), Self::bytes::<T>(count), Ok(()), |e, a| {
+            // SAFETY: the buffer holds `count` elements; input and output are the same range.
+            unsafe { host::all_reduce(e, a, p, p, count, op) }
+        })
+    }
+
+    /// Concatenates every rank's `send` into `recv` (rank r's block at `r * send.len()`).
+    pub fn all_gather<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = self.world_size();
+        let check = same_len("all_gather", "recv", recv.len(), "world_size × send", send.len().saturating_mul(n));
+        let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
+        self.collective(Collective::AllGather, T::DTYPE, None, Self::bytes::<T>(recv.len()), check, |e, a| {
+            // SAFETY: send holds count, recv n × count elements (checked); distinct borrows.
+            unsafe { host::all_gather(e, a, s, r, count) }
+        })
+    }
+
+    /// All-gather where this rank's contribution is already in its block of `buf`
+    /// (`buf.len() / world_size` elements at `rank * buf.len() / world_size`).
+    pub fn all_gather_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.world_size();
+        let check = divisible("all_gather_in_place", buf.len(), n);
+        let count = buf.len() / n;
+        let p = buf.as_mut_ptr();
+        let me = self.rank();
+        self.collective(Collective::AllGather, T::DTYPE, None, Self::bytes::<T>(buf.len()), check, |e, a| {
+            // SAFETY: the buffer holds n × count elements; the send block is this rank's block.
+            unsafe { host::all_gather(e, a, p.add(me * count), p, count) }
+        })
+    }
+
+    /// Reduces every rank's `send` (`world_size` blocks of `recv.len()`) and leaves block
+    /// `rank` of the result in `recv`.
+    pub fn reduce_scatter<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = self.world_size();
+        let check = same_len("reduce_scatter", "send", send.len(), "world_size × recv", recv.len().saturating_mul(n));
+        let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
+        self.collective(Collective::ReduceScatter, T::DTYPE, Some(op), Self::bytes::<T>(send.len()), check, |e, a| {
+            // SAFETY: send holds n × count, recv count elements (checked); distinct borrows.
+            unsafe { host::reduce_scatter(e, a, s, r, count, op) }
+        })
+    }
+
+    /// Reduce-scatter whose result lands in block `rank` of `buf`.
+    pub fn reduce_scatter_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
+        let n = self.world_size();
+        let check = divisible("reduce_scatter_in_place", buf.len(), n);
+        let count = buf.len() / n;
+        let p = buf.as_mut_ptr();
+        let me = self.rank();
+        self.collective(Collective::ReduceScatter, T::DTYPE, Some(op), Self::bytes::<T>(buf.len()), check, |e, a| {
+            // SAFETY: the buffer holds n × count elements; the result block is inside it.
+            unsafe { host::reduce_scatter(e, a, p, p.add(me * count), count, op) }
+        })
+    }
+
+    /// Copies `root`'s `send` into every rank's `recv`. `send` is read on the root only (other
+    /// ranks may pass an empty slice).
+    pub fn broadcast<T: Element>(&self, send: &[T], recv: &mut [T], root: usize) -> Result<()> {
+        let me = self.rank();
+        let check = self.check_root("broadcast", root).and_then(|_| {
+            if me == root { same_len("broadcast", "send", send.len(), "recv", recv.len()) } else { Ok(()) }
+        });
+        let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
+        self.collective(Collective::Broadcast, T::DTYPE, None, Self::bytes::<T>(count), check, |e, a| {
+            // SAFETY: recv holds count elements; on the root send does too (checked).
+            unsafe { host::broadcast(e, a, s, r, count, root) }
+        })
+    }
+
+    /// Broadcast from `root` in place.
+    pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
+        let check = self.check_root("broadcast", root);
+        let (p, count) = (buf.as_mut_ptr(), buf.len());
+        self.collective(Collective::Broadcast, T::DTYPE, None, Self::bytes::<T>(count), check, |e, a| {
+            // SAFETY: the buffer holds count elements.
+            unsafe { host::broadcast(e, a, p, p, count, root) }
+        })
+    }
+
+    /// Reduces every rank's `send` into `recv` on `root`. `recv` is written on the root only
+    /// (other ranks may pass an empty slice).
+    pub fn reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let me = self.rank();
+        let check = self
+            .check_root("reduce", root)
+            .and_then(|_| if me == root { same_len("reduce", "send", send.len(), "recv", recv.len()) } else { Ok(()) });
+        let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
+        self.collective(Collective::Reduce, T::DTYPE, Some(op), Self::bytes::<T>(count), check, |e, a| {
+            // SAFETY: send holds count elements; on the root recv does too (checked).
+            unsafe { host::reduce(e, a, s, r, count, op, root) }
+        })
+    }
+
+    /// Reduce to `root` in place (the root's `buf` receives the result; others keep theirs).
+    pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
+        let check = self.check_root("reduce", root);
+        let (p, count) = (buf.as_mut_ptr(), buf.len());
+        self.collective(Collective::Reduce, T::DTYPE, Some(op), Self::bytes::<T>(count), check, |e, a| {
+            // SAFETY: the buffer holds count elements.
+            unsafe { host::reduce(e, a, p, p, count, op, root) }
+        })
+    }
+
+    /// Sends block q of `send` to rank q and receives rank p's block for this rank into block p
+    /// of `recv` (blocks of `send.len() / world_size` elements).
+    pub fn all_to_all<T: Element>(&self, send: &[T], recv: &mut [T]) -> Result<()> {
+        let n = self.world_size();
+        let check = same_len("all_to_all", "send", send.len(), "recv", recv.len())
+            .and_then(|_| divisible("all_to_all", send.len(), n));
+        let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len() / n);
+        self.collective(Collective::AllToAll, T::DTYPE, None, Self::bytes::<T>(send.len()), check, |e, a| {
+            // SAFETY: both slices hold n × count elements (checked); distinct borrows.
+            unsafe { host::all_to_all(e, a, s, r, count) }
+        })
+    }
+
+    /// All-to-all in place.
+    pub fn all_to_all_in_place<T: Element>(&self, buf: &mut [T]) -> Result<()> {
+        let n = self.world_size();
+        let check = divisible("all_to_all_in_place", buf.len(), n);
+        let (p, count) = (buf.as_mut_ptr(), buf.len() / n);
+        self.collective(Collective::AllToAll, T::DTYPE, None, Self::bytes::<T>(buf.len()), check, |e, a| {
+            // SAFETY: the buffer holds n × count elements.
+            unsafe { host::all_to_all(e, a, p, p, count) }
+        })
+    }
+
+    /// All-to-all with per-peer counts and displacements (in elements): `send_counts[q]`
+    /// elements at `send_displs[q]` go to rank q; rank p's data for this rank lands at
+    /// `recv_displs[p]` (`recv_counts[p]` elements, which must equal what p sends).
+    pub fn all_to_allv<T: Element>(
+        &self,
+        send: &[T],
+        send_counts: &[usize],
+        send_displs: &[usize],
+        recv: &mut [T],
+        recv_counts: &[usize],
+        recv_displs: &[usize],
+    ) -> Result<()> {
+        let n = self.world_size();
+        let check = check_v("send", send.len(), send_counts, send_displs, n, false)
+            .and_then(|_| check_v("recv", recv.len(), recv_counts, recv_displs, n, true));
+        let (s, r) = (send.as_ptr(), recv.as_mut_ptr());
+        let bytes = Self::bytes::<T>(send.len());
+        self.collective(Collective::AllToAllv, T::DTYPE, None, bytes, check, |e, a| {
+            let v = AllToAllv { send_counts, send_displs, recv_counts, recv_displs };
+            // SAFETY: every block lies inside its slice and receive blocks do not overlap
+            // (checked); send and recv are distinct borrows.
+            unsafe { host::all_to_allv(e, a, s, r, v) }
+        })
+    }
+
+    /// Sends `data` to `peer` (which must call [`recv`](Self::recv) with the same length).
+    /// Returns once the data is copied out of `data`.
+    pub fn send<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.send(data, peer);
+        g.run()
+    }
+
+    /// Receives exactly `data.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, data: &mut [T], peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.recv(data, peer);
+        g.run()
+    }
+
+    /// Starts a group of point-to-point operations that progress together (no order of sends
+    /// and receives inside a group can deadlock).
+    pub fn group(&self) -> Group<'_> {
+        Group { comm: self, ops: Vec::new() }
+    }
+
+    fn check_root(&self, what: &str, root: usize) -> Result<()> {
+        let n = self.world_size();
+        if root >= n {
+            return Err(Error::invalid(format!("{what}: root {root} is not a rank of this {n}-rank communicator")));
+        }
+        Ok(())
+    }
+
+    /// Collective: splits this communicator into groups of ranks with equal `color`, ordered by
+    /// `key` (then by rank). Ranks passing `None` take part but get no communicator. Each
+    /// sub-communicator has its own registrations, workspace and tag space.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let seq = self.splits.fetch_add(1, Ordering::AcqRel) + 1;
+        let mine = Encoder::new(*b"WVSP", 1)
+            .u32(color.map_or(u32::MAX, |c| c))
+            .u64(key as u64)
+            .u32(self.rank() as u32)
+            .finish();
+        let all = self.core.bootstrap().all_gather(&mine)?;
+        let mut members = Vec::new();
+        for (r, bytes) in all.iter().enumerate() {
+            let mut d = Decoder::new(bytes, *b"WVSP", 1, "split request")?;
+            let (c, k, claimed) = (d.u32()?, d.u64()? as i64, d.u32()? as usize);
+            d.finish()?;
+            if claimed != r {
+                return Err(Error::protocol(format!("split request from rank {r} claims rank {claimed}")));
+            }
+            if Some(c) == color && c != u32::MAX {
+                members.push((k, r));
+            }
+        }
+        let Some(color) = color else { return Ok(None) };
+        if color == u32::MAX {
+            return Err(Error::invalid("split color u32::MAX is reserved for 'no group'; pass None"));
+        }
+        if seq >= 64 {
+            return Err(Error::Unsupported("a communicator can be split at most 63 times".into()));
+        }
+        members.sort();
+        let root_ranks: Vec<usize> = members.iter().map(|&(_, r)| self.root_ranks[r]).collect();
+        let namespace = self.namespace * 64 + seq;
+        let sub = SubBootstrap::new(self.root.clone(), root_ranks.clone(), namespace, color)?;
+        let builder = Builder {
+            bootstrap: Arc::new(sub),
+            factories: self.factories.clone(),
+            config: Some(self.config.clone()),
+            overrides: Vec::new(),
+        };
+        let mut comm = Communicator::build(builder, Lineage { root: Some(self.root.clone()), namespace, root_ranks })?;
+        comm.table = self.table.clone();
+        Ok(Some(comm))
+    }
+}
+
+/// Point-to-point operations that progress together; see [`Communicator::group`].
+pub struct Group<'a> {
+    comm: &'a Communicator,
+    ops: Vec<P2pOp>,
+}
+
+impl<'a> Group<'a> {
+    /// Adds a send of `data` to `peer`.
+    pub fn send<T: Element>(&mut self, data: &'a [T], peer: usize) -> &mut Self {
+        self.ops.push(P2pOp::Send { peer, data: data.as_ptr().cast(), len: std::mem::size_of_val(data) });
+        self
+    }
+
+    /// Adds a receive of exactly `data.len()` elements from `peer`.
+    pub fn recv<T: Element>(&mut self, data: &'a mut [T], peer: usize) -> &mut Self {
+        self.ops.push(P2pOp::Recv { peer, data: data.as_mut_ptr().cast(), len: std::mem::size_of_val(data) });
+        self
+    }
+
+    /// Runs every operation to completion.
+    pub fn run(self) -> Result<()> {
+        let mut e = self.comm.engine()?;
+        let timeout = e.timeout();
+        // SAFETY: every pointer comes from a slice borrowed for 'a, which outlives this call;
+        // receive slices are exclusive borrows, so they are disjoint from everything else.
+        let r = unsafe { e.p2p.run(&self.ops, timeout) };
+        r.map_err(|err| e.poison(err))
+    }
+}
+
+fn same_len(what: &str, a: &str, la: usize, b: &str, lb: usize) -> Result<()> {
+    if la != lb {
+        return Err(Error::invalid(format!("{what}: {a} has {la} elements but {b} has {lb}; they must be equal")));
+    }
+    Ok(())
+}
+
+fn divisible(what: &str, len: usize, n: usize) -> Result<()> {
+    if len % n != 0 {
+        return Err(Error::invalid(format!("{what}: buffer of {len} elements does not split into {n} equal blocks")));
+    }
+    Ok(())
+}
+
+fn check_v(what: &str, len: usize, counts: &[usize], displs: &[usize], n: usize, disjoint: bool) -> Result<()> {
+    if counts.len() != n || displs.len() != n {
+        return Err(Error::invalid(format!(
+            "all_to_allv: {what} counts ({}) and displacements ({}) must have one entry per rank ({n})",
+            counts.len(),
+            displs.len()
+        )));
+    }
+    let mut blocks = Vec::with_capacity(n);
+    for q in 0..n {
+        let end = displs[q].checked_add(counts[q]).filter(|&e| e <= len).ok_or_else(|| {
+            Error::invalid(format!(
+                "all_to_allv: {what} block for rank {q} ({} elements at {}) runs past the {len}-element buffer",
+                counts[q], displs[q]
+            ))
+        })?;
+        if counts[q] > 0 {
+            blocks.push((displs[q], end, q));
+        }
+    }
+    if disjoint {
+        blocks.sort();
+        if let Some(w) = blocks.windows(2).find(|w| w[1].0 < w[0].1) {
+            return Err(Error::invalid(format!(
+                "all_to_allv: receive blocks of ranks {} and {} overlap",
+                w[0].2, w[1].2
+            )));
+        }
+    }
+    Ok(())
+}

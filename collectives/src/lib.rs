@@ -1,0 +1,37 @@
+//! # weave collectives
+//!
+//! The user-facing crate of weave: a [`Communicator`] with all-reduce, all-gather,
+//! reduce-scatter, broadcast, reduce, all-to-all(v) and grouped send/recv, each picking its
+//! algorithm from an [`AlgorithmTable`] by message size and world size.
+//!
+//! ```no_run
+//! use collectives::{Communicator, ReduceOp};
+//!
+//! # fn main() -> comm_core::Result<()> {
+//! let comm = Communicator::from_env()?; // launched by `cargo xtask launch -n 4 -- …`
+//! let mine = vec![comm.rank() as f32; 1024];
+//! let mut sum = vec![0.0f32; 1024];
+//! comm.all_reduce(&mine, &mut sum, ReduceOp::Sum)?;
+//! # Ok(()) }
+//! ```
+//!
+//! Transports come from Cargo features: `shm` (default). The primitives layer is re-exported
+//! as [`core`].
+
+pub mod communicator;
+pub mod dtype;
+mod host;
+pub mod op;
+pub mod reduce;
+pub mod split;
+pub mod table;
+
+pub use comm_core as core;
+pub use communicator::{Builder, Communicator, Group, default_transports};
+pub use dtype::{DataType, Element};
+pub use half::{bf16, f16};
+pub use op::ReduceOp;
+pub use table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
+
+#[cfg(feature = "shm")]
+pub use transport_shm;

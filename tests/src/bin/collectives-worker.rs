@@ -1,0 +1,255 @@
+//! One rank of a weave collectives test: `collectives-worker SCENARIO [ARG]`, launched N times
+//! by the integration tests. Prints `OK SCENARIO …` and exits 0 on success; prints the error
+//! and exits 1 otherwise.
+
+use collectives::{Algorithm, Collective, Communicator, DataType, ReduceOp};
+use comm_core::{Error, Result};
+use weave_tests::matrix::{MatrixSpec, run_matrix};
+
+fn main() {
+    let mut args = std::env::args().skip(1);
+    let scenario = args.next().unwrap_or_default();
+    let arg = args.next().unwrap_or_default();
+    let rank = std::env::var("RANK").unwrap_or_default();
+    let result = match scenario.as_str() {
+        "matrix" => matrix(&arg),
+        "algorithms" => algorithms(),
+        "stale-state" => stale_state(),
+        "split" => split(),
+        "mismatch" => mismatch(),
+        "p2p" => p2p(),
+        other => Err(Error::invalid(format!("unknown scenario {other:?}"))),
+    };
+    match result {
+        Ok(detail) => {
+            println!("OK {scenario} rank {rank}: {detail}");
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("FAIL {scenario} rank {rank}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// The correctness matrix with the algorithm table's own choices.
+fn matrix(which: &str) -> Result<String> {
+    let comm = Communicator::from_env()?;
+    let spec = if which == "long" { MatrixSpec::long() } else { MatrixSpec::ci() };
+    let checked = run_matrix(&comm, &spec)?;
+    Ok(format!("{checked} collective calls checked"))
+}
+
+/// A smaller matrix with each algorithm forced, so every implementation runs at every size.
+fn algorithms() -> Result<String> {
+    let forced: [(&str, &[(Collective, Algorithm)]); 3] = [
+        ("one_shot", &[(Collective::AllReduce, Algorithm::OneShot), (Collective::Reduce, Algorithm::OneShot)]),
+        ("two_phase", &[(Collective::AllReduce, Algorithm::TwoPhase), (Collective::Reduce, Algorithm::TwoPhase)]),
+        (
+            "ring",
+            &[
+                (Collective::AllReduce, Algorithm::Ring),
+                (Collective::AllGather, Algorithm::Ring),
+                (Collective::ReduceScatter, Algorithm::Ring),
+            ],
+        ),
+    ];
+    let spec = MatrixSpec {
+        dtypes: vec![DataType::F32, DataType::I32, DataType::Bf16],
+        ops: ReduceOp::ALL.to_vec(),
+        counts: vec![0, 1, 7, 1023, 65536 + 3],
+        large: Some(((1 << 20) + 5, vec![(DataType::F32, ReduceOp::Avg)])),
+    };
+    let mut total = 0;
+    for (name, overrides) in forced {
+        let mut b = Communicator::builder(comm_core::bootstrap::from_env()?);
+        for &(c, a) in overrides {
+            b = b.with_algorithm(c, a);
+        }
+        let comm = b.build()?;
+        total += run_matrix(&comm, &spec).map_err(|e| Error::protocol(format!("with {name}: {e}")))?;
+    }
+    Ok(format!("{total} calls checked with one_shot, two_phase and ring forced"))
+}
+
+/// 1,000 calls in a row with changing sizes and collectives, to catch stale state.
+fn stale_state() -> Result<String> {
+    let comm = Communicator::from_env()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let mut x: u64 = 0x9e37_79b9;
+    for call in 0..1000 {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let count = ((x >> 33) % 70_000) as usize;
+        let base = |r: usize, i: usize| ((r + i + call) % 97) as i64;
+        match call % 3 {
+            0 => {
+                let send: Vec<i64> = (0..count).map(|i| base(me, i)).collect();
+                let mut recv = vec![0i64; count];
+                comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+                if let Some(i) = (0..count).find(|&i| recv[i] != (0..n).map(|r| base(r, i)).sum::<i64>()) {
+                    return Err(Error::protocol(format!("call {call}: all_reduce element {i} wrong")));
+                }
+            }
+            1 => {
+                let send: Vec<i64> = (0..count).map(|i| base(me, i)).collect();
+                let mut recv = vec![0i64; n * count];
+                comm.all_gather(&send, &mut recv)?;
+                if let Some(j) = (0..n * count).find(|&j| recv[j] != base(j / count, j % count)) {
+                    return Err(Error::protocol(format!("call {call}: all_gather element {j} wrong")));
+                }
+            }
+            _ => {
+                let root = call % n;
+                let mut buf: Vec<i64> =
+                    if me == root { (0..count).map(|i| base(root, i)).collect() } else { vec![-1; count] };
+                comm.broadcast_in_place(&mut buf, root)?;
+                if let Some(i) = (0..count).find(|&i| buf[i] != base(root, i)) {
+                    return Err(Error::protocol(format!("call {call}: broadcast element {i} wrong")));
+                }
+            }
+        }
+    }
+    Ok("1000 calls with changing sizes verified".into())
+}
+
+/// Several communicators in one job and process: split by parity, nested split, and the same
+/// buffer used with the parent and the child.
+fn split() -> Result<String> {
+    let comm = Communicator::from_env()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let color = (me % 2) as u32;
+    let sub = comm.split(Some(color), -(me as i64))?.ok_or_else(|| Error::protocol("split gave no communicator"))?;
+    let members: Vec<usize> = (0..n).filter(|r| r % 2 == me % 2).rev().collect(); // key = -rank: reversed
+    if sub.world_size() != members.len() || members[sub.rank()] != me {
+        return Err(Error::protocol(format!("sub-communicator rank {} of {} is wrong", sub.rank(), sub.world_size())));
+    }
+    // The same buffer with both communicators, interleaved.
+    let mut buf = vec![0.0f64; 1000];
+    for round in 0..3 {
+        buf.iter_mut().for_each(|v| *v = (me + round) as f64);
+        sub.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let want: f64 = members.iter().map(|&r| (r + round) as f64).sum();
+        if buf.iter().any(|&v| v != want) {
+            return Err(Error::protocol(format!("sub all_reduce gave {} instead of {want}", buf[0])));
+        }
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)?;
+        let parent_want: f64 = (0..n).map(|r| members_sum(r, n, round)).sum();
+        if buf.iter().any(|&v| v != parent_want) {
+            return Err(Error::protocol(format!("parent all_reduce gave {} instead of {parent_want}", buf[0])));
+        }
+    }
+    // A nested split of the sub-communicator, and a rank opting out.
+    let nested = sub.split(if sub.rank() == 0 && sub.world_size() > 1 { None } else { Some(7) }, 0)?;
+    if let Some(nested) = &nested {
+        let mut v = vec![1u8; 10];
+        nested.all_reduce_in_place(&mut v, ReduceOp::Sum)?;
+        if v[0] as usize != nested.world_size() {
+            return Err(Error::protocol("nested all_reduce wrong"));
+        }
+    }
+    comm.all_reduce_in_place(&mut [0u8; 1], ReduceOp::Sum)?;
+    Ok(format!("sub-communicator {} of {}, nested: {}", sub.rank(), sub.world_size(), nested.is_some()))
+}
+
+/// What rank `r` holds after the sub-communicator all-reduce of `round`.
+fn members_sum(r: usize, n: usize, round: usize) -> f64 {
+    (0..n).filter(|q| q % 2 == r % 2).map(|q| (q + round) as f64).sum()
+}
+
+/// Mismatched counts, roots and bad arguments on one rank fail on every rank, and the
+/// communicator still works afterwards.
+fn mismatch() -> Result<String> {
+    let comm = Communicator::from_env()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let mut seen = 0;
+    let expect_invalid = |what: &str, r: Result<()>| -> Result<()> {
+        match r {
+            Err(Error::InvalidArgument(m)) => {
+                if me == 0 {
+                    eprintln!("{what}: {m}");
+                }
+                Ok(())
+            }
+            other => Err(Error::protocol(format!("{what}: expected InvalidArgument, got {other:?}"))),
+        }
+    };
+    if n > 1 {
+        let count = 100 + me; // differs between ranks
+        let send = vec![1.0f32; count];
+        let mut recv = vec![0.0f32; count];
+        expect_invalid("different counts", comm.all_reduce(&send, &mut recv, ReduceOp::Sum))?;
+        let mut buf = vec![0u8; 64];
+        expect_invalid("different roots", comm.broadcast_in_place(&mut buf, me % n))?;
+        seen += 2;
+    }
+    // Rank 0 passes a receive buffer of the wrong length; everyone must fail.
+    let send = vec![1i32; 10];
+    let mut recv = vec![0i32; if me == 0 { 9 } else { 10 }];
+    expect_invalid("bad length on rank 0", comm.all_reduce(&send, &mut recv, ReduceOp::Sum))?;
+    seen += 1;
+    let op = if me == 0 { ReduceOp::Max } else { ReduceOp::Sum };
+    let mut buf = vec![1i32; 10];
+    if n > 1 {
+        expect_invalid("different ops", comm.all_reduce_in_place(&mut buf, op))?;
+        seen += 1;
+    }
+    // Still usable.
+    let mut ok = vec![1i64; 33];
+    comm.all_reduce_in_place(&mut ok, ReduceOp::Sum)?;
+    if ok.iter().any(|&v| v != n as i64) {
+        return Err(Error::protocol("all_reduce after the errors is wrong"));
+    }
+    let mut bad = vec![0u8; 7];
+    expect_invalid("all_gather_in_place not divisible", comm.all_gather_in_place(&mut bad))
+        .or_else(|e| if 7 % n == 0 { Ok(()) } else { Err(e) })?;
+    Ok(format!("{seen} mismatches reported on every rank; communicator still usable"))
+}
+
+/// Send/recv: a ring shift, a group exchanging large messages both ways, a send to self, and a
+/// length mismatch.
+fn p2p() -> Result<String> {
+    let comm = Communicator::from_env()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let next = (me + 1) % n;
+    let prev = (me + n - 1) % n;
+    for len in [0usize, 1, 4095, (1 << 20) + 3] {
+        let out: Vec<u32> = (0..len).map(|i| (me * 1_000_003 + i) as u32).collect();
+        let mut inp = vec![0u32; len];
+        let mut g = comm.group();
+        g.send(&out, next);
+        g.recv(&mut inp, prev);
+        g.run()?;
+        if let Some(i) = (0..len).find(|&i| inp[i] != (prev * 1_000_003 + i) as u32) {
+            return Err(Error::protocol(format!("ring shift of {len}: element {i} wrong")));
+        }
+    }
+    // Every pair exchanges 3 MiB in both directions inside one group (sends listed first: a
+    // sequential implementation would deadlock).
+    let big = 3 << 20;
+    let outs: Vec<Vec<u8>> = (0..n).map(|q| vec![(me * 16 + q) as u8; big]).collect();
+    let mut ins: Vec<Vec<u8>> = (0..n).map(|_| vec![0u8; big]).collect();
+    let mut g = comm.group();
+    for (q, out) in outs.iter().enumerate().filter(|(q, _)| *q != me) {
+        g.send(out, q);
+    }
+    for (p, inp) in ins.iter_mut().enumerate().filter(|(p, _)| *p != me) {
+        g.recv(inp, p);
+    }
+    g.run()?;
+    for (p, inp) in ins.iter().enumerate().filter(|(p, _)| *p != me) {
+        if inp.iter().any(|&b| b != (p * 16 + me) as u8) {
+            return Err(Error::protocol(format!("group exchange from rank {p} wrong")));
+        }
+    }
+    // Send to self inside a group.
+    let mine = vec![42u32; 10];
+    let mut back = vec![0u32; 10];
+    let mut g = comm.group();
+    g.send(&mine, me);
+    g.recv(&mut back, me);
+    g.run()?;
+    if back != mine {
+        return Err(Error::protocol("send to self wrong"));
+    }
+    Ok(format!("p2p verified with {n} ranks"))
+}

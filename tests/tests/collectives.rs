@@ -1,0 +1,54 @@
+//! Multi-process tests of the collectives: each test launches `collectives-worker SCENARIO`
+//! as N ranks. `WEAVE_TEST_LONG=1` (`cargo xtask test --long`) runs the full matrix.
+
+use std::path::Path;
+use std::time::Duration;
+
+use weave_tests::launcher::{run_ok, scenario_spec};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
+
+fn run(scenario: &str, arg: Option<&str>, worlds: &[usize], job_timeout: Duration) {
+    for &n in worlds {
+        let mut spec = scenario_spec(Path::new(WORKER), scenario, n, 30.0, job_timeout);
+        if let Some(a) = arg {
+            spec = spec.arg(a);
+        }
+        run_ok(&spec, scenario);
+    }
+}
+
+fn long() -> bool {
+    std::env::var_os("WEAVE_TEST_LONG").is_some_and(|v| v == "1")
+}
+
+#[test]
+fn every_collective_dtype_op_and_count_with_1_2_3_4_5_and_8_ranks() {
+    let which = if long() { "long" } else { "ci" };
+    run("matrix", Some(which), &[1, 2, 3, 4, 5, 8], Duration::from_secs(if long() { 3600 } else { 300 }));
+}
+
+#[test]
+fn every_algorithm_forced_gives_the_same_results() {
+    run("algorithms", None, &[1, 2, 3, 4], Duration::from_secs(300));
+}
+
+#[test]
+fn a_thousand_calls_with_changing_sizes() {
+    run("stale-state", None, &[2, 3], Duration::from_secs(120));
+}
+
+#[test]
+fn split_communicators_and_a_buffer_used_with_two_communicators() {
+    run("split", None, &[1, 2, 4, 5], Duration::from_secs(120));
+}
+
+#[test]
+fn mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank() {
+    run("mismatch", None, &[1, 2, 3, 4], Duration::from_secs(120));
+}
+
+#[test]
+fn send_recv_and_groups() {
+    run("p2p", None, &[1, 2, 3, 4], Duration::from_secs(120));
+}
