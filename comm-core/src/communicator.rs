@@ -129,9 +129,9 @@ impl CommunicatorBuilder {
             endpoints.push(decode_endpoints(bytes, r)?);
         }
 
-        let mut routes = vec![None; world_size];
+        let mut routes = vec![Vec::new(); world_size];
         for (peer, route) in routes.iter_mut().enumerate().filter(|(p, _)| *p != rank) {
-            *route = Some(choose_route(&backends, &endpoints, rank, peer)?);
+            *route = reachable(&backends, &endpoints, rank, peer)?;
         }
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         crate::spin::set_oversubscribed(bootstrap.local_world_size() > cores);
@@ -177,15 +177,17 @@ fn decode_endpoints(bytes: &[u8], from: usize) -> Result<Vec<(Transport, Vec<u8>
     Ok(out)
 }
 
-/// The transport for the pair (me, peer): the first in the lower rank's preference order that
-/// both ranks offer and that reaches between them. Both ranks compute the same answer.
-fn choose_route(
+/// The transports that reach between `me` and `peer`, best first: those both ranks offer and
+/// whose `can_reach` holds, in the lower rank's preference order. Both ranks compute the same
+/// list.
+fn reachable(
     backends: &[Arc<dyn TransportBackend>],
     endpoints: &[Vec<(Transport, Vec<u8>)>],
     me: usize,
     peer: usize,
-) -> Result<usize> {
+) -> Result<Vec<usize>> {
     let lower = me.min(peer);
+    let mut out = Vec::new();
     for (t, _) in &endpoints[lower] {
         let Some(idx) = backends.iter().position(|b| b.transport() == *t) else { continue };
         let mine = endpoints[me].iter().find(|(x, _)| x == t);
@@ -193,14 +195,17 @@ fn choose_route(
         if let (Some((_, a)), Some((_, b))) = (mine, theirs)
             && backends[idx].can_reach(a, b)?
         {
-            return Ok(idx);
+            out.push(idx);
         }
     }
-    Err(Error::Unsupported(format!(
-        "no transport reaches rank {peer} from rank {me}: this rank offers {}, rank {peer} offers {}",
-        endpoints[me].iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(","),
-        endpoints[peer].iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(",")
-    )))
+    if out.is_empty() {
+        return Err(Error::Unsupported(format!(
+            "no transport reaches rank {peer} from rank {me}: this rank offers {}, rank {peer} offers {}",
+            endpoints[me].iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(","),
+            endpoints[peer].iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(",")
+        )));
+    }
+    Ok(out)
 }
 
 #[derive(Default)]
@@ -218,8 +223,9 @@ pub struct Communicator {
     abort: Arc<AtomicBool>,
     backends: Vec<Arc<dyn TransportBackend>>,
     endpoints: Vec<Vec<(Transport, Vec<u8>)>>,
-    routes: Vec<Option<usize>>,
-    connections: Mutex<HashMap<usize, Arc<dyn Connection>>>,
+    /// For each peer, the backends that reach it, best first (empty for this rank).
+    routes: Vec<Vec<usize>>,
+    connections: Mutex<HashMap<(usize, Transport), Arc<dyn Connection>>>,
     next_registration: AtomicU64,
     tokens: Mutex<HashMap<usize, PeerTokens>>,
 }
@@ -286,9 +292,19 @@ impl Communicator {
         self.abort.load(Ordering::Acquire)
     }
 
-    /// The transport used to reach `peer` (`None` for this rank itself).
+    /// The preferred transport to `peer` (`None` for this rank itself).
     pub fn transport_to(&self, peer: usize) -> Option<Transport> {
-        self.routes.get(peer).copied().flatten().map(|i| self.backends[i].transport())
+        self.routes.get(peer).and_then(|r| r.first()).map(|&i| self.backends[i].transport())
+    }
+
+    /// Every transport that reaches `peer`, best first.
+    pub fn transports_to(&self, peer: usize) -> Vec<Transport> {
+        self.routes.get(peer).map(|r| r.iter().map(|&i| self.backends[i].transport()).collect()).unwrap_or_default()
+    }
+
+    /// The backend of this communicator for transport `t`, if it has one.
+    pub fn backend(&self, t: Transport) -> Option<&Arc<dyn TransportBackend>> {
+        self.backends.iter().find(|b| b.transport() == t)
     }
 
     fn check_peer_rank(&self, peer: usize) -> Result<()> {
@@ -302,29 +318,46 @@ impl Communicator {
         Ok(())
     }
 
-    fn route(&self, peer: usize) -> Result<(&Arc<dyn TransportBackend>, &[u8])> {
+    /// The backends that reach `peer`, best first, with the peer's endpoint for each.
+    fn routes_to(&self, peer: usize) -> Result<Vec<(&Arc<dyn TransportBackend>, &[u8])>> {
         self.check_peer_rank(peer)?;
-        let idx = self.routes[peer].ok_or_else(|| Error::invalid(format!("no route to rank {peer}")))?;
-        let backend = &self.backends[idx];
-        let ep = self.endpoints[peer]
-            .iter()
-            .find(|(t, _)| *t == backend.transport())
-            .map(|(_, e)| e.as_slice())
-            .ok_or_else(|| {
-                Error::protocol(format!("rank {peer} has no endpoint for {}", backend.transport().name()))
-            })?;
-        Ok((backend, ep))
+        let mut out = Vec::new();
+        for &idx in &self.routes[peer] {
+            let backend = &self.backends[idx];
+            let ep = self.endpoints[peer]
+                .iter()
+                .find(|(t, _)| *t == backend.transport())
+                .map(|(_, e)| e.as_slice())
+                .ok_or_else(|| {
+                    Error::protocol(format!("rank {peer} has no endpoint for {}", backend.transport().name()))
+                })?;
+            out.push((backend, ep));
+        }
+        Ok(out)
     }
 
-    /// The connection to `peer` (built on first use, then shared).
+    /// The preferred backend to `peer`.
+    fn route(&self, peer: usize) -> Result<(&Arc<dyn TransportBackend>, &[u8])> {
+        self.routes_to(peer)?.into_iter().next().ok_or_else(|| Error::invalid(format!("no route to rank {peer}")))
+    }
+
+    /// The connection to `peer` over its preferred transport (built on first use, then shared).
     pub fn connection(&self, peer: usize) -> Result<Arc<dyn Connection>> {
-        let (backend, ep) = self.route(peer)?;
+        let t = self.route(peer)?.0.transport();
+        self.connection_via(peer, t)
+    }
+
+    /// The connection to `peer` over transport `t` (which must reach the peer).
+    pub fn connection_via(&self, peer: usize, t: Transport) -> Result<Arc<dyn Connection>> {
+        let (backend, ep) = self.routes_to(peer)?.into_iter().find(|(b, _)| b.transport() == t).ok_or_else(|| {
+            Error::Unsupported(format!("transport {} does not reach rank {peer} from rank {}", t.name(), self.rank()))
+        })?;
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = conns.get(&peer) {
+        if let Some(c) = conns.get(&(peer, t)) {
             return Ok(c.clone());
         }
         let c = backend.connect(peer, ep)?;
-        conns.insert(peer, c.clone());
+        conns.insert((peer, t), c.clone());
         Ok(c)
     }
 
@@ -332,8 +365,10 @@ impl Communicator {
     /// reach peers first (most used first), then the rest.
     fn allocation_order(&self) -> Vec<usize> {
         let mut uses = vec![0usize; self.backends.len()];
-        for i in self.routes.iter().flatten() {
-            uses[*i] += 1;
+        for route in &self.routes {
+            if let Some(&i) = route.first() {
+                uses[i] += 1;
+            }
         }
         let mut order: Vec<usize> = (0..self.backends.len()).collect();
         order.sort_by_key(|&i| std::cmp::Reverse(uses[i]));
@@ -395,17 +430,23 @@ impl Communicator {
         self.register(len, MemoryKind::Host, label)
     }
 
+    /// Maps a peer's registration through the best transport that reaches the peer and that the
+    /// owner exported it through.
     fn import(&self, d: MemoryDescriptor) -> Result<RegisteredMemory> {
         let peer = d.owner;
-        let (backend, ep) = self.route(peer)?;
-        let t = backend.transport();
-        let payload = d.export_for(t).ok_or_else(|| {
-            Error::Unsupported(format!(
-                "memory {:?} of rank {peer} was not exported through {}, the transport that reaches it",
+        let routes = self.routes_to(peer)?;
+        let Some((backend, ep, payload)) =
+            routes.iter().find_map(|(b, ep)| d.export_for(b.transport()).map(|p| (*b, *ep, p)))
+        else {
+            return Err(Error::Unsupported(format!(
+                "memory {:?} of rank {peer} was exported through {}, none of which reaches it from rank {} ({})",
                 d.label,
-                t.name()
-            ))
-        })?;
+                d.exports.iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(","),
+                self.rank(),
+                routes.iter().map(|(b, _)| b.transport().name()).collect::<Vec<_>>().join(",")
+            )));
+        };
+        let t = backend.transport();
         let region = backend.import(peer, ep, payload, d.len, d.kind)?;
         Ok(RegisteredMemory::new_imported(d, region, t)?.in_communicator(self.id))
     }
@@ -480,10 +521,9 @@ impl Communicator {
 
     /// Pairwise: allocates one token pool, swaps it with `peer` and seals it once the peer has it.
     fn grow_token_pools(&self, peer: usize, tokens: &mut PeerTokens) -> Result<()> {
-        let (backend, _) = self.route(peer)?;
         let pool = tokens.local.len() as u64;
         let len = TOKEN_STRIDE * TOKENS_PER_POOL;
-        let region = backend.allocate(len, MemoryKind::Host)?;
+        let (backend, region) = self.allocate_host_for(peer, len)?;
         let label = format!("semaphore tokens {}<->{} #{pool}", self.rank().min(peer), self.rank().max(peer));
         let descriptor = self.describe(&region, u64::MAX - pool, len, MemoryKind::Host, &label)?;
         let local = RegisteredMemory::new_local(descriptor, region, backend.transport())?.in_communicator(self.id);
@@ -514,11 +554,32 @@ impl Communicator {
         Ok(())
     }
 
+    /// Host memory that `peer` can map: from the first transport reaching it that allocates
+    /// host memory (e.g. shared memory when the preferred transport is CUDA IPC).
+    fn allocate_host_for(
+        &self,
+        peer: usize,
+        len: usize,
+    ) -> Result<(&Arc<dyn TransportBackend>, Arc<dyn MemoryRegion>)> {
+        let mut why = Vec::new();
+        for (backend, _) in self.routes_to(peer)? {
+            match backend.allocate(len, MemoryKind::Host) {
+                Ok(region) => return Ok((backend, region)),
+                Err(Error::Unsupported(m)) => why.push(m),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Unsupported(format!(
+            "no transport reaching rank {peer} can allocate host memory for semaphores: {}",
+            why.join("; ")
+        )))
+    }
+
     /// Pairwise: a host semaphore with `peer`. Both ranks call it, in the same order relative to
     /// their other semaphores with each other; the k-th semaphore on one side pairs with the
     /// k-th on the other.
     pub fn semaphore(&self, peer: usize) -> Result<Arc<HostSemaphore>> {
-        let connection = self.connection(peer)?;
+        self.check_peer_rank(peer)?;
         let mut all = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         let tokens = all.entry(peer).or_default();
         let slot = tokens.next;
@@ -538,6 +599,8 @@ impl Communicator {
             )));
         }
         let (pool, offset) = (slot / TOKENS_PER_POOL, (slot % TOKENS_PER_POOL) * TOKEN_STRIDE);
+        // Signal through the transport that maps the peer's token pool.
+        let connection = self.connection_via(peer, tokens.remote[pool].transport())?;
         let inbound = Token { memory: tokens.local[pool].clone(), offset };
         let remote = Token { memory: tokens.remote[pool].clone(), offset };
         let semaphore = HostSemaphore::new(connection, inbound, remote, self.config.timeout, self.abort.clone())?;
@@ -550,7 +613,10 @@ impl Communicator {
     /// its channel towards this rank at the same point.
     pub fn memory_channel(&self, local: &RegisteredMemory, remote: &RegisteredMemory) -> Result<MemoryChannel> {
         let peer = remote.owner();
-        let (backend, _) = self.route(peer)?;
+        self.check_peer_rank(peer)?;
+        let backend = self.backend(remote.transport()).ok_or_else(|| {
+            Error::invalid(format!("memory {:?} was not imported by this communicator", remote.label()))
+        })?;
         if !backend.direct_access() {
             return Err(Error::Unsupported(format!(
                 "rank {peer} is reached through {}, which has no direct memory access; use a port channel",
