@@ -208,6 +208,12 @@ fn reachable(
     Ok(out)
 }
 
+/// Host memory a peer can map, with the backend that allocated it.
+type HostAllocation<'a> = (&'a Arc<dyn TransportBackend>, Arc<dyn MemoryRegion>);
+
+/// A backend that reaches a peer, with that peer's endpoint for it.
+type Route<'a> = (&'a Arc<dyn TransportBackend>, &'a [u8]);
+
 #[derive(Default)]
 struct PeerTokens {
     local: Vec<RegisteredMemory>,
@@ -319,7 +325,7 @@ impl Communicator {
     }
 
     /// The backends that reach `peer`, best first, with the peer's endpoint for each.
-    fn routes_to(&self, peer: usize) -> Result<Vec<(&Arc<dyn TransportBackend>, &[u8])>> {
+    fn routes_to(&self, peer: usize) -> Result<Vec<Route<'_>>> {
         self.check_peer_rank(peer)?;
         let mut out = Vec::new();
         for &idx in &self.routes[peer] {
@@ -337,7 +343,7 @@ impl Communicator {
     }
 
     /// The preferred backend to `peer`.
-    fn route(&self, peer: usize) -> Result<(&Arc<dyn TransportBackend>, &[u8])> {
+    fn route(&self, peer: usize) -> Result<Route<'_>> {
         self.routes_to(peer)?.into_iter().next().ok_or_else(|| Error::invalid(format!("no route to rank {peer}")))
     }
 
@@ -556,11 +562,7 @@ impl Communicator {
 
     /// Host memory that `peer` can map: from the first transport reaching it that allocates
     /// host memory (e.g. shared memory when the preferred transport is CUDA IPC).
-    fn allocate_host_for(
-        &self,
-        peer: usize,
-        len: usize,
-    ) -> Result<(&Arc<dyn TransportBackend>, Arc<dyn MemoryRegion>)> {
+    fn allocate_host_for(&self, peer: usize, len: usize) -> Result<HostAllocation<'_>> {
         let mut why = Vec::new();
         for (backend, _) in self.routes_to(peer)? {
             match backend.allocate(len, MemoryKind::Host) {
