@@ -10,6 +10,7 @@ use comm_core::transport::TransportFactory;
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
+use crate::buffer::SharedBuffer;
 use crate::dtype::{DataType, Element};
 use crate::host::workspace::DEFAULT_SCRATCH_BYTES;
 use crate::host::{self, AllToAllv, HostEngine, P2pOp};
@@ -176,6 +177,17 @@ impl Communicator {
     /// The algorithm this communicator would run for a call of `bytes` bytes.
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Result<Algorithm> {
         self.table.select(collective, MemorySpace::Host, self.world_size(), bytes)
+    }
+
+    /// Collective: allocates `len` zeroed elements of shared memory on every rank (see
+    /// [`SharedBuffer`]). Collectives whose input lies in one read it in place.
+    pub fn alloc_shared<T: Element>(&self, len: usize) -> Result<SharedBuffer<T>> {
+        let bytes = len
+            .checked_mul(std::mem::size_of::<T>())
+            .ok_or_else(|| Error::invalid(format!("alloc_shared: {len} elements overflow")))?;
+        let mut e = self.engine()?;
+        let memory = e.alloc_shared(&self.core, bytes)?;
+        Ok(SharedBuffer::new(memory, len))
     }
 
     /// Makes every current and future wait of this communicator fail with [`Error::Aborted`].

@@ -18,6 +18,7 @@
 //! Transports come from Cargo features: `shm` (default). The primitives layer is re-exported
 //! as [`core`].
 
+pub mod buffer;
 pub mod communicator;
 pub mod dtype;
 mod host;
@@ -26,6 +27,7 @@ pub mod reduce;
 pub mod split;
 pub mod table;
 
+pub use buffer::SharedBuffer;
 pub use comm_core as core;
 pub use communicator::{Builder, Communicator, Group, default_transports};
 pub use dtype::{DataType, Element};

@@ -52,3 +52,8 @@ fn mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank() {
 fn send_recv_and_groups() {
     run("p2p", None, &[1, 2, 3, 4], Duration::from_secs(120));
 }
+
+#[test]
+fn zero_copy_shared_buffers_mixed_with_plain_slices() {
+    run("shared", None, &[1, 2, 3, 4], Duration::from_secs(300));
+}

@@ -52,14 +52,34 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         Algorithm::TwoPhase => {
             let half = cap / 2;
             let steps = count.div_ceil(half).max(1);
+            let sz = std::mem::size_of::<T>();
+            // Input inside a shared buffer: peers read it where it is (no copy into scratch).
+            // They finish reading before the step's second phase, so the caller may reuse it as
+            // soon as this returns.
+            let shared = e.locate(send.cast(), count * sz);
             for s in 0..steps {
                 let o = s * half;
                 let k = (count - o).min(half);
-                // SAFETY: as above; input area is [0, k) of the scratch.
-                unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-                e.step("all_reduce", publication, agree)?;
+                let mut p = publication;
+                match shared {
+                    Some((id, off)) => {
+                        p.source = id as u64 + 1;
+                        p.source_offset = (off + o * sz) as u64;
+                    }
+                    // SAFETY: as above; input area is [0, k) of the scratch.
+                    None => unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) },
+                }
+                e.step("all_reduce", p, agree)?;
                 let (a, b) = share(k, n, me);
-                let srcs = all_scratch::<T>(e, a, b - a)?;
+                let mut srcs = Vec::with_capacity(n);
+                for r in 0..n {
+                    let pr = e.ws.publication(r);
+                    srcs.push(if pr.source == 0 {
+                        scratch::<T>(&e.ws, r, a, b - a)? as *const T
+                    } else {
+                        e.shared_source(r, pr.source, pr.source_offset + (a * sz) as u64, (b - a) * sz)?.cast::<T>()
+                    });
+                }
                 let out = scratch::<T>(&e.ws, me, half + a, b - a)?;
                 // SAFETY: sources are every rank's input share [a, b); out is this rank's output
                 // area, disjoint from every input area.

@@ -15,6 +15,7 @@ pub(crate) use p2p::{P2pOp, P2pState};
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::memory::RegisteredMemory;
 use comm_core::{Error, Result};
 
 use crate::dtype::{DataType, Element};
@@ -60,6 +61,8 @@ pub(crate) struct Agree {
 pub(crate) struct HostEngine {
     pub(crate) ws: Workspace,
     pub(crate) p2p: P2pState,
+    /// Shared buffers of this communicator, by id: every rank's mapping of each.
+    shared: Vec<Vec<RegisteredMemory>>,
     broken: Option<String>,
     timeout: Duration,
 }
@@ -69,7 +72,45 @@ impl HostEngine {
     pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
         let ws = Workspace::new(core, scratch_bytes)?;
         let p2p = P2pState::new(core)?;
-        Ok(HostEngine { ws, p2p, broken: None, timeout: core.config().timeout })
+        Ok(HostEngine { ws, p2p, shared: Vec::new(), broken: None, timeout: core.config().timeout })
+    }
+
+    /// Collective: allocates a shared buffer of `bytes` on every rank and maps every rank's.
+    /// It lives as long as the communicator (peers may read it in any later collective).
+    pub(crate) fn alloc_shared(&mut self, core: &CoreCommunicator, bytes: usize) -> Result<RegisteredMemory> {
+        let id = self.shared.len();
+        let mine = core.register_host(bytes, &format!("weave shared buffer #{id}"))?;
+        let all = core.exchange(&mine)?;
+        self.shared.push(all);
+        Ok(mine)
+    }
+
+    /// The shared buffer (id, byte offset) that holds `[ptr, ptr + bytes)` on this rank, if any.
+    pub(crate) fn locate(&self, ptr: *const u8, bytes: usize) -> Option<(usize, usize)> {
+        let me = self.ws.rank();
+        let addr = ptr as usize;
+        self.shared.iter().enumerate().find_map(|(id, all)| {
+            let base = all[me].as_ptr() as usize;
+            let end = base + all[me].len();
+            (addr >= base && addr.checked_add(bytes).is_some_and(|e| e <= end)).then(|| (id, addr - base))
+        })
+    }
+
+    /// Address of `bytes` bytes at `offset` of `rank`'s shared buffer `source - 1` (as
+    /// published), checked against that buffer's length.
+    pub(crate) fn shared_source(&self, rank: usize, source: u64, offset: u64, bytes: usize) -> Result<*const u8> {
+        let mem = usize::try_from(source)
+            .ok()
+            .and_then(|s| s.checked_sub(1))
+            .and_then(|id| self.shared.get(id))
+            .map(|all| &all[rank])
+            .ok_or_else(|| {
+                Error::protocol(format!("rank {rank} published shared buffer {source}, which does not exist"))
+            })?;
+        let offset = usize::try_from(offset).map_err(|_| Error::protocol("shared buffer offset overflows"))?;
+        mem.check_range(offset, bytes)?;
+        // SAFETY: the range was checked against the mapped registration.
+        Ok(unsafe { mem.as_ptr().add(offset) })
     }
 
     /// Errors if an earlier failure broke the communicator.

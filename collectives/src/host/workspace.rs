@@ -5,7 +5,7 @@
 //! | offset | size | what |
 //! |---|---|---|
 //! | 0 | 8 | `phase`: how many times this rank has arrived (monotonic) |
-//! | 64 + 128·h | 40 | the [`Publication`] of the current step using half `h` |
+//! | 64 + 128·h | 48 | the [`Publication`] of the current step using half `h` |
 //! | 4096 + h·S | S | scratch half `h` (`h` = step parity) |
 //!
 //! A *step* is: write this rank's data into scratch half `step % 2`, publish what it is, arrive,
@@ -43,19 +43,21 @@ pub(crate) struct Publication {
     pub(crate) count: u64,
     /// Root rank, or 0.
     pub(crate) root: u64,
-    /// Collective-specific extra word (e.g. the number of steps of a chunked call).
-    pub(crate) extra: u64,
+    /// Where this rank's input of the step is: 0 = its scratch, k = its shared buffer k - 1.
+    pub(crate) source: u64,
+    /// Byte offset of the step's input inside that shared buffer.
+    pub(crate) source_offset: u64,
 }
 
 impl Publication {
-    const WORDS: usize = 5;
+    const WORDS: usize = 6;
 
     fn to_words(self) -> [u64; Self::WORDS] {
-        [self.step, self.signature, self.count, self.root, self.extra]
+        [self.step, self.signature, self.count, self.root, self.source, self.source_offset]
     }
 
     fn from_words(w: [u64; Self::WORDS]) -> Self {
-        Publication { step: w[0], signature: w[1], count: w[2], root: w[3], extra: w[4] }
+        Publication { step: w[0], signature: w[1], count: w[2], root: w[3], source: w[4], source_offset: w[5] }
     }
 }
 

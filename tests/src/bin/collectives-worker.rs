@@ -18,6 +18,7 @@ fn main() {
         "split" => split(),
         "mismatch" => mismatch(),
         "p2p" => p2p(),
+        "shared" => shared(),
         other => Err(Error::invalid(format!("unknown scenario {other:?}"))),
     };
     match result {
@@ -252,4 +253,71 @@ fn p2p() -> Result<String> {
         return Err(Error::protocol("send to self wrong"));
     }
     Ok(format!("p2p verified with {n} ranks"))
+}
+
+/// Zero-copy shared buffers: every rank (or only even ranks) passes sub-slices of a shared
+/// buffer at odd offsets, across multi-step sizes, in place and out of place, with the
+/// two-phase all-reduce forced (the one that reads shared inputs in place) and the default
+/// table; also a shared buffer used with a second communicator (staged there).
+fn shared() -> Result<String> {
+    let forced = Communicator::builder(comm_core::bootstrap::from_env()?)
+        .with_algorithm(Collective::AllReduce, Algorithm::TwoPhase)
+        .build()?;
+    let (me, n) = (forced.rank(), forced.world_size());
+    let value = |r: usize, i: usize| ((r * 5 + i * 3) % 17) as f32;
+    let mut checked = 0;
+    for comm_shares in [true, me % 2 == 0] {
+        for count in [1usize, 1000, (1 << 20) + 77, (3 << 20) + 5] {
+            let offset = 13;
+            let mut buf = forced.alloc_shared::<f32>(offset + 2 * count)?;
+            let mut plain = vec![0.0f32; count];
+            let want = |i: usize| (0..n).map(|r| value(r, i)).sum::<f32>();
+            for i in 0..count {
+                buf[offset + i] = value(me, i);
+            }
+            {
+                let (input, rest) = buf[offset..].split_at_mut(count);
+                if comm_shares {
+                    forced.all_reduce(input, &mut rest[..count], ReduceOp::Sum)?;
+                    if let Some(i) = (0..count).find(|&i| rest[i] != want(i)) {
+                        return Err(Error::protocol(format!(
+                            "shared all_reduce of {count}: element {i} is {}",
+                            rest[i]
+                        )));
+                    }
+                } else {
+                    let input_copy = input.to_vec();
+                    forced.all_reduce(&input_copy, &mut plain, ReduceOp::Sum)?;
+                    if let Some(i) = (0..count).find(|&i| plain[i] != want(i)) {
+                        return Err(Error::protocol(format!(
+                            "plain all_reduce of {count}: element {i} is {}",
+                            plain[i]
+                        )));
+                    }
+                }
+            }
+            // In place on the shared buffer.
+            for i in 0..count {
+                buf[offset + i] = value(me, i);
+            }
+            forced.all_reduce_in_place(&mut buf[offset..offset + count], ReduceOp::Sum)?;
+            if let Some(i) = (0..count).find(|&i| buf[offset + i] != want(i)) {
+                return Err(Error::protocol(format!("shared in-place all_reduce of {count}: element {i} wrong")));
+            }
+            checked += 2;
+        }
+    }
+    // The same shared buffer with another communicator (staged there) and the default table.
+    let other = Communicator::from_env()?;
+    let mut buf = forced.alloc_shared::<i32>(4096)?;
+    buf.iter_mut().for_each(|v| *v = me as i32);
+    other.all_reduce_in_place(&mut buf[..], ReduceOp::Max)?;
+    if buf.iter().any(|&v| v != n as i32 - 1) {
+        return Err(Error::protocol("shared buffer with a second communicator gave a wrong max"));
+    }
+    forced.all_reduce_in_place(&mut buf[..], ReduceOp::Sum)?;
+    if buf.iter().any(|&v| v != (n as i32 - 1) * n as i32) {
+        return Err(Error::protocol("shared buffer back on its own communicator gave a wrong sum"));
+    }
+    Ok(format!("{} shared-buffer all-reduces verified", checked + 2))
 }
