@@ -18,6 +18,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
+use comm_core::config::Deadline;
 use comm_core::error::{Error, Result};
 use cudarc::driver::CudaContext;
 use nix::errno::Errno;
@@ -62,6 +63,18 @@ fn set_timeouts(fd: &OwnedFd, d: Duration, what: &str) -> Result<()> {
     setsockopt(fd, sockopt::ReceiveTimeout, &tv).map_err(|e| Error::errno(format!("SO_RCVTIMEO on {what}"), e))?;
     setsockopt(fd, sockopt::SendTimeout, &tv).map_err(|e| Error::errno(format!("SO_SNDTIMEO on {what}"), e))?;
     Ok(())
+}
+
+/// Runs `f` again while a signal interrupts it (`EINTR`), until `deadline`; then `EAGAIN`,
+/// which callers report as a timeout.
+fn retry<T>(deadline: &Deadline, mut f: impl FnMut() -> nix::Result<T>) -> nix::Result<T> {
+    loop {
+        match f() {
+            Err(Errno::EINTR) if !deadline.expired() => continue,
+            Err(Errno::EINTR) => return Err(Errno::EAGAIN),
+            r => return r,
+        }
+    }
 }
 
 fn seqpacket_socket(what: &str) -> Result<OwnedFd> {
@@ -180,52 +193,56 @@ fn serve(listener: &OwnedFd, wake: &OwnedFd, stop: &AtomicBool, served: &Served)
     }
 }
 
-fn send_reply(conn: &OwnedFd, reply: &Reply, fd: Option<RawFd>) -> Result<()> {
+fn send_reply(conn: &OwnedFd, reply: &Reply, fd: Option<RawFd>, deadline: &Deadline) -> Result<()> {
     let bytes = payload::encode_reply(reply);
     let iov = [IoSlice::new(&bytes)];
     let fds = fd.map(|f| [f]);
     let cmsgs: Vec<ControlMessage<'_>> = fds.as_ref().map(|f| ControlMessage::ScmRights(f)).into_iter().collect();
-    sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None)
+    retry(deadline, || sendmsg::<()>(conn.as_raw_fd(), &iov, &cmsgs, MsgFlags::MSG_NOSIGNAL, None))
         .map_err(|e| Error::errno("sendmsg (cudaipc fd reply)", e))?;
     Ok(())
 }
 
 fn handle(conn: &OwnedFd, served: &Served, bound: &Result<()>) -> Result<()> {
     set_timeouts(conn, served.io_timeout, "cudaipc fd server connection")?;
+    let deadline = Deadline::after(served.io_timeout);
+    let reply = |r: Reply, fd: Option<RawFd>| send_reply(conn, &r, fd, &deadline);
     let cred = getsockopt(conn, sockopt::PeerCredentials).map_err(|e| Error::errno("SO_PEERCRED", e))?;
     if cred.uid() != served.uid {
         let m = format!("refused: client uid {} is not this rank's uid {}", cred.uid(), served.uid);
-        return send_reply(conn, &Reply::Error(m), None);
+        return reply(Reply::Error(m), None);
     }
     let mut buf = [0u8; 64];
-    let (n, truncated) = {
+    let (n, truncated) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
-        let msg = recvmsg::<()>(conn.as_raw_fd(), &mut iov, None, MsgFlags::MSG_CMSG_CLOEXEC)
-            .map_err(|e| Error::errno("recvmsg (cudaipc fd request)", e))?;
-        (msg.bytes, msg.flags.contains(MsgFlags::MSG_TRUNC))
+        match recvmsg::<()>(conn.as_raw_fd(), &mut iov, None, MsgFlags::MSG_CMSG_CLOEXEC) {
+            Ok(msg) => break (msg.bytes, msg.flags.contains(MsgFlags::MSG_TRUNC)),
+            Err(Errno::EINTR) if !deadline.expired() => continue,
+            Err(e) => return Err(Error::errno("recvmsg (cudaipc fd request)", e)),
+        }
     };
     if truncated {
-        return send_reply(conn, &Reply::Error("request too long".into()), None);
+        return reply(Reply::Error("request too long".into()), None);
     }
     let id = match payload::decode_request(&buf[..n]) {
         Ok(id) => id,
-        Err(e) => return send_reply(conn, &Reply::Error(e.to_string()), None),
+        Err(e) => return reply(Reply::Error(e.to_string()), None),
     };
     if let Err(e) = bound {
-        return send_reply(conn, &Reply::Error(e.to_string()), None);
+        return reply(Reply::Error(e.to_string()), None);
     }
     let allocation = served.exports.lock().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(Weak::upgrade);
     let Some(allocation) = allocation else {
         let m = format!("allocation {id} is not exported by this rank (never exported, or freed since)");
-        return send_reply(conn, &Reply::Error(m), None);
+        return reply(Reply::Error(m), None);
     };
     let fd = match cu::export_fd(allocation.mapping.handle()) {
         Ok(fd) => fd,
-        Err(e) => return send_reply(conn, &Reply::Error(e.to_string()), None),
+        Err(e) => return reply(Reply::Error(e.to_string()), None),
     };
     let size = allocation.mapping.size() as u64;
     // Our copy of the descriptor closes when `fd` drops, right after sending.
-    send_reply(conn, &Reply::Fd { size }, Some(fd.as_raw_fd()))
+    reply(Reply::Fd { size }, Some(fd.as_raw_fd()))
 }
 
 /// Where to ask for a peer's allocation.
@@ -283,7 +300,17 @@ impl FdSource<'_> {
         set_timeouts(&sock, self.timeout, "cudaipc fd client")?;
         let addr = UnixAddr::new_abstract(self.name.as_bytes())
             .map_err(|e| Error::errno(format!("address @{}", self.name), e))?;
-        connect(sock.as_raw_fd(), &addr).map_err(|e| self.io_error("connect", e))?;
+        let deadline = Deadline::after(self.timeout);
+        let mut attempt = 0;
+        retry(&deadline, || {
+            attempt += 1;
+            match connect(sock.as_raw_fd(), &addr) {
+                // An interrupted connect may have completed meanwhile.
+                Err(Errno::EISCONN) if attempt > 1 => Ok(()),
+                r => r,
+            }
+        })
+        .map_err(|e| self.io_error("connect", e))?;
         let cred = getsockopt(&sock, sockopt::PeerCredentials).map_err(|e| Error::errno("SO_PEERCRED", e))?;
         let uid = nix::unistd::geteuid().as_raw();
         if u32::try_from(cred.pid()).ok() != Some(self.pid) || cred.uid() != uid {
@@ -300,16 +327,22 @@ impl FdSource<'_> {
             ));
         }
         let request = payload::encode_request(id);
-        sendmsg::<()>(sock.as_raw_fd(), &[IoSlice::new(&request)], &[], MsgFlags::MSG_NOSIGNAL, None)
-            .map_err(|e| self.io_error("sending the fd request", e))?;
+        retry(&deadline, || {
+            sendmsg::<()>(sock.as_raw_fd(), &[IoSlice::new(&request)], &[], MsgFlags::MSG_NOSIGNAL, None)
+        })
+        .map_err(|e| self.io_error("sending the fd request", e))?;
 
         let mut buf = vec![0u8; REPLY_BUFFER];
         let mut cmsg = nix::cmsg_space!([RawFd; 2]);
         let mut fds: Vec<OwnedFd> = Vec::new();
-        let (n, flags, cmsg_ok) = {
+        let (n, flags, cmsg_ok) = loop {
             let mut iov = [IoSliceMut::new(&mut buf)];
-            let msg = recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC)
-                .map_err(|e| self.io_error("receiving the fd reply", e))?;
+            let msg = match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
+                Ok(msg) => msg,
+                Err(Errno::EINTR) if !deadline.expired() => continue,
+                Err(Errno::EINTR) => return Err(self.io_error("receiving the fd reply", Errno::EAGAIN)),
+                Err(e) => return Err(self.io_error("receiving the fd reply", e)),
+            };
             let mut cmsg_ok = true;
             match msg.cmsgs() {
                 Ok(iter) => {
@@ -325,7 +358,7 @@ impl FdSource<'_> {
                 }
                 Err(_) => cmsg_ok = false,
             }
-            (msg.bytes, msg.flags, cmsg_ok)
+            break (msg.bytes, msg.flags, cmsg_ok);
         };
         if n == 0 {
             return Err(self.lost_or(Error::transport(

@@ -171,6 +171,12 @@ impl TransportFactory for CudaIpcTransport {
 /// registered.
 static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
 
+/// [`TransportBackend::can_reach`] of this transport: a pure function of the two endpoints, so
+/// every rank gives the same answer for `(a, b)` and `(b, a)`.
+fn can_reach(a: &[u8], b: &[u8]) -> Result<bool> {
+    Ok(Endpoint::decode(a)?.can_share_with(&Endpoint::decode(b)?))
+}
+
 /// Checks a job key before it goes into socket names: 1 to 64 ASCII letters, digits or `_`.
 fn check_job_key(job_key: &str) -> Result<()> {
     if job_key.is_empty() || job_key.len() > 64 || !job_key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
@@ -359,7 +365,7 @@ impl TransportBackend for CudaIpcBackend {
     }
 
     fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
-        Ok(Endpoint::decode(a)?.can_share_with(&Endpoint::decode(b)?))
+        can_reach(a, b)
     }
 
     fn direct_access(&self) -> bool {
@@ -496,5 +502,87 @@ impl TransportBackend for CudaIpcBackend {
 
     fn as_any(&self) -> &dyn Any {
         self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comm_core::config::Config;
+
+    fn context(rank: usize, world_size: usize, job_key: &str) -> TransportContext {
+        TransportContext {
+            rank,
+            world_size,
+            job_key: job_key.into(),
+            communicator_id: 1,
+            config: Config::default(),
+            abort: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    #[test]
+    fn factory_names_its_transport_and_device() {
+        assert_eq!(CudaIpcTransport::new().transport(), Transport::CUDA_IPC);
+        assert_eq!(CudaIpcTransport::new().device(), None);
+        assert_eq!(CudaIpcTransport::default().device(), None);
+        assert_eq!(CudaIpcTransport::on_device(3).device(), Some(3));
+    }
+
+    #[test]
+    fn open_without_a_driver_is_unsupported() {
+        let r = CudaIpcTransport::new().open(&context(0, 1, "cpuonly"));
+        if !driver_available() {
+            println!("branch: no CUDA driver here; open must be Unsupported");
+            assert!(matches!(&r, Err(Error::Unsupported(m)) if m.contains("no CUDA driver")), "{:?}", r.err());
+            assert_eq!(device_count().unwrap(), 0);
+            // Bad arguments are reported before the driver is looked for.
+            assert!(matches!(CudaIpcBackend::open(&context(0, 1, "a-b"), None), Err(Error::InvalidArgument(_))));
+            assert!(matches!(CudaIpcBackend::open(&context(2, 2, "k"), None), Err(Error::InvalidArgument(_))));
+        } else {
+            println!("branch: a CUDA driver is present; open gave {:?}", r.as_ref().map(|b| b.transport()).err());
+            // With a driver, open either works or says why not; it never panics.
+            match r {
+                Ok(b) => assert_eq!(b.transport(), Transport::CUDA_IPC),
+                Err(e) => assert!(matches!(e, Error::Unsupported(_) | Error::Cuda { .. }), "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn job_keys_are_checked() {
+        for good in ["a", "abc_123", &"k".repeat(64)] {
+            check_job_key(good).unwrap();
+        }
+        for bad in ["", "a-b", "a/b", "a b", &"k".repeat(65), "é"] {
+            assert!(matches!(check_job_key(bad), Err(Error::InvalidArgument(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn can_reach_is_symmetric_deterministic_and_rejects_garbage() {
+        let a = Endpoint::local(0, "0000:18:00.0".into(), 1).unwrap();
+        let mut same_host = a.clone();
+        same_host.pid = a.pid.wrapping_add(1).max(1);
+        same_host.device = 1;
+        same_host.communicator_id = 5;
+        let mut other_host = a.clone();
+        other_host.boot_id.push('x');
+        let mut other_user = a.clone();
+        other_user.uid ^= 1;
+        let all = [a, same_host, other_host, other_user];
+        for x in &all {
+            for y in &all {
+                let (ex, ey) = (x.encode(), y.encode());
+                let r = can_reach(&ex, &ey).unwrap();
+                assert_eq!(r, can_reach(&ey, &ex).unwrap(), "asymmetric for {x:?} / {y:?}");
+                assert_eq!(r, can_reach(&ex, &ey).unwrap());
+            }
+        }
+        let e = (all[0].encode(), all[1].encode(), all[2].encode());
+        assert!(can_reach(&e.0, &e.1).unwrap());
+        assert!(!can_reach(&e.0, &e.2).unwrap());
+        assert!(matches!(can_reach(&e.0, &e.1[..e.1.len() - 1]), Err(Error::Protocol(_))));
+        assert!(matches!(can_reach(b"garbage", &e.0), Err(Error::Protocol(_))));
     }
 }
