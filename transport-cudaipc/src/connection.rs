@@ -197,7 +197,8 @@ impl Connection for CudaIpcConnection {
         })?;
         match failure {
             Some(e) => Err(e),
-            None => Ok(()),
+            // Complete here; a peer that is gone will never read it.
+            None => self.check_peer(),
         }
     }
 
