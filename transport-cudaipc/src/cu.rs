@@ -255,6 +255,50 @@ pub(crate) fn is_pool_memory(p: CUdeviceptr) -> Option<bool> {
     (r == CUresult::CUDA_SUCCESS).then(|| !pool.is_null())
 }
 
+/// One pointer attribute of `p` (of type `T`, as the driver documents for `attr`).
+fn pointer_attribute<T: Copy>(p: CUdeviceptr, attr: sys::CUpointer_attribute, zero: T, what: &str) -> Result<T> {
+    let mut v = zero;
+    // SAFETY: the caller picks `T` to match what the driver writes for `attr` (a CUcontext,
+    // a CUdeviceptr, a size_t or an int); `v` is valid for writes of that size.
+    check(unsafe { sys::cuPointerGetAttribute((&mut v as *mut T).cast::<c_void>(), attr, p) }, what)?;
+    Ok(v)
+}
+
+/// Base and size of the allocation holding `p`, from any context of this process (unlike
+/// `cuMemGetAddressRange`, which only knows the current context's allocations).
+pub(crate) fn pointer_range(p: CUdeviceptr) -> Result<(CUdeviceptr, usize)> {
+    use sys::CUpointer_attribute::{CU_POINTER_ATTRIBUTE_RANGE_SIZE, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR};
+    let what = "cuPointerGetAttribute (allocation range)";
+    let base: CUdeviceptr = pointer_attribute(p, CU_POINTER_ATTRIBUTE_RANGE_START_ADDR, 0, what)?;
+    let size: usize = pointer_attribute(p, CU_POINTER_ATTRIBUTE_RANGE_SIZE, 0, what)?;
+    Ok((base, size))
+}
+
+/// Makes memory of the context owning `p` accessible to kernels of the current context (peer
+/// access); nothing to do when both are the same context or access is already enabled.
+pub(crate) fn enable_peer_access_to(p: CUdeviceptr) -> Result<()> {
+    let owner: sys::CUcontext = pointer_attribute(
+        p,
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_CONTEXT,
+        std::ptr::null_mut(),
+        "cuPointerGetAttribute (context)",
+    )?;
+    let mut current: sys::CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one context handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut current) }, "cuCtxGetCurrent")?;
+    if owner.is_null() || owner == current {
+        return Ok(());
+    }
+    // SAFETY: `owner` is a live context of this process (it owns the live allocation `p`).
+    match unsafe { sys::cuCtxEnablePeerAccess(owner, 0) } {
+        CUresult::CUDA_SUCCESS | CUresult::CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED => Ok(()),
+        CUresult::CUDA_ERROR_PEER_ACCESS_UNSUPPORTED => Err(Error::Unsupported(
+            "the two GPUs cannot access each other's memory (no peer-to-peer support between them)".into(),
+        )),
+        r => Err(error("cuCtxEnablePeerAccess", r)),
+    }
+}
+
 /// `cuIpcGetMemHandle`; the raw result on failure so the caller can explain it.
 pub(crate) fn ipc_get_handle(base: CUdeviceptr) -> std::result::Result<[u8; 64], CUresult> {
     // SAFETY: CUipcMemHandle is 64 plain bytes; zero is a valid value.

@@ -299,7 +299,8 @@ impl DeviceRegion {
     }
 
     /// Legacy memory of another rank of this process, used in place after checking that
-    /// `[base, base + base_size)` is still one live allocation.
+    /// `[base, base + base_size)` is still one live allocation, with peer access enabled when it
+    /// lives on another device. The context must be bound.
     pub(crate) fn same_process(
         device: u32,
         base: CUdeviceptr,
@@ -308,12 +309,14 @@ impl DeviceRegion {
         len: usize,
         kind: MemoryKind,
     ) -> Result<Self> {
-        let (b, s) = cu::address_range(base)?;
+        let (b, s) = cu::pointer_range(base)?;
         if (b, s) != (base, base_size) {
             return Err(Error::protocol(format!(
                 "legacy export names allocation [{base:#x}, +{base_size}) of this process, which is now [{b:#x}, +{s})"
             )));
         }
+        // The memory may live on another device of this process: let this device's kernels in.
+        cu::enable_peer_access_to(base)?;
         Ok(DeviceRegion { ptr: base + offset as u64, len, kind, device, backing: Backing::SameProcess })
     }
 

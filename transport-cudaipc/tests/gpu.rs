@@ -18,7 +18,7 @@ use comm_core::device::DeviceError;
 use comm_core::error::Error;
 use comm_core::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
 use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
-use cudarc::driver::sys;
+use cudarc::driver::{PushKernelArg, sys};
 use transport_cudaipc::{
     CudaContext, CudaIpcBackend, CudaIpcTransport, DeviceRegion, PacketBuffers, device_count, device_semaphore,
     driver_available, import_cache_entries, memory_channel_handle,
@@ -603,4 +603,67 @@ fn a_dead_owner_is_peer_lost_for_imports_and_connections() {
     assert!(matches!(conn.flush(), Err(Error::PeerLost { peer: 0, .. })));
     assert!(started.elapsed() < Duration::from_secs(5), "noticed in {:?}", started.elapsed());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+const PROBE_KERNEL: &str = r#"
+extern "C" __global__ void weave_probe(unsigned long long dst, unsigned int n,
+                                       unsigned long long remote_token, unsigned long long status_error) {
+    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) ((unsigned int*)dst)[i] = i * 3u + 1u;
+    if (i == 0) {
+        atomicAdd((unsigned long long*)remote_token, 1ULL);
+        *(volatile unsigned int*)status_error = 5u;
+    }
+}
+"#;
+
+#[test]
+fn a_kernel_stores_into_imported_memory_through_the_handles() {
+    if !gpu() {
+        return;
+    }
+    // SAFETY: only probes for the library, calls nothing in it.
+    if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
+        println!("SKIPPED: no NVRTC library to compile the probe kernel");
+        return;
+    }
+    let job = job_key("kernel");
+    let (b0, b1) = (backend(0, 2, &job), backend(1, 2, &job));
+    let (ep0, k0, k1) = (b0.local_endpoint().unwrap(), device_kind(&b0), device_kind(&b1));
+    let n: u32 = 1 << 16;
+    let len = n as usize * 4;
+    let import = |len: usize| {
+        let owned = b0.allocate(len, k0).unwrap();
+        let payload = b0.export(&owned).unwrap().unwrap();
+        let imported = b1.import(0, &ep0, &payload, len, k0).unwrap();
+        (registered(owned, 0, true, k0), registered(imported, 0, false, k0))
+    };
+    let (owner_buf, remote_buf) = import(len);
+    let (owner_tokens, remote_tokens) = import(4096);
+    let tokens = registered(b1.allocate(4096, k1).unwrap(), 1, true, k1);
+    let buf = registered(b1.allocate(len, k1).unwrap(), 1, true, k1);
+    let sem = device_semaphore((&tokens, 0), (&remote_tokens, 64), (&tokens, 8)).unwrap();
+    let ch = memory_channel_handle(sem, (&remote_buf, 0), (&buf, 0), None).unwrap();
+    let status = b1.device_status().unwrap();
+    let sh = status.handle(Duration::from_secs(5));
+
+    let ptx = cudarc::nvrtc::compile_ptx(PROBE_KERNEL).expect("NVRTC compiles the probe");
+    let ctx = b1.context().clone();
+    let module = ctx.load_module(ptx).unwrap();
+    let f = module.load_function("weave_probe").unwrap();
+    let stream = ctx.default_stream();
+    let mut launch = stream.launch_builder(&f);
+    launch.arg(&ch.dst).arg(&n).arg(&ch.semaphore.remote_inbound).arg(&sh.error);
+    // SAFETY: the kernel writes n u32s at dst (len bytes mapped for this device), one u64 at the
+    // remote token (8-byte aligned, mapped here) and one u32 at the host-mapped status word.
+    unsafe { launch.launch(cudarc::driver::LaunchConfig::for_num_elems(n)) }.unwrap();
+    stream.synchronize().unwrap();
+
+    let got = read_device(b0.context(), ptr_of(&owner_buf), len);
+    let want: Vec<u8> = (0..n).flat_map(|i| (i * 3 + 1).to_le_bytes()).collect();
+    assert!(got == want, "rank 0 sees the kernel's stores");
+    let token = read_device(b0.context(), ptr_of(&owner_tokens) + 64, 8);
+    assert_eq!(u64::from_le_bytes(token.try_into().unwrap()), 1, "rank 0's inbound token was signalled");
+    assert_eq!(status.error(), Some(DeviceError::BadArgument));
+    println!("kernel on device {} stored into device {}'s memory", b1.device_ordinal(), b0.device_ordinal());
 }
