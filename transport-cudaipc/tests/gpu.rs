@@ -9,8 +9,8 @@
 use std::ffi::c_void;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use comm_core::config::Config;
@@ -27,13 +27,17 @@ use transport_cudaipc::{
 const CHILD_ENV: &str = "WEAVE_CUDAIPC_CHILD";
 const TIMEOUT: Duration = Duration::from_secs(20);
 
-/// True when a driver and a device exist; otherwise says so and the test returns.
-fn gpu() -> bool {
+/// Serializes the GPU tests of this process: the leak test measures process-wide free memory,
+/// open descriptors and import-cache entries, which concurrent tests would disturb.
+static GPU_LOCK: Mutex<()> = Mutex::new(());
+
+/// The GPU test lock when a driver and a device exist; otherwise says so, and the test returns.
+fn gpu() -> Option<MutexGuard<'static, ()>> {
     if !driver_available() || device_count().unwrap_or(0) == 0 {
         println!("SKIPPED: no CUDA driver/device");
-        return false;
+        return None;
     }
-    true
+    Some(GPU_LOCK.lock().unwrap_or_else(|p| p.into_inner()))
 }
 
 fn job_key(tag: &str) -> String {
@@ -120,9 +124,7 @@ fn device_kind(b: &CudaIpcBackend) -> MemoryKind {
 
 #[test]
 fn open_reports_devices_and_refuses_duplicates_and_bad_ordinals() {
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("open");
     let count = device_count().unwrap();
     let b = CudaIpcTransport::new().open(&context(0, 2, &job)).unwrap();
@@ -157,9 +159,7 @@ fn open_reports_devices_and_refuses_duplicates_and_bad_ordinals() {
 
 #[test]
 fn vmm_allocate_export_import_write_and_read_back() {
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("vmm");
     let (b0, b1) = (backend(0, 2, &job), backend(1, 2, &job));
     let (ep0, k0, k1) = (b0.local_endpoint().unwrap(), device_kind(&b0), device_kind(&b1));
@@ -247,9 +247,7 @@ fn vmm_allocate_export_import_write_and_read_back() {
 
 #[test]
 fn legacy_ipc_path_on_a_cumemalloc_buffer() {
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("legacy");
     let (b0, b1) = (backend(0, 2, &job), backend(1, 2, &job));
     let (ep0, k0, k1) = (b0.local_endpoint().unwrap(), device_kind(&b0), device_kind(&b1));
@@ -285,9 +283,7 @@ fn legacy_ipc_path_on_a_cumemalloc_buffer() {
 
 #[test]
 fn pool_memory_is_unsupported() {
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("pool");
     let b0 = backend(0, 1, &job);
     bind(b0.context());
@@ -327,9 +323,7 @@ fn pool_memory_is_unsupported() {
 
 #[test]
 fn ten_thousand_cycles_leak_neither_memory_nor_descriptors() {
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("cycles");
     let (b0, b1) = (backend(0, 2, &job), backend(1, 2, &job));
     let (ep0, k0) = (b0.local_endpoint().unwrap(), device_kind(&b0));
@@ -361,9 +355,7 @@ fn ten_thousand_cycles_leak_neither_memory_nor_descriptors() {
 
 #[test]
 fn device_status_and_handle_builders() {
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("handles");
     let (b0, b1) = (backend(0, 2, &job), backend(1, 2, &job));
     let (ep0, k0, k1) = (b0.local_endpoint().unwrap(), device_kind(&b0), device_kind(&b1));
@@ -529,9 +521,7 @@ fn cross_process_import_of_both_export_kinds() {
         }
         return;
     }
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("xproc");
     let dir = scratch_dir("xproc");
     let b0 = backend(0, 2, &job);
@@ -584,9 +574,7 @@ fn a_dead_owner_is_peer_lost_for_imports_and_connections() {
         write_lines(&dir.join("owner"), &lines);
         return;
     }
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     let job = job_key("dead");
     let dir = scratch_dir("dead");
     let child = spawn_child(NAME, &[(CHILD_ENV, dir.display().to_string()), ("WEAVE_CUDAIPC_JOB", job.clone())]);
@@ -619,9 +607,7 @@ extern "C" __global__ void weave_probe(unsigned long long dst, unsigned int n,
 
 #[test]
 fn a_kernel_stores_into_imported_memory_through_the_handles() {
-    if !gpu() {
-        return;
-    }
+    let Some(_gpu) = gpu() else { return };
     // SAFETY: only probes for the library, calls nothing in it.
     if !unsafe { cudarc::nvrtc::sys::is_culib_present() } {
         println!("SKIPPED: no NVRTC library to compile the probe kernel");
