@@ -1,0 +1,588 @@
+//! # transport-cudaipc
+//!
+//! weave's CUDA IPC transport: GPU memory shared between processes of one host, mapped into
+//! each GPU's address space so kernels load and store peer memory directly (NVLink or PCIe
+//! peer-to-peer), plus copy-engine connections and the device handles kernels receive. Hand
+//! [`CudaIpcTransport`] to the communicator builder; it opens one [`CudaIpcBackend`] per
+//! communicator.
+//!
+//! The driver is loaded at run time (cudarc's dynamic loading): this crate builds and runs on
+//! hosts without CUDA, where [`CudaIpcTransport`]'s `open` fails with [`Error::Unsupported`]
+//! and the communicator goes on with its other transports. [`driver_available`] probes for the
+//! driver without touching a driver symbol (with dynamic loading, calling a missing symbol
+//! panics); every driver failure after that is an [`Error::Cuda`] naming the call.
+//!
+//! ## Device
+//!
+//! A backend serves one GPU: [`CudaIpcTransport::on_device`] names it, otherwise rank
+//! `r` takes device `r % device_count` — right for the usual one-rank-per-GPU launch where
+//! every node runs the same number of ranks and sees all of its GPUs. With another layout (or
+//! `CUDA_VISIBLE_DEVICES` set per rank), name the device.
+//!
+//! ## Reachability
+//!
+//! Two ranks reach each other when they run on one host (hostname and boot id), in one pid and
+//! network namespace, as one user. The device does not matter (ranks may share a GPU). Whether
+//! two different GPUs can map each other's memory (peer-to-peer support) is only known at
+//! import time, where a failure is an error naming the driver call.
+//!
+//! ## Export protocol
+//!
+//! [`allocate`](TransportBackend::allocate) of [`MemoryKind::Device`] memory creates a cuMem
+//! allocation (`cuMemCreate`, pinned, granularity-rounded, requested exportable as a POSIX file
+//! descriptor), maps it read/write for the backend's device and zeroes it. Its export payload is
+//! (owner pid, owner process instance, allocation id, allocation size); no descriptor travels
+//! in it. An importer asks the owner's **FD server** for the descriptor, imports it
+//! (`cuMemImportFromShareableHandle`), closes it, and maps the allocation for its own device.
+//!
+//! Memory the user allocated with `cudaMalloc`/`cuMemAlloc` is registered with
+//! [`CudaIpcBackend::register_device_memory`] (the legacy path): the payload is the
+//! `cuIpcGetMemHandle` of the base allocation (`cuMemGetAddressRange`), its size and the offset
+//! of the region; importers open it with `cuIpcOpenMemHandle`. Memory from a stream-ordered pool
+//! (`cuMemAllocAsync`, which cudarc's `CudaSlice` uses) cannot be exported by CUDA: that is an
+//! [`Error::Unsupported`] telling to allocate through weave.
+//!
+//! Every payload is an explicit, versioned little-endian message; decoding checks every length,
+//! kind and size (a region longer than its allocation, an offset past its base) and returns
+//! [`Error::Protocol`] on garbage.
+//!
+//! ## FD server
+//!
+//! Each backend runs one thread serving an abstract-namespace Unix socket (no file is left
+//! behind, whatever happens to the process) named `@weave-{job_key}-r{rank}-c{communicator_id}`.
+//! It serves one `SOCK_SEQPACKET` connection per request: it checks the client's uid with
+//! `SO_PEERCRED`, reads the allocation id, exports a fresh descriptor of that allocation (only
+//! allocations this backend exported and that still exist; anything else gets an error reply),
+//! sends it with `SCM_RIGHTS`, and closes its own copy. The client checks with `SO_PEERCRED`
+//! that the server is the process the peer's endpoint names. Every socket operation is bounded
+//! by the communicator's timeout (the server's by at most 10 s). The thread binds the device
+//! context as its first action; dropping the backend stops and joins it.
+//!
+//! ## Import cache
+//!
+//! Imports are cached process-wide per (owner pid, owner process instance, allocation id or IPC
+//! handle, importing device), with weak references: a second import of the same allocation
+//! returns the same mapping (no second descriptor, no second `cuIpcOpenMemHandle`), and the
+//! mapping is unmapped (`cuMemUnmap`, `cuMemAddressFree`, `cuMemRelease`; or
+//! `cuIpcCloseMemHandle`) when the last region using it drops. [`import_cache_entries`] counts
+//! live entries.
+//!
+//! ## When a peer dies
+//!
+//! Memory a rank imported stays valid after its owner dies: the import holds its own reference
+//! to the physical allocation, which the driver frees when the last process holding it unmaps
+//! it. Nothing names the memory in the file system, so nothing is left behind. A connection's
+//! peer check ([`Error::PeerLost`]) watches the peer's pid (gone, zombie, or reused), at most a
+//! syscall per millisecond; [`Connection::flush`] checks it while waiting. An import from a
+//! dead rank fails promptly: its FD server socket is gone with it, and the client reports
+//! [`Error::PeerLost`] when the pid no longer exists. Kernels spinning on a dead peer's
+//! semaphore stop at their cycle budget ([`DeviceStatus`]) and report
+//! [`DeviceError::SemaphoreTimeout`](comm_core::device::DeviceError::SemaphoreTimeout).
+
+mod connection;
+mod cu;
+mod endpoint;
+mod fd_server;
+mod handles;
+mod payload;
+mod peer;
+mod region;
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use comm_core::config::LogLevel;
+use comm_core::connection::Connection;
+use comm_core::error::{Error, Result};
+use comm_core::memory::{MemoryKind, MemoryRegion};
+use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use cudarc::driver::sys::CUdevice_attribute;
+use nix::unistd::Pid;
+
+use crate::endpoint::Endpoint;
+use crate::fd_server::{ExportTable, FdServer, FdSource, socket_name};
+use crate::payload::{Export, Payload};
+use crate::peer::PeerWatch;
+
+pub use crate::connection::CudaIpcConnection;
+pub use crate::handles::{DeviceStatus, PacketBuffers, device_semaphore, memory_channel_handle};
+pub use crate::region::{DeviceRegion, import_cache_entries};
+pub use cudarc::driver::CudaContext;
+
+/// Whether a CUDA driver library can be loaded here. Probes once per process by trying to open
+/// `libcuda`, without calling into it; `false` on CPU-only hosts.
+pub fn driver_available() -> bool {
+    cu::driver_present()
+}
+
+/// Number of CUDA devices this process sees: 0 when there is no driver or the driver finds no
+/// device; [`Error::Cuda`] when the driver fails otherwise.
+pub fn device_count() -> Result<usize> {
+    if !driver_available() {
+        return Ok(0);
+    }
+    match cu::ensure_driver() {
+        Ok(()) => cu::device_count(),
+        Err(Error::Unsupported(m)) if m.starts_with("no CUDA device") => Ok(0),
+        // An old driver still counts its devices.
+        Err(Error::Unsupported(_)) => cu::device_count(),
+        Err(e) => Err(e),
+    }
+}
+
+/// The CUDA IPC transport ([`Transport::CUDA_IPC`]): give it to
+/// `Communicator::builder().with_transport(...)`.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct CudaIpcTransport {
+    device: Option<u32>,
+}
+
+impl CudaIpcTransport {
+    /// The transport on the default device: rank `r` uses device `r % device_count`.
+    pub fn new() -> Self {
+        CudaIpcTransport { device: None }
+    }
+
+    /// The transport on device `ordinal` (as this process numbers its visible devices).
+    pub fn on_device(ordinal: u32) -> Self {
+        CudaIpcTransport { device: Some(ordinal) }
+    }
+
+    /// The device named with [`on_device`](Self::on_device), if any.
+    pub fn device(&self) -> Option<u32> {
+        self.device
+    }
+}
+
+impl TransportFactory for CudaIpcTransport {
+    fn transport(&self) -> Transport {
+        Transport::CUDA_IPC
+    }
+
+    fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
+        Ok(Arc::new(CudaIpcBackend::open(ctx, self.device)?))
+    }
+}
+
+/// Tells backends of one process apart, so a backend exports only what it allocated or
+/// registered.
+static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
+
+/// [`TransportBackend::can_reach`] of this transport: a pure function of the two endpoints, so
+/// every rank gives the same answer for `(a, b)` and `(b, a)`.
+fn can_reach(a: &[u8], b: &[u8]) -> Result<bool> {
+    Ok(Endpoint::decode(a)?.can_share_with(&Endpoint::decode(b)?))
+}
+
+/// Checks a job key before it goes into socket names: 1 to 64 ASCII letters, digits or `_`.
+fn check_job_key(job_key: &str) -> Result<()> {
+    if job_key.is_empty() || job_key.len() > 64 || !job_key.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_') {
+        return Err(Error::invalid(format!(
+            "transport cudaipc: job key {job_key:?} must be 1 to 64 ASCII letters, digits or '_'"
+        )));
+    }
+    Ok(())
+}
+
+/// The CUDA IPC transport serving one communicator on one GPU: allocates exportable device
+/// memory, exports and imports it, runs the FD server, and builds [`CudaIpcConnection`]s.
+pub struct CudaIpcBackend {
+    id: u64,
+    rank: usize,
+    world_size: usize,
+    job_key: String,
+    device: u32,
+    ctx: Arc<CudaContext>,
+    endpoint: Endpoint,
+    rdma_capable: bool,
+    granularity: usize,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+    exports: Arc<ExportTable>,
+    server: FdServer,
+}
+
+impl std::fmt::Debug for CudaIpcBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("CudaIpcBackend")
+            .field("rank", &self.rank)
+            .field("device", &self.device)
+            .field("pci_bus_id", &self.endpoint.pci_bus_id)
+            .field("granularity", &self.granularity)
+            .field("fd_server", &self.server.name())
+            .finish_non_exhaustive()
+    }
+}
+
+impl CudaIpcBackend {
+    /// Opens the transport for the communicator described by `ctx` on device `device` (default:
+    /// `rank % device_count`). [`Error::Unsupported`] when there is no CUDA driver, no device, a
+    /// driver older than CUDA 12, or a device without exportable cuMem allocations;
+    /// [`Error::InvalidArgument`] for a bad job key, rank or device ordinal.
+    pub fn open(ctx: &TransportContext, device: Option<u32>) -> Result<Self> {
+        check_job_key(&ctx.job_key)?;
+        if ctx.rank >= ctx.world_size {
+            return Err(Error::invalid(format!("transport cudaipc: rank {} of {} ranks", ctx.rank, ctx.world_size)));
+        }
+        cu::ensure_driver()?;
+        let count = cu::device_count()?;
+        if count == 0 {
+            return Err(Error::Unsupported("no CUDA device visible to this process".into()));
+        }
+        let ordinal = match device {
+            Some(d) => d,
+            None => u32::try_from(ctx.rank % count).map_err(|_| Error::invalid("device ordinal out of range"))?,
+        };
+        if ordinal as usize >= count {
+            return Err(Error::invalid(format!(
+                "transport cudaipc: device {ordinal} requested, but this process sees {count} device(s)"
+            )));
+        }
+        let cuda = CudaContext::new(ordinal as usize).map_err(|e| cu::from_driver("cuDevicePrimaryCtxRetain", e))?;
+        let dev = cuda.cu_device();
+        let supported = |attr| cu::attribute(dev, attr).map(|v| v != 0);
+        if !supported(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? {
+            return Err(Error::Unsupported(format!(
+                "CUDA device {ordinal} does not support virtual memory management (cuMem)"
+            )));
+        }
+        if !supported(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? {
+            return Err(Error::Unsupported(format!(
+                "CUDA device {ordinal} cannot export allocations as POSIX file descriptors"
+            )));
+        }
+        let rdma_capable =
+            supported(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED).unwrap_or(false);
+        let granularity = cu::granularity(&cu::allocation_prop(ordinal, rdma_capable))?;
+        let pci_bus_id = cu::pci_bus_id(dev)?;
+        let endpoint = Endpoint::local(ordinal, pci_bus_id, ctx.communicator_id)?;
+        let exports: Arc<ExportTable> = Arc::new(Mutex::new(HashMap::new()));
+        let name = socket_name(&ctx.job_key, ctx.rank, ctx.communicator_id);
+        let server = FdServer::start(name, cuda.clone(), exports.clone(), ctx.config.timeout)?;
+        if ctx.config.logs(LogLevel::Info) {
+            eprintln!(
+                "weave[{}]: cudaipc on device {ordinal} ({}), granularity {granularity} bytes, fd server @{}",
+                ctx.rank,
+                endpoint.pci_bus_id,
+                server.name()
+            );
+        }
+        Ok(CudaIpcBackend {
+            id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
+            rank: ctx.rank,
+            world_size: ctx.world_size,
+            job_key: ctx.job_key.clone(),
+            device: ordinal,
+            ctx: cuda,
+            endpoint,
+            rdma_capable,
+            granularity,
+            timeout: ctx.config.timeout,
+            abort: ctx.abort.clone(),
+            exports,
+            server,
+        })
+    }
+
+    /// The CUDA context (primary context of the backend's device).
+    pub fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// The device ordinal this backend serves.
+    pub fn device_ordinal(&self) -> u32 {
+        self.device
+    }
+
+    /// The PCI bus id of the device.
+    pub fn pci_bus_id(&self) -> &str {
+        &self.endpoint.pci_bus_id
+    }
+
+    /// The allocation granularity: device allocations are rounded up to a multiple of it.
+    pub fn granularity(&self) -> usize {
+        self.granularity
+    }
+
+    /// The abstract socket name of this backend's FD server (without the leading NUL).
+    pub fn socket_name(&self) -> &str {
+        self.server.name()
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    fn bind(&self) -> Result<()> {
+        self.ctx.bind_to_thread().map_err(|e| cu::from_driver("cuCtxSetCurrent (bind device context)", e))
+    }
+
+    /// Registers `len` bytes at device address `ptr` that the user allocated with
+    /// `cudaMalloc`/`cuMemAlloc` on this backend's device, for export through legacy IPC handles.
+    /// The user keeps ownership: the memory must outlive the returned region and every peer's
+    /// import of it. Memory from a stream-ordered pool (`cuMemAllocAsync`, cudarc's `CudaSlice`)
+    /// is [`Error::Unsupported`]: allocate it through weave instead.
+    pub fn register_device_memory(&self, ptr: u64, len: usize) -> Result<Arc<dyn MemoryRegion>> {
+        self.bind()?;
+        Ok(Arc::new(region::DeviceRegion::register_user(&self.ctx, self.device, ptr, len, self.id)?))
+    }
+
+    /// Host-visible status words for kernels on this backend's device.
+    pub fn device_status(&self) -> Result<DeviceStatus> {
+        DeviceStatus::new(&self.ctx)
+    }
+
+    fn peer_endpoint(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Endpoint> {
+        if peer >= self.world_size {
+            return Err(Error::invalid(format!("transport cudaipc: peer rank {peer} of {} ranks", self.world_size)));
+        }
+        let theirs = Endpoint::decode(peer_endpoint)?;
+        if !self.endpoint.can_share_with(&theirs) {
+            return Err(Error::transport(
+                "cudaipc",
+                format!(
+                    "rank {peer} cannot share GPU memory with rank {}: {}",
+                    self.rank,
+                    self.endpoint.difference(&theirs)
+                ),
+            ));
+        }
+        Ok(theirs)
+    }
+}
+
+impl TransportBackend for CudaIpcBackend {
+    fn transport(&self) -> Transport {
+        Transport::CUDA_IPC
+    }
+
+    fn local_endpoint(&self) -> Result<Vec<u8>> {
+        Ok(self.endpoint.encode())
+    }
+
+    fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
+        can_reach(a, b)
+    }
+
+    fn direct_access(&self) -> bool {
+        true
+    }
+
+    fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
+        match kind {
+            MemoryKind::Device(d) if d == self.device => {
+                self.bind()?;
+                let prop = cu::allocation_prop(self.device, self.rdma_capable);
+                Ok(Arc::new(region::DeviceRegion::allocate(
+                    &self.ctx,
+                    self.device,
+                    len,
+                    &prop,
+                    self.granularity,
+                    self.id,
+                )?))
+            }
+            MemoryKind::Device(d) => Err(Error::invalid(format!(
+                "transport cudaipc of rank {} serves device {}, not device {d}",
+                self.rank, self.device
+            ))),
+            MemoryKind::Host => Err(Error::Unsupported(
+                "transport cudaipc allocates device memory only; host memory comes from transport shm".into(),
+            )),
+        }
+    }
+
+    fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>> {
+        let Some(r) = region.as_any().downcast_ref::<DeviceRegion>() else { return Ok(None) };
+        let export = if let Some(a) = r.owned() {
+            if a.backend != self.id {
+                return Ok(None);
+            }
+            let mut table = self.exports.lock().unwrap_or_else(|p| p.into_inner());
+            table.retain(|_, w| w.strong_count() > 0);
+            table.insert(a.id, Arc::downgrade(a));
+            Export::Vmm { id: a.id, size: a.mapping.size() as u64 }
+        } else if let Some(u) = r.user() {
+            if u.backend != self.id {
+                return Ok(None);
+            }
+            Export::Legacy { handle: u.handle, base: u.base, base_size: u.base_size as u64, offset: u.offset as u64 }
+        } else {
+            // Imported memory is not re-exported: peers import it from its owner.
+            return Ok(None);
+        };
+        Ok(Some(Payload { pid: self.endpoint.pid, instance: region::process_instance(), export }.encode()))
+    }
+
+    fn import(
+        &self,
+        peer: usize,
+        peer_endpoint: &[u8],
+        payload: &[u8],
+        len: usize,
+        kind: MemoryKind,
+    ) -> Result<Arc<dyn MemoryRegion>> {
+        if kind == MemoryKind::Host {
+            return Err(Error::Unsupported("transport cudaipc imports device memory only".into()));
+        }
+        let theirs = self.peer_endpoint(peer, peer_endpoint)?;
+        let p = Payload::decode(payload)?;
+        if p.pid != theirs.pid {
+            return Err(Error::protocol(format!(
+                "cudaipc export payload from rank {peer}: owner pid {} but the rank's endpoint says pid {}",
+                p.pid, theirs.pid
+            )));
+        }
+        self.bind()?;
+        let region = match p.export {
+            Export::Vmm { id, size } => {
+                if len as u64 > size {
+                    return Err(Error::protocol(format!(
+                        "cudaipc export payload from rank {peer}: region of {len} bytes in an allocation of {size}"
+                    )));
+                }
+                let size = usize::try_from(size).map_err(|_| Error::protocol("allocation size does not fit usize"))?;
+                let name = socket_name(&self.job_key, peer, theirs.communicator_id);
+                let source = FdSource { name: &name, peer, pid: theirs.pid, timeout: self.timeout };
+                region::DeviceRegion::import_vmm(
+                    &self.ctx,
+                    self.device,
+                    (p.pid, p.instance, id),
+                    size,
+                    len,
+                    kind,
+                    || source.fetch(id, size as u64),
+                )?
+            }
+            Export::Legacy { handle, base, base_size, offset } => {
+                if offset.checked_add(len as u64).is_none_or(|end| end > base_size) {
+                    return Err(Error::protocol(format!(
+                        "cudaipc export payload from rank {peer}: region [{offset}, +{len}) past its allocation of \
+                         {base_size} bytes"
+                    )));
+                }
+                if p.pid == self.endpoint.pid && p.instance == region::process_instance() {
+                    region::DeviceRegion::same_process(
+                        self.device,
+                        base,
+                        base_size as usize,
+                        offset as usize,
+                        len,
+                        kind,
+                    )?
+                } else {
+                    region::DeviceRegion::import_ipc(
+                        &self.ctx,
+                        self.device,
+                        (p.pid, p.instance),
+                        &handle,
+                        offset as usize,
+                        len,
+                        kind,
+                    )?
+                }
+            }
+        };
+        Ok(Arc::new(region))
+    }
+
+    fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
+        let theirs = self.peer_endpoint(peer, peer_endpoint)?;
+        // Endpoint::decode accepted only pids in 1..=i32::MAX.
+        let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("cudaipc endpoint: bad pid"))?;
+        let watch = PeerWatch::new(peer, Pid::from_raw(pid));
+        let conn =
+            CudaIpcConnection::new(self.ctx.clone(), self.device, peer, watch, self.timeout, self.abort.clone())?;
+        Ok(Arc::new(conn))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comm_core::config::Config;
+
+    fn context(rank: usize, world_size: usize, job_key: &str) -> TransportContext {
+        TransportContext {
+            rank,
+            world_size,
+            job_key: job_key.into(),
+            communicator_id: 1,
+            config: Config::default(),
+            abort: Arc::new(AtomicBool::new(false)),
+        }
+    }
+
+    #[test]
+    fn factory_names_its_transport_and_device() {
+        assert_eq!(CudaIpcTransport::new().transport(), Transport::CUDA_IPC);
+        assert_eq!(CudaIpcTransport::new().device(), None);
+        assert_eq!(CudaIpcTransport::default().device(), None);
+        assert_eq!(CudaIpcTransport::on_device(3).device(), Some(3));
+    }
+
+    #[test]
+    fn open_without_a_driver_is_unsupported() {
+        let r = CudaIpcTransport::new().open(&context(0, 1, "cpuonly"));
+        if !driver_available() {
+            println!("branch: no CUDA driver here; open must be Unsupported");
+            assert!(matches!(&r, Err(Error::Unsupported(m)) if m.contains("no CUDA driver")), "{:?}", r.err());
+            assert_eq!(device_count().unwrap(), 0);
+            // Bad arguments are reported before the driver is looked for.
+            assert!(matches!(CudaIpcBackend::open(&context(0, 1, "a-b"), None), Err(Error::InvalidArgument(_))));
+            assert!(matches!(CudaIpcBackend::open(&context(2, 2, "k"), None), Err(Error::InvalidArgument(_))));
+        } else {
+            println!("branch: a CUDA driver is present; open gave {:?}", r.as_ref().map(|b| b.transport()).err());
+            // With a driver, open either works or says why not; it never panics.
+            match r {
+                Ok(b) => assert_eq!(b.transport(), Transport::CUDA_IPC),
+                Err(e) => assert!(matches!(e, Error::Unsupported(_) | Error::Cuda { .. }), "{e}"),
+            }
+        }
+    }
+
+    #[test]
+    fn job_keys_are_checked() {
+        for good in ["a", "abc_123", &"k".repeat(64)] {
+            check_job_key(good).unwrap();
+        }
+        for bad in ["", "a-b", "a/b", "a b", &"k".repeat(65), "é"] {
+            assert!(matches!(check_job_key(bad), Err(Error::InvalidArgument(_))), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn can_reach_is_symmetric_deterministic_and_rejects_garbage() {
+        let a = Endpoint::local(0, "0000:18:00.0".into(), 1).unwrap();
+        let mut same_host = a.clone();
+        same_host.pid = a.pid.wrapping_add(1).max(1);
+        same_host.device = 1;
+        same_host.communicator_id = 5;
+        let mut other_host = a.clone();
+        other_host.boot_id.push('x');
+        let mut other_user = a.clone();
+        other_user.uid ^= 1;
+        let all = [a, same_host, other_host, other_user];
+        for x in &all {
+            for y in &all {
+                let (ex, ey) = (x.encode(), y.encode());
+                let r = can_reach(&ex, &ey).unwrap();
+                assert_eq!(r, can_reach(&ey, &ex).unwrap(), "asymmetric for {x:?} / {y:?}");
+                assert_eq!(r, can_reach(&ex, &ey).unwrap());
+            }
+        }
+        let e = (all[0].encode(), all[1].encode(), all[2].encode());
+        assert!(can_reach(&e.0, &e.1).unwrap());
+        assert!(!can_reach(&e.0, &e.2).unwrap());
+        assert!(matches!(can_reach(&e.0, &e.1[..e.1.len() - 1]), Err(Error::Protocol(_))));
+        assert!(matches!(can_reach(b"garbage", &e.0), Err(Error::Protocol(_))));
+    }
+}
