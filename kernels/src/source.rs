@@ -5,7 +5,7 @@
 //! and compiler messages point into the right file and line. [`program`] puts that include in
 //! front of a kernel's source and appends the generated layout checks ([`crate::layout`]).
 
-/// Every device header, as `(include name, contents)`. [`crate::compile`] registers all of
+/// Every device header, as `(include name, contents)`. [`crate::compile()`] registers all of
 /// them with every NVRTC program.
 pub const HEADERS: &[(&str, &str)] = &[
     ("weave/types.cuh", include_str!("../cuda/weave/types.cuh")),
