@@ -4,6 +4,7 @@
 //! `run(Args) -> ExitCode`; add it to [`COMMANDS`] to make it reachable.
 
 mod args;
+mod gpu_bundle_cmd;
 mod launch_cmd;
 mod test_cmd;
 
@@ -21,6 +22,12 @@ struct Command {
 
 /// Every subcommand, in the order `help` lists them.
 const COMMANDS: &[Command] = &[
+    Command {
+        name: "gpu-bundle",
+        summary: gpu_bundle_cmd::SUMMARY,
+        usage: gpu_bundle_cmd::USAGE,
+        run: gpu_bundle_cmd::run,
+    },
     Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run },
     Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
 ];

@@ -1,0 +1,147 @@
+// weave/packet.cuh: LL ("low latency") packets: data interleaved with a flag, written by one
+// store, so a reader that sees the flag has the data and no separate signal is needed.
+//
+//   LL16Packet: {data1, flag1, data2, flag2}, 8 bytes of payload, one 16-byte store
+//               (st.volatile.global.v4.u32); valid when both flags equal the expected flag.
+//   LL8Packet:  {data, flag}, 4 bytes of payload, one 8-byte store (st.volatile.global.v2.u32).
+//
+// The flag is a per-use counter chosen by the caller: it must be non-zero (a zeroed buffer
+// would read as valid under flag 0) and differ from the flag the buffer held before.
+// Payload bytes are little-endian: packet i carries bytes [i*P, (i+1)*P) of the message, the
+// last packet of a message whose size is not a multiple of P carries zero padding.
+#ifndef WEAVE_PACKET_CUH
+#define WEAVE_PACKET_CUH
+
+#include "weave/atomics.cuh"
+#include "weave/handles.cuh"
+#include "weave/status.cuh"
+#include "weave/types.cuh"
+
+namespace weave {
+
+// ---- single packets -------------------------------------------------------------------------
+
+// Writes 8 bytes of data (low word in data1) and the flag with one 16-byte store.
+WEAVE_DEVICE void write_ll16(LL16Packet* p, uint64_t data, uint32_t flag) {
+  store_volatile_v4(&p->data1, static_cast<uint32_t>(data), flag, static_cast<uint32_t>(data >> 32), flag);
+}
+
+// Non-blocking read: true and *out set when both flags equal `flag`.
+WEAVE_DEVICE bool try_read_ll16(const LL16Packet* p, uint32_t flag, uint64_t* out) {
+  uint32_t d1, f1, d2, f2;
+  load_volatile_v4(&p->data1, d1, f1, d2, f2);
+  if (f1 != flag || f2 != flag) return false;
+  *out = static_cast<uint64_t>(d1) | (static_cast<uint64_t>(d2) << 32);
+  return true;
+}
+
+// Bounded wait for the packet to carry `flag`, then *out = its data. False (PacketTimeout or
+// Aborted reported) when it gave up.
+WEAVE_DEVICE bool read_ll16(const LL16Packet* p, uint32_t flag, const DeviceStatusHandle& status, uint64_t* out) {
+  return spin_until([&] { return try_read_ll16(p, flag, out); }, status, DeviceError::PacketTimeout);
+}
+
+// Writes 4 bytes of data and the flag with one 8-byte store.
+WEAVE_DEVICE void write_ll8(LL8Packet* p, uint32_t data, uint32_t flag) {
+  store_volatile_v2(&p->data, data, flag);
+}
+
+// Non-blocking read: true and *out set when the flag equals `flag`.
+WEAVE_DEVICE bool try_read_ll8(const LL8Packet* p, uint32_t flag, uint32_t* out) {
+  uint32_t d, f;
+  load_volatile_v2(&p->data, d, f);
+  if (f != flag) return false;
+  *out = d;
+  return true;
+}
+
+// Bounded wait for the packet to carry `flag`, then *out = its data.
+WEAVE_DEVICE bool read_ll8(const LL8Packet* p, uint32_t flag, const DeviceStatusHandle& status, uint32_t* out) {
+  return spin_until([&] { return try_read_ll8(p, flag, out); }, status, DeviceError::PacketTimeout);
+}
+
+// ---- packet traits, so the cooperative helpers serve both kinds -----------------------------
+
+template <typename P>
+struct PacketTraits;
+
+template <>
+struct PacketTraits<LL16Packet> {
+  typedef uint64_t Word;                         // payload of one packet
+  static constexpr uint32_t PAYLOAD_BYTES = 8;   // bytes of payload per packet
+};
+
+template <>
+struct PacketTraits<LL8Packet> {
+  typedef uint32_t Word;
+  static constexpr uint32_t PAYLOAD_BYTES = 4;
+};
+
+WEAVE_DEVICE void write_packet(LL16Packet* p, uint64_t data, uint32_t flag) { write_ll16(p, data, flag); }
+WEAVE_DEVICE void write_packet(LL8Packet* p, uint32_t data, uint32_t flag) { write_ll8(p, data, flag); }
+WEAVE_DEVICE bool read_packet(const LL16Packet* p, uint32_t flag, const DeviceStatusHandle& s, uint64_t* out) {
+  return read_ll16(p, flag, s, out);
+}
+WEAVE_DEVICE bool read_packet(const LL8Packet* p, uint32_t flag, const DeviceStatusHandle& s, uint32_t* out) {
+  return read_ll8(p, flag, s, out);
+}
+
+// Number of packets of kind P that carry `bytes` bytes.
+template <typename P>
+WEAVE_DEVICE uint64_t packet_count(uint64_t bytes) {
+  return (bytes + PacketTraits<P>::PAYLOAD_BYTES - 1) / PacketTraits<P>::PAYLOAD_BYTES;
+}
+
+// ---- cooperative helpers --------------------------------------------------------------------
+
+// Cooperatively turns `bytes` bytes at src (any alignment) into packet_count<P>(bytes) packets
+// at dst (usually the peer's packet buffer), each carrying `flag`.
+template <typename P>
+WEAVE_DEVICE void put_packets(P* dst, const void* src, uint64_t bytes, uint32_t thread, uint32_t nthreads,
+                              uint32_t flag) {
+  typedef typename PacketTraits<P>::Word Word;
+  constexpr uint64_t B = PacketTraits<P>::PAYLOAD_BYTES;
+  const uint8_t* s = static_cast<const uint8_t*>(src);
+  const bool aligned = as_address(s) % B == 0;
+  const uint64_t count = packet_count<P>(bytes);
+  for (uint64_t i = thread; i < count; i += nthreads) {
+    const uint64_t offset = i * B;
+    const uint64_t len = bytes - offset < B ? bytes - offset : B;
+    Word w = 0;
+    if (aligned && len == B) {
+      w = *reinterpret_cast<const Word*>(s + offset);
+    } else {
+      for (uint64_t k = 0; k < len; ++k) w |= static_cast<Word>(s[offset + k]) << (8 * k);
+    }
+    write_packet(dst + i, w, flag);
+  }
+}
+
+// Cooperatively waits for the packets put_packets<P>(…, bytes, …, flag) wrote at src (usually
+// this GPU's packet buffer) and stores their payload, `bytes` bytes, at dst (any alignment).
+// False when this thread gave up on a packet (PacketTimeout or Aborted reported).
+template <typename P>
+WEAVE_DEVICE bool unpack_packets(void* dst, const P* src, uint64_t bytes, uint32_t thread, uint32_t nthreads,
+                                 uint32_t flag, const DeviceStatusHandle& status) {
+  typedef typename PacketTraits<P>::Word Word;
+  constexpr uint64_t B = PacketTraits<P>::PAYLOAD_BYTES;
+  uint8_t* d = static_cast<uint8_t*>(dst);
+  const bool aligned = as_address(d) % B == 0;
+  const uint64_t count = packet_count<P>(bytes);
+  for (uint64_t i = thread; i < count; i += nthreads) {
+    Word w;
+    if (!read_packet(src + i, flag, status, &w)) return false;
+    const uint64_t offset = i * B;
+    const uint64_t len = bytes - offset < B ? bytes - offset : B;
+    if (aligned && len == B) {
+      *reinterpret_cast<Word*>(d + offset) = w;
+    } else {
+      for (uint64_t k = 0; k < len; ++k) d[offset + k] = static_cast<uint8_t>(w >> (8 * k));
+    }
+  }
+  return true;
+}
+
+}  // namespace weave
+
+#endif  // WEAVE_PACKET_CUH

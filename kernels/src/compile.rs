@@ -1,0 +1,709 @@
+//! Run-time compilation with NVRTC, and the on-disk cache of its results.
+//!
+//! [`compile`] (or a configured [`Compiler`]) turns a CUDA C++ source — usually one made by
+//! [`crate::source::program`] — into PTX, plus a CUBIN when the target is a concrete `sm_XX`.
+//! Every program gets the embedded weave headers as named headers ([`crate::source::HEADERS`]).
+//!
+//! NVRTC is loaded at run time (`libnvrtc.so.13` or `libnvrtc.so`, found through
+//! `LD_LIBRARY_PATH` or the loader cache); without it, compiling returns
+//! [`Error::Unsupported`] saying how to install it. Compile errors come back as
+//! [`Error::Cuda`] with operation `"nvrtc compile"` and NVRTC's log as the message.
+//!
+//! # Cache
+//!
+//! Results are kept on disk, keyed by a 128-bit FNV-1a hash of the source, the headers, the
+//! architecture, the options and the NVRTC version, in one file per key. The directory is
+//! chosen by [`cache_dir_from_env`] (`WEAVE_KERNEL_CACHE`). Entries are written to a temporary
+//! file and renamed into place, so readers never see half an entry; an entry that fails its
+//! checks (magic, version, key, lengths, checksum, PTX text) is ignored and rebuilt. A cache
+//! that cannot be written never fails a compile: [`CompiledKernel::cache`] says what happened.
+
+use std::ffi::{CString, c_char, c_int};
+use std::fmt::Write as _;
+use std::fs;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use comm_core::{Error, Result};
+use cudarc::nvrtc::sys;
+
+use crate::source::HEADERS;
+
+/// What the on-disk cache did for one compile.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CacheOutcome {
+    /// The result was read from the cache; NVRTC did not run.
+    Hit,
+    /// NVRTC ran and the result was stored.
+    Stored,
+    /// NVRTC ran; storing the result failed (the reason). The result is still good.
+    NotStored(String),
+    /// No cache directory is configured.
+    Disabled,
+}
+
+/// The output of one compile: PTX, and a CUBIN for concrete `sm_XX` targets.
+#[derive(Debug, Clone)]
+pub struct CompiledKernel {
+    arch: String,
+    ptx: String,
+    cubin: Option<Vec<u8>>,
+    key: u128,
+    log: String,
+    cache: CacheOutcome,
+}
+
+impl CompiledKernel {
+    /// The target architecture it was compiled for (`sm_90`, `compute_90`, …).
+    pub fn arch(&self) -> &str {
+        &self.arch
+    }
+
+    /// The PTX text.
+    pub fn ptx(&self) -> &str {
+        &self.ptx
+    }
+
+    /// The CUBIN (machine code for [`arch`](Self::arch)), when the target was a concrete `sm_XX`.
+    pub fn cubin(&self) -> Option<&[u8]> {
+        self.cubin.as_deref()
+    }
+
+    /// The cache key: a hash of everything that determined this result. Modules loaded from the
+    /// same key are shared ([`crate::module::KernelModule::load`]).
+    pub fn key(&self) -> u128 {
+        self.key
+    }
+
+    /// NVRTC's log (warnings); empty for a cache hit.
+    pub fn log(&self) -> &str {
+        &self.log
+    }
+
+    /// What the cache did.
+    pub fn cache(&self) -> &CacheOutcome {
+        &self.cache
+    }
+}
+
+/// Where the kernel cache lives, from the environment. This is the only place the kernels crate
+/// reads the environment:
+///
+/// - `WEAVE_KERNEL_CACHE=<dir>`: that directory; `off`, `0`, `none` or empty disables the cache;
+/// - otherwise `$XDG_CACHE_HOME/weave/kernels`, else `$HOME/.cache/weave/kernels`;
+/// - `None` (no cache) when none of these is set.
+pub fn cache_dir_from_env() -> Option<PathBuf> {
+    if let Some(v) = std::env::var_os("WEAVE_KERNEL_CACHE") {
+        let off = v.is_empty() || ["off", "0", "none"].iter().any(|o| v.eq_ignore_ascii_case(o));
+        return if off { None } else { Some(PathBuf::from(v)) };
+    }
+    let nonempty = |name: &str| std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from);
+    if let Some(xdg) = nonempty("XDG_CACHE_HOME") {
+        return Some(xdg.join("weave").join("kernels"));
+    }
+    nonempty("HOME").map(|home| home.join(".cache").join("weave").join("kernels"))
+}
+
+/// True when the NVRTC library can be loaded.
+pub fn nvrtc_available() -> bool {
+    // SAFETY: only tries to dlopen the library's candidate names; no symbol is called.
+    unsafe { sys::is_culib_present() }
+}
+
+fn require_nvrtc() -> Result<()> {
+    if nvrtc_available() {
+        return Ok(());
+    }
+    Err(Error::Unsupported(
+        "NVRTC not found (libnvrtc.so.13 / libnvrtc.so); install it (`python3 -m pip install \
+         nvidia-cuda-nvrtc==13.0.88`, or the CUDA toolkit) and put its lib directory (e.g. \
+         site-packages/nvidia/cu13/lib, or /usr/local/cuda/lib64) on LD_LIBRARY_PATH"
+            .into(),
+    ))
+}
+
+fn nvrtc_error(operation: &str, code: sys::nvrtcResult) -> Error {
+    Error::Cuda { operation: operation.into(), message: format!("{code:?}") }
+}
+
+/// The NVRTC version as (major, minor).
+pub fn nvrtc_version() -> Result<(i32, i32)> {
+    require_nvrtc()?;
+    let (mut major, mut minor): (c_int, c_int) = (0, 0);
+    // SAFETY: the library is present (checked above); both pointers are valid for writes.
+    let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_error("nvrtcVersion", r));
+    }
+    Ok((major, minor))
+}
+
+/// Checks an architecture name: `sm_<digits>[a|f]` or `compute_<digits>[a|f]`. True for `sm_`.
+fn check_arch(arch: &str) -> Result<bool> {
+    let (concrete, rest) = match (arch.strip_prefix("sm_"), arch.strip_prefix("compute_")) {
+        (Some(r), _) => (true, r),
+        (_, Some(r)) => (false, r),
+        _ => return Err(Error::invalid(format!("GPU architecture {arch:?} must look like sm_90 or compute_90"))),
+    };
+    let digits = rest.trim_end_matches(['a', 'f']);
+    if digits.len() < 2 || !digits.bytes().all(|b| b.is_ascii_digit()) || rest.len() > digits.len() + 1 {
+        return Err(Error::invalid(format!("GPU architecture {arch:?} must look like sm_90 or compute_90")));
+    }
+    Ok(concrete)
+}
+
+/// 128-bit FNV-1a, fed field by field (each field followed by its length, so boundaries count).
+struct Fnv128(u128);
+
+impl Fnv128 {
+    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
+    const PRIME: u128 = 0x0000000001000000000000000000013B;
+
+    fn new() -> Self {
+        Fnv128(Self::OFFSET)
+    }
+
+    fn bytes(&mut self, data: &[u8]) {
+        for &b in data {
+            self.0 ^= u128::from(b);
+            self.0 = self.0.wrapping_mul(Self::PRIME);
+        }
+    }
+
+    fn field(&mut self, data: &[u8]) -> &mut Self {
+        self.bytes(data);
+        self.bytes(&(data.len() as u64).to_le_bytes());
+        self
+    }
+}
+
+fn checksum(parts: &[&[u8]]) -> u64 {
+    let mut h = Fnv128::new();
+    for p in parts {
+        h.field(p);
+    }
+    (h.0 ^ (h.0 >> 64)) as u64
+}
+
+/// An NVRTC program, destroyed on drop.
+struct Program(sys::nvrtcProgram);
+
+impl Drop for Program {
+    fn drop(&mut self) {
+        // SAFETY: the program was created by nvrtcCreateProgram and is destroyed once, here.
+        // A failure to destroy leaks a little host memory; nothing to do about it.
+        let _ = unsafe { sys::nvrtcDestroyProgram(&mut self.0) };
+    }
+}
+
+fn c_string(what: &str, s: &str) -> Result<CString> {
+    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
+}
+
+/// Reads a buffer NVRTC fills after reporting its size, as bytes (any trailing NUL removed when
+/// `text`).
+fn read_nvrtc_buffer(
+    prog: &Program,
+    what: &str,
+    size: unsafe fn(sys::nvrtcProgram, *mut usize) -> sys::nvrtcResult,
+    fill: unsafe fn(sys::nvrtcProgram, *mut c_char) -> sys::nvrtcResult,
+    text: bool,
+) -> Result<Vec<u8>> {
+    let mut len = 0usize;
+    // SAFETY: `prog` is a live program; `len` is valid for writes.
+    let r = unsafe { size(prog.0, &mut len) };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_error(what, r));
+    }
+    let mut buf = vec![0u8; len];
+    if len > 0 {
+        // SAFETY: `buf` has exactly the `len` bytes NVRTC asked for.
+        let r = unsafe { fill(prog.0, buf.as_mut_ptr().cast::<c_char>()) };
+        if r != sys::nvrtcResult::NVRTC_SUCCESS {
+            return Err(nvrtc_error(what, r));
+        }
+    }
+    if text {
+        while buf.last() == Some(&0) {
+            buf.pop();
+        }
+    }
+    Ok(buf)
+}
+
+/// Compiles with NVRTC, returning (ptx, cubin, log).
+fn run_nvrtc(source: &str, options: &[String], want_cubin: bool) -> Result<(String, Option<Vec<u8>>, String)> {
+    let src = c_string("kernel source", source)?;
+    let name = c_string("program name", "weave_program.cu")?;
+    let mut header_texts = Vec::with_capacity(HEADERS.len());
+    let mut header_names = Vec::with_capacity(HEADERS.len());
+    for (n, text) in HEADERS {
+        header_names.push(c_string("header name", n)?);
+        header_texts.push(c_string(n, text)?);
+    }
+    let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|c| c.as_ptr()).collect();
+    let name_ptrs: Vec<*const c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
+    let option_cs = options.iter().map(|o| c_string("compile option", o)).collect::<Result<Vec<_>>>()?;
+    let option_ptrs: Vec<*const c_char> = option_cs.iter().map(|c| c.as_ptr()).collect();
+
+    let mut raw: sys::nvrtcProgram = std::ptr::null_mut();
+    // SAFETY: every pointer refers to a NUL-terminated string alive until after the program
+    // is destroyed (the CStrings live to the end of this function, the Program guard drops
+    // first); the header arrays have HEADERS.len() entries each.
+    let r = unsafe {
+        sys::nvrtcCreateProgram(
+            &mut raw,
+            src.as_ptr(),
+            name.as_ptr(),
+            text_ptrs.len() as c_int,
+            text_ptrs.as_ptr(),
+            name_ptrs.as_ptr(),
+        )
+    };
+    if r != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(nvrtc_error("nvrtcCreateProgram", r));
+    }
+    let prog = Program(raw);
+    // SAFETY: `prog` is live; the option array holds option_ptrs.len() valid C strings.
+    let compiled = unsafe { sys::nvrtcCompileProgram(prog.0, option_ptrs.len() as c_int, option_ptrs.as_ptr()) };
+    let log =
+        read_nvrtc_buffer(&prog, "nvrtcGetProgramLog", sys::nvrtcGetProgramLogSize, sys::nvrtcGetProgramLog, true)
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default();
+    if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(Error::Cuda {
+            operation: "nvrtc compile".into(),
+            message: format!("{compiled:?} (options: {})\n{}", options.join(" "), log.trim_end()),
+        });
+    }
+    let ptx = read_nvrtc_buffer(&prog, "nvrtcGetPTX", sys::nvrtcGetPTXSize, sys::nvrtcGetPTX, true)?;
+    let ptx = String::from_utf8(ptx)
+        .map_err(|_| Error::Cuda { operation: "nvrtcGetPTX".into(), message: "PTX is not UTF-8".into() })?;
+    let cubin = if want_cubin {
+        let c = read_nvrtc_buffer(&prog, "nvrtcGetCUBIN", sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN, false)?;
+        (!c.is_empty()).then_some(c)
+    } else {
+        None
+    };
+    Ok((ptx, cubin, log))
+}
+
+// ---- cache entries --------------------------------------------------------------------------
+
+const MAGIC: &[u8; 8] = b"WVKCACHE";
+const FORMAT_VERSION: u32 = 1;
+const HEADER_LEN: usize = 8 + 4 + 16 + 8 + 8 + 8;
+
+fn encode_entry(key: u128, ptx: &str, cubin: Option<&[u8]>) -> Vec<u8> {
+    let cubin = cubin.unwrap_or(&[]);
+    let mut out = Vec::with_capacity(HEADER_LEN + ptx.len() + cubin.len());
+    out.extend_from_slice(MAGIC);
+    out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+    out.extend_from_slice(&key.to_le_bytes());
+    out.extend_from_slice(&(ptx.len() as u64).to_le_bytes());
+    out.extend_from_slice(&(cubin.len() as u64).to_le_bytes());
+    out.extend_from_slice(&checksum(&[ptx.as_bytes(), cubin]).to_le_bytes());
+    out.extend_from_slice(ptx.as_bytes());
+    out.extend_from_slice(cubin);
+    out
+}
+
+/// Decodes an entry; `None` when anything about it is off.
+fn decode_entry(data: &[u8], key: u128) -> Option<(String, Option<Vec<u8>>)> {
+    let header = data.get(..HEADER_LEN)?;
+    let u64_at = |at: usize| header.get(at..at + 8).and_then(|b| b.try_into().ok()).map(u64::from_le_bytes);
+    if &header[..8] != MAGIC || header[8..12] != FORMAT_VERSION.to_le_bytes() || header[12..28] != key.to_le_bytes() {
+        return None;
+    }
+    let ptx_len = usize::try_from(u64_at(28)?).ok()?;
+    let cubin_len = usize::try_from(u64_at(36)?).ok()?;
+    let sum = u64_at(44)?;
+    let body = &data[HEADER_LEN..];
+    if body.len() != ptx_len.checked_add(cubin_len)? {
+        return None;
+    }
+    let (ptx, cubin) = body.split_at(ptx_len);
+    if checksum(&[ptx, cubin]) != sum || ptx.contains(&0) {
+        return None;
+    }
+    let ptx = String::from_utf8(ptx.to_vec()).ok()?;
+    Some((ptx, (!cubin.is_empty()).then(|| cubin.to_vec())))
+}
+
+/// The cached result for `key`, when present and intact (with a CUBIN when `need_cubin`).
+fn read_entry(dir: &Path, key: u128, need_cubin: bool) -> Option<(String, Option<Vec<u8>>)> {
+    let data = fs::read(entry_path(dir, key)).ok()?;
+    decode_entry(&data, key).filter(|(_, cubin)| cubin.is_some() || !need_cubin)
+}
+
+fn entry_path(dir: &Path, key: u128) -> PathBuf {
+    dir.join(format!("{key:032x}.weavekernel"))
+}
+
+fn store_entry(dir: &Path, key: u128, bytes: &[u8]) -> std::io::Result<()> {
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    fs::create_dir_all(dir)?;
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let tmp = dir.join(format!(".{key:032x}.{}.{n}.tmp", std::process::id()));
+    let result = (|| {
+        let mut f = fs::File::create(&tmp)?;
+        f.write_all(bytes)?;
+        f.sync_all()?;
+        fs::rename(&tmp, entry_path(dir, key))
+    })();
+    if result.is_err() {
+        let _ = fs::remove_file(&tmp);
+    }
+    result
+}
+
+// ---- the compiler ---------------------------------------------------------------------------
+
+/// An NVRTC configuration: cache directory, include paths and extra options.
+#[derive(Debug, Clone, Default)]
+pub struct Compiler {
+    cache_dir: Option<PathBuf>,
+    include_paths: Vec<PathBuf>,
+    extra_options: Vec<String>,
+}
+
+impl Compiler {
+    /// Cache from [`cache_dir_from_env`], no include paths, no extra options.
+    pub fn from_env() -> Self {
+        Compiler { cache_dir: cache_dir_from_env(), ..Compiler::default() }
+    }
+
+    /// No cache: every compile runs NVRTC.
+    pub fn without_cache() -> Self {
+        Compiler::default()
+    }
+
+    /// Caches in `dir` (created when needed).
+    pub fn with_cache_dir(dir: impl Into<PathBuf>) -> Self {
+        Compiler { cache_dir: Some(dir.into()), ..Compiler::default() }
+    }
+
+    /// Adds an include directory (`--include-path`), e.g. `/usr/local/cuda/include` and
+    /// `/usr/local/cuda/include/cccl` for sources that include toolkit headers. weave's own
+    /// headers need none.
+    pub fn include_path(mut self, dir: impl Into<PathBuf>) -> Self {
+        self.include_paths.push(dir.into());
+        self
+    }
+
+    /// Adds an NVRTC option after the defaults (e.g. `-DNAME=1`, `--maxrregcount=64`).
+    pub fn option(mut self, option: impl Into<String>) -> Self {
+        self.extra_options.push(option.into());
+        self
+    }
+
+    /// The cache directory, if any.
+    pub fn cache_dir(&self) -> Option<&Path> {
+        self.cache_dir.as_deref()
+    }
+
+    /// The NVRTC options used for `arch`: `-std=c++17`, `--gpu-architecture=<arch>`,
+    /// `-default-device`, `--dopt=on`, `-lineinfo`, then include paths and extra options.
+    pub fn options(&self, arch: &str) -> Vec<String> {
+        let mut o = vec![
+            "-std=c++17".to_string(),
+            format!("--gpu-architecture={arch}"),
+            "-default-device".to_string(),
+            "--dopt=on".to_string(),
+            "-lineinfo".to_string(),
+        ];
+        o.extend(self.include_paths.iter().map(|p| format!("--include-path={}", p.display())));
+        o.extend(self.extra_options.iter().cloned());
+        o
+    }
+
+    /// Compiles `source` (with the weave headers available) for `arch` (`sm_90`, `compute_90`,
+    /// …), through the cache. Errors: [`Error::Unsupported`] without NVRTC,
+    /// [`Error::InvalidArgument`] for a bad `arch` or a NUL byte in the source,
+    /// [`Error::Cuda`] (`"nvrtc compile"`, message = NVRTC's log) when the source does not compile.
+    pub fn compile(&self, source: &str, arch: &str) -> Result<CompiledKernel> {
+        let concrete = check_arch(arch)?;
+        if source.contains('\0') {
+            return Err(Error::invalid("kernel source contains a NUL byte"));
+        }
+        require_nvrtc()?;
+        let (major, minor) = nvrtc_version()?;
+        let options = self.options(arch);
+        let key = {
+            let mut h = Fnv128::new();
+            h.field(b"weave kernel cache key v1").field(source.as_bytes()).field(arch.as_bytes());
+            for (name, text) in HEADERS {
+                h.field(name.as_bytes()).field(text.as_bytes());
+            }
+            for o in &options {
+                h.field(o.as_bytes());
+            }
+            h.field(&major.to_le_bytes()).field(&minor.to_le_bytes());
+            h.0
+        };
+        if let Some((ptx, cubin)) = self.cache_dir.as_deref().and_then(|dir| read_entry(dir, key, concrete)) {
+            return Ok(CompiledKernel {
+                arch: arch.into(),
+                ptx,
+                cubin,
+                key,
+                log: String::new(),
+                cache: CacheOutcome::Hit,
+            });
+        }
+        let (ptx, cubin, log) = run_nvrtc(source, &options, concrete)?;
+        let cache = match &self.cache_dir {
+            None => CacheOutcome::Disabled,
+            Some(dir) => match store_entry(dir, key, &encode_entry(key, &ptx, cubin.as_deref())) {
+                Ok(()) => CacheOutcome::Stored,
+                Err(e) => CacheOutcome::NotStored(format!("{}: {e}", dir.display())),
+            },
+        };
+        Ok(CompiledKernel { arch: arch.into(), ptx, cubin, key, log, cache })
+    }
+}
+
+/// Compiles `source` for `arch` with [`Compiler::from_env`] (the cache of
+/// [`cache_dir_from_env`]). See [`Compiler::compile`].
+pub fn compile(source: &str, arch: &str) -> Result<CompiledKernel> {
+    Compiler::from_env().compile(source, arch)
+}
+
+/// Lower-case hex of a key, as used in cache file names.
+pub fn key_hex(key: u128) -> String {
+    let mut s = String::with_capacity(32);
+    let _ = write!(s, "{key:032x}");
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::source;
+    use comm_core::device::Layout;
+
+    /// True when NVRTC is here. Without it: panics under `CI` (so CI cannot skip the device-code
+    /// compile), else prints a SKIPPED line and returns false.
+    pub(crate) fn nvrtc_or_skip(test: &str) -> bool {
+        if nvrtc_available() {
+            return true;
+        }
+        if std::env::var_os("CI").is_some() {
+            panic!(
+                "{test}: NVRTC not found and CI is set: device code must compile in CI. Install \
+                 nvidia-cuda-nvrtc (see .ci/run) and put its lib directory on LD_LIBRARY_PATH"
+            );
+        }
+        // Straight to stderr: the test harness captures print! output of passing tests.
+        let _ = writeln!(
+            std::io::stderr(),
+            "SKIPPED: {test}: NVRTC not found (set LD_LIBRARY_PATH to a libnvrtc.so.13 directory)"
+        );
+        false
+    }
+
+    fn temp_dir(name: &str) -> PathBuf {
+        static N: AtomicU64 = AtomicU64::new(0);
+        let dir = std::env::temp_dir().join(format!(
+            "weave-kernels-{name}-{}-{}",
+            std::process::id(),
+            N.fetch_add(1, Ordering::Relaxed)
+        ));
+        let _ = fs::remove_dir_all(&dir);
+        dir
+    }
+
+    #[test]
+    fn arch_names_are_checked() {
+        for good in ["sm_90", "sm_90a", "compute_90", "sm_100f", "compute_120a"] {
+            assert!(check_arch(good).is_ok(), "{good}");
+        }
+        assert_eq!(check_arch("sm_90").ok(), Some(true));
+        assert_eq!(check_arch("compute_90").ok(), Some(false));
+        for bad in ["", "sm90", "sm_", "sm_9", "sm_90aa", "compute_x0", "gfx90a", "sm_90 -G"] {
+            assert!(matches!(check_arch(bad), Err(Error::InvalidArgument(_))), "{bad}");
+        }
+    }
+
+    #[test]
+    fn cache_entries_round_trip_and_reject_damage() {
+        let key = 0x0123_4567_89ab_cdef_0011_2233_4455_6677u128;
+        let e = encode_entry(key, ".version 9.0\n", Some(&[1, 2, 3]));
+        assert_eq!(decode_entry(&e, key), Some((".version 9.0\n".to_string(), Some(vec![1, 2, 3]))));
+        assert_eq!(decode_entry(&encode_entry(key, "x", None), key), Some(("x".to_string(), None)));
+        assert_eq!(decode_entry(&e, key + 1), None, "other key");
+        assert_eq!(decode_entry(&e[..e.len() - 1], key), None, "truncated");
+        assert_eq!(decode_entry(&e[..10], key), None, "short header");
+        for i in [0, 9, 30, 40, 50, HEADER_LEN, e.len() - 1] {
+            let mut bad = e.clone();
+            bad[i] ^= 0x40;
+            assert_eq!(decode_entry(&bad, key), None, "byte {i} flipped");
+        }
+        let mut longer = e.clone();
+        longer.push(0);
+        assert_eq!(decode_entry(&longer, key), None, "trailing garbage");
+    }
+
+    #[test]
+    fn cache_dir_is_off_without_a_directory() {
+        assert_eq!(Compiler::without_cache().cache_dir(), None);
+        let c = Compiler::with_cache_dir("/x").include_path("/usr/local/cuda/include").option("-DX=1");
+        assert_eq!(c.cache_dir(), Some(Path::new("/x")));
+        let o = c.options("sm_90");
+        assert!(o.contains(&"--gpu-architecture=sm_90".to_string()) && o.contains(&"-std=c++17".to_string()));
+        assert_eq!(o[o.len() - 2..], ["--include-path=/usr/local/cuda/include".to_string(), "-DX=1".to_string()]);
+        assert_eq!(key_hex(0xab), format!("{}ab", "0".repeat(30)));
+    }
+
+    #[test]
+    fn bad_input_is_refused_before_nvrtc() {
+        let c = Compiler::without_cache();
+        assert!(matches!(c.compile("x", "sm90"), Err(Error::InvalidArgument(_))));
+        assert!(matches!(c.compile("a\0b", "sm_90"), Err(Error::InvalidArgument(_))));
+    }
+
+    #[test]
+    fn missing_nvrtc_is_unsupported() {
+        if nvrtc_available() {
+            let _ = writeln!(std::io::stderr(), "SKIPPED: missing_nvrtc_is_unsupported: NVRTC is present here");
+            return;
+        }
+        let e = Compiler::without_cache().compile("", "sm_90").unwrap_err();
+        assert!(matches!(&e, Error::Unsupported(m) if m.contains("LD_LIBRARY_PATH")), "{e}");
+    }
+
+    /// The CI gate for device code: every header, every test kernel and every generated layout
+    /// check compile to PTX (and CUBIN) for sm_90.
+    #[test]
+    fn primitives_program_compiles_for_sm_90() {
+        if !nvrtc_or_skip("primitives_program_compiles_for_sm_90") {
+            return;
+        }
+        let k = Compiler::without_cache()
+            .compile(&source::primitives_test_program(), "sm_90")
+            .unwrap_or_else(|e| panic!("device code does not compile:\n{e}"));
+        assert!(k.ptx().contains(".target sm_90"), "PTX targets sm_90");
+        for name in [
+            "weave_test_copy",
+            "weave_test_channel_copy",
+            "weave_test_ll16",
+            "weave_test_ll8",
+            "weave_test_channel_packets",
+            "weave_test_semaphore",
+            "weave_test_semaphore_poll",
+            "weave_test_timeout",
+            "weave_test_fifo_push",
+            "weave_test_trigger_encode",
+            "weave_test_port_channel",
+            "weave_test_dtype",
+            "weave_test_reduce_vec",
+        ] {
+            assert!(k.ptx().contains(&format!(".entry {name}(")), "PTX lacks kernel {name}");
+        }
+        for instr in ["ld.acquire.sys.global.u64", "red.release.sys.global.add.u64", "st.volatile.global.v4.u32"] {
+            assert!(k.ptx().contains(instr), "PTX lacks {instr}");
+        }
+        assert!(!k.ptx().contains("multimem"), "weave never uses NVLink multicast");
+        let cubin = k.cubin().expect("sm_90 gives a CUBIN");
+        assert_eq!(&cubin[..4], b"\x7fELF");
+        assert_eq!(k.cache(), &CacheOutcome::Disabled);
+        // compute_90: PTX only.
+        let k = Compiler::without_cache().compile(&source::primitives_test_program(), "compute_90").unwrap();
+        assert!(k.cubin().is_none() && k.ptx().contains(".target sm_90"));
+    }
+
+    #[test]
+    fn compile_errors_carry_the_log() {
+        if !nvrtc_or_skip("compile_errors_carry_the_log") {
+            return;
+        }
+        let e = Compiler::without_cache()
+            .compile(&source::program("__global__ void k() { undeclared_thing(); }"), "sm_90")
+            .unwrap_err();
+        match e {
+            Error::Cuda { operation, message } => {
+                assert_eq!(operation, "nvrtc compile");
+                assert!(message.contains("undeclared_thing") && message.contains("kernel.cu(1)"), "{message}");
+            }
+            other => panic!("expected a CUDA error, got {other}"),
+        }
+    }
+
+    #[test]
+    fn a_wrong_layout_fails_compilation_naming_the_field() {
+        if !nvrtc_or_skip("a_wrong_layout_fails_compilation_naming_the_field") {
+            return;
+        }
+        let wrong = [Layout {
+            name: "MemoryChannelDeviceHandle",
+            size: 56,
+            align: 8,
+            fields: &[("semaphore", 0), ("dst", 24), ("src", 40), ("remote_packets", 40), ("local_packets", 48)],
+        }];
+        let checks = crate::layout::layout_checks(&wrong);
+        let e = Compiler::without_cache()
+            .compile(&source::program_with_checks("", &checks), "sm_90")
+            .expect_err("a wrong offset must fail the compile");
+        let text = e.to_string();
+        assert!(text.contains("offset of MemoryChannelDeviceHandle.src differs from Rust (40)"), "{text}");
+        assert!(!text.contains("MemoryChannelDeviceHandle.dst differs"), "{text}");
+        let wrong_size = [Layout { name: "LL16Packet", size: 32, align: 16, fields: &[] }];
+        let e = Compiler::without_cache()
+            .compile(&source::program_with_checks("", &crate::layout::layout_checks(&wrong_size)), "sm_90")
+            .expect_err("a wrong size must fail the compile");
+        assert!(e.to_string().contains("sizeof(LL16Packet) differs from Rust (32 bytes)"), "{e}");
+        // The right layouts compile.
+        Compiler::without_cache().compile(&source::program(""), "sm_90").unwrap();
+    }
+
+    #[test]
+    fn cache_hits_misses_and_rebuilds_corrupt_entries() {
+        if !nvrtc_or_skip("cache_hits_misses_and_rebuilds_corrupt_entries") {
+            return;
+        }
+        let dir = temp_dir("cache");
+        let c = Compiler::with_cache_dir(&dir);
+        let src = source::program("extern \"C\" __global__ void cache_probe(unsigned* p) { *p = 1; }");
+        let first = c.compile(&src, "sm_90").unwrap();
+        assert_eq!(first.cache(), &CacheOutcome::Stored);
+        let path = entry_path(&dir, first.key());
+        assert!(path.is_file());
+        let hit = c.compile(&src, "sm_90").unwrap();
+        assert_eq!(hit.cache(), &CacheOutcome::Hit);
+        assert_eq!((hit.ptx(), hit.cubin(), hit.key()), (first.ptx(), first.cubin(), first.key()));
+        // Another source, arch or option is another key.
+        let other = c.compile(&src.replace("= 1;", "= 2;"), "sm_90").unwrap();
+        assert_eq!(other.cache(), &CacheOutcome::Stored);
+        assert_ne!(other.key(), first.key());
+        let ptx_only = c.compile(&src, "compute_90").unwrap();
+        assert_eq!(ptx_only.cache(), &CacheOutcome::Stored);
+        assert_ne!(ptx_only.key(), first.key());
+        let with_option = c.clone().option("-DWEAVE_PROBE=1").compile(&src, "sm_90").unwrap();
+        assert_ne!(with_option.key(), first.key());
+        // A corrupt entry is ignored and rebuilt.
+        let mut data = fs::read(&path).unwrap();
+        let last = data.len() - 1;
+        data[last] ^= 0xff;
+        fs::write(&path, &data).unwrap();
+        let rebuilt = c.compile(&src, "sm_90").unwrap();
+        assert_eq!(rebuilt.cache(), &CacheOutcome::Stored);
+        assert_eq!(rebuilt.ptx(), first.ptx());
+        assert_eq!(c.compile(&src, "sm_90").unwrap().cache(), &CacheOutcome::Hit);
+        fs::write(&path, b"garbage").unwrap();
+        assert_eq!(c.compile(&src, "sm_90").unwrap().cache(), &CacheOutcome::Stored);
+        // No temporary files are left behind.
+        let leftovers: Vec<_> = fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok())
+            .filter(|e| e.file_name().to_string_lossy().ends_with(".tmp"))
+            .collect();
+        assert!(leftovers.is_empty(), "{leftovers:?}");
+        // An unwritable cache does not fail the compile.
+        let blocked = dir.join("blocked");
+        fs::write(&blocked, b"a file, not a directory").unwrap();
+        let k = Compiler::with_cache_dir(&blocked).compile(&src, "sm_90").unwrap();
+        assert!(matches!(k.cache(), CacheOutcome::NotStored(_)), "{:?}", k.cache());
+        fs::remove_dir_all(&dir).unwrap();
+    }
+}

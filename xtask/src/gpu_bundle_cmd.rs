@@ -1,0 +1,457 @@
+//! `cargo xtask gpu-bundle`: builds the test binaries that need a GPU, in release, and packs
+//! them with a runner script into `.gpu-bundle/`, to be carried to a GPU machine and run there.
+
+use std::collections::BTreeSet;
+use std::fmt::Write as _;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+use crate::args::{Arg, Args, UsageError};
+
+/// One line for the command list of `cargo xtask help`.
+pub(crate) const SUMMARY: &str = "build the GPU test binaries into .gpu-bundle/ with a run.sh";
+
+/// The help text of `cargo xtask gpu-bundle`.
+pub(crate) const USAGE: &str = "\
+usage: cargo xtask gpu-bundle [--bin NAME]... [--no-strip]
+
+Builds in release every test binary of the packages that hold GPU tests (kernels,
+transport-cudaipc, weave-tests; those not in the workspace are skipped), plus the binaries
+named with --bin, and copies them into .gpu-bundle/ (emptied first) with run.sh, which:
+  - runs every test binary with --test-threads=1 (arguments to run.sh are passed on),
+    with LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH;
+  - recreates the absolute paths that tests compiled in for their helper binaries
+    (env!(\"CARGO_BIN_EXE_...\")) as links into the bundle, when those paths do not exist;
+  - appends all output to $OUT/gpu-bundle.log when OUT is set;
+  - prints one line per binary and `GPU bundle: N passed, M failed, K skipped` (a binary
+    that printed `SKIPPED: no CUDA device` counts as skipped); exits non-zero unless every
+    binary passed.
+Binaries are stripped of debug info (strip --strip-debug) unless --no-strip; the bundle's
+total size is printed and must stay under 64 MiB (the device tool's limit).
+
+options:
+      --bin NAME   also bundle the binary NAME (repeatable)
+      --no-strip   keep debug info
+  -h, --help       print this help
+";
+
+/// Packages whose test binaries go into the bundle.
+const GPU_PACKAGES: &[&str] = &["kernels", "transport-cudaipc", "weave-tests"];
+
+/// The bundle must stay below this (what the device tool carries).
+const SIZE_LIMIT: u64 = 64 << 20;
+
+/// The bundle directory, relative to the workspace root.
+const BUNDLE_DIR: &str = ".gpu-bundle";
+
+#[derive(Debug, Default, PartialEq)]
+struct BundleArgs {
+    bins: Vec<String>,
+    strip: bool,
+}
+
+fn parse(mut args: Args) -> Result<Option<BundleArgs>, UsageError> {
+    let mut out = BundleArgs { bins: Vec::new(), strip: true };
+    while let Some(arg) = args.next()? {
+        match arg {
+            Arg::Flag(f) if f == "--bin" => {
+                let v = args.value(&f)?;
+                let name = v.to_str().ok_or_else(|| UsageError(format!("--bin expects a name, got {v:?}")))?;
+                if name.is_empty() || name.contains(['/', '\0']) {
+                    return Err(UsageError(format!("--bin expects a binary name, got {name:?}")));
+                }
+                out.bins.push(name.to_string());
+            }
+            Arg::Flag(f) if f == "--no-strip" => out.strip = false,
+            Arg::Flag(f) if f == "-h" || f == "--help" => return Ok(None),
+            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
+            Arg::Positional(p) => return Err(UsageError(format!("unexpected argument {p:?}"))),
+            Arg::Separator => {}
+        }
+    }
+    Ok(Some(out))
+}
+
+/// One executable cargo built, from a `compiler-artifact` JSON line.
+#[derive(Debug, Clone, PartialEq)]
+struct Artifact {
+    /// Target name (`kernels`, `gpu_primitives`, `rank-worker`).
+    name: String,
+    /// Absolute path of the executable.
+    executable: PathBuf,
+    /// A test harness (unit or integration tests), as opposed to a plain binary.
+    is_test: bool,
+}
+
+/// The JSON string value that follows `key` (e.g. `"executable":`) in `line`, unescaped.
+fn json_string_after(line: &str, key: &str) -> Option<String> {
+    let start = line.find(key)? + key.len();
+    let rest = line[start..].trim_start().strip_prefix('"')?;
+    let mut out = String::new();
+    let mut chars = rest.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '"' => return Some(out),
+            '\\' => match chars.next()? {
+                'n' => out.push('\n'),
+                't' => out.push('\t'),
+                'u' => {
+                    let hex: String = chars.by_ref().take(4).collect();
+                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
+                }
+                other => out.push(other),
+            },
+            c => out.push(c),
+        }
+    }
+    None
+}
+
+/// The object text that follows `key` (e.g. `"profile":`), up to its matching brace.
+fn json_object_after<'a>(line: &'a str, key: &str) -> Option<&'a str> {
+    let start = line.find(key)? + key.len();
+    let rest = line[start..].trim_start();
+    if !rest.starts_with('{') {
+        return None;
+    }
+    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
+    for (i, c) in rest.char_indices() {
+        match (in_string, escaped, c) {
+            (true, true, _) => escaped = false,
+            (true, false, '\\') => escaped = true,
+            (true, false, '"') => in_string = false,
+            (true, false, _) => {}
+            (false, _, '"') => in_string = true,
+            (false, _, '{') => depth += 1,
+            (false, _, '}') => {
+                depth -= 1;
+                if depth == 0 {
+                    return Some(&rest[..=i]);
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Parses one line of `cargo --message-format=json` output: an executable artifact, if it is one.
+fn parse_artifact(line: &str) -> Option<Artifact> {
+    if !line.contains("\"reason\":\"compiler-artifact\"") {
+        return None;
+    }
+    let executable = json_string_after(line, "\"executable\":")?;
+    let target = json_object_after(line, "\"target\":")?;
+    let name = json_string_after(target, "\"name\":")?;
+    let profile = json_object_after(line, "\"profile\":")?;
+    let is_test = profile.contains("\"test\":true");
+    Some(Artifact { name, executable: PathBuf::from(executable), is_test })
+}
+
+/// Runs cargo with `args` and JSON messages; returns the executable artifacts.
+fn cargo_artifacts(args: &[String]) -> Result<Vec<Artifact>, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(&cargo)
+        .args(args)
+        .arg("--message-format=json")
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not run cargo: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("`cargo {}` failed ({})", args.join(" "), output.status));
+    }
+    Ok(String::from_utf8_lossy(&output.stdout).lines().filter_map(parse_artifact).collect())
+}
+
+/// Names of the workspace's packages.
+fn workspace_packages() -> Result<BTreeSet<String>, String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let output = Command::new(&cargo)
+        .args(["metadata", "--no-deps", "--format-version=1"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("could not run cargo metadata: {e}"))?;
+    if !output.status.success() {
+        return Err(format!("cargo metadata failed ({})", output.status));
+    }
+    let text = String::from_utf8_lossy(&output.stdout);
+    // Each package object starts with its name: {"name":"comm-core","version":...
+    Ok(text.match_indices("{\"name\":").filter_map(|(i, _)| json_string_after(&text[i..], "\"name\":")).collect())
+}
+
+/// A file name for `a` in the bundle: the target name, made unique.
+fn bundle_name(a: &Artifact, taken: &mut BTreeSet<String>) -> String {
+    let base: String =
+        a.name.chars().map(|c| if c.is_ascii_alphanumeric() || "-_.".contains(c) { c } else { '_' }).collect();
+    let base = if a.is_test && taken.contains(&base) { format!("{base}-tests") } else { base };
+    let mut name = base.clone();
+    let mut n = 2;
+    while !taken.insert(name.clone()) {
+        name = format!("{base}-{n}");
+        n += 1;
+    }
+    name
+}
+
+/// Single-quotes `s` for a POSIX shell.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', "'\\''"))
+}
+
+/// The runner script for the bundle: `tests` are bundled test binaries, `links` are
+/// (bundled name, absolute path compiled into the tests).
+fn run_script(tests: &[String], links: &[(String, String)]) -> String {
+    let mut s = String::from(
+        r#"#!/usr/bin/env bash
+# Generated by `cargo xtask gpu-bundle`: runs every bundled test binary on a GPU machine.
+# Arguments are passed to every test binary. Output is appended to $OUT/gpu-bundle.log when
+# OUT is set. Exit status 0 only when every binary passed.
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+cd "$HERE"
+export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+LOG=/dev/null
+if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && LOG="$OUT/gpu-bundle.log" && : >"$LOG"; fi
+
+# Tests find their helper binaries at the absolute paths cargo compiled in.
+link() {
+  if [ ! -e "$2" ]; then mkdir -p "$(dirname "$2")" && ln -s "$HERE/$1" "$2"; fi
+}
+"#,
+    );
+    for (name, path) in links {
+        let _ = writeln!(s, "link {} {}", shell_quote(name), shell_quote(path));
+    }
+    s.push_str(
+        r#"
+passed=0; failed=0; skipped=0; lines=""
+run() {
+  local name=$1; shift
+  local out; out=$(mktemp)
+  echo "=== $name" | tee -a "$LOG"
+  local start=$SECONDS
+  "./$name" --test-threads=1 "$@" 2>&1 | tee "$out" | tee -a "$LOG"
+  local rc=${PIPESTATUS[0]}
+  local took=$((SECONDS - start))
+  if [ "$rc" -ne 0 ]; then
+    failed=$((failed + 1)); lines+="  FAILED  $name (exit $rc, ${took}s)"$'\n'
+  elif grep -q "SKIPPED: no CUDA device" "$out"; then
+    skipped=$((skipped + 1)); lines+="  SKIPPED $name (reported: no CUDA device)"$'\n'
+  else
+    passed=$((passed + 1)); lines+="  passed  $name (${took}s)"$'\n'
+  fi
+  rm -f "$out"
+}
+"#,
+    );
+    for t in tests {
+        let _ = writeln!(s, "run {} \"$@\"", shell_quote(t));
+    }
+    s.push_str(
+        r#"
+{
+  echo
+  printf '%s' "$lines"
+  echo "GPU bundle: $passed passed, $failed failed, $skipped skipped"
+} | tee -a "$LOG"
+[ "$failed" -eq 0 ] && [ "$skipped" -eq 0 ]
+"#,
+    );
+    s
+}
+
+fn human(bytes: u64) -> String {
+    format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
+}
+
+fn build_bundle(args: &BundleArgs) -> Result<(), String> {
+    let root = workspace_root()?;
+    let present = workspace_packages()?;
+    let mut packages = Vec::new();
+    for p in GPU_PACKAGES {
+        if present.contains(*p) {
+            packages.push(*p);
+        } else {
+            println!("gpu-bundle: package {p} is not in this workspace; skipping it");
+        }
+    }
+    let mut artifacts = Vec::new();
+    if !packages.is_empty() {
+        let mut cargo_args: Vec<String> = ["test", "--release", "--no-run"].map(String::from).to_vec();
+        for p in &packages {
+            cargo_args.extend(["-p".to_string(), p.to_string()]);
+        }
+        artifacts.extend(cargo_artifacts(&cargo_args)?);
+    }
+    if !args.bins.is_empty() {
+        let mut cargo_args: Vec<String> = ["build", "--release"].map(String::from).to_vec();
+        for b in &args.bins {
+            cargo_args.extend(["--bin".to_string(), b.clone()]);
+        }
+        let built = cargo_artifacts(&cargo_args)?;
+        for b in &args.bins {
+            if !built.iter().any(|a| !a.is_test && &a.name == b) {
+                return Err(format!("cargo built no binary named {b:?}"));
+            }
+        }
+        artifacts.extend(built);
+    }
+    let mut seen = BTreeSet::new();
+    artifacts.retain(|a| seen.insert(a.executable.clone()));
+    // Plain binaries first, so they keep their own names (tests of the same name get `-tests`).
+    artifacts.sort_by_key(|a| a.is_test);
+    if artifacts.is_empty() {
+        return Err("nothing to bundle".into());
+    }
+
+    let dir = root.join(BUNDLE_DIR);
+    if dir.exists() {
+        fs::remove_dir_all(&dir).map_err(|e| format!("removing {}: {e}", dir.display()))?;
+    }
+    fs::create_dir_all(&dir).map_err(|e| format!("creating {}: {e}", dir.display()))?;
+    let (mut taken, mut tests, mut links) = (BTreeSet::new(), Vec::new(), Vec::new());
+    taken.insert("run.sh".to_string());
+    let mut total = 0u64;
+    for a in &artifacts {
+        let name = bundle_name(a, &mut taken);
+        let dst = dir.join(&name);
+        fs::copy(&a.executable, &dst).map_err(|e| format!("copying {}: {e}", a.executable.display()))?;
+        if args.strip {
+            match Command::new("strip").arg("--strip-debug").arg(&dst).status() {
+                Ok(s) if s.success() => {}
+                Ok(s) => println!("gpu-bundle: strip {name} failed ({s}); keeping it unstripped"),
+                Err(e) => println!("gpu-bundle: could not run strip ({e}); keeping {name} unstripped"),
+            }
+        }
+        let size = fs::metadata(&dst).map(|m| m.len()).unwrap_or(0);
+        total += size;
+        println!("  {:<8} {name} ({})", if a.is_test { "test" } else { "binary" }, human(size));
+        if a.is_test {
+            tests.push(name);
+        } else {
+            links.push((name, a.executable.to_string_lossy().into_owned()));
+        }
+    }
+    let script = dir.join("run.sh");
+    fs::write(&script, run_script(&tests, &links)).map_err(|e| format!("writing {}: {e}", script.display()))?;
+    set_executable(&script)?;
+    total += fs::metadata(&script).map(|m| m.len()).unwrap_or(0);
+    println!(
+        "gpu-bundle: {} test binaries, {} other binaries in {}; total {}",
+        tests.len(),
+        links.len(),
+        dir.display(),
+        human(total)
+    );
+    if total >= SIZE_LIMIT {
+        return Err(format!("the bundle is {}, over the {} the device tool carries", human(total), human(SIZE_LIMIT)));
+    }
+    if total >= SIZE_LIMIT / 4 * 3 {
+        println!("gpu-bundle: warning: the bundle is close to the {} limit", human(SIZE_LIMIT));
+    }
+    Ok(())
+}
+
+#[cfg(unix)]
+fn set_executable(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    fs::set_permissions(path, fs::Permissions::from_mode(0o755)).map_err(|e| format!("chmod {}: {e}", path.display()))
+}
+
+#[cfg(not(unix))]
+fn set_executable(_path: &Path) -> Result<(), String> {
+    Ok(())
+}
+
+/// The workspace root: the parent of xtask's manifest directory.
+fn workspace_root() -> Result<PathBuf, String> {
+    let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().map(Path::to_path_buf).ok_or_else(|| "xtask has no parent directory".to_string())
+}
+
+/// Runs the command.
+pub(crate) fn run(args: Args) -> ExitCode {
+    let args = match parse(args) {
+        Ok(Some(a)) => a,
+        Ok(None) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => return crate::usage_error(&e, "gpu-bundle"),
+    };
+    match build_bundle(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("cargo xtask gpu-bundle: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const TEST_LINE: &str = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/kernels#0.1.0","manifest_path":"/w/kernels/Cargo.toml","target":{"kind":["test"],"crate_types":["bin"],"name":"gpu_primitives","src_path":"/w/kernels/tests/gpu_primitives.rs","edition":"2024","doc":false,"doctest":false,"test":true},"profile":{"opt_level":"3","debuginfo":1,"debug_assertions":false,"overflow_checks":false,"test":true},"features":[],"filenames":["/w/target/release/deps/gpu_primitives-0123"],"executable":"/w/target/release/deps/gpu_primitives-0123","fresh":true}"#;
+    const BIN_LINE: &str = r#"{"reason":"compiler-artifact","package_id":"path+file:///w/tests#0.1.0","target":{"kind":["bin"],"crate_types":["bin"],"name":"rank-worker","src_path":"/w/tests/src/bin/rank-worker.rs","test":true},"profile":{"opt_level":"3","debuginfo":1,"test":false},"features":[],"filenames":["/w/target/release/rank-worker"],"executable":"/w/target/release/rank-worker","fresh":false}"#;
+    const LIB_LINE: &str = r#"{"reason":"compiler-artifact","target":{"kind":["lib"],"name":"comm_core","test":true},"profile":{"test":false},"filenames":["/w/target/release/deps/libcomm_core.rlib"],"executable":null,"fresh":true}"#;
+
+    #[test]
+    fn artifacts_are_parsed_from_cargo_json() {
+        assert_eq!(
+            parse_artifact(TEST_LINE),
+            Some(Artifact {
+                name: "gpu_primitives".into(),
+                executable: "/w/target/release/deps/gpu_primitives-0123".into(),
+                is_test: true
+            })
+        );
+        assert_eq!(
+            parse_artifact(BIN_LINE),
+            Some(Artifact {
+                name: "rank-worker".into(),
+                executable: "/w/target/release/rank-worker".into(),
+                is_test: false
+            })
+        );
+        assert_eq!(parse_artifact(LIB_LINE), None, "no executable");
+        assert_eq!(parse_artifact(r#"{"reason":"build-finished","success":true}"#), None);
+        assert_eq!(parse_artifact("not json at all"), None);
+        assert_eq!(json_string_after(r#"{"a":"x\"y\\z\u0041"}"#, "\"a\":"), Some("x\"y\\zA".into()));
+    }
+
+    #[test]
+    fn bundle_names_are_unique() {
+        let mut taken = BTreeSet::from(["run.sh".to_string()]);
+        let t = |name: &str, is_test| Artifact { name: name.into(), executable: PathBuf::new(), is_test };
+        assert_eq!(bundle_name(&t("kernels", true), &mut taken), "kernels");
+        assert_eq!(bundle_name(&t("rank-worker", false), &mut taken), "rank-worker");
+        assert_eq!(bundle_name(&t("rank-worker", true), &mut taken), "rank-worker-tests");
+        assert_eq!(bundle_name(&t("kernels", true), &mut taken), "kernels-tests");
+        assert_eq!(bundle_name(&t("kernels", true), &mut taken), "kernels-tests-2");
+        assert_eq!(bundle_name(&t("a b", true), &mut taken), "a_b");
+    }
+
+    #[test]
+    fn run_script_runs_every_test_and_links_helpers() {
+        let s = run_script(&["kernels".into(), "gpu_primitives".into()], &[("rank-worker".into(), "/w/it's".into())]);
+        assert!(s.starts_with("#!/usr/bin/env bash\n"));
+        assert!(s.contains("run 'kernels' \"$@\"\nrun 'gpu_primitives' \"$@\"\n"));
+        assert!(s.contains("link 'rank-worker' '/w/it'\\''s'\n"));
+        assert!(s.contains("--test-threads=1"));
+        assert!(s.contains("LD_LIBRARY_PATH=/usr/local/cuda/lib64"));
+        assert!(s.contains("GPU bundle: $passed passed, $failed failed, $skipped skipped"));
+    }
+
+    #[test]
+    fn arguments() {
+        let a = parse(Args::new(["--bin", "x", "--bin=y", "--no-strip"])).unwrap().unwrap();
+        assert_eq!(a, BundleArgs { bins: vec!["x".into(), "y".into()], strip: false });
+        assert_eq!(parse(Args::new(["-h"])).unwrap(), None);
+        assert!(parse(Args::new(["--bin"])).is_err());
+        assert!(parse(Args::new(["--bin", "a/b"])).is_err());
+        assert!(parse(Args::new(["--frob"])).is_err());
+        assert!(parse(Args::new(["extra"])).is_err());
+    }
+}
