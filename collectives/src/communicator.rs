@@ -22,6 +22,8 @@ use crate::table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
 #[allow(clippy::vec_init_then_push, unused_mut, reason = "one push per enabled feature")]
 pub fn default_transports() -> Vec<Arc<dyn TransportFactory>> {
     let mut v: Vec<Arc<dyn TransportFactory>> = Vec::new();
+    #[cfg(feature = "cudaipc")]
+    v.push(Arc::new(transport_cudaipc::CudaIpcTransport::new()));
     #[cfg(feature = "shm")]
     v.push(Arc::new(transport_shm::ShmTransport));
     v
@@ -77,6 +79,8 @@ struct Lineage {
 /// are serialized (it is `Sync`; concurrent calls from several threads run one at a time).
 pub struct Communicator {
     core: CoreCommunicator,
+    #[cfg(feature = "cudaipc")]
+    pub(crate) gpu: Option<Mutex<crate::gpu::GpuEngine>>,
     host: Mutex<HostEngine>,
     table: AlgorithmTable,
     factories: Vec<Arc<dyn TransportFactory>>,
@@ -140,9 +144,13 @@ impl Communicator {
         let core = core.build()?;
         let scratch = config.host_scratch_bytes.unwrap_or(DEFAULT_SCRATCH_BYTES);
         let host = HostEngine::new(&core, scratch)?;
+        #[cfg(feature = "cudaipc")]
+        let gpu = crate::gpu::GpuEngine::new(&core)?.map(Mutex::new);
         let root = lineage.root.unwrap_or(b.bootstrap);
         Ok(Communicator {
             core,
+            #[cfg(feature = "cudaipc")]
+            gpu,
             host: Mutex::new(host),
             table,
             factories,
@@ -190,9 +198,16 @@ impl Communicator {
         Ok(SharedBuffer::new(memory, len))
     }
 
-    /// Makes every current and future wait of this communicator fail with [`Error::Aborted`].
+    /// Makes every current and future wait of this communicator fail with [`Error::Aborted`]
+    /// (running GPU kernels of it stop too).
     pub fn abort(&self) {
         self.core.abort();
+        #[cfg(feature = "cudaipc")]
+        if let Some(g) = &self.gpu
+            && let Ok(g) = g.lock()
+        {
+            g.abort();
+        }
     }
 
     fn engine(&self) -> Result<MutexGuard<'_, HostEngine>> {

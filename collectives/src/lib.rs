@@ -15,12 +15,16 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Transports come from Cargo features: `shm` (default). The primitives layer is re-exported
-//! as [`core`].
+//! Transports come from Cargo features: `shm` (POSIX shared memory, default) and `cudaipc`
+//! (GPU memory over NVLink / PCIe peer access, default; the CUDA driver is loaded at run time,
+//! so CPU-only machines build and run it — the GPU path is then off). The primitives layer is
+//! re-exported as [`core`].
 
 pub mod buffer;
 pub mod communicator;
 pub mod dtype;
+#[cfg(feature = "cudaipc")]
+pub mod gpu;
 mod host;
 pub mod op;
 pub mod reduce;
@@ -35,5 +39,7 @@ pub use half::{bf16, f16};
 pub use op::ReduceOp;
 pub use table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
 
+#[cfg(feature = "cudaipc")]
+pub use transport_cudaipc;
 #[cfg(feature = "shm")]
 pub use transport_shm;

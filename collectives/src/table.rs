@@ -110,6 +110,13 @@ impl Algorithm {
         Algorithm::ALL.into_iter().find(|a| a.name() == s)
     }
 
+    /// Whether the GPU path implements this algorithm for `c`.
+    pub fn runs_on_device(self, c: Collective) -> bool {
+        use Algorithm::*;
+        use Collective::*;
+        matches!((c, self), (AllReduce, OneShot | TwoPhase) | (_, Direct))
+    }
+
     /// Whether the host path implements this algorithm for `c`.
     pub fn runs_on_host(self, c: Collective) -> bool {
         use Algorithm::*;
@@ -189,6 +196,36 @@ pub const HOST_ROWS: &[Row] = {
     ]
 };
 
+const fn device(c: Collective, bytes: (usize, usize), a: Algorithm) -> Row {
+    Row {
+        collective: c,
+        memory: MemorySpace::Device,
+        min_ranks: 1,
+        max_ranks: 9,
+        min_bytes: bytes.0,
+        max_bytes: bytes.1,
+        algorithm: a,
+    }
+}
+
+/// The GPU rows (one host's GPUs over NVLink): one-shot LL packets for small all-reduces,
+/// reduce-scatter + all-gather through the data slots above; the other collectives push blocks
+/// directly.
+pub const DEVICE_ROWS: &[Row] = {
+    use Algorithm::*;
+    use Collective::*;
+    &[
+        device(AllReduce, (0, 256 << 10), OneShot),
+        device(AllReduce, (0, ANY), TwoPhase),
+        device(AllGather, (0, ANY), Direct),
+        device(ReduceScatter, (0, ANY), Direct),
+        device(Broadcast, (0, ANY), Direct),
+        device(Reduce, (0, ANY), Direct),
+        device(AllToAll, (0, ANY), Direct),
+        device(AllToAllv, (0, ANY), Direct),
+    ]
+};
+
 /// The table a communicator consults, with its overrides.
 #[derive(Debug, Clone)]
 pub struct AlgorithmTable {
@@ -198,7 +235,7 @@ pub struct AlgorithmTable {
 
 impl Default for AlgorithmTable {
     fn default() -> Self {
-        AlgorithmTable { rows: HOST_ROWS.to_vec(), overrides: Vec::new() }
+        AlgorithmTable { rows: HOST_ROWS.iter().chain(DEVICE_ROWS).copied().collect(), overrides: Vec::new() }
     }
 }
 
@@ -293,6 +330,20 @@ mod tests {
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 1024).unwrap(), Algorithm::OneShot);
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 64 << 20).unwrap(), Algorithm::TwoPhase);
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 128, 64 << 20).unwrap(), Algorithm::Ring);
+    }
+
+    #[test]
+    fn every_device_collective_has_an_algorithm_up_to_eight_gpus() {
+        let t = AlgorithmTable::default();
+        for c in Collective::ALL {
+            for ranks in 1..=8 {
+                for bytes in [0, 8, 256 << 10, 1 << 30] {
+                    let a = t.select(c, MemorySpace::Device, ranks, bytes).unwrap();
+                    assert!(a.runs_on_device(c), "{c} {ranks} {bytes} -> {a}");
+                }
+            }
+        }
+        assert!(t.select(Collective::AllReduce, MemorySpace::Device, 16, 8).is_err());
     }
 
     #[test]

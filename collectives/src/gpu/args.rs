@@ -1,0 +1,110 @@
+//! The argument block every GPU collective kernel takes by value, mirrored in
+//! `kernels/cuda/collectives.cu` (`weave::GpuCollectiveArgs`) and checked in every compile.
+
+use comm_core::device::{DeviceStatusHandle, Layout};
+
+/// Most ranks a GPU communicator supports (one host's GPUs).
+pub const MAX_GPU_RANKS: usize = 8;
+
+/// Kernel arguments. Counts are elements for reducing kernels and bytes for data-movement
+/// kernels.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GpuCollectiveArgs {
+    /// Local input (device address).
+    pub send: u64,
+    /// Local output (device address).
+    pub recv: u64,
+    /// Elements (reducing kernels) or bytes (data kernels).
+    pub count: u64,
+    /// Every rank's workspace, as mapped on this GPU (own at `rank`).
+    pub peers: [u64; MAX_GPU_RANKS],
+    /// All-to-all-v: device arrays of send counts, send displacements, recv counts, recv
+    /// displacements (bytes, one u64 per rank).
+    pub aux: [u64; 4],
+    /// LL16 packets per (writer, parity).
+    pub packet_capacity: u64,
+    /// Bytes of one data slot pair (two parities).
+    pub chunk_bytes: u64,
+    /// This rank.
+    pub rank: u32,
+    /// Number of ranks.
+    pub world: u32,
+    /// Root rank (broadcast, reduce).
+    pub root: u32,
+    /// Operator code: sum 0, prod 1, min 2, max 3, avg 4.
+    pub op: u32,
+    /// Where a kernel reports that it gave up.
+    pub status: DeviceStatusHandle,
+}
+
+// SAFETY: plain #[repr(C)] data of u64/u32 fields, mirrored field for field by
+// weave::GpuCollectiveArgs and checked by the generated layout asserts in every compile.
+unsafe impl cudarc::driver::DeviceRepr for GpuCollectiveArgs {}
+
+/// The layout the CUDA side must match.
+pub const GPU_ARGS_LAYOUT: Layout = Layout {
+    name: "GpuCollectiveArgs",
+    size: std::mem::size_of::<GpuCollectiveArgs>(),
+    align: std::mem::align_of::<GpuCollectiveArgs>(),
+    fields: &[
+        ("send", std::mem::offset_of!(GpuCollectiveArgs, send)),
+        ("recv", std::mem::offset_of!(GpuCollectiveArgs, recv)),
+        ("count", std::mem::offset_of!(GpuCollectiveArgs, count)),
+        ("peers", std::mem::offset_of!(GpuCollectiveArgs, peers)),
+        ("aux", std::mem::offset_of!(GpuCollectiveArgs, aux)),
+        ("packet_capacity", std::mem::offset_of!(GpuCollectiveArgs, packet_capacity)),
+        ("chunk_bytes", std::mem::offset_of!(GpuCollectiveArgs, chunk_bytes)),
+        ("rank", std::mem::offset_of!(GpuCollectiveArgs, rank)),
+        ("world", std::mem::offset_of!(GpuCollectiveArgs, world)),
+        ("root", std::mem::offset_of!(GpuCollectiveArgs, root)),
+        ("op", std::mem::offset_of!(GpuCollectiveArgs, op)),
+        ("status", std::mem::offset_of!(GpuCollectiveArgs, status)),
+    ],
+};
+
+/// Byte layout of one rank's GPU workspace (see `collectives.cu`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct WorkspaceLayout {
+    /// Ranks.
+    pub world: usize,
+    /// LL16 packets per (writer, parity).
+    pub packet_capacity: usize,
+    /// Bytes of one data slot pair.
+    pub chunk_bytes: usize,
+}
+
+impl WorkspaceLayout {
+    /// Offset of the LL16 packet area.
+    pub const PACKETS_OFFSET: usize = 4096;
+
+    /// Offset of the data slots (256-aligned, after the packets).
+    pub fn data_offset(&self) -> usize {
+        (Self::PACKETS_OFFSET + self.world * 2 * self.packet_capacity * 16).next_multiple_of(256)
+    }
+
+    /// Total bytes.
+    pub fn bytes(&self) -> usize {
+        self.data_offset() + 2 * (self.world + 1) * (self.chunk_bytes / 2)
+    }
+
+    /// Largest message (bytes) the LL one-shot kernel takes.
+    pub fn ll_max_bytes(&self) -> usize {
+        self.packet_capacity * 8
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn args_fit_the_kernel_parameter_limit_and_layout_is_sane() {
+        assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
+        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 176);
+        let l = WorkspaceLayout { world: 4, packet_capacity: 1 << 16, chunk_bytes: 8 << 20 };
+        assert_eq!(l.data_offset() % 256, 0);
+        assert_eq!(l.bytes(), l.data_offset() + 5 * (8 << 20));
+        assert_eq!(l.ll_max_bytes(), 512 << 10);
+    }
+}

@@ -1,0 +1,365 @@
+//! The device-buffer collectives of [`Communicator`]: raw device-address calls (for any CUDA
+//! framework) and typed wrappers over cudarc buffers. Every call is stream-ordered on the given
+//! stream and returns without waiting for the GPU.
+
+use std::sync::Arc;
+
+use comm_core::config::LogLevel;
+use comm_core::{Error, Result};
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+
+use super::GpuCollectiveArgs;
+use crate::communicator::Communicator;
+use crate::dtype::{DataType, Element};
+use crate::op::ReduceOp;
+use crate::table::{Algorithm, Collective, MemorySpace};
+
+fn op_code(op: ReduceOp) -> u32 {
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Max => 3,
+        ReduceOp::Avg => 4,
+    }
+}
+
+/// What one device call asks for.
+struct DeviceCall {
+    collective: Collective,
+    dtype: DataType,
+    op: Option<ReduceOp>,
+    send: u64,
+    recv: u64,
+    /// Elements (reducing kernels) — converted to bytes for data kernels.
+    count: usize,
+    root: usize,
+    aux: [u64; 4],
+    /// Bytes of the call, as the algorithm table measures them.
+    bytes: usize,
+}
+
+impl Communicator {
+    /// True when this communicator runs collectives on device buffers (every rank has a GPU
+    /// reachable through CUDA IPC).
+    pub fn has_gpu(&self) -> bool {
+        self.gpu.is_some()
+    }
+
+    /// The CUDA context of this rank's GPU, when [`has_gpu`](Self::has_gpu).
+    pub fn gpu_context(&self) -> Option<Arc<cudarc::driver::CudaContext>> {
+        self.gpu.as_ref().and_then(|g| g.lock().ok().map(|g| g.context().clone()))
+    }
+
+    /// Errors if an earlier device call failed on the GPU (a peer stopped, a wait timed out).
+    /// Call it after synchronizing the stream to learn how the calls before went.
+    pub fn check_gpu(&self) -> Result<()> {
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?.check()
+    }
+
+    /// # Safety
+    /// The addresses in `call` must be valid device memory for the call until it completes on
+    /// `stream`.
+    unsafe fn device_call(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        let mut g = gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?;
+        let n = self.world_size();
+        if call.root >= n {
+            return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
+        }
+        let mut algo = self.algorithm_table().select(call.collective, MemorySpace::Device, n, call.bytes)?;
+        if algo == Algorithm::OneShot && call.bytes > g.layout().ll_max_bytes() {
+            algo = Algorithm::TwoPhase;
+        }
+        let dt = call.dtype.rust_name();
+        let esz = call.dtype.size();
+        let (kernel, count) = match (call.collective, algo) {
+            (Collective::AllReduce, Algorithm::OneShot) => (format!("weave_all_reduce_ll_{dt}"), call.count),
+            (Collective::AllReduce, _) => (format!("weave_all_reduce_rsag_{dt}"), call.count),
+            (Collective::ReduceScatter, _) => (format!("weave_reduce_scatter_{dt}"), call.count),
+            (Collective::Reduce, _) => (format!("weave_reduce_{dt}"), call.count),
+            (Collective::AllGather, _) => ("weave_all_gather".to_string(), call.count * esz),
+            (Collective::Broadcast, _) => ("weave_broadcast".to_string(), call.count * esz),
+            (Collective::AllToAll, _) => ("weave_all_to_all".to_string(), call.count * esz),
+            (Collective::AllToAllv, _) => ("weave_all_to_allv".to_string(), esz),
+        };
+        if self.core().config().logs(LogLevel::Info) {
+            eprintln!(
+                "weave[{}]: {} of {} B on {n} GPUs -> {algo} ({kernel})",
+                self.rank(),
+                call.collective,
+                call.bytes
+            );
+        }
+        let mut args: GpuCollectiveArgs = g.args();
+        args.send = call.send;
+        args.recv = call.recv;
+        args.count = count as u64;
+        args.root = call.root as u32;
+        args.op = call.op.map_or(0, op_code);
+        args.aux = call.aux;
+        let blocks = g.blocks_for(call.bytes);
+        // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
+        unsafe { g.launch(&kernel, args, blocks, stream) }
+    }
+
+    /// All-reduce of `count` elements of `dtype` at device address `send` into `recv` (may be
+    /// equal), on `stream`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device memory of this rank's GPU valid for `count` elements
+    /// until the call completes on `stream`.
+    pub unsafe fn all_reduce_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall {
+            collective: Collective::AllReduce,
+            dtype,
+            op: Some(op),
+            send,
+            recv,
+            count,
+            root: 0,
+            aux: [0; 4],
+            bytes: count * dtype.size(),
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device_call(call, stream) }
+    }
+
+    /// All-gather: `count` elements per rank from `send` into `recv` (`world × count`).
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `count` elements at
+    /// `send` and `world × count` at `recv` (in place: `send == recv + rank × count × size`).
+    pub unsafe fn all_gather_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let n = self.world_size();
+        let call = DeviceCall {
+            collective: Collective::AllGather,
+            dtype,
+            op: None,
+            send,
+            recv,
+            count,
+            root: 0,
+            aux: [0; 4],
+            bytes: count * dtype.size() * n,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device_call(call, stream) }
+    }
+
+    /// Reduce-scatter: `send` holds `world × count` elements; `recv` gets this rank's block.
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `world × count` elements
+    /// at `send` and `count` at `recv` (in place: `recv == send + rank × count × size`).
+    pub unsafe fn reduce_scatter_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let n = self.world_size();
+        let call = DeviceCall {
+            collective: Collective::ReduceScatter,
+            dtype,
+            op: Some(op),
+            send,
+            recv,
+            count,
+            root: 0,
+            aux: [0; 4],
+            bytes: count * dtype.size() * n,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device_call(call, stream) }
+    }
+
+    /// Broadcast of `count` elements from `root`'s `send` into every rank's `recv`.
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw); `send` is read on the root only.
+    pub unsafe fn broadcast_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall {
+            collective: Collective::Broadcast,
+            dtype,
+            op: None,
+            send,
+            recv,
+            count,
+            root,
+            aux: [0; 4],
+            bytes: count * dtype.size(),
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device_call(call, stream) }
+    }
+
+    /// Reduce of `count` elements to `root` (`recv` written on the root only).
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw); `recv` is used on the root only.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall {
+            collective: Collective::Reduce,
+            dtype,
+            op: Some(op),
+            send,
+            recv,
+            count,
+            root,
+            aux: [0; 4],
+            bytes: count * dtype.size(),
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device_call(call, stream) }
+    }
+
+    /// All-to-all with `count` elements per (sender, receiver) block.
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `world × count` elements
+    /// at `send` and at `recv` (equal or disjoint).
+    pub unsafe fn all_to_all_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let n = self.world_size();
+        let call = DeviceCall {
+            collective: Collective::AllToAll,
+            dtype,
+            op: None,
+            send,
+            recv,
+            count,
+            root: 0,
+            aux: [0; 4],
+            bytes: count * dtype.size() * n,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device_call(call, stream) }
+    }
+
+    /// All-to-all-v with counts and displacements (in elements) in device memory:
+    /// `counts = [send_counts, send_displs, recv_counts, recv_displs]`, each a device array of
+    /// `world` u64. The GPU reads them (no host synchronization); pairs whose counts disagree
+    /// make the kernel report a device error (see [`check_gpu`](Self::check_gpu)).
+    ///
+    /// # Safety
+    /// The four arrays and every block they describe must be valid device memory until the call
+    /// completes on `stream`; receive blocks must not overlap.
+    pub unsafe fn all_to_allv_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        counts: [u64; 4],
+        dtype: DataType,
+        max_bytes_hint: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall {
+            collective: Collective::AllToAllv,
+            dtype,
+            op: None,
+            send,
+            recv,
+            count: 0,
+            root: 0,
+            aux: counts,
+            bytes: max_bytes_hint,
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.device_call(call, stream) }
+    }
+
+    /// Typed all-reduce over cudarc buffers (`send` and `recv` of equal length).
+    pub fn all_reduce_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        if send.len() != recv.len() {
+            return Err(Error::invalid(format!(
+                "all_reduce_device: send has {} elements, recv {}",
+                send.len(),
+                recv.len()
+            )));
+        }
+        let count = send.len();
+        let (s, _s_guard) = send.device_ptr(stream);
+        let (r, _r_guard) = recv.device_ptr_mut(stream);
+        // SAFETY: both buffers hold `count` elements and stay borrowed (their guards alive)
+        // until the launch is enqueued; cudarc's event tracking orders later uses after it.
+        unsafe { self.all_reduce_device_raw(s, r, count, T::DTYPE, op, stream) }
+    }
+
+    /// Typed all-gather over cudarc buffers (`recv` holds `world × send.len()`).
+    pub fn all_gather_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let n = self.world_size();
+        if recv.len() != send.len() * n {
+            return Err(Error::invalid(format!(
+                "all_gather_device: recv has {} elements, expected world_size × {}",
+                recv.len(),
+                send.len()
+            )));
+        }
+        let count = send.len();
+        let (s, _s_guard) = send.device_ptr(stream);
+        let (r, _r_guard) = recv.device_ptr_mut(stream);
+        // SAFETY: sizes checked above; guards alive until enqueued.
+        unsafe { self.all_gather_device_raw(s, r, count, T::DTYPE, stream) }
+    }
+}
+
+fn no_gpu() -> Error {
+    Error::Unsupported(
+        "this communicator has no GPU path: build with the `cudaipc` feature and give every rank a CUDA device".into(),
+    )
+}

@@ -1,0 +1,616 @@
+// weave collective kernels: every collective on device buffers, stream-ordered.
+//
+// Workspace (one device allocation per rank, mapped by every peer; GpuCollectiveArgs::peers[r]
+// is rank r's, as mapped into this GPU):
+//
+//   [0, 512)          flags: u64 at 64*w, written (release, system scope) by rank w
+//   [2048]            this rank's epoch (u64): phases completed by this rank so far
+//   [2056]            block arrival counter (u32) for grid-wide phases
+//   [4096, PKT_END)   LL16 packets: [writer][parity][packet_capacity]
+//   [DATA, ...)       data slots: [parity][world + 1][chunk_bytes / 2]
+//
+// Synchronization is by epochs: a kernel reads the epoch E at start; its k-th phase publishes
+// E + k to every rank's flag slot (its own included) once all its blocks arrived, and waits until
+// every rank's flag reached E + k. The last block advances the epoch at the end, on the device,
+// so CUDA-graph replays stay in step. Every flag-based kernel starts with an entry phase, so no
+// rank writes into a peer's slots while that peer still runs an earlier kernel. Every spin is
+// bounded by DeviceStatusHandle (a timed-out kernel records the error and returns).
+//
+// Grids are at most one block per SM (the host guarantees it), so all blocks are co-resident and
+// the grid-wide phases cannot deadlock.
+
+#include "weave/weave.cuh"
+
+namespace weave {
+
+struct GpuCollectiveArgs {
+  uint64_t send;
+  uint64_t recv;
+  uint64_t count;
+  uint64_t peers[8];
+  uint64_t aux[4];
+  uint64_t packet_capacity;
+  uint64_t chunk_bytes;
+  uint32_t rank;
+  uint32_t world;
+  uint32_t root;
+  uint32_t op;
+  DeviceStatusHandle status;
+};
+
+namespace coll {
+
+constexpr uint64_t FLAG_STRIDE = 64;
+constexpr uint64_t EPOCH_OFFSET = 2048;
+constexpr uint64_t ARRIVALS_OFFSET = 2056;
+constexpr uint64_t PACKETS_OFFSET = 4096;
+
+enum Op : uint32_t { OP_SUM = 0, OP_PROD = 1, OP_MIN = 2, OP_MAX = 3, OP_AVG = 4 };
+
+WEAVE_DEVICE uint64_t data_offset(const GpuCollectiveArgs& a) {
+  const uint64_t end = PACKETS_OFFSET + uint64_t(a.world) * 2 * a.packet_capacity * sizeof(LL16Packet);
+  return (end + 255) / 256 * 256;
+}
+
+// Slot `slot` (0..world) of parity `parity` in rank `owner`'s data area.
+WEAVE_DEVICE char* slot_ptr(const GpuCollectiveArgs& a, uint32_t owner, uint32_t parity, uint32_t slot) {
+  const uint64_t half = a.chunk_bytes / 2;
+  return as_ptr<char>(a.peers[owner] + data_offset(a) + (uint64_t(parity) * (a.world + 1) + slot) * half);
+}
+
+WEAVE_DEVICE uint64_t* epoch_ptr(const GpuCollectiveArgs& a) { return as_ptr<uint64_t>(a.peers[a.rank] + EPOCH_OFFSET); }
+WEAVE_DEVICE uint32_t* arrivals_ptr(const GpuCollectiveArgs& a) {
+  return as_ptr<uint32_t>(a.peers[a.rank] + ARRIVALS_OFFSET);
+}
+
+WEAVE_DEVICE uint32_t global_thread() { return blockIdx.x * blockDim.x + threadIdx.x; }
+WEAVE_DEVICE uint32_t global_threads() { return gridDim.x * blockDim.x; }
+
+// Grid-wide phase `index` (1-based within the kernel): every block arrives; the last one
+// publishes `value` to every rank's flag slot for this rank (release, system scope).
+WEAVE_DEVICE void arrive(const GpuCollectiveArgs& a, uint64_t value, uint32_t index) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    const uint32_t before = atomicAdd(arrivals_ptr(a), 1u);
+    if (before == gridDim.x * index - 1) {
+      for (uint32_t r = 0; r < a.world; ++r) {
+        atomic_store_release_sys(as_ptr<uint64_t>(a.peers[r] + uint64_t(a.rank) * FLAG_STRIDE), value);
+      }
+    }
+  }
+}
+
+// Waits until every rank (this one included) published at least `value`. False when the wait
+// gave up (the error is recorded); then the kernel must return.
+WEAVE_DEVICE bool wait_all(const GpuCollectiveArgs& a, uint64_t value) {
+  __shared__ int ok;
+  if (threadIdx.x == 0) {
+    ok = 1;
+    for (uint32_t r = 0; r < a.world && ok; ++r) {
+      const uint64_t* flag = as_ptr<const uint64_t>(a.peers[a.rank] + uint64_t(r) * FLAG_STRIDE);
+      if (!spin_until([&] { return atomic_load_acquire_sys(flag) >= value; }, a.status, DeviceError::SemaphoreTimeout)) {
+        ok = 0;
+      }
+    }
+  }
+  __syncthreads();
+  return ok != 0;
+}
+
+// A full phase: arrive and wait.
+WEAVE_DEVICE bool phase(const GpuCollectiveArgs& a, uint64_t epoch, uint32_t& index) {
+  ++index;
+  arrive(a, epoch + index, index);
+  return wait_all(a, epoch + index);
+}
+
+// End of kernel: the last block resets the arrival counter and advances the epoch by `advance`.
+WEAVE_DEVICE void finish(const GpuCollectiveArgs& a, uint64_t epoch, uint32_t arrivals, uint64_t advance) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const uint32_t before = atomicAdd(arrivals_ptr(a), 1u);
+    if (before == gridDim.x * (arrivals + 1) - 1) {
+      *arrivals_ptr(a) = 0;
+      *epoch_ptr(a) = epoch + advance;
+      __threadfence();
+    }
+  }
+}
+
+// ---- element arithmetic -------------------------------------------------------------------
+
+template <typename T>
+WEAVE_DEVICE T divide(T v, uint32_t n) {
+  return static_cast<T>(v / static_cast<T>(n));
+}
+template <>
+WEAVE_DEVICE uint8_t divide<uint8_t>(uint8_t v, uint32_t n) {
+  return static_cast<uint8_t>(uint32_t(v) / n);
+}
+template <>
+WEAVE_DEVICE int8_t divide<int8_t>(int8_t v, uint32_t n) {
+  return static_cast<int8_t>(int32_t(v) / int32_t(n));
+}
+template <>
+WEAVE_DEVICE half_t divide<half_t>(half_t v, uint32_t n) {
+  return half_from_float(to_float(v) / float(n));
+}
+template <>
+WEAVE_DEVICE bf16_t divide<bf16_t>(bf16_t v, uint32_t n) {
+  return bf16_from_float(to_float(v) / float(n));
+}
+
+// Element-wise Op over the lanes of an 8-byte word.
+template <typename Op, typename T>
+WEAVE_DEVICE uint64_t reduce_word(uint64_t a, uint64_t b) {
+  union W {
+    uint64_t w;
+    T e[8 / sizeof(T)];
+  };
+  W x, y;
+  x.w = a;
+  y.w = b;
+#pragma unroll
+  for (uint32_t i = 0; i < 8 / sizeof(T); ++i) x.e[i] = Op::apply(x.e[i], y.e[i]);
+  return x.w;
+}
+
+template <typename T>
+WEAVE_DEVICE uint64_t divide_word(uint64_t a, uint32_t n) {
+  union W {
+    uint64_t w;
+    T e[8 / sizeof(T)];
+  };
+  W x;
+  x.w = a;
+#pragma unroll
+  for (uint32_t i = 0; i < 8 / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
+  return x.w;
+}
+
+template <typename T>
+WEAVE_DEVICE uint4 divide_vec16(uint4 a, uint32_t n) {
+  union V {
+    uint4 v;
+    T e[16 / sizeof(T)];
+  };
+  V x;
+  x.v = a;
+#pragma unroll
+  for (uint32_t i = 0; i < 16 / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
+  return x.v;
+}
+
+// dst[i] (and dst2[i] when given) = Op over srcs[s][i]; divides by `avg` when non-zero.
+// Vectorized when every pointer is 16-byte aligned. The caller's threads share the work.
+template <typename Op, typename T>
+WEAVE_DEVICE void reduce_range(T* dst, T* dst2, const T* const* srcs, uint32_t nsrc, uint64_t elems, uint32_t avg,
+                               uint32_t thread, uint32_t nthreads) {
+  bool aligned = (as_address(dst) % 16 == 0) && (dst2 == nullptr || as_address(dst2) % 16 == 0);
+  for (uint32_t s = 0; s < nsrc; ++s) aligned = aligned && (as_address(srcs[s]) % 16 == 0);
+  uint64_t done = 0;
+  if (aligned) {
+    constexpr uint64_t per = 16 / sizeof(T);
+    const uint64_t units = elems / per;
+    for (uint64_t u = thread; u < units; u += nthreads) {
+      uint4 acc = reinterpret_cast<const uint4*>(srcs[0])[u];
+      for (uint32_t s = 1; s < nsrc; ++s) acc = reduce_vec16<Op, T>(acc, reinterpret_cast<const uint4*>(srcs[s])[u]);
+      if (avg) acc = divide_vec16<T>(acc, avg);
+      reinterpret_cast<uint4*>(dst)[u] = acc;
+      if (dst2) reinterpret_cast<uint4*>(dst2)[u] = acc;
+    }
+    done = units * per;
+  }
+  for (uint64_t i = done + thread; i < elems; i += nthreads) {
+    T acc = srcs[0][i];
+    for (uint32_t s = 1; s < nsrc; ++s) acc = Op::apply(acc, srcs[s][i]);
+    if (avg) acc = divide<T>(acc, avg);
+    dst[i] = acc;
+    if (dst2) dst2[i] = acc;
+  }
+}
+
+// Loads the 8-byte word `w` of a byte range of length `bytes` (zero-padded past the end).
+WEAVE_DEVICE uint64_t load_word(const char* p, uint64_t w, uint64_t bytes) {
+  const uint64_t at = w * 8;
+  if (at + 8 <= bytes && as_address(p) % 8 == 0) return reinterpret_cast<const uint64_t*>(p)[w];
+  uint64_t v = 0;
+  for (uint64_t b = 0; b < 8 && at + b < bytes; ++b) v |= uint64_t(uint8_t(p[at + b])) << (8 * b);
+  return v;
+}
+
+WEAVE_DEVICE void store_word(char* p, uint64_t w, uint64_t bytes, uint64_t v) {
+  const uint64_t at = w * 8;
+  if (at + 8 <= bytes && as_address(p) % 8 == 0) {
+    reinterpret_cast<uint64_t*>(p)[w] = v;
+    return;
+  }
+  for (uint64_t b = 0; b < 8 && at + b < bytes; ++b) p[at + b] = char(uint8_t(v >> (8 * b)));
+}
+
+// [begin, end) of part `part` of `elems` elements split `parts` ways at multiples of `align`.
+WEAVE_DEVICE void split(uint64_t elems, uint32_t parts, uint32_t part, uint64_t align, uint64_t& begin, uint64_t& end) {
+  const uint64_t units = (elems + align - 1) / align;
+  begin = units * part / parts * align;
+  end = units * (part + 1) / parts * align;
+  if (begin > elems) begin = elems;
+  if (end > elems) end = elems;
+}
+
+// ---- all-reduce ---------------------------------------------------------------------------
+
+// One-shot with LL16 packets (small messages): every rank writes its data as packets into
+// every peer's packet buffer; every rank reads the peers' packets from its own buffer and
+// combines. No flag phase: the packet flag is the epoch.
+template <typename Op, typename T>
+WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint32_t flag = uint32_t(epoch + 1);
+  const uint32_t parity = uint32_t(epoch + 1) & 1;
+  const uint64_t bytes = a.count * sizeof(T);
+  const uint64_t words = (bytes + 7) / 8;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  auto packets = [&](uint32_t owner, uint32_t writer) {
+    return as_ptr<LL16Packet>(a.peers[owner] + PACKETS_OFFSET) + (uint64_t(writer) * 2 + parity) * a.packet_capacity;
+  };
+  if (words <= a.packet_capacity) {
+    for (uint64_t w = t; w < words; w += nt) {
+      const uint64_t mine = load_word(send, w, bytes);
+      for (uint32_t k = 1; k < a.world; ++k) {
+        const uint32_t peer = (a.rank + k) % a.world;
+        write_ll16(packets(peer, a.rank) + w, mine, flag);
+      }
+    }
+    for (uint64_t w = t; w < words; w += nt) {
+      uint64_t acc = load_word(send, w, bytes);
+      bool ok = true;
+      for (uint32_t k = 1; k < a.world && ok; ++k) {
+        const uint32_t peer = (a.rank + k) % a.world;
+        uint64_t theirs = 0;
+        ok = read_ll16(packets(a.rank, peer) + w, flag, a.status, &theirs);
+        acc = reduce_word<Op, T>(acc, theirs);
+      }
+      if (!ok) break;
+      if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+      store_word(recv, w, bytes, acc);
+    }
+  } else if (t == 0) {
+    report_error(a.status, DeviceError::BadArgument);
+  }
+  finish(a, epoch, 0, 1);
+}
+
+// Reduce-scatter then all-gather through the data slots (large messages), in steps of
+// world × chunk/2 bytes: push shares to their owners, reduce the own share (into the output and
+// the result slot), then pull every other share from its owner's result slot.
+template <typename Op, typename T>
+WEAVE_DEVICE void all_reduce_rsag(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  uint32_t index = 0;
+  const uint64_t half = a.chunk_bytes / 2;
+  const uint64_t share_max = half / sizeof(T) / 16 * 16;  // elements per share, 16-element multiple
+  const uint64_t step_elems = share_max * a.world;
+  const T* send = as_ptr<const T>(a.send);
+  T* recv = as_ptr<T>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  const uint32_t avg = a.op == OP_AVG ? a.world : 0;
+  if (!phase(a, epoch, index)) return;  // entry: every rank left its previous kernel
+  uint32_t parity = 0;
+  for (uint64_t base = 0; base < a.count; base += step_elems, parity ^= 1) {
+    const uint64_t elems = (a.count - base < step_elems) ? a.count - base : step_elems;
+    // Push share q to rank q's slot[rank].
+    for (uint32_t k = 1; k < a.world; ++k) {
+      const uint32_t q = (a.rank + k) % a.world;
+      uint64_t b, e;
+      split(elems, a.world, q, 16, b, e);
+      put(slot_ptr(a, q, parity, a.rank), send + base + b, (e - b) * sizeof(T), t, nt);
+    }
+    if (!phase(a, epoch, index)) return;
+    {
+      uint64_t b, e;
+      split(elems, a.world, a.rank, 16, b, e);
+      const T* srcs[8];
+      srcs[0] = send + base + b;
+      uint32_t n = 1;
+      for (uint32_t k = 1; k < a.world; ++k) {
+        srcs[n++] = reinterpret_cast<const T*>(slot_ptr(a, a.rank, parity, (a.rank + k) % a.world));
+      }
+      reduce_range<Op, T>(recv + base + b, reinterpret_cast<T*>(slot_ptr(a, a.rank, parity, a.world)), srcs, n, e - b,
+                          avg, t, nt);
+    }
+    if (!phase(a, epoch, index)) return;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      const uint32_t q = (a.rank + k) % a.world;
+      uint64_t b, e;
+      split(elems, a.world, q, 16, b, e);
+      get(recv + base + b, slot_ptr(a, q, parity, a.world), (e - b) * sizeof(T), t, nt);
+    }
+  }
+  finish(a, epoch, index, index);
+}
+
+// Reduce-scatter: send holds world blocks of `count`; push block q's step portion to rank q,
+// then reduce the own block's portion into recv.
+template <typename Op, typename T>
+WEAVE_DEVICE void reduce_scatter(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  uint32_t index = 0;
+  const uint64_t step = a.chunk_bytes / 2 / sizeof(T) / 16 * 16;
+  const T* send = as_ptr<const T>(a.send);
+  T* recv = as_ptr<T>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  const uint32_t avg = a.op == OP_AVG ? a.world : 0;
+  if (!phase(a, epoch, index)) return;
+  uint32_t parity = 0;
+  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
+    const uint64_t elems = (a.count - base < step) ? a.count - base : step;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      const uint32_t q = (a.rank + k) % a.world;
+      put(slot_ptr(a, q, parity, a.rank), send + uint64_t(q) * a.count + base, elems * sizeof(T), t, nt);
+    }
+    if (!phase(a, epoch, index)) return;
+    const T* srcs[8];
+    srcs[0] = send + uint64_t(a.rank) * a.count + base;
+    uint32_t n = 1;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      srcs[n++] = reinterpret_cast<const T*>(slot_ptr(a, a.rank, parity, (a.rank + k) % a.world));
+    }
+    reduce_range<Op, T>(recv + base, nullptr, srcs, n, elems, avg, t, nt);
+  }
+  finish(a, epoch, index, index);
+}
+
+// Reduce to a root: every rank pushes its step portion to the root's slot; the root reduces.
+template <typename Op, typename T>
+WEAVE_DEVICE void reduce(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  uint32_t index = 0;
+  const uint64_t step = a.chunk_bytes / 2 / sizeof(T) / 16 * 16;
+  const T* send = as_ptr<const T>(a.send);
+  T* recv = as_ptr<T>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  const uint32_t avg = a.op == OP_AVG ? a.world : 0;
+  if (!phase(a, epoch, index)) return;
+  uint32_t parity = 0;
+  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
+    const uint64_t elems = (a.count - base < step) ? a.count - base : step;
+    if (a.rank != a.root) put(slot_ptr(a, a.root, parity, a.rank), send + base, elems * sizeof(T), t, nt);
+    if (!phase(a, epoch, index)) return;
+    if (a.rank == a.root) {
+      const T* srcs[8];
+      srcs[0] = send + base;
+      uint32_t n = 1;
+      for (uint32_t k = 1; k < a.world; ++k) {
+        srcs[n++] = reinterpret_cast<const T*>(slot_ptr(a, a.rank, parity, (a.rank + k) % a.world));
+      }
+      reduce_range<Op, T>(recv + base, nullptr, srcs, n, elems, avg, t, nt);
+    }
+  }
+  finish(a, epoch, index, index);
+}
+
+// ---- data movement (byte kernels) ----------------------------------------------------------
+
+// All-gather: `count` bytes per rank. Push the step portion to every peer's slot[rank], copy
+// the own portion, then copy every peer's slot into its place.
+WEAVE_DEVICE void all_gather(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  uint32_t index = 0;
+  const uint64_t step = a.chunk_bytes / 2;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  if (!phase(a, epoch, index)) return;
+  uint32_t parity = 0;
+  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
+    const uint64_t bytes = (a.count - base < step) ? a.count - base : step;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      put(slot_ptr(a, (a.rank + k) % a.world, parity, a.rank), send + base, bytes, t, nt);
+    }
+    char* own = recv + uint64_t(a.rank) * a.count + base;
+    if (own != send + base) copy(own, send + base, bytes, t, nt);
+    if (!phase(a, epoch, index)) return;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      const uint32_t p = (a.rank + k) % a.world;
+      copy(recv + uint64_t(p) * a.count + base, slot_ptr(a, a.rank, parity, p), bytes, t, nt);
+    }
+  }
+  finish(a, epoch, index, index);
+}
+
+// Broadcast of `count` bytes from the root.
+WEAVE_DEVICE void broadcast(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  uint32_t index = 0;
+  const uint64_t step = a.chunk_bytes / 2;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  if (!phase(a, epoch, index)) return;
+  uint32_t parity = 0;
+  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
+    const uint64_t bytes = (a.count - base < step) ? a.count - base : step;
+    if (a.rank == a.root) {
+      for (uint32_t k = 1; k < a.world; ++k) {
+        put(slot_ptr(a, (a.rank + k) % a.world, parity, a.root), send + base, bytes, t, nt);
+      }
+      if (recv != send) copy(recv + base, send + base, bytes, t, nt);
+    }
+    if (!phase(a, epoch, index)) return;
+    if (a.rank != a.root) copy(recv + base, slot_ptr(a, a.rank, parity, a.root), bytes, t, nt);
+  }
+  finish(a, epoch, index, index);
+}
+
+// All-to-all: `count` bytes per (sender, receiver) block.
+WEAVE_DEVICE void all_to_all(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  uint32_t index = 0;
+  const uint64_t step = a.chunk_bytes / 2;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  if (!phase(a, epoch, index)) return;
+  uint32_t parity = 0;
+  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
+    const uint64_t bytes = (a.count - base < step) ? a.count - base : step;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      const uint32_t q = (a.rank + k) % a.world;
+      put(slot_ptr(a, q, parity, a.rank), send + uint64_t(q) * a.count + base, bytes, t, nt);
+    }
+    // The own block moves directly (in place it stays where it is).
+    if (recv != send) {
+      copy(recv + uint64_t(a.rank) * a.count + base, send + uint64_t(a.rank) * a.count + base, bytes, t, nt);
+    }
+    if (!phase(a, epoch, index)) return;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      const uint32_t p = (a.rank + k) % a.world;
+      copy(recv + uint64_t(p) * a.count + base, slot_ptr(a, a.rank, parity, p), bytes, t, nt);
+    }
+  }
+  finish(a, epoch, index, index);
+}
+
+// All-to-all-v: counts and displacements in elements of `count` bytes each, as device arrays
+// of `world` u64 (aux[0] send counts, aux[1] send displacements, aux[2] recv counts, aux[3]
+// recv displacements). First every rank publishes its send and recv counts to every rank, so
+// each checks every pair and all agree on the number of steps, without the host.
+WEAVE_DEVICE void all_to_allv(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  uint32_t index = 0;
+  const uint64_t step = a.chunk_bytes / 2;
+  const uint64_t esz = a.count;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint64_t* send_counts = as_ptr<const uint64_t>(a.aux[0]);
+  const uint64_t* send_displs = as_ptr<const uint64_t>(a.aux[1]);
+  const uint64_t* recv_counts = as_ptr<const uint64_t>(a.aux[2]);
+  const uint64_t* recv_displs = as_ptr<const uint64_t>(a.aux[3]);
+  const uint32_t t = global_thread(), nt = global_threads();
+  if (!phase(a, epoch, index)) return;
+  // Count table: rank r's row (send counts, then recv counts, in elements) in every rank's
+  // slot[1][r].
+  for (uint32_t r = 0; r < a.world; ++r) {
+    uint64_t* row = reinterpret_cast<uint64_t*>(slot_ptr(a, r, 1, a.rank));
+    for (uint32_t q = t; q < a.world; q += nt) {
+      row[q] = send_counts[q];
+      row[a.world + q] = recv_counts[q];
+    }
+  }
+  if (!phase(a, epoch, index)) return;
+  uint64_t longest = 0;
+  bool consistent = true;
+  for (uint32_t p = 0; p < a.world; ++p) {
+    const uint64_t* row_p = reinterpret_cast<const uint64_t*>(slot_ptr(a, a.rank, 1, p));
+    for (uint32_t q = 0; q < a.world; ++q) {
+      const uint64_t* row_q = reinterpret_cast<const uint64_t*>(slot_ptr(a, a.rank, 1, q));
+      if (row_p[q] != row_q[a.world + p]) consistent = false;
+      if (row_p[q] * esz > longest) longest = row_p[q] * esz;
+    }
+  }
+  if (!consistent) {
+    if (t == 0) report_error(a.status, DeviceError::BadArgument);
+    return;
+  }
+  // Every rank has read the count table before anyone reuses slot[1].
+  if (!phase(a, epoch, index)) return;
+  uint32_t parity = 0;
+  for (uint64_t base = 0; base < longest; base += step, parity ^= 1) {
+    for (uint32_t k = 0; k < a.world; ++k) {
+      const uint32_t q = (a.rank + k) % a.world;
+      const uint64_t total = send_counts[q] * esz;
+      const uint64_t have = total > base ? total - base : 0;
+      const uint64_t bytes = have < step ? have : step;
+      const char* from = send + send_displs[q] * esz + base;
+      if (q == a.rank) {
+        copy(recv + recv_displs[q] * esz + base, from, bytes, t, nt);
+      } else {
+        put(slot_ptr(a, q, parity, a.rank), from, bytes, t, nt);
+      }
+    }
+    if (!phase(a, epoch, index)) return;
+    for (uint32_t k = 1; k < a.world; ++k) {
+      const uint32_t p = (a.rank + k) % a.world;
+      const uint64_t total = recv_counts[p] * esz;
+      const uint64_t have = total > base ? total - base : 0;
+      copy(recv + recv_displs[p] * esz + base, slot_ptr(a, a.rank, parity, p), have < step ? have : step, t, nt);
+    }
+  }
+  finish(a, epoch, index, index);
+}
+
+// Runs Kernel<Op, T> with the operator chosen at run time.
+template <template <typename, typename> class K, typename T>
+WEAVE_DEVICE void dispatch(const GpuCollectiveArgs& a) {
+  switch (a.op) {
+    case OP_SUM:
+    case OP_AVG:
+      K<Sum, T>::run(a);
+      break;
+    case OP_PROD:
+      K<Prod, T>::run(a);
+      break;
+    case OP_MIN:
+      K<Min, T>::run(a);
+      break;
+    case OP_MAX:
+      K<Max, T>::run(a);
+      break;
+    default:
+      if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
+  }
+}
+
+template <typename Op, typename T>
+struct AllReduceLL {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_ll<Op, T>(a); }
+};
+template <typename Op, typename T>
+struct AllReduceRsag {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_rsag<Op, T>(a); }
+};
+template <typename Op, typename T>
+struct ReduceScatter {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { reduce_scatter<Op, T>(a); }
+};
+template <typename Op, typename T>
+struct Reduce {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { reduce<Op, T>(a); }
+};
+
+}  // namespace coll
+}  // namespace weave
+
+#define WEAVE_REDUCING_KERNELS(NAME, T)                                                                    \
+  extern "C" __global__ void weave_all_reduce_ll_##NAME(weave::GpuCollectiveArgs a) {                      \
+    weave::coll::dispatch<weave::coll::AllReduceLL, T>(a);                                                 \
+  }                                                                                                        \
+  extern "C" __global__ void weave_all_reduce_rsag_##NAME(weave::GpuCollectiveArgs a) {                    \
+    weave::coll::dispatch<weave::coll::AllReduceRsag, T>(a);                                               \
+  }                                                                                                        \
+  extern "C" __global__ void weave_reduce_scatter_##NAME(weave::GpuCollectiveArgs a) {                     \
+    weave::coll::dispatch<weave::coll::ReduceScatter, T>(a);                                               \
+  }                                                                                                        \
+  extern "C" __global__ void weave_reduce_##NAME(weave::GpuCollectiveArgs a) {                             \
+    weave::coll::dispatch<weave::coll::Reduce, T>(a);                                                      \
+  }
+
+WEAVE_REDUCING_KERNELS(f64, double)
+WEAVE_REDUCING_KERNELS(f32, float)
+WEAVE_REDUCING_KERNELS(f16, weave::half_t)
+WEAVE_REDUCING_KERNELS(bf16, weave::bf16_t)
+WEAVE_REDUCING_KERNELS(i64, weave::int64_t)
+WEAVE_REDUCING_KERNELS(i32, weave::int32_t)
+WEAVE_REDUCING_KERNELS(u64, weave::uint64_t)
+WEAVE_REDUCING_KERNELS(u32, weave::uint32_t)
+WEAVE_REDUCING_KERNELS(i8, weave::int8_t)
+WEAVE_REDUCING_KERNELS(u8, weave::uint8_t)
+
+extern "C" __global__ void weave_all_gather(weave::GpuCollectiveArgs a) { weave::coll::all_gather(a); }
+extern "C" __global__ void weave_broadcast(weave::GpuCollectiveArgs a) { weave::coll::broadcast(a); }
+extern "C" __global__ void weave_all_to_all(weave::GpuCollectiveArgs a) { weave::coll::all_to_all(a); }
+extern "C" __global__ void weave_all_to_allv(weave::GpuCollectiveArgs a) { weave::coll::all_to_allv(a); }
