@@ -57,8 +57,9 @@ options:
                        block of the output; reduce_scatter's result lands in this rank's block
                        with weave, at the start of the buffer with MPI, as MPI defines it)
       --json FILE      also write one JSON object per size to FILE: op, bytes, count, dtype,
-                       redop, inplace, ranks, time_us, algbw, busbw, wrong, algorithm, and with
-                       --vs-mpi mpi_time_us, mpi_algbw, mpi_busbw, mpi_wrong
+                       redop, inplace, ranks, time_us, algbw, busbw, wrong, algorithm,
+                       shared_cpu, and with --vs-mpi mpi_time_us, mpi_algbw, mpi_busbw,
+                       mpi_wrong, mpi_shared_cpu
       --vs-mpi         run the Open MPI baseline too (needs mpicc and mpirun on PATH, or set
                        MPICC / MPIRUN; Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev)
       --mpi-args ARGS  extra mpirun options, split at spaces (they come after the defaults
@@ -80,7 +81,9 @@ all_to_all (n-1)/n; broadcast, reduce 1), GB/s = 1e9 bytes/s. With checking, the
 restored (in place) or the output poisoned before every call, and every result element is
 compared with its exact value after it (both untimed; inputs are small integers, so results
 are exact; only a floating-point avg has a tolerance); #wrong sums wrong elements over ranks
-and calls. Ratios are from one run on the same machine: time ratio mpi/weave and busbw ratio
+and calls. A time marked * had two ranks on one CPU at the end of its size (another process
+held the other cores, or more ranks than cores): it then measures the scheduler as much as the
+library. Ratios are from one run on the same machine: time ratio mpi/weave and busbw ratio
 weave/mpi, both above 1 when weave is faster. MPI's avg is MPI_SUM then a division (timed);
 its half/bfloat16 reductions use user-defined operators; its out-of-place broadcast adds a
 memcpy on the root.

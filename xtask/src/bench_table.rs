@@ -112,6 +112,9 @@ pub(crate) struct Row {
     pub(crate) wrong: Option<u64>,
     /// The algorithm that ran (`mpi` for the baseline).
     pub(crate) algorithm: String,
+    /// At the end of the size, two ranks were on one CPU (their waits then went through the
+    /// scheduler). False when the line does not say.
+    pub(crate) shared_cpu: bool,
 }
 
 impl Row {
@@ -136,6 +139,10 @@ impl Row {
             time_us: o.num("time_us")?,
             wrong,
             algorithm: o.str("algorithm")?.to_string(),
+            shared_cpu: match o.get("shared_cpu") {
+                None => false,
+                Some(_) => o.bool("shared_cpu")?,
+            },
         };
         if row.time_us < 0.0 {
             return Err(format!("negative time {}", row.time_us));
@@ -173,15 +180,22 @@ impl Row {
             .push("algbw", Value::Num(self.algbw()))
             .push("busbw", Value::Num(self.busbw()))
             .push("wrong", self.wrong.map_or(Value::Null, |w| Value::Num(w as f64)))
-            .push("algorithm", Value::Str(self.algorithm.clone()));
+            .push("algorithm", Value::Str(self.algorithm.clone()))
+            .push("shared_cpu", Value::Bool(self.shared_cpu));
         if let Some(m) = mpi {
             o.push("mpi_time_us", Value::Num(m.time_us))
                 .push("mpi_algbw", Value::Num(m.algbw()))
                 .push("mpi_busbw", Value::Num(m.busbw()))
-                .push("mpi_wrong", m.wrong.map_or(Value::Null, |w| Value::Num(w as f64)));
+                .push("mpi_wrong", m.wrong.map_or(Value::Null, |w| Value::Num(w as f64)))
+                .push("mpi_shared_cpu", Value::Bool(m.shared_cpu));
         }
         o
     }
+}
+
+/// A row's time, marked `*` when its ranks shared a CPU.
+fn fmt_row_time(r: &Row) -> String {
+    format!("{}{}", fmt_time(r.time_us), if r.shared_cpu { "*" } else { "" })
 }
 
 /// nccl-tests' time format: more decimals for shorter times.
@@ -273,7 +287,7 @@ impl Table {
             row.count.to_string(),
             row.dtype.clone(),
             row.redop.clone(),
-            fmt_time(row.time_us),
+            fmt_row_time(row),
             format!("{:.2}", row.algbw()),
             format!("{:.2}", row.busbw()),
             fmt_wrong(row.wrong),
@@ -282,7 +296,7 @@ impl Table {
         if self.vs_mpi {
             match mpi {
                 Some(m) => cells.extend([
-                    fmt_time(m.time_us),
+                    fmt_row_time(m),
                     format!("{:.2}", m.busbw()),
                     fmt_wrong(m.wrong),
                     fmt_ratio(ratio(m.time_us, row.time_us)),
@@ -330,6 +344,12 @@ impl Table {
                 fmt_ratio(geomean(&bws)),
                 bws.len()
             ));
+        }
+        if rows.iter().any(|(r, m)| r.shared_cpu || m.as_ref().is_some_and(|m| m.shared_cpu)) {
+            out.push_str(
+                "\n# * at the end of this size two ranks were on one CPU (another process held the other \
+                 cores, or there are more ranks than cores): the time includes the scheduler",
+            );
         }
         out
     }
@@ -424,5 +444,13 @@ mod tests {
         // A zero-byte row (tiny all_gather) has no bandwidth ratio.
         let z = Row::from_json(&line("all_gather", 0, 2, 3.0, "0")).unwrap();
         assert!(t.line(&z, Some(&z)).ends_with("1.00          N/A"));
+        // Ranks that shared a CPU are marked, and the footer says what the mark means.
+        let shared =
+            Row::from_json(&line("all_reduce", 8, 2, 60.0, "0").replace("}", ",\"shared_cpu\":true}")).unwrap();
+        assert!(shared.shared_cpu && !w.shared_cpu);
+        assert!(t.line(&shared, None).contains(" 60.00*"));
+        assert!(t.footer(&[(shared.clone(), None)]).contains("# * at the end of this size two ranks were on one CPU"));
+        assert!(!t.footer(&[(w.clone(), None)]).contains("# *"));
+        assert_eq!(shared.to_json(Some(&m)).get("mpi_shared_cpu"), Some(&Value::Bool(false)));
     }
 }

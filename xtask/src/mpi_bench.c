@@ -17,7 +17,8 @@
  * (untimed) and the median of the maxima. With --check, before every call (untimed) the input
  * is restored (in place) or the output poisoned (out of place), and after it (untimed) every
  * result element is compared with the exact expected value; `wrong` sums wrong elements over
- * ranks and calls. Inputs are the same small integers as the weave worker's.
+ * ranks and calls. Inputs are the same small integers as the weave worker's. `shared_cpu`: two
+ * ranks were on one CPU (sched_getcpu) at the end of the size.
  *
  * Mapping to MPI: MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast,
  * MPI_Reduce, MPI_Alltoall; in place through MPI_IN_PLACE (reduce_scatter's in-place result is
@@ -27,9 +28,11 @@
  * rank divides its result by N (timed; integers truncate). half and bfloat16: MPI_UINT16_T
  * with user-defined operators that compute in float and round to nearest even.
  */
+#define _GNU_SOURCE /* sched_getcpu */
 #include <mpi.h>
 
 #include <limits.h>
+#include <sched.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -377,7 +380,7 @@ static void call(const struct options *o, void *a, void *b, size_t count) {
 }
 
 static int json_line(const struct options *o, size_t bytes, size_t count, double time_us, int have_wrong,
-                     uint64_t wrong) {
+                     uint64_t wrong, int shared_cpu) {
     double n = nranks, factor = 1.0;
     if (o->coll == ALL_REDUCE) factor = 2.0 * (n - 1.0) / n;
     else if (o->coll == ALL_GATHER || o->coll == REDUCE_SCATTER || o->coll == ALL_TO_ALL) factor = (n - 1.0) / n;
@@ -386,10 +389,11 @@ static int json_line(const struct options *o, size_t bytes, size_t count, double
     if (have_wrong) snprintf(w, sizeof w, "%llu", (unsigned long long)wrong);
     else snprintf(w, sizeof w, "null");
     return printf("{\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,\"dtype\":\"%s\",\"redop\":\"%s\",\"inplace\":%s,"
-                  "\"ranks\":%d,\"time_us\":%.9g,\"algbw\":%.9g,\"busbw\":%.9g,\"wrong\":%s,\"algorithm\":\"mpi\"}\n",
+                  "\"ranks\":%d,\"time_us\":%.9g,\"algbw\":%.9g,\"busbw\":%.9g,\"wrong\":%s,\"algorithm\":\"mpi\","
+                  "\"shared_cpu\":%s}\n",
                   COLL_NAMES[o->coll], bytes, count, DTYPE_NAMES[o->dtype],
                   reduces(o->coll) ? REDOP_NAMES[o->redop] : "none", o->inplace ? "true" : "false", nranks,
-                  time_us, algbw, algbw * factor, w);
+                  time_us, algbw, algbw * factor, w, shared_cpu ? "true" : "false");
 }
 
 static void run_size(const struct options *o, size_t size) {
@@ -467,9 +471,15 @@ static void run_size(const struct options *o, size_t size) {
     MPI_Allreduce(times, max_times, (int)o->iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     uint64_t total = 0;
     if (o->check) MPI_Allreduce(&wrong, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
+    /* Where the ranks ran at the end (as the weave worker reports it). */
+    int cpu = sched_getcpu(), *cpus = xalloc(sizeof(int) * n), shared_cpu = 0;
+    MPI_Allgather(&cpu, 1, MPI_INT, cpus, 1, MPI_INT, MPI_COMM_WORLD);
+    for (size_t p = 0; p < n; p++)
+        for (size_t q = p + 1; q < n; q++) shared_cpu |= cpus[p] >= 0 && cpus[p] == cpus[q];
+    free(cpus);
     size_t bytes = (block ? nc : count) * e;
     if (rank == 0) {
-        json_line(o, bytes, count, median(max_times, o->iters), o->check, total);
+        json_line(o, bytes, count, median(max_times, o->iters), o->check, total, shared_cpu);
         fflush(stdout);
     }
     free(init), free(a), free(b), free(sentinel), free(want), free(times), free(max_times);

@@ -27,9 +27,10 @@
 //! - **Roots**: broadcast and reduce use root 0.
 //!
 //! Output: rank 0 prints, per size, one line
-//! `{"op":…,"bytes":…,"count":…,"dtype":…,"redop":…,"inplace":…,"ranks":…,"time_us":…,"algbw":…,"busbw":…,"wrong":…,"algorithm":…}`
+//! `{"op":…,"bytes":…,"count":…,"dtype":…,"redop":…,"inplace":…,"ranks":…,"time_us":…,"algbw":…,"busbw":…,"wrong":…,"algorithm":…,"shared_cpu":…}`
 //! (GB/s = 1e9 B/s; `wrong` is `null` without `--check`; `redop` is `none` for collectives
-//! that do not reduce). Nothing else it prints to stdout starts with `{`. Errors go to stderr
+//! that do not reduce; `shared_cpu` is true when, at the end of the size, two ranks were on the
+//! same CPU — their waits then went through the scheduler). Nothing else it prints to stdout starts with `{`. Errors go to stderr
 //! with exit status 1; a bad command line exits 2.
 
 use std::time::Instant;
@@ -416,6 +417,7 @@ struct Line {
     time_us: f64,
     wrong: Option<u64>,
     algorithm: String,
+    shared_cpu: bool,
 }
 
 fn run(o: &Options) -> Result<()> {
@@ -471,7 +473,27 @@ fn run_size<T: Element>(comm: &Communicator, o: &Options, size: usize) -> Result
         _ => n * count,
     } * elt;
     let algorithm = comm.algorithm_for(o.op, bytes).map(|a| a.name().to_string()).unwrap_or_else(|e| format!("{e}"));
-    Ok(Line { bytes, count, time_us: median(&max_times), wrong, algorithm })
+    // Where the ranks ran at the end: two on one CPU means their waits went through the
+    // scheduler, which dominates small-size times.
+    let mut cpus = vec![0u32; n];
+    comm.all_gather(&[current_cpu().unwrap_or(u32::MAX)], &mut cpus)?;
+    let shared_cpu = shares_a_cpu(&cpus);
+    Ok(Line { bytes, count, time_us: median(&max_times), wrong, algorithm, shared_cpu })
+}
+
+/// The CPU this thread last ran on (field 39 of `/proc/thread-self/stat`), if readable.
+fn current_cpu() -> Option<u32> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which may hold spaces and parentheses) start at field 3.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    rest.split_whitespace().nth(39 - 3)?.parse().ok()
+}
+
+/// Whether two ranks reported the same CPU (`u32::MAX`: unknown).
+fn shares_a_cpu(cpus: &[u32]) -> bool {
+    let mut known: Vec<u32> = cpus.iter().copied().filter(|&c| c != u32::MAX).collect();
+    known.sort_unstable();
+    known.windows(2).any(|w| w[0] == w[1])
 }
 
 /// A JSON string literal.
@@ -506,7 +528,7 @@ fn json_line(o: &Options, n: usize, l: &Line) -> String {
     };
     format!(
         "{{\"op\":{},\"bytes\":{},\"count\":{},\"dtype\":{},\"redop\":{},\"inplace\":{},\"ranks\":{},\
-         \"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{},\"algorithm\":{}}}",
+         \"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{},\"algorithm\":{},\"shared_cpu\":{}}}",
         json_str(o.op.name()),
         l.bytes,
         l.count,
@@ -519,6 +541,7 @@ fn json_line(o: &Options, n: usize, l: &Line) -> String {
         json_num(busbw),
         l.wrong.map_or("null".to_string(), |w| w.to_string()),
         json_str(&l.algorithm),
+        l.shared_cpu,
     )
 }
 
@@ -568,6 +591,8 @@ mod tests {
         assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);
         assert_eq!(bus_factor(Collective::AllGather, 4), 0.75);
         assert_eq!(bus_factor(Collective::Reduce, 4), 1.0);
+        assert!(shares_a_cpu(&[0, 1, 0]) && !shares_a_cpu(&[0, 1, u32::MAX, u32::MAX]));
+        assert!(current_cpu().is_some());
     }
 
     #[test]
