@@ -62,9 +62,9 @@ options:
                        mpi_wrong, mpi_shared_cpu
       --vs-mpi         run the Open MPI baseline too (needs mpicc and mpirun on PATH, or set
                        MPICC / MPIRUN; Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev)
-      --mpi-args ARGS  extra mpirun options, split at spaces (they come after the defaults
-                       --allow-run-as-root --oversubscribe --bind-to none
-                       --mca pml ob1 --mca btl self,vader, so they can override them)
+      --mpi-args ARGS  extra mpirun options, split at spaces, after the defaults: for Open MPI
+                       --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1
+                       --mca btl self,vader (self,sm from Open MPI 5); for another MPI none
       --no-build       do not build bench-worker first (use target/release/bench-worker)
   -t, --timeout SECS   kill a run (weave or MPI) still going after SECS (default 600)
   -h, --help           print this help
@@ -92,20 +92,37 @@ exit status: 0 when every run finished with no wrong element; 1 when a run faile
 missing for --vs-mpi, or any #wrong (weave or MPI) is above 0; 2 on a usage error.
 ";
 
-/// Default mpirun options: run as root in containers, allow more ranks than cores, no
-/// binding (the weave ranks are not bound either), and Open MPI's shared-memory transport.
-const MPIRUN_DEFAULTS: &[&str] = &[
-    "--allow-run-as-root",
-    "--oversubscribe",
-    "--bind-to",
-    "none",
-    "--mca",
-    "pml",
-    "ob1",
-    "--mca",
-    "btl",
-    "self,vader",
-];
+/// Default mpirun options for Open MPI: run as root in containers, allow more ranks than
+/// cores, no binding (the weave ranks are not bound either), and Open MPI's shared-memory
+/// transport (`vader` up to 4.x, `sm` from 5.0).
+fn mpirun_defaults(open_mpi_major: Option<u32>) -> Vec<&'static str> {
+    match open_mpi_major {
+        Some(major) => {
+            let shm = if major >= 5 { "self,sm" } else { "self,vader" };
+            vec![
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "--mca",
+                "pml",
+                "ob1",
+                "--mca",
+                "btl",
+                shm,
+            ]
+        }
+        // Another MPI (MPICH, Intel MPI): only -np, plus what --mpi-args adds.
+        None => Vec::new(),
+    }
+}
+
+/// The major version of Open MPI behind `mpirun`, from `mpirun --version` (`mpirun (Open MPI)
+/// 4.1.4`); `None` for another MPI or an unreadable answer.
+fn open_mpi_major(version_text: &str) -> Option<u32> {
+    let rest = &version_text[version_text.find("(Open MPI)")? + "(Open MPI)".len()..];
+    rest.split_whitespace().next()?.split('.').next()?.parse().ok()
+}
 
 /// The baseline's source, written next to the build outputs and compiled with `mpicc`.
 const MPI_BENCH_SOURCE: &str = include_str!("mpi_bench.c");
@@ -443,8 +460,17 @@ fn parse_rows<'a>(who: &str, lines: impl IntoIterator<Item = &'a str>) -> Result
 
 /// Runs the Open MPI baseline; returns its rows.
 fn run_mpi(a: &BenchArgs, mpirun: &Path, bin: &Path, token: &CancelToken) -> Result<Vec<Row>, String> {
+    let version = Command::new(mpirun)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+        .unwrap_or_default();
+    let major = open_mpi_major(&version);
+    if major.is_none() {
+        eprintln!("bench: {} is not Open MPI; running it with -np and --mpi-args only", mpirun.display());
+    }
     let mut cmd = Command::new(mpirun);
-    cmd.args(MPIRUN_DEFAULTS).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
+    cmd.args(mpirun_defaults(major)).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
     cmd.args(a.program_args()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     // The launcher's variables would tell nothing to MPI ranks; MPI sets its own.
     eprintln!("bench: running the Open MPI baseline: {}", describe(&cmd));
@@ -744,6 +770,17 @@ mod tests {
         assert!(parse_rows("w", ["{broken"]).unwrap_err().contains("unreadable result line"));
         // The embedded baseline is the file next to this module.
         assert!(MPI_BENCH_SOURCE.contains("MPI_Reduce_scatter_block"));
+    }
+
+    #[test]
+    fn mpirun_flags_follow_the_open_mpi_version() {
+        assert_eq!(open_mpi_major("mpirun (Open MPI) 4.1.4\n\nReport bugs to ..."), Some(4));
+        assert_eq!(open_mpi_major("mpirun (Open MPI) 5.0.3"), Some(5));
+        assert_eq!(open_mpi_major("HYDRA build details:\n    Version: 4.1"), None);
+        assert_eq!(open_mpi_major(""), None);
+        assert!(mpirun_defaults(Some(4)).contains(&"self,vader"));
+        assert!(mpirun_defaults(Some(5)).contains(&"self,sm"));
+        assert!(mpirun_defaults(None).is_empty());
     }
 
     #[test]

@@ -61,24 +61,24 @@ impl Op {
     }
 }
 
-/// Element types: (nccl-tests name, Rust name, bytes).
-pub(crate) const DTYPES: [(&str, &str, u64); 10] = [
-    ("float", "f32", 4),
-    ("double", "f64", 8),
-    ("half", "f16", 2),
-    ("bfloat16", "bf16", 2),
-    ("int8", "i8", 1),
-    ("uint8", "u8", 1),
-    ("int32", "i32", 4),
-    ("uint32", "u32", 4),
-    ("int64", "i64", 8),
-    ("uint64", "u64", 8),
+/// Element types: (nccl-tests name, Rust name).
+pub(crate) const DTYPES: [(&str, &str); 10] = [
+    ("float", "f32"),
+    ("double", "f64"),
+    ("half", "f16"),
+    ("bfloat16", "bf16"),
+    ("int8", "i8"),
+    ("uint8", "u8"),
+    ("int32", "i32"),
+    ("uint32", "u32"),
+    ("int64", "i64"),
+    ("uint64", "u64"),
 ];
 
 /// The nccl-tests name of a data type given by either name.
 pub(crate) fn dtype_name(s: &str) -> Option<&'static str> {
     let s = s.trim().to_ascii_lowercase();
-    DTYPES.iter().find(|(n, r, _)| *n == s || *r == s).map(|(n, _, _)| *n)
+    DTYPES.iter().find(|(n, r)| *n == s || *r == s).map(|(n, _)| *n)
 }
 
 /// Reduction operators.
