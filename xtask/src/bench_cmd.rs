@@ -386,7 +386,7 @@ fn mpi_tools() -> Result<(PathBuf, PathBuf), String> {
             let missing: Vec<String> =
                 [cc.err(), run.err()].into_iter().flatten().map(|n| n.to_string_lossy().into_owned()).collect();
             Err(format!(
-                "--vs-mpi needs Open MPI, but {} {} not found on PATH.\n\
+                "--vs-mpi needs Open MPI, but {} {} not found.\n\
                  Install it (Debian/Ubuntu: `apt-get install openmpi-bin libopenmpi-dev`; Fedora: \
                  `dnf install openmpi-devel` and load the mpi module), or point MPICC and MPIRUN at \
                  the tools, or leave out --vs-mpi.",
@@ -472,7 +472,6 @@ fn run_mpi(a: &BenchArgs, mpirun: &Path, bin: &Path, token: &CancelToken) -> Res
     let mut cmd = Command::new(mpirun);
     cmd.args(mpirun_defaults(major)).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
     cmd.args(a.program_args()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
-    // The launcher's variables would tell nothing to MPI ranks; MPI sets its own.
     eprintln!("bench: running the Open MPI baseline: {}", describe(&cmd));
     let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
     let Some(stdout) = child.stdout.take() else {
