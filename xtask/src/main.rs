@@ -4,7 +4,10 @@
 //! `run(Args) -> ExitCode`; add it to [`COMMANDS`] to make it reachable.
 
 mod args;
+mod bench_cmd;
+mod bench_table;
 mod gpu_bundle_cmd;
+mod json;
 mod launch_cmd;
 mod test_cmd;
 
@@ -30,6 +33,7 @@ const COMMANDS: &[Command] = &[
     },
     Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run },
     Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
+    Command { name: "bench", summary: bench_cmd::SUMMARY, usage: bench_cmd::USAGE, run: bench_cmd::run },
 ];
 
 fn usage() -> String {

@@ -1,0 +1,607 @@
+//! One rank of `cargo xtask bench`: times one weave collective over a range of sizes, the way
+//! nccl-tests does, and prints one JSON line per size on rank 0.
+//!
+//! ```text
+//! bench-worker [--op OP] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T] [--redop OP]
+//!              [--iters N] [--warmup N] [--check] [--inplace]
+//! ```
+//!
+//! Launched as N ranks (`cargo xtask bench`, or `cargo xtask launch -n N -- bench-worker …`).
+//! The Open MPI baseline `xtask/src/mpi_bench.c` implements exactly the same method; keep the
+//! two in step:
+//!
+//! - **Sizes**: from `-b` to `-e` (inclusive), multiplying by `-f`. "size" is the largest
+//!   buffer of the call (all_gather: the receive buffer; reduce_scatter: the send buffer).
+//!   all_gather, reduce_scatter and all_to_all use `count = (size / elt / n)` rounded down to
+//!   a multiple of 16 bytes, per rank (per block), as nccl-tests does; the size printed is
+//!   then `count × n × elt`.
+//! - **Timing**: per size, `--warmup` untimed calls, then `--iters` calls each timed on its own
+//!   with a monotonic clock (no barrier between calls). Afterwards the per-call times are
+//!   all-reduced with MAX through the communicator (outside the timed region), and the median
+//!   of those maxima is reported.
+//! - **Check** (`--check`): before every call (untimed) the input is restored and the output
+//!   poisoned; after it (untimed) every element of the result is compared with the exact
+//!   expected value. Inputs are small integers, so every result is exact in every type; only
+//!   a floating-point `avg` is compared with a relative tolerance. `wrong` is the number of
+//!   wrong elements summed over ranks and over all calls (warm-up included).
+//! - **Roots**: broadcast and reduce use root 0.
+//!
+//! Output: rank 0 prints, per size, one line
+//! `{"op":…,"bytes":…,"count":…,"dtype":…,"redop":…,"inplace":…,"ranks":…,"time_us":…,"algbw":…,"busbw":…,"wrong":…,"algorithm":…,"shared_cpu":…}`
+//! (GB/s = 1e9 B/s; `wrong` is `null` without `--check`; `redop` is `none` for collectives
+//! that do not reduce; `shared_cpu` is true when, at the end of the size, two ranks were on the
+//! same CPU — their waits then went through the scheduler). Nothing else it prints to stdout starts with `{`. Errors go to stderr
+//! with exit status 1; a bad command line exits 2.
+
+use std::time::Instant;
+
+use collectives::{Collective, Communicator, DataType, Element, ReduceOp, bf16, f16};
+use comm_core::{Error, Result};
+
+/// The root of broadcast and reduce.
+const ROOT: usize = 0;
+
+/// What poisoned output elements hold before a checked call (outside every input's range).
+const SENTINEL: f64 = -77.0;
+
+/// The usage text printed on a command-line mistake.
+const USAGE: &str = "usage: bench-worker [--op OP] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T] [--redop OP] \
+[--iters N] [--warmup N] [--check] [--inplace]
+  OP: all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all
+  sizes in bytes, with an optional K/M/G suffix (powers of 1024): 8, 64K, 64M, 1G";
+
+/// A parsed command line.
+#[derive(Debug, Clone, PartialEq)]
+struct Options {
+    op: Collective,
+    min_bytes: usize,
+    max_bytes: usize,
+    factor: usize,
+    dtype: DataType,
+    redop: ReduceOp,
+    iters: usize,
+    warmup: usize,
+    check: bool,
+    inplace: bool,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Options {
+            op: Collective::AllReduce,
+            min_bytes: 8,
+            max_bytes: 64 << 20,
+            factor: 2,
+            dtype: DataType::F32,
+            redop: ReduceOp::Sum,
+            iters: 20,
+            warmup: 5,
+            check: false,
+            inplace: false,
+        }
+    }
+}
+
+fn main() {
+    let opts = match parse_args(std::env::args().skip(1)) {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("bench-worker: {e}\n{USAGE}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&opts) {
+        let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
+        eprintln!("bench-worker rank {rank}: {e}");
+        std::process::exit(1);
+    }
+}
+
+/// Parses a size: digits with an optional `K`, `M` or `G` suffix (powers of 1024, any case,
+/// optionally followed by `B` or `iB`).
+fn parse_size(s: &str) -> Option<usize> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix("ib").or_else(|| t.strip_suffix('b')).unwrap_or(&t);
+    let (digits, shift) = match t.as_bytes().last()? {
+        b'k' => (&t[..t.len() - 1], 10),
+        b'm' => (&t[..t.len() - 1], 20),
+        b'g' => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<usize>().ok()?.checked_mul(1usize << shift)
+}
+
+fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options, String> {
+    let mut o = Options::default();
+    let mut args = args.peekable();
+    while let Some(arg) = args.next() {
+        let (flag, attached) = match arg.split_once('=') {
+            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
+            _ => (arg.clone(), None),
+        };
+        let mut value = |what: &str| -> std::result::Result<String, String> {
+            attached.clone().or_else(|| args.next()).ok_or_else(|| format!("{flag} needs {what}"))
+        };
+        let count = |v: String, min: usize| -> std::result::Result<usize, String> {
+            v.trim()
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n >= min)
+                .ok_or_else(|| format!("{flag} expects a whole number of at least {min}, got {v:?}"))
+        };
+        match flag.as_str() {
+            "--op" => {
+                let v = value("a collective")?;
+                o.op = Collective::parse(&v)
+                    .filter(|c| *c != Collective::AllToAllv)
+                    .ok_or_else(|| format!("unknown collective {v:?}"))?;
+            }
+            "-b" | "--minbytes" => {
+                let v = value("a size")?;
+                o.min_bytes = parse_size(&v).ok_or_else(|| format!("{flag}: bad size {v:?}"))?;
+            }
+            "-e" | "--maxbytes" => {
+                let v = value("a size")?;
+                o.max_bytes = parse_size(&v).ok_or_else(|| format!("{flag}: bad size {v:?}"))?;
+            }
+            "-f" | "--stepfactor" => o.factor = count(value("a factor")?, 2)?,
+            "--dtype" => {
+                let v = value("a data type")?;
+                o.dtype = DataType::parse(&v).ok_or_else(|| format!("unknown data type {v:?}"))?;
+            }
+            "--redop" => {
+                let v = value("a reduction operator")?;
+                o.redop = ReduceOp::parse(&v).ok_or_else(|| format!("unknown reduction operator {v:?}"))?;
+            }
+            "--iters" => o.iters = count(value("a count")?, 1)?,
+            "--warmup" => o.warmup = count(value("a count")?, 0)?,
+            "--check" if attached.is_none() => o.check = true,
+            "--inplace" if attached.is_none() => o.inplace = true,
+            _ => return Err(format!("unexpected argument {arg:?}")),
+        }
+    }
+    if o.min_bytes == 0 {
+        return Err("-b must be at least 1 byte".into());
+    }
+    if o.min_bytes > o.max_bytes {
+        return Err(format!("-b ({}) is larger than -e ({})", o.min_bytes, o.max_bytes));
+    }
+    Ok(o)
+}
+
+/// The sizes of a sweep: `min`, `min × factor`, … while not above `max`.
+fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
+    let mut v = Vec::new();
+    let mut s = min;
+    while s <= max {
+        v.push(s);
+        match s.checked_mul(factor) {
+            Some(next) if next > s => s = next,
+            _ => break,
+        }
+    }
+    v
+}
+
+/// nccl-tests' bus-bandwidth factor.
+fn bus_factor(op: Collective, n: usize) -> f64 {
+    let n = n as f64;
+    match op {
+        Collective::AllReduce => 2.0 * (n - 1.0) / n,
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll | Collective::AllToAllv => {
+            (n - 1.0) / n
+        }
+        Collective::Broadcast | Collective::Reduce => 1.0,
+    }
+}
+
+/// The median of `v` (mean of the middle two for an even length); 0 for an empty slice.
+fn median(v: &[f64]) -> f64 {
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    match s.len() {
+        0 => 0.0,
+        n if n % 2 == 1 => s[n / 2],
+        n => (s[n / 2 - 1] + s[n / 2]) / 2.0,
+    }
+}
+
+/// Input element `i` of rank `rank`: a hash of both, reduced to a small integer so sums and
+/// products are exact in every type (`[-4, 11]`, or `[0, 15]` for unsigned types; for `prod`
+/// one of 1, 2, -1 (1 for unsigned), 1). Same formula as `mpi_bench.c`.
+fn input_value(prod: bool, unsigned: bool, rank: usize, i: usize) -> f64 {
+    let h = (i as u32).wrapping_mul(2_654_435_761).wrapping_add((rank as u32).wrapping_mul(40_503)) >> 28;
+    if prod {
+        match h & 3 {
+            1 => 2.0,
+            2 if !unsigned => -1.0,
+            _ => 1.0,
+        }
+    } else if unsigned {
+        h as f64
+    } else {
+        h as f64 - 4.0
+    }
+}
+
+/// Everything one size needs: the element type's view of the options.
+struct Case<'a> {
+    comm: &'a Communicator,
+    o: &'a Options,
+    me: usize,
+    n: usize,
+    /// Elements per rank (per block for the block collectives), as nccl-tests prints it.
+    count: usize,
+}
+
+impl Case<'_> {
+    fn value(&self, rank: usize, i: usize) -> f64 {
+        let unsigned = matches!(self.o.dtype, DataType::U8 | DataType::U32 | DataType::U64);
+        let prod = self.reduces() && self.o.redop == ReduceOp::Prod;
+        input_value(prod, unsigned, rank, i)
+    }
+
+    fn reduces(&self) -> bool {
+        matches!(self.o.op, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce)
+    }
+
+    /// The reduction over every rank of input element `i`, in `T`'s arithmetic.
+    fn reduced<T: Element>(&self, i: usize) -> T {
+        let vals = (0..self.n).map(|r| self.value(r, i));
+        let exact = match self.o.redop {
+            ReduceOp::Sum | ReduceOp::Avg => vals.sum(),
+            ReduceOp::Prod => vals.product(),
+            ReduceOp::Min => vals.fold(f64::INFINITY, f64::min),
+            ReduceOp::Max => vals.fold(f64::NEG_INFINITY, f64::max),
+        };
+        if self.o.redop != ReduceOp::Avg {
+            return T::from_f64(exact);
+        }
+        if T::DTYPE.is_float() {
+            T::from_f64(exact / self.n as f64)
+        } else {
+            T::from_f64((T::from_f64(exact).to_f64() / self.n as f64).trunc())
+        }
+    }
+
+    /// Lengths of the first buffer (send, or the in-place buffer) and the receive buffer.
+    fn lengths(&self) -> (usize, usize) {
+        let (c, nc, root) = (self.count, self.n * self.count, self.me == ROOT);
+        match (self.o.op, self.o.inplace) {
+            (Collective::AllReduce, false) => (c, c),
+            (Collective::AllGather, false) => (c, nc),
+            (Collective::ReduceScatter, false) => (nc, c),
+            (Collective::Broadcast, false) => (if root { c } else { 0 }, c),
+            (Collective::Reduce, false) => (c, if root { c } else { 0 }),
+            (Collective::AllToAll | Collective::AllToAllv, false) => (nc, nc),
+            (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, true) => (c, 0),
+            (_, true) => (nc, 0),
+        }
+    }
+
+    /// The initial content of the first buffer.
+    fn initial<T: Element>(&self, len: usize) -> Result<Vec<T>> {
+        let sentinel = T::from_f64(SENTINEL);
+        let mut v = alloc::<T>(len)?;
+        let (me, c) = (self.me, self.count);
+        v.extend((0..len).map(|i| match (self.o.op, self.o.inplace) {
+            (Collective::AllGather, true) if i / c.max(1) != me => sentinel,
+            (Collective::AllGather, true) => T::from_f64(self.value(me, i - me * c)),
+            (Collective::Broadcast, _) if me != ROOT => sentinel,
+            (Collective::Broadcast, _) => T::from_f64(self.value(ROOT, i)),
+            _ => T::from_f64(self.value(me, i)),
+        }));
+        Ok(v)
+    }
+
+    /// Where the result lies (offset into the in-place buffer, or 0 for the receive buffer)
+    /// and its expected content; `None` where this rank gets no result (reduce off the root).
+    fn expected<T: Element>(&self) -> Result<Option<(usize, Vec<T>)>> {
+        let (me, n, c) = (self.me, self.n, self.count);
+        let len = match self.o.op {
+            Collective::Reduce if me != ROOT => return Ok(None),
+            Collective::AllReduce | Collective::Broadcast | Collective::Reduce | Collective::ReduceScatter => c,
+            Collective::AllGather | Collective::AllToAll | Collective::AllToAllv => n * c,
+        };
+        let mut v = alloc::<T>(len)?;
+        v.extend((0..len).map(|j| match self.o.op {
+            Collective::AllReduce | Collective::Reduce => self.reduced(j),
+            Collective::ReduceScatter => self.reduced(me * c + j),
+            Collective::Broadcast => T::from_f64(self.value(ROOT, j)),
+            Collective::AllGather => T::from_f64(self.value(j / c, j % c)),
+            Collective::AllToAll | Collective::AllToAllv => T::from_f64(self.value(j / c, me * c + j % c)),
+        }));
+        let offset = if self.o.inplace && self.o.op == Collective::ReduceScatter { me * c } else { 0 };
+        Ok(Some((offset, v)))
+    }
+
+    /// One call of the collective.
+    fn call<T: Element>(&self, a: &mut [T], b: &mut [T]) -> Result<()> {
+        let (comm, op) = (self.comm, self.o.redop);
+        match (self.o.op, self.o.inplace) {
+            (Collective::AllReduce, false) => comm.all_reduce(a, b, op),
+            (Collective::AllReduce, true) => comm.all_reduce_in_place(a, op),
+            (Collective::AllGather, false) => comm.all_gather(a, b),
+            (Collective::AllGather, true) => comm.all_gather_in_place(a),
+            (Collective::ReduceScatter, false) => comm.reduce_scatter(a, b, op),
+            (Collective::ReduceScatter, true) => comm.reduce_scatter_in_place(a, op),
+            (Collective::Broadcast, false) => comm.broadcast(a, b, ROOT),
+            (Collective::Broadcast, true) => comm.broadcast_in_place(a, ROOT),
+            (Collective::Reduce, false) => comm.reduce(a, b, op, ROOT),
+            (Collective::Reduce, true) => comm.reduce_in_place(a, op, ROOT),
+            (Collective::AllToAll, false) => comm.all_to_all(a, b),
+            (Collective::AllToAll, true) => comm.all_to_all_in_place(a),
+            (Collective::AllToAllv, _) => Err(Error::Unsupported("the benchmark does not run all_to_allv".into())),
+        }
+    }
+
+    /// Runs one size; returns the per-call times in microseconds (this rank's) and the number
+    /// of wrong elements this rank saw.
+    fn run<T: Element>(&self) -> Result<(Vec<f64>, u64)> {
+        let (len_a, len_b) = self.lengths();
+        let init = self.initial::<T>(len_a)?;
+        let mut a = init.clone();
+        let mut b = alloc::<T>(len_b)?;
+        b.resize(len_b, T::from_f64(SENTINEL));
+        let expected = if self.o.check { self.expected::<T>()? } else { None };
+        let avg_float = self.o.redop == ReduceOp::Avg && self.reduces() && T::DTYPE.is_float();
+        let tol = tolerance(T::DTYPE);
+        let mut times = Vec::with_capacity(self.o.iters);
+        let mut wrong = 0u64;
+        for it in 0..self.o.warmup + self.o.iters {
+            if self.o.check {
+                if self.o.inplace {
+                    a.copy_from_slice(&init);
+                } else {
+                    b.fill(T::from_f64(SENTINEL));
+                }
+            }
+            let t0 = Instant::now();
+            self.call(&mut a, &mut b)?;
+            let us = t0.elapsed().as_secs_f64() * 1e6;
+            if it >= self.o.warmup {
+                times.push(us);
+            }
+            if let Some((offset, want)) = &expected {
+                let got = if self.o.inplace { &a[*offset..*offset + want.len()] } else { &b[..want.len()] };
+                wrong += count_wrong(got, want, avg_float.then_some(tol));
+            }
+        }
+        Ok((times, wrong))
+    }
+}
+
+/// Relative tolerance for a floating-point `avg` (the only result that may round).
+fn tolerance(d: DataType) -> f64 {
+    match d {
+        DataType::F64 => 1e-12,
+        DataType::F32 => 1e-6,
+        DataType::F16 => 1e-3,
+        DataType::Bf16 => 8e-3,
+        _ => 0.0,
+    }
+}
+
+/// The number of elements of `got` that differ from `want` (exactly, or beyond the relative
+/// tolerance `tol`).
+fn count_wrong<T: Element>(got: &[T], want: &[T], tol: Option<f64>) -> u64 {
+    match tol {
+        None => got.iter().zip(want).filter(|(g, w)| g != w).count() as u64,
+        Some(tol) => got
+            .iter()
+            .zip(want)
+            .filter(|(g, w)| {
+                let (g, w) = (g.to_f64(), w.to_f64());
+                (g - w).abs() > tol * w.abs().max(1.0)
+            })
+            .count() as u64,
+    }
+}
+
+/// An empty vector with room for `len` elements, or an error naming the size.
+fn alloc<T>(len: usize) -> Result<Vec<T>> {
+    let mut v = Vec::new();
+    v.try_reserve_exact(len).map_err(|_| {
+        Error::invalid(format!("cannot allocate a buffer of {len} elements of {} bytes", std::mem::size_of::<T>()))
+    })?;
+    Ok(v)
+}
+
+/// One line of results.
+struct Line {
+    bytes: usize,
+    count: usize,
+    time_us: f64,
+    wrong: Option<u64>,
+    algorithm: String,
+    shared_cpu: bool,
+}
+
+fn run(o: &Options) -> Result<()> {
+    let comm = Communicator::from_env()?;
+    for size in sizes(o.min_bytes, o.max_bytes, o.factor) {
+        let line = match o.dtype {
+            DataType::F64 => run_size::<f64>(&comm, o, size)?,
+            DataType::F32 => run_size::<f32>(&comm, o, size)?,
+            DataType::F16 => run_size::<f16>(&comm, o, size)?,
+            DataType::Bf16 => run_size::<bf16>(&comm, o, size)?,
+            DataType::I64 => run_size::<i64>(&comm, o, size)?,
+            DataType::I32 => run_size::<i32>(&comm, o, size)?,
+            DataType::U64 => run_size::<u64>(&comm, o, size)?,
+            DataType::U32 => run_size::<u32>(&comm, o, size)?,
+            DataType::I8 => run_size::<i8>(&comm, o, size)?,
+            DataType::U8 => run_size::<u8>(&comm, o, size)?,
+        };
+        if comm.rank() == 0 {
+            println!("{}", json_line(o, comm.world_size(), &line));
+        }
+    }
+    Ok(())
+}
+
+/// Elements per rank (per block) for `size` bytes, as nccl-tests computes it.
+fn count_for(op: Collective, size: usize, elt: usize, n: usize) -> usize {
+    let count = size / elt;
+    match op {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => count,
+        _ => (count / n) & !(16 / elt).saturating_sub(1),
+    }
+}
+
+fn run_size<T: Element>(comm: &Communicator, o: &Options, size: usize) -> Result<Line> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let elt = std::mem::size_of::<T>();
+    let count = count_for(o.op, size, elt, n);
+    let case = Case { comm, o, me, n, count };
+    let (times, wrong) = case.run::<T>()?;
+    // Outside the timed region: the slowest rank's time of every call, and the total of wrong
+    // elements.
+    let mut max_times = vec![0.0f64; times.len()];
+    comm.all_reduce(&times, &mut max_times, ReduceOp::Max)?;
+    let wrong = if o.check {
+        let mut total = [0u64];
+        comm.all_reduce(&[wrong], &mut total, ReduceOp::Sum)?;
+        Some(total[0])
+    } else {
+        None
+    };
+    let bytes = match o.op {
+        Collective::AllReduce | Collective::Broadcast | Collective::Reduce => count,
+        _ => n * count,
+    } * elt;
+    let algorithm = comm.algorithm_for(o.op, bytes).map(|a| a.name().to_string()).unwrap_or_else(|e| format!("{e}"));
+    // Where the ranks ran at the end: two on one CPU means their waits went through the
+    // scheduler, which dominates small-size times.
+    let mut cpus = vec![0u32; n];
+    comm.all_gather(&[current_cpu().unwrap_or(u32::MAX)], &mut cpus)?;
+    let shared_cpu = shares_a_cpu(&cpus);
+    Ok(Line { bytes, count, time_us: median(&max_times), wrong, algorithm, shared_cpu })
+}
+
+/// The CPU this thread last ran on (field 39 of `/proc/thread-self/stat`), if readable.
+fn current_cpu() -> Option<u32> {
+    let stat = std::fs::read_to_string("/proc/thread-self/stat").ok()?;
+    // Fields after the command name (which may hold spaces and parentheses) start at field 3.
+    let rest = stat.get(stat.rfind(')')? + 1..)?;
+    rest.split_whitespace().nth(39 - 3)?.parse().ok()
+}
+
+/// Whether two ranks reported the same CPU (`u32::MAX`: unknown).
+fn shares_a_cpu(cpus: &[u32]) -> bool {
+    let mut known: Vec<u32> = cpus.iter().copied().filter(|&c| c != u32::MAX).collect();
+    known.sort_unstable();
+    known.windows(2).any(|w| w[0] == w[1])
+}
+
+/// A JSON string literal.
+fn json_str(s: &str) -> String {
+    let mut out = String::with_capacity(s.len() + 2);
+    out.push('"');
+    for ch in s.chars() {
+        match ch {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
+            c => out.push(c),
+        }
+    }
+    out.push('"');
+    out
+}
+
+/// A JSON number (non-finite values become `null`).
+fn json_num(v: f64) -> String {
+    if v.is_finite() { format!("{v}") } else { "null".into() }
+}
+
+fn json_line(o: &Options, n: usize, l: &Line) -> String {
+    let seconds = l.time_us / 1e6;
+    let algbw = if seconds > 0.0 { l.bytes as f64 / 1e9 / seconds } else { 0.0 };
+    let busbw = algbw * bus_factor(o.op, n);
+    let redop = if matches!(o.op, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce) {
+        o.redop.name()
+    } else {
+        "none"
+    };
+    format!(
+        "{{\"op\":{},\"bytes\":{},\"count\":{},\"dtype\":{},\"redop\":{},\"inplace\":{},\"ranks\":{},\
+         \"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{},\"algorithm\":{},\"shared_cpu\":{}}}",
+        json_str(o.op.name()),
+        l.bytes,
+        l.count,
+        json_str(o.dtype.name()),
+        json_str(redop),
+        o.inplace,
+        n,
+        json_num(l.time_us),
+        json_num(algbw),
+        json_num(busbw),
+        l.wrong.map_or("null".to_string(), |w| w.to_string()),
+        json_str(&l.algorithm),
+        l.shared_cpu,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &[&str]) -> std::result::Result<Options, String> {
+        parse_args(line.iter().map(|s| s.to_string()))
+    }
+
+    #[test]
+    fn sizes_and_arguments_parse() {
+        assert_eq!(parse_size("8"), Some(8));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("64m"), Some(64 << 20));
+        assert_eq!(parse_size("1GiB"), Some(1 << 30));
+        assert_eq!(parse_size("2KB"), Some(2048));
+        for bad in ["", "K", "-8", "1.5M", "8X", "99999999999999999999G"] {
+            assert_eq!(parse_size(bad), None, "{bad}");
+        }
+        let o =
+            parse(&["--op", "all_gather", "-b", "1K", "--maxbytes=4K", "-f", "4", "--dtype=bf16", "--check"]).unwrap();
+        assert_eq!(
+            (o.op, o.min_bytes, o.max_bytes, o.factor, o.dtype),
+            (Collective::AllGather, 1024, 4096, 4, DataType::Bf16)
+        );
+        assert!(o.check && !o.inplace);
+        assert!(parse(&["-f", "1"]).is_err());
+        assert!(parse(&["--iters", "0"]).is_err());
+        assert!(parse(&["-b", "8M", "-e", "1K"]).is_err());
+        assert!(parse(&["--op", "all_to_allv"]).is_err());
+        assert!(parse(&["--check=yes"]).is_err());
+    }
+
+    #[test]
+    fn sweep_counts_and_statistics() {
+        assert_eq!(sizes(8, 64, 2), [8, 16, 32, 64]);
+        assert_eq!(sizes(8, 100, 4), [8, 32]);
+        assert_eq!(sizes(usize::MAX / 2 + 1, usize::MAX, 2), [usize::MAX / 2 + 1]);
+        assert_eq!(count_for(Collective::AllReduce, 8, 4, 2), 2);
+        assert_eq!(count_for(Collective::AllGather, 8, 4, 2), 0);
+        assert_eq!(count_for(Collective::AllGather, 1 << 20, 4, 2), 1 << 17);
+        assert_eq!(count_for(Collective::AllToAll, 100, 1, 3), 32);
+        assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
+        assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);
+        assert_eq!(bus_factor(Collective::AllGather, 4), 0.75);
+        assert_eq!(bus_factor(Collective::Reduce, 4), 1.0);
+        assert!(shares_a_cpu(&[0, 1, 0]) && !shares_a_cpu(&[0, 1, u32::MAX, u32::MAX]));
+        assert!(current_cpu().is_some());
+    }
+
+    #[test]
+    fn inputs_are_small_integers() {
+        for i in 0..1000 {
+            let v = input_value(false, false, i % 5, i);
+            assert!((-4.0..=11.0).contains(&v) && v.fract() == 0.0);
+            assert!((0.0..=15.0).contains(&input_value(false, true, 3, i)));
+            assert!([1.0, 2.0, -1.0].contains(&input_value(true, false, 1, i)));
+        }
+    }
+}

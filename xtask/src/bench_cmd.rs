@@ -1,0 +1,791 @@
+//! `cargo xtask bench`: the nccl-tests table for weave's host collectives, with Open MPI on the
+//! same ranks in the same run (`--vs-mpi`).
+//!
+//! The ranks run `bench-worker` (tests/src/bin/bench-worker.rs) through
+//! [`comm_core::launch`]; the baseline is `mpi_bench.c` (embedded here), built with `mpicc`
+//! and run with `mpirun`. Both print one JSON line per size; this command joins them into one
+//! table.
+
+use std::ffi::OsString;
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use comm_core::launch::{CancelToken, LaunchSpec, forward_signals_to, launch};
+
+use crate::args::{Arg, Args, UsageError};
+use crate::bench_table::{DTYPES, Op, REDOPS, Row, Table, dtype_name};
+
+/// One line for the command list of `cargo xtask help`.
+pub(crate) const SUMMARY: &str = "nccl-tests-style benchmark of the host collectives (--vs-mpi: Open MPI too)";
+
+/// The help text of `cargo xtask bench`.
+pub(crate) const USAGE: &str = "\
+usage: cargo xtask bench [--op OP] [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T]
+                         [--redop OP] [--iters N] [--warmup N] [--check | --no-check]
+                         [--inplace] [--json FILE] [--vs-mpi] [--mpi-args ARGS] [--no-build]
+                         [--timeout SECS]
+
+Runs one weave collective on N ranks of this host (shared memory) over a range of sizes and
+prints the nccl-tests table: size, count, type, redop, time, algbw, busbw, #wrong, plus the
+algorithm weave picked. With --vs-mpi, Open MPI runs the same collective, sizes, data and
+timing method on the same number of ranks in the same run, and the table adds its time and
+busbw and the ratios. With no options it is the main job: all_reduce, 2 ranks, float sum,
+8 B .. 64 MiB ×2 (24 sizes), checked — about 5 s on 2 cores (10 s with --vs-mpi).
+
+options:
+  -o, --op OP          all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,
+                       all_to_all (broadcast and reduce use root 0)
+  -n, --ranks N        number of ranks (default 2: the smallest multi-rank job, one rank
+                       per core on a 2-core machine; ranks beyond the cores make both
+                       libraries wait for the scheduler)
+  -b, --minbytes SIZE  smallest size (default 8)
+  -e, --maxbytes SIZE  largest size (default 64M); sizes are bytes with an optional K, M or G
+                       suffix (powers of 1024): 8, 64K, 64M, 1G
+  -f, --stepfactor F   multiply the size by F (at least 2) from one line to the next
+                       (default 2); like nccl-tests, the sweep stops at the last size <= MAX
+  -d, --dtype T        float (default), double, half, bfloat16, int8, uint8, int32, uint32,
+                       int64, uint64 (or f32, f64, f16, bf16, i8, ...)
+  -r, --redop OP       sum (default), prod, min, max, avg (reducing collectives only)
+      --iters N        timed calls per size (default 20, at least 1)
+  -w, --warmup N       untimed calls per size before them (default 5)
+  -c, --check          verify every call's result (the default)
+      --no-check       do not verify (#wrong prints N/A)
+      --inplace        in place (nccl-tests' conventions: all_gather's input is this rank's
+                       block of the output; reduce_scatter's result lands in this rank's block
+                       with weave, at the start of the buffer with MPI, as MPI defines it)
+      --json FILE      also write one JSON object per size to FILE: op, bytes, count, dtype,
+                       redop, inplace, ranks, time_us, algbw, busbw, wrong, algorithm,
+                       shared_cpu, and with --vs-mpi mpi_time_us, mpi_algbw, mpi_busbw,
+                       mpi_wrong, mpi_shared_cpu
+      --vs-mpi         run the Open MPI baseline too (needs mpicc and mpirun on PATH, or set
+                       MPICC / MPIRUN; Debian/Ubuntu: apt-get install openmpi-bin libopenmpi-dev)
+      --mpi-args ARGS  extra mpirun options, split at spaces, after the defaults: for Open MPI
+                       --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1
+                       --mca btl self,vader (self,sm from Open MPI 5); for another MPI none
+      --no-build       do not build bench-worker first (use target/release/bench-worker)
+  -t, --timeout SECS   kill a run (weave or MPI) still going after SECS (default 600)
+  -h, --help           print this help
+
+method (identical in both programs): per size, WARMUP untimed calls, then ITERS calls each
+timed alone with a monotonic clock (no barrier between calls); the per-call times are
+all-reduced with MAX across ranks outside the timed region (weave through its own
+communicator, MPI through MPI_Allreduce), and the median of those maxima is the time.
+size = bytes of the largest buffer (all_gather: the receive buffer; reduce_scatter: the send
+buffer); all_gather, reduce_scatter and all_to_all round the per-rank count down to 16 bytes,
+as nccl-tests does, so tiny sizes can show 0 bytes. count = elements per rank (per block).
+algbw = size / time, busbw = algbw × factor (all_reduce 2(n-1)/n; all_gather, reduce_scatter,
+all_to_all (n-1)/n; broadcast, reduce 1), GB/s = 1e9 bytes/s. With checking, the input is
+restored (in place) or the output poisoned before every call, and every result element is
+compared with its exact value after it (both untimed; inputs are small integers, so results
+are exact; only a floating-point avg has a tolerance); #wrong sums wrong elements over ranks
+and calls. A time marked * had two ranks on one CPU at the end of its size (another process
+held the other cores, or more ranks than cores): it then measures the scheduler as much as the
+library. Ratios are from one run on the same machine: time ratio mpi/weave and busbw ratio
+weave/mpi, both above 1 when weave is faster. MPI's avg is MPI_SUM then a division (timed);
+its half/bfloat16 reductions use user-defined operators; its out-of-place broadcast adds a
+memcpy on the root.
+
+exit status: 0 when every run finished with no wrong element; 1 when a run failed, MPI is
+missing for --vs-mpi, or any #wrong (weave or MPI) is above 0; 2 on a usage error.
+";
+
+/// Default mpirun options for Open MPI: run as root in containers, allow more ranks than
+/// cores, no binding (the weave ranks are not bound either), and Open MPI's shared-memory
+/// transport (`vader` up to 4.x, `sm` from 5.0).
+fn mpirun_defaults(open_mpi_major: Option<u32>) -> Vec<&'static str> {
+    match open_mpi_major {
+        Some(major) => {
+            let shm = if major >= 5 { "self,sm" } else { "self,vader" };
+            vec![
+                "--allow-run-as-root",
+                "--oversubscribe",
+                "--bind-to",
+                "none",
+                "--mca",
+                "pml",
+                "ob1",
+                "--mca",
+                "btl",
+                shm,
+            ]
+        }
+        // Another MPI (MPICH, Intel MPI): only -np, plus what --mpi-args adds.
+        None => Vec::new(),
+    }
+}
+
+/// The major version of Open MPI behind `mpirun`, from `mpirun --version` (`mpirun (Open MPI)
+/// 4.1.4`); `None` for another MPI or an unreadable answer.
+fn open_mpi_major(version_text: &str) -> Option<u32> {
+    let rest = &version_text[version_text.find("(Open MPI)")? + "(Open MPI)".len()..];
+    rest.split_whitespace().next()?.split('.').next()?.parse().ok()
+}
+
+/// The baseline's source, written next to the build outputs and compiled with `mpicc`.
+const MPI_BENCH_SOURCE: &str = include_str!("mpi_bench.c");
+
+/// A parsed `bench` command line.
+#[derive(Debug, Clone, PartialEq)]
+struct BenchArgs {
+    op: Op,
+    ranks: usize,
+    min_bytes: u64,
+    max_bytes: u64,
+    factor: u64,
+    dtype: &'static str,
+    redop: &'static str,
+    iters: u64,
+    warmup: u64,
+    check: bool,
+    inplace: bool,
+    json: Option<PathBuf>,
+    vs_mpi: bool,
+    mpi_args: Vec<String>,
+    build: bool,
+    timeout: Duration,
+}
+
+impl Default for BenchArgs {
+    fn default() -> Self {
+        BenchArgs {
+            op: Op::AllReduce,
+            ranks: 2,
+            min_bytes: 8,
+            max_bytes: 64 << 20,
+            factor: 2,
+            dtype: "float",
+            redop: "sum",
+            iters: 20,
+            warmup: 5,
+            check: true,
+            inplace: false,
+            json: None,
+            vs_mpi: false,
+            mpi_args: Vec::new(),
+            build: true,
+            timeout: Duration::from_secs(600),
+        }
+    }
+}
+
+impl BenchArgs {
+    /// The arguments both bench programs take.
+    fn program_args(&self) -> Vec<String> {
+        let mut v: Vec<String> = [
+            "--op",
+            self.op.name(),
+            "-b",
+            &self.min_bytes.to_string(),
+            "-e",
+            &self.max_bytes.to_string(),
+            "-f",
+            &self.factor.to_string(),
+            "--dtype",
+            self.dtype,
+            "--redop",
+            self.redop,
+            "--iters",
+            &self.iters.to_string(),
+            "--warmup",
+            &self.warmup.to_string(),
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        if self.check {
+            v.push("--check".into());
+        }
+        if self.inplace {
+            v.push("--inplace".into());
+        }
+        v
+    }
+
+    /// The sizes of the sweep.
+    fn sizes(&self) -> Vec<u64> {
+        let mut v = Vec::new();
+        let mut s = self.min_bytes;
+        while s <= self.max_bytes {
+            v.push(s);
+            match s.checked_mul(self.factor) {
+                Some(next) => s = next,
+                None => break,
+            }
+        }
+        v
+    }
+}
+
+/// What the command line asks for.
+#[derive(Debug, PartialEq)]
+enum Parsed {
+    Help,
+    Run(BenchArgs),
+}
+
+/// Parses a size: digits with an optional `K`, `M` or `G` suffix (powers of 1024, any case,
+/// optionally followed by `B` or `iB`).
+pub(crate) fn parse_size(s: &str) -> Option<u64> {
+    let t = s.trim().to_ascii_lowercase();
+    let t = t.strip_suffix("ib").or_else(|| t.strip_suffix('b')).unwrap_or(&t);
+    let (digits, shift) = match t.as_bytes().last()? {
+        b'k' => (&t[..t.len() - 1], 10),
+        b'm' => (&t[..t.len() - 1], 20),
+        b'g' => (&t[..t.len() - 1], 30),
+        _ => (t, 0),
+    };
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse::<u64>().ok()?.checked_mul(1u64 << shift)
+}
+
+fn text_value(args: &mut Args, flag: &str) -> Result<String, UsageError> {
+    args.value(flag)?.into_string().map_err(|v| UsageError(format!("{flag} must be UTF-8, got {v:?}")))
+}
+
+fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
+    let mut a = BenchArgs::default();
+    while let Some(arg) = args.next()? {
+        let f = match arg {
+            Arg::Flag(f) => f,
+            Arg::Positional(p) => return Err(UsageError(format!("unexpected argument {p:?} for `bench`"))),
+            Arg::Separator => return Err(UsageError("`bench` takes no arguments after --".into())),
+        };
+        let count = |args: &mut Args, min: u64| -> Result<u64, UsageError> {
+            let n: u64 = args.parse(&f, "a whole number")?;
+            if n < min {
+                return Err(UsageError(format!("{f} must be at least {min}, got {n}")));
+            }
+            Ok(n)
+        };
+        let size = |args: &mut Args| -> Result<u64, UsageError> {
+            let v = text_value(args, &f)?;
+            parse_size(&v)
+                .ok_or_else(|| UsageError(format!("{f} expects a size in bytes such as 8, 64K, 64M or 1G, got {v:?}")))
+        };
+        match f.as_str() {
+            "-h" | "--help" => return Ok(Parsed::Help),
+            "-o" | "--op" => {
+                let v = text_value(args, &f)?;
+                a.op = Op::parse(&v).ok_or_else(|| {
+                    UsageError(format!(
+                        "unknown collective {v:?}; expected one of {}",
+                        Op::ALL.map(|o| o.name()).join(", ")
+                    ))
+                })?;
+            }
+            "-n" | "--ranks" => {
+                a.ranks = usize::try_from(count(args, 1)?).map_err(|_| UsageError(format!("{f}: too many ranks")))?;
+            }
+            "-b" | "--minbytes" => a.min_bytes = size(args)?,
+            "-e" | "--maxbytes" => a.max_bytes = size(args)?,
+            "-f" | "--stepfactor" => a.factor = count(args, 2)?,
+            "-d" | "--dtype" => {
+                let v = text_value(args, &f)?;
+                a.dtype = dtype_name(&v).ok_or_else(|| {
+                    UsageError(format!("unknown data type {v:?}; expected one of {}", DTYPES.map(|d| d.0).join(", ")))
+                })?;
+            }
+            "-r" | "--redop" => {
+                let v = text_value(args, &f)?.to_ascii_lowercase();
+                a.redop = REDOPS.into_iter().find(|r| *r == v).ok_or_else(|| {
+                    UsageError(format!("unknown reduction operator {v:?}; expected one of {}", REDOPS.join(", ")))
+                })?;
+            }
+            "--iters" => a.iters = count(args, 1)?,
+            "-w" | "--warmup" => a.warmup = count(args, 0)?,
+            "-c" | "--check" => a.check = true,
+            "--no-check" => a.check = false,
+            "--inplace" => a.inplace = true,
+            "--json" => a.json = Some(PathBuf::from(args.value(&f)?)),
+            "--vs-mpi" => a.vs_mpi = true,
+            "--mpi-args" => a.mpi_args = text_value(args, &f)?.split_whitespace().map(String::from).collect(),
+            "--no-build" => a.build = false,
+            "-t" | "--timeout" => {
+                let secs: f64 = args.parse(&f, "a number of seconds")?;
+                a.timeout = Duration::try_from_secs_f64(secs)
+                    .ok()
+                    .filter(|t| !t.is_zero())
+                    .ok_or_else(|| UsageError(format!("{f} must be a positive number of seconds, got {secs}")))?;
+            }
+            _ => return Err(UsageError(format!("unknown option {f} for `bench`"))),
+        }
+    }
+    if a.min_bytes == 0 {
+        return Err(UsageError("-b must be at least 1 byte".into()));
+    }
+    if a.min_bytes > a.max_bytes {
+        return Err(UsageError(format!("-b ({}) is larger than -e ({})", a.min_bytes, a.max_bytes)));
+    }
+    if a.iters > i32::MAX as u64 {
+        return Err(UsageError(format!("--iters must be at most {}", i32::MAX)));
+    }
+    Ok(Parsed::Run(a))
+}
+
+/// Runs `cargo xtask bench` with the arguments after the subcommand name.
+pub(crate) fn run(mut args: Args) -> ExitCode {
+    let parsed = match parse(&mut args) {
+        Ok(Parsed::Help) => {
+            print!("{USAGE}");
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Run(parsed)) => parsed,
+        Err(e) => return crate::usage_error(&e, "bench"),
+    };
+    let token = CancelToken::new();
+    // Before any thread starts (the launcher's readers inherit the blocked signals).
+    if let Err(e) = forward_signals_to(&token) {
+        eprintln!("warning: {e}; Ctrl-C will stop only this command, not the ranks");
+    }
+    match bench(&parsed, &token) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The workspace root (xtask lives one level below it).
+fn workspace_root() -> PathBuf {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    manifest.parent().unwrap_or(manifest).to_path_buf()
+}
+
+/// Cargo's target directory: `CARGO_TARGET_DIR` (relative to the workspace root) or `target`.
+fn target_dir(root: &Path) -> PathBuf {
+    match std::env::var_os("CARGO_TARGET_DIR") {
+        Some(d) if !d.is_empty() => root.join(d),
+        _ => root.join("target"),
+    }
+}
+
+/// `name` looked up in `PATH` (or taken as is when it has a slash), if it is a file.
+fn find_program(name: &OsString) -> Option<PathBuf> {
+    let p = Path::new(name);
+    if p.components().count() > 1 {
+        return p.is_file().then(|| p.to_path_buf());
+    }
+    std::env::split_paths(&std::env::var_os("PATH")?).map(|d| d.join(p)).find(|c| c.is_file())
+}
+
+/// The MPI tools: `MPICC` / `MPIRUN` or `mpicc` / `mpirun` on `PATH`.
+fn mpi_tools() -> Result<(PathBuf, PathBuf), String> {
+    let tool = |var: &str, default: &str| {
+        let name = std::env::var_os(var).filter(|v| !v.is_empty()).unwrap_or_else(|| default.into());
+        find_program(&name).ok_or(name)
+    };
+    match (tool("MPICC", "mpicc"), tool("MPIRUN", "mpirun")) {
+        (Ok(cc), Ok(run)) => Ok((cc, run)),
+        (cc, run) => {
+            let missing: Vec<String> =
+                [cc.err(), run.err()].into_iter().flatten().map(|n| n.to_string_lossy().into_owned()).collect();
+            Err(format!(
+                "--vs-mpi needs Open MPI, but {} {} not found.\n\
+                 Install it (Debian/Ubuntu: `apt-get install openmpi-bin libopenmpi-dev`; Fedora: \
+                 `dnf install openmpi-devel` and load the mpi module), or point MPICC and MPIRUN at \
+                 the tools, or leave out --vs-mpi.",
+                missing.join(" and "),
+                if missing.len() == 1 { "was" } else { "were" }
+            ))
+        }
+    }
+}
+
+/// Writes the baseline's source under `dir` and compiles it when the source changed or the
+/// binary is missing; returns the binary.
+fn build_mpi_bench(mpicc: &Path, dir: &Path) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+    let src = dir.join("mpi_bench.c");
+    let bin = dir.join("mpi_bench");
+    let unchanged = std::fs::read_to_string(&src).is_ok_and(|s| s == MPI_BENCH_SOURCE);
+    if !unchanged {
+        std::fs::write(&src, MPI_BENCH_SOURCE).map_err(|e| format!("cannot write {}: {e}", src.display()))?;
+    }
+    let mtime = |p: &Path| std::fs::metadata(p).and_then(|m| m.modified()).ok();
+    if unchanged && matches!((mtime(&src), mtime(&bin)), (Some(s), Some(b)) if b >= s) {
+        return Ok(bin);
+    }
+    let tmp = dir.join("mpi_bench.tmp");
+    eprintln!("bench: compiling {} with {}", src.display(), mpicc.display());
+    let out = Command::new(mpicc)
+        .arg("-O2")
+        .arg("-o")
+        .arg(&tmp)
+        .arg(&src)
+        .arg("-lm")
+        .output()
+        .map_err(|e| format!("cannot run {}: {e}", mpicc.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "{} failed to compile {} ({}):\n{}",
+            mpicc.display(),
+            src.display(),
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        ));
+    }
+    std::fs::rename(&tmp, &bin).map_err(|e| format!("cannot move {} to {}: {e}", tmp.display(), bin.display()))?;
+    Ok(bin)
+}
+
+/// Builds the bench worker in release mode.
+fn build_worker(root: &Path) -> Result<(), String> {
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = Command::new(&cargo)
+        .current_dir(root)
+        .args(["build", "--release", "-p", "weave-tests", "--bin", "bench-worker"])
+        .status()
+        .map_err(|e| format!("cannot run {}: {e}", cargo.to_string_lossy()))?;
+    if !status.success() {
+        return Err(format!("building bench-worker failed ({status})"));
+    }
+    Ok(())
+}
+
+/// Parses the JSON lines among a program's stdout lines (the others are ignored).
+fn parse_rows<'a>(who: &str, lines: impl IntoIterator<Item = &'a str>) -> Result<Vec<Row>, String> {
+    lines
+        .into_iter()
+        .map(str::trim)
+        .filter(|l| l.starts_with('{'))
+        .map(|l| Row::from_json(l).map_err(|e| format!("{who} printed an unreadable result line ({e}): {l}")))
+        .collect()
+}
+
+/// Runs the Open MPI baseline; returns its rows.
+fn run_mpi(a: &BenchArgs, mpirun: &Path, bin: &Path, token: &CancelToken) -> Result<Vec<Row>, String> {
+    let version = Command::new(mpirun)
+        .arg("--version")
+        .output()
+        .map(|o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr))
+        .unwrap_or_default();
+    let major = open_mpi_major(&version);
+    if major.is_none() {
+        eprintln!("bench: {} is not Open MPI; running it with -np and --mpi-args only", mpirun.display());
+    }
+    let mut cmd = Command::new(mpirun);
+    cmd.args(mpirun_defaults(major)).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
+    cmd.args(a.program_args()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    eprintln!("bench: running the Open MPI baseline: {}", describe(&cmd));
+    let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
+    let Some(stdout) = child.stdout.take() else {
+        let _ = child.kill();
+        let _ = child.wait();
+        return Err("mpirun's output could not be read".into());
+    };
+    let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let start = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break Ok(status),
+            Ok(None) => {}
+            Err(e) => break Err(format!("waiting for mpirun: {e}")),
+        }
+        let stop = if start.elapsed() > a.timeout {
+            Some(format!("the Open MPI baseline timed out after {:.0?}", a.timeout))
+        } else {
+            token.requested().map(|s| format!("the Open MPI baseline was cancelled with {}", s.as_str()))
+        };
+        if let Some(why) = stop {
+            let _ = child.kill();
+            let _ = child.wait();
+            break Err(why);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }?;
+    let lines = reader.join().map_err(|_| "the thread reading mpirun's output panicked".to_string())?;
+    if !status.success() {
+        return Err(format!("the Open MPI baseline failed ({status})"));
+    }
+    let rows = parse_rows("mpi_bench", lines.iter().map(String::as_str))?;
+    if rows.len() != a.sizes().len() {
+        return Err(format!("mpi_bench reported {} sizes, expected {}", rows.len(), a.sizes().len()));
+    }
+    Ok(rows)
+}
+
+fn describe(cmd: &Command) -> String {
+    let mut s = cmd.get_program().to_string_lossy().into_owned();
+    for a in cmd.get_args() {
+        s.push(' ');
+        s.push_str(&a.to_string_lossy());
+    }
+    s
+}
+
+/// Receives the ranks' output lines while they run: rank 0's result lines become table lines
+/// on stdout at once; every other line goes to stderr.
+struct LiveTable {
+    table: Table,
+    mpi: Vec<Row>,
+    shown: usize,
+    partial: Vec<u8>,
+}
+
+impl LiveTable {
+    fn line(&mut self, line: &str) {
+        let result = split_rank_prefix(line).filter(|(rank, text)| *rank == 0 && text.starts_with('{'));
+        let Some((_, text)) = result else {
+            eprintln!("{line}");
+            return;
+        };
+        match Row::from_json(text) {
+            Ok(row) => {
+                println!("{}", self.table.line(&row, self.mpi.get(self.shown).filter(|m| m.bytes == row.bytes)));
+                self.shown += 1;
+            }
+            // Reported again, as an error, after the run.
+            Err(e) => eprintln!("bench: unreadable result line from rank 0 ({e}): {text}"),
+        }
+    }
+}
+
+impl Write for LiveTable {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.partial.extend_from_slice(buf);
+        while let Some(end) = self.partial.iter().position(|&b| b == b'\n') {
+            let line: Vec<u8> = self.partial.drain(..=end).collect();
+            self.line(&String::from_utf8_lossy(&line[..end]));
+        }
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Splits the launcher's `[rank R] ` prefix off an echoed line.
+fn split_rank_prefix(line: &str) -> Option<(usize, &str)> {
+    let rest = line.strip_prefix("[rank ")?;
+    let (rank, text) = rest.split_once("] ")?;
+    Some((rank.parse().ok()?, text))
+}
+
+/// Runs the weave ranks, printing table lines as results arrive; returns the rows.
+fn run_weave(
+    a: &BenchArgs,
+    worker: &Path,
+    live: Arc<Mutex<LiveTable>>,
+    token: &CancelToken,
+) -> Result<Vec<Row>, String> {
+    let spec = LaunchSpec::new(a.ranks, worker)
+        .args(a.program_args())
+        .capture(true)
+        .echo_to(live)
+        .timeout(a.timeout)
+        .cancel_token(token.clone());
+    let report = launch(&spec).map_err(|e| format!("cannot start the bench ranks: {e}"))?;
+    if !report.success() {
+        return Err(format!("the weave benchmark failed:\n{}", report.summary()));
+    }
+    let stdout = report.ranks.first().map(|r| r.stdout.as_slice()).unwrap_or_default();
+    let rows = parse_rows("bench-worker", stdout.iter().map(String::as_str))?;
+    if rows.len() != a.sizes().len() {
+        return Err(format!("bench-worker reported {} sizes, expected {}", rows.len(), a.sizes().len()));
+    }
+    Ok(rows)
+}
+
+fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
+    let root = workspace_root();
+    let target = target_dir(&root);
+    // Find MPI before spending time on a build.
+    let mpi_tools = if a.vs_mpi { Some(mpi_tools()?) } else { None };
+    if a.build {
+        build_worker(&root)?;
+    }
+    let worker = target.join("release").join("bench-worker");
+    if !worker.is_file() {
+        return Err(format!("{} does not exist; run without --no-build to build it", worker.display()));
+    }
+    let mpi_rows = match &mpi_tools {
+        Some((mpicc, mpirun)) => {
+            let bin = build_mpi_bench(mpicc, &target.join("weave-bench"))?;
+            run_mpi(a, mpirun, &bin, token)?
+        }
+        None => Vec::new(),
+    };
+
+    let table = Table { vs_mpi: a.vs_mpi };
+    println!(
+        "# weave bench: {} on {} ranks (shared memory), {}{}, {}{}",
+        a.op.name(),
+        a.ranks,
+        a.dtype,
+        if a.op.reduces() { format!(" {}", a.redop) } else { String::new() },
+        if a.inplace { "in place" } else { "out of place" },
+        if matches!(a.op, Op::Broadcast | Op::Reduce) { ", root 0" } else { "" }
+    );
+    println!(
+        "# {} warm-up + {} timed calls per size; time = median over calls of the slowest rank; check: {}{}",
+        a.warmup,
+        a.iters,
+        if a.check { "every call" } else { "off" },
+        if a.vs_mpi { "; Open MPI ran first, same method" } else { "" }
+    );
+    println!("#");
+    println!("{}", table.header());
+    let live = Arc::new(Mutex::new(LiveTable { table, mpi: mpi_rows.clone(), shown: 0, partial: Vec::new() }));
+    let rows = run_weave(a, &worker, live, token)?;
+
+    let joined: Vec<(Row, Option<Row>)> = rows
+        .into_iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let m = mpi_rows.get(i).filter(|m| m.bytes == r.bytes).cloned();
+            (r, m)
+        })
+        .collect();
+    println!("{}", table.footer(&joined));
+    if let Some(path) = &a.json {
+        let mut text = String::new();
+        for (r, m) in &joined {
+            text.push_str(&r.to_json(m.as_ref()).to_string());
+            text.push('\n');
+        }
+        std::fs::write(path, text).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+        eprintln!("bench: wrote {} results to {}", joined.len(), path.display());
+    }
+    let weave_wrong: u64 = joined.iter().filter_map(|(r, _)| r.wrong).sum();
+    let mpi_wrong: u64 = joined.iter().filter_map(|(_, m)| m.as_ref().and_then(|m| m.wrong)).sum();
+    if weave_wrong > 0 || mpi_wrong > 0 {
+        let mpi = if a.vs_mpi { format!(", {mpi_wrong} from Open MPI") } else { String::new() };
+        eprintln!("bench: wrong results: {weave_wrong} elements from weave{mpi}");
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse_line(line: &[&str]) -> Result<Parsed, UsageError> {
+        parse(&mut Args::new(line.iter().copied()))
+    }
+
+    #[test]
+    fn sizes_with_suffixes() {
+        assert_eq!(parse_size("8"), Some(8));
+        assert_eq!(parse_size("64K"), Some(64 << 10));
+        assert_eq!(parse_size("64M"), Some(64 << 20));
+        assert_eq!(parse_size("1G"), Some(1 << 30));
+        assert_eq!(parse_size("1g"), Some(1 << 30));
+        assert_eq!(parse_size("4KiB"), Some(4096));
+        assert_eq!(parse_size("16MB"), Some(16 << 20));
+        assert_eq!(parse_size(" 32 "), Some(32));
+        for bad in ["", "M", "1.5M", "-8", "8X", "8 K", "0x10", "99999999999999999999", "20000000000G"] {
+            assert_eq!(parse_size(bad), None, "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn defaults_and_options() {
+        let Parsed::Run(d) = parse_line(&[]).unwrap() else { panic!() };
+        assert_eq!(d, BenchArgs::default());
+        assert_eq!(d.sizes().len(), 24); // 8 B, 16 B, ..., 64 MiB
+        assert_eq!((d.ranks, d.factor, d.check), (2, 2, true));
+        let line = [
+            "--op=all-gather",
+            "-n",
+            "3",
+            "-b",
+            "1K",
+            "-e",
+            "1M",
+            "-f2",
+            "--dtype",
+            "bf16",
+            "--redop",
+            "MAX",
+            "--iters",
+            "7",
+            "-w",
+            "0",
+            "--no-check",
+            "--inplace",
+            "--json",
+            "out.json",
+            "--vs-mpi",
+            "--mpi-args",
+            "--mca btl self,tcp",
+            "--no-build",
+            "-t",
+            "30",
+        ];
+        let Parsed::Run(a) = parse_line(&line).unwrap() else { panic!() };
+        assert_eq!(a.op, Op::AllGather);
+        assert_eq!((a.ranks, a.min_bytes, a.max_bytes, a.factor), (3, 1024, 1 << 20, 2));
+        assert_eq!((a.dtype, a.redop, a.iters, a.warmup), ("bfloat16", "max", 7, 0));
+        assert!(!a.check && a.inplace && a.vs_mpi && !a.build);
+        assert_eq!(a.json, Some(PathBuf::from("out.json")));
+        assert_eq!(a.mpi_args, ["--mca", "btl", "self,tcp"]);
+        assert_eq!(a.timeout, Duration::from_secs(30));
+        assert_eq!(a.sizes().len(), 11);
+        let args = a.program_args();
+        assert_eq!(args[..4], ["--op", "all_gather", "-b", "1024"]);
+        assert!(args.contains(&"--inplace".to_string()) && !args.contains(&"--check".to_string()));
+        assert_eq!(parse_line(&["--op", "reduce", "--help"]).unwrap(), Parsed::Help);
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        let err = |line: &[&str]| parse_line(line).unwrap_err().0;
+        assert!(err(&["--op", "gather"]).contains("unknown collective"));
+        assert!(err(&["-n", "0"]).contains("at least 1"));
+        assert!(err(&["-n", "two"]).contains("whole number"));
+        assert!(err(&["-b", "1.5M"]).contains("size in bytes"));
+        assert!(err(&["-b", "0"]).contains("at least 1 byte"));
+        assert!(err(&["-b", "1M", "-e", "1K"]).contains("larger than"));
+        assert!(err(&["-f", "1"]).contains("at least 2"));
+        assert!(err(&["--dtype", "complex"]).contains("unknown data type"));
+        assert!(err(&["--redop", "xor"]).contains("unknown reduction"));
+        assert!(err(&["--iters", "0"]).contains("at least 1"));
+        assert!(err(&["--iters", "9999999999"]).contains("at most"));
+        assert!(err(&["--timeout", "0"]).contains("positive"));
+        assert!(err(&["--check=1"]).contains("takes no value"));
+        assert!(err(&["--frobnicate"]).contains("unknown option --frobnicate"));
+        assert!(err(&["extra"]).contains("unexpected argument"));
+        assert!(err(&["-e"]).contains("needs a value"));
+    }
+
+    #[test]
+    fn result_lines_and_rank_prefixes() {
+        assert_eq!(split_rank_prefix("[rank 0] {\"a\":1}"), Some((0, "{\"a\":1}")));
+        assert_eq!(split_rank_prefix("[rank 12] hello"), Some((12, "hello")));
+        assert_eq!(split_rank_prefix("[rank x] hello"), None);
+        assert_eq!(split_rank_prefix("plain"), None);
+        let good = r#"{"op":"broadcast","bytes":8,"count":2,"dtype":"float","redop":"none","inplace":true,"ranks":2,"time_us":2,"algbw":0.004,"busbw":0.004,"wrong":0,"algorithm":"direct"}"#;
+        let rows = parse_rows("w", ["# a comment", good, "   ", good]).unwrap();
+        assert_eq!(rows.len(), 2);
+        assert_eq!(rows[0].op, Op::Broadcast);
+        assert!(parse_rows("w", ["{broken"]).unwrap_err().contains("unreadable result line"));
+        // The embedded baseline is the file next to this module.
+        assert!(MPI_BENCH_SOURCE.contains("MPI_Reduce_scatter_block"));
+    }
+
+    #[test]
+    fn mpirun_flags_follow_the_open_mpi_version() {
+        assert_eq!(open_mpi_major("mpirun (Open MPI) 4.1.4\n\nReport bugs to ..."), Some(4));
+        assert_eq!(open_mpi_major("mpirun (Open MPI) 5.0.3"), Some(5));
+        assert_eq!(open_mpi_major("HYDRA build details:\n    Version: 4.1"), None);
+        assert_eq!(open_mpi_major(""), None);
+        assert!(mpirun_defaults(Some(4)).contains(&"self,vader"));
+        assert!(mpirun_defaults(Some(5)).contains(&"self,sm"));
+        assert!(mpirun_defaults(None).is_empty());
+    }
+
+    #[test]
+    fn missing_programs_are_not_found() {
+        assert_eq!(find_program(&OsString::from("/nonexistent/mpicc")), None);
+        assert_eq!(find_program(&OsString::from("surely-not-a-program-weave")), None);
+        assert!(find_program(&OsString::from("sh")).is_some());
+    }
+}
