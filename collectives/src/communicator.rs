@@ -227,6 +227,11 @@ impl Communicator {
         validation: Result<()>,
         f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
     ) -> Result<()> {
+        // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count while
+        // the others pass zero gets a timeout naming the peer instead of a mismatch error).
+        if bytes == 0 && validation.is_ok() && c != Collective::AllToAllv {
+            return Ok(());
+        }
         let algo = self.algorithm_for(c, bytes)?;
         if self.config.logs(LogLevel::Info) {
             eprintln!("weave[{}]: {c} of {bytes} B on {} ranks -> {algo}", self.rank(), self.world_size());
@@ -521,7 +526,7 @@ fn same_len(what: &str, a: &str, la: usize, b: &str, lb: usize) -> Result<()> {
 }
 
 fn divisible(what: &str, len: usize, n: usize) -> Result<()> {
-    if len % n != 0 {
+    if !len.is_multiple_of(n) {
         return Err(Error::invalid(format!("{what}: buffer of {len} elements does not split into {n} equal blocks")));
     }
     Ok(())

@@ -165,6 +165,24 @@ fn fold_block<T: Arith>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc
 /// properly aligned for `T`; no other thread or process may write these ranges during the call.
 /// `out` may overlap a source only if they are the same range.
 pub unsafe fn reduce_raw<T: Arith>(op: ReduceOp, divisor: usize, out: *mut T, srcs: &[*const T], len: usize) {
+    // SAFETY: forwarded from the caller; no second output.
+    unsafe { reduce_raw2(op, divisor, out, std::ptr::null_mut(), srcs, len) }
+}
+
+/// [`reduce_raw`] writing the result to two places in one pass (`out2` may be null): saves
+/// re-reading the result when it is needed both in the caller's buffer and in shared scratch.
+///
+/// # Safety
+/// As [`reduce_raw`]; `out2`, when not null, valid for `len` writes and disjoint from every
+/// source and from `out`.
+pub unsafe fn reduce_raw2<T: Arith>(
+    op: ReduceOp,
+    divisor: usize,
+    out: *mut T,
+    out2: *mut T,
+    srcs: &[*const T],
+    len: usize,
+) {
     let Some((&first, rest)) = srcs.split_first() else { return };
     let mut acc = [T::Acc::default(); BLOCK];
     let mut done = 0;
@@ -194,9 +212,15 @@ pub unsafe fn reduce_raw<T: Arith>(op: ReduceOp, divisor: usize, out: *mut T, sr
             }
         }
         for (j, a) in acc.iter().enumerate() {
-            // SAFETY: the caller guarantees `out` is valid for `len` writes; done + j < len. No
-            // reference into the sources is alive here.
-            unsafe { out.add(done + j).write(T::store(*a)) };
+            let v = T::store(*a);
+            // SAFETY: the caller guarantees `out` (and `out2` when not null) is valid for `len`
+            // writes; done + j < len. No reference into the sources is alive here.
+            unsafe {
+                out.add(done + j).write(v);
+                if !out2.is_null() {
+                    out2.add(done + j).write(v);
+                }
+            }
         }
         done += n;
     }

@@ -399,7 +399,10 @@ impl TriggerFifo {
         let capacity = storage.capacity();
         check_capacity(capacity)?;
         let (slots, head, tail) = (storage.slots(), storage.head(), storage.tail());
-        if slots.as_ptr() as usize % 16 != 0 || head.as_ptr() as usize % 8 != 0 || tail.as_ptr() as usize % 8 != 0 {
+        if !(slots.as_ptr() as usize).is_multiple_of(16)
+            || !(head.as_ptr() as usize).is_multiple_of(8)
+            || !(tail.as_ptr() as usize).is_multiple_of(8)
+        {
             return Err(Error::invalid("FIFO storage is misaligned (slots need 16 bytes, counters 8)"));
         }
         let fifo = TriggerFifo {

@@ -209,6 +209,10 @@ pub struct LaunchSpec {
     /// Let the other ranks run on after one fails (they still end at the timeout). Fault tests
     /// use it to watch how the survivors handle a dead peer. Off by default.
     pub keep_going: bool,
+    /// Pin rank r to the r-th CPU this process may use (modulo their number), as `mpirun`
+    /// binds ranks to cores. Keeps two ranks from sharing a core while another sits idle, which
+    /// makes latency measurements repeatable. Off by default.
+    pub bind_cores: bool,
 }
 
 impl LaunchSpec {
@@ -228,6 +232,7 @@ impl LaunchSpec {
             cancel: None,
             cancel_grace: DEFAULT_CANCEL_GRACE,
             keep_going: false,
+            bind_cores: false,
         }
     }
 
@@ -294,6 +299,12 @@ impl LaunchSpec {
     /// Sets how long ranks get to exit after a cancel request.
     pub fn cancel_grace(mut self, grace: Duration) -> Self {
         self.cancel_grace = grace;
+        self
+    }
+
+    /// Pins each rank to its own CPU (see [`LaunchSpec::bind_cores`]).
+    pub fn bind_cores(mut self, bind: bool) -> Self {
+        self.bind_cores = bind;
         self
     }
 
@@ -603,11 +614,18 @@ impl Job {
             .env("WEAVE_SECRET", secret);
         // The calling thread may block signals (see `forward_signals_to`), and a blocked mask
         // survives fork and exec: reset it so the ranks can be stopped by the signals we forward.
-        // SAFETY: the closure runs in the forked child before exec; it only calls `sigemptyset`
-        // and `sigprocmask`, which are async-signal-safe, and it neither allocates nor locks.
+        let pin = if spec.bind_cores { cpu_for_rank(rank) } else { None };
+        // SAFETY: the closure runs in the forked child before exec; it only calls `sigemptyset`,
+        // `sigprocmask` and `sched_setaffinity`, which are async-signal-safe system calls, and
+        // it neither allocates nor locks (the CPU set was built before the fork).
         unsafe {
-            cmd.pre_exec(|| {
-                signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None).map_err(std::io::Error::from)
+            cmd.pre_exec(move || {
+                signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
+                    .map_err(std::io::Error::from)?;
+                if let Some(set) = &pin {
+                    nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), set).map_err(std::io::Error::from)?;
+                }
+                Ok(())
             });
         }
         let mut child = cmd.spawn().map_err(|e| {
@@ -797,6 +815,17 @@ fn pump(rank: usize, stream: Stream, pipe: impl Read, echo: &Echo, lines: Option
             lines.lock().unwrap_or_else(PoisonError::into_inner).push(line.into_owned());
         }
     }
+}
+
+/// The CPU set holding only the `rank`-th CPU this process may run on (modulo their number);
+/// `None` when the allowed set cannot be read.
+fn cpu_for_rank(rank: usize) -> Option<nix::sched::CpuSet> {
+    let allowed = nix::sched::sched_getaffinity(nix::unistd::Pid::from_raw(0)).ok()?;
+    let cpus: Vec<usize> = (0..nix::sched::CpuSet::count()).filter(|&c| allowed.is_set(c).unwrap_or(false)).collect();
+    let cpu = *cpus.get(rank % cpus.len().max(1))?;
+    let mut set = nix::sched::CpuSet::new();
+    set.set(cpu).ok()?;
+    Some(set)
 }
 
 #[cfg(test)]

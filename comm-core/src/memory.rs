@@ -349,7 +349,7 @@ impl RegisteredMemory {
     /// The 8-byte word at `offset` as an atomic (host memory mapped here, 8-byte aligned).
     pub fn atomic_u64(&self, offset: usize) -> Result<&AtomicU64> {
         let p = self.host_ptr(offset, 8)?;
-        if (p as usize) % 8 != 0 {
+        if !(p as usize).is_multiple_of(8) {
             return Err(Error::invalid(format!("offset {offset} in {:?} is not 8-byte aligned", self.label())));
         }
         // SAFETY: p is 8-byte aligned, inside the mapping, and the mapping lives as long as

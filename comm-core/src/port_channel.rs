@@ -257,7 +257,7 @@ impl PortChannel {
         let address = |token: &Token, what: &str| -> Result<u64> {
             token.memory.check_range(token.offset, 8)?;
             let base = token.memory.as_ptr() as usize;
-            if base == 0 || (base + token.offset) % 8 != 0 {
+            if base == 0 || !(base + token.offset).is_multiple_of(8) {
                 return Err(Error::invalid(format!(
                     "{what} token at offset {} of {:?} must be mapped here and 8-byte aligned",
                     token.offset,

@@ -65,7 +65,7 @@ impl HostSemaphore {
         // not at whatever the token already holds.
         inbound.memory.load_u64(inbound.offset)?;
         remote_inbound.memory.check_range(remote_inbound.offset, 8)?;
-        if remote_inbound.offset % 8 != 0 {
+        if !remote_inbound.offset.is_multiple_of(8) {
             return Err(Error::invalid("semaphore remote token must be 8-byte aligned"));
         }
         Ok(HostSemaphore {

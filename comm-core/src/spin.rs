@@ -7,8 +7,10 @@ use std::time::Duration;
 use crate::config::Deadline;
 use crate::error::{Error, Result};
 
-/// Spins before the waiter starts yielding its core.
-const SPINS_BEFORE_YIELD: u32 = 2_000;
+/// How long a waiter spins before it starts yielding its core. Measured in time, not
+/// iterations: a `spin_loop` hint costs ~10 ns on some CPUs, and when two ranks share a core,
+/// every microsecond spent spinning is a microsecond the peer cannot run.
+const SPIN_BUDGET: std::time::Duration = std::time::Duration::from_micros(3);
 
 /// Set when this host runs more ranks than it has cores: spinning then only delays the rank
 /// that holds the core we wait for, so waiters yield at once.
@@ -19,9 +21,44 @@ pub fn set_oversubscribed(oversubscribed: bool) {
     OVERSUBSCRIBED.store(oversubscribed, Ordering::Relaxed);
 }
 
-/// Spins a waiter should make before yielding its core.
-pub fn spins_before_yield() -> u32 {
-    if OVERSUBSCRIBED.load(Ordering::Relaxed) { 1 } else { SPINS_BEFORE_YIELD }
+/// Waiting politely: spin for a few microseconds (the common case: the peer is running on
+/// another core and answers quickly), then yield the core on every call (the peer may need it).
+#[derive(Debug)]
+pub struct Backoff {
+    start: std::time::Instant,
+    calls: u32,
+    yielding: bool,
+}
+
+impl Default for Backoff {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Backoff {
+    /// A fresh backoff (spinning first, unless ranks outnumber cores).
+    pub fn new() -> Self {
+        Backoff { start: std::time::Instant::now(), calls: 0, yielding: OVERSUBSCRIBED.load(Ordering::Relaxed) }
+    }
+
+    /// Waits a little: a spin hint while within the budget, a yield after.
+    pub fn snooze(&mut self) {
+        self.calls = self.calls.wrapping_add(1);
+        if self.yielding {
+            std::thread::yield_now();
+            return;
+        }
+        std::hint::spin_loop();
+        if self.calls.is_multiple_of(32) && self.start.elapsed() > SPIN_BUDGET {
+            self.yielding = true;
+        }
+    }
+
+    /// Starts spinning again (after progress).
+    pub fn reset(&mut self) {
+        *self = Backoff::new();
+    }
 }
 /// Iterations between checks of the deadline, abort flag and peer health.
 const CHECK_EVERY: u32 = 128;
@@ -46,19 +83,15 @@ pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Res
         return Ok(());
     }
     let deadline = Deadline::after(ctx.timeout);
-    let spins = spins_before_yield();
+    let mut backoff = Backoff::new();
     let mut i: u32 = 0;
     loop {
         if ready() {
             return Ok(());
         }
         i = i.wrapping_add(1);
-        if i < spins {
-            std::hint::spin_loop();
-        } else {
-            std::thread::yield_now();
-        }
-        if i % CHECK_EVERY == 0 {
+        backoff.snooze();
+        if i.is_multiple_of(CHECK_EVERY) {
             if ctx.abort.load(Ordering::Relaxed) {
                 return Err(Error::Aborted(format!("{} was aborted", ctx.operation)));
             }

@@ -135,13 +135,13 @@ impl Pinned {
     }
 
     fn u32_at(&self, offset: usize) -> &AtomicU32 {
-        assert!(offset % 4 == 0 && offset + 4 <= self.len);
+        assert!(offset.is_multiple_of(4) && offset + 4 <= self.len);
         // SAFETY: in bounds, aligned, and only accessed atomically (here and by kernels).
         unsafe { &*self.host.as_ptr().add(offset).cast::<AtomicU32>() }
     }
 
     fn u64_at(&self, offset: usize) -> &AtomicU64 {
-        assert!(offset % 8 == 0 && offset + 8 <= self.len);
+        assert!(offset.is_multiple_of(8) && offset + 8 <= self.len);
         // SAFETY: as for u32_at.
         unsafe { &*self.host.as_ptr().add(offset).cast::<AtomicU64>() }
     }

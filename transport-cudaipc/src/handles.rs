@@ -174,7 +174,7 @@ fn check(m: &RegisteredMemory, offset: usize, need: usize, align: u64, side: Sid
     }
     // offset + need <= len (checked above) and regions are at most 2^48 bytes: no overflow.
     let addr = region.device_ptr() + offset as u64;
-    if addr % align != 0 {
+    if !addr.is_multiple_of(align) {
         return Err(Error::invalid(format!(
             "{what}: offset {offset} in {:?} gives address {addr:#x}, not {align}-byte aligned",
             m.label()

@@ -345,7 +345,9 @@ mod tests {
             let (owned, imported) = share(&a, &b, len);
             assert_eq!((owned.len(), imported.len()), (len, len));
             assert!(!owned.as_ptr().is_null() && !imported.as_ptr().is_null());
-            assert!(shm(&owned).mapped_len() >= len.max(1) && shm(&owned).mapped_len() % segment::page_size() == 0);
+            assert!(
+                shm(&owned).mapped_len() >= len.max(1) && shm(&owned).mapped_len().is_multiple_of(segment::page_size())
+            );
             let on_owner = registered(owned, 0, true);
             let on_peer = registered(imported, 0, false);
 

@@ -25,7 +25,7 @@ pub(crate) const SUMMARY: &str = "nccl-tests-style benchmark of the host collect
 pub(crate) const USAGE: &str = "\
 usage: cargo xtask bench [--op OP] [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T]
                          [--redop OP] [--iters N] [--warmup N] [--check | --no-check]
-                         [--inplace] [--json FILE] [--vs-mpi] [--mpi-args ARGS] [--no-build]
+                         [--inplace] [--json FILE] [--vs-mpi] [--mpi-args ARGS] [--no-build] [--[no-]bind]
                          [--timeout SECS]
 
 Runs one weave collective on N ranks of this host (shared memory) over a range of sizes and
@@ -66,6 +66,8 @@ options:
                        --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1
                        --mca btl self,vader (self,sm from Open MPI 5); for another MPI none
       --no-build       do not build bench-worker first (use target/release/bench-worker)
+      --bind / --no-bind  pin each rank to its own CPU, weave and Open MPI alike (default:
+                       bind when the ranks fit the CPUs, as mpirun does)
   -t, --timeout SECS   kill a run (weave or MPI) still going after SECS (default 600)
   -h, --help           print this help
 
@@ -93,9 +95,9 @@ missing for --vs-mpi, or any #wrong (weave or MPI) is above 0; 2 on a usage erro
 ";
 
 /// Default mpirun options for Open MPI: run as root in containers, allow more ranks than
-/// cores, no binding (the weave ranks are not bound either), and Open MPI's shared-memory
+/// cores, bound to cores exactly when the weave ranks are, and Open MPI's shared-memory
 /// transport (`vader` up to 4.x, `sm` from 5.0).
-fn mpirun_defaults(open_mpi_major: Option<u32>) -> Vec<&'static str> {
+fn mpirun_defaults(open_mpi_major: Option<u32>, bind: bool) -> Vec<&'static str> {
     match open_mpi_major {
         Some(major) => {
             let shm = if major >= 5 { "self,sm" } else { "self,vader" };
@@ -103,7 +105,7 @@ fn mpirun_defaults(open_mpi_major: Option<u32>) -> Vec<&'static str> {
                 "--allow-run-as-root",
                 "--oversubscribe",
                 "--bind-to",
-                "none",
+                if bind { "core" } else { "none" },
                 "--mca",
                 "pml",
                 "ob1",
@@ -145,6 +147,9 @@ struct BenchArgs {
     vs_mpi: bool,
     mpi_args: Vec<String>,
     build: bool,
+    /// `Some(false)` from --no-bind, `Some(true)` from --bind, `None`: bind when the ranks fit
+    /// the CPUs.
+    bind: Option<bool>,
     timeout: Duration,
 }
 
@@ -166,12 +171,19 @@ impl Default for BenchArgs {
             vs_mpi: false,
             mpi_args: Vec::new(),
             build: true,
+            bind: None,
             timeout: Duration::from_secs(600),
         }
     }
 }
 
 impl BenchArgs {
+    /// Whether ranks are pinned one per CPU (weave through the launcher, Open MPI with
+    /// `--bind-to core`): by default when they fit the CPUs this process may use.
+    fn bind(&self) -> bool {
+        self.bind.unwrap_or_else(|| self.ranks <= std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
     /// The arguments both bench programs take.
     fn program_args(&self) -> Vec<String> {
         let mut v: Vec<String> = [
@@ -305,6 +317,8 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
             "--vs-mpi" => a.vs_mpi = true,
             "--mpi-args" => a.mpi_args = text_value(args, &f)?.split_whitespace().map(String::from).collect(),
             "--no-build" => a.build = false,
+            "--bind" => a.bind = Some(true),
+            "--no-bind" => a.bind = Some(false),
             "-t" | "--timeout" => {
                 let secs: f64 = args.parse(&f, "a number of seconds")?;
                 a.timeout = Duration::try_from_secs_f64(secs)
@@ -470,7 +484,7 @@ fn run_mpi(a: &BenchArgs, mpirun: &Path, bin: &Path, token: &CancelToken) -> Res
         eprintln!("bench: {} is not Open MPI; running it with -np and --mpi-args only", mpirun.display());
     }
     let mut cmd = Command::new(mpirun);
-    cmd.args(mpirun_defaults(major)).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
+    cmd.args(mpirun_defaults(major, a.bind())).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
     cmd.args(a.program_args()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     eprintln!("bench: running the Open MPI baseline: {}", describe(&cmd));
     let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
@@ -577,6 +591,7 @@ fn run_weave(
 ) -> Result<Vec<Row>, String> {
     let spec = LaunchSpec::new(a.ranks, worker)
         .args(a.program_args())
+        .bind_cores(a.bind())
         .capture(true)
         .echo_to(live)
         .timeout(a.timeout)
@@ -777,9 +792,10 @@ mod tests {
         assert_eq!(open_mpi_major("mpirun (Open MPI) 5.0.3"), Some(5));
         assert_eq!(open_mpi_major("HYDRA build details:\n    Version: 4.1"), None);
         assert_eq!(open_mpi_major(""), None);
-        assert!(mpirun_defaults(Some(4)).contains(&"self,vader"));
-        assert!(mpirun_defaults(Some(5)).contains(&"self,sm"));
-        assert!(mpirun_defaults(None).is_empty());
+        assert!(mpirun_defaults(Some(4), false).contains(&"self,vader"));
+        assert!(mpirun_defaults(Some(4), true).contains(&"core"));
+        assert!(mpirun_defaults(Some(5), true).contains(&"self,sm"));
+        assert!(mpirun_defaults(None, true).is_empty());
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::workspace::Publication;
 use super::{Agree, HostEngine, capacity, copy, scratch, share, signature};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
-use crate::reduce::reduce_raw;
+use crate::reduce::{reduce_raw, reduce_raw2};
 use crate::table::{Algorithm, Collective};
 
 /// Gathers `n` typed scratch addresses (one per rank) for the current step.
@@ -60,32 +60,48 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             for s in 0..steps {
                 let o = s * half;
                 let k = (count - o).min(half);
+                let (mine_a, mine_b) = share(k, n, me);
                 let mut p = publication;
                 match shared {
                     Some((id, off)) => {
                         p.source = id as u64 + 1;
                         p.source_offset = (off + o * sz) as u64;
                     }
-                    // SAFETY: as above; input area is [0, k) of the scratch.
-                    None => unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) },
+                    None => {
+                        // Stage only the shares the peers reduce; this rank reduces its own
+                        // share straight from its input.
+                        let scratch_in = scratch::<T>(&e.ws, me, 0, k)?;
+                        // SAFETY: [0, mine_a) and [mine_b, k) of the input chunk go to the same
+                        // offsets of this rank's scratch input area (k <= half elements).
+                        unsafe {
+                            copy(send.add(o), scratch_in, mine_a);
+                            copy(send.add(o + mine_b), scratch_in.add(mine_b), k - mine_b);
+                        }
+                    }
                 }
                 e.step("all_reduce", p, agree)?;
-                let (a, b) = share(k, n, me);
+                let (a, b) = (mine_a, mine_b);
                 let mut srcs = Vec::with_capacity(n);
                 for r in 0..n {
                     let pr = e.ws.publication(r);
-                    srcs.push(if pr.source == 0 {
+                    srcs.push(if r == me && shared.is_none() {
+                        // SAFETY: o + b <= count: this rank's own share of its input.
+                        unsafe { send.add(o + a) }
+                    } else if pr.source == 0 {
                         scratch::<T>(&e.ws, r, a, b - a)? as *const T
                     } else {
                         e.shared_source(r, pr.source, pr.source_offset + (a * sz) as u64, (b - a) * sz)?.cast::<T>()
                     });
                 }
+                // Own input first: in place, the output aliases exactly this source.
+                srcs.swap(0, me);
                 let out = scratch::<T>(&e.ws, me, half + a, b - a)?;
-                // SAFETY: sources are every rank's input share [a, b); out is this rank's output
-                // area, disjoint from every input area.
-                unsafe { reduce_raw(op, n, out, &srcs, b - a) };
+                // SAFETY: the sources are every rank's share [a, b) of this chunk; `recv + o + a`
+                // is valid for b - a writes and aliases at most the first source exactly (in
+                // place); `out` is this rank's output area, disjoint from all of them.
+                unsafe { reduce_raw2(op, n, recv.add(o + a), out, &srcs, b - a) };
                 e.phase("all_reduce gather")?;
-                for q in 0..n {
+                for q in (0..n).filter(|&q| q != me) {
                     let (a, b) = share(k, n, q);
                     // SAFETY: rank q's output share, fully written before the phase; recv + o + a
                     // is inside the caller's buffer.

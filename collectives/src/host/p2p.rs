@@ -149,6 +149,7 @@ impl P2pState {
 
         let mut deadline = Deadline::after(timeout);
         let mut idle: u32 = 0;
+        let mut backoff = comm_core::spin::Backoff::new();
         loop {
             let mut progressed = false;
             let mut send_busy = vec![false; n];
@@ -187,15 +188,12 @@ impl P2pState {
             if progressed {
                 deadline = Deadline::after(timeout);
                 idle = 0;
+                backoff.reset();
                 continue;
             }
             idle = idle.wrapping_add(1);
-            if idle < comm_core::spin::spins_before_yield() {
-                std::hint::spin_loop();
-            } else {
-                std::thread::yield_now();
-            }
-            if idle % 128 == 0 {
+            backoff.snooze();
+            if idle.is_multiple_of(128) {
                 if self.abort.load(Ordering::Relaxed) {
                     return Err(Error::Aborted("send/recv was aborted".into()));
                 }
