@@ -103,15 +103,14 @@ const DESCRIPTOR_VERSION: u16 = 1;
 
 impl MemoryDescriptor {
     /// The digest every rank computes for registration step `seq` with this label and kind.
+    /// Only host versus device enters it: each rank registers memory of its own GPU, so device
+    /// ordinals legitimately differ between ranks.
     pub fn digest_for(seq: u64, label: &str, kind: MemoryKind) -> u64 {
-        let kind_bytes = match kind {
-            MemoryKind::Host => [0u8; 5],
-            MemoryKind::Device(d) => {
-                let b = d.to_le_bytes();
-                [1, b[0], b[1], b[2], b[3]]
-            }
+        let class: &[u8] = match kind {
+            MemoryKind::Host => b"host",
+            MemoryKind::Device(_) => b"device",
         };
-        digest64(&[&seq.to_le_bytes(), label.as_bytes(), &kind_bytes])
+        digest64(&[&seq.to_le_bytes(), label.as_bytes(), class])
     }
 
     /// Serializes the descriptor.
@@ -448,6 +447,17 @@ mod tests {
         assert!(MemoryDescriptor::decode(&huge).is_err());
         huge.push(0);
         assert!(MemoryDescriptor::decode(&huge).is_err());
+    }
+
+    #[test]
+    fn digests_ignore_the_device_ordinal_but_not_host_versus_device() {
+        let d = |k| MemoryDescriptor::digest_for(3, "x", k);
+        assert_eq!(d(MemoryKind::Device(0)), d(MemoryKind::Device(1)));
+        assert_ne!(d(MemoryKind::Device(0)), d(MemoryKind::Host));
+        assert_ne!(
+            MemoryDescriptor::digest_for(3, "x", MemoryKind::Host),
+            MemoryDescriptor::digest_for(4, "x", MemoryKind::Host)
+        );
     }
 
     #[test]

@@ -82,7 +82,7 @@ pub fn input(d: DataType, op: ReduceOp, rank: usize, i: usize) -> f64 {
 }
 
 /// The reference reduction of `vals` in type `T`.
-fn reference<T: Element>(op: ReduceOp, vals: impl Iterator<Item = f64>) -> f64 {
+pub fn reference<T: Element>(op: ReduceOp, vals: impl Iterator<Item = f64>) -> f64 {
     let v: Vec<f64> = vals.collect();
     let n = v.len() as f64;
     let exact = match op {
@@ -102,7 +102,8 @@ fn reference<T: Element>(op: ReduceOp, vals: impl Iterator<Item = f64>) -> f64 {
     }
 }
 
-fn compare<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> f64) -> Result<()> {
+/// Checks `got` against `want(i)` within the dtype's tolerance, naming the first bad element.
+pub fn compare<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> f64) -> Result<()> {
     let tol = tolerance(T::DTYPE);
     for (i, g) in got.iter().enumerate() {
         let w = want(i);
@@ -115,7 +116,8 @@ fn compare<T: Element>(what: &str, got: &[T], want: impl Fn(usize) -> f64) -> Re
     Ok(())
 }
 
-fn fill<T: Element>(d: DataType, op: ReduceOp, rank: usize, len: usize) -> Vec<T> {
+/// `len` inputs of `rank` for `op` (see [`input`]).
+pub fn fill<T: Element>(d: DataType, op: ReduceOp, rank: usize, len: usize) -> Vec<T> {
     (0..len).map(|i| T::from_f64(input(d, op, rank, i))).collect()
 }
 

@@ -1,0 +1,387 @@
+//! One rank of a weave GPU test: `gpu-worker SCENARIO`, launched once per GPU by the GPU test
+//! target. Prints `OK SCENARIO …` and exits 0 on success; prints the error and exits 1.
+//! Scenarios: `precompile` (fills the kernel cache, no GPU needed), `matrix`, `graph`,
+//! `stale-state`, `fault-kill`.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use collectives::{Communicator, DataType, Element, ReduceOp, bf16, f16};
+use comm_core::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use weave_tests::matrix::{compare, fill, input, reference};
+
+fn main() {
+    let scenario = std::env::args().nth(1).unwrap_or_default();
+    let rank = std::env::var("RANK").unwrap_or_default();
+    let result = match scenario.as_str() {
+        "precompile" => precompile(),
+        "matrix" => matrix(),
+        "graph" => graph(),
+        "stale-state" => stale_state(),
+        "fault-kill" => fault_kill(),
+        other => Err(Error::invalid(format!("unknown scenario {other:?}"))),
+    };
+    match result {
+        Ok(detail) => {
+            println!("OK {scenario} rank {rank}: {detail}");
+            std::process::exit(0);
+        }
+        Err(e) => {
+            eprintln!("FAIL {scenario} rank {rank}: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Cuda { operation: what.to_string(), message: e.to_string() }
+}
+
+/// Compiles the collective kernels for sm_90 into the kernel cache (`WEAVE_KERNEL_CACHE`), so
+/// GPU hosts load them instead of compiling.
+fn precompile() -> Result<String> {
+    let compiled = kernels::compile::Compiler::from_env().compile(&collectives::gpu::program(), "sm_90")?;
+    Ok(format!("collective kernels for sm_90: {:?}", compiled.cache()))
+}
+
+struct Gpu {
+    comm: Communicator,
+    stream: Arc<CudaStream>,
+}
+
+fn gpu() -> Result<Gpu> {
+    let comm = Communicator::from_env()?;
+    if !comm.has_gpu() {
+        return Err(Error::Unsupported("no GPU path on this rank (no CUDA device or driver)".into()));
+    }
+    let ctx = comm.gpu_context().ok_or_else(|| Error::Unsupported("no GPU context".into()))?;
+    let stream = ctx.new_stream().map_err(cuda("new stream"))?;
+    Ok(Gpu { comm, stream })
+}
+
+fn bytes_of<T: Element>(v: &[T]) -> &[u8] {
+    // SAFETY: Element types are plain data without padding; the byte view covers exactly the
+    // slice's memory and borrows it.
+    unsafe { std::slice::from_raw_parts(v.as_ptr().cast::<u8>(), std::mem::size_of_val(v)) }
+}
+
+fn from_bytes<T: Element>(b: &[u8]) -> Vec<T> {
+    let n = b.len() / std::mem::size_of::<T>();
+    let mut out = vec![T::default(); n];
+    // SAFETY: out holds n elements = b.len() bytes (rounded down); every bit pattern is a valid
+    // Element value.
+    unsafe { std::ptr::copy_nonoverlapping(b.as_ptr(), out.as_mut_ptr().cast::<u8>(), n * std::mem::size_of::<T>()) };
+    out
+}
+
+impl Gpu {
+    fn upload<T: Element>(&self, v: &[T]) -> Result<CudaSlice<u8>> {
+        // At least one byte: a zero-length allocation has no address to pass.
+        let mut bytes = bytes_of(v).to_vec();
+        if bytes.is_empty() {
+            bytes.push(0);
+        }
+        self.stream.clone_htod(&bytes).map_err(cuda("upload"))
+    }
+
+    fn zeros(&self, bytes: usize) -> Result<CudaSlice<u8>> {
+        self.stream.alloc_zeros::<u8>(bytes.max(1)).map_err(cuda("alloc"))
+    }
+
+    fn download<T: Element>(&self, d: &CudaSlice<u8>, len: usize) -> Result<Vec<T>> {
+        let b = self.stream.clone_dtoh(d).map_err(cuda("download"))?;
+        Ok(from_bytes::<T>(&b[..len * std::mem::size_of::<T>()]))
+    }
+
+    fn addr(&self, d: &CudaSlice<u8>) -> u64 {
+        d.device_ptr(&self.stream).0
+    }
+
+    fn sync(&self) -> Result<()> {
+        self.stream.synchronize().map_err(cuda("synchronize"))?;
+        self.comm.check_gpu()
+    }
+}
+
+/// Every device collective × dtype × op × size against the host reference, out of place and in
+/// place; `big` adds one large f32 sum per collective.
+fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<usize> {
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let d = T::DTYPE;
+    let sz = std::mem::size_of::<T>();
+    let mut checked = 0;
+    for &count in counts {
+        for &op in ops {
+            let tag = |c: &str| format!("{c} {} {} count {count} on {n} GPUs (rank {me})", d.name(), op.name());
+            let all = |i: usize| reference::<T>(op, (0..n).map(|r| input(d, op, r, i)));
+            // all_reduce out of place, then in place.
+            let send = g.upload(&fill::<T>(d, op, me, count))?;
+            let recv = g.zeros(count * sz)?;
+            // SAFETY: both buffers hold count elements and live until after the sync below.
+            unsafe { g.comm.all_reduce_device_raw(g.addr(&send), g.addr(&recv), count, d, op, &g.stream)? };
+            g.sync()?;
+            compare(&tag("all_reduce"), &g.download::<T>(&recv, count)?, all)?;
+            // SAFETY: in place on `send`, count elements.
+            unsafe { g.comm.all_reduce_device_raw(g.addr(&send), g.addr(&send), count, d, op, &g.stream)? };
+            g.sync()?;
+            compare(&tag("all_reduce in place"), &g.download::<T>(&send, count)?, all)?;
+            // reduce_scatter: n blocks of count.
+            let send = g.upload(&fill::<T>(d, op, me, n * count))?;
+            let recv = g.zeros(count * sz)?;
+            // SAFETY: send holds n × count, recv count elements.
+            unsafe { g.comm.reduce_scatter_device_raw(g.addr(&send), g.addr(&recv), count, d, op, &g.stream)? };
+            g.sync()?;
+            compare(&tag("reduce_scatter"), &g.download::<T>(&recv, count)?, |i| all(me * count + i))?;
+            // reduce to a moving root, in place.
+            let root = count % n;
+            let buf = g.upload(&fill::<T>(d, op, me, count))?;
+            // SAFETY: count elements, in place.
+            unsafe { g.comm.reduce_device_raw(g.addr(&buf), g.addr(&buf), count, d, op, root, &g.stream)? };
+            g.sync()?;
+            if me == root {
+                compare(&tag("reduce"), &g.download::<T>(&buf, count)?, all)?;
+            }
+            checked += 4;
+        }
+        // Data movement (operator-independent).
+        let op = ops[0];
+        let own = |r: usize, i: usize| T::from_f64(input(d, op, r, i)).to_f64();
+        let tag = |c: &str| format!("{c} {} count {count} on {n} GPUs (rank {me})", d.name());
+        let send = g.upload(&fill::<T>(d, op, me, count))?;
+        let recv = g.zeros(n * count * sz)?;
+        // SAFETY: send count, recv n × count elements.
+        unsafe { g.comm.all_gather_device_raw(g.addr(&send), g.addr(&recv), count, d, &g.stream)? };
+        g.sync()?;
+        compare(&tag("all_gather"), &g.download::<T>(&recv, n * count)?, |j| own(j / count, j % count))?;
+        let root = (count / 2) % n;
+        let buf = if me == root { g.upload(&fill::<T>(d, op, me, count))? } else { g.zeros(count * sz)? };
+        // SAFETY: count elements, in place.
+        unsafe { g.comm.broadcast_device_raw(g.addr(&buf), g.addr(&buf), count, d, root, &g.stream)? };
+        g.sync()?;
+        compare(&tag("broadcast"), &g.download::<T>(&buf, count)?, |i| own(root, i))?;
+        let send = g.upload(&fill::<T>(d, op, me, n * count))?;
+        let recv = g.zeros(n * count * sz)?;
+        // SAFETY: both hold n × count elements.
+        unsafe { g.comm.all_to_all_device_raw(g.addr(&send), g.addr(&recv), count, d, &g.stream)? };
+        g.sync()?;
+        compare(&tag("all_to_all"), &g.download::<T>(&recv, n * count)?, |j| own(j / count, me * count + j % count))?;
+        // all_to_allv with counts and displacements in device memory.
+        let split = |p: usize, q: usize| -> usize {
+            if (p + q + count) % 3 == 0 { 0 } else { count / (1 + (p + 2 * q) % 3) + 1 }
+        };
+        let send_counts: Vec<u64> = (0..n).map(|q| split(me, q) as u64).collect();
+        let recv_counts: Vec<u64> = (0..n).map(|p| split(p, me) as u64).collect();
+        let displs = |c: &[u64]| -> Vec<u64> {
+            let mut at = 0;
+            c.iter()
+                .map(|x| {
+                    let here = at;
+                    at += x + 1;
+                    here
+                })
+                .collect()
+        };
+        let (sd, rd) = (displs(&send_counts), displs(&recv_counts));
+        let send_len = (sd[n - 1] + send_counts[n - 1] + 1) as usize;
+        let recv_len = (rd[n - 1] + recv_counts[n - 1] + 1) as usize;
+        let send = g.upload(&fill::<T>(d, op, me, send_len))?;
+        let recv = g.zeros(recv_len * sz)?;
+        let arrays: Vec<CudaSlice<u8>> =
+            [&send_counts, &sd, &recv_counts, &rd].iter().map(|v| g.upload(v)).collect::<Result<_>>()?;
+        let aux = [g.addr(&arrays[0]), g.addr(&arrays[1]), g.addr(&arrays[2]), g.addr(&arrays[3])];
+        let longest = (0..n).flat_map(|p| (0..n).map(move |q| (p, q))).map(|(p, q)| split(p, q)).max().unwrap_or(0);
+        // SAFETY: every block lies inside its buffer; the arrays hold n u64 each.
+        unsafe { g.comm.all_to_allv_device_raw(g.addr(&send), g.addr(&recv), aux, d, longest * sz, &g.stream)? };
+        g.sync()?;
+        let got = g.download::<T>(&recv, recv_len)?;
+        for p in 0..n {
+            let their = displs(&(0..n).map(|q| split(p, q) as u64).collect::<Vec<_>>());
+            let block = &got[rd[p] as usize..(rd[p] + recv_counts[p]) as usize];
+            compare(&tag(&format!("all_to_allv from {p}")), block, |i| own(p, their[me] as usize + i))?;
+        }
+        checked += 5;
+    }
+    Ok(checked)
+}
+
+/// Every collective × {f32, f16, bf16, i32, f64, u8} × every op × {1, 7, 4095, 1 MiB + 3}
+/// elements, plus 256 MiB of f32 sums; then checks with nvidia-smi that every rank's process
+/// uses exactly one GPU.
+fn matrix() -> Result<String> {
+    let g = gpu()?;
+    let counts = [1usize, 7, 4095, (1 << 20) + 3];
+    let ops = ReduceOp::ALL;
+    let started = Instant::now();
+    let mut checked = 0;
+    checked += run_typed::<f32>(&g, &counts, &ops)?;
+    checked += run_typed::<f16>(&g, &counts, &ops)?;
+    checked += run_typed::<bf16>(&g, &counts, &ops)?;
+    checked += run_typed::<i32>(&g, &counts, &ops)?;
+    checked += run_typed::<f64>(&g, &counts, &ops)?;
+    checked += run_typed::<u8>(&g, &counts, &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max])?;
+    checked += run_typed::<f32>(&g, &[(256 << 20) / 4], &[ReduceOp::Sum])?;
+    let gpus = one_gpu_per_process(&g.comm)?;
+    Ok(format!("{checked} device calls checked in {:.1?}; {gpus}", started.elapsed()))
+}
+
+/// With every rank alive, rank 0 asks nvidia-smi which GPUs each rank's process uses: each must
+/// use exactly one, and no two ranks the same.
+fn one_gpu_per_process(comm: &Communicator) -> Result<String> {
+    let b = comm.core().bootstrap();
+    let pids = b.all_gather(&std::process::id().to_le_bytes())?;
+    let mut verdict = Ok("nvidia-smi check skipped (no nvidia-smi)".to_string());
+    if comm.rank() == 0
+        && let Ok(out) = std::process::Command::new("nvidia-smi")
+            .args(["--query-compute-apps=pid,gpu_bus_id,used_memory", "--format=csv,noheader"])
+            .output()
+    {
+        let text = String::from_utf8_lossy(&out.stdout).to_string();
+        let mut seen = Vec::new();
+        for (r, pid) in pids.iter().enumerate() {
+            let pid = u32::from_le_bytes(pid.as_slice().try_into().map_err(|_| Error::protocol("pid bytes"))?);
+            let gpus: Vec<&str> =
+                text.lines().filter(|l| l.split(',').next().map(str::trim) == Some(&pid.to_string())).collect();
+            if gpus.len() != 1 {
+                verdict = Err(Error::protocol(format!("rank {r} (pid {pid}) uses {} GPUs: {gpus:?}", gpus.len())));
+                break;
+            }
+            let bus = gpus[0].split(',').nth(1).unwrap_or("").trim().to_string();
+            if seen.contains(&bus) {
+                verdict = Err(Error::protocol(format!("rank {r} shares GPU {bus} with another rank")));
+                break;
+            }
+            seen.push(bus);
+        }
+        if verdict.is_ok() {
+            verdict = Ok(format!(
+                "nvidia-smi: each of {} processes on its own GPU ({})",
+                pids.len(),
+                text.trim().replace('\n', "; ")
+            ));
+        }
+    }
+    b.barrier()?;
+    verdict
+}
+
+/// Captures an LL all-reduce, an RS+AG all-reduce and an all-gather into one CUDA graph, then
+/// replays it with new inputs each time.
+fn graph() -> Result<String> {
+    let g = gpu()?;
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let small = 1000usize;
+    let large = (8 << 20) + 5;
+    let a = g.zeros(small * 4)?;
+    let b = g.zeros(large * 4)?;
+    let c = g.zeros(n * small * 4)?;
+    let (pa, pb, pc) = (g.addr(&a), g.addr(&b), g.addr(&c));
+    g.sync()?;
+    g.stream
+        .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+        .map_err(cuda("begin capture"))?;
+    // SAFETY: the buffers live until the end of this function, after the last replay's sync.
+    let captured = unsafe {
+        g.comm
+            .all_reduce_device_raw(pa, pa, small, DataType::F32, ReduceOp::Sum, &g.stream)
+            .and_then(|_| g.comm.all_reduce_device_raw(pb, pb, large, DataType::F32, ReduceOp::Sum, &g.stream))
+            .and_then(|_| g.comm.all_gather_device_raw(pa, pc, small, DataType::F32, &g.stream))
+    };
+    let graph = g.stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)).map_err(cuda("end capture"))?;
+    captured?;
+    let graph = graph.ok_or_else(|| Error::protocol("capture produced no graph"))?;
+    for replay in 0..10usize {
+        let va: Vec<f32> = (0..small).map(|i| (me + replay + i % 7) as f32).collect();
+        let vb: Vec<f32> = (0..large).map(|i| (me * 2 + replay + i % 5) as f32).collect();
+        let da = g.upload(&va)?;
+        let db = g.upload(&vb)?;
+        // New inputs go into the captured buffers (outside the graph, on the same stream).
+        let sa = g.addr(&da);
+        let sb = g.addr(&db);
+        // SAFETY: copies of exactly the buffer sizes between live device allocations.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(pa, sa, small * 4, g.stream.cu_stream())
+                .map_err(cuda("copy a"))?;
+            cudarc::driver::result::memcpy_dtod_async(pb, sb, large * 4, g.stream.cu_stream())
+                .map_err(cuda("copy b"))?;
+        }
+        graph.launch().map_err(cuda("graph launch"))?;
+        g.sync()?;
+        let sum_a = |i: usize| (0..n).map(|r| (r + replay + i % 7) as f64).sum::<f64>();
+        let sum_b = |i: usize| (0..n).map(|r| (r * 2 + replay + i % 5) as f64).sum::<f64>();
+        compare(&format!("graph replay {replay}: small all_reduce"), &g.download::<f32>(&a, small)?, sum_a)?;
+        compare(&format!("graph replay {replay}: large all_reduce"), &g.download::<f32>(&b, large)?, sum_b)?;
+        compare(&format!("graph replay {replay}: all_gather"), &g.download::<f32>(&c, n * small)?, |j| {
+            sum_a(j % small)
+        })?;
+    }
+    Ok("10 graph replays of 3 captured collectives verified".into())
+}
+
+/// 1,000 calls in a row with changing sizes and collectives; every result checked.
+fn stale_state() -> Result<String> {
+    let g = gpu()?;
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let mut x: u64 = 0x2545_f491;
+    for call in 0..1000usize {
+        x = x.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        let count =
+            if call % 10 == 9 { ((x >> 33) % (3 << 20)) as usize + 1 } else { ((x >> 33) % 70_000) as usize + 1 };
+        let v: Vec<i32> = (0..count).map(|i| ((me + i + call) % 97) as i32).collect();
+        let d = g.upload(&v)?;
+        if call % 2 == 0 {
+            // SAFETY: count elements, in place.
+            unsafe {
+                g.comm.all_reduce_device_raw(g.addr(&d), g.addr(&d), count, DataType::I32, ReduceOp::Sum, &g.stream)?
+            };
+            g.sync()?;
+            let got = g.download::<i32>(&d, count)?;
+            if let Some(i) = (0..count).find(|&i| got[i] as usize != (0..n).map(|r| (r + i + call) % 97).sum::<usize>())
+            {
+                return Err(Error::protocol(format!("call {call}: all_reduce of {count} wrong at {i}")));
+            }
+        } else {
+            let out = g.zeros(n * count * 4)?;
+            // SAFETY: d holds count, out n × count elements.
+            unsafe { g.comm.all_gather_device_raw(g.addr(&d), g.addr(&out), count, DataType::I32, &g.stream)? };
+            g.sync()?;
+            let got = g.download::<i32>(&out, n * count)?;
+            if let Some(j) = (0..n * count).find(|&j| got[j] as usize != (j / count + j % count + call) % 97) {
+                return Err(Error::protocol(format!("call {call}: all_gather of {count} wrong at {j}")));
+            }
+        }
+    }
+    Ok("1000 device calls with changing sizes verified".into())
+}
+
+/// The last rank dies (SIGKILL) after a first successful all-reduce; the others' next
+/// all-reduce must end with an error within the timeout, and dropping the communicator must
+/// release its mappings.
+fn fault_kill() -> Result<String> {
+    let g = gpu()?;
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let d = g.upload(&vec![1.0f32; 1 << 20])?;
+    // SAFETY: 1 Mi elements, in place.
+    unsafe { g.comm.all_reduce_device_raw(g.addr(&d), g.addr(&d), 1 << 20, DataType::F32, ReduceOp::Sum, &g.stream)? };
+    g.sync()?;
+    g.comm.core().bootstrap().barrier()?;
+    if me == n - 1 {
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).map_err(|e| Error::errno("raise SIGKILL", e))?;
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    let started = Instant::now();
+    // SAFETY: as above.
+    let launched = unsafe {
+        g.comm.all_reduce_device_raw(g.addr(&d), g.addr(&d), 1 << 20, DataType::F32, ReduceOp::Sum, &g.stream)
+    };
+    let outcome = launched.and_then(|_| g.sync());
+    let waited = started.elapsed();
+    match outcome {
+        Ok(()) => Err(Error::protocol("an all-reduce with a dead peer succeeded")),
+        Err(e) => {
+            drop(d);
+            drop(g);
+            Ok(format!("failed after {waited:.2?} as it should: {e}; communicator dropped"))
+        }
+    }
+}

@@ -1,0 +1,126 @@
+//! GPU integration tests: `gpu-worker SCENARIO` launched once per GPU, on 2 GPUs and on every
+//! GPU of the host. A custom harness (`harness = false`): without a CUDA driver or with fewer
+//! than 2 GPUs every test is reported SKIPPED and the summary says 0 passed — these tests never
+//! count as passed on a machine that cannot run them.
+
+use std::path::Path;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use comm_core::launch::RankExit;
+use weave_tests::launcher::{dump, launch_serialized, run_ok, scenario_spec};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_gpu-worker");
+
+fn worker() -> &'static Path {
+    Path::new(WORKER)
+}
+
+/// World sizes to test: 2 and every GPU (at most 8).
+fn worlds(gpus: usize) -> Vec<usize> {
+    let mut w = vec![2, gpus.min(8)];
+    w.dedup();
+    w
+}
+
+fn scenario(name: &'static str, gpus: usize, timeout: Duration) {
+    for n in worlds(gpus) {
+        let report = run_ok(&scenario_spec(worker(), name, n, 20.0, timeout), name);
+        for r in &report.ranks {
+            if let Some(line) = r.stdout.iter().find(|l| l.starts_with("OK ")) {
+                println!("    [{n} GPUs, rank {}] {line}", r.rank);
+            }
+        }
+    }
+}
+
+fn matrix(gpus: usize) {
+    scenario("matrix", gpus, Duration::from_secs(900));
+}
+
+fn graph(gpus: usize) {
+    scenario("graph", gpus, Duration::from_secs(300));
+}
+
+fn stale_state(gpus: usize) {
+    scenario("stale-state", gpus, Duration::from_secs(600));
+}
+
+fn fault_kill(gpus: usize) {
+    for n in worlds(gpus) {
+        let weave_timeout = 5.0;
+        let spec = scenario_spec(worker(), "fault-kill", n, weave_timeout, Duration::from_secs(120)).keep_going(true);
+        let started = Instant::now();
+        let report = launch_serialized(&spec).expect("launch fault-kill");
+        assert_eq!(report.ranks[n - 1].exit, RankExit::Signal(9), "victim must die by SIGKILL\n{}", dump(&report));
+        for r in &report.ranks[..n - 1] {
+            assert!(
+                r.exit.success() && r.stdout.iter().any(|l| l.starts_with("OK fault-kill")),
+                "rank {} did not report the dead peer\n{}",
+                r.rank,
+                dump(&report)
+            );
+            if let Some(line) = r.stdout.iter().find(|l| l.starts_with("OK ")) {
+                println!("    [{n} GPUs, rank {}] {line}", r.rank);
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(90), "fault job took {:?}", started.elapsed());
+    }
+}
+
+const TESTS: &[(&str, fn(usize))] = &[
+    ("every_device_collective_dtype_op_and_size", matrix),
+    ("cuda_graph_capture_and_replay", graph),
+    ("a_thousand_device_calls_with_changing_sizes", stale_state),
+    ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
+];
+
+fn gpu_count() -> Result<usize, String> {
+    if !transport_cudaipc::driver_available() {
+        return Err("no CUDA driver".into());
+    }
+    transport_cudaipc::device_count().map_err(|e| e.to_string())
+}
+
+fn main() -> ExitCode {
+    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
+    let selected: Vec<_> = TESTS.iter().filter(|(n, _)| filter.as_deref().is_none_or(|f| n.contains(f))).collect();
+    if std::env::args().any(|a| a == "--list") {
+        for (name, _) in &selected {
+            println!("{name}: test");
+        }
+        return ExitCode::SUCCESS;
+    }
+    let gpus = match gpu_count() {
+        Ok(n) if n >= 2 => n,
+        other => {
+            let why = match other {
+                Ok(n) => format!("{n} GPU(s); these tests need 2"),
+                Err(e) => e,
+            };
+            for (name, _) in &selected {
+                println!("test {name} ... SKIPPED");
+            }
+            println!("SKIPPED: {why}: the weave GPU tests did not run");
+            println!("gpu: 0 passed, 0 failed, {} skipped", selected.len());
+            return ExitCode::SUCCESS;
+        }
+    };
+    println!("weave GPU tests on {gpus} GPUs (worlds {:?})", worlds(gpus));
+    let (mut passed, mut failed) = (0, Vec::new());
+    for (name, test) in &selected {
+        let started = Instant::now();
+        match std::panic::catch_unwind(|| test(gpus)) {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok ({:.1?})", started.elapsed());
+            }
+            Err(_) => {
+                failed.push(*name);
+                println!("test {name} ... FAILED");
+            }
+        }
+    }
+    println!("gpu: {passed} passed, {} failed", failed.len());
+    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+}
