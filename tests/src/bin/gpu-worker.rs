@@ -168,7 +168,7 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
         compare(&tag("all_to_all"), &g.download::<T>(&recv, n * count)?, |j| own(j / count, me * count + j % count))?;
         // all_to_allv with counts and displacements in device memory.
         let split = |p: usize, q: usize| -> usize {
-            if (p + q + count) % 3 == 0 { 0 } else { count / (1 + (p + 2 * q) % 3) + 1 }
+            if (p + q + count).is_multiple_of(3) { 0 } else { count / (1 + (p + 2 * q) % 3) + 1 }
         };
         let send_counts: Vec<u64> = (0..n).map(|q| split(me, q) as u64).collect();
         let recv_counts: Vec<u64> = (0..n).map(|p| split(p, me) as u64).collect();
