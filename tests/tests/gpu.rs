@@ -68,7 +68,10 @@ fn fault_kill(gpus: usize) {
     }
 }
 
-const TESTS: &[(&str, fn(usize))] = &[
+/// A GPU test: its name and body (given the number of GPUs).
+type GpuTest = (&'static str, fn(usize));
+
+const TESTS: &[GpuTest] = &[
     ("every_device_collective_dtype_op_and_size", matrix),
     ("cuda_graph_capture_and_replay", graph),
     ("a_thousand_device_calls_with_changing_sizes", stale_state),
