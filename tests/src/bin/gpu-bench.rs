@@ -1,0 +1,435 @@
+//! One rank of the GPU benchmark: weave's device collectives, and with `--nccl` (built with
+//! the `nccl` feature) NCCL's, on the same ranks, buffers and timing method, in the same run.
+//! Rank 0 prints the nccl-tests table with the ratio per size.
+//!
+//! Timing as nccl-tests: per size, `--warmup` calls, then `--iters` calls back to back on one
+//! stream and one synchronize; time = elapsed / iters, the maximum over ranks. With `--graph`
+//! the iters calls are captured into a CUDA graph once and the graph is replayed instead.
+//! `--check` verifies one call per size against the host reference (#wrong counts elements).
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use collectives::{Communicator, DataType, ReduceOp};
+use comm_core::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+
+#[derive(Debug, Clone)]
+struct Options {
+    op: String,
+    min: usize,
+    max: usize,
+    factor: usize,
+    iters: usize,
+    warmup: usize,
+    check: bool,
+    graph: bool,
+    inplace: bool,
+    nccl: bool,
+}
+
+fn parse_size(s: &str) -> Option<usize> {
+    let t = s.trim();
+    let (num, mult) = match t.chars().last()?.to_ascii_uppercase() {
+        'K' => (&t[..t.len() - 1], 1 << 10),
+        'M' => (&t[..t.len() - 1], 1 << 20),
+        'G' => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.parse::<usize>().ok()?.checked_mul(mult)
+}
+
+fn parse() -> std::result::Result<Options, String> {
+    let mut o = Options {
+        op: "all_reduce".into(),
+        min: 8,
+        max: 64 << 20,
+        factor: 2,
+        iters: 20,
+        warmup: 5,
+        check: true,
+        graph: false,
+        inplace: false,
+        nccl: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        let mut value = |what: &str| args.next().ok_or_else(|| format!("{a} needs {what}"));
+        match a.as_str() {
+            "--op" => o.op = value("an op")?,
+            "-b" => o.min = parse_size(&value("a size")?).ok_or("bad -b")?,
+            "-e" => o.max = parse_size(&value("a size")?).ok_or("bad -e")?,
+            "-f" => o.factor = value("a factor")?.parse().map_err(|_| "bad -f")?,
+            "--iters" => o.iters = value("a count")?.parse().map_err(|_| "bad --iters")?,
+            "--warmup" => o.warmup = value("a count")?.parse().map_err(|_| "bad --warmup")?,
+            "--check" => o.check = true,
+            "--no-check" => o.check = false,
+            "--graph" | "-G" => o.graph = true,
+            "--inplace" => o.inplace = true,
+            "--nccl" => o.nccl = true,
+            other => return Err(format!("unknown argument {other:?}")),
+        }
+    }
+    if o.factor < 2 || o.iters == 0 || o.min == 0 || o.min > o.max {
+        return Err("need -f >= 2, --iters >= 1, 0 < -b <= -e".into());
+    }
+    if !["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"].contains(&o.op.as_str()) {
+        return Err(format!("unknown op {:?}", o.op));
+    }
+    if o.inplace && !["all_reduce", "broadcast"].contains(&o.op.as_str()) {
+        return Err("--inplace is supported for all_reduce and broadcast".into());
+    }
+    Ok(o)
+}
+
+fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
+    move |e| Error::Cuda { operation: what.to_string(), message: e.to_string() }
+}
+
+fn main() {
+    // NVLink multicast (NVLS) must never run on these hosts: forced off before NCCL loads.
+    // SAFETY: the first statement of main, before any other thread exists.
+    unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    let o = match parse() {
+        Ok(o) => o,
+        Err(e) => {
+            eprintln!("gpu-bench: {e}");
+            std::process::exit(2);
+        }
+    };
+    if let Err(e) = run(&o) {
+        eprintln!("gpu-bench rank {}: {e}", std::env::var("RANK").unwrap_or_default());
+        std::process::exit(1);
+    }
+}
+
+/// One library's way to run the op on raw device buffers.
+trait Library {
+    fn name(&self) -> &'static str;
+    /// # Safety
+    /// `send`/`recv` valid device buffers of the sizes the op needs for `count`.
+    unsafe fn call(&self, op: &str, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()>;
+}
+
+struct Weave<'a>(&'a Communicator);
+
+impl Library for Weave<'_> {
+    fn name(&self) -> &'static str {
+        "weave"
+    }
+    unsafe fn call(&self, op: &str, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()> {
+        let d = DataType::F32;
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            match op {
+                "all_reduce" => self.0.all_reduce_device_raw(send, recv, count, d, ReduceOp::Sum, stream),
+                "all_gather" => self.0.all_gather_device_raw(send, recv, count, d, stream),
+                "reduce_scatter" => self.0.reduce_scatter_device_raw(send, recv, count, d, ReduceOp::Sum, stream),
+                "broadcast" => self.0.broadcast_device_raw(send, recv, count, d, 0, stream),
+                _ => self.0.all_to_all_device_raw(send, recv, count, d, stream),
+            }
+        }
+    }
+}
+
+#[cfg(feature = "nccl")]
+mod nccl {
+    use super::*;
+    use cudarc::nccl::sys;
+
+    pub(crate) struct Nccl {
+        comm: sys::ncclComm_t,
+        n: usize,
+    }
+
+    fn check(what: &str, r: sys::ncclResult_t) -> Result<()> {
+        if r == sys::ncclResult_t::ncclSuccess {
+            Ok(())
+        } else {
+            Err(Error::Cuda { operation: format!("NCCL {what}"), message: format!("{r:?}") })
+        }
+    }
+
+    impl Nccl {
+        /// Collective: an NCCL communicator over the same ranks (unique id through weave's
+        /// bootstrap); the calling thread's current CUDA context must be this rank's GPU.
+        pub(crate) fn new(comm: &Communicator) -> Result<Self> {
+            let b = comm.core().bootstrap();
+            let mut id = sys::ncclUniqueId { internal: [0; 128] };
+            if comm.rank() == 0 {
+                // SAFETY: id is a valid out-pointer.
+                check("get unique id", unsafe { sys::ncclGetUniqueId(&mut id) })?;
+            }
+            let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+            let got = b.broadcast(0, &bytes)?;
+            for (d, s) in id.internal.iter_mut().zip(&got) {
+                *d = *s as _;
+            }
+            let mut nc: sys::ncclComm_t = std::ptr::null_mut();
+            // SAFETY: out-pointer valid; id identical on every rank.
+            check("comm init", unsafe {
+                sys::ncclCommInitRank(&mut nc, comm.world_size() as i32, id, comm.rank() as i32)
+            })?;
+            Ok(Nccl { comm: nc, n: comm.world_size() })
+        }
+    }
+
+    impl Drop for Nccl {
+        fn drop(&mut self) {
+            // SAFETY: the communicator was created by ncclCommInitRank and is destroyed once.
+            unsafe { sys::ncclCommDestroy(self.comm) };
+        }
+    }
+
+    impl Library for Nccl {
+        fn name(&self) -> &'static str {
+            "nccl"
+        }
+        unsafe fn call(&self, op: &str, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()> {
+            let s = stream.cu_stream() as sys::cudaStream_t;
+            let f = sys::ncclDataType_t::ncclFloat32;
+            let (sp, rp) = (send as *const std::ffi::c_void, recv as *mut std::ffi::c_void);
+            // SAFETY: forwarded from the caller; the communicator is live.
+            unsafe {
+                match op {
+                    "all_reduce" => check(
+                        "all_reduce",
+                        sys::ncclAllReduce(sp, rp, count, f, sys::ncclRedOp_t::ncclSum, self.comm, s),
+                    ),
+                    "all_gather" => check("all_gather", sys::ncclAllGather(sp, rp, count, f, self.comm, s)),
+                    "reduce_scatter" => check(
+                        "reduce_scatter",
+                        sys::ncclReduceScatter(sp, rp, count, f, sys::ncclRedOp_t::ncclSum, self.comm, s),
+                    ),
+                    "broadcast" => check("broadcast", sys::ncclBroadcast(sp, rp, count, f, 0, self.comm, s)),
+                    _ => {
+                        check("group start", sys::ncclGroupStart())?;
+                        for p in 0..self.n {
+                            let off = (p * count * 4) as u64;
+                            check("send", sys::ncclSend((send + off) as *const _, count, f, p as i32, self.comm, s))?;
+                            check("recv", sys::ncclRecv((recv + off) as *mut _, count, f, p as i32, self.comm, s))?;
+                        }
+                        check("group end", sys::ncclGroupEnd())
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Elements per rank (nccl-tests' count) and buffer lengths (send, recv) for a size in bytes.
+fn shape(op: &str, size: usize, n: usize) -> (usize, usize, usize) {
+    match op {
+        "all_gather" => {
+            let c = size / 4 / n;
+            (c, c, c * n)
+        }
+        "reduce_scatter" => {
+            let c = size / 4 / n;
+            (c, c * n, c)
+        }
+        "all_to_all" => {
+            let c = size / 4 / n;
+            (c, c * n, c * n)
+        }
+        _ => {
+            let c = size / 4;
+            (c, c, c)
+        }
+    }
+}
+
+fn bus_factor(op: &str, n: usize) -> f64 {
+    let n = n as f64;
+    match op {
+        "all_reduce" => 2.0 * (n - 1.0) / n,
+        "broadcast" => 1.0,
+        _ => (n - 1.0) / n,
+    }
+}
+
+/// Input element i of rank r.
+fn value(r: usize, i: usize) -> f32 {
+    ((r * 7 + i * 13) % 11) as f32
+}
+
+/// The expected output element j.
+fn expected(op: &str, me: usize, n: usize, count: usize, j: usize) -> f32 {
+    match op {
+        "all_reduce" => (0..n).map(|r| value(r, j)).sum(),
+        "all_gather" => value(j / count, j % count),
+        "reduce_scatter" => (0..n).map(|r| value(r, me * count + j)).sum(),
+        "broadcast" => value(0, j),
+        _ => value(j / count, me * count + j % count),
+    }
+}
+
+struct Buffers {
+    send: CudaSlice<f32>,
+    recv: CudaSlice<f32>,
+}
+
+fn run(o: &Options) -> Result<()> {
+    let comm = Communicator::from_env()?;
+    if !comm.has_gpu() {
+        return Err(Error::Unsupported("no GPU path (CUDA device and driver needed on every rank)".into()));
+    }
+    let ctx = comm.gpu_context().ok_or_else(|| Error::Unsupported("no GPU context".into()))?;
+    ctx.bind_to_thread().map_err(cuda("bind"))?;
+    let stream = ctx.new_stream().map_err(cuda("stream"))?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let weave = Weave(&comm);
+    #[cfg(feature = "nccl")]
+    let nccl = if o.nccl { Some(nccl::Nccl::new(&comm)?) } else { None };
+    #[cfg(not(feature = "nccl"))]
+    if o.nccl {
+        return Err(Error::Unsupported("built without the `nccl` feature".into()));
+    }
+    let mut libs: Vec<&dyn Library> = vec![&weave];
+    #[cfg(feature = "nccl")]
+    if let Some(nc) = &nccl {
+        libs.push(nc);
+    }
+    let mut sizes = Vec::new();
+    let mut s = o.min;
+    while s <= o.max {
+        sizes.push(s);
+        s *= o.factor;
+    }
+    if me == 0 {
+        println!(
+            "# gpu-bench: {} on {n} GPUs, float sum, {} iters after {} warmup, {}{}",
+            o.op,
+            o.iters,
+            o.warmup,
+            if o.graph { "CUDA graph replay" } else { "eager launches" },
+            if o.inplace { ", in place" } else { ", out of place" }
+        );
+        let base = format!(
+            "{:>12} {:>12} {:>10} {:>9} {:>9} {:>7}",
+            "size(B)", "count", "time(us)", "algbw", "busbw", "#wrong"
+        );
+        if libs.len() > 1 {
+            println!("#{base} {:>10} {:>9} {:>7} {:>9}", "nccl(us)", "busbw", "#wrong", "nccl/weave");
+        } else {
+            println!("#{base}");
+        }
+    }
+    let mut ratios = Vec::new();
+    for size in sizes {
+        let (count, send_len, recv_len) = shape(&o.op, size, n);
+        if count == 0 {
+            continue;
+        }
+        let host: Vec<f32> = (0..send_len).map(|i| value(me, i)).collect();
+        let send = stream.clone_htod(&host).map_err(cuda("upload"))?;
+        let recv = stream.alloc_zeros::<f32>(recv_len.max(send_len)).map_err(cuda("alloc"))?;
+        let mut bufs = Buffers { send, recv };
+        let mut results = Vec::new();
+        for lib in &libs {
+            results.push(time_one(*lib, o, &comm, &stream, &mut bufs, &host, count)?);
+        }
+        let bytes = size as f64;
+        let (t, wrong) = results[0];
+        let algbw = bytes / t / 1e3;
+        let line =
+            format!("{size:>12} {count:>12} {t:>10.2} {algbw:>9.2} {:>9.2} {wrong:>7}", algbw * bus_factor(&o.op, n));
+        if me == 0 {
+            if let Some(&(tn, wn)) = results.get(1) {
+                let nb = bytes / tn / 1e3 * bus_factor(&o.op, n);
+                ratios.push(tn / t);
+                println!(" {line} {tn:>10.2} {nb:>9.2} {wn:>7} {:>9.2}", tn / t);
+            } else {
+                println!(" {line}");
+            }
+        }
+        if wrong > 0 || results.get(1).is_some_and(|r| r.1 > 0) {
+            return Err(Error::protocol(format!("{size} B: wrong results")));
+        }
+    }
+    if me == 0 && !ratios.is_empty() {
+        let geo = (ratios.iter().map(|r| r.ln()).sum::<f64>() / ratios.len() as f64).exp();
+        let worst = ratios.iter().cloned().fold(f64::INFINITY, f64::min);
+        println!(
+            "# time ratio nccl/weave (above 1: weave faster): geomean {geo:.2}, worst {worst:.2} over {} sizes",
+            ratios.len()
+        );
+    }
+    comm.core().bootstrap().barrier()?;
+    Ok(())
+}
+
+/// Times one library at one size; returns (µs per call, max over ranks; wrong elements).
+fn time_one(
+    lib: &dyn Library,
+    o: &Options,
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    bufs: &mut Buffers,
+    host: &[f32],
+    count: usize,
+) -> Result<(f64, u64)> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let s = bufs.send.device_ptr(stream).0;
+    let r = if o.inplace { s } else { bufs.recv.device_ptr(stream).0 };
+    // In place the input changes every call: time on it anyway (as nccl-tests), check on a reset.
+    for _ in 0..o.warmup {
+        // SAFETY: buffers sized by `shape` for this op and count.
+        unsafe { lib.call(&o.op, s, r, count, stream)? };
+    }
+    stream.synchronize().map_err(cuda("sync"))?;
+    comm.check_gpu()?;
+    let graph = if o.graph {
+        stream
+            .begin_capture(cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)
+            .map_err(cuda("capture"))?;
+        let mut captured = Ok(());
+        for _ in 0..o.iters {
+            // SAFETY: as above.
+            captured = captured.and_then(|_| unsafe { lib.call(&o.op, s, r, count, stream) });
+        }
+        let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)).map_err(cuda("end capture"))?;
+        captured?;
+        let g = g.ok_or_else(|| Error::protocol("empty graph"))?;
+        g.launch().map_err(cuda("graph warmup"))?;
+        stream.synchronize().map_err(cuda("sync"))?;
+        Some(g)
+    } else {
+        None
+    };
+    comm.core().bootstrap().barrier()?;
+    let t0 = Instant::now();
+    match &graph {
+        Some(g) => g.launch().map_err(cuda("graph launch"))?,
+        None => {
+            for _ in 0..o.iters {
+                // SAFETY: as above.
+                unsafe { lib.call(&o.op, s, r, count, stream)? };
+            }
+        }
+    }
+    stream.synchronize().map_err(cuda("sync"))?;
+    let mine = t0.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+    comm.check_gpu()?;
+    let all = comm.core().bootstrap().all_gather(&mine.to_le_bytes())?;
+    let t = all.iter().filter_map(|b| b.as_slice().try_into().ok().map(f64::from_le_bytes)).fold(0.0, f64::max);
+    let mut wrong = 0;
+    if o.check {
+        stream.memcpy_htod(host, &mut bufs.send).map_err(cuda("reset"))?;
+        // SAFETY: as above.
+        unsafe { lib.call(&o.op, s, r, count, stream)? };
+        stream.synchronize().map_err(cuda("sync"))?;
+        comm.check_gpu()?;
+        let out = stream.clone_dtoh(if o.inplace { &bufs.send } else { &bufs.recv }).map_err(cuda("download"))?;
+        let len = match o.op.as_str() {
+            "all_gather" | "all_to_all" => count * n,
+            _ => count,
+        };
+        wrong = (0..len).filter(|&j| out[j] != expected(&o.op, me, n, count, j)).count() as u64;
+        // Keep the input pristine for the next library.
+        stream.memcpy_htod(host, &mut bufs.send).map_err(cuda("reset"))?;
+        stream.synchronize().map_err(cuda("sync"))?;
+    }
+    let _ = lib.name();
+    Ok((t, wrong))
+}
