@@ -285,11 +285,13 @@ fn run(o: &Options) -> Result<()> {
     if o.nccl {
         return Err(Error::Unsupported("built without the `nccl` feature".into()));
     }
-    let mut libs: Vec<&dyn Library> = vec![&weave];
     #[cfg(feature = "nccl")]
-    if let Some(nc) = &nccl {
-        libs.push(nc);
-    }
+    let libs: Vec<&dyn Library> = match &nccl {
+        Some(nc) => vec![&weave, nc],
+        None => vec![&weave],
+    };
+    #[cfg(not(feature = "nccl"))]
+    let libs: Vec<&dyn Library> = vec![&weave];
     let mut sizes = Vec::new();
     let mut s = o.min;
     while s <= o.max {
