@@ -66,6 +66,11 @@ options:
                        --allow-run-as-root --oversubscribe --bind-to none --mca pml ob1
                        --mca btl self,vader (self,sm from Open MPI 5); for another MPI none
       --no-build       do not build bench-worker first (use target/release/bench-worker)
+      --gpu            benchmark device buffers on this host's GPUs (one rank per GPU unless
+                       -n), float sum; builds and runs gpu-bench
+      --vs-nccl        with --gpu: NCCL on the same ranks, buffers and timing, same run, with
+                       the ratio per size (NCCL_NVLS_ENABLE=0 is forced)
+  -G, --graph          with --gpu: time CUDA-graph replays instead of eager launches
       --bind / --no-bind  pin each rank to its own CPU, weave and Open MPI alike (default:
                        bind when the ranks fit the CPUs, as mpirun does)
   -t, --timeout SECS   kill a run (weave or MPI) still going after SECS (default 600)
@@ -150,6 +155,12 @@ struct BenchArgs {
     /// `Some(false)` from --no-bind, `Some(true)` from --bind, `None`: bind when the ranks fit
     /// the CPUs.
     bind: Option<bool>,
+    /// Run on GPUs (device buffers) instead of host memory.
+    gpu: bool,
+    /// With `gpu`: run NCCL on the same ranks and buffers and print the ratio.
+    vs_nccl: bool,
+    /// With `gpu`: time CUDA-graph replays instead of eager launches.
+    graph: bool,
     timeout: Duration,
 }
 
@@ -172,6 +183,9 @@ impl Default for BenchArgs {
             mpi_args: Vec::new(),
             build: true,
             bind: None,
+            gpu: false,
+            vs_nccl: false,
+            graph: false,
             timeout: Duration::from_secs(600),
         }
     }
@@ -317,6 +331,9 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
             "--vs-mpi" => a.vs_mpi = true,
             "--mpi-args" => a.mpi_args = text_value(args, &f)?.split_whitespace().map(String::from).collect(),
             "--no-build" => a.build = false,
+            "--gpu" => a.gpu = true,
+            "--vs-nccl" => a.vs_nccl = true,
+            "-G" | "--graph" => a.graph = true,
             "--bind" => a.bind = Some(true),
             "--no-bind" => a.bind = Some(false),
             "-t" | "--timeout" => {
@@ -363,6 +380,76 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// GPUs visible to `nvidia-smi`, if it runs.
+fn gpu_count() -> Option<usize> {
+    let out = Command::new("nvidia-smi").arg("-L").output().ok()?;
+    let n = String::from_utf8_lossy(&out.stdout).lines().filter(|l| l.starts_with("GPU ")).count();
+    (n > 0).then_some(n)
+}
+
+/// `--gpu`: builds `gpu-bench` (with NCCL for `--vs-nccl`), launches one rank per GPU (or
+/// `-n`), and passes rank 0's table through.
+fn bench_gpu(a: &BenchArgs, root: &Path, target: &Path, token: &CancelToken) -> Result<ExitCode, String> {
+    if a.op == Op::Reduce || a.dtype != "float" || a.redop != "sum" {
+        return Err(
+            "--gpu benchmarks all_reduce, all_gather, reduce_scatter, broadcast and all_to_all on float sum".into()
+        );
+    }
+    if a.build {
+        let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+        let mut cmd = Command::new(cargo);
+        cmd.current_dir(root).args(["build", "--release", "-p", "weave-tests", "--bin", "gpu-bench"]);
+        if a.vs_nccl {
+            cmd.args(["--features", "nccl"]);
+        }
+        let status = cmd.status().map_err(|e| format!("cannot run cargo: {e}"))?;
+        if !status.success() {
+            return Err(format!("building gpu-bench failed ({status})"));
+        }
+    }
+    let worker = target.join("release").join("gpu-bench");
+    if !worker.is_file() {
+        return Err(format!("{} does not exist; run without --no-build to build it", worker.display()));
+    }
+    let explicit = std::env::args().any(|x| x == "-n" || x == "--ranks");
+    let ranks = if explicit { a.ranks } else { gpu_count().ok_or("no GPU found by nvidia-smi; pass -n RANKS")? };
+    let mut args: Vec<String> = vec![
+        "--op".into(),
+        a.op.name().into(),
+        "-b".into(),
+        a.min_bytes.to_string(),
+        "-e".into(),
+        a.max_bytes.to_string(),
+        "-f".into(),
+        a.factor.to_string(),
+        "--iters".into(),
+        a.iters.to_string(),
+        "--warmup".into(),
+        a.warmup.to_string(),
+        if a.check { "--check" } else { "--no-check" }.into(),
+    ];
+    if a.graph {
+        args.push("--graph".into());
+    }
+    if a.inplace {
+        args.push("--inplace".into());
+    }
+    if a.vs_nccl {
+        args.push("--nccl".into());
+    }
+    let spec = LaunchSpec::new(ranks, &worker)
+        .args(args)
+        .env("NCCL_NVLS_ENABLE", "0")
+        .echo(true)
+        .timeout(a.timeout)
+        .cancel_token(token.clone());
+    let report = launch(&spec).map_err(|e| format!("cannot start the GPU bench ranks: {e}"))?;
+    if !report.success() {
+        return Err(format!("the GPU benchmark failed:\n{}", report.summary()));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 /// The workspace root (xtask lives one level below it).
@@ -611,6 +698,9 @@ fn run_weave(
 fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     let root = workspace_root();
     let target = target_dir(&root);
+    if a.gpu {
+        return bench_gpu(a, &root, &target, token);
+    }
     // Find MPI before spending time on a build.
     let mpi_tools = if a.vs_mpi { Some(mpi_tools()?) } else { None };
     if a.build {
