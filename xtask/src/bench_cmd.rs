@@ -33,7 +33,8 @@ prints the nccl-tests table: size, count, type, redop, time, algbw, busbw, #wron
 algorithm weave picked. With --vs-mpi, Open MPI runs the same collective, sizes, data and
 timing method on the same number of ranks in the same run, and the table adds its time and
 busbw and the ratios. With no options it is the main job: all_reduce, 2 ranks, float sum,
-8 B .. 64 MiB ×2 (24 sizes), checked — about 5 s on 2 cores (10 s with --vs-mpi).
+8 B .. 64 MiB ×2 (24 sizes), checked — about 5 s on 2 cores (10 s with --vs-mpi); on a host
+with two or more GPUs it runs on the GPUs instead (see --gpu).
 
 options:
   -o, --op OP          all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,
@@ -67,7 +68,9 @@ options:
                        --mca btl self,vader (self,sm from Open MPI 5); for another MPI none
       --no-build       do not build bench-worker first (use target/release/bench-worker)
       --gpu            benchmark device buffers on this host's GPUs (one rank per GPU unless
-                       -n), float sum; builds and runs gpu-bench
+                       -n), float sum; builds and runs gpu-bench. The default when nvidia-smi
+                       shows two or more GPUs
+      --cpu            benchmark host memory even where GPUs are present
       --vs-nccl        with --gpu: NCCL on the same ranks, buffers and timing, same run, with
                        the ratio per size (NCCL_NVLS_ENABLE=0 is forced)
   -G, --graph          with --gpu: time CUDA-graph replays instead of eager launches
@@ -157,6 +160,8 @@ struct BenchArgs {
     bind: Option<bool>,
     /// Run on GPUs (device buffers) instead of host memory.
     gpu: bool,
+    /// `--gpu` or `--cpu` was given; otherwise GPUs are used when the host has two or more.
+    device_chosen: bool,
     /// With `gpu`: run NCCL on the same ranks and buffers and print the ratio.
     vs_nccl: bool,
     /// With `gpu`: time CUDA-graph replays instead of eager launches.
@@ -184,6 +189,7 @@ impl Default for BenchArgs {
             build: true,
             bind: None,
             gpu: false,
+            device_chosen: false,
             vs_nccl: false,
             graph: false,
             timeout: Duration::from_secs(600),
@@ -331,7 +337,14 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
             "--vs-mpi" => a.vs_mpi = true,
             "--mpi-args" => a.mpi_args = text_value(args, &f)?.split_whitespace().map(String::from).collect(),
             "--no-build" => a.build = false,
-            "--gpu" => a.gpu = true,
+            "--gpu" => {
+                a.gpu = true;
+                a.device_chosen = true;
+            }
+            "--cpu" => {
+                a.gpu = false;
+                a.device_chosen = true;
+            }
             "--vs-nccl" => a.vs_nccl = true,
             "-G" | "--graph" => a.graph = true,
             "--bind" => a.bind = Some(true),
@@ -698,7 +711,7 @@ fn run_weave(
 fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     let root = workspace_root();
     let target = target_dir(&root);
-    if a.gpu {
+    if a.gpu || (!a.device_chosen && gpu_count().is_some_and(|n| n >= 2)) {
         return bench_gpu(a, &root, &target, token);
     }
     // Find MPI before spending time on a build.
