@@ -7,7 +7,20 @@
 //   [2048]            this rank's epoch (u64): phases completed by this rank so far
 //   [2056]            block arrival counter (u32) for grid-wide phases
 //   [4096, PKT_END)   LL16 packets: [writer][parity][packet_capacity]
-//   [DATA, ...)       data slots: [parity][world + 1][chunk_bytes / 2]
+//   [DATA, P2P)       data slots: [parity][world + 1][chunk_bytes / 2]
+//   [P2P, ...)        point-to-point mailboxes: [writer][parity][aux[2] bytes]
+//
+// Point-to-point (weave_sendrecv) uses pairwise words only, so the two ranks of a transfer
+// synchronize with each other and nobody else: in the receiver's control block, ready[w]
+// (512 + 64 w, written by sender w: chunks of w made ready for it) and ack[w] (1024 + 64 w,
+// written by receiver w: chunks of this rank that w consumed); this rank's own counters
+// sent[w] / received[w] at 2560 / 2624 + 8 w; arrival counters (u32: parity 0, parity 1, end)
+// at 2688 (send side) and 2704 (receive side). Blocks of a side do not wait for each other,
+// so a fast block may reach chunk c + 1 while a slow one still copies chunk c: one counter per
+// slot parity keeps their arrivals apart (a block reaches chunk c + 2 only after the receiver
+// acknowledged chunk c, which needs every block's arrival for chunk c).
+// A chunk goes into slot parity (seq & 1) once the receiver acknowledged seq - 2; each slot
+// starts with a header (message length, chunk index) so mismatched sizes are reported.
 //
 // Synchronization is by epochs: a kernel reads the epoch E at start; its k-th phase publishes
 // E + k to every rank's flag slot (its own included) once all its blocks arrived, and waits until
@@ -543,6 +556,138 @@ WEAVE_DEVICE void all_to_allv(const GpuCollectiveArgs& a) {
   finish(a, epoch, index, index);
 }
 
+// ---- point-to-point ------------------------------------------------------------------------
+
+constexpr uint64_t READY_OFFSET = 512;
+constexpr uint64_t ACK_OFFSET = 1024;
+constexpr uint64_t SENT_OFFSET = 2560;
+constexpr uint64_t RECEIVED_OFFSET = 2624;
+constexpr uint64_t SEND_ARRIVALS_OFFSET = 2688;
+constexpr uint64_t RECV_ARRIVALS_OFFSET = 2704;
+constexpr uint64_t P2P_HEADER = 256;
+constexpr uint64_t NO_PEER = ~uint64_t(0);
+
+WEAVE_DEVICE uint64_t p2p_offset(const GpuCollectiveArgs& a) {
+  return data_offset(a) + 2 * uint64_t(a.world + 1) * (a.chunk_bytes / 2);
+}
+
+// Slot of `writer` with `parity` in `owner`'s mailboxes.
+WEAVE_DEVICE char* mailbox(const GpuCollectiveArgs& a, uint32_t owner, uint32_t writer, uint64_t parity) {
+  return as_ptr<char>(a.peers[owner] + p2p_offset(a) + (uint64_t(writer) * 2 + parity) * a.aux[2]);
+}
+
+WEAVE_DEVICE uint64_t* control(const GpuCollectiveArgs& a, uint32_t owner, uint64_t offset) {
+  return as_ptr<uint64_t>(a.peers[owner] + offset);
+}
+
+// Arrival at `counter` (one of a side's three): the last of `blocks` blocks resets the counter
+// and runs `last()` (thread 0 of that block).
+template <typename F>
+WEAVE_DEVICE void role_arrive(uint32_t* counter, uint32_t blocks, F last) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence_system();
+    if (atomicAdd(counter, 1u) == blocks - 1) {
+      *counter = 0;
+      __threadfence();
+      last();
+    }
+  }
+}
+
+WEAVE_DEVICE void send_role(const GpuCollectiveArgs& a, uint32_t q, uint32_t bid, uint32_t blocks) {
+  const uint64_t bytes = a.count;
+  const uint64_t payload = a.aux[2] - P2P_HEADER;
+  const uint64_t chunks = bytes == 0 ? 1 : (bytes + payload - 1) / payload;
+  const uint64_t seq0 = *as_ptr<uint64_t>(a.peers[a.rank] + SENT_OFFSET + 8 * q);
+  uint32_t* arrivals = as_ptr<uint32_t>(a.peers[a.rank] + SEND_ARRIVALS_OFFSET);
+  const uint32_t t = bid * blockDim.x + threadIdx.x, nt = blocks * blockDim.x;
+  const char* src = as_ptr<const char>(a.send);
+  __shared__ int ok;
+  for (uint64_t c = 0; c < chunks; ++c) {
+    const uint64_t seq = seq0 + c + 1;
+    if (threadIdx.x == 0) {
+      const uint64_t* ack = control(a, a.rank, ACK_OFFSET + 64 * q);
+      ok = spin_until([&] { return atomic_load_acquire_sys(ack) + 2 >= seq; }, a.status, DeviceError::SemaphoreTimeout);
+    }
+    __syncthreads();
+    if (!ok) return;
+    char* slot = mailbox(a, q, a.rank, seq & 1);
+    if (t == 0) {
+      reinterpret_cast<uint64_t*>(slot)[0] = bytes;
+      reinterpret_cast<uint64_t*>(slot)[1] = c;
+    }
+    const uint64_t at = c * payload;
+    const uint64_t n = bytes - at < payload ? bytes - at : payload;
+    put(slot + P2P_HEADER, src + at, bytes == 0 ? 0 : n, t, nt);
+    role_arrive(arrivals + (seq & 1), blocks, [&] {
+      atomic_store_release_sys(control(a, q, READY_OFFSET + 64 * a.rank), seq);
+    });
+  }
+  role_arrive(arrivals + 2, blocks, [&] {
+    *as_ptr<uint64_t>(a.peers[a.rank] + SENT_OFFSET + 8 * q) = seq0 + chunks;
+    __threadfence();
+  });
+}
+
+WEAVE_DEVICE void recv_role(const GpuCollectiveArgs& a, uint32_t p, uint32_t bid, uint32_t blocks) {
+  const uint64_t bytes = a.aux[0];
+  const uint64_t payload = a.aux[2] - P2P_HEADER;
+  const uint64_t chunks = bytes == 0 ? 1 : (bytes + payload - 1) / payload;
+  const uint64_t seq0 = *as_ptr<uint64_t>(a.peers[a.rank] + RECEIVED_OFFSET + 8 * p);
+  uint32_t* arrivals = as_ptr<uint32_t>(a.peers[a.rank] + RECV_ARRIVALS_OFFSET);
+  const uint32_t t = bid * blockDim.x + threadIdx.x, nt = blocks * blockDim.x;
+  char* dst = as_ptr<char>(a.recv);
+  __shared__ int ok;
+  for (uint64_t c = 0; c < chunks; ++c) {
+    const uint64_t seq = seq0 + c + 1;
+    const char* slot = mailbox(a, a.rank, p, seq & 1);
+    if (threadIdx.x == 0) {
+      const uint64_t* ready = control(a, a.rank, READY_OFFSET + 64 * p);
+      ok = spin_until([&] { return atomic_load_acquire_sys(ready) >= seq; }, a.status, DeviceError::SemaphoreTimeout);
+      if (ok) {
+        const uint64_t* header = reinterpret_cast<const uint64_t*>(slot);
+        if (header[0] != bytes || header[1] != c) {
+          report_error(a.status, DeviceError::BadArgument);
+          ok = 0;
+        }
+      }
+    }
+    __syncthreads();
+    if (!ok) return;
+    const uint64_t at = c * payload;
+    const uint64_t n = bytes - at < payload ? bytes - at : payload;
+    copy(dst + at, slot + P2P_HEADER, bytes == 0 ? 0 : n, t, nt);
+    role_arrive(arrivals + (seq & 1), blocks, [&] {
+      atomic_store_release_sys(control(a, p, ACK_OFFSET + 64 * a.rank), seq);
+    });
+  }
+  role_arrive(arrivals + 2, blocks, [&] {
+    *as_ptr<uint64_t>(a.peers[a.rank] + RECEIVED_OFFSET + 8 * p) = seq0 + chunks;
+    __threadfence();
+  });
+}
+
+// One send (count bytes of send to peer `root`; root == ~0 for none) and one receive (aux[0]
+// bytes from peer aux[1] into recv; aux[1] == ~0 for none) progressing together: the first
+// half of the blocks sends, the second half receives.
+WEAVE_DEVICE void sendrecv(const GpuCollectiveArgs& a) {
+  const bool sends = a.root != 0xffffffffu;
+  const bool recvs = a.aux[1] != NO_PEER;
+  if (sends && recvs) {
+    const uint32_t half = gridDim.x / 2;
+    if (blockIdx.x < half) {
+      send_role(a, a.root, blockIdx.x, half);
+    } else {
+      recv_role(a, uint32_t(a.aux[1]), blockIdx.x - half, gridDim.x - half);
+    }
+  } else if (sends) {
+    send_role(a, a.root, blockIdx.x, gridDim.x);
+  } else if (recvs) {
+    recv_role(a, uint32_t(a.aux[1]), blockIdx.x, gridDim.x);
+  }
+}
+
 // Runs Kernel<Op, T> with the operator chosen at run time.
 template <template <typename, typename> class K, typename T>
 WEAVE_DEVICE void dispatch(const GpuCollectiveArgs& a) {
@@ -614,3 +759,4 @@ extern "C" __global__ void weave_all_gather(weave::GpuCollectiveArgs a) { weave:
 extern "C" __global__ void weave_broadcast(weave::GpuCollectiveArgs a) { weave::coll::broadcast(a); }
 extern "C" __global__ void weave_all_to_all(weave::GpuCollectiveArgs a) { weave::coll::all_to_all(a); }
 extern "C" __global__ void weave_all_to_allv(weave::GpuCollectiveArgs a) { weave::coll::all_to_allv(a); }
+extern "C" __global__ void weave_sendrecv(weave::GpuCollectiveArgs a) { weave::coll::sendrecv(a); }

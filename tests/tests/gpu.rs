@@ -46,6 +46,10 @@ fn stale_state(gpus: usize) {
     scenario("stale-state", gpus, Duration::from_secs(600));
 }
 
+fn p2p(gpus: usize) {
+    scenario("p2p", gpus, Duration::from_secs(300));
+}
+
 fn fault_kill(gpus: usize) {
     for n in worlds(gpus) {
         let weave_timeout = 5.0;
@@ -75,6 +79,7 @@ const TESTS: &[GpuTest] = &[
     ("every_device_collective_dtype_op_and_size", matrix),
     ("cuda_graph_capture_and_replay", graph),
     ("a_thousand_device_calls_with_changing_sizes", stale_state),
+    ("device_send_recv", p2p),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
 ];
 

@@ -72,6 +72,8 @@ pub struct WorkspaceLayout {
     pub packet_capacity: usize,
     /// Bytes of one data slot pair.
     pub chunk_bytes: usize,
+    /// Bytes of one point-to-point mailbox slot (header included).
+    pub mailbox_bytes: usize,
 }
 
 impl WorkspaceLayout {
@@ -83,9 +85,14 @@ impl WorkspaceLayout {
         (Self::PACKETS_OFFSET + self.world * 2 * self.packet_capacity * 16).next_multiple_of(256)
     }
 
+    /// Offset of the point-to-point mailboxes (after the data slots).
+    pub fn mailbox_offset(&self) -> usize {
+        self.data_offset() + 2 * (self.world + 1) * (self.chunk_bytes / 2)
+    }
+
     /// Total bytes.
     pub fn bytes(&self) -> usize {
-        self.data_offset() + 2 * (self.world + 1) * (self.chunk_bytes / 2)
+        self.mailbox_offset() + self.world * 2 * self.mailbox_bytes
     }
 
     /// Largest message (bytes) the LL one-shot kernel takes.
@@ -102,9 +109,10 @@ mod tests {
     fn args_fit_the_kernel_parameter_limit_and_layout_is_sane() {
         assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
         assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 176);
-        let l = WorkspaceLayout { world: 4, packet_capacity: 1 << 16, chunk_bytes: 8 << 20 };
+        let l = WorkspaceLayout { world: 4, packet_capacity: 1 << 16, chunk_bytes: 8 << 20, mailbox_bytes: 1 << 20 };
         assert_eq!(l.data_offset() % 256, 0);
-        assert_eq!(l.bytes(), l.data_offset() + 5 * (8 << 20));
+        assert_eq!(l.mailbox_offset(), l.data_offset() + 5 * (8 << 20));
+        assert_eq!(l.bytes(), l.mailbox_offset() + 8 * (1 << 20));
         assert_eq!(l.ll_max_bytes(), 512 << 10);
     }
 }

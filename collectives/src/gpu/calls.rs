@@ -312,6 +312,60 @@ impl Communicator {
         unsafe { self.device_call(call, stream) }
     }
 
+    /// Point-to-point on device buffers: sends `send_count` elements at `send` to `to` and
+    /// receives `recv_count` elements from `from` into `recv`, progressing both in one kernel
+    /// (so a ring shift cannot deadlock). Either side may be `None`. The matching call on the
+    /// peer must use the same element count; a mismatch is reported as a device error
+    /// ([`check_gpu`](Self::check_gpu)).
+    ///
+    /// # Safety
+    /// `send` valid for `send_count` elements and `recv` for `recv_count` until the call
+    /// completes on `stream`.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn sendrecv_device_raw(
+        &self,
+        send: Option<(u64, usize, usize)>,
+        recv: Option<(u64, usize, usize)>,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        let mut g = gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?;
+        let (me, n) = (self.rank(), self.world_size());
+        for (what, peer) in [("send to", send.map(|s| s.2)), ("receive from", recv.map(|r| r.2))] {
+            if let Some(p) = peer
+                && (p >= n || p == me)
+            {
+                return Err(Error::invalid(format!(
+                    "device point-to-point: cannot {what} rank {p} (rank {me} of {n})"
+                )));
+            }
+        }
+        let esz = dtype.size();
+        let mut args: GpuCollectiveArgs = g.args();
+        args.root = u32::MAX;
+        args.aux[1] = u64::MAX;
+        let mut bytes = 0;
+        if let Some((addr, count, to)) = send {
+            args.send = addr;
+            args.count = (count * esz) as u64;
+            args.root = to as u32;
+            bytes += count * esz;
+        }
+        if let Some((addr, count, from)) = recv {
+            args.recv = addr;
+            args.aux[0] = (count * esz) as u64;
+            args.aux[1] = from as u64;
+            bytes += count * esz;
+        }
+        if send.is_none() && recv.is_none() {
+            return Ok(());
+        }
+        let blocks = g.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
+        // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
+        unsafe { g.launch("weave_sendrecv", args, blocks, stream) }
+    }
+
     /// Typed all-reduce over cudarc buffers (`send` and `recv` of equal length).
     pub fn all_reduce_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
         &self,

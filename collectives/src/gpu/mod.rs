@@ -37,6 +37,8 @@ const BLOCK_THREADS: u32 = 512;
 const PACKET_CAPACITY: usize = 64 << 10;
 /// Bytes of one data slot pair (two parities of 4 MiB).
 const CHUNK_BYTES: usize = 8 << 20;
+/// Bytes of one point-to-point mailbox slot.
+const MAILBOX_BYTES: usize = 2 << 20;
 
 /// The full NVRTC program: headers, the collective kernels, and every layout check.
 pub fn program() -> String {
@@ -84,7 +86,12 @@ impl GpuEngine {
         }
         let backend = backend.ok_or_else(|| Error::Unsupported("CUDA IPC transport vanished".into()))?;
         let ctx = backend.context().clone();
-        let layout = WorkspaceLayout { world, packet_capacity: PACKET_CAPACITY, chunk_bytes: CHUNK_BYTES };
+        let layout = WorkspaceLayout {
+            world,
+            packet_capacity: PACKET_CAPACITY,
+            chunk_bytes: CHUNK_BYTES,
+            mailbox_bytes: MAILBOX_BYTES,
+        };
         let mine =
             core.register(layout.bytes(), MemoryKind::Device(backend.device_ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
@@ -153,6 +160,7 @@ impl GpuEngine {
             rank: self.rank as u32,
             world: self.workspaces.len() as u32,
             status: self.status.handle(self.timeout),
+            aux: [0, 0, self.layout.mailbox_bytes as u64, 0],
             ..GpuCollectiveArgs::default()
         }
     }
