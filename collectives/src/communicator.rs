@@ -132,8 +132,9 @@ impl Communicator {
         for (c, a) in b.overrides {
             if let Some(c) = c
                 && !a.runs_on_host(c)
+                && !a.runs_on_device(c)
             {
-                return Err(Error::invalid(format!("{c} has no {a} algorithm on the host")));
+                return Err(Error::invalid(format!("{c} has no {a} algorithm")));
             }
             table.set_override(c, a);
         }

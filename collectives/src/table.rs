@@ -80,6 +80,8 @@ pub enum MemorySpace {
 pub enum Algorithm {
     /// Every rank stages its data, then reads and combines every peer's (one sync per chunk).
     OneShot,
+    /// GPU: reduce-scatter and all-gather both as LL packets, no barrier (medium all-reduces).
+    TwoShot,
     /// Reduce-scatter then all-gather (all-reduce) or gather (reduce) through shared scratch:
     /// each rank reduces only its share, so memory traffic does not grow with the rank count.
     TwoPhase,
@@ -92,12 +94,14 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 4] = [Algorithm::OneShot, Algorithm::TwoPhase, Algorithm::Ring, Algorithm::Direct];
+    pub const ALL: [Algorithm; 5] =
+        [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::TwoPhase, Algorithm::Ring, Algorithm::Direct];
 
     /// The snake-case name (`one_shot`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::OneShot => "one_shot",
+            Algorithm::TwoShot => "two_shot",
             Algorithm::TwoPhase => "two_phase",
             Algorithm::Ring => "ring",
             Algorithm::Direct => "direct",
@@ -114,7 +118,7 @@ impl Algorithm {
     pub fn runs_on_device(self, c: Collective) -> bool {
         use Algorithm::*;
         use Collective::*;
-        matches!((c, self), (AllReduce, OneShot | TwoPhase) | (_, Direct))
+        matches!((c, self), (AllReduce, OneShot | TwoShot | TwoPhase) | (_, Direct))
     }
 
     /// Whether the host path implements this algorithm for `c`.
@@ -209,13 +213,14 @@ const fn device(c: Collective, bytes: (usize, usize), a: Algorithm) -> Row {
 }
 
 /// The GPU rows (one host's GPUs over NVLink): one-shot LL packets for small all-reduces,
-/// reduce-scatter + all-gather through the data slots above; the other collectives push blocks
-/// directly.
+/// two-shot LL packets for medium ones, reduce-scatter + all-gather through the data slots
+/// above; the other collectives push blocks directly.
 pub const DEVICE_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
     &[
         device(AllReduce, (0, 256 << 10), OneShot),
+        device(AllReduce, (0, 1 << 20), TwoShot),
         device(AllReduce, (0, ANY), TwoPhase),
         device(AllGather, (0, ANY), Direct),
         device(ReduceScatter, (0, ANY), Direct),
@@ -275,6 +280,7 @@ impl AlgorithmTable {
             })?;
             if let Some(c) = c
                 && !a.runs_on_host(c)
+                && !a.runs_on_device(c)
             {
                 return Err(Error::invalid(format!("WEAVE_ALGO: {c} has no {a} algorithm")));
             }

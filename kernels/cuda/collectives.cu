@@ -297,6 +297,70 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
   finish(a, epoch, 0, 1);
 }
 
+// Two-shot with LL16 packets (medium messages), no flag phase either: rank q owns word share q.
+// Every rank writes its share q as packets into rank q's buffer (first half of its slot);
+// rank q combines the n-1 received shares with its own, stores the result, and writes it as
+// packets into every rank's buffer (second half of its slot); every rank then reads the other
+// reduced shares. Each rank moves about 2(n-1)/n of the message instead of n-1 times it.
+template <typename Op, typename T>
+WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint32_t flag = uint32_t(epoch + 1);
+  const uint32_t parity = uint32_t(epoch + 1) & 1;
+  const uint64_t bytes = a.count * sizeof(T);
+  const uint64_t words = (bytes + 7) / 8;
+  const uint64_t half = a.packet_capacity / 2;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  auto packets = [&](uint32_t owner, uint32_t writer) {
+    return as_ptr<LL16Packet>(a.peers[owner] + PACKETS_OFFSET) + (uint64_t(writer) * 2 + parity) * a.packet_capacity;
+  };
+  uint64_t mb, me_end;
+  split(words, a.world, a.rank, 1, mb, me_end);
+  if ((words + a.world - 1) / a.world > half) {
+    if (t == 0) report_error(a.status, DeviceError::BadArgument);
+    finish(a, epoch, 0, 1);
+    return;
+  }
+  // 1. Scatter: share q of the input to rank q.
+  for (uint32_t k = 1; k < a.world; ++k) {
+    const uint32_t q = (a.rank + k) % a.world;
+    uint64_t b, e;
+    split(words, a.world, q, 1, b, e);
+    for (uint64_t i = t; i < e - b; i += nt) write_ll16(packets(q, a.rank) + i, load_word(send, b + i, bytes), flag);
+  }
+  // 2. Reduce the own share; keep it and send it to every rank.
+  bool ok = true;
+  for (uint64_t i = t; i < me_end - mb && ok; i += nt) {
+    uint64_t acc = load_word(send, mb + i, bytes);
+    for (uint32_t k = 1; k < a.world && ok; ++k) {
+      const uint32_t p = (a.rank + k) % a.world;
+      uint64_t theirs = 0;
+      ok = read_ll16(packets(a.rank, p) + i, flag, a.status, &theirs);
+      acc = reduce_word<Op, T>(acc, theirs);
+    }
+    if (!ok) break;
+    if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+    store_word(recv, mb + i, bytes, acc);
+    for (uint32_t k = 1; k < a.world; ++k) {
+      write_ll16(packets((a.rank + k) % a.world, a.rank) + half + i, acc, flag);
+    }
+  }
+  // 3. Gather the other reduced shares.
+  for (uint32_t k = 1; k < a.world && ok; ++k) {
+    const uint32_t p = (a.rank + k) % a.world;
+    uint64_t b, e;
+    split(words, a.world, p, 1, b, e);
+    for (uint64_t i = t; i < e - b && ok; i += nt) {
+      uint64_t v = 0;
+      ok = read_ll16(packets(a.rank, p) + half + i, flag, a.status, &v);
+      if (ok) store_word(recv, b + i, bytes, v);
+    }
+  }
+  finish(a, epoch, 0, 1);
+}
+
 // Reduce-scatter then all-gather through the data slots (large messages), in steps of
 // world × chunk/2 bytes: push shares to their owners, reduce the own share (into the output and
 // the result slot), then pull every other share from its owner's result slot.
@@ -715,6 +779,10 @@ struct AllReduceLL {
   WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_ll<Op, T>(a); }
 };
 template <typename Op, typename T>
+struct AllReduceTwoShot {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot<Op, T>(a); }
+};
+template <typename Op, typename T>
 struct AllReduceRsag {
   WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_rsag<Op, T>(a); }
 };
@@ -733,6 +801,9 @@ struct Reduce {
 #define WEAVE_REDUCING_KERNELS(NAME, T)                                                                    \
   extern "C" __global__ void weave_all_reduce_ll_##NAME(weave::GpuCollectiveArgs a) {                      \
     weave::coll::dispatch<weave::coll::AllReduceLL, T>(a);                                                 \
+  }                                                                                                        \
+  extern "C" __global__ void weave_all_reduce_two_shot_##NAME(weave::GpuCollectiveArgs a) {                \
+    weave::coll::dispatch<weave::coll::AllReduceTwoShot, T>(a);                                            \
   }                                                                                                        \
   extern "C" __global__ void weave_all_reduce_rsag_##NAME(weave::GpuCollectiveArgs a) {                    \
     weave::coll::dispatch<weave::coll::AllReduceRsag, T>(a);                                               \

@@ -69,13 +69,18 @@ impl Communicator {
             return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
         }
         let mut algo = self.algorithm_table().select(call.collective, MemorySpace::Device, n, call.bytes)?;
+        let n_words = call.bytes.div_ceil(8);
         if algo == Algorithm::OneShot && call.bytes > g.layout().ll_max_bytes() {
+            algo = Algorithm::TwoShot;
+        }
+        if algo == Algorithm::TwoShot && n_words.div_ceil(n) > g.layout().packet_capacity / 2 {
             algo = Algorithm::TwoPhase;
         }
         let dt = call.dtype.rust_name();
         let esz = call.dtype.size();
         let (kernel, count) = match (call.collective, algo) {
             (Collective::AllReduce, Algorithm::OneShot) => (format!("weave_all_reduce_ll_{dt}"), call.count),
+            (Collective::AllReduce, Algorithm::TwoShot) => (format!("weave_all_reduce_two_shot_{dt}"), call.count),
             (Collective::AllReduce, _) => (format!("weave_all_reduce_rsag_{dt}"), call.count),
             (Collective::ReduceScatter, _) => (format!("weave_reduce_scatter_{dt}"), call.count),
             (Collective::Reduce, _) => (format!("weave_reduce_{dt}"), call.count),

@@ -211,7 +211,7 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
 /// uses exactly one GPU.
 fn matrix() -> Result<String> {
     let g = gpu()?;
-    let counts = [1usize, 7, 4095, (1 << 20) + 3];
+    let counts = [1usize, 7, 4095, 50_000, (1 << 20) + 3];
     let ops = ReduceOp::ALL;
     let started = Instant::now();
     let mut checked = 0;
