@@ -134,6 +134,13 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
             unsafe { g.comm.reduce_scatter_device_raw(g.addr(&send), g.addr(&recv), count, d, op, &g.stream)? };
             g.sync()?;
             compare(&tag("reduce_scatter"), &g.download::<T>(&recv, count)?, |i| all(me * count + i))?;
+            // In place: the result lands in block `me` of the send buffer.
+            let own_block = g.addr(&send) + (me * count * sz) as u64;
+            // SAFETY: send holds n × count elements; block `me` is inside it.
+            unsafe { g.comm.reduce_scatter_device_raw(g.addr(&send), own_block, count, d, op, &g.stream)? };
+            g.sync()?;
+            let whole = g.download::<T>(&send, n * count)?;
+            compare(&tag("reduce_scatter in place"), &whole[me * count..(me + 1) * count], |i| all(me * count + i))?;
             // reduce to a moving root, in place.
             let root = count % n;
             let buf = g.upload(&fill::<T>(d, op, me, count))?;
@@ -143,7 +150,7 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
             if me == root {
                 compare(&tag("reduce"), &g.download::<T>(&buf, count)?, all)?;
             }
-            checked += 4;
+            checked += 5;
         }
         // Data movement (operator-independent).
         let op = ops[0];
@@ -155,6 +162,15 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
         unsafe { g.comm.all_gather_device_raw(g.addr(&send), g.addr(&recv), count, d, &g.stream)? };
         g.sync()?;
         compare(&tag("all_gather"), &g.download::<T>(&recv, n * count)?, |j| own(j / count, j % count))?;
+        // In place: this rank's contribution already sits in its block of the output.
+        let mut staged = vec![T::default(); n * count];
+        staged[me * count..(me + 1) * count].copy_from_slice(&fill::<T>(d, op, me, count));
+        let buf = g.upload(&staged)?;
+        let block = g.addr(&buf) + (me * count * sz) as u64;
+        // SAFETY: buf holds n × count elements; the send block is block `me` of it.
+        unsafe { g.comm.all_gather_device_raw(block, g.addr(&buf), count, d, &g.stream)? };
+        g.sync()?;
+        compare(&tag("all_gather in place"), &g.download::<T>(&buf, n * count)?, |j| own(j / count, j % count))?;
         let root = (count / 2) % n;
         let buf = if me == root { g.upload(&fill::<T>(d, op, me, count))? } else { g.zeros(count * sz)? };
         // SAFETY: count elements, in place.
@@ -167,6 +183,12 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
         unsafe { g.comm.all_to_all_device_raw(g.addr(&send), g.addr(&recv), count, d, &g.stream)? };
         g.sync()?;
         compare(&tag("all_to_all"), &g.download::<T>(&recv, n * count)?, |j| own(j / count, me * count + j % count))?;
+        // SAFETY: send holds n × count elements, in place.
+        unsafe { g.comm.all_to_all_device_raw(g.addr(&send), g.addr(&send), count, d, &g.stream)? };
+        g.sync()?;
+        compare(&tag("all_to_all in place"), &g.download::<T>(&send, n * count)?, |j| {
+            own(j / count, me * count + j % count)
+        })?;
         // all_to_allv with counts and displacements in device memory.
         let split = |p: usize, q: usize| -> usize {
             if (p + q + count).is_multiple_of(3) { 0 } else { count / (1 + (p + 2 * q) % 3) + 1 }
@@ -201,14 +223,15 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
             let block = &got[rd[p] as usize..(rd[p] + recv_counts[p]) as usize];
             compare(&tag(&format!("all_to_allv from {p}")), block, |i| own(p, their[me] as usize + i))?;
         }
-        checked += 5;
+        checked += 8;
     }
     Ok(checked)
 }
 
-/// Every collective × {f32, f16, bf16, i32, f64, u8} × every op × {1, 7, 4095, 1 MiB + 3}
-/// elements, plus 256 MiB of f32 sums; then checks with nvidia-smi that every rank's process
-/// uses exactly one GPU.
+/// Every collective × {f32, f16, bf16, i32, f64, u8} × every op × {1, 7, 4095, 50 000,
+/// 1 Mi + 3} elements, in place and out of place, plus every collective at 256 MiB per rank in
+/// f32, bf16 and i32; then checks with nvidia-smi that every rank's process uses exactly one
+/// GPU.
 fn matrix() -> Result<String> {
     let g = gpu()?;
     let counts = [1usize, 7, 4095, 50_000, (1 << 20) + 3];
@@ -221,7 +244,10 @@ fn matrix() -> Result<String> {
     checked += run_typed::<i32>(&g, &counts, &ops)?;
     checked += run_typed::<f64>(&g, &counts, &ops)?;
     checked += run_typed::<u8>(&g, &counts, &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max])?;
+    // 256 MiB per rank: every collective in three dtypes.
     checked += run_typed::<f32>(&g, &[(256 << 20) / 4], &[ReduceOp::Sum])?;
+    checked += run_typed::<bf16>(&g, &[(256 << 20) / 2], &[ReduceOp::Max])?;
+    checked += run_typed::<i32>(&g, &[(256 << 20) / 4], &[ReduceOp::Min])?;
     let gpus = one_gpu_per_process(&g.comm)?;
     Ok(format!("{checked} device calls checked in {:.1?}; {gpus}", started.elapsed()))
 }
