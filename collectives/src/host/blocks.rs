@@ -12,6 +12,11 @@ use crate::table::{Algorithm, Collective};
 
 const EQUAL: Agree = Agree { count: true, root: false };
 
+/// Smallest block for which all-gather reads peers' buffers with cross-memory attach.
+const CMA_MIN_BYTES: usize = 64 << 10;
+/// Publication source marking "read my send buffer at `source_offset` with process_vm_readv".
+const CMA_SOURCE: u64 = u64::MAX;
+
 /// All-gather: every rank contributes `count` elements; `recv` gets `n * count`, rank r's at
 /// `r * count`.
 ///
@@ -28,6 +33,41 @@ pub(crate) unsafe fn all_gather<T: Element>(
     let (n, me) = (e.ws.world_size(), e.ws.rank());
     let sig = signature(Collective::AllGather, T::DTYPE, None, algo);
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let sz = std::mem::size_of::<T>();
+    // Large blocks, direct algorithm, cross-memory attach available on every rank (the same
+    // decision everywhere: it depends only on agreed values): each rank reads every peer's
+    // block straight from the peer's send buffer into its output — one copy, as Open MPI's
+    // single-copy path does — then all wait until everyone has read before returning.
+    if algo == Algorithm::Direct
+        && count * sz >= CMA_MIN_BYTES
+        && let Some(pids) = e.cma.clone()
+    {
+        let mut p = publication;
+        p.source = CMA_SOURCE;
+        p.source_offset = send as u64;
+        e.step("all_gather", p, EQUAL)?;
+        let mut failure = None;
+        for k in 1..n {
+            let q = (me + k) % n;
+            let pq = e.ws.publication(q);
+            // SAFETY: recv holds n × count elements; block q is exclusively ours to write.
+            let out = unsafe { std::slice::from_raw_parts_mut(recv.add(q * count).cast::<u8>(), count * sz) };
+            if pq.source != CMA_SOURCE {
+                failure = Some(Error::protocol(format!("rank {q} did not publish its all_gather buffer")));
+                break;
+            }
+            if let Err(err) = super::cma_read(pids[q], pq.source_offset, out) {
+                failure = Some(err);
+                break;
+            }
+        }
+        // SAFETY: the own block: send (count elements) into block `me` of recv (no-op in place).
+        unsafe { copy(send, recv.add(me * count), count) };
+        // Peers may still be reading this rank's send buffer: wait for everyone.
+        e.phase("all_gather done")?;
+        e.ws.finish_step();
+        return failure.map_or(Ok(()), Err);
+    }
     let ring = algo == Algorithm::Ring;
     let cap = if ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
     let steps = count.div_ceil(cap.max(1)).max(1);

@@ -61,6 +61,9 @@ pub(crate) struct Agree {
 pub(crate) struct HostEngine {
     pub(crate) ws: Workspace,
     pub(crate) p2p: P2pState,
+    /// Process ids of every rank, when every rank can read every other rank's memory with
+    /// `process_vm_readv` (cross-memory attach); `None` where ptrace rules forbid it.
+    pub(crate) cma: Option<Vec<i32>>,
     /// Shared buffers of this communicator, by id: every rank's mapping of each.
     shared: Vec<Vec<RegisteredMemory>>,
     broken: Option<String>,
@@ -72,7 +75,8 @@ impl HostEngine {
     pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
         let ws = Workspace::new(core, scratch_bytes)?;
         let p2p = P2pState::new(core)?;
-        Ok(HostEngine { ws, p2p, shared: Vec::new(), broken: None, timeout: core.config().timeout })
+        let cma = probe_cma(core)?;
+        Ok(HostEngine { ws, p2p, cma, shared: Vec::new(), broken: None, timeout: core.config().timeout })
     }
 
     /// Collective: allocates a shared buffer of `bytes` on every rank and maps every rank's.
@@ -211,6 +215,55 @@ impl HostEngine {
         }
         err
     }
+}
+
+/// Collective: whether every rank can read every other rank's memory with `process_vm_readv`
+/// (same host, ptrace permitted). Every rank reads a known word from every peer; the verdict is
+/// all-gathered so all ranks agree. Returns every rank's pid when it works.
+fn probe_cma(core: &CoreCommunicator) -> Result<Option<Vec<i32>>> {
+    let me = core.rank();
+    let probe: Box<u64> = Box::new(0x5745_4156_4500_0000 | me as u64);
+    let addr = &*probe as *const u64 as u64;
+    let mut mine = Vec::with_capacity(12);
+    mine.extend_from_slice(&(std::process::id() as i32).to_le_bytes());
+    mine.extend_from_slice(&addr.to_le_bytes());
+    let all = core.bootstrap().all_gather(&mine)?;
+    let mut pids = Vec::with_capacity(all.len());
+    let mut ok = true;
+    for (r, b) in all.iter().enumerate() {
+        if b.len() != 12 {
+            return Err(Error::protocol(format!("cross-memory probe from rank {r} has {} bytes", b.len())));
+        }
+        let pid = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+        let remote = u64::from_le_bytes([b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]]);
+        pids.push(pid);
+        if r != me {
+            let mut word = [0u8; 8];
+            let read = cma_read(pid, remote, &mut word);
+            ok &= read.is_ok() && u64::from_le_bytes(word) == 0x5745_4156_4500_0000 | r as u64;
+        }
+    }
+    let verdicts = core.bootstrap().all_gather(&[u8::from(ok)])?;
+    drop(probe); // every peer has read it (the all-gather above waited for all verdicts)
+    Ok(verdicts.iter().all(|v| v.first() == Some(&1)).then_some(pids))
+}
+
+/// Reads `out.len()` bytes at `remote` in process `pid` (cross-memory attach), in as many
+/// system calls as it takes.
+pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
+    let mut done = 0;
+    while done < out.len() {
+        let want = out.len() - done;
+        let mut local = [std::io::IoSliceMut::new(&mut out[done..])];
+        let remote_iov = [nix::sys::uio::RemoteIoVec { base: remote as usize + done, len: want }];
+        let n = nix::sys::uio::process_vm_readv(nix::unistd::Pid::from_raw(pid), &mut local, &remote_iov)
+            .map_err(|e| Error::errno(format!("process_vm_readv of {want} bytes from pid {pid}"), e))?;
+        if n == 0 {
+            return Err(Error::protocol(format!("process_vm_readv from pid {pid} made no progress")));
+        }
+        done += n;
+    }
+    Ok(())
 }
 
 /// Scratch capacity in elements of `T`.
