@@ -19,6 +19,7 @@ pub mod launch;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;
+pub mod peer_watch;
 pub mod port_channel;
 pub mod proxy;
 pub mod semaphore;

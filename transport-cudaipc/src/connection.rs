@@ -14,8 +14,8 @@ use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
 
 use crate::cu;
-use crate::peer::PeerWatch;
 use crate::region::device_region;
+use comm_core::peer_watch::PeerWatch;
 
 /// A connection to one peer GPU over CUDA IPC: [`write`](Connection::write) is an asynchronous
 /// `cuMemcpyDtoDAsync` on the connection's own non-blocking stream,

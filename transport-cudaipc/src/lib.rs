@@ -85,7 +85,6 @@ mod endpoint;
 mod fd_server;
 mod handles;
 mod payload;
-mod peer;
 mod region;
 
 use std::any::Any;
@@ -105,7 +104,7 @@ use nix::unistd::Pid;
 use crate::endpoint::Endpoint;
 use crate::fd_server::{ExportTable, FdServer, FdSource, socket_name};
 use crate::payload::{Export, Payload};
-use crate::peer::PeerWatch;
+use comm_core::peer_watch::PeerWatch;
 
 pub use crate::connection::CudaIpcConnection;
 pub use crate::handles::{DeviceStatus, PacketBuffers, device_semaphore, memory_channel_handle};
@@ -494,7 +493,7 @@ impl TransportBackend for CudaIpcBackend {
         let theirs = self.peer_endpoint(peer, peer_endpoint)?;
         // Endpoint::decode accepted only pids in 1..=i32::MAX.
         let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("cudaipc endpoint: bad pid"))?;
-        let watch = PeerWatch::new(peer, Pid::from_raw(pid));
+        let watch = PeerWatch::new(peer, Pid::from_raw(pid), "cudaipc peer check");
         let conn =
             CudaIpcConnection::new(self.ctx.clone(), self.device, peer, watch, self.timeout, self.abort.clone())?;
         Ok(Arc::new(conn))

@@ -52,7 +52,6 @@
 //! segment it shared can make the importer fault. weave peers never do.
 
 mod endpoint;
-mod peer;
 mod segment;
 
 use std::any::Any;
@@ -66,8 +65,8 @@ use comm_core::transport::{Transport, TransportBackend, TransportContext, Transp
 use nix::unistd::Pid;
 
 use crate::endpoint::Endpoint;
-use crate::peer::PeerWatch;
 use crate::segment::{Payload, check_job_key, check_peer_name};
+use comm_core::peer_watch::PeerWatch;
 
 pub use crate::segment::{SHM_DIR, ShmRegion, job_segments, remove_job_segments};
 
@@ -223,7 +222,7 @@ impl TransportBackend for ShmBackend {
         let theirs = self.check_peer(peer, peer_endpoint)?;
         // Endpoint::decode accepted only pids in 1..=i32::MAX.
         let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("shm endpoint: bad pid"))?;
-        let watch = PeerWatch::new(peer, Pid::from_raw(pid));
+        let watch = PeerWatch::new(peer, Pid::from_raw(pid), "shm peer check");
         Ok(Arc::new(DirectConnection::new(Transport::SHM, peer, Box::new(move || watch.check()))))
     }
 

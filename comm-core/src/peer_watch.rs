@@ -1,10 +1,11 @@
-//! Liveness of a peer process on this host, checked cheaply while spinning.
+//! Liveness of a peer process on this host, checked cheaply while spinning. Transports whose
+//! peers live on the same host (shared memory, CUDA IPC) hand one to their connections.
 
 use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use comm_core::error::{Error, Result};
+use crate::error::{Error, Result};
 use nix::errno::Errno;
 use nix::sys::signal::kill;
 use nix::unistd::Pid;
@@ -16,8 +17,10 @@ const STAT_EVERY: Duration = Duration::from_millis(50);
 
 /// Watches one peer process. Once it is found gone, it stays gone.
 #[derive(Debug)]
-pub(crate) struct PeerWatch {
+pub struct PeerWatch {
     peer: usize,
+    /// What the check is reported as ("shm peer check").
+    operation: &'static str,
     pid: Pid,
     /// The process's start time (field 22 of `/proc/<pid>/stat`) when the connection was made,
     /// if readable: a different value later means the pid was reused.
@@ -45,10 +48,12 @@ fn read_stat(pid: Pid) -> Option<(char, u64)> {
 }
 
 impl PeerWatch {
-    /// Watches process `pid` (already checked to be positive), which is rank `peer`.
-    pub(crate) fn new(peer: usize, pid: Pid) -> Self {
+    /// Watches process `pid` (already checked to be positive), which is rank `peer`; errors
+    /// name `operation` (e.g. "shm peer check").
+    pub fn new(peer: usize, pid: Pid, operation: &'static str) -> Self {
         PeerWatch {
             peer,
+            operation,
             pid,
             start_time: read_stat(pid).map(|(_, t)| t),
             base: Instant::now(),
@@ -60,7 +65,7 @@ impl PeerWatch {
 
     fn lost(&self, reason: String) -> Error {
         let reason = self.lost.get_or_init(|| reason);
-        Error::peer_lost(self.peer, "cudaipc peer check", reason.clone())
+        Error::peer_lost(self.peer, self.operation, reason.clone())
     }
 
     /// True when at least `every` passed since `last` (and then records now).
@@ -78,9 +83,9 @@ impl PeerWatch {
     /// `Err(PeerLost)` once the process is gone: it no longer exists (`kill` gives `ESRCH`), it
     /// is a zombie, or its pid now belongs to another process. `EPERM` counts as alive. Costs at
     /// most one syscall per millisecond and one small `/proc` read per 50 ms.
-    pub(crate) fn check(&self) -> Result<()> {
+    pub fn check(&self) -> Result<()> {
         if let Some(reason) = self.lost.get() {
-            return Err(Error::peer_lost(self.peer, "cudaipc peer check", reason.clone()));
+            return Err(Error::peer_lost(self.peer, self.operation, reason.clone()));
         }
         // Shift by the longest interval so the very first call checks everything.
         let now = (self.base.elapsed() + STAT_EVERY).as_nanos() as u64;
@@ -126,7 +131,7 @@ mod tests {
 
     #[test]
     fn own_process_is_alive_repeatedly() {
-        let w = PeerWatch::new(1, Pid::this());
+        let w = PeerWatch::new(1, Pid::this(), "test peer check");
         assert!(w.start_time.is_some());
         for _ in 0..1000 {
             w.check().unwrap();
@@ -140,7 +145,7 @@ mod tests {
         let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
         let pid = Pid::from_raw(child.id() as i32);
         child.wait().unwrap();
-        let w = PeerWatch::new(5, pid);
+        let w = PeerWatch::new(5, pid, "test peer check");
         let e = w.check().unwrap_err();
         assert!(matches!(e, Error::PeerLost { peer: 5, .. }), "{e}");
         // Sticky, even inside the rate-limit window.
@@ -151,7 +156,7 @@ mod tests {
     fn zombie_child_is_lost() {
         let mut child = std::process::Command::new("/bin/true").spawn().unwrap();
         let pid = Pid::from_raw(child.id() as i32);
-        let w = PeerWatch::new(2, pid);
+        let w = PeerWatch::new(2, pid, "test peer check");
         let deadline = Instant::now() + Duration::from_secs(10);
         while read_stat(pid).is_some_and(|(s, _)| s != 'Z') && Instant::now() < deadline {
             std::thread::sleep(Duration::from_millis(1));
@@ -163,7 +168,7 @@ mod tests {
 
     #[test]
     fn reused_pid_is_lost() {
-        let mut w = PeerWatch::new(3, Pid::this());
+        let mut w = PeerWatch::new(3, Pid::this(), "test peer check");
         w.start_time = w.start_time.map(|t| t + 1);
         assert!(matches!(w.check(), Err(Error::PeerLost { peer: 3, .. })));
     }
