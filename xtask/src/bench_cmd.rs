@@ -15,6 +15,8 @@ use std::time::{Duration, Instant};
 
 use comm_core::launch::{CancelToken, LaunchSpec, forward_signals_to, launch};
 
+use crate::plot::{Series, busbw_svg};
+
 use crate::args::{Arg, Args, UsageError};
 use crate::bench_table::{DTYPES, Op, REDOPS, Row, Table, dtype_name};
 
@@ -74,6 +76,7 @@ options:
       --vs-nccl        with --gpu: NCCL on the same ranks, buffers and timing, same run, with
                        the ratio per size (NCCL_NVLS_ENABLE=0 is forced)
   -G, --graph          with --gpu: time CUDA-graph replays instead of eager launches
+      --plot FILE.svg  also draw busbw against size for weave and the baseline
       --bind / --no-bind  pin each rank to its own CPU, weave and Open MPI alike (default:
                        bind when the ranks fit the CPUs, as mpirun does)
   -t, --timeout SECS   kill a run (weave or MPI) still going after SECS (default 600)
@@ -166,6 +169,8 @@ struct BenchArgs {
     vs_nccl: bool,
     /// With `gpu`: time CUDA-graph replays instead of eager launches.
     graph: bool,
+    /// Write a busbw-against-size SVG plot here.
+    plot: Option<PathBuf>,
     timeout: Duration,
 }
 
@@ -190,6 +195,7 @@ impl Default for BenchArgs {
             bind: None,
             gpu: false,
             device_chosen: false,
+            plot: None,
             vs_nccl: false,
             graph: false,
             timeout: Duration::from_secs(600),
@@ -346,6 +352,7 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
                 a.device_chosen = true;
             }
             "--vs-nccl" => a.vs_nccl = true,
+            "--plot" => a.plot = Some(PathBuf::from(args.value(&f)?)),
             "-G" | "--graph" => a.graph = true,
             "--bind" => a.bind = Some(true),
             "--no-bind" => a.bind = Some(false),
@@ -393,6 +400,29 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Writes the SVG plot of `series` to `path`.
+fn write_plot(path: &Path, title: &str, series: &[Series]) -> Result<(), String> {
+    std::fs::write(path, busbw_svg(title, series)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
+    eprintln!("bench: wrote the plot to {}", path.display());
+    Ok(())
+}
+
+/// Parses gpu-bench's table lines (rank 0's stdout) into weave and NCCL series.
+fn gpu_series(lines: &[String]) -> Vec<Series> {
+    let mut weave = Series { name: "weave".into(), points: Vec::new() };
+    let mut nccl = Series { name: "NCCL".into(), points: Vec::new() };
+    for l in lines.iter().filter(|l| !l.trim_start().starts_with('#')) {
+        let f: Vec<f64> = l.split_whitespace().filter_map(|x| x.parse().ok()).collect();
+        if f.len() >= 6 {
+            weave.points.push((f[0], f[4]));
+        }
+        if f.len() >= 10 {
+            nccl.points.push((f[0], f[7]));
+        }
+    }
+    if nccl.points.is_empty() { vec![weave] } else { vec![weave, nccl] }
 }
 
 /// GPUs visible to `nvidia-smi`, if it runs.
@@ -456,11 +486,16 @@ fn bench_gpu(a: &BenchArgs, root: &Path, target: &Path, token: &CancelToken) -> 
         .args(args)
         .env("NCCL_NVLS_ENABLE", "0")
         .echo(true)
+        .capture(a.plot.is_some())
         .timeout(a.timeout)
         .cancel_token(token.clone());
     let report = launch(&spec).map_err(|e| format!("cannot start the GPU bench ranks: {e}"))?;
     if !report.success() {
         return Err(format!("the GPU benchmark failed:\n{}", report.summary()));
+    }
+    if let Some(path) = &a.plot {
+        let lines = report.ranks.first().map(|r| r.stdout.clone()).unwrap_or_default();
+        write_plot(path, &format!("{} on {ranks} GPUs", a.op.name()), &gpu_series(&lines))?;
     }
     Ok(ExitCode::SUCCESS)
 }
@@ -762,6 +797,16 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
         })
         .collect();
     println!("{}", table.footer(&joined));
+    if let Some(path) = &a.plot {
+        let weave =
+            Series { name: "weave".into(), points: joined.iter().map(|(r, _)| (r.bytes as f64, r.busbw())).collect() };
+        let mut series = vec![weave];
+        if a.vs_mpi {
+            let points = joined.iter().filter_map(|(_, m)| m.as_ref().map(|m| (m.bytes as f64, m.busbw()))).collect();
+            series.push(Series { name: "Open MPI".into(), points });
+        }
+        write_plot(path, &format!("{} on {} ranks (host memory)", a.op.name(), a.ranks), &series)?;
+    }
     if let Some(path) = &a.json {
         let mut text = String::new();
         for (r, m) in &joined {
@@ -784,6 +829,27 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_table_lines_become_weave_and_nccl_series() {
+        let lines: Vec<String> = [
+            "# gpu-bench: all_reduce on 4 GPUs",
+            "#     size(B)        count   time(us)     algbw     busbw  #wrong   nccl(us)     busbw  #wrong nccl/weave",
+            "            8            2       5.88      0.00      0.00       0      12.19      0.00       0      2.07",
+            "      1048576       262144      32.31     32.45     48.68       0      18.12     86.82       0      0.56",
+        ]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+        let s = gpu_series(&lines);
+        assert_eq!(s.len(), 2);
+        assert_eq!(s[0].points, vec![(8.0, 0.0), (1048576.0, 48.68)]);
+        assert_eq!(s[1].points[1], (1048576.0, 86.82));
+        let weave_only = gpu_series(
+            &lines[..1].iter().chain(std::iter::once(&"  8 2 5.88 0.0 0.0 0".to_string())).cloned().collect::<Vec<_>>(),
+        );
+        assert_eq!(weave_only.len(), 1);
+    }
 
     fn parse_line(line: &[&str]) -> Result<Parsed, UsageError> {
         parse(&mut Args::new(line.iter().copied()))

@@ -9,6 +9,7 @@ mod bench_table;
 mod gpu_bundle_cmd;
 mod json;
 mod launch_cmd;
+mod plot;
 mod test_cmd;
 
 use std::process::ExitCode;
