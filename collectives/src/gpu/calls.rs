@@ -39,6 +39,20 @@ struct DeviceCall {
     bytes: usize,
 }
 
+impl DeviceCall {
+    /// A call with root 0 and no counts arrays; `bytes` is what the algorithm table sees.
+    fn new(
+        collective: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        (send, recv): (u64, u64),
+        count: usize,
+        bytes: usize,
+    ) -> Self {
+        DeviceCall { collective, dtype, op, send, recv, count, root: 0, aux: [0; 4], bytes }
+    }
+}
+
 impl Communicator {
     /// True when this communicator runs collectives on device buffers (every rank has a GPU
     /// reachable through CUDA IPC).
@@ -124,17 +138,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let call = DeviceCall {
-            collective: Collective::AllReduce,
-            dtype,
-            op: Some(op),
-            send,
-            recv,
-            count,
-            root: 0,
-            aux: [0; 4],
-            bytes: count * dtype.size(),
-        };
+        let call = DeviceCall::new(Collective::AllReduce, dtype, Some(op), (send, recv), count, count * dtype.size());
         // SAFETY: forwarded from the caller.
         unsafe { self.device_call(call, stream) }
     }
@@ -153,17 +157,7 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let n = self.world_size();
-        let call = DeviceCall {
-            collective: Collective::AllGather,
-            dtype,
-            op: None,
-            send,
-            recv,
-            count,
-            root: 0,
-            aux: [0; 4],
-            bytes: count * dtype.size() * n,
-        };
+        let call = DeviceCall::new(Collective::AllGather, dtype, None, (send, recv), count, count * dtype.size() * n);
         // SAFETY: forwarded from the caller.
         unsafe { self.device_call(call, stream) }
     }
@@ -183,17 +177,8 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let n = self.world_size();
-        let call = DeviceCall {
-            collective: Collective::ReduceScatter,
-            dtype,
-            op: Some(op),
-            send,
-            recv,
-            count,
-            root: 0,
-            aux: [0; 4],
-            bytes: count * dtype.size() * n,
-        };
+        let call =
+            DeviceCall::new(Collective::ReduceScatter, dtype, Some(op), (send, recv), count, count * dtype.size() * n);
         // SAFETY: forwarded from the caller.
         unsafe { self.device_call(call, stream) }
     }
@@ -212,15 +197,8 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let call = DeviceCall {
-            collective: Collective::Broadcast,
-            dtype,
-            op: None,
-            send,
-            recv,
-            count,
             root,
-            aux: [0; 4],
-            bytes: count * dtype.size(),
+            ..DeviceCall::new(Collective::Broadcast, dtype, None, (send, recv), count, count * dtype.size())
         };
         // SAFETY: forwarded from the caller.
         unsafe { self.device_call(call, stream) }
@@ -242,15 +220,8 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let call = DeviceCall {
-            collective: Collective::Reduce,
-            dtype,
-            op: Some(op),
-            send,
-            recv,
-            count,
             root,
-            aux: [0; 4],
-            bytes: count * dtype.size(),
+            ..DeviceCall::new(Collective::Reduce, dtype, Some(op), (send, recv), count, count * dtype.size())
         };
         // SAFETY: forwarded from the caller.
         unsafe { self.device_call(call, stream) }
@@ -270,17 +241,7 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let n = self.world_size();
-        let call = DeviceCall {
-            collective: Collective::AllToAll,
-            dtype,
-            op: None,
-            send,
-            recv,
-            count,
-            root: 0,
-            aux: [0; 4],
-            bytes: count * dtype.size() * n,
-        };
+        let call = DeviceCall::new(Collective::AllToAll, dtype, None, (send, recv), count, count * dtype.size() * n);
         // SAFETY: forwarded from the caller.
         unsafe { self.device_call(call, stream) }
     }
@@ -303,15 +264,8 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let call = DeviceCall {
-            collective: Collective::AllToAllv,
-            dtype,
-            op: None,
-            send,
-            recv,
-            count: 0,
-            root: 0,
             aux: counts,
-            bytes: max_bytes_hint,
+            ..DeviceCall::new(Collective::AllToAllv, dtype, None, (send, recv), 0, max_bytes_hint)
         };
         // SAFETY: forwarded from the caller.
         unsafe { self.device_call(call, stream) }
