@@ -1,7 +1,7 @@
 //! The algorithm table: which algorithm runs a collective, as data.
 //!
-//! Each [`Row`] maps (collective, memory space, world-size range, byte range) to an
-//! [`Algorithm`]; the first matching row wins. `WEAVE_ALGO` (or
+//! Each [`Row`] maps (collective, memory space, GPU architecture, world-size range, byte range)
+//! to an [`Algorithm`]; the first matching row wins. `WEAVE_ALGO` (or
 //! [`AlgorithmTable::set_override`]) forces an algorithm per collective. The GPU path adds its
 //! rows to the same table.
 
@@ -84,11 +84,13 @@ pub enum Algorithm {
     TwoShot,
     /// Reduce-scatter then all-gather (all-reduce) or gather (reduce) through shared scratch:
     /// each rank reduces only its share, so memory traffic does not grow with the rank count.
+    /// On GPUs block-pipelined, and also the large broadcast (scatter, then all-gather).
     TwoPhase,
     /// Neighbour-to-neighbour ring: n-1 steps each way; the path that scales to many ranks and
-    /// to transports without direct access.
+    /// to transports without direct access. On GPUs: the pipelined chain broadcast.
     Ring,
-    /// Each rank reads exactly the blocks it needs from every peer.
+    /// Each rank reads exactly the blocks it needs from every peer (host), or pushes every peer
+    /// the blocks it needs (GPU, block-pipelined).
     Direct,
 }
 
@@ -118,7 +120,13 @@ impl Algorithm {
     pub fn runs_on_device(self, c: Collective) -> bool {
         use Algorithm::*;
         use Collective::*;
-        matches!((c, self), (AllReduce, OneShot | TwoShot | TwoPhase) | (_, Direct))
+        matches!(
+            (c, self),
+            (AllReduce, OneShot | TwoShot | TwoPhase)
+                | (Broadcast, OneShot | TwoPhase | Ring)
+                | (AllGather | ReduceScatter | AllToAll | Reduce, OneShot | Direct)
+                | (AllToAllv, Direct)
+        )
     }
 
     /// Whether the host path implements this algorithm for `c`.
@@ -151,6 +159,9 @@ pub struct Row {
     pub collective: Collective,
     /// Where the buffers live.
     pub memory: MemorySpace,
+    /// GPU architecture the row is tuned for, as compute capability × 10 (90 for H100 and
+    /// H200); `None` for any (host rows, generic GPU rows).
+    pub arch: Option<u32>,
     /// Smallest world size (inclusive).
     pub min_ranks: usize,
     /// Largest world size (exclusive).
@@ -169,6 +180,7 @@ const fn host(c: Collective, ranks: (usize, usize), bytes: (usize, usize), a: Al
     Row {
         collective: c,
         memory: MemorySpace::Host,
+        arch: None,
         min_ranks: ranks.0,
         max_ranks: ranks.1,
         min_bytes: bytes.0,
@@ -200,34 +212,64 @@ pub const HOST_ROWS: &[Row] = {
     ]
 };
 
-const fn device(c: Collective, bytes: (usize, usize), a: Algorithm) -> Row {
+const fn device(arch: Option<u32>, c: Collective, ranks: (usize, usize), bytes: (usize, usize), a: Algorithm) -> Row {
     Row {
         collective: c,
         memory: MemorySpace::Device,
-        min_ranks: 1,
-        max_ranks: 9,
+        arch,
+        min_ranks: ranks.0,
+        max_ranks: ranks.1,
         min_bytes: bytes.0,
         max_bytes: bytes.1,
         algorithm: a,
     }
 }
 
-/// The GPU rows (one host's GPUs over NVLink): one-shot LL packets for small all-reduces,
-/// two-shot LL packets for medium ones, reduce-scatter + all-gather through the data slots
-/// above; the other collectives push blocks directly.
+const HOPPER: Option<u32> = Some(90);
+const ANY_GPU: Option<u32> = None;
+
+/// The GPU rows (one host's GPUs over NVLink or PCIe, at most 8). Small messages go as LL
+/// packets without any barrier (one-shot; two-shot for medium all-reduces), large ones through
+/// the block-pipelined kernels. The thresholds were measured on H200s (sm_90, `nvidia-h200-x2`
+/// and `-x4`; docs/PERF.md) for 2 and for 4 GPUs; the generic rows (any architecture, or
+/// GPUs of different kinds) use the same crossovers until measured elsewhere.
 pub const DEVICE_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
+    const K: usize = 1 << 10;
+    const M: usize = 1 << 20;
     &[
-        device(AllReduce, (0, 256 << 10), OneShot),
-        device(AllReduce, (0, 1 << 20), TwoShot),
-        device(AllReduce, (0, ANY), TwoPhase),
-        device(AllGather, (0, ANY), Direct),
-        device(ReduceScatter, (0, ANY), Direct),
-        device(Broadcast, (0, ANY), Direct),
-        device(Reduce, (0, ANY), Direct),
-        device(AllToAll, (0, ANY), Direct),
-        device(AllToAllv, (0, ANY), Direct),
+        // sm_90, 2 GPUs.
+        device(HOPPER, AllReduce, (2, 3), (0, 256 * K), OneShot),
+        device(HOPPER, AllReduce, (2, 3), (0, M), TwoShot),
+        device(HOPPER, AllGather, (2, 3), (0, 256 * K), OneShot),
+        device(HOPPER, ReduceScatter, (2, 3), (0, 256 * K), OneShot),
+        device(HOPPER, AllToAll, (2, 3), (0, 256 * K), OneShot),
+        device(HOPPER, Broadcast, (2, 3), (0, 128 * K), OneShot),
+        // sm_90, 3 to 8 GPUs.
+        device(HOPPER, AllReduce, (3, 9), (0, 64 * K), OneShot),
+        device(HOPPER, AllReduce, (3, 9), (0, M), TwoShot),
+        device(HOPPER, AllGather, (3, 9), (0, 512 * K), OneShot),
+        device(HOPPER, ReduceScatter, (3, 9), (0, 512 * K), OneShot),
+        device(HOPPER, AllToAll, (3, 9), (0, 512 * K), OneShot),
+        device(HOPPER, Broadcast, (3, 9), (0, 128 * K), OneShot),
+        device(HOPPER, Broadcast, (3, 9), (2 * M, ANY), Ring),
+        // Any GPU.
+        device(ANY_GPU, AllReduce, (1, 9), (0, 64 * K), OneShot),
+        device(ANY_GPU, AllReduce, (1, 9), (0, M), TwoShot),
+        device(ANY_GPU, AllReduce, (1, 9), (0, ANY), TwoPhase),
+        device(ANY_GPU, AllGather, (1, 9), (0, 256 * K), OneShot),
+        device(ANY_GPU, AllGather, (1, 9), (0, ANY), Direct),
+        device(ANY_GPU, ReduceScatter, (1, 9), (0, 256 * K), OneShot),
+        device(ANY_GPU, ReduceScatter, (1, 9), (0, ANY), Direct),
+        device(ANY_GPU, AllToAll, (1, 9), (0, 256 * K), OneShot),
+        device(ANY_GPU, AllToAll, (1, 9), (0, ANY), Direct),
+        device(ANY_GPU, Broadcast, (1, 9), (0, 128 * K), OneShot),
+        device(ANY_GPU, Broadcast, (3, 9), (2 * M, ANY), Ring),
+        device(ANY_GPU, Broadcast, (1, 9), (0, ANY), TwoPhase),
+        device(ANY_GPU, Reduce, (1, 9), (0, 128 * K), OneShot),
+        device(ANY_GPU, Reduce, (1, 9), (0, ANY), Direct),
+        device(ANY_GPU, AllToAllv, (1, 9), (0, ANY), Direct),
     ]
 };
 
@@ -289,11 +331,27 @@ impl AlgorithmTable {
         Ok(())
     }
 
-    /// The algorithm for this call: an override that applies, else the first matching row.
+    /// The algorithm for this call: an override that applies, else the first matching row
+    /// that is not tied to a GPU architecture.
     pub fn select(&self, c: Collective, memory: MemorySpace, ranks: usize, bytes: usize) -> Result<Algorithm> {
-        if let Some((_, a)) =
-            self.overrides.iter().rev().find(|(oc, a)| *oc == Some(c) || (oc.is_none() && a.runs_on_host(c)))
-        {
+        self.select_for(c, memory, ranks, bytes, None)
+    }
+
+    /// As [`select`](Self::select), on GPUs of architecture `arch` (compute capability × 10):
+    /// rows tuned for `arch` and rows for any architecture match.
+    pub fn select_for(
+        &self,
+        c: Collective,
+        memory: MemorySpace,
+        ranks: usize,
+        bytes: usize,
+        arch: Option<u32>,
+    ) -> Result<Algorithm> {
+        let runs = |a: Algorithm| match memory {
+            MemorySpace::Host => a.runs_on_host(c),
+            MemorySpace::Device => a.runs_on_device(c),
+        };
+        if let Some((_, a)) = self.overrides.iter().rev().find(|(oc, a)| (*oc == Some(c) || oc.is_none()) && runs(*a)) {
             return Ok(*a);
         }
         self.rows
@@ -301,6 +359,7 @@ impl AlgorithmTable {
             .find(|r| {
                 r.collective == c
                     && r.memory == memory
+                    && (r.arch.is_none() || r.arch == arch)
                     && (r.min_ranks..r.max_ranks).contains(&ranks)
                     && (r.min_bytes..r.max_bytes).contains(&bytes)
             })
@@ -353,6 +412,39 @@ mod tests {
     }
 
     #[test]
+    fn hopper_rows_are_per_world_size_and_cover_every_size() {
+        let t = AlgorithmTable::default();
+        let sel = |c, n, b| t.select_for(c, MemorySpace::Device, n, b, Some(90)).unwrap();
+        assert_eq!(sel(Collective::AllReduce, 2, 128 << 10), Algorithm::OneShot);
+        assert_eq!(sel(Collective::AllReduce, 4, 128 << 10), Algorithm::TwoShot);
+        assert_eq!(sel(Collective::AllReduce, 4, 1 << 30), Algorithm::TwoPhase);
+        assert_eq!(sel(Collective::Broadcast, 4, 8), Algorithm::OneShot);
+        assert_eq!(sel(Collective::Broadcast, 4, 1 << 30), Algorithm::Ring);
+        assert_eq!(sel(Collective::Broadcast, 2, 1 << 30), Algorithm::TwoPhase);
+        for c in Collective::ALL {
+            for ranks in 1..=8 {
+                for bytes in [0, 8, 64 << 10, 256 << 10, 1 << 20, 1 << 30] {
+                    let a = sel(c, ranks, bytes);
+                    assert!(a.runs_on_device(c), "{c} {ranks} {bytes} -> {a}");
+                }
+            }
+        }
+        // Another architecture gets the generic rows.
+        assert_eq!(
+            t.select_for(Collective::AllReduce, MemorySpace::Device, 2, 128 << 10, Some(80)).unwrap(),
+            Algorithm::TwoShot
+        );
+    }
+
+    #[test]
+    fn an_override_applies_only_where_the_algorithm_runs() {
+        let mut t = AlgorithmTable::default();
+        t.apply_overrides("all_reduce=two_shot").unwrap();
+        assert_eq!(t.select(Collective::AllReduce, MemorySpace::Device, 4, 1 << 30).unwrap(), Algorithm::TwoShot);
+        assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 4, 1 << 30).unwrap(), Algorithm::TwoPhase);
+    }
+
+    #[test]
     fn overrides_parse_and_apply() {
         let mut t = AlgorithmTable::default();
         t.apply_overrides("ring").unwrap();
@@ -360,7 +452,10 @@ mod tests {
         assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 2, 8).unwrap(), Algorithm::Direct);
         t.apply_overrides("all-reduce=one_shot").unwrap();
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 1 << 30).unwrap(), Algorithm::OneShot);
-        assert!(t.apply_overrides("broadcast=ring").is_err());
+        assert!(t.apply_overrides("all_to_allv=ring").is_err());
+        t.apply_overrides("broadcast=ring").unwrap();
+        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Device, 4, 8).unwrap(), Algorithm::Ring);
+        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 4, 8).unwrap(), Algorithm::Direct);
         assert!(t.apply_overrides("all_reduce=fast").is_err());
         assert!(t.apply_overrides("gather=direct").is_err());
     }

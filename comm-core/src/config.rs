@@ -8,6 +8,7 @@
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
 //! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
+//! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–64; a tuning knob) | 64 |
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
 
@@ -45,6 +46,8 @@ pub struct Config {
     pub algorithm_overrides: Option<String>,
     /// Bytes of each half of the host scratch of a collectives communicator.
     pub host_scratch_bytes: Option<usize>,
+    /// Most thread blocks of a block-pipelined GPU kernel (`WEAVE_GPU_BLOCKS`, 1..=64).
+    pub gpu_pipeline_blocks: Option<u32>,
 }
 
 impl Default for Config {
@@ -55,6 +58,7 @@ impl Default for Config {
             log_level: LogLevel::Warn,
             algorithm_overrides: None,
             host_scratch_bytes: None,
+            gpu_pipeline_blocks: None,
         }
     }
 }
@@ -78,6 +82,9 @@ impl Config {
         if let Some(v) = var("WEAVE_HOST_SCRATCH") {
             c.host_scratch_bytes =
                 Some(parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_HOST_SCRATCH: {e}")))?);
+        }
+        if let Some(v) = var("WEAVE_GPU_BLOCKS") {
+            c.gpu_pipeline_blocks = Some(parse_gpu_blocks(&v)?);
         }
         Ok(c)
     }
@@ -105,6 +112,13 @@ fn parse_timeout(v: &str) -> Result<Duration> {
         return Err(Error::invalid(format!("WEAVE_TIMEOUT={v:?} must be between 0 and 1e7 seconds")));
     }
     Ok(Duration::from_secs_f64(secs))
+}
+
+fn parse_gpu_blocks(v: &str) -> Result<u32> {
+    match v.trim().parse::<u32>() {
+        Ok(b) if (1..=64).contains(&b) => Ok(b),
+        _ => Err(Error::invalid(format!("WEAVE_GPU_BLOCKS={v:?}: expected a block count from 1 to 64"))),
+    }
 }
 
 /// Parses a byte count with an optional `K`, `M` or `G` suffix (powers of 1024).
@@ -186,6 +200,8 @@ mod tests {
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("4X").is_err());
         assert!(parse_bytes("99999999999999999999G").is_err());
+        assert_eq!(parse_gpu_blocks(" 32 ").unwrap(), 32);
+        assert!(parse_gpu_blocks("0").is_err() && parse_gpu_blocks("65").is_err() && parse_gpu_blocks("x").is_err());
     }
 
     #[test]

@@ -6,9 +6,14 @@
 //   [0, 512)          flags: u64 at 64*w, written (release, system scope) by rank w
 //   [2048]            this rank's epoch (u64): phases completed by this rank so far
 //   [2056]            block arrival counter (u32) for grid-wide phases
+//   [3072, 3584)      step counters of the block-pipelined kernels (u64 per block)
 //   [4096, PKT_END)   LL16 packets: [writer][parity][packet_capacity]
-//   [DATA, P2P)       data slots: [parity][world + 1][chunk_bytes / 2]
-//   [P2P, ...)        point-to-point mailboxes: [writer][parity][aux[2] bytes]
+//   [DATA, P2P)       data slots of the flag-based kernels: [parity][world + 1][chunk_bytes / 2]
+//   [P2P, PIPE)       point-to-point mailboxes: [writer][parity][aux[2] bytes]
+//   [PIPE, ...)       block-pipelined kernels (pipeline.cu): flags, then slots
+//
+// The program is this file followed by exchange_ll.cu (LL packet kernels of the data-movement
+// collectives) and pipeline.cu (block-pipelined kernels for large messages).
 //
 // Point-to-point (weave_sendrecv) uses pairwise words only, so the two ranks of a transfer
 // synchronize with each other and nobody else: in the receiver's control block, ready[w]
@@ -25,14 +30,21 @@
 // Synchronization is by epochs: a kernel reads the epoch E at start; its k-th phase publishes
 // E + k to every rank's flag slot (its own included) once all its blocks arrived, and waits until
 // every rank's flag reached E + k. The last block advances the epoch at the end, on the device,
-// so CUDA-graph replays stay in step. Every flag-based kernel starts with an entry phase, so no
-// rank writes into a peer's slots while that peer still runs an earlier kernel. Every spin is
+// so CUDA-graph replays stay in step. Every flag-based kernel (reduce, all-to-all-v) starts with
+// an entry phase, so no rank writes into a peer's slots while that peer still runs an earlier
+// kernel. The packet kernels and the block-pipelined kernels need no phase (see their
+// comments); they advance the epoch by one. Every spin is
 // bounded by DeviceStatusHandle (a timed-out kernel records the error and returns).
 //
 // Grids are at most one block per SM (the host guarantees it), so all blocks are co-resident and
 // the grid-wide phases cannot deadlock.
 
 #include "weave/weave.cuh"
+
+// Every kernel entry point: C linkage, and at most WEAVE_BLOCK_THREADS threads per block
+// (defined by the host program builder from the launch configuration), so the compiler keeps
+// each thread's registers within what a full block may use.
+#define WEAVE_KERNEL extern "C" __global__ void __launch_bounds__(WEAVE_BLOCK_THREADS)
 
 namespace weave {
 
@@ -44,6 +56,8 @@ struct GpuCollectiveArgs {
   uint64_t aux[4];
   uint64_t packet_capacity;
   uint64_t chunk_bytes;
+  uint64_t pipe_offset;
+  uint64_t pipe_share_bytes;
   uint32_t rank;
   uint32_t world;
   uint32_t root;
@@ -361,86 +375,6 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
   finish(a, epoch, 0, 1);
 }
 
-// Reduce-scatter then all-gather through the data slots (large messages), in steps of
-// world × chunk/2 bytes: push shares to their owners, reduce the own share (into the output and
-// the result slot), then pull every other share from its owner's result slot.
-template <typename Op, typename T>
-WEAVE_DEVICE void all_reduce_rsag(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
-  uint32_t index = 0;
-  const uint64_t half = a.chunk_bytes / 2;
-  const uint64_t share_max = half / sizeof(T) / 16 * 16;  // elements per share, 16-element multiple
-  const uint64_t step_elems = share_max * a.world;
-  const T* send = as_ptr<const T>(a.send);
-  T* recv = as_ptr<T>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  const uint32_t avg = a.op == OP_AVG ? a.world : 0;
-  if (!phase(a, epoch, index)) return;  // entry: every rank left its previous kernel
-  uint32_t parity = 0;
-  for (uint64_t base = 0; base < a.count; base += step_elems, parity ^= 1) {
-    const uint64_t elems = (a.count - base < step_elems) ? a.count - base : step_elems;
-    // Push share q to rank q's slot[rank].
-    for (uint32_t k = 1; k < a.world; ++k) {
-      const uint32_t q = (a.rank + k) % a.world;
-      uint64_t b, e;
-      split(elems, a.world, q, 16, b, e);
-      put(slot_ptr(a, q, parity, a.rank), send + base + b, (e - b) * sizeof(T), t, nt);
-    }
-    if (!phase(a, epoch, index)) return;
-    {
-      uint64_t b, e;
-      split(elems, a.world, a.rank, 16, b, e);
-      const T* srcs[8];
-      srcs[0] = send + base + b;
-      uint32_t n = 1;
-      for (uint32_t k = 1; k < a.world; ++k) {
-        srcs[n++] = reinterpret_cast<const T*>(slot_ptr(a, a.rank, parity, (a.rank + k) % a.world));
-      }
-      reduce_range<Op, T>(recv + base + b, reinterpret_cast<T*>(slot_ptr(a, a.rank, parity, a.world)), srcs, n, e - b,
-                          avg, t, nt);
-    }
-    if (!phase(a, epoch, index)) return;
-    for (uint32_t k = 1; k < a.world; ++k) {
-      const uint32_t q = (a.rank + k) % a.world;
-      uint64_t b, e;
-      split(elems, a.world, q, 16, b, e);
-      get(recv + base + b, slot_ptr(a, q, parity, a.world), (e - b) * sizeof(T), t, nt);
-    }
-  }
-  finish(a, epoch, index, index);
-}
-
-// Reduce-scatter: send holds world blocks of `count`; push block q's step portion to rank q,
-// then reduce the own block's portion into recv.
-template <typename Op, typename T>
-WEAVE_DEVICE void reduce_scatter(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
-  uint32_t index = 0;
-  const uint64_t step = a.chunk_bytes / 2 / sizeof(T) / 16 * 16;
-  const T* send = as_ptr<const T>(a.send);
-  T* recv = as_ptr<T>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  const uint32_t avg = a.op == OP_AVG ? a.world : 0;
-  if (!phase(a, epoch, index)) return;
-  uint32_t parity = 0;
-  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
-    const uint64_t elems = (a.count - base < step) ? a.count - base : step;
-    for (uint32_t k = 1; k < a.world; ++k) {
-      const uint32_t q = (a.rank + k) % a.world;
-      put(slot_ptr(a, q, parity, a.rank), send + uint64_t(q) * a.count + base, elems * sizeof(T), t, nt);
-    }
-    if (!phase(a, epoch, index)) return;
-    const T* srcs[8];
-    srcs[0] = send + uint64_t(a.rank) * a.count + base;
-    uint32_t n = 1;
-    for (uint32_t k = 1; k < a.world; ++k) {
-      srcs[n++] = reinterpret_cast<const T*>(slot_ptr(a, a.rank, parity, (a.rank + k) % a.world));
-    }
-    reduce_range<Op, T>(recv + base, nullptr, srcs, n, elems, avg, t, nt);
-  }
-  finish(a, epoch, index, index);
-}
-
 // Reduce to a root: every rank pushes its step portion to the root's slot; the root reduces.
 template <typename Op, typename T>
 WEAVE_DEVICE void reduce(const GpuCollectiveArgs& a) {
@@ -471,86 +405,6 @@ WEAVE_DEVICE void reduce(const GpuCollectiveArgs& a) {
 }
 
 // ---- data movement (byte kernels) ----------------------------------------------------------
-
-// All-gather: `count` bytes per rank. Push the step portion to every peer's slot[rank], copy
-// the own portion, then copy every peer's slot into its place.
-WEAVE_DEVICE void all_gather(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
-  uint32_t index = 0;
-  const uint64_t step = a.chunk_bytes / 2;
-  const char* send = as_ptr<const char>(a.send);
-  char* recv = as_ptr<char>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  if (!phase(a, epoch, index)) return;
-  uint32_t parity = 0;
-  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
-    const uint64_t bytes = (a.count - base < step) ? a.count - base : step;
-    for (uint32_t k = 1; k < a.world; ++k) {
-      put(slot_ptr(a, (a.rank + k) % a.world, parity, a.rank), send + base, bytes, t, nt);
-    }
-    char* own = recv + uint64_t(a.rank) * a.count + base;
-    if (own != send + base) copy(own, send + base, bytes, t, nt);
-    if (!phase(a, epoch, index)) return;
-    for (uint32_t k = 1; k < a.world; ++k) {
-      const uint32_t p = (a.rank + k) % a.world;
-      copy(recv + uint64_t(p) * a.count + base, slot_ptr(a, a.rank, parity, p), bytes, t, nt);
-    }
-  }
-  finish(a, epoch, index, index);
-}
-
-// Broadcast of `count` bytes from the root.
-WEAVE_DEVICE void broadcast(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
-  uint32_t index = 0;
-  const uint64_t step = a.chunk_bytes / 2;
-  const char* send = as_ptr<const char>(a.send);
-  char* recv = as_ptr<char>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  if (!phase(a, epoch, index)) return;
-  uint32_t parity = 0;
-  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
-    const uint64_t bytes = (a.count - base < step) ? a.count - base : step;
-    if (a.rank == a.root) {
-      for (uint32_t k = 1; k < a.world; ++k) {
-        put(slot_ptr(a, (a.rank + k) % a.world, parity, a.root), send + base, bytes, t, nt);
-      }
-      if (recv != send) copy(recv + base, send + base, bytes, t, nt);
-    }
-    if (!phase(a, epoch, index)) return;
-    if (a.rank != a.root) copy(recv + base, slot_ptr(a, a.rank, parity, a.root), bytes, t, nt);
-  }
-  finish(a, epoch, index, index);
-}
-
-// All-to-all: `count` bytes per (sender, receiver) block.
-WEAVE_DEVICE void all_to_all(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
-  uint32_t index = 0;
-  const uint64_t step = a.chunk_bytes / 2;
-  const char* send = as_ptr<const char>(a.send);
-  char* recv = as_ptr<char>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  if (!phase(a, epoch, index)) return;
-  uint32_t parity = 0;
-  for (uint64_t base = 0; base < a.count; base += step, parity ^= 1) {
-    const uint64_t bytes = (a.count - base < step) ? a.count - base : step;
-    for (uint32_t k = 1; k < a.world; ++k) {
-      const uint32_t q = (a.rank + k) % a.world;
-      put(slot_ptr(a, q, parity, a.rank), send + uint64_t(q) * a.count + base, bytes, t, nt);
-    }
-    // The own block moves directly (in place it stays where it is).
-    if (recv != send) {
-      copy(recv + uint64_t(a.rank) * a.count + base, send + uint64_t(a.rank) * a.count + base, bytes, t, nt);
-    }
-    if (!phase(a, epoch, index)) return;
-    for (uint32_t k = 1; k < a.world; ++k) {
-      const uint32_t p = (a.rank + k) % a.world;
-      copy(recv + uint64_t(p) * a.count + base, slot_ptr(a, a.rank, parity, p), bytes, t, nt);
-    }
-  }
-  finish(a, epoch, index, index);
-}
 
 // All-to-all-v: counts and displacements in elements of `count` bytes each, as device arrays
 // of `world` u64 (aux[0] send counts, aux[1] send displacements, aux[2] recv counts, aux[3]
@@ -783,14 +637,6 @@ struct AllReduceTwoShot {
   WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot<Op, T>(a); }
 };
 template <typename Op, typename T>
-struct AllReduceRsag {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_rsag<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct ReduceScatter {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { reduce_scatter<Op, T>(a); }
-};
-template <typename Op, typename T>
 struct Reduce {
   WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { reduce<Op, T>(a); }
 };
@@ -799,19 +645,13 @@ struct Reduce {
 }  // namespace weave
 
 #define WEAVE_REDUCING_KERNELS(NAME, T)                                                                    \
-  extern "C" __global__ void weave_all_reduce_ll_##NAME(weave::GpuCollectiveArgs a) {                      \
+  WEAVE_KERNEL weave_all_reduce_ll_##NAME(weave::GpuCollectiveArgs a) {                      \
     weave::coll::dispatch<weave::coll::AllReduceLL, T>(a);                                                 \
   }                                                                                                        \
-  extern "C" __global__ void weave_all_reduce_two_shot_##NAME(weave::GpuCollectiveArgs a) {                \
+  WEAVE_KERNEL weave_all_reduce_two_shot_##NAME(weave::GpuCollectiveArgs a) {                \
     weave::coll::dispatch<weave::coll::AllReduceTwoShot, T>(a);                                            \
   }                                                                                                        \
-  extern "C" __global__ void weave_all_reduce_rsag_##NAME(weave::GpuCollectiveArgs a) {                    \
-    weave::coll::dispatch<weave::coll::AllReduceRsag, T>(a);                                               \
-  }                                                                                                        \
-  extern "C" __global__ void weave_reduce_scatter_##NAME(weave::GpuCollectiveArgs a) {                     \
-    weave::coll::dispatch<weave::coll::ReduceScatter, T>(a);                                               \
-  }                                                                                                        \
-  extern "C" __global__ void weave_reduce_##NAME(weave::GpuCollectiveArgs a) {                             \
+  WEAVE_KERNEL weave_reduce_##NAME(weave::GpuCollectiveArgs a) {                             \
     weave::coll::dispatch<weave::coll::Reduce, T>(a);                                                      \
   }
 
@@ -826,8 +666,5 @@ WEAVE_REDUCING_KERNELS(u32, weave::uint32_t)
 WEAVE_REDUCING_KERNELS(i8, weave::int8_t)
 WEAVE_REDUCING_KERNELS(u8, weave::uint8_t)
 
-extern "C" __global__ void weave_all_gather(weave::GpuCollectiveArgs a) { weave::coll::all_gather(a); }
-extern "C" __global__ void weave_broadcast(weave::GpuCollectiveArgs a) { weave::coll::broadcast(a); }
-extern "C" __global__ void weave_all_to_all(weave::GpuCollectiveArgs a) { weave::coll::all_to_all(a); }
-extern "C" __global__ void weave_all_to_allv(weave::GpuCollectiveArgs a) { weave::coll::all_to_allv(a); }
-extern "C" __global__ void weave_sendrecv(weave::GpuCollectiveArgs a) { weave::coll::sendrecv(a); }
+WEAVE_KERNEL weave_all_to_allv(weave::GpuCollectiveArgs a) { weave::coll::all_to_allv(a); }
+WEAVE_KERNEL weave_sendrecv(weave::GpuCollectiveArgs a) { weave::coll::sendrecv(a); }

@@ -38,6 +38,25 @@ fn matrix(gpus: usize) {
     scenario("matrix", gpus, Duration::from_secs(900));
 }
 
+/// The forced-algorithm scenario once per algorithm family: every packet kernel, the two-shot
+/// all-reduce, every pipelined kernel.
+fn forced(gpus: usize) {
+    const FAMILIES: [&str; 3] = [
+        "all_reduce=one_shot,all_gather=one_shot,reduce_scatter=one_shot,broadcast=one_shot,all_to_all=one_shot,reduce=one_shot",
+        "all_reduce=two_shot,broadcast=ring",
+        "all_reduce=two_phase,all_gather=direct,reduce_scatter=direct,broadcast=two_phase,all_to_all=direct,reduce=direct",
+    ];
+    for n in worlds(gpus) {
+        for family in FAMILIES {
+            let spec = scenario_spec(worker(), "forced", n, 20.0, Duration::from_secs(300)).env("WEAVE_ALGO", family);
+            let report = run_ok(&spec, "forced");
+            if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+                println!("    [{n} GPUs, rank 0] {line}");
+            }
+        }
+    }
+}
+
 fn graph(gpus: usize) {
     scenario("graph", gpus, Duration::from_secs(300));
 }
@@ -77,6 +96,7 @@ type GpuTest = (&'static str, fn(usize));
 
 const TESTS: &[GpuTest] = &[
     ("every_device_collective_dtype_op_and_size", matrix),
+    ("every_algorithm_forced_at_small_and_edge_sizes", forced),
     ("cuda_graph_capture_and_replay", graph),
     ("a_thousand_device_calls_with_changing_sizes", stale_state),
     ("device_send_recv", p2p),

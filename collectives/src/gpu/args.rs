@@ -26,6 +26,10 @@ pub struct GpuCollectiveArgs {
     pub packet_capacity: u64,
     /// Bytes of one data slot pair (two parities).
     pub chunk_bytes: u64,
+    /// Offset of the block-pipelined kernels' area in every workspace.
+    pub pipe_offset: u64,
+    /// Bytes of one slot of the pipelined kernels (a multiple of 256).
+    pub pipe_share_bytes: u64,
     /// This rank.
     pub rank: u32,
     /// Number of ranks.
@@ -55,6 +59,8 @@ pub const GPU_ARGS_LAYOUT: Layout = Layout {
         ("aux", std::mem::offset_of!(GpuCollectiveArgs, aux)),
         ("packet_capacity", std::mem::offset_of!(GpuCollectiveArgs, packet_capacity)),
         ("chunk_bytes", std::mem::offset_of!(GpuCollectiveArgs, chunk_bytes)),
+        ("pipe_offset", std::mem::offset_of!(GpuCollectiveArgs, pipe_offset)),
+        ("pipe_share_bytes", std::mem::offset_of!(GpuCollectiveArgs, pipe_share_bytes)),
         ("rank", std::mem::offset_of!(GpuCollectiveArgs, rank)),
         ("world", std::mem::offset_of!(GpuCollectiveArgs, world)),
         ("root", std::mem::offset_of!(GpuCollectiveArgs, root)),
@@ -62,6 +68,12 @@ pub const GPU_ARGS_LAYOUT: Layout = Layout {
         ("status", std::mem::offset_of!(GpuCollectiveArgs, status)),
     ],
 };
+
+/// Most blocks of a block-pipelined kernel (`PIPE_MAX_BLOCKS` in `pipeline.cu`).
+pub const PIPE_MAX_BLOCKS: u32 = 64;
+
+/// Bytes of the pipelined kernels' flag words (64 blocks × 8 writers × u64).
+const PIPE_FLAGS_BYTES: usize = 4096;
 
 /// Byte layout of one rank's GPU workspace (see `collectives.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -74,6 +86,10 @@ pub struct WorkspaceLayout {
     pub chunk_bytes: usize,
     /// Bytes of one point-to-point mailbox slot (header included).
     pub mailbox_bytes: usize,
+    /// Most blocks of a block-pipelined kernel (the slots are sized for this many).
+    pub pipe_blocks: usize,
+    /// Bytes of one slot of the block-pipelined kernels (a multiple of 256).
+    pub pipe_share_bytes: usize,
 }
 
 impl WorkspaceLayout {
@@ -90,9 +106,26 @@ impl WorkspaceLayout {
         self.data_offset() + 2 * (self.world + 1) * (self.chunk_bytes / 2)
     }
 
+    /// Offset of the block-pipelined kernels' area (flags, then slots), after the mailboxes.
+    pub fn pipe_offset(&self) -> usize {
+        (self.mailbox_offset() + self.world * 2 * self.mailbox_bytes).next_multiple_of(256)
+    }
+
+    /// Bytes of the pipelined kernels' area: 4 KiB of flags, then
+    /// [block][parity][inbox, results][writer] slots.
+    pub fn pipe_bytes(&self) -> usize {
+        PIPE_FLAGS_BYTES + self.pipe_blocks * 2 * 2 * self.world * self.pipe_share_bytes
+    }
+
+    /// The pipelined slot size that gives the area about `area` bytes for `blocks` blocks of
+    /// `world` ranks (a multiple of 256, at least 4 KiB): fewer blocks, larger tiles.
+    pub fn pipe_share_for(world: usize, blocks: usize, area: usize) -> usize {
+        (area / (blocks.max(1) * 4 * world.max(1)) / 256 * 256).max(4096)
+    }
+
     /// Total bytes.
     pub fn bytes(&self) -> usize {
-        self.mailbox_offset() + self.world * 2 * self.mailbox_bytes
+        self.pipe_offset() + self.pipe_bytes()
     }
 
     /// Largest message (bytes) the LL one-shot kernel takes.
@@ -108,11 +141,24 @@ mod tests {
     #[test]
     fn args_fit_the_kernel_parameter_limit_and_layout_is_sane() {
         assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
-        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 176);
-        let l = WorkspaceLayout { world: 4, packet_capacity: 1 << 16, chunk_bytes: 8 << 20, mailbox_bytes: 1 << 20 };
+        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 192);
+        let share = WorkspaceLayout::pipe_share_for(4, 64, 64 << 20);
+        assert_eq!(share, 64 << 10);
+        assert_eq!(WorkspaceLayout::pipe_share_for(4, 16, 64 << 20), 256 << 10);
+        let l = WorkspaceLayout {
+            world: 4,
+            packet_capacity: 1 << 16,
+            chunk_bytes: 8 << 20,
+            mailbox_bytes: 1 << 20,
+            pipe_blocks: 64,
+            pipe_share_bytes: share,
+        };
         assert_eq!(l.data_offset() % 256, 0);
         assert_eq!(l.mailbox_offset(), l.data_offset() + 5 * (8 << 20));
-        assert_eq!(l.bytes(), l.mailbox_offset() + 8 * (1 << 20));
+        assert_eq!(l.pipe_offset(), l.mailbox_offset() + 8 * (1 << 20));
+        assert_eq!(l.bytes(), l.pipe_offset() + 4096 + (64 << 20));
+        assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 64 << 20) % 256, 0);
+        assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10), 4096);
         assert_eq!(l.ll_max_bytes(), 512 << 10);
     }
 }

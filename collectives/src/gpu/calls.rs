@@ -82,26 +82,43 @@ impl Communicator {
         if call.root >= n {
             return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
         }
-        let mut algo = self.algorithm_table().select(call.collective, MemorySpace::Device, n, call.bytes)?;
-        let n_words = call.bytes.div_ceil(8);
-        if algo == Algorithm::OneShot && call.bytes > g.layout().ll_max_bytes() {
-            algo = Algorithm::TwoShot;
+        let arch = g.arch();
+        let mut algo = self.algorithm_table().select_for(call.collective, MemorySpace::Device, n, call.bytes, arch)?;
+        let esz = call.dtype.size();
+        // Packets one rank writes to one peer in the packet kernels (`count` is per block).
+        let packets = (call.count * esz).div_ceil(8);
+        let capacity = g.layout().packet_capacity;
+        if algo == Algorithm::OneShot && packets > capacity {
+            algo = match call.collective {
+                Collective::AllReduce => Algorithm::TwoShot,
+                Collective::Broadcast => Algorithm::TwoPhase,
+                _ => Algorithm::Direct,
+            };
         }
-        if algo == Algorithm::TwoShot && n_words.div_ceil(n) > g.layout().packet_capacity / 2 {
+        if algo == Algorithm::TwoShot && packets.div_ceil(n) > capacity / 2 {
             algo = Algorithm::TwoPhase;
         }
         let dt = call.dtype.rust_name();
-        let esz = call.dtype.size();
-        let (kernel, count) = match (call.collective, algo) {
-            (Collective::AllReduce, Algorithm::OneShot) => (format!("weave_all_reduce_ll_{dt}"), call.count),
-            (Collective::AllReduce, Algorithm::TwoShot) => (format!("weave_all_reduce_two_shot_{dt}"), call.count),
-            (Collective::AllReduce, _) => (format!("weave_all_reduce_rsag_{dt}"), call.count),
-            (Collective::ReduceScatter, _) => (format!("weave_reduce_scatter_{dt}"), call.count),
-            (Collective::Reduce, _) => (format!("weave_reduce_{dt}"), call.count),
-            (Collective::AllGather, _) => ("weave_all_gather".to_string(), call.count * esz),
-            (Collective::Broadcast, _) => ("weave_broadcast".to_string(), call.count * esz),
-            (Collective::AllToAll, _) => ("weave_all_to_all".to_string(), call.count * esz),
-            (Collective::AllToAllv, _) => ("weave_all_to_allv".to_string(), esz),
+        use Algorithm::{OneShot, Ring, TwoShot};
+        use Collective::*;
+        let (kernel, count, blocks) = match (call.collective, algo) {
+            (AllReduce, OneShot) => (format!("weave_all_reduce_ll_{dt}"), call.count, g.packet_blocks(packets)),
+            (AllReduce, TwoShot) => (format!("weave_all_reduce_two_shot_{dt}"), call.count, g.packet_blocks(packets)),
+            (AllReduce, _) => (format!("weave_all_reduce_pipelined_{dt}"), call.count, g.pipeline_blocks(call.bytes)),
+            (ReduceScatter, OneShot) => (format!("weave_reduce_scatter_ll_{dt}"), call.count, g.packet_blocks(packets)),
+            (ReduceScatter, _) => {
+                (format!("weave_reduce_scatter_pipelined_{dt}"), call.count, g.pipeline_blocks(call.bytes))
+            }
+            (Reduce, OneShot) => (format!("weave_reduce_ll_{dt}"), call.count, g.packet_blocks(packets)),
+            (Reduce, _) => (format!("weave_reduce_{dt}"), call.count, g.blocks_for(call.bytes)),
+            (AllGather, OneShot) => ("weave_all_gather_ll".into(), call.count * esz, g.packet_blocks(packets)),
+            (AllGather, _) => ("weave_all_gather_pipelined".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
+            (Broadcast, OneShot) => ("weave_broadcast_ll".into(), call.count * esz, g.packet_blocks(packets)),
+            (Broadcast, Ring) => ("weave_broadcast_chain".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
+            (Broadcast, _) => ("weave_broadcast_pipelined".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
+            (AllToAll, OneShot) => ("weave_all_to_all_ll".into(), call.count * esz, g.packet_blocks(packets)),
+            (AllToAll, _) => ("weave_all_to_all_pipelined".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
+            (AllToAllv, _) => ("weave_all_to_allv".into(), esz, g.blocks_for(call.bytes)),
         };
         if self.core().config().logs(LogLevel::Info) {
             eprintln!(
@@ -118,7 +135,6 @@ impl Communicator {
         args.root = call.root as u32;
         args.op = call.op.map_or(0, op_code);
         args.aux = call.aux;
-        let blocks = g.blocks_for(call.bytes);
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { g.launch(&kernel, args, blocks, stream) }
     }

@@ -26,10 +26,17 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKe
 use kernels::module::KernelModule;
 use transport_cudaipc::{CudaIpcBackend, DeviceStatus};
 
-pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, WorkspaceLayout};
+pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PIPE_MAX_BLOCKS, WorkspaceLayout};
 
-/// The kernels' CUDA C++ source.
-pub const COLLECTIVES_SOURCE: &str = include_str!("../../../kernels/cuda/collectives.cu");
+/// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the LL packet
+/// exchange of the data-movement collectives, and the block-pipelined kernels, in that order.
+pub const COLLECTIVES_SOURCE: &str = concat!(
+    include_str!("../../../kernels/cuda/collectives.cu"),
+    "\n",
+    include_str!("../../../kernels/cuda/exchange_ll.cu"),
+    "\n",
+    include_str!("../../../kernels/cuda/pipeline.cu"),
+);
 
 /// Threads per block of every collective kernel.
 const BLOCK_THREADS: u32 = 512;
@@ -39,11 +46,21 @@ const PACKET_CAPACITY: usize = 64 << 10;
 const CHUNK_BYTES: usize = 8 << 20;
 /// Bytes of one point-to-point mailbox slot.
 const MAILBOX_BYTES: usize = 2 << 20;
+/// Bytes of the block-pipelined kernels' slots (64 MiB whatever the world size).
+const PIPE_AREA_BYTES: usize = 64 << 20;
+/// Least message bytes per block of a pipelined kernel: smaller messages use fewer blocks.
+const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
 
-/// The full NVRTC program: headers, the collective kernels, and every layout check.
+/// The full NVRTC program: headers, the launch configuration the kernels are built for, the
+/// collective kernels, and every layout check.
 pub fn program() -> String {
     let checks = kernels::layout::static_checks() + &kernels::layout::layout_checks(&[GPU_ARGS_LAYOUT]);
-    kernels::source::program_with_checks(COLLECTIVES_SOURCE, &checks)
+    kernels::source::program_with_checks(&with_block_threads(COLLECTIVES_SOURCE), &checks)
+}
+
+/// The kernels' source preceded by `WEAVE_BLOCK_THREADS`, the block size every launch uses.
+fn with_block_threads(source: &str) -> String {
+    format!("#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n{source}")
 }
 
 /// Per-communicator GPU state.
@@ -55,6 +72,8 @@ pub(crate) struct GpuEngine {
     status: DeviceStatus,
     layout: WorkspaceLayout,
     max_blocks: u32,
+    pipeline_blocks: u32,
+    arch: Option<u32>,
     rank: usize,
     timeout: Duration,
     broken: Option<String>,
@@ -86,23 +105,50 @@ impl GpuEngine {
         }
         let backend = backend.ok_or_else(|| Error::Unsupported("CUDA IPC transport vanished".into()))?;
         let ctx = backend.context().clone();
+        ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
+        let arch = kernels::arch::device_arch(&ctx)?;
+        let sms = ctx
+            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
+            .map_err(|e| Error::Cuda { operation: "multiprocessor count".into(), message: e.to_string() })?;
+        // Every rank must pick the same kernels, grids and slot sizes (the pipelined kernels pair
+        // block b with block b of every peer): agree on the smallest multiprocessor count and
+        // pipeline block count, and on the architecture (none when the GPUs differ, so the
+        // generic table rows apply).
+        let arch_number = arch.strip_prefix("sm_").and_then(|v| v.parse::<u32>().ok());
+        let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(PIPE_MAX_BLOCKS);
+        let mut gpu_facts = Vec::with_capacity(12);
+        for word in [sms.max(1) as u32, arch_number.unwrap_or(0), wanted_blocks] {
+            gpu_facts.extend_from_slice(&word.to_le_bytes());
+        }
+        let (mut max_blocks, mut pipeline_blocks) = (u32::MAX, PIPE_MAX_BLOCKS);
+        let mut archs = Vec::with_capacity(world);
+        for v in core.bootstrap().all_gather(&gpu_facts)? {
+            let word = |i: usize| -> Result<u32> {
+                let b: [u8; 4] = v.get(4 * i..4 * i + 4).and_then(|b| b.try_into().ok()).ok_or_else(|| {
+                    Error::Protocol(format!("GPU setup: a peer sent {} bytes instead of 12 for its GPU", v.len()))
+                })?;
+                Ok(u32::from_le_bytes(b))
+            };
+            max_blocks = max_blocks.min(word(0)?.max(1));
+            archs.push(word(1)?);
+            pipeline_blocks = pipeline_blocks.min(word(2)?.max(1));
+        }
+        let arch_number = arch_number.filter(|a| archs.iter().all(|b| b == a));
+        let pipeline_blocks = pipeline_blocks.min(max_blocks);
         let layout = WorkspaceLayout {
             world,
             packet_capacity: PACKET_CAPACITY,
             chunk_bytes: CHUNK_BYTES,
             mailbox_bytes: MAILBOX_BYTES,
+            pipe_blocks: pipeline_blocks as usize,
+            pipe_share_bytes: WorkspaceLayout::pipe_share_for(world, pipeline_blocks as usize, PIPE_AREA_BYTES),
         };
         let mine =
             core.register(layout.bytes(), MemoryKind::Device(backend.device_ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
         let status = backend.device_status()?;
-        ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
-        let arch = kernels::arch::device_arch(&ctx)?;
         let compiled = kernels::compile::Compiler::from_env().compile(&program(), &arch)?;
         let module = KernelModule::load(&ctx, &compiled)?;
-        let sms = ctx
-            .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
-            .map_err(|e| Error::Cuda { operation: "multiprocessor count".into(), message: e.to_string() })?;
         Ok(Some(GpuEngine {
             ctx,
             module,
@@ -110,7 +156,9 @@ impl GpuEngine {
             workspaces,
             status,
             layout,
-            max_blocks: sms.max(1) as u32,
+            max_blocks,
+            pipeline_blocks,
+            arch: arch_number,
             rank: core.rank(),
             timeout: core.config().timeout,
             broken: None,
@@ -120,6 +168,11 @@ impl GpuEngine {
     /// The workspace layout.
     pub(crate) fn layout(&self) -> WorkspaceLayout {
         self.layout
+    }
+
+    /// This GPU's compute capability as a number (90 for sm_90), for the algorithm table.
+    pub(crate) fn arch(&self) -> Option<u32> {
+        self.arch
     }
 
     /// The CUDA context of this rank's GPU.
@@ -157,6 +210,8 @@ impl GpuEngine {
             peers,
             packet_capacity: self.layout.packet_capacity as u64,
             chunk_bytes: self.layout.chunk_bytes as u64,
+            pipe_offset: self.layout.pipe_offset() as u64,
+            pipe_share_bytes: self.layout.pipe_share_bytes as u64,
             rank: self.rank as u32,
             world: self.workspaces.len() as u32,
             status: self.status.handle(self.timeout),
@@ -165,11 +220,23 @@ impl GpuEngine {
         }
     }
 
-    /// Blocks for a kernel moving about `bytes` bytes (at most one per SM, so the grid-wide
-    /// phases of the kernels never wait for a block that is not resident).
+    /// Blocks for a flag-based kernel moving about `bytes` bytes (at most one per SM, so the
+    /// grid-wide phases of the kernels never wait for a block that is not resident).
     pub(crate) fn blocks_for(&self, bytes: usize) -> u32 {
         let per_block = BLOCK_THREADS as usize * 64;
         (bytes.div_ceil(per_block).max(1) as u32).min(self.max_blocks)
+    }
+
+    /// Blocks for an LL packet kernel with `packets` packets per peer: one thread per packet,
+    /// since every packet is a round trip's worth of latency, up to one block per SM.
+    pub(crate) fn packet_blocks(&self, packets: usize) -> u32 {
+        (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks)
+    }
+
+    /// Blocks for a block-pipelined kernel over a `bytes`-byte message: at least
+    /// `PIPE_MIN_BYTES_PER_BLOCK` per block, at most `WEAVE_GPU_BLOCKS` (64).
+    pub(crate) fn pipeline_blocks(&self, bytes: usize) -> u32 {
+        (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
     }
 
     /// Launches `kernel` with `args` on `stream`.
@@ -219,13 +286,31 @@ mod tests {
         let compiled =
             kernels::compile::Compiler::without_cache().compile(&program(), "sm_90").expect("kernels compile");
         for dt in crate::DataType::ALL {
-            for k in ["all_reduce_ll", "all_reduce_rsag", "reduce_scatter", "reduce"] {
-                let name = format!("weave_{k}_{}", dt.rust_name());
+            for k in [
+                "all_reduce_ll",
+                "all_reduce_two_shot",
+                "all_reduce_pipelined",
+                "reduce_scatter_ll",
+                "reduce_scatter_pipelined",
+                "reduce_ll",
+                "reduce",
+            ] {
+                let name = format!(".entry weave_{k}_{}(", dt.rust_name());
                 assert!(compiled.ptx().contains(&name), "{name} missing from the PTX");
             }
         }
-        for k in ["weave_all_gather", "weave_broadcast", "weave_all_to_all", "weave_all_to_allv"] {
-            assert!(compiled.ptx().contains(k), "{k} missing from the PTX");
+        for k in [
+            "weave_all_gather_ll",
+            "weave_all_gather_pipelined",
+            "weave_broadcast_ll",
+            "weave_broadcast_pipelined",
+            "weave_broadcast_chain",
+            "weave_all_to_all_ll",
+            "weave_all_to_all_pipelined",
+            "weave_all_to_allv",
+            "weave_sendrecv",
+        ] {
+            assert!(compiled.ptx().contains(&format!(".entry {k}(")), "{k} missing from the PTX");
         }
     }
 
@@ -240,8 +325,10 @@ mod tests {
         let mut fields = GPU_ARGS_LAYOUT.fields.to_vec();
         fields[2].1 += 8;
         let wrong = Layout { fields: Box::leak(fields.into_boxed_slice()), ..GPU_ARGS_LAYOUT };
-        let source =
-            kernels::source::program_with_checks(COLLECTIVES_SOURCE, &kernels::layout::layout_checks(&[wrong]));
+        let source = kernels::source::program_with_checks(
+            &with_block_threads(COLLECTIVES_SOURCE),
+            &kernels::layout::layout_checks(&[wrong]),
+        );
         let r = kernels::compile::Compiler::without_cache().compile(&source, "sm_90");
         assert!(r.is_err(), "a wrong offset compiled");
     }

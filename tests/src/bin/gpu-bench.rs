@@ -2,13 +2,15 @@
 //! the `nccl` feature) NCCL's, on the same ranks, buffers and timing method, in the same run.
 //! Rank 0 prints the nccl-tests table with the ratio per size.
 //!
-//! Timing as nccl-tests: per size, `--warmup` calls, then `--iters` calls back to back on one
-//! stream and one synchronize; time = elapsed / iters, the maximum over ranks. With `--graph`
-//! the iters calls are captured into a CUDA graph once and the graph is replayed instead.
-//! `--check` verifies one call per size against the host reference (#wrong counts elements).
+//! Timing as nccl-tests, made robust against a busy host: per size, `--warmup` calls; then
+//! `--repeat` batches, each: a barrier, one aligning call (the collective itself lines the GPUs
+//! up, so the ranks' start skew stays out of the batch), then `--iters` calls back to back on
+//! one stream between two CUDA events; a batch's time is the event time / iters. Time = the
+//! median batch per rank, then the maximum over ranks. With `--graph` the iters calls are
+//! captured into a CUDA graph once and each batch replays the graph instead. `--check`
+//! verifies one call per size against the host reference (#wrong counts elements).
 
 use std::sync::Arc;
-use std::time::Instant;
 
 use collectives::{Communicator, DataType, ReduceOp};
 use comm_core::{Error, Result};
@@ -22,6 +24,7 @@ struct Options {
     factor: usize,
     iters: usize,
     warmup: usize,
+    repeat: usize,
     check: bool,
     graph: bool,
     inplace: bool,
@@ -47,6 +50,7 @@ fn parse() -> std::result::Result<Options, String> {
         factor: 2,
         iters: 20,
         warmup: 5,
+        repeat: 5,
         check: true,
         graph: false,
         inplace: false,
@@ -62,6 +66,7 @@ fn parse() -> std::result::Result<Options, String> {
             "-f" => o.factor = value("a factor")?.parse().map_err(|_| "bad -f")?,
             "--iters" => o.iters = value("a count")?.parse().map_err(|_| "bad --iters")?,
             "--warmup" => o.warmup = value("a count")?.parse().map_err(|_| "bad --warmup")?,
+            "--repeat" => o.repeat = value("a count")?.parse().map_err(|_| "bad --repeat")?,
             "--check" => o.check = true,
             "--no-check" => o.check = false,
             "--graph" | "-G" => o.graph = true,
@@ -70,8 +75,8 @@ fn parse() -> std::result::Result<Options, String> {
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
-    if o.factor < 2 || o.iters == 0 || o.min == 0 || o.min > o.max {
-        return Err("need -f >= 2, --iters >= 1, 0 < -b <= -e".into());
+    if o.factor < 2 || o.iters == 0 || o.repeat == 0 || o.min == 0 || o.min > o.max {
+        return Err("need -f >= 2, --iters >= 1, --repeat >= 1, 0 < -b <= -e".into());
     }
     if !["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"].contains(&o.op.as_str()) {
         return Err(format!("unknown op {:?}", o.op));
@@ -300,8 +305,9 @@ fn run(o: &Options) -> Result<()> {
     }
     if me == 0 {
         println!(
-            "# gpu-bench: {} on {n} GPUs, float sum, {} iters after {} warmup, {}{}",
+            "# gpu-bench: {} on {n} GPUs, float sum, median of {} batches of {} iters after {} warmup, {}{}",
             o.op,
+            o.repeat,
             o.iters,
             o.warmup,
             if o.graph { "CUDA graph replay" } else { "eager launches" },
@@ -399,19 +405,28 @@ fn time_one(
     } else {
         None
     };
-    comm.core().bootstrap().barrier()?;
-    let t0 = Instant::now();
-    match &graph {
-        Some(g) => g.launch().map_err(cuda("graph launch"))?,
-        None => {
-            for _ in 0..o.iters {
-                // SAFETY: as above.
-                unsafe { lib.call(&o.op, s, r, count, stream)? };
+    let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
+    let mut batches = Vec::with_capacity(o.repeat);
+    for _ in 0..o.repeat {
+        comm.core().bootstrap().barrier()?;
+        // SAFETY: as above. The aligning call: every rank's GPU leaves it at about the same time.
+        unsafe { lib.call(&o.op, s, r, count, stream)? };
+        let start = stream.record_event(timing).map_err(cuda("record start"))?;
+        match &graph {
+            Some(g) => g.launch().map_err(cuda("graph launch"))?,
+            None => {
+                for _ in 0..o.iters {
+                    // SAFETY: as above.
+                    unsafe { lib.call(&o.op, s, r, count, stream)? };
+                }
             }
         }
+        let end = stream.record_event(timing).map_err(cuda("record end"))?;
+        let ms = start.elapsed_ms(&end).map_err(cuda("event time"))?;
+        batches.push(f64::from(ms) * 1e3 / o.iters as f64);
     }
-    stream.synchronize().map_err(cuda("sync"))?;
-    let mine = t0.elapsed().as_secs_f64() * 1e6 / o.iters as f64;
+    batches.sort_by(f64::total_cmp);
+    let mine = batches[batches.len() / 2];
     comm.check_gpu()?;
     let all = comm.core().bootstrap().all_gather(&mine.to_le_bytes())?;
     let t = all.iter().filter_map(|b| b.as_slice().try_into().ok().map(f64::from_le_bytes)).fold(0.0, f64::max);

@@ -17,6 +17,7 @@ fn main() {
     let result = match scenario.as_str() {
         "precompile" => precompile(),
         "matrix" => matrix(),
+        "forced" => forced(),
         "graph" => graph(),
         "stale-state" => stale_state(),
         "fault-kill" => fault_kill(),
@@ -250,6 +251,21 @@ fn matrix() -> Result<String> {
     checked += run_typed::<i32>(&g, &[(256 << 20) / 4], &[ReduceOp::Min])?;
     let gpus = one_gpu_per_process(&g.comm)?;
     Ok(format!("{checked} device calls checked in {:.1?}; {gpus}", started.elapsed()))
+}
+
+/// The small and odd sizes of the matrix under whatever algorithms `WEAVE_ALGO` forces (the
+/// GPU test runs it once per algorithm family): packet kernels at their largest, pipelined
+/// kernels with a single element.
+fn forced() -> Result<String> {
+    let g = gpu()?;
+    let started = Instant::now();
+    let mut checked = run_typed::<f32>(&g, &[1, 7, 4095, 50_000], &[ReduceOp::Sum, ReduceOp::Avg])?;
+    checked += run_typed::<u8>(&g, &[1, 7, 4095], &[ReduceOp::Max])?;
+    checked += run_typed::<bf16>(&g, &[50_000], &[ReduceOp::Sum])?;
+    // The largest packet messages (64 Ki words per peer): one element more falls back.
+    checked += run_typed::<f64>(&g, &[(64 << 10) - 1, 64 << 10, (64 << 10) + 1], &[ReduceOp::Min])?;
+    let algo = std::env::var("WEAVE_ALGO").unwrap_or_default();
+    Ok(format!("{checked} device calls checked in {:.1?} with WEAVE_ALGO={algo:?}", started.elapsed()))
 }
 
 /// With every rank alive, rank 0 asks nvidia-smi which GPUs each rank's process uses: each must

@@ -1,0 +1,173 @@
+// weave LL packet exchange: the small-message path of all-gather, all-to-all, broadcast,
+// reduce-scatter and reduce (appended to collectives.cu, whose helpers it uses).
+//
+// Every rank writes, for every peer q, the bytes q needs from it as LL16 packets into q's packet
+// buffer (writer = this rank, parity of the epoch, flag = epoch + 1), then reads what every
+// peer wrote for it from its own buffer. No flag phase and no grid barrier: the packet flag is
+// the synchronization, as in the one-shot all-reduce.
+//
+// A rank that has nothing for a peer (broadcast from another root, reduce to another root)
+// still writes it one empty packet, and every rank reads one packet from every peer. So a
+// rank that finished this kernel knows every peer started it, and therefore finished its
+// previous kernel: that is what lets the next packet kernel reuse the other parity without a
+// barrier, whatever the collective.
+
+namespace weave {
+namespace coll {
+
+enum ExchangeKind : uint32_t {
+  XCHG_ALL_GATHER = 0,
+  XCHG_ALL_TO_ALL = 1,
+  XCHG_BROADCAST = 2,
+  XCHG_REDUCE_SCATTER = 3,
+  XCHG_REDUCE = 4,
+};
+
+template <typename Op, typename T, uint32_t KIND>
+WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
+  constexpr bool REDUCING = KIND == XCHG_REDUCE_SCATTER || KIND == XCHG_REDUCE;
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint32_t flag = uint32_t(epoch + 1);
+  const uint32_t parity = uint32_t(epoch + 1) & 1;
+  // Bytes of one block (count is elements for the reducing kinds, bytes for the others).
+  const uint64_t bytes = REDUCING ? a.count * sizeof(T) : a.count;
+  const uint64_t words = (bytes + 7) / 8;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint32_t t = global_thread(), nt = global_threads();
+  auto packets = [&](uint32_t owner, uint32_t writer) {
+    return as_ptr<LL16Packet>(a.peers[owner] + PACKETS_OFFSET) + (uint64_t(writer) * 2 + parity) * a.packet_capacity;
+  };
+  if (words > a.packet_capacity) {
+    if (t == 0) report_error(a.status, DeviceError::BadArgument);
+    finish(a, epoch, 0, 1);
+    return;
+  }
+  // What this rank sends to rank q (nullptr: one empty packet).
+  auto source = [&](uint32_t q) -> const char* {
+    switch (KIND) {
+      case XCHG_ALL_GATHER:
+        return send;
+      case XCHG_BROADCAST:
+        return a.rank == a.root ? send : nullptr;
+      case XCHG_REDUCE:
+        return q == a.root ? send : nullptr;
+      default:  // all-to-all, reduce-scatter: block q
+        return send + uint64_t(q) * bytes;
+    }
+  };
+  // Whether rank p sends data (not an empty packet) to this rank.
+  auto carries_data = [&](uint32_t p) -> bool {
+    switch (KIND) {
+      case XCHG_BROADCAST:
+        return p == a.root;
+      case XCHG_REDUCE:
+        return a.rank == a.root;
+      default:
+        return true;
+    }
+  };
+
+  // 1. Write every peer's packets.
+  for (uint32_t k = 1; k < a.world; ++k) {
+    const uint32_t q = (a.rank + k) % a.world;
+    const char* src = source(q);
+    LL16Packet* out = packets(q, a.rank);
+    if (src != nullptr) {
+      for (uint64_t w = t; w < words; w += nt) write_ll16(out + w, load_word(src, w, bytes), flag);
+    } else if (t == 0) {
+      write_ll16(out, 0, flag);
+    }
+  }
+
+  bool ok = true;
+  if constexpr (!REDUCING) {
+    // 2. The own block moves locally (in place it is already there).
+    const char* own_src = KIND == XCHG_ALL_TO_ALL ? send + uint64_t(a.rank) * bytes : send;
+    char* own_dst = KIND == XCHG_BROADCAST ? recv : recv + uint64_t(a.rank) * bytes;
+    const bool has_own = KIND != XCHG_BROADCAST || a.rank == a.root;
+    if (has_own && own_dst != own_src) copy(own_dst, own_src, bytes, t, nt);
+    // 3. Unpack what the peers sent.
+    for (uint32_t k = 1; k < a.world && ok; ++k) {
+      const uint32_t p = (a.rank + k) % a.world;
+      const LL16Packet* in = packets(a.rank, p);
+      if (carries_data(p)) {
+        char* dst = KIND == XCHG_BROADCAST ? recv : recv + uint64_t(p) * bytes;
+        for (uint64_t w = t; w < words && ok; w += nt) {
+          uint64_t v = 0;
+          ok = read_ll16(in + w, flag, a.status, &v);
+          if (ok) store_word(dst, w, bytes, v);
+        }
+      } else if (t == 0) {
+        uint64_t ignored = 0;
+        ok = read_ll16(in, flag, a.status, &ignored);
+      }
+    }
+  } else {
+    const bool receives = KIND == XCHG_REDUCE_SCATTER || a.rank == a.root;
+    if (receives) {
+      // 2. Combine the own block with every peer's, word by word.
+      const char* own = KIND == XCHG_REDUCE_SCATTER ? send + uint64_t(a.rank) * bytes : send;
+      for (uint64_t w = t; w < words && ok; w += nt) {
+        uint64_t acc = load_word(own, w, bytes);
+        for (uint32_t k = 1; k < a.world && ok; ++k) {
+          const uint32_t p = (a.rank + k) % a.world;
+          uint64_t theirs = 0;
+          ok = read_ll16(packets(a.rank, p) + w, flag, a.status, &theirs);
+          acc = reduce_word<Op, T>(acc, theirs);
+        }
+        if (!ok) break;
+        if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+        store_word(recv, w, bytes, acc);
+      }
+    } else if (t == 0) {
+      // 2'. Reduce to another root: only the peers' empty packets arrive here.
+      for (uint32_t k = 1; k < a.world && ok; ++k) {
+        uint64_t ignored = 0;
+        ok = read_ll16(packets(a.rank, (a.rank + k) % a.world), flag, a.status, &ignored);
+      }
+    }
+  }
+  finish(a, epoch, 0, 1);
+}
+
+template <typename Op, typename T>
+struct ReduceScatterLL {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { exchange_ll<Op, T, XCHG_REDUCE_SCATTER>(a); }
+};
+template <typename Op, typename T>
+struct ReduceLL {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { exchange_ll<Op, T, XCHG_REDUCE>(a); }
+};
+
+}  // namespace coll
+}  // namespace weave
+
+#define WEAVE_REDUCING_LL_KERNELS(NAME, T)                                                                 \
+  WEAVE_KERNEL weave_reduce_scatter_ll_##NAME(weave::GpuCollectiveArgs a) {                  \
+    weave::coll::dispatch<weave::coll::ReduceScatterLL, T>(a);                                             \
+  }                                                                                                        \
+  WEAVE_KERNEL weave_reduce_ll_##NAME(weave::GpuCollectiveArgs a) {                          \
+    weave::coll::dispatch<weave::coll::ReduceLL, T>(a);                                                    \
+  }
+
+WEAVE_REDUCING_LL_KERNELS(f64, double)
+WEAVE_REDUCING_LL_KERNELS(f32, float)
+WEAVE_REDUCING_LL_KERNELS(f16, weave::half_t)
+WEAVE_REDUCING_LL_KERNELS(bf16, weave::bf16_t)
+WEAVE_REDUCING_LL_KERNELS(i64, weave::int64_t)
+WEAVE_REDUCING_LL_KERNELS(i32, weave::int32_t)
+WEAVE_REDUCING_LL_KERNELS(u64, weave::uint64_t)
+WEAVE_REDUCING_LL_KERNELS(u32, weave::uint32_t)
+WEAVE_REDUCING_LL_KERNELS(i8, weave::int8_t)
+WEAVE_REDUCING_LL_KERNELS(u8, weave::uint8_t)
+
+WEAVE_KERNEL weave_all_gather_ll(weave::GpuCollectiveArgs a) {
+  weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>(a);
+}
+WEAVE_KERNEL weave_all_to_all_ll(weave::GpuCollectiveArgs a) {
+  weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>(a);
+}
+WEAVE_KERNEL weave_broadcast_ll(weave::GpuCollectiveArgs a) {
+  weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>(a);
+}

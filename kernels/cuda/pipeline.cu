@@ -1,0 +1,374 @@
+// weave block-pipelined kernels: the large-message path of all-reduce, broadcast, all-gather,
+// reduce-scatter and all-to-all (appended to collectives.cu, whose helpers it uses).
+//
+// The message is cut into tiles. Block b of every rank takes tiles b, b + B, b + 2B, … (B =
+// gridDim.x, equal on every rank) and synchronizes only with block b of the other ranks, so
+// blocks run at their own pace: while one block pushes, another reduces or drains, and the
+// links carry data in both directions at once. There is no grid-wide barrier and no entry
+// phase.
+//
+// Pipe area (at a.pipe_offset in every workspace):
+//   [0, 4096)    flags: u64 at 8 * (8 b + w), stored (release, system scope) by block b of rank w
+//   [4096, ...)  slots of a.pipe_share_bytes: [block][parity][inbox, results][writer]
+// Block b counts its steps (one step per tile) in this rank's control block, u64 at
+// 3072 + 8 b. The counter outlives the kernel and is equal on every rank, because every rank
+// runs the same blocks over the same tiles. At step s a block signals 2s - 1 (two-round
+// kernels: inbox pushed) and 2s (step done on its side), so flags only grow, across kernels
+// of every kind.
+//
+// Chain step (broadcast on 3+ GPUs): see broadcast_chain.
+// Two-round step (all-reduce, broadcast by scatter + all-gather): push shares into the owners' inboxes, signal and
+// wait 2s - 1, reduce (or take) the own share and push it into every rank's results, signal
+// and wait 2s, drain the results. One-round step (all-gather, reduce-scatter, all-to-all):
+// push, signal and wait 2s, drain the inbox.
+//
+// Slot reuse: slots of parity s & 1 are written again at step s + 2, and every write of step
+// s + 2 comes after a wait (the last of step s + 1, or the first of step s + 2) that proves the
+// owner finished step s, including its reads of those slots.
+
+namespace weave {
+namespace coll {
+
+constexpr uint32_t PIPE_MAX_BLOCKS = 64;
+constexpr uint64_t PIPE_STEPS_OFFSET = 3072;
+constexpr uint64_t PIPE_FLAGS_BYTES = 4096;
+constexpr uint32_t PIPE_INBOX = 0;
+constexpr uint32_t PIPE_RESULTS = 1;
+
+WEAVE_DEVICE uint64_t* pipe_flag(const GpuCollectiveArgs& a, uint32_t owner, uint32_t block, uint32_t writer) {
+  return as_ptr<uint64_t>(a.peers[owner] + a.pipe_offset + (uint64_t(block) * 8 + writer) * 8);
+}
+
+// Slot of `writer` in `owner`'s pipe area.
+WEAVE_DEVICE char* pipe_slot(const GpuCollectiveArgs& a, uint32_t owner, uint32_t parity, uint32_t kind,
+                             uint32_t writer) {
+  const uint64_t index = ((uint64_t(blockIdx.x) * 2 + parity) * 2 + kind) * a.world + writer;
+  return as_ptr<char>(a.peers[owner] + a.pipe_offset + PIPE_FLAGS_BYTES + index * a.pipe_share_bytes);
+}
+
+// Publishes `value` to this block's flag in every peer's area, after every thread's writes.
+WEAVE_DEVICE void pipe_signal(const GpuCollectiveArgs& a, uint64_t value) {
+  __syncthreads();
+  const uint32_t q = threadIdx.x;
+  if (q < a.world && q != a.rank) {
+    __threadfence_system();
+    atomic_store_release_sys(pipe_flag(a, q, blockIdx.x, a.rank), value);
+  }
+}
+
+// Waits until block blockIdx.x of every peer published at least `value`; false (error
+// recorded) when a wait gave up, and then on every thread of the block.
+WEAVE_DEVICE bool pipe_wait(const GpuCollectiveArgs& a, uint64_t value) {
+  int failed = 0;
+  const uint32_t p = threadIdx.x;
+  if (p < a.world && p != a.rank) {
+    const uint64_t* flag = pipe_flag(a, a.rank, blockIdx.x, p);
+    failed = !spin_until([&] { return atomic_load_acquire_sys(flag) >= value; }, a.status,
+                         DeviceError::SemaphoreTimeout);
+  }
+  return __syncthreads_or(failed) == 0;
+}
+
+// Elements per share of one tile: the message spread over every block, at most what a slot
+// holds, a multiple of 16 elements (so every share starts 16-byte aligned in the slots).
+template <typename T>
+WEAVE_DEVICE uint64_t pipe_share(const GpuCollectiveArgs& a, uint64_t elems, uint32_t ways) {
+  const uint64_t cap = a.pipe_share_bytes / sizeof(T) / 16 * 16;
+  const uint64_t spread = (elems + uint64_t(ways) * gridDim.x - 1) / (uint64_t(ways) * gridDim.x);
+  const uint64_t share = (spread + 15) / 16 * 16;
+  return share < cap ? share : cap;
+}
+
+// dst[i] = Op over srcs[s][i] (divided by `avg` when non-zero), also stored at outs[o][i].
+// Vectorized when every pointer is 16-byte aligned; the block's threads share the work.
+template <typename Op, typename T>
+WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* const* srcs, uint32_t nsrc,
+                            uint64_t elems, uint32_t avg) {
+  const uint32_t thread = threadIdx.x, nthreads = blockDim.x;
+  bool aligned = as_address(dst) % 16 == 0;
+  for (uint32_t o = 0; o < nout; ++o) aligned = aligned && as_address(outs[o]) % 16 == 0;
+  for (uint32_t s = 0; s < nsrc; ++s) aligned = aligned && as_address(srcs[s]) % 16 == 0;
+  uint64_t done = 0;
+  if (aligned) {
+    constexpr uint64_t per = 16 / sizeof(T);
+    const uint64_t units = elems / per;
+    for (uint64_t u = thread; u < units; u += nthreads) {
+      uint4 v[8];
+#pragma unroll
+      for (uint32_t s = 0; s < 8; ++s) {
+        if (s < nsrc) v[s] = reinterpret_cast<const uint4*>(srcs[s])[u];
+      }
+      uint4 acc = v[0];
+#pragma unroll
+      for (uint32_t s = 1; s < 8; ++s) {
+        if (s < nsrc) acc = reduce_vec16<Op, T>(acc, v[s]);
+      }
+      if (avg) acc = divide_vec16<T>(acc, avg);
+      reinterpret_cast<uint4*>(dst)[u] = acc;
+      for (uint32_t o = 0; o < nout; ++o) reinterpret_cast<uint4*>(outs[o])[u] = acc;
+    }
+    done = units * per;
+  }
+  for (uint64_t i = done + thread; i < elems; i += nthreads) {
+    T acc = srcs[0][i];
+    for (uint32_t s = 1; s < nsrc; ++s) acc = Op::apply(acc, srcs[s][i]);
+    if (avg) acc = divide<T>(acc, avg);
+    dst[i] = acc;
+    for (uint32_t o = 0; o < nout; ++o) outs[o][i] = acc;
+  }
+}
+
+// This block's step counter (this rank's control block).
+WEAVE_DEVICE uint64_t* pipe_steps(const GpuCollectiveArgs& a) {
+  return as_ptr<uint64_t>(a.peers[a.rank] + PIPE_STEPS_OFFSET) + blockIdx.x;
+}
+
+// Two-round kernels. BROADCAST: the root's tile is scattered (share q to rank q), then every
+// rank sends its share to every rank; otherwise every rank's tile is reduce-scattered, then
+// all-gathered. `count` is elements of T.
+template <typename Op, typename T, bool BROADCAST>
+WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint32_t n = a.world, me = a.rank;
+  const T* send = as_ptr<const T>(a.send);
+  T* recv = as_ptr<T>(a.recv);
+  const uint32_t avg = (!BROADCAST && a.op == OP_AVG) ? n : 0;
+  if (gridDim.x > PIPE_MAX_BLOCKS) {
+    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
+    finish(a, epoch, 0, 1);
+    return;
+  }
+  uint64_t step = *pipe_steps(a);
+  const uint64_t share = pipe_share<T>(a, a.count, n);
+  const uint64_t tile = share * n;
+  const uint64_t tiles = (a.count + tile - 1) / tile;
+  for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    ++step;
+    const uint32_t parity = uint32_t(step & 1);
+    const uint64_t base = i * tile;
+    const uint64_t elems = a.count - base < tile ? a.count - base : tile;
+    // 1. Shares to their owners' inboxes.
+    if (!BROADCAST || me == a.root) {
+      for (uint32_t k = 1; k < n; ++k) {
+        const uint32_t q = (me + k) % n;
+        uint64_t b, e;
+        split(elems, n, q, 16, b, e);
+        put(pipe_slot(a, q, parity, PIPE_INBOX, me), send + base + b, (e - b) * sizeof(T), threadIdx.x, blockDim.x);
+      }
+    }
+    pipe_signal(a, 2 * step - 1);
+    if (!pipe_wait(a, 2 * step - 1)) return;
+    // 2. The own share: combined (or taken from the root), kept, and pushed to every rank.
+    {
+      uint64_t b, e;
+      split(elems, n, me, 16, b, e);
+      const T* srcs[8];
+      uint32_t nsrc = 0;
+      if (BROADCAST) {
+        srcs[nsrc++] = me == a.root ? send + base + b
+                                    : reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, a.root));
+      } else {
+        srcs[nsrc++] = send + base + b;
+        for (uint32_t k = 1; k < n; ++k) {
+          srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, (me + k) % n));
+        }
+      }
+      T* outs[8];
+      uint32_t nout = 0;
+      for (uint32_t k = 1; k < n; ++k) {
+        outs[nout++] = reinterpret_cast<T*>(pipe_slot(a, (me + k) % n, parity, PIPE_RESULTS, me));
+      }
+      T* dst = recv + base + b;
+      if (BROADCAST && me == a.root && dst == srcs[0]) {
+        // In place on the root: the share is already in place; only push it.
+        for (uint32_t o = 0; o < nout; ++o) put(outs[o], srcs[0], (e - b) * sizeof(T), threadIdx.x, blockDim.x);
+      } else {
+        reduce_to<Op, T>(dst, outs, nout, srcs, nsrc, e - b, avg);
+      }
+    }
+    pipe_signal(a, 2 * step);
+    if (!pipe_wait(a, 2 * step)) return;
+    // 3. Every other rank's share from the own results slots.
+    for (uint32_t k = 1; k < n; ++k) {
+      const uint32_t p = (me + k) % n;
+      uint64_t b, e;
+      split(elems, n, p, 16, b, e);
+      copy(recv + base + b, pipe_slot(a, me, parity, PIPE_RESULTS, p), (e - b) * sizeof(T), threadIdx.x, blockDim.x);
+    }
+  }
+  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  finish(a, epoch, 0, 1);
+}
+
+enum OneRoundKind : uint32_t { ROUND_ALL_GATHER = 0, ROUND_ALL_TO_ALL = 1, ROUND_REDUCE_SCATTER = 2 };
+
+// One-round kernels, over `count` elements of T per (sender, receiver) block: all-gather sends
+// its one block to everyone, all-to-all and reduce-scatter send block q to rank q; the
+// receiver copies (or, reduce-scatter, combines with its own block).
+template <typename Op, typename T, uint32_t KIND>
+WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint32_t n = a.world, me = a.rank;
+  const T* send = as_ptr<const T>(a.send);
+  T* recv = as_ptr<T>(a.recv);
+  const uint32_t avg = (KIND == ROUND_REDUCE_SCATTER && a.op == OP_AVG) ? n : 0;
+  if (gridDim.x > PIPE_MAX_BLOCKS) {
+    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
+    finish(a, epoch, 0, 1);
+    return;
+  }
+  auto block_of = [&](uint32_t q) -> const T* {
+    return KIND == ROUND_ALL_GATHER ? send : send + uint64_t(q) * a.count;
+  };
+  uint64_t step = *pipe_steps(a);
+  const uint64_t tile = pipe_share<T>(a, a.count, 1);
+  const uint64_t tiles = (a.count + tile - 1) / tile;
+  for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    ++step;
+    const uint32_t parity = uint32_t(step & 1);
+    const uint64_t base = i * tile;
+    const uint64_t elems = a.count - base < tile ? a.count - base : tile;
+    const uint64_t bytes = elems * sizeof(T);
+    for (uint32_t k = 1; k < n; ++k) {
+      const uint32_t q = (me + k) % n;
+      put(pipe_slot(a, q, parity, PIPE_INBOX, me), block_of(q) + base, bytes, threadIdx.x, blockDim.x);
+    }
+    if (KIND != ROUND_REDUCE_SCATTER) {
+      T* own = recv + uint64_t(me) * a.count + base;
+      const T* from = block_of(me) + base;
+      if (own != from) copy(own, from, bytes, threadIdx.x, blockDim.x);
+    }
+    pipe_signal(a, 2 * step);
+    if (!pipe_wait(a, 2 * step)) return;
+    if (KIND == ROUND_REDUCE_SCATTER) {
+      const T* srcs[8];
+      uint32_t nsrc = 0;
+      srcs[nsrc++] = block_of(me) + base;
+      for (uint32_t k = 1; k < n; ++k) {
+        srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, (me + k) % n));
+      }
+      reduce_to<Op, T>(recv + base, nullptr, 0, srcs, nsrc, elems, avg);
+    } else {
+      for (uint32_t k = 1; k < n; ++k) {
+        const uint32_t p = (me + k) % n;
+        copy(recv + uint64_t(p) * a.count + base, pipe_slot(a, me, parity, PIPE_INBOX, p), bytes, threadIdx.x,
+             blockDim.x);
+      }
+    }
+  }
+  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  finish(a, epoch, 0, 1);
+}
+
+// An all-pairs step with no data: proves every peer's block finished every earlier step.
+WEAVE_DEVICE bool pipe_barrier(const GpuCollectiveArgs& a, uint64_t& step) {
+  ++step;
+  pipe_signal(a, 2 * step);
+  return pipe_wait(a, 2 * step);
+}
+
+// Chain broadcast (large messages on 3 or more GPUs): root → root + 1 → … → root - 1, so every
+// link carries the message once, with tiles flowing down the chain. At step s a block takes
+// its tile from send (root) or from its inbox slot (written by its predecessor), pushes it into
+// its successor's inbox and copies it to its output. The predecessor's flag in this rank's
+// area reaching 2s - 1 says tile s arrived; the successor's reaching 2s - 1 says it is done
+// with its inbox slot of step s (so step s + 2 may overwrite it). A barrier step at entry and
+// at exit keeps the slot-reuse rule of the other pipelined kernels across kernels. `count` is
+// bytes.
+WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint32_t n = a.world, me = a.rank;
+  const uint32_t pos = (me + n - a.root) % n;
+  const uint32_t next = (me + 1) % n, prev = (me + n - 1) % n;
+  const bool first_link = pos == 0, last_link = pos == n - 1;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  if (gridDim.x > PIPE_MAX_BLOCKS) {
+    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
+    finish(a, epoch, 0, 1);
+    return;
+  }
+  uint64_t step = *pipe_steps(a);
+  const uint64_t tile = pipe_share<uint8_t>(a, a.count, 1);
+  const uint64_t tiles = (a.count + tile - 1) / tile;
+  if (blockIdx.x < tiles) {
+    if (!pipe_barrier(a, step)) return;
+    const uint64_t first = step + 1;
+    for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+      ++step;
+      const uint32_t parity = uint32_t(step & 1);
+      const uint64_t base = i * tile;
+      const uint64_t bytes = a.count - base < tile ? a.count - base : tile;
+      int failed = 0;
+      if (threadIdx.x == 0 && !first_link) {
+        const uint64_t* arrived = pipe_flag(a, me, blockIdx.x, prev);
+        failed = !spin_until([&] { return atomic_load_acquire_sys(arrived) >= 2 * step - 1; }, a.status,
+                             DeviceError::SemaphoreTimeout);
+      }
+      if (threadIdx.x == 1 && !last_link && step >= first + 2) {
+        const uint64_t* drained = pipe_flag(a, me, blockIdx.x, next);
+        failed = !spin_until([&] { return atomic_load_acquire_sys(drained) >= 2 * (step - 2) - 1; }, a.status,
+                             DeviceError::SemaphoreTimeout);
+      }
+      if (__syncthreads_or(failed)) return;
+      const char* from = first_link ? send + base : pipe_slot(a, me, parity, PIPE_INBOX, prev);
+      if (!last_link) put(pipe_slot(a, next, parity, PIPE_INBOX, me), from, bytes, threadIdx.x, blockDim.x);
+      if (recv + base != from) copy(recv + base, from, bytes, threadIdx.x, blockDim.x);
+      __syncthreads();
+      if (threadIdx.x == 0 && !last_link) {
+        __threadfence_system();
+        atomic_store_release_sys(pipe_flag(a, next, blockIdx.x, me), 2 * step - 1);
+      }
+      if (threadIdx.x == 1 && !first_link) {
+        __threadfence_system();
+        atomic_store_release_sys(pipe_flag(a, prev, blockIdx.x, me), 2 * step - 1);
+      }
+    }
+    if (!pipe_barrier(a, step)) return;
+  }
+  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  finish(a, epoch, 0, 1);
+}
+
+template <typename Op, typename T>
+struct AllReducePipelined {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { two_round<Op, T, false>(a); }
+};
+template <typename Op, typename T>
+struct ReduceScatterPipelined {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { one_round<Op, T, ROUND_REDUCE_SCATTER>(a); }
+};
+
+}  // namespace coll
+}  // namespace weave
+
+#define WEAVE_REDUCING_PIPELINED_KERNELS(NAME, T)                                                          \
+  WEAVE_KERNEL weave_all_reduce_pipelined_##NAME(weave::GpuCollectiveArgs a) {               \
+    weave::coll::dispatch<weave::coll::AllReducePipelined, T>(a);                                          \
+  }                                                                                                        \
+  WEAVE_KERNEL weave_reduce_scatter_pipelined_##NAME(weave::GpuCollectiveArgs a) {           \
+    weave::coll::dispatch<weave::coll::ReduceScatterPipelined, T>(a);                                      \
+  }
+
+WEAVE_REDUCING_PIPELINED_KERNELS(f64, double)
+WEAVE_REDUCING_PIPELINED_KERNELS(f32, float)
+WEAVE_REDUCING_PIPELINED_KERNELS(f16, weave::half_t)
+WEAVE_REDUCING_PIPELINED_KERNELS(bf16, weave::bf16_t)
+WEAVE_REDUCING_PIPELINED_KERNELS(i64, weave::int64_t)
+WEAVE_REDUCING_PIPELINED_KERNELS(i32, weave::int32_t)
+WEAVE_REDUCING_PIPELINED_KERNELS(u64, weave::uint64_t)
+WEAVE_REDUCING_PIPELINED_KERNELS(u32, weave::uint32_t)
+WEAVE_REDUCING_PIPELINED_KERNELS(i8, weave::int8_t)
+WEAVE_REDUCING_PIPELINED_KERNELS(u8, weave::uint8_t)
+
+// Data movement: `count` is bytes.
+WEAVE_KERNEL weave_broadcast_chain(weave::GpuCollectiveArgs a) { weave::coll::broadcast_chain(a); }
+WEAVE_KERNEL weave_broadcast_pipelined(weave::GpuCollectiveArgs a) {
+  weave::coll::two_round<weave::Sum, weave::uint8_t, true>(a);
+}
+WEAVE_KERNEL weave_all_gather_pipelined(weave::GpuCollectiveArgs a) {
+  weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>(a);
+}
+WEAVE_KERNEL weave_all_to_all_pipelined(weave::GpuCollectiveArgs a) {
+  weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>(a);
+}
