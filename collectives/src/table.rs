@@ -240,20 +240,19 @@ pub const DEVICE_ROWS: &[Row] = {
     const M: usize = 1 << 20;
     &[
         // sm_90, 2 GPUs.
-        device(HOPPER, AllReduce, (2, 3), (0, 256 * K), OneShot),
-        device(HOPPER, AllReduce, (2, 3), (0, M), TwoShot),
-        device(HOPPER, AllGather, (2, 3), (0, 256 * K), OneShot),
-        device(HOPPER, ReduceScatter, (2, 3), (0, 256 * K), OneShot),
-        device(HOPPER, AllToAll, (2, 3), (0, 256 * K), OneShot),
-        device(HOPPER, Broadcast, (2, 3), (0, 128 * K), OneShot),
+        device(HOPPER, AllReduce, (2, 3), (0, 2 * M), OneShot),
+        device(HOPPER, AllGather, (2, 3), (0, 2 * M), OneShot),
+        device(HOPPER, ReduceScatter, (2, 3), (0, 2 * M), OneShot),
+        device(HOPPER, AllToAll, (2, 3), (0, 2 * M), OneShot),
+        device(HOPPER, Broadcast, (2, 3), (0, M), OneShot),
         // sm_90, 3 to 8 GPUs.
-        device(HOPPER, AllReduce, (3, 9), (0, 64 * K), OneShot),
-        device(HOPPER, AllReduce, (3, 9), (0, M), TwoShot),
-        device(HOPPER, AllGather, (3, 9), (0, 512 * K), OneShot),
-        device(HOPPER, ReduceScatter, (3, 9), (0, 512 * K), OneShot),
-        device(HOPPER, AllToAll, (3, 9), (0, 512 * K), OneShot),
-        device(HOPPER, Broadcast, (3, 9), (0, 128 * K), OneShot),
-        device(HOPPER, Broadcast, (3, 9), (2 * M, ANY), Ring),
+        device(HOPPER, AllReduce, (3, 9), (0, 128 * K), OneShot),
+        device(HOPPER, AllReduce, (3, 9), (0, 2 * M), TwoShot),
+        device(HOPPER, AllGather, (3, 9), (0, 2 * M), OneShot),
+        device(HOPPER, ReduceScatter, (3, 9), (0, 2 * M), OneShot),
+        device(HOPPER, AllToAll, (3, 9), (0, 2 * M), OneShot),
+        device(HOPPER, Broadcast, (3, 9), (0, M), OneShot),
+        device(HOPPER, Broadcast, (3, 9), (64 * M, ANY), Ring),
         // Any GPU.
         device(ANY_GPU, AllReduce, (1, 9), (0, 64 * K), OneShot),
         device(ANY_GPU, AllReduce, (1, 9), (0, M), TwoShot),
@@ -265,7 +264,7 @@ pub const DEVICE_ROWS: &[Row] = {
         device(ANY_GPU, AllToAll, (1, 9), (0, 256 * K), OneShot),
         device(ANY_GPU, AllToAll, (1, 9), (0, ANY), Direct),
         device(ANY_GPU, Broadcast, (1, 9), (0, 128 * K), OneShot),
-        device(ANY_GPU, Broadcast, (3, 9), (2 * M, ANY), Ring),
+        device(ANY_GPU, Broadcast, (3, 9), (64 * M, ANY), Ring),
         device(ANY_GPU, Broadcast, (1, 9), (0, ANY), TwoPhase),
         device(ANY_GPU, Reduce, (1, 9), (0, 128 * K), OneShot),
         device(ANY_GPU, Reduce, (1, 9), (0, ANY), Direct),
@@ -415,7 +414,7 @@ mod tests {
     fn hopper_rows_are_per_world_size_and_cover_every_size() {
         let t = AlgorithmTable::default();
         let sel = |c, n, b| t.select_for(c, MemorySpace::Device, n, b, Some(90)).unwrap();
-        assert_eq!(sel(Collective::AllReduce, 2, 128 << 10), Algorithm::OneShot);
+        assert_eq!(sel(Collective::AllReduce, 2, 1 << 20), Algorithm::OneShot);
         assert_eq!(sel(Collective::AllReduce, 4, 128 << 10), Algorithm::TwoShot);
         assert_eq!(sel(Collective::AllReduce, 4, 1 << 30), Algorithm::TwoPhase);
         assert_eq!(sel(Collective::Broadcast, 4, 8), Algorithm::OneShot);

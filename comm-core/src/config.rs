@@ -8,7 +8,9 @@
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
 //! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
-//! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–64; a tuning knob) | 64 |
+//! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–128; a tuning knob) | 64 |
+//! | `WEAVE_GPU_PACKETS` | LL packets (8 bytes of payload each) per peer and parity (4K–1M; a tuning knob) | 64K |
+//! | `WEAVE_GPU_TILE` | bytes one pipelined block moves per peer and step (4K–4M, multiple of 256; a tuning knob) | 128K |
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
 
@@ -46,8 +48,12 @@ pub struct Config {
     pub algorithm_overrides: Option<String>,
     /// Bytes of each half of the host scratch of a collectives communicator.
     pub host_scratch_bytes: Option<usize>,
-    /// Most thread blocks of a block-pipelined GPU kernel (`WEAVE_GPU_BLOCKS`, 1..=64).
+    /// Most thread blocks of a block-pipelined GPU kernel (`WEAVE_GPU_BLOCKS`, 1..=128).
     pub gpu_pipeline_blocks: Option<u32>,
+    /// LL packets per peer and parity in the GPU workspace (`WEAVE_GPU_PACKETS`).
+    pub gpu_packets: Option<usize>,
+    /// Bytes one pipelined block moves per peer and step (`WEAVE_GPU_TILE`).
+    pub gpu_pipeline_tile: Option<usize>,
 }
 
 impl Default for Config {
@@ -59,6 +65,8 @@ impl Default for Config {
             algorithm_overrides: None,
             host_scratch_bytes: None,
             gpu_pipeline_blocks: None,
+            gpu_pipeline_tile: None,
+            gpu_packets: None,
         }
     }
 }
@@ -85,6 +93,16 @@ impl Config {
         }
         if let Some(v) = var("WEAVE_GPU_BLOCKS") {
             c.gpu_pipeline_blocks = Some(parse_gpu_blocks(&v)?);
+        }
+        if let Some(v) = var("WEAVE_GPU_PACKETS") {
+            let n = parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_GPU_PACKETS: {e}")))?;
+            if !(4 << 10..=1 << 20).contains(&n) {
+                return Err(Error::invalid(format!("WEAVE_GPU_PACKETS={v:?}: expected 4K to 1M packets")));
+            }
+            c.gpu_packets = Some(n);
+        }
+        if let Some(v) = var("WEAVE_GPU_TILE") {
+            c.gpu_pipeline_tile = Some(parse_gpu_tile(&v)?);
         }
         Ok(c)
     }
@@ -116,9 +134,17 @@ fn parse_timeout(v: &str) -> Result<Duration> {
 
 fn parse_gpu_blocks(v: &str) -> Result<u32> {
     match v.trim().parse::<u32>() {
-        Ok(b) if (1..=64).contains(&b) => Ok(b),
-        _ => Err(Error::invalid(format!("WEAVE_GPU_BLOCKS={v:?}: expected a block count from 1 to 64"))),
+        Ok(b) if (1..=128).contains(&b) => Ok(b),
+        _ => Err(Error::invalid(format!("WEAVE_GPU_BLOCKS={v:?}: expected a block count from 1 to 128"))),
     }
+}
+
+fn parse_gpu_tile(v: &str) -> Result<usize> {
+    let bytes = parse_bytes(v).map_err(|e| Error::invalid(format!("WEAVE_GPU_TILE: {e}")))?;
+    if !(4 << 10..=4 << 20).contains(&bytes) || bytes % 256 != 0 {
+        return Err(Error::invalid(format!("WEAVE_GPU_TILE={v:?}: expected 4K to 4M bytes in a multiple of 256")));
+    }
+    Ok(bytes)
 }
 
 /// Parses a byte count with an optional `K`, `M` or `G` suffix (powers of 1024).
@@ -201,7 +227,9 @@ mod tests {
         assert!(parse_bytes("4X").is_err());
         assert!(parse_bytes("99999999999999999999G").is_err());
         assert_eq!(parse_gpu_blocks(" 32 ").unwrap(), 32);
-        assert!(parse_gpu_blocks("0").is_err() && parse_gpu_blocks("65").is_err() && parse_gpu_blocks("x").is_err());
+        assert!(parse_gpu_blocks("0").is_err() && parse_gpu_blocks("129").is_err() && parse_gpu_blocks("x").is_err());
+        assert_eq!(parse_gpu_tile("256K").unwrap(), 256 << 10);
+        assert!(parse_gpu_tile("1K").is_err() && parse_gpu_tile("8M").is_err() && parse_gpu_tile("5000").is_err());
     }
 
     #[test]

@@ -6,7 +6,7 @@
 //   [0, 512)          flags: u64 at 64*w, written (release, system scope) by rank w
 //   [2048]            this rank's epoch (u64): phases completed by this rank so far
 //   [2056]            block arrival counter (u32) for grid-wide phases
-//   [3072, 3584)      step counters of the block-pipelined kernels (u64 per block)
+//   [3072, 4096)      step counters of the block-pipelined kernels (u64 per block)
 //   [4096, PKT_END)   LL16 packets: [writer][parity][packet_capacity]
 //   [DATA, P2P)       data slots of the flag-based kernels: [parity][world + 1][chunk_bytes / 2]
 //   [P2P, PIPE)       point-to-point mailboxes: [writer][parity][aux[2] bytes]

@@ -8,10 +8,10 @@
 // phase.
 //
 // Pipe area (at a.pipe_offset in every workspace):
-//   [0, 4096)    flags: u64 at 8 * (8 b + w), stored (release, system scope) by block b of rank w
-//   [4096, ...)  slots of a.pipe_share_bytes: [block][parity][inbox, results][writer]
+//   [0, FLAGS)    flags: u64 at 8 * (8 b + w), stored (release, system scope) by block b of rank w
+//   [FLAGS, ...)  slots of a.pipe_share_bytes: [block][parity][inbox, results][writer]
 // Block b counts its steps (one step per tile) in this rank's control block, u64 at
-// 3072 + 8 b. The counter outlives the kernel and is equal on every rank, because every rank
+// 3072 + 8 b (b < 128). The counter outlives the kernel and is equal on every rank, because every rank
 // runs the same blocks over the same tiles. At step s a block signals 2s - 1 (two-round
 // kernels: inbox pushed) and 2s (step done on its side), so flags only grow, across kernels
 // of every kind.
@@ -29,9 +29,12 @@
 namespace weave {
 namespace coll {
 
-constexpr uint32_t PIPE_MAX_BLOCKS = 64;
+// Both come from the host program builder (collectives::gpu::program), which sizes the area.
+constexpr uint32_t PIPE_MAX_BLOCKS = WEAVE_PIPE_MAX_BLOCKS;
+constexpr uint64_t PIPE_FLAGS_BYTES = WEAVE_PIPE_FLAGS_BYTES;
 constexpr uint64_t PIPE_STEPS_OFFSET = 3072;
-constexpr uint64_t PIPE_FLAGS_BYTES = 4096;
+static_assert(PIPE_STEPS_OFFSET + 8 * PIPE_MAX_BLOCKS <= PACKETS_OFFSET, "step counters overlap the packets");
+static_assert(PIPE_FLAGS_BYTES >= 8 * 8 * PIPE_MAX_BLOCKS, "pipe flags too small");
 constexpr uint32_t PIPE_INBOX = 0;
 constexpr uint32_t PIPE_RESULTS = 1;
 
@@ -269,18 +272,24 @@ WEAVE_DEVICE bool pipe_barrier(const GpuCollectiveArgs& a, uint64_t& step) {
 
 // Chain broadcast (large messages on 3 or more GPUs): root → root + 1 → … → root - 1, so every
 // link carries the message once, with tiles flowing down the chain. At step s a block takes
-// its tile from send (root) or from its inbox slot (written by its predecessor), pushes it into
-// its successor's inbox and copies it to its output. The predecessor's flag in this rank's
-// area reaching 2s - 1 says tile s arrived; the successor's reaching 2s - 1 says it is done
-// with its inbox slot of step s (so step s + 2 may overwrite it). A barrier step at entry and
-// at exit keeps the slot-reuse rule of the other pipelined kernels across kernels. `count` is
-// bytes.
+// its tile from send (root) or from its inbox (written by its predecessor), pushes it into its
+// successor's inbox and copies it to its output. The chain uses every slot of the block's area
+// as one ring of 4 × world slots (tile s in slot s mod depth), so a link has many tiles in
+// flight. The predecessor's flag in this rank's area reaching 2s - 1 says tile s arrived; the
+// successor's reaching 2s - 1 says it is done with the slot of tile s (so tile s + depth may
+// overwrite it). A barrier step at entry and at exit keeps the slot-reuse rule of the other
+// pipelined kernels across kernels. `count` is bytes.
+WEAVE_DEVICE char* chain_slot(const GpuCollectiveArgs& a, uint32_t owner, uint64_t step) {
+  return pipe_slot(a, owner, uint32_t(step & 1), uint32_t((step >> 1) & 1), uint32_t((step >> 2) % a.world));
+}
+
 WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
   const uint64_t epoch = *epoch_ptr(a);
   const uint32_t n = a.world, me = a.rank;
   const uint32_t pos = (me + n - a.root) % n;
   const uint32_t next = (me + 1) % n, prev = (me + n - 1) % n;
   const bool first_link = pos == 0, last_link = pos == n - 1;
+  const uint64_t depth = 4 * uint64_t(n);
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
   if (gridDim.x > PIPE_MAX_BLOCKS) {
@@ -296,7 +305,6 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
     const uint64_t first = step + 1;
     for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
       ++step;
-      const uint32_t parity = uint32_t(step & 1);
       const uint64_t base = i * tile;
       const uint64_t bytes = a.count - base < tile ? a.count - base : tile;
       int failed = 0;
@@ -305,14 +313,14 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
         failed = !spin_until([&] { return atomic_load_acquire_sys(arrived) >= 2 * step - 1; }, a.status,
                              DeviceError::SemaphoreTimeout);
       }
-      if (threadIdx.x == 1 && !last_link && step >= first + 2) {
+      if (threadIdx.x == 1 && !last_link && step >= first + depth) {
         const uint64_t* drained = pipe_flag(a, me, blockIdx.x, next);
-        failed = !spin_until([&] { return atomic_load_acquire_sys(drained) >= 2 * (step - 2) - 1; }, a.status,
+        failed = !spin_until([&] { return atomic_load_acquire_sys(drained) >= 2 * (step - depth) - 1; }, a.status,
                              DeviceError::SemaphoreTimeout);
       }
       if (__syncthreads_or(failed)) return;
-      const char* from = first_link ? send + base : pipe_slot(a, me, parity, PIPE_INBOX, prev);
-      if (!last_link) put(pipe_slot(a, next, parity, PIPE_INBOX, me), from, bytes, threadIdx.x, blockDim.x);
+      const char* from = first_link ? send + base : chain_slot(a, me, step);
+      if (!last_link) put(chain_slot(a, next, step), from, bytes, threadIdx.x, blockDim.x);
       if (recv + base != from) copy(recv + base, from, bytes, threadIdx.x, blockDim.x);
       __syncthreads();
       if (threadIdx.x == 0 && !last_link) {

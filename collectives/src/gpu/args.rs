@@ -69,11 +69,12 @@ pub const GPU_ARGS_LAYOUT: Layout = Layout {
     ],
 };
 
-/// Most blocks of a block-pipelined kernel (`PIPE_MAX_BLOCKS` in `pipeline.cu`).
-pub const PIPE_MAX_BLOCKS: u32 = 64;
+/// Most blocks of a block-pipelined kernel (`PIPE_MAX_BLOCKS` in `pipeline.cu`, defined from
+/// this one by the program builder).
+pub const PIPE_MAX_BLOCKS: u32 = 128;
 
-/// Bytes of the pipelined kernels' flag words (64 blocks × 8 writers × u64).
-const PIPE_FLAGS_BYTES: usize = 4096;
+/// Bytes of the pipelined kernels' flag words (a u64 per block and writer, up to 8 writers).
+pub const PIPE_FLAGS_BYTES: usize = PIPE_MAX_BLOCKS as usize * 8 * 8;
 
 /// Byte layout of one rank's GPU workspace (see `collectives.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,10 +118,11 @@ impl WorkspaceLayout {
         PIPE_FLAGS_BYTES + self.pipe_blocks * 2 * 2 * self.world * self.pipe_share_bytes
     }
 
-    /// The pipelined slot size that gives the area about `area` bytes for `blocks` blocks of
-    /// `world` ranks (a multiple of 256, at least 4 KiB): fewer blocks, larger tiles.
-    pub fn pipe_share_for(world: usize, blocks: usize, area: usize) -> usize {
-        (area / (blocks.max(1) * 4 * world.max(1)) / 256 * 256).max(4096)
+    /// The pipelined slot size for `blocks` blocks of `world` ranks: `tile`, made smaller
+    /// where the area would pass `max_area` bytes (a multiple of 256, at least 4 KiB).
+    pub fn pipe_share_for(world: usize, blocks: usize, tile: usize, max_area: usize) -> usize {
+        let fits = max_area / (blocks.max(1) * 4 * world.max(1));
+        (tile.min(fits) / 256 * 256).max(4096)
     }
 
     /// Total bytes.
@@ -142,9 +144,9 @@ mod tests {
     fn args_fit_the_kernel_parameter_limit_and_layout_is_sane() {
         assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
         assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 192);
-        let share = WorkspaceLayout::pipe_share_for(4, 64, 64 << 20);
+        let share = WorkspaceLayout::pipe_share_for(4, 64, 64 << 10, 256 << 20);
         assert_eq!(share, 64 << 10);
-        assert_eq!(WorkspaceLayout::pipe_share_for(4, 16, 64 << 20), 256 << 10);
+        assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 20, 256 << 20), 128 << 10);
         let l = WorkspaceLayout {
             world: 4,
             packet_capacity: 1 << 16,
@@ -156,9 +158,9 @@ mod tests {
         assert_eq!(l.data_offset() % 256, 0);
         assert_eq!(l.mailbox_offset(), l.data_offset() + 5 * (8 << 20));
         assert_eq!(l.pipe_offset(), l.mailbox_offset() + 8 * (1 << 20));
-        assert_eq!(l.bytes(), l.pipe_offset() + 4096 + (64 << 20));
-        assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 64 << 20) % 256, 0);
-        assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10), 4096);
+        assert_eq!(l.bytes(), l.pipe_offset() + PIPE_FLAGS_BYTES + (64 << 20));
+        assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 100_000, 256 << 20) % 256, 0);
+        assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10, 256 << 20), 4096);
         assert_eq!(l.ll_max_bytes(), 512 << 10);
     }
 }

@@ -40,14 +40,21 @@ pub const COLLECTIVES_SOURCE: &str = concat!(
 
 /// Threads per block of every collective kernel.
 const BLOCK_THREADS: u32 = 512;
-/// LL16 packets per (writer, parity): one-shot messages up to 512 KiB.
+/// LL16 packets per (writer, parity) unless `WEAVE_GPU_PACKETS` says otherwise: packet
+/// messages up to 512 KiB per peer.
 const PACKET_CAPACITY: usize = 64 << 10;
 /// Bytes of one data slot pair (two parities of 4 MiB).
 const CHUNK_BYTES: usize = 8 << 20;
 /// Bytes of one point-to-point mailbox slot.
 const MAILBOX_BYTES: usize = 2 << 20;
-/// Bytes of the block-pipelined kernels' slots (64 MiB whatever the world size).
-const PIPE_AREA_BYTES: usize = 64 << 20;
+/// Most blocks of an LL packet kernel.
+const PACKET_MAX_BLOCKS: u32 = 64;
+/// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise.
+const DEFAULT_PIPE_BLOCKS: u32 = 64;
+/// Bytes one pipelined block moves per peer and step, unless `WEAVE_GPU_TILE` says otherwise.
+const PIPE_TILE_BYTES: usize = 128 << 10;
+/// Most bytes of the block-pipelined kernels' slots (larger worlds get smaller tiles).
+const PIPE_MAX_AREA_BYTES: usize = 256 << 20;
 /// Least message bytes per block of a pipelined kernel: smaller messages use fewer blocks.
 const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
 
@@ -58,9 +65,14 @@ pub fn program() -> String {
     kernels::source::program_with_checks(&with_block_threads(COLLECTIVES_SOURCE), &checks)
 }
 
-/// The kernels' source preceded by `WEAVE_BLOCK_THREADS`, the block size every launch uses.
+/// The kernels' source preceded by the constants the host sizes things with: the block size
+/// every launch uses and the pipelined kernels' block limit and flag area.
 fn with_block_threads(source: &str) -> String {
-    format!("#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n{source}")
+    format!(
+        "#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n#define WEAVE_PIPE_MAX_BLOCKS {PIPE_MAX_BLOCKS}\n\
+         #define WEAVE_PIPE_FLAGS_BYTES {}\n{source}",
+        args::PIPE_FLAGS_BYTES
+    )
 }
 
 /// Per-communicator GPU state.
@@ -115,33 +127,50 @@ impl GpuEngine {
         // pipeline block count, and on the architecture (none when the GPUs differ, so the
         // generic table rows apply).
         let arch_number = arch.strip_prefix("sm_").and_then(|v| v.parse::<u32>().ok());
-        let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(PIPE_MAX_BLOCKS);
-        let mut gpu_facts = Vec::with_capacity(12);
-        for word in [sms.max(1) as u32, arch_number.unwrap_or(0), wanted_blocks] {
+        let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
+        let wanted_tile = core.config().gpu_pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
+        let wanted_packets = core.config().gpu_packets.unwrap_or(PACKET_CAPACITY);
+        let mut gpu_facts = Vec::with_capacity(20);
+        let words = [
+            sms.max(1) as u32,
+            arch_number.unwrap_or(0),
+            wanted_blocks,
+            (wanted_tile / 256) as u32,
+            wanted_packets as u32,
+        ];
+        for word in words {
             gpu_facts.extend_from_slice(&word.to_le_bytes());
         }
-        let (mut max_blocks, mut pipeline_blocks) = (u32::MAX, PIPE_MAX_BLOCKS);
+        let (mut max_blocks, mut pipeline_blocks, mut tile) = (u32::MAX, PIPE_MAX_BLOCKS, usize::MAX);
+        let mut packet_capacity = usize::MAX;
         let mut archs = Vec::with_capacity(world);
         for v in core.bootstrap().all_gather(&gpu_facts)? {
             let word = |i: usize| -> Result<u32> {
                 let b: [u8; 4] = v.get(4 * i..4 * i + 4).and_then(|b| b.try_into().ok()).ok_or_else(|| {
-                    Error::Protocol(format!("GPU setup: a peer sent {} bytes instead of 12 for its GPU", v.len()))
+                    Error::Protocol(format!("GPU setup: a peer sent {} bytes instead of 20 for its GPU", v.len()))
                 })?;
                 Ok(u32::from_le_bytes(b))
             };
             max_blocks = max_blocks.min(word(0)?.max(1));
             archs.push(word(1)?);
             pipeline_blocks = pipeline_blocks.min(word(2)?.max(1));
+            tile = tile.min(word(3)? as usize * 256);
+            packet_capacity = packet_capacity.min(word(4)? as usize);
         }
         let arch_number = arch_number.filter(|a| archs.iter().all(|b| b == a));
         let pipeline_blocks = pipeline_blocks.min(max_blocks);
         let layout = WorkspaceLayout {
             world,
-            packet_capacity: PACKET_CAPACITY,
+            packet_capacity,
             chunk_bytes: CHUNK_BYTES,
             mailbox_bytes: MAILBOX_BYTES,
             pipe_blocks: pipeline_blocks as usize,
-            pipe_share_bytes: WorkspaceLayout::pipe_share_for(world, pipeline_blocks as usize, PIPE_AREA_BYTES),
+            pipe_share_bytes: WorkspaceLayout::pipe_share_for(
+                world,
+                pipeline_blocks as usize,
+                tile,
+                PIPE_MAX_AREA_BYTES,
+            ),
         };
         let mine =
             core.register(layout.bytes(), MemoryKind::Device(backend.device_ordinal()), "weave gpu workspace")?;
@@ -228,13 +257,15 @@ impl GpuEngine {
     }
 
     /// Blocks for an LL packet kernel with `packets` packets per peer: one thread per packet,
-    /// since every packet is a round trip's worth of latency, up to one block per SM.
+    /// since every packet is a round trip's worth of latency, up to `PACKET_MAX_BLOCKS` (then a
+    /// thread takes several packets: on H200s, 128 blocks of spinning readers at the top of
+    /// the packet range stalled for milliseconds now and then).
     pub(crate) fn packet_blocks(&self, packets: usize) -> u32 {
-        (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks)
+        (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks).min(PACKET_MAX_BLOCKS)
     }
 
     /// Blocks for a block-pipelined kernel over a `bytes`-byte message: at least
-    /// `PIPE_MIN_BYTES_PER_BLOCK` per block, at most `WEAVE_GPU_BLOCKS` (64).
+    /// `PIPE_MIN_BYTES_PER_BLOCK` per block, at most `WEAVE_GPU_BLOCKS` (64 by default).
     pub(crate) fn pipeline_blocks(&self, bytes: usize) -> u32 {
         (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
     }

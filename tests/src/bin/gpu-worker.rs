@@ -262,7 +262,7 @@ fn forced() -> Result<String> {
     let mut checked = run_typed::<f32>(&g, &[1, 7, 4095, 50_000], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<u8>(&g, &[1, 7, 4095], &[ReduceOp::Max])?;
     checked += run_typed::<bf16>(&g, &[50_000], &[ReduceOp::Sum])?;
-    // The largest packet messages (64 Ki words per peer): one element more falls back.
+    // The largest packet messages (64 Ki words per peer by default): one element more falls back.
     checked += run_typed::<f64>(&g, &[(64 << 10) - 1, 64 << 10, (64 << 10) + 1], &[ReduceOp::Min])?;
     let algo = std::env::var("WEAVE_ALGO").unwrap_or_default();
     Ok(format!("{checked} device calls checked in {:.1?} with WEAVE_ALGO={algo:?}", started.elapsed()))
