@@ -77,6 +77,8 @@ options:
                        the ratio per size (NCCL_NVLS_ENABLE=0 is forced)
   -G, --graph          with --gpu: time CUDA-graph replays instead of eager launches
       --plot FILE.svg  also draw busbw against size for weave and the baseline
+      --plot-from LOG  with --plot: run nothing, draw the --op table (out of place, eager) of a
+                       saved gpu-bench output (rank prefixes like `[rank 0] ` are fine)
       --bind / --no-bind  pin each rank to its own CPU, weave and Open MPI alike (default:
                        bind when the ranks fit the CPUs, as mpirun does)
   -t, --timeout SECS   kill a run (weave or MPI) still going after SECS (default 600)
@@ -171,6 +173,8 @@ struct BenchArgs {
     graph: bool,
     /// Write a busbw-against-size SVG plot here.
     plot: Option<PathBuf>,
+    /// Draw the plot from this saved gpu-bench output instead of running.
+    plot_from: Option<PathBuf>,
     timeout: Duration,
 }
 
@@ -196,6 +200,7 @@ impl Default for BenchArgs {
             gpu: false,
             device_chosen: false,
             plot: None,
+            plot_from: None,
             vs_nccl: false,
             graph: false,
             timeout: Duration::from_secs(600),
@@ -261,7 +266,7 @@ impl BenchArgs {
 #[derive(Debug, PartialEq)]
 enum Parsed {
     Help,
-    Run(BenchArgs),
+    Run(Box<BenchArgs>),
 }
 
 /// Parses a size: digits with an optional `K`, `M` or `G` suffix (powers of 1024, any case,
@@ -353,6 +358,7 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
             }
             "--vs-nccl" => a.vs_nccl = true,
             "--plot" => a.plot = Some(PathBuf::from(args.value(&f)?)),
+            "--plot-from" => a.plot_from = Some(PathBuf::from(args.value(&f)?)),
             "-G" | "--graph" => a.graph = true,
             "--bind" => a.bind = Some(true),
             "--no-bind" => a.bind = Some(false),
@@ -366,6 +372,9 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
             _ => return Err(UsageError(format!("unknown option {f} for `bench`"))),
         }
     }
+    if a.plot_from.is_some() && a.plot.is_none() {
+        return Err(UsageError("--plot-from needs --plot FILE.svg".into()));
+    }
     if a.min_bytes == 0 {
         return Err(UsageError("-b must be at least 1 byte".into()));
     }
@@ -375,7 +384,7 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
     if a.iters > i32::MAX as u64 {
         return Err(UsageError(format!("--iters must be at most {}", i32::MAX)));
     }
-    Ok(Parsed::Run(a))
+    Ok(Parsed::Run(Box::new(a)))
 }
 
 /// Runs `cargo xtask bench` with the arguments after the subcommand name.
@@ -388,6 +397,15 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
         Ok(Parsed::Run(parsed)) => parsed,
         Err(e) => return crate::usage_error(&e, "bench"),
     };
+    if let (Some(log), Some(svg)) = (&parsed.plot_from, &parsed.plot) {
+        return match plot_saved(log, svg, parsed.op.name()) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        };
+    }
     let token = CancelToken::new();
     // Before any thread starts (the launcher's readers inherit the blocked signals).
     if let Err(e) = forward_signals_to(&token) {
@@ -407,6 +425,39 @@ fn write_plot(path: &Path, title: &str, series: &[Series]) -> Result<(), String>
     std::fs::write(path, busbw_svg(title, series)).map_err(|e| format!("cannot write {}: {e}", path.display()))?;
     eprintln!("bench: wrote the plot to {}", path.display());
     Ok(())
+}
+
+/// `--plot-from`: the `op` table (out of place, eager launches) of a saved gpu-bench output.
+fn plot_saved(log: &Path, svg: &Path, op: &str) -> Result<(), String> {
+    let text = std::fs::read_to_string(log).map_err(|e| format!("cannot read {}: {e}", log.display()))?;
+    let (title, lines) = saved_table(&text, op)
+        .ok_or_else(|| format!("{} holds no gpu-bench table for {op} (out of place, eager launches)", log.display()))?;
+    write_plot(svg, &title, &gpu_series(&lines))
+}
+
+/// The title ("OP on N GPUs") and lines of the first out-of-place, eager `op` table in `text`.
+fn saved_table(text: &str, op: &str) -> Option<(String, Vec<String>)> {
+    let rank0 = text.lines().filter_map(|l| match l.strip_prefix("[rank ") {
+        Some(rest) => rest.strip_prefix("0] "),
+        None => Some(l),
+    });
+    let mut lines = Vec::new();
+    let mut title = None;
+    for l in rank0 {
+        if let Some(header) = l.strip_prefix("# gpu-bench: ") {
+            if title.is_some() {
+                break;
+            }
+            let wanted =
+                header.starts_with(&format!("{op} on ")) && header.contains("eager") && header.contains("out of place");
+            if wanted {
+                title = header.split(',').next().map(str::to_string);
+            }
+        } else if title.is_some() {
+            lines.push(l.to_string());
+        }
+    }
+    title.map(|t| (t, lines))
 }
 
 /// Parses gpu-bench's table lines (rank 0's stdout) into weave and NCCL series.
@@ -831,6 +882,25 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_saved_log_yields_the_eager_out_of_place_table_of_the_op() {
+        let log = "\
+[rank 0] # gpu-bench: all_reduce on 4 GPUs, float sum, median of 5 batches, eager launches, out of place
+[rank 0]             8            2       5.26      0.00      0.00       0       8.40      0.00       0      1.60
+[rank 1] noise from another rank
+[rank 0] # gpu-bench: all_gather on 4 GPUs, float sum, median of 5 batches, eager launches, out of place
+[rank 0]           16            1       6.60      0.00      0.00       0       6.91      0.00       0      1.05
+[rank 0] # gpu-bench: all_reduce on 4 GPUs, float sum, median of 5 batches, CUDA graph replay, out of place
+[rank 0]             8            2       4.14      0.00      0.00       0       7.86      0.00       0      1.90
+";
+        let (title, lines) = saved_table(log, "all_gather").unwrap();
+        assert_eq!(title, "all_gather on 4 GPUs");
+        assert_eq!(gpu_series(&lines)[0].points, vec![(16.0, 0.0)]);
+        let (_, lines) = saved_table(log, "all_reduce").unwrap();
+        assert_eq!(lines.len(), 1, "the table ends at the next header and other ranks are skipped: {lines:?}");
+        assert!(saved_table(log, "broadcast").is_none());
+    }
+
+    #[test]
     fn gpu_table_lines_become_weave_and_nccl_series() {
         let lines: Vec<String> = [
             "# gpu-bench: all_reduce on 4 GPUs",
@@ -873,7 +943,7 @@ mod tests {
     #[test]
     fn defaults_and_options() {
         let Parsed::Run(d) = parse_line(&[]).unwrap() else { panic!() };
-        assert_eq!(d, BenchArgs::default());
+        assert_eq!(*d, BenchArgs::default());
         assert_eq!(d.sizes().len(), 24); // 8 B, 16 B, ..., 64 MiB
         assert_eq!((d.ranks, d.factor, d.check), (2, 2, true));
         let line = [
