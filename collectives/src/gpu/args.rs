@@ -113,7 +113,7 @@ impl WorkspaceLayout {
     }
 
     /// Bytes of the pipelined kernels' area: 4 KiB of flags, then
-    /// [block][parity][inbox, results][writer] slots.
+    /// `[block][parity][inbox, results][writer]` slots.
     pub fn pipe_bytes(&self) -> usize {
         PIPE_FLAGS_BYTES + self.pipe_blocks * 2 * 2 * self.world * self.pipe_share_bytes
     }
