@@ -112,7 +112,7 @@ impl WorkspaceLayout {
         (self.mailbox_offset() + self.world * 2 * self.mailbox_bytes).next_multiple_of(256)
     }
 
-    /// Bytes of the pipelined kernels' area: 4 KiB of flags, then
+    /// Bytes of the pipelined kernels' area: `PIPE_FLAGS_BYTES` of flags, then
     /// `[block][parity][inbox, results][writer]` slots.
     pub fn pipe_bytes(&self) -> usize {
         PIPE_FLAGS_BYTES + self.pipe_blocks * 2 * 2 * self.world * self.pipe_share_bytes
