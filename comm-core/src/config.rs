@@ -95,11 +95,7 @@ impl Config {
             c.gpu_pipeline_blocks = Some(parse_gpu_blocks(&v)?);
         }
         if let Some(v) = var("WEAVE_GPU_PACKETS") {
-            let n = parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_GPU_PACKETS: {e}")))?;
-            if !(4 << 10..=1 << 20).contains(&n) {
-                return Err(Error::invalid(format!("WEAVE_GPU_PACKETS={v:?}: expected 4K to 1M packets")));
-            }
-            c.gpu_packets = Some(n);
+            c.gpu_packets = Some(parse_gpu_packets(&v)?);
         }
         if let Some(v) = var("WEAVE_GPU_TILE") {
             c.gpu_pipeline_tile = Some(parse_gpu_tile(&v)?);
@@ -137,6 +133,14 @@ fn parse_gpu_blocks(v: &str) -> Result<u32> {
         Ok(b) if (1..=128).contains(&b) => Ok(b),
         _ => Err(Error::invalid(format!("WEAVE_GPU_BLOCKS={v:?}: expected a block count from 1 to 128"))),
     }
+}
+
+fn parse_gpu_packets(v: &str) -> Result<usize> {
+    let n = parse_bytes(v).map_err(|e| Error::invalid(format!("WEAVE_GPU_PACKETS: {e}")))?;
+    if !(4 << 10..=1 << 20).contains(&n) {
+        return Err(Error::invalid(format!("WEAVE_GPU_PACKETS={v:?}: expected 4K to 1M packets")));
+    }
+    Ok(n)
 }
 
 fn parse_gpu_tile(v: &str) -> Result<usize> {
@@ -229,6 +233,8 @@ mod tests {
         assert_eq!(parse_gpu_blocks(" 32 ").unwrap(), 32);
         assert!(parse_gpu_blocks("0").is_err() && parse_gpu_blocks("129").is_err() && parse_gpu_blocks("x").is_err());
         assert_eq!(parse_gpu_tile("256K").unwrap(), 256 << 10);
+        assert_eq!(parse_gpu_packets("64K").unwrap(), 64 << 10);
+        assert!(parse_gpu_packets("1K").is_err() && parse_gpu_packets("2M").is_err());
         assert!(parse_gpu_tile("1K").is_err() && parse_gpu_tile("8M").is_err() && parse_gpu_tile("5000").is_err());
     }
 

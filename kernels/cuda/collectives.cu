@@ -644,27 +644,25 @@ struct Reduce {
 }  // namespace coll
 }  // namespace weave
 
-#define WEAVE_REDUCING_KERNELS(NAME, T)                                                                    \
-  WEAVE_KERNEL weave_all_reduce_ll_##NAME(weave::GpuCollectiveArgs a) {                      \
-    weave::coll::dispatch<weave::coll::AllReduceLL, T>(a);                                                 \
-  }                                                                                                        \
-  WEAVE_KERNEL weave_all_reduce_two_shot_##NAME(weave::GpuCollectiveArgs a) {                \
-    weave::coll::dispatch<weave::coll::AllReduceTwoShot, T>(a);                                            \
-  }                                                                                                        \
-  WEAVE_KERNEL weave_reduce_##NAME(weave::GpuCollectiveArgs a) {                             \
-    weave::coll::dispatch<weave::coll::Reduce, T>(a);                                                      \
-  }
+// One entry point weave_<KERNEL>_<type name> per reducing element type, each running
+// IMPL<Op, T> with the operator chosen at run time. The type names are DataType::rust_name().
+#define WEAVE_REDUCING_KERNEL(KERNEL, IMPL, NAME, T) \
+  WEAVE_KERNEL weave_##KERNEL##_##NAME(weave::GpuCollectiveArgs a) { weave::coll::dispatch<weave::coll::IMPL, T>(a); }
+#define WEAVE_FOR_EACH_REDUCING_TYPE(KERNEL, IMPL)                \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f64, double)                \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f32, float)                 \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f16, weave::half_t)         \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, bf16, weave::bf16_t)        \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, i64, weave::int64_t)        \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, i32, weave::int32_t)        \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, u64, weave::uint64_t)       \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, u32, weave::uint32_t)       \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, i8, weave::int8_t)          \
+  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, u8, weave::uint8_t)
 
-WEAVE_REDUCING_KERNELS(f64, double)
-WEAVE_REDUCING_KERNELS(f32, float)
-WEAVE_REDUCING_KERNELS(f16, weave::half_t)
-WEAVE_REDUCING_KERNELS(bf16, weave::bf16_t)
-WEAVE_REDUCING_KERNELS(i64, weave::int64_t)
-WEAVE_REDUCING_KERNELS(i32, weave::int32_t)
-WEAVE_REDUCING_KERNELS(u64, weave::uint64_t)
-WEAVE_REDUCING_KERNELS(u32, weave::uint32_t)
-WEAVE_REDUCING_KERNELS(i8, weave::int8_t)
-WEAVE_REDUCING_KERNELS(u8, weave::uint8_t)
+WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_ll, AllReduceLL)
+WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_two_shot, AllReduceTwoShot)
+WEAVE_FOR_EACH_REDUCING_TYPE(reduce, Reduce)
 
 WEAVE_KERNEL weave_all_to_allv(weave::GpuCollectiveArgs a) { weave::coll::all_to_allv(a); }
 WEAVE_KERNEL weave_sendrecv(weave::GpuCollectiveArgs a) { weave::coll::sendrecv(a); }

@@ -143,24 +143,8 @@ struct ReduceLL {
 }  // namespace coll
 }  // namespace weave
 
-#define WEAVE_REDUCING_LL_KERNELS(NAME, T)                                                                 \
-  WEAVE_KERNEL weave_reduce_scatter_ll_##NAME(weave::GpuCollectiveArgs a) {                  \
-    weave::coll::dispatch<weave::coll::ReduceScatterLL, T>(a);                                             \
-  }                                                                                                        \
-  WEAVE_KERNEL weave_reduce_ll_##NAME(weave::GpuCollectiveArgs a) {                          \
-    weave::coll::dispatch<weave::coll::ReduceLL, T>(a);                                                    \
-  }
-
-WEAVE_REDUCING_LL_KERNELS(f64, double)
-WEAVE_REDUCING_LL_KERNELS(f32, float)
-WEAVE_REDUCING_LL_KERNELS(f16, weave::half_t)
-WEAVE_REDUCING_LL_KERNELS(bf16, weave::bf16_t)
-WEAVE_REDUCING_LL_KERNELS(i64, weave::int64_t)
-WEAVE_REDUCING_LL_KERNELS(i32, weave::int32_t)
-WEAVE_REDUCING_LL_KERNELS(u64, weave::uint64_t)
-WEAVE_REDUCING_LL_KERNELS(u32, weave::uint32_t)
-WEAVE_REDUCING_LL_KERNELS(i8, weave::int8_t)
-WEAVE_REDUCING_LL_KERNELS(u8, weave::uint8_t)
+WEAVE_FOR_EACH_REDUCING_TYPE(reduce_scatter_ll, ReduceScatterLL)
+WEAVE_FOR_EACH_REDUCING_TYPE(reduce_ll, ReduceLL)
 
 WEAVE_KERNEL weave_all_gather_ll(weave::GpuCollectiveArgs a) {
   weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>(a);

@@ -121,6 +121,15 @@ WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* cons
   }
 }
 
+// False (BadArgument reported, kernel finished) when the grid has more blocks than the pipe
+// area has flags for; the host never launches one.
+WEAVE_DEVICE bool pipe_grid_fits(const GpuCollectiveArgs& a, uint64_t epoch) {
+  if (gridDim.x <= PIPE_MAX_BLOCKS) return true;
+  if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
+  finish(a, epoch, 0, 1);
+  return false;
+}
+
 // This block's step counter (this rank's control block).
 WEAVE_DEVICE uint64_t* pipe_steps(const GpuCollectiveArgs& a) {
   return as_ptr<uint64_t>(a.peers[a.rank] + PIPE_STEPS_OFFSET) + blockIdx.x;
@@ -136,11 +145,7 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const uint32_t avg = (!BROADCAST && a.op == OP_AVG) ? n : 0;
-  if (gridDim.x > PIPE_MAX_BLOCKS) {
-    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
-    finish(a, epoch, 0, 1);
-    return;
-  }
+  if (!pipe_grid_fits(a, epoch)) return;
   uint64_t step = *pipe_steps(a);
   const uint64_t share = pipe_share<T>(a, a.count, n);
   const uint64_t tile = share * n;
@@ -215,11 +220,7 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const uint32_t avg = (KIND == ROUND_REDUCE_SCATTER && a.op == OP_AVG) ? n : 0;
-  if (gridDim.x > PIPE_MAX_BLOCKS) {
-    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
-    finish(a, epoch, 0, 1);
-    return;
-  }
+  if (!pipe_grid_fits(a, epoch)) return;
   auto block_of = [&](uint32_t q) -> const T* {
     return KIND == ROUND_ALL_GATHER ? send : send + uint64_t(q) * a.count;
   };
@@ -292,11 +293,7 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
   const uint64_t depth = 4 * uint64_t(n);
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
-  if (gridDim.x > PIPE_MAX_BLOCKS) {
-    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
-    finish(a, epoch, 0, 1);
-    return;
-  }
+  if (!pipe_grid_fits(a, epoch)) return;
   uint64_t step = *pipe_steps(a);
   const uint64_t tile = pipe_share<uint8_t>(a, a.count, 1);
   const uint64_t tiles = (a.count + tile - 1) / tile;
@@ -350,24 +347,8 @@ struct ReduceScatterPipelined {
 }  // namespace coll
 }  // namespace weave
 
-#define WEAVE_REDUCING_PIPELINED_KERNELS(NAME, T)                                                          \
-  WEAVE_KERNEL weave_all_reduce_pipelined_##NAME(weave::GpuCollectiveArgs a) {               \
-    weave::coll::dispatch<weave::coll::AllReducePipelined, T>(a);                                          \
-  }                                                                                                        \
-  WEAVE_KERNEL weave_reduce_scatter_pipelined_##NAME(weave::GpuCollectiveArgs a) {           \
-    weave::coll::dispatch<weave::coll::ReduceScatterPipelined, T>(a);                                      \
-  }
-
-WEAVE_REDUCING_PIPELINED_KERNELS(f64, double)
-WEAVE_REDUCING_PIPELINED_KERNELS(f32, float)
-WEAVE_REDUCING_PIPELINED_KERNELS(f16, weave::half_t)
-WEAVE_REDUCING_PIPELINED_KERNELS(bf16, weave::bf16_t)
-WEAVE_REDUCING_PIPELINED_KERNELS(i64, weave::int64_t)
-WEAVE_REDUCING_PIPELINED_KERNELS(i32, weave::int32_t)
-WEAVE_REDUCING_PIPELINED_KERNELS(u64, weave::uint64_t)
-WEAVE_REDUCING_PIPELINED_KERNELS(u32, weave::uint32_t)
-WEAVE_REDUCING_PIPELINED_KERNELS(i8, weave::int8_t)
-WEAVE_REDUCING_PIPELINED_KERNELS(u8, weave::uint8_t)
+WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_pipelined, AllReducePipelined)
+WEAVE_FOR_EACH_REDUCING_TYPE(reduce_scatter_pipelined, ReduceScatterPipelined)
 
 // Data movement: `count` is bytes.
 WEAVE_KERNEL weave_broadcast_chain(weave::GpuCollectiveArgs a) { weave::coll::broadcast_chain(a); }

@@ -62,12 +62,12 @@ const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
 /// collective kernels, and every layout check.
 pub fn program() -> String {
     let checks = kernels::layout::static_checks() + &kernels::layout::layout_checks(&[GPU_ARGS_LAYOUT]);
-    kernels::source::program_with_checks(&with_block_threads(COLLECTIVES_SOURCE), &checks)
+    kernels::source::program_with_checks(&with_host_constants(COLLECTIVES_SOURCE), &checks)
 }
 
 /// The kernels' source preceded by the constants the host sizes things with: the block size
 /// every launch uses and the pipelined kernels' block limit and flag area.
-fn with_block_threads(source: &str) -> String {
+fn with_host_constants(source: &str) -> String {
     format!(
         "#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n#define WEAVE_PIPE_MAX_BLOCKS {PIPE_MAX_BLOCKS}\n\
          #define WEAVE_PIPE_FLAGS_BYTES {}\n{source}",
@@ -357,7 +357,7 @@ mod tests {
         fields[2].1 += 8;
         let wrong = Layout { fields: Box::leak(fields.into_boxed_slice()), ..GPU_ARGS_LAYOUT };
         let source = kernels::source::program_with_checks(
-            &with_block_threads(COLLECTIVES_SOURCE),
+            &with_host_constants(COLLECTIVES_SOURCE),
             &kernels::layout::layout_checks(&[wrong]),
         );
         let r = kernels::compile::Compiler::without_cache().compile(&source, "sm_90");
