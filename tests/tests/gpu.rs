@@ -111,8 +111,21 @@ fn gpu_count() -> Result<usize, String> {
 }
 
 fn main() -> ExitCode {
-    let filter = std::env::args().skip(1).find(|a| !a.starts_with('-'));
-    let selected: Vec<_> = TESTS.iter().filter(|(n, _)| filter.as_deref().is_none_or(|f| n.contains(f))).collect();
+    // As libtest: names containing any FILTER run, minus those containing a `--skip` value.
+    let (mut filters, mut skips) = (Vec::new(), Vec::new());
+    let mut args = std::env::args().skip(1);
+    while let Some(a) = args.next() {
+        if a == "--skip" {
+            skips.extend(args.next());
+        } else if !a.starts_with('-') {
+            filters.push(a);
+        }
+    }
+    let selected: Vec<_> = TESTS
+        .iter()
+        .filter(|(n, _)| filters.is_empty() || filters.iter().any(|f| n.contains(f.as_str())))
+        .filter(|(n, _)| !skips.iter().any(|s| n.contains(s.as_str())))
+        .collect();
     if std::env::args().any(|a| a == "--list") {
         for (name, _) in &selected {
             println!("{name}: test");

@@ -9,6 +9,8 @@
 //! median batch per rank, then the maximum over ranks. With `--graph` the iters calls are
 //! captured into a CUDA graph once and each batch replays the graph instead. `--check`
 //! verifies one call per size against the host reference (#wrong counts elements).
+//! `--host-time` adds a comment line per size with rank 0's host time to enqueue one eager call
+//! (median batch): when it is close to the GPU time, the launches, not the GPUs, set the pace.
 
 use std::sync::Arc;
 
@@ -29,6 +31,7 @@ struct Options {
     graph: bool,
     inplace: bool,
     nccl: bool,
+    host_time: bool,
 }
 
 fn parse_size(s: &str) -> Option<usize> {
@@ -55,6 +58,7 @@ fn parse() -> std::result::Result<Options, String> {
         graph: false,
         inplace: false,
         nccl: false,
+        host_time: false,
     };
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
@@ -72,6 +76,7 @@ fn parse() -> std::result::Result<Options, String> {
             "--graph" | "-G" => o.graph = true,
             "--inplace" => o.inplace = true,
             "--nccl" => o.nccl = true,
+            "--host-time" => o.host_time = true,
             other => return Err(format!("unknown argument {other:?}")),
         }
     }
@@ -338,12 +343,17 @@ fn run(o: &Options) -> Result<()> {
             results.push(time_one(*lib, o, &comm, &stream, &mut bufs, &host, count)?);
         }
         let bytes = size as f64;
-        let (t, wrong) = results[0];
+        let (t, wrong, _) = results[0];
         let algbw = bytes / t / 1e3;
         let line =
             format!("{size:>12} {count:>12} {t:>10.2} {algbw:>9.2} {:>9.2} {wrong:>7}", algbw * bus_factor(&o.op, n));
         if me == 0 {
-            if let Some(&(tn, wn)) = results.get(1) {
+            if o.host_time && !o.graph {
+                let hosts: Vec<String> =
+                    libs.iter().zip(&results).map(|(l, r)| format!("{} {:.2}", l.name(), r.2)).collect();
+                println!("# host enqueue us/call at {size} B: {}", hosts.join(", "));
+            }
+            if let Some(&(tn, wn, _)) = results.get(1) {
                 let nb = bytes / tn / 1e3 * bus_factor(&o.op, n);
                 ratios.push(tn / t);
                 println!(" {line} {tn:>10.2} {nb:>9.2} {wn:>7} {:>9.2}", tn / t);
@@ -367,7 +377,8 @@ fn run(o: &Options) -> Result<()> {
     Ok(())
 }
 
-/// Times one library at one size; returns (µs per call, max over ranks; wrong elements).
+/// Times one library at one size; returns (µs per call, max over ranks; wrong elements; this
+/// rank's host µs to enqueue one eager call, median batch).
 fn time_one(
     lib: &dyn Library,
     o: &Options,
@@ -376,7 +387,7 @@ fn time_one(
     bufs: &mut Buffers,
     host: &[f32],
     count: usize,
-) -> Result<(f64, u64)> {
+) -> Result<(f64, u64, f64)> {
     let (me, n) = (comm.rank(), comm.world_size());
     let s = bufs.send.device_ptr(stream).0;
     let r = if o.inplace { s } else { bufs.recv.device_ptr(stream).0 };
@@ -407,6 +418,7 @@ fn time_one(
     };
     let timing = Some(cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT);
     let mut batches = Vec::with_capacity(o.repeat);
+    let mut enqueue = Vec::with_capacity(o.repeat);
     for _ in 0..o.repeat {
         comm.core().bootstrap().barrier()?;
         // SAFETY: as above. The aligning call: every rank's GPU leaves it at about the same time.
@@ -415,10 +427,12 @@ fn time_one(
         match &graph {
             Some(g) => g.launch().map_err(cuda("graph launch"))?,
             None => {
+                let began = std::time::Instant::now();
                 for _ in 0..o.iters {
                     // SAFETY: as above.
                     unsafe { lib.call(&o.op, s, r, count, stream)? };
                 }
+                enqueue.push(began.elapsed().as_secs_f64() * 1e6 / o.iters as f64);
             }
         }
         let end = stream.record_event(timing).map_err(cuda("record end"))?;
@@ -426,6 +440,8 @@ fn time_one(
         batches.push(f64::from(ms) * 1e3 / o.iters as f64);
     }
     batches.sort_by(f64::total_cmp);
+    enqueue.sort_by(f64::total_cmp);
+    let host_us = enqueue.get(enqueue.len() / 2).copied().unwrap_or(f64::NAN);
     let mine = batches[batches.len() / 2];
     comm.check_gpu()?;
     let all = comm.core().bootstrap().all_gather(&mine.to_le_bytes())?;
@@ -448,5 +464,5 @@ fn time_one(
         stream.synchronize().map_err(cuda("sync"))?;
     }
     let _ = lib.name();
-    Ok((t, wrong))
+    Ok((t, wrong, host_us))
 }

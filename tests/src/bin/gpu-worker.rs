@@ -264,8 +264,48 @@ fn forced() -> Result<String> {
     checked += run_typed::<bf16>(&g, &[50_000], &[ReduceOp::Sum])?;
     // The largest packet messages (64 Ki words per peer by default): one element more falls back.
     checked += run_typed::<f64>(&g, &[(64 << 10) - 1, 64 << 10, (64 << 10) + 1], &[ReduceOp::Min])?;
+    checked += same_bits_on_every_rank(&g, &[1000, 50_000, 1 << 20])?;
     let algo = std::env::var("WEAVE_ALGO").unwrap_or_default();
     Ok(format!("{checked} device calls checked in {:.1?} with WEAVE_ALGO={algo:?}", started.elapsed()))
+}
+
+/// f32 sum all-reduces of values whose sum rounds differently in different orders (mixed
+/// magnitudes): every rank must get the same bits (on 3+ GPUs a rank that added in its own
+/// order would not), and each result must be within rounding of the exact sum.
+fn same_bits_on_every_rank(g: &Gpu, counts: &[usize]) -> Result<usize> {
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let value = |r: usize, i: usize| (1.0 + 0.1 * (r + 1) as f32) * 10f32.powi(((i * 7 + r * 3) % 13) as i32 - 6);
+    for &count in counts {
+        let send = g.upload(&(0..count).map(|i| value(me, i)).collect::<Vec<f32>>())?;
+        let recv = g.zeros(count * 4)?;
+        // SAFETY: both buffers hold count f32 and live until after the sync below.
+        unsafe {
+            g.comm.all_reduce_device_raw(
+                g.addr(&send),
+                g.addr(&recv),
+                count,
+                DataType::F32,
+                ReduceOp::Sum,
+                &g.stream,
+            )?
+        };
+        g.sync()?;
+        let got = g.download::<f32>(&recv, count)?;
+        for (i, v) in got.iter().enumerate() {
+            let exact: f64 = (0..n).map(|r| f64::from(value(r, i))).sum();
+            if (f64::from(*v) - exact).abs() > exact.abs() * 1e-6 {
+                return Err(Error::protocol(format!("same bits, count {count}: element {i} is {v}, expected {exact}")));
+            }
+        }
+        let digests = g.comm.core().bootstrap().all_gather(bytes_of(&got))?;
+        if let Some(r) = digests.iter().position(|d| d.as_slice() != bytes_of(&got)) {
+            let first = from_bytes::<f32>(&digests[r]).iter().zip(&got).position(|(a, b)| a.to_bits() != b.to_bits());
+            return Err(Error::protocol(format!(
+                "all_reduce of {count} f32 on {n} GPUs: rank {r}'s result differs from rank {me}'s (first at element {first:?})"
+            )));
+        }
+    }
+    Ok(counts.len())
 }
 
 /// With every rank alive, rank 0 asks nvidia-smi which GPUs each rank's process uses: each must
