@@ -246,7 +246,7 @@ pub const DEVICE_ROWS: &[Row] = {
         device(HOPPER, AllToAll, (2, 3), (0, 2 * M), OneShot),
         device(HOPPER, Broadcast, (2, 3), (0, M), OneShot),
         // sm_90, 3 to 8 GPUs.
-        device(HOPPER, AllReduce, (3, 9), (0, 128 * K), OneShot),
+        device(HOPPER, AllReduce, (3, 9), (0, 512 * K), OneShot),
         device(HOPPER, AllReduce, (3, 9), (0, 2 * M), TwoShot),
         device(HOPPER, AllGather, (3, 9), (0, 2 * M), OneShot),
         device(HOPPER, ReduceScatter, (3, 9), (0, 2 * M), OneShot),
@@ -415,7 +415,8 @@ mod tests {
         let t = AlgorithmTable::default();
         let sel = |c, n, b| t.select_for(c, MemorySpace::Device, n, b, Some(90)).unwrap();
         assert_eq!(sel(Collective::AllReduce, 2, 1 << 20), Algorithm::OneShot);
-        assert_eq!(sel(Collective::AllReduce, 4, 128 << 10), Algorithm::TwoShot);
+        assert_eq!(sel(Collective::AllReduce, 4, 256 << 10), Algorithm::OneShot);
+        assert_eq!(sel(Collective::AllReduce, 4, 512 << 10), Algorithm::TwoShot);
         assert_eq!(sel(Collective::AllReduce, 4, 1 << 30), Algorithm::TwoPhase);
         assert_eq!(sel(Collective::Broadcast, 4, 8), Algorithm::OneShot);
         assert_eq!(sel(Collective::Broadcast, 4, 1 << 30), Algorithm::Ring);

@@ -11,6 +11,8 @@
 //! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–128; a tuning knob) | 64 |
 //! | `WEAVE_GPU_PACKETS` | LL packets (8 bytes of payload each) per peer and parity (4K–1M; a tuning knob) | 64K |
 //! | `WEAVE_GPU_TILE` | bytes one pipelined block moves per peer and step (4K–4M, multiple of 256; a tuning knob) | 128K |
+//! | `WEAVE_GPU_STEPS` | least tiles per block a block-pipelined GPU kernel aims for (1–16; a tuning knob) | 1 |
+//! | `WEAVE_GPU_OVERLAP` | `1`/`0`: launch each GPU collective while the kernel before it on the stream still runs (programmatic dependent launch, sm_90+), hiding the launch latency | `1` |
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
 
@@ -54,6 +56,11 @@ pub struct Config {
     pub gpu_packets: Option<usize>,
     /// Bytes one pipelined block moves per peer and step (`WEAVE_GPU_TILE`).
     pub gpu_pipeline_tile: Option<usize>,
+    /// Least tiles per block of a block-pipelined GPU kernel (`WEAVE_GPU_STEPS`, 1..=16).
+    pub gpu_pipeline_steps: Option<u32>,
+    /// Whether GPU collectives launch as programmatic dependents of the kernel before them on
+    /// the stream, where the GPU supports it (`WEAVE_GPU_OVERLAP`, default on).
+    pub gpu_overlap_launches: bool,
 }
 
 impl Default for Config {
@@ -67,6 +74,8 @@ impl Default for Config {
             gpu_pipeline_blocks: None,
             gpu_pipeline_tile: None,
             gpu_packets: None,
+            gpu_pipeline_steps: None,
+            gpu_overlap_launches: true,
         }
     }
 }
@@ -100,6 +109,15 @@ impl Config {
         if let Some(v) = var("WEAVE_GPU_TILE") {
             c.gpu_pipeline_tile = Some(parse_gpu_tile(&v)?);
         }
+        if let Some(v) = var("WEAVE_GPU_STEPS") {
+            c.gpu_pipeline_steps = Some(match v.trim().parse::<u32>() {
+                Ok(n @ 1..=16) => n,
+                _ => return Err(Error::invalid(format!("WEAVE_GPU_STEPS={v:?}: expected a step count from 1 to 16"))),
+            });
+        }
+        if let Some(v) = var("WEAVE_GPU_OVERLAP") {
+            c.gpu_overlap_launches = parse_switch(&v).map_err(|e| Error::invalid(format!("WEAVE_GPU_OVERLAP: {e}")))?;
+        }
         Ok(c)
     }
 
@@ -117,6 +135,15 @@ impl Config {
 /// Reads one `WEAVE_*` variable; empty counts as unset.
 pub fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
+}
+
+/// `1`, `on`, `true`, `yes` or `0`, `off`, `false`, `no` (any case).
+fn parse_switch(v: &str) -> std::result::Result<bool, String> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "on" | "true" | "yes" => Ok(true),
+        "0" | "off" | "false" | "no" => Ok(false),
+        _ => Err(format!("{v:?} is not on/off (1, 0, on, off, true, false, yes, no)")),
+    }
 }
 
 fn parse_timeout(v: &str) -> Result<Duration> {
@@ -233,6 +260,9 @@ mod tests {
         assert_eq!(parse_gpu_blocks(" 32 ").unwrap(), 32);
         assert!(parse_gpu_blocks("0").is_err() && parse_gpu_blocks("129").is_err() && parse_gpu_blocks("x").is_err());
         assert_eq!(parse_gpu_tile("256K").unwrap(), 256 << 10);
+        assert_eq!(parse_switch(" Off "), Ok(false));
+        assert_eq!(parse_switch("1"), Ok(true));
+        assert!(parse_switch("maybe").is_err());
         assert_eq!(parse_gpu_packets("64K").unwrap(), 64 << 10);
         assert!(parse_gpu_packets("1K").is_err() && parse_gpu_packets("2M").is_err());
         assert!(parse_gpu_tile("1K").is_err() && parse_gpu_tile("8M").is_err() && parse_gpu_tile("5000").is_err());

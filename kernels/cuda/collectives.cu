@@ -41,10 +41,32 @@
 
 #include "weave/weave.cuh"
 
-// Every kernel entry point: C linkage, and at most WEAVE_BLOCK_THREADS threads per block
+namespace weave {
+
+// First statement of every kernel. On sm_90 and later the host launches the kernels with
+// programmatic stream serialization, so a kernel may be scheduled while the kernel before it
+// on the stream still runs: it waits here until that kernel completed and its writes are
+// visible (so nothing below this line sees a difference), then lets the next kernel start
+// launching, which hides the launch latency behind the running kernel. A kernel launched
+// without the attribute passes both instructions at once.
+WEAVE_DEVICE void await_previous_kernels() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+  asm volatile("griddepcontrol.wait;" ::: "memory");
+  asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+}  // namespace weave
+
+// Every kernel entry point NAME(GpuCollectiveArgs a), running RUN(a) after
+// await_previous_kernels(): C linkage, and at most WEAVE_BLOCK_THREADS threads per block
 // (defined by the host program builder from the launch configuration), so the compiler keeps
 // each thread's registers within what a full block may use.
-#define WEAVE_KERNEL extern "C" __global__ void __launch_bounds__(WEAVE_BLOCK_THREADS)
+#define WEAVE_KERNEL(NAME, ...)                                                                      \
+  extern "C" __global__ void __launch_bounds__(WEAVE_BLOCK_THREADS) NAME(weave::GpuCollectiveArgs a) { \
+    weave::await_previous_kernels();                                                                   \
+    __VA_ARGS__(a);                                                                                    \
+  }
 
 namespace weave {
 
@@ -133,8 +155,14 @@ WEAVE_DEVICE bool phase(const GpuCollectiveArgs& a, uint64_t epoch, uint32_t& in
 }
 
 // End of kernel: the last block resets the arrival counter and advances the epoch by `advance`.
+// A one-block kernel that never arrived is the last block by itself: it skips the counter (one
+// atomic round trip less on the small-message path).
 WEAVE_DEVICE void finish(const GpuCollectiveArgs& a, uint64_t epoch, uint32_t arrivals, uint64_t advance) {
   __syncthreads();
+  if (gridDim.x == 1 && arrivals == 0) {
+    if (threadIdx.x == 0) *epoch_ptr(a) = epoch + advance;
+    return;
+  }
   if (threadIdx.x == 0) {
     __threadfence();
     const uint32_t before = atomicAdd(arrivals_ptr(a), 1u);
@@ -257,6 +285,35 @@ WEAVE_DEVICE void store_word(char* p, uint64_t w, uint64_t bytes, uint64_t v) {
   for (uint64_t b = 0; b < 8 && at + b < bytes; ++b) p[at + b] = char(uint8_t(v >> (8 * b)));
 }
 
+// ---- peers in rank order (packet kernels) ---------------------------------------------------
+
+// At most this many peers (GpuCollectiveArgs::peers has 8 entries).
+constexpr uint32_t MAX_PEERS = 7;
+
+// The i-th peer in rank order, skipping this rank (i < world - 1).
+WEAVE_DEVICE uint32_t peer_rank(const GpuCollectiveArgs& a, uint32_t i) { return i < a.rank ? i : i + 1; }
+
+// Bit i set for every peer index i < world - 1.
+WEAVE_DEVICE uint32_t every_peer(const GpuCollectiveArgs& a) { return (1u << (a.world - 1)) - 1; }
+
+// Op over the words of ranks 0, 1, …, world - 1 in that order (this rank's is `mine`, peer i's
+// is theirs[i]): every rank that combines the same words gets the same bits, whatever its rank.
+template <typename Op, typename T>
+WEAVE_DEVICE uint64_t combine_in_rank_order(const GpuCollectiveArgs& a, uint64_t mine,
+                                            const uint64_t (&theirs)[MAX_PEERS]) {
+  uint64_t acc = 0;
+#pragma unroll
+  for (uint32_t r = 0; r <= MAX_PEERS; ++r) {
+    if (r < a.world) {
+      uint64_t x = mine;
+      if (r < a.rank) x = theirs[r < MAX_PEERS ? r : 0];
+      if (r > a.rank) x = theirs[r > 0 ? r - 1 : 0];
+      acc = r == 0 ? x : reduce_word<Op, T>(acc, x);
+    }
+  }
+  return acc;
+}
+
 // [begin, end) of part `part` of `elems` elements split `parts` ways at multiples of `align`.
 WEAVE_DEVICE void split(uint64_t elems, uint32_t parts, uint32_t part, uint64_t align, uint64_t& begin, uint64_t& end) {
   const uint64_t units = (elems + align - 1) / align;
@@ -270,7 +327,8 @@ WEAVE_DEVICE void split(uint64_t elems, uint32_t parts, uint32_t part, uint64_t 
 
 // One-shot with LL16 packets (small messages): every rank writes its data as packets into
 // every peer's packet buffer; every rank reads the peers' packets from its own buffer and
-// combines. No flag phase: the packet flag is the epoch.
+// combines them in rank order (so every rank gets the same bits). No flag phase: the packet
+// flag is the epoch.
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
   const uint64_t epoch = *epoch_ptr(a);
@@ -293,15 +351,10 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
       }
     }
     for (uint64_t w = t; w < words; w += nt) {
-      uint64_t acc = load_word(send, w, bytes);
-      bool ok = true;
-      for (uint32_t k = 1; k < a.world && ok; ++k) {
-        const uint32_t peer = (a.rank + k) % a.world;
-        uint64_t theirs = 0;
-        ok = read_ll16(packets(a.rank, peer) + w, flag, a.status, &theirs);
-        acc = reduce_word<Op, T>(acc, theirs);
-      }
-      if (!ok) break;
+      uint64_t theirs[MAX_PEERS];
+      auto at = [&](uint32_t i) { return packets(a.rank, peer_rank(a, i)) + w; };
+      if (!read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs)) break;
+      uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), theirs);
       if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
       store_word(recv, w, bytes, acc);
     }
@@ -346,30 +399,38 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
   }
   // 2. Reduce the own share; keep it and send it to every rank.
   bool ok = true;
-  for (uint64_t i = t; i < me_end - mb && ok; i += nt) {
-    uint64_t acc = load_word(send, mb + i, bytes);
-    for (uint32_t k = 1; k < a.world && ok; ++k) {
-      const uint32_t p = (a.rank + k) % a.world;
-      uint64_t theirs = 0;
-      ok = read_ll16(packets(a.rank, p) + i, flag, a.status, &theirs);
-      acc = reduce_word<Op, T>(acc, theirs);
-    }
+  for (uint64_t i = t; i < me_end - mb; i += nt) {
+    uint64_t theirs[MAX_PEERS];
+    auto at = [&](uint32_t j) { return packets(a.rank, peer_rank(a, j)) + i; };
+    ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs);
     if (!ok) break;
+    uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, mb + i, bytes), theirs);
     if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
     store_word(recv, mb + i, bytes, acc);
     for (uint32_t k = 1; k < a.world; ++k) {
       write_ll16(packets((a.rank + k) % a.world, a.rank) + half + i, acc, flag);
     }
   }
-  // 3. Gather the other reduced shares.
-  for (uint32_t k = 1; k < a.world && ok; ++k) {
-    const uint32_t p = (a.rank + k) % a.world;
-    uint64_t b, e;
-    split(words, a.world, p, 1, b, e);
-    for (uint64_t i = t; i < e - b && ok; i += nt) {
-      uint64_t v = 0;
-      ok = read_ll16(packets(a.rank, p) + half + i, flag, a.status, &v);
-      if (ok) store_word(recv, b + i, bytes, v);
+  // 3. Gather the other reduced shares, every peer's at once (shares differ by at most a word).
+  uint64_t begin[MAX_PEERS], len[MAX_PEERS];
+#pragma unroll
+  for (uint32_t j = 0; j < MAX_PEERS; ++j) {
+    uint64_t b = 0, e = 0;
+    if (j + 1 < a.world) split(words, a.world, peer_rank(a, j), 1, b, e);
+    begin[j] = b;
+    len[j] = e - b;
+  }
+  const uint64_t longest = (words + a.world - 1) / a.world;
+  for (uint64_t i = t; i < longest && ok; i += nt) {
+    uint32_t mask = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < MAX_PEERS; ++j) mask |= (i < len[j] ? 1u : 0u) << j;
+    uint64_t v[MAX_PEERS];
+    auto at = [&](uint32_t j) { return packets(a.rank, peer_rank(a, j)) + half + i; };
+    ok = read_ll16_each<MAX_PEERS>(at, mask, flag, a.status, v);
+#pragma unroll
+    for (uint32_t j = 0; j < MAX_PEERS; ++j) {
+      if (ok && (mask >> j & 1)) store_word(recv, begin[j] + i, bytes, v[j]);
     }
   }
   finish(a, epoch, 0, 1);
@@ -647,7 +708,7 @@ struct Reduce {
 // One entry point weave_<KERNEL>_<type name> per reducing element type, each running
 // IMPL<Op, T> with the operator chosen at run time. The type names are DataType::rust_name().
 #define WEAVE_REDUCING_KERNEL(KERNEL, IMPL, NAME, T) \
-  WEAVE_KERNEL weave_##KERNEL##_##NAME(weave::GpuCollectiveArgs a) { weave::coll::dispatch<weave::coll::IMPL, T>(a); }
+  WEAVE_KERNEL(weave_##KERNEL##_##NAME, weave::coll::dispatch<weave::coll::IMPL, T>)
 #define WEAVE_FOR_EACH_REDUCING_TYPE(KERNEL, IMPL)                \
   WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f64, double)                \
   WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f32, float)                 \
@@ -664,5 +725,5 @@ WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_ll, AllReduceLL)
 WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_two_shot, AllReduceTwoShot)
 WEAVE_FOR_EACH_REDUCING_TYPE(reduce, Reduce)
 
-WEAVE_KERNEL weave_all_to_allv(weave::GpuCollectiveArgs a) { weave::coll::all_to_allv(a); }
-WEAVE_KERNEL weave_sendrecv(weave::GpuCollectiveArgs a) { weave::coll::sendrecv(a); }
+WEAVE_KERNEL(weave_all_to_allv, weave::coll::all_to_allv)
+WEAVE_KERNEL(weave_sendrecv, weave::coll::sendrecv)

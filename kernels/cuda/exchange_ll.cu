@@ -56,17 +56,6 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
         return send + uint64_t(q) * bytes;
     }
   };
-  // Whether rank p sends data (not an empty packet) to this rank.
-  auto carries_data = [&](uint32_t p) -> bool {
-    switch (KIND) {
-      case XCHG_BROADCAST:
-        return p == a.root;
-      case XCHG_REDUCE:
-        return a.rank == a.root;
-      default:
-        return true;
-    }
-  };
 
   // 1. Write every peer's packets.
   for (uint32_t k = 1; k < a.world; ++k) {
@@ -87,36 +76,46 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
     char* own_dst = KIND == XCHG_BROADCAST ? recv : recv + uint64_t(a.rank) * bytes;
     const bool has_own = KIND != XCHG_BROADCAST || a.rank == a.root;
     if (has_own && own_dst != own_src) copy(own_dst, own_src, bytes, t, nt);
-    // 3. Unpack what the peers sent.
-    for (uint32_t k = 1; k < a.world && ok; ++k) {
-      const uint32_t p = (a.rank + k) % a.world;
-      const LL16Packet* in = packets(a.rank, p);
-      if (carries_data(p)) {
-        char* dst = KIND == XCHG_BROADCAST ? recv : recv + uint64_t(p) * bytes;
-        for (uint64_t w = t; w < words && ok; w += nt) {
-          uint64_t v = 0;
-          ok = read_ll16(in + w, flag, a.status, &v);
-          if (ok) store_word(dst, w, bytes, v);
+    // 3. Unpack what the peers sent: the root's words and the other peers' empty packets
+    // (broadcast), or every peer's word w at once (all-gather, all-to-all).
+    if constexpr (KIND == XCHG_BROADCAST) {
+      for (uint32_t k = 1; k < a.world && ok; ++k) {
+        const uint32_t p = (a.rank + k) % a.world;
+        const LL16Packet* in = packets(a.rank, p);
+        if (p == a.root) {  // the root sends data, the others one empty packet
+          for (uint64_t w = t; w < words && ok; w += nt) {
+            uint64_t v = 0;
+            ok = read_ll16(in + w, flag, a.status, &v);
+            if (ok) store_word(recv, w, bytes, v);
+          }
+        } else if (t == 0) {
+          uint64_t ignored = 0;
+          ok = read_ll16(in, flag, a.status, &ignored);
         }
-      } else if (t == 0) {
-        uint64_t ignored = 0;
-        ok = read_ll16(in, flag, a.status, &ignored);
+      }
+    } else {
+      for (uint64_t w = t; w < words; w += nt) {
+        uint64_t v[MAX_PEERS];
+        auto at = [&](uint32_t i) { return packets(a.rank, peer_rank(a, i)) + w; };
+        ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, v);
+        if (!ok) break;
+#pragma unroll
+        for (uint32_t i = 0; i < MAX_PEERS; ++i) {
+          if (i + 1 < a.world) store_word(recv + uint64_t(peer_rank(a, i)) * bytes, w, bytes, v[i]);
+        }
       }
     }
   } else {
     const bool receives = KIND == XCHG_REDUCE_SCATTER || a.rank == a.root;
     if (receives) {
-      // 2. Combine the own block with every peer's, word by word.
+      // 2. Combine the own block with every peer's, word by word, in rank order.
       const char* own = KIND == XCHG_REDUCE_SCATTER ? send + uint64_t(a.rank) * bytes : send;
       for (uint64_t w = t; w < words && ok; w += nt) {
-        uint64_t acc = load_word(own, w, bytes);
-        for (uint32_t k = 1; k < a.world && ok; ++k) {
-          const uint32_t p = (a.rank + k) % a.world;
-          uint64_t theirs = 0;
-          ok = read_ll16(packets(a.rank, p) + w, flag, a.status, &theirs);
-          acc = reduce_word<Op, T>(acc, theirs);
-        }
+        uint64_t theirs[MAX_PEERS];
+        auto at = [&](uint32_t i) { return packets(a.rank, peer_rank(a, i)) + w; };
+        ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs);
         if (!ok) break;
+        uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(own, w, bytes), theirs);
         if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
         store_word(recv, w, bytes, acc);
       }
@@ -146,12 +145,6 @@ struct ReduceLL {
 WEAVE_FOR_EACH_REDUCING_TYPE(reduce_scatter_ll, ReduceScatterLL)
 WEAVE_FOR_EACH_REDUCING_TYPE(reduce_ll, ReduceLL)
 
-WEAVE_KERNEL weave_all_gather_ll(weave::GpuCollectiveArgs a) {
-  weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>(a);
-}
-WEAVE_KERNEL weave_all_to_all_ll(weave::GpuCollectiveArgs a) {
-  weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>(a);
-}
-WEAVE_KERNEL weave_broadcast_ll(weave::GpuCollectiveArgs a) {
-  weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>(a);
-}
+WEAVE_KERNEL(weave_all_gather_ll, weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>)
+WEAVE_KERNEL(weave_all_to_all_ll, weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>)
+WEAVE_KERNEL(weave_broadcast_ll, weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>)

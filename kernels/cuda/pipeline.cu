@@ -16,11 +16,11 @@
 // kernels: inbox pushed) and 2s (step done on its side), so flags only grow, across kernels
 // of every kind.
 //
-// Chain step (broadcast on 3+ GPUs): see broadcast_chain.
-// Two-round step (all-reduce, broadcast by scatter + all-gather): push shares into the owners' inboxes, signal and
-// wait 2s - 1, reduce (or take) the own share and push it into every rank's results, signal
-// and wait 2s, drain the results. One-round step (all-gather, reduce-scatter, all-to-all):
-// push, signal and wait 2s, drain the inbox.
+// Chain step (broadcast on 3+ GPUs): see broadcast_chain. Relay step (broadcast): see
+// broadcast_relay. Two-round step (all-reduce): push shares into the owners' inboxes, signal
+// and wait 2s - 1, reduce the own share and push it into every rank's results, signal and
+// wait 2s, drain the results. One-round step (all-gather, reduce-scatter, all-to-all): push,
+// signal and wait 2s, drain the inbox.
 //
 // Slot reuse: slots of parity s & 1 are written again at step s + 2, and every write of step
 // s + 2 comes after a wait (the last of step s + 1, or the first of step s + 2) that proves the
@@ -54,7 +54,8 @@ WEAVE_DEVICE void pipe_signal(const GpuCollectiveArgs& a, uint64_t value) {
   __syncthreads();
   const uint32_t q = threadIdx.x;
   if (q < a.world && q != a.rank) {
-    __threadfence_system();
+    // Release at system scope after the barrier: the block's writes (every thread's, ordered
+    // before this store by __syncthreads) are visible to a peer that acquires the flag.
     atomic_store_release_sys(pipe_flag(a, q, blockIdx.x, a.rank), value);
   }
 }
@@ -72,13 +73,22 @@ WEAVE_DEVICE bool pipe_wait(const GpuCollectiveArgs& a, uint64_t value) {
   return __syncthreads_or(failed) == 0;
 }
 
-// Elements per share of one tile: the message spread over every block, at most what a slot
-// holds, a multiple of 16 elements (so every share starts 16-byte aligned in the slots).
+// Elements per share of one tile: the message spread over every block in at least
+// a.aux[0] steps per block (0 counts as 1: more steps let a block's rounds overlap with the
+// other blocks' instead of running one after the other), but extra steps make no share smaller
+// than PIPE_MIN_SHARE_BYTES; at most what a slot holds, a multiple of 16 elements (so every share
+// starts 16-byte aligned in the slots).
+constexpr uint64_t PIPE_MIN_SHARE_BYTES = 16 << 10;
 template <typename T>
 WEAVE_DEVICE uint64_t pipe_share(const GpuCollectiveArgs& a, uint64_t elems, uint32_t ways) {
   const uint64_t cap = a.pipe_share_bytes / sizeof(T) / 16 * 16;
-  const uint64_t spread = (elems + uint64_t(ways) * gridDim.x - 1) / (uint64_t(ways) * gridDim.x);
-  const uint64_t share = (spread + 15) / 16 * 16;
+  const uint64_t steps = a.aux[0] > 0 ? a.aux[0] : 1;
+  auto spread = [&](uint64_t parts) { return ((elems + parts - 1) / parts + 15) / 16 * 16; };
+  const uint64_t one_step = spread(uint64_t(ways) * gridDim.x);
+  uint64_t share = spread(uint64_t(ways) * gridDim.x * steps);
+  // Extra steps only down to the floor (and never more than one step's share).
+  const uint64_t floor = PIPE_MIN_SHARE_BYTES / sizeof(T) < one_step ? PIPE_MIN_SHARE_BYTES / sizeof(T) : one_step;
+  if (share < floor) share = floor;
   return share < cap ? share : cap;
 }
 
@@ -135,16 +145,15 @@ WEAVE_DEVICE uint64_t* pipe_steps(const GpuCollectiveArgs& a) {
   return as_ptr<uint64_t>(a.peers[a.rank] + PIPE_STEPS_OFFSET) + blockIdx.x;
 }
 
-// Two-round kernels. BROADCAST: the root's tile is scattered (share q to rank q), then every
-// rank sends its share to every rank; otherwise every rank's tile is reduce-scattered, then
-// all-gathered. `count` is elements of T.
-template <typename Op, typename T, bool BROADCAST>
+// Two-round all-reduce: every rank's tile is reduce-scattered (share q combined by rank q),
+// then all-gathered. `count` is elements of T.
+template <typename Op, typename T>
 WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   const uint64_t epoch = *epoch_ptr(a);
   const uint32_t n = a.world, me = a.rank;
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
-  const uint32_t avg = (!BROADCAST && a.op == OP_AVG) ? n : 0;
+  const uint32_t avg = a.op == OP_AVG ? n : 0;
   if (!pipe_grid_fits(a, epoch)) return;
   uint64_t step = *pipe_steps(a);
   const uint64_t share = pipe_share<T>(a, a.count, n);
@@ -156,43 +165,30 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
     const uint64_t base = i * tile;
     const uint64_t elems = a.count - base < tile ? a.count - base : tile;
     // 1. Shares to their owners' inboxes.
-    if (!BROADCAST || me == a.root) {
-      for (uint32_t k = 1; k < n; ++k) {
-        const uint32_t q = (me + k) % n;
-        uint64_t b, e;
-        split(elems, n, q, 16, b, e);
-        put(pipe_slot(a, q, parity, PIPE_INBOX, me), send + base + b, (e - b) * sizeof(T), threadIdx.x, blockDim.x);
-      }
+    for (uint32_t k = 1; k < n; ++k) {
+      const uint32_t q = (me + k) % n;
+      uint64_t b, e;
+      split(elems, n, q, 16, b, e);
+      put(pipe_slot(a, q, parity, PIPE_INBOX, me), send + base + b, (e - b) * sizeof(T), threadIdx.x, blockDim.x);
     }
     pipe_signal(a, 2 * step - 1);
     if (!pipe_wait(a, 2 * step - 1)) return;
-    // 2. The own share: combined (or taken from the root), kept, and pushed to every rank.
+    // 2. The own share: combined, kept, and pushed to every rank.
     {
       uint64_t b, e;
       split(elems, n, me, 16, b, e);
       const T* srcs[8];
       uint32_t nsrc = 0;
-      if (BROADCAST) {
-        srcs[nsrc++] = me == a.root ? send + base + b
-                                    : reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, a.root));
-      } else {
-        srcs[nsrc++] = send + base + b;
-        for (uint32_t k = 1; k < n; ++k) {
-          srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, (me + k) % n));
-        }
+      srcs[nsrc++] = send + base + b;
+      for (uint32_t k = 1; k < n; ++k) {
+        srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, (me + k) % n));
       }
       T* outs[8];
       uint32_t nout = 0;
       for (uint32_t k = 1; k < n; ++k) {
         outs[nout++] = reinterpret_cast<T*>(pipe_slot(a, (me + k) % n, parity, PIPE_RESULTS, me));
       }
-      T* dst = recv + base + b;
-      if (BROADCAST && me == a.root && dst == srcs[0]) {
-        // In place on the root: the share is already in place; only push it.
-        for (uint32_t o = 0; o < nout; ++o) put(outs[o], srcs[0], (e - b) * sizeof(T), threadIdx.x, blockDim.x);
-      } else {
-        reduce_to<Op, T>(dst, outs, nout, srcs, nsrc, e - b, avg);
-      }
+      reduce_to<Op, T>(recv + base + b, outs, nout, srcs, nsrc, e - b, avg);
     }
     pipe_signal(a, 2 * step);
     if (!pipe_wait(a, 2 * step)) return;
@@ -202,6 +198,78 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
       uint64_t b, e;
       split(elems, n, p, 16, b, e);
       copy(recv + base + b, pipe_slot(a, me, parity, PIPE_RESULTS, p), (e - b) * sizeof(T), threadIdx.x, blockDim.x);
+    }
+  }
+  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  finish(a, epoch, 0, 1);
+}
+
+// Relay broadcast (medium and large messages): the root scatters each tile over the other
+// ranks (share j to relay j, the j-th rank after the root), and every relay forwards its share
+// to the other relays. The root sends the message once and every relay receives it once, as
+// in a chain, but in two hops instead of n - 1, and no rank sends more than the root. On 2
+// GPUs there is nothing to forward and a step is one round (push, signal and wait 2s, drain).
+// On 3+ GPUs a step is two rounds: the root pushes, everyone signals and waits 2s - 1, the
+// relays forward and keep their share, everyone signals 2s, the relays wait 2s and drain. The
+// root does not wait 2s: its next write (step s + 1, the other parity) already waits 2s + 1,
+// which proves every relay finished step s. `count` is bytes.
+WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint32_t n = a.world, me = a.rank, root = a.root;
+  const bool is_root = me == root;
+  const uint32_t relays = n - 1;
+  const uint32_t relay = (me + n - root) % n - 1;  // this rank's share (relays only)
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  if (!pipe_grid_fits(a, epoch)) return;
+  uint64_t step = *pipe_steps(a);
+  const uint64_t tile = n > 1 ? pipe_share<uint8_t>(a, a.count, relays) * relays : a.count;
+  const uint64_t tiles = n > 1 ? (a.count + tile - 1) / tile : 0;
+  if (n == 1 && blockIdx.x == 0 && recv != send) copy(recv, send, a.count, threadIdx.x, blockDim.x);
+  for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
+    ++step;
+    const uint32_t parity = uint32_t(step & 1);
+    const uint64_t base = i * tile;
+    const uint64_t elems = a.count - base < tile ? a.count - base : tile;
+    // 1. The root scatters the tile over the relays' inboxes and keeps its own copy.
+    if (is_root) {
+      for (uint32_t j = 0; j < relays; ++j) {
+        uint64_t b, e;
+        split(elems, relays, j, 16, b, e);
+        put(pipe_slot(a, (root + 1 + j) % n, parity, PIPE_INBOX, root), send + base + b, e - b, threadIdx.x,
+            blockDim.x);
+      }
+      if (recv != send) copy(recv + base, send + base, elems, threadIdx.x, blockDim.x);
+    }
+    if (n == 2) {
+      pipe_signal(a, 2 * step);
+      if (!pipe_wait(a, 2 * step)) return;
+      if (!is_root) copy(recv + base, pipe_slot(a, me, parity, PIPE_INBOX, root), elems, threadIdx.x, blockDim.x);
+      continue;
+    }
+    pipe_signal(a, 2 * step - 1);
+    if (!pipe_wait(a, 2 * step - 1)) return;
+    // 2. A relay keeps its share and forwards it to the other relays' results.
+    if (!is_root) {
+      uint64_t b, e;
+      split(elems, relays, relay, 16, b, e);
+      const char* mine = pipe_slot(a, me, parity, PIPE_INBOX, root);
+      for (uint32_t k = 1; k < relays; ++k) {
+        const uint32_t q = (root + 1 + (relay + k) % relays) % n;
+        put(pipe_slot(a, q, parity, PIPE_RESULTS, me), mine, e - b, threadIdx.x, blockDim.x);
+      }
+      copy(recv + base + b, mine, e - b, threadIdx.x, blockDim.x);
+    }
+    pipe_signal(a, 2 * step);
+    if (is_root) continue;
+    if (!pipe_wait(a, 2 * step)) return;
+    // 3. The other relays' shares from the own results slots.
+    for (uint32_t k = 1; k < relays; ++k) {
+      const uint32_t j = (relay + k) % relays;
+      uint64_t b, e;
+      split(elems, relays, j, 16, b, e);
+      copy(recv + base + b, pipe_slot(a, me, parity, PIPE_RESULTS, (root + 1 + j) % n), e - b, threadIdx.x,
+           blockDim.x);
     }
   }
   if (threadIdx.x == 0) *pipe_steps(a) = step;
@@ -321,11 +389,9 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
       if (recv + base != from) copy(recv + base, from, bytes, threadIdx.x, blockDim.x);
       __syncthreads();
       if (threadIdx.x == 0 && !last_link) {
-        __threadfence_system();
         atomic_store_release_sys(pipe_flag(a, next, blockIdx.x, me), 2 * step - 1);
       }
       if (threadIdx.x == 1 && !first_link) {
-        __threadfence_system();
         atomic_store_release_sys(pipe_flag(a, prev, blockIdx.x, me), 2 * step - 1);
       }
     }
@@ -337,7 +403,7 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
 
 template <typename Op, typename T>
 struct AllReducePipelined {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { two_round<Op, T, false>(a); }
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { two_round<Op, T>(a); }
 };
 template <typename Op, typename T>
 struct ReduceScatterPipelined {
@@ -351,13 +417,7 @@ WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_pipelined, AllReducePipelined)
 WEAVE_FOR_EACH_REDUCING_TYPE(reduce_scatter_pipelined, ReduceScatterPipelined)
 
 // Data movement: `count` is bytes.
-WEAVE_KERNEL weave_broadcast_chain(weave::GpuCollectiveArgs a) { weave::coll::broadcast_chain(a); }
-WEAVE_KERNEL weave_broadcast_pipelined(weave::GpuCollectiveArgs a) {
-  weave::coll::two_round<weave::Sum, weave::uint8_t, true>(a);
-}
-WEAVE_KERNEL weave_all_gather_pipelined(weave::GpuCollectiveArgs a) {
-  weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>(a);
-}
-WEAVE_KERNEL weave_all_to_all_pipelined(weave::GpuCollectiveArgs a) {
-  weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>(a);
-}
+WEAVE_KERNEL(weave_broadcast_chain, weave::coll::broadcast_chain)
+WEAVE_KERNEL(weave_broadcast_pipelined, weave::coll::broadcast_relay)
+WEAVE_KERNEL(weave_all_gather_pipelined, weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>)
+WEAVE_KERNEL(weave_all_to_all_pipelined, weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>)

@@ -20,7 +20,8 @@ pub struct GpuCollectiveArgs {
     /// Every rank's workspace, as mapped on this GPU (own at `rank`).
     pub peers: [u64; MAX_GPU_RANKS],
     /// All-to-all-v: device arrays of send counts, send displacements, recv counts, recv
-    /// displacements (bytes, one u64 per rank).
+    /// displacements (bytes, one u64 per rank). Block-pipelined kernels: `aux[0]` is the
+    /// least number of steps (tiles) per block they aim for.
     pub aux: [u64; 4],
     /// LL16 packets per (writer, parity).
     pub packet_capacity: u64,

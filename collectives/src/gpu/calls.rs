@@ -8,7 +8,7 @@ use comm_core::config::LogLevel;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::GpuCollectiveArgs;
+use super::{GpuCollectiveArgs, Kernel};
 use crate::communicator::Communicator;
 use crate::dtype::{DataType, Element};
 use crate::op::ReduceOp;
@@ -23,6 +23,12 @@ fn op_code(op: ReduceOp) -> u32 {
         ReduceOp::Avg => 4,
     }
 }
+
+/// From this size on, the relay broadcast on 3+ GPUs cuts each block's part into at least two
+/// tiles, so the root's scatter of one overlaps the relays' forwarding of the other (4 × H200:
+/// 16 MiB 67 µs instead of 73; below, one tile per block is faster; at 64 MiB and more the slot
+/// size already makes many tiles).
+const RELAY_TWO_STEPS_FROM: usize = 16 << 20;
 
 /// What one device call asks for.
 struct DeviceCall {
@@ -98,34 +104,35 @@ impl Communicator {
         if algo == Algorithm::TwoShot && packets.div_ceil(n) > capacity / 2 {
             algo = Algorithm::TwoPhase;
         }
-        let dt = call.dtype.rust_name();
+        let dt = call.dtype;
         use Algorithm::{OneShot, Ring, TwoShot};
         use Collective::*;
+        let typed = |family| Kernel::typed(family, dt);
+        let bytes = call.count * esz;
         let (kernel, count, blocks) = match (call.collective, algo) {
-            (AllReduce, OneShot) => (format!("weave_all_reduce_ll_{dt}"), call.count, g.packet_blocks(packets)),
-            (AllReduce, TwoShot) => (format!("weave_all_reduce_two_shot_{dt}"), call.count, g.packet_blocks(packets)),
-            (AllReduce, _) => (format!("weave_all_reduce_pipelined_{dt}"), call.count, g.pipeline_blocks(call.bytes)),
-            (ReduceScatter, OneShot) => (format!("weave_reduce_scatter_ll_{dt}"), call.count, g.packet_blocks(packets)),
-            (ReduceScatter, _) => {
-                (format!("weave_reduce_scatter_pipelined_{dt}"), call.count, g.pipeline_blocks(call.bytes))
-            }
-            (Reduce, OneShot) => (format!("weave_reduce_ll_{dt}"), call.count, g.packet_blocks(packets)),
-            (Reduce, _) => (format!("weave_reduce_{dt}"), call.count, g.blocks_for(call.bytes)),
-            (AllGather, OneShot) => ("weave_all_gather_ll".into(), call.count * esz, g.packet_blocks(packets)),
-            (AllGather, _) => ("weave_all_gather_pipelined".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
-            (Broadcast, OneShot) => ("weave_broadcast_ll".into(), call.count * esz, g.packet_blocks(packets)),
-            (Broadcast, Ring) => ("weave_broadcast_chain".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
-            (Broadcast, _) => ("weave_broadcast_pipelined".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
-            (AllToAll, OneShot) => ("weave_all_to_all_ll".into(), call.count * esz, g.packet_blocks(packets)),
-            (AllToAll, _) => ("weave_all_to_all_pipelined".into(), call.count * esz, g.pipeline_blocks(call.bytes)),
-            (AllToAllv, _) => ("weave_all_to_allv".into(), esz, g.blocks_for(call.bytes)),
+            (AllReduce, OneShot) => (typed("weave_all_reduce_ll"), call.count, g.packet_blocks(packets)),
+            (AllReduce, TwoShot) => (typed("weave_all_reduce_two_shot"), call.count, g.packet_blocks(packets)),
+            (AllReduce, _) => (typed("weave_all_reduce_pipelined"), call.count, g.pipeline_blocks(call.bytes)),
+            (ReduceScatter, OneShot) => (typed("weave_reduce_scatter_ll"), call.count, g.packet_blocks(packets)),
+            (ReduceScatter, _) => (typed("weave_reduce_scatter_pipelined"), call.count, g.pipeline_blocks(call.bytes)),
+            (Reduce, OneShot) => (typed("weave_reduce_ll"), call.count, g.packet_blocks(packets)),
+            (Reduce, _) => (typed("weave_reduce"), call.count, g.blocks_for(call.bytes)),
+            (AllGather, OneShot) => (Kernel::untyped("weave_all_gather_ll"), bytes, g.packet_blocks(packets)),
+            (AllGather, _) => (Kernel::untyped("weave_all_gather_pipelined"), bytes, g.pipeline_blocks(call.bytes)),
+            (Broadcast, OneShot) => (Kernel::untyped("weave_broadcast_ll"), bytes, g.packet_blocks(packets)),
+            (Broadcast, Ring) => (Kernel::untyped("weave_broadcast_chain"), bytes, g.pipeline_blocks(call.bytes)),
+            (Broadcast, _) => (Kernel::untyped("weave_broadcast_pipelined"), bytes, g.pipeline_blocks(call.bytes)),
+            (AllToAll, OneShot) => (Kernel::untyped("weave_all_to_all_ll"), bytes, g.packet_blocks(packets)),
+            (AllToAll, _) => (Kernel::untyped("weave_all_to_all_pipelined"), bytes, g.pipeline_blocks(call.bytes)),
+            (AllToAllv, _) => (Kernel::untyped("weave_all_to_allv"), esz, g.blocks_for(call.bytes)),
         };
         if self.core().config().logs(LogLevel::Info) {
             eprintln!(
-                "weave[{}]: {} of {} B on {n} GPUs -> {algo} ({kernel})",
+                "weave[{}]: {} of {} B on {n} GPUs -> {algo} ({})",
                 self.rank(),
                 call.collective,
-                call.bytes
+                call.bytes,
+                kernel.name()
             );
         }
         let mut args: GpuCollectiveArgs = g.args();
@@ -135,8 +142,18 @@ impl Communicator {
         args.root = call.root as u32;
         args.op = call.op.map_or(0, op_code);
         args.aux = call.aux;
+        if kernel.is_pipelined() {
+            let mut steps = g.pipeline_steps();
+            if (call.collective, algo) == (Broadcast, Algorithm::TwoPhase)
+                && n >= 3
+                && call.bytes >= RELAY_TWO_STEPS_FROM
+            {
+                steps = steps.max(2);
+            }
+            args.aux[0] = u64::from(steps);
+        }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { g.launch(&kernel, args, blocks, stream) }
+        unsafe { g.launch(kernel, args, blocks, stream) }
     }
 
     /// All-reduce of `count` elements of `dtype` at device address `send` into `recv` (may be
@@ -338,7 +355,7 @@ impl Communicator {
         }
         let blocks = g.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { g.launch("weave_sendrecv", args, blocks, stream) }
+        unsafe { g.launch(Kernel::untyped("weave_sendrecv"), args, blocks, stream) }
     }
 
     /// Typed all-reduce over cudarc buffers (`send` and `recv` of equal length).

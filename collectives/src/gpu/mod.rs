@@ -12,9 +12,11 @@ pub mod args;
 mod calls;
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::dtype::DataType;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::config::LogLevel;
 #[cfg(test)]
@@ -58,6 +60,9 @@ const PIPE_MAX_AREA_BYTES: usize = 256 << 20;
 /// Least message bytes per block of a pipelined kernel: smaller messages use fewer blocks.
 const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
 
+/// Least tiles per block a block-pipelined kernel aims for (`WEAVE_GPU_STEPS`).
+const DEFAULT_PIPE_STEPS: u32 = 1;
+
 /// The full NVRTC program: headers, the launch configuration the kernels are built for, the
 /// collective kernels, and every layout check.
 pub fn program() -> String {
@@ -79,13 +84,18 @@ fn with_host_constants(source: &str) -> String {
 pub(crate) struct GpuEngine {
     ctx: Arc<CudaContext>,
     module: Arc<KernelModule>,
-    functions: HashMap<String, CudaFunction>,
+    functions: HashMap<Kernel, CudaFunction>,
     workspaces: Vec<RegisteredMemory>,
     status: DeviceStatus,
     layout: WorkspaceLayout,
     max_blocks: u32,
     pipeline_blocks: u32,
     arch: Option<u32>,
+    /// Launch as programmatic dependents of the previous kernel on the stream (sm_90+, the
+    /// kernels then start with griddepcontrol.wait; `WEAVE_GPU_OVERLAP`).
+    overlap_launches: bool,
+    /// Least tiles per block of the pipelined kernels, agreed by every rank (`aux[0]`).
+    pipeline_steps: u32,
     rank: usize,
     timeout: Duration,
     broken: Option<String>,
@@ -130,24 +140,27 @@ impl GpuEngine {
         let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
         let wanted_tile = core.config().gpu_pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
         let wanted_packets = core.config().gpu_packets.unwrap_or(PACKET_CAPACITY);
-        let mut gpu_facts = Vec::with_capacity(20);
+        let wanted_steps = core.config().gpu_pipeline_steps.unwrap_or(DEFAULT_PIPE_STEPS);
+        let mut gpu_facts = Vec::with_capacity(24);
         let words = [
             sms.max(1) as u32,
             arch_number.unwrap_or(0),
             wanted_blocks,
             (wanted_tile / 256) as u32,
             wanted_packets as u32,
+            wanted_steps,
         ];
         for word in words {
             gpu_facts.extend_from_slice(&word.to_le_bytes());
         }
         let (mut max_blocks, mut pipeline_blocks, mut tile) = (u32::MAX, PIPE_MAX_BLOCKS, usize::MAX);
         let mut packet_capacity = usize::MAX;
+        let mut pipeline_steps = u32::MAX;
         let mut archs = Vec::with_capacity(world);
         for v in core.bootstrap().all_gather(&gpu_facts)? {
             let word = |i: usize| -> Result<u32> {
                 let b: [u8; 4] = v.get(4 * i..4 * i + 4).and_then(|b| b.try_into().ok()).ok_or_else(|| {
-                    Error::Protocol(format!("GPU setup: a peer sent {} bytes instead of 20 for its GPU", v.len()))
+                    Error::Protocol(format!("GPU setup: a peer sent {} bytes instead of 24 for its GPU", v.len()))
                 })?;
                 Ok(u32::from_le_bytes(b))
             };
@@ -156,7 +169,11 @@ impl GpuEngine {
             pipeline_blocks = pipeline_blocks.min(word(2)?.max(1));
             tile = tile.min(word(3)? as usize * 256);
             packet_capacity = packet_capacity.min(word(4)? as usize);
+            pipeline_steps = pipeline_steps.min(word(5)?.max(1));
         }
+        // The kernels wait for their predecessor themselves on sm_90 and later (the program is
+        // compiled for this GPU's own architecture), so this rank may overlap its launches.
+        let overlap_launches = core.config().gpu_overlap_launches && arch_number.is_some_and(|a| a >= 90);
         let arch_number = arch_number.filter(|a| archs.iter().all(|b| b == a));
         let pipeline_blocks = pipeline_blocks.min(max_blocks);
         let layout = WorkspaceLayout {
@@ -188,6 +205,8 @@ impl GpuEngine {
             max_blocks,
             pipeline_blocks,
             arch: arch_number,
+            overlap_launches,
+            pipeline_steps,
             rank: core.rank(),
             timeout: core.config().timeout,
             broken: None,
@@ -264,30 +283,40 @@ impl GpuEngine {
         (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks).min(PACKET_MAX_BLOCKS)
     }
 
+    /// The least tiles per block the pipelined kernels aim for (their `aux[0]`).
+    pub(crate) fn pipeline_steps(&self) -> u32 {
+        self.pipeline_steps
+    }
+
     /// Blocks for a block-pipelined kernel over a `bytes`-byte message: at least
     /// `PIPE_MIN_BYTES_PER_BLOCK` per block, at most `WEAVE_GPU_BLOCKS` (64 by default).
     pub(crate) fn pipeline_blocks(&self, bytes: usize) -> u32 {
         (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
     }
 
-    /// Launches `kernel` with `args` on `stream`.
+    /// Launches `kernel` with `args` on `stream`. The function is looked up by name once per
+    /// communicator; later calls find it by its typed key without building the name.
     ///
     /// # Safety
     /// Every device address in `args` must be valid for what the kernel does with it until the
     /// kernel completes on `stream`.
     pub(crate) unsafe fn launch(
         &mut self,
-        kernel: &str,
+        kernel: Kernel,
         args: GpuCollectiveArgs,
         blocks: u32,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         self.check()?;
-        if !self.functions.contains_key(kernel) {
-            let f = self.module.function(kernel)?;
-            self.functions.insert(kernel.to_string(), f);
+        let f = match self.functions.entry(kernel) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => e.insert(self.module.function(&kernel.name())?),
+        };
+        if self.overlap_launches {
+            // SAFETY: forwarded from the caller.
+            return unsafe { launch_overlapped(&self.ctx, f, &args, blocks, stream) }
+                .map_err(|e| Error::Cuda { operation: format!("launch {} (overlapped)", kernel.name()), message: e });
         }
-        let f = &self.functions[kernel];
         let cfg =
             LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 };
         let mut launch = stream.launch_builder(f);
@@ -296,7 +325,83 @@ impl GpuEngine {
         // compile time); the caller guarantees the addresses inside it.
         unsafe { launch.launch(cfg) }
             .map(|_| ())
-            .map_err(|e| Error::Cuda { operation: format!("launch {kernel}"), message: e.to_string() })
+            .map_err(|e| Error::Cuda { operation: format!("launch {}", kernel.name()), message: e.to_string() })
+    }
+}
+
+/// Launches `f(args)` on `stream` with programmatic stream serialization: the GPU may start it
+/// while the kernel before it on the stream still runs (every collective kernel waits for its
+/// predecessor in its first instruction, `await_previous_kernels` in collectives.cu).
+///
+/// # Safety
+/// `f` must take exactly one `GpuCollectiveArgs` parameter and begin with that wait; the
+/// addresses in `args` must be valid as for [`GpuEngine::launch`].
+unsafe fn launch_overlapped(
+    ctx: &Arc<CudaContext>,
+    f: &CudaFunction,
+    args: &GpuCollectiveArgs,
+    blocks: u32,
+    stream: &Arc<CudaStream>,
+) -> std::result::Result<(), String> {
+    use cudarc::driver::sys;
+    ctx.bind_to_thread().map_err(|e| e.to_string())?;
+    let mut attribute = sys::CUlaunchAttribute {
+        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
+        pad: [0; 4],
+        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
+    };
+    attribute.value.programmaticStreamSerializationAllowed = 1;
+    let config = sys::CUlaunchConfig {
+        gridDimX: blocks.max(1),
+        gridDimY: 1,
+        gridDimZ: 1,
+        blockDimX: BLOCK_THREADS,
+        blockDimY: 1,
+        blockDimZ: 1,
+        sharedMemBytes: 0,
+        hStream: stream.cu_stream(),
+        attrs: &mut attribute,
+        numAttrs: 1,
+    };
+    let mut params = [std::ptr::from_ref(args).cast_mut().cast::<std::ffi::c_void>()];
+    // SAFETY: config and params outlive the call (the driver copies the parameter block);
+    // the caller guarantees the kernel's signature and the addresses inside `args`.
+    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
+        .result()
+        .map_err(|e| e.to_string())
+}
+
+/// A kernel of the collectives program: a family (`weave_all_reduce_ll`) and, for the reducing
+/// families, the element type its name ends with (`weave_all_reduce_ll_f32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct Kernel {
+    family: &'static str,
+    dtype: Option<DataType>,
+}
+
+impl Kernel {
+    /// A data-movement kernel, named by its family alone.
+    pub(crate) const fn untyped(family: &'static str) -> Self {
+        Kernel { family, dtype: None }
+    }
+
+    /// A reducing kernel instantiated for `dtype`.
+    pub(crate) const fn typed(family: &'static str, dtype: DataType) -> Self {
+        Kernel { family, dtype: Some(dtype) }
+    }
+
+    /// Whether it is a block-pipelined kernel (pipeline.cu), which reads its steps-per-block
+    /// target from `aux[0]`.
+    pub(crate) fn is_pipelined(&self) -> bool {
+        self.family.ends_with("_pipelined") || self.family == "weave_broadcast_chain"
+    }
+
+    /// The kernel's name in the program.
+    pub(crate) fn name(&self) -> String {
+        match self.dtype {
+            Some(t) => format!("{}_{}", self.family, t.rust_name()),
+            None => self.family.to_string(),
+        }
     }
 }
 

@@ -41,6 +41,33 @@ WEAVE_DEVICE bool read_ll16(const LL16Packet* p, uint32_t flag, const DeviceStat
   return spin_until([&] { return try_read_ll16(p, flag, out); }, status, DeviceError::PacketTimeout);
 }
 
+// Bounded wait for several LL16 packets at once: packet i (bit i of `mask`, i < MAX) is at(i);
+// out[i] gets its data. Each pass loads every packet still missing before looking at any, so
+// the waits for different writers overlap instead of adding up (one memory round trip for all
+// of them when they already arrived). False (PacketTimeout or Aborted reported) when it gave up.
+template <uint32_t MAX, typename At>
+WEAVE_DEVICE bool read_ll16_each(At at, uint32_t mask, uint32_t flag, const DeviceStatusHandle& status,
+                                 uint64_t (&out)[MAX]) {
+  uint32_t pending = mask;
+  return spin_until(
+      [&] {
+        uint32_t d1[MAX], f1[MAX], d2[MAX], f2[MAX];
+#pragma unroll
+        for (uint32_t i = 0; i < MAX; ++i) {
+          if (pending >> i & 1) load_volatile_v4(&at(i)->data1, d1[i], f1[i], d2[i], f2[i]);
+        }
+#pragma unroll
+        for (uint32_t i = 0; i < MAX; ++i) {
+          if ((pending >> i & 1) && f1[i] == flag && f2[i] == flag) {
+            out[i] = static_cast<uint64_t>(d1[i]) | (static_cast<uint64_t>(d2[i]) << 32);
+            pending &= ~(1u << i);
+          }
+        }
+        return pending == 0;
+      },
+      status, DeviceError::PacketTimeout);
+}
+
 // Writes 4 bytes of data and the flag with one 8-byte store.
 WEAVE_DEVICE void write_ll8(LL8Packet* p, uint32_t data, uint32_t flag) {
   store_volatile_v2(&p->data, data, flag);
