@@ -30,6 +30,17 @@ fn op_code(op: ReduceOp) -> u32 {
 /// size already makes many tiles).
 const RELAY_TWO_STEPS_FROM: usize = 16 << 20;
 
+/// How a kernel family sizes its grid (and, pipelined, how many tiles per block it aims for).
+enum Grid {
+    /// LL packet kernels: one thread per packet, up to the packet block limit.
+    Packets,
+    /// Block-pipelined kernels: blocks by message size, at least `min_steps` tiles per block
+    /// (or `WEAVE_GPU_STEPS`, whichever is more).
+    Pipelined { min_steps: u32 },
+    /// Flag-phase kernels: blocks by message size, at most one per SM.
+    Flags,
+}
+
 /// What one device call asks for.
 struct DeviceCall {
     collective: Collective,
@@ -107,24 +118,34 @@ impl Communicator {
         let dt = call.dtype;
         use Algorithm::{OneShot, Ring, TwoShot};
         use Collective::*;
+        use Grid::{Flags, Packets, Pipelined};
         let typed = |family| Kernel::typed(family, dt);
+        let untyped = Kernel::untyped;
         let bytes = call.count * esz;
-        let (kernel, count, blocks) = match (call.collective, algo) {
-            (AllReduce, OneShot) => (typed("weave_all_reduce_ll"), call.count, g.packet_blocks(packets)),
-            (AllReduce, TwoShot) => (typed("weave_all_reduce_two_shot"), call.count, g.packet_blocks(packets)),
-            (AllReduce, _) => (typed("weave_all_reduce_pipelined"), call.count, g.pipeline_blocks(call.bytes)),
-            (ReduceScatter, OneShot) => (typed("weave_reduce_scatter_ll"), call.count, g.packet_blocks(packets)),
-            (ReduceScatter, _) => (typed("weave_reduce_scatter_pipelined"), call.count, g.pipeline_blocks(call.bytes)),
-            (Reduce, OneShot) => (typed("weave_reduce_ll"), call.count, g.packet_blocks(packets)),
-            (Reduce, _) => (typed("weave_reduce"), call.count, g.blocks_for(call.bytes)),
-            (AllGather, OneShot) => (Kernel::untyped("weave_all_gather_ll"), bytes, g.packet_blocks(packets)),
-            (AllGather, _) => (Kernel::untyped("weave_all_gather_pipelined"), bytes, g.pipeline_blocks(call.bytes)),
-            (Broadcast, OneShot) => (Kernel::untyped("weave_broadcast_ll"), bytes, g.packet_blocks(packets)),
-            (Broadcast, Ring) => (Kernel::untyped("weave_broadcast_chain"), bytes, g.pipeline_blocks(call.bytes)),
-            (Broadcast, _) => (Kernel::untyped("weave_broadcast_pipelined"), bytes, g.pipeline_blocks(call.bytes)),
-            (AllToAll, OneShot) => (Kernel::untyped("weave_all_to_all_ll"), bytes, g.packet_blocks(packets)),
-            (AllToAll, _) => (Kernel::untyped("weave_all_to_all_pipelined"), bytes, g.pipeline_blocks(call.bytes)),
-            (AllToAllv, _) => (Kernel::untyped("weave_all_to_allv"), esz, g.blocks_for(call.bytes)),
+        let (kernel, count, grid) = match (call.collective, algo) {
+            (AllReduce, OneShot) => (typed("weave_all_reduce_ll"), call.count, Packets),
+            (AllReduce, TwoShot) => (typed("weave_all_reduce_two_shot"), call.count, Packets),
+            (AllReduce, _) => (typed("weave_all_reduce_pipelined"), call.count, Pipelined { min_steps: 1 }),
+            (ReduceScatter, OneShot) => (typed("weave_reduce_scatter_ll"), call.count, Packets),
+            (ReduceScatter, _) => (typed("weave_reduce_scatter_pipelined"), call.count, Pipelined { min_steps: 1 }),
+            (Reduce, OneShot) => (typed("weave_reduce_ll"), call.count, Packets),
+            (Reduce, _) => (typed("weave_reduce"), call.count, Flags),
+            (AllGather, OneShot) => (untyped("weave_all_gather_ll"), bytes, Packets),
+            (AllGather, _) => (untyped("weave_all_gather_pipelined"), bytes, Pipelined { min_steps: 1 }),
+            (Broadcast, OneShot) => (untyped("weave_broadcast_ll"), bytes, Packets),
+            (Broadcast, Ring) => (untyped("weave_broadcast_chain"), bytes, Pipelined { min_steps: 1 }),
+            (Broadcast, _) => {
+                let min_steps = if n >= 3 && call.bytes >= RELAY_TWO_STEPS_FROM { 2 } else { 1 };
+                (untyped("weave_broadcast_pipelined"), bytes, Pipelined { min_steps })
+            }
+            (AllToAll, OneShot) => (untyped("weave_all_to_all_ll"), bytes, Packets),
+            (AllToAll, _) => (untyped("weave_all_to_all_pipelined"), bytes, Pipelined { min_steps: 1 }),
+            (AllToAllv, _) => (untyped("weave_all_to_allv"), esz, Flags),
+        };
+        let (blocks, steps) = match grid {
+            Packets => (g.packet_blocks(packets), None),
+            Pipelined { min_steps } => (g.pipeline_blocks(call.bytes), Some(g.pipeline_steps().max(min_steps))),
+            Flags => (g.blocks_for(call.bytes), None),
         };
         if self.core().config().logs(LogLevel::Info) {
             eprintln!(
@@ -142,14 +163,8 @@ impl Communicator {
         args.root = call.root as u32;
         args.op = call.op.map_or(0, op_code);
         args.aux = call.aux;
-        if kernel.is_pipelined() {
-            let mut steps = g.pipeline_steps();
-            if (call.collective, algo) == (Broadcast, Algorithm::TwoPhase)
-                && n >= 3
-                && call.bytes >= RELAY_TWO_STEPS_FROM
-            {
-                steps = steps.max(2);
-            }
+        if let Some(steps) = steps {
+            // The pipelined kernels read their steps-per-block target from aux[0].
             args.aux[0] = u64::from(steps);
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.

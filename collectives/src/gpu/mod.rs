@@ -390,12 +390,6 @@ impl Kernel {
         Kernel { family, dtype: Some(dtype) }
     }
 
-    /// Whether it is a block-pipelined kernel (pipeline.cu), which reads its steps-per-block
-    /// target from `aux[0]`.
-    pub(crate) fn is_pipelined(&self) -> bool {
-        self.family.ends_with("_pipelined") || self.family == "weave_broadcast_chain"
-    }
-
     /// The kernel's name in the program.
     pub(crate) fn name(&self) -> String {
         match self.dtype {
