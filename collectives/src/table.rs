@@ -251,8 +251,8 @@ pub const DEVICE_ROWS: &[Row] = {
         device(HOPPER, AllGather, (3, 9), (0, 2 * M), OneShot),
         device(HOPPER, ReduceScatter, (3, 9), (0, 2 * M), OneShot),
         device(HOPPER, AllToAll, (3, 9), (0, 2 * M), OneShot),
-        device(HOPPER, Broadcast, (3, 9), (0, M), OneShot),
-        device(HOPPER, Broadcast, (3, 9), (64 * M, ANY), Ring),
+        device(HOPPER, Broadcast, (3, 9), (0, 512 * K), OneShot),
+        device(HOPPER, Broadcast, (3, 9), (512 * K, ANY), Ring),
         // Any GPU.
         device(ANY_GPU, AllReduce, (1, 9), (0, 64 * K), OneShot),
         device(ANY_GPU, AllReduce, (1, 9), (0, M), TwoShot),
@@ -419,6 +419,8 @@ mod tests {
         assert_eq!(sel(Collective::AllReduce, 4, 512 << 10), Algorithm::TwoShot);
         assert_eq!(sel(Collective::AllReduce, 4, 1 << 30), Algorithm::TwoPhase);
         assert_eq!(sel(Collective::Broadcast, 4, 8), Algorithm::OneShot);
+        assert_eq!(sel(Collective::Broadcast, 4, 256 << 10), Algorithm::OneShot);
+        assert_eq!(sel(Collective::Broadcast, 4, 512 << 10), Algorithm::Ring);
         assert_eq!(sel(Collective::Broadcast, 4, 1 << 30), Algorithm::Ring);
         assert_eq!(sel(Collective::Broadcast, 2, 1 << 30), Algorithm::TwoPhase);
         for c in Collective::ALL {

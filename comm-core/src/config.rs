@@ -12,6 +12,7 @@
 //! | `WEAVE_GPU_PACKETS` | LL packets (8 bytes of payload each) per peer and parity (4K–1M; a tuning knob) | 64K |
 //! | `WEAVE_GPU_TILE` | bytes one pipelined block moves per peer and step (4K–4M, multiple of 256; a tuning knob) | 128K |
 //! | `WEAVE_GPU_STEPS` | least tiles per block a block-pipelined GPU kernel aims for (1–16; a tuning knob) | 1 |
+//! | `WEAVE_GPU_SCHEDULE` | `lockstep` or `overlapped`: how the block-pipelined all-reduce, all-gather, reduce-scatter and all-to-all order their tiles (a tuning knob; the mix of ranks may differ) | per world size and message size |
 //! | `WEAVE_GPU_OVERLAP` | `1`/`0`: launch each GPU collective while the kernel before it on the stream still runs (programmatic dependent launch, sm_90+), hiding the launch latency | `1` |
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
@@ -58,6 +59,10 @@ pub struct Config {
     pub gpu_pipeline_tile: Option<usize>,
     /// Least tiles per block of a block-pipelined GPU kernel (`WEAVE_GPU_STEPS`, 1..=16).
     pub gpu_pipeline_steps: Option<u32>,
+    /// How the block-pipelined GPU kernels order their tiles (`WEAVE_GPU_SCHEDULE`): `Some(true)`
+    /// overlapped (push a tile, then finish earlier ones), `Some(false)` lockstep (consume each
+    /// tile right after it arrived), `None` as the table decides.
+    pub gpu_overlapped_schedule: Option<bool>,
     /// Whether GPU collectives launch as programmatic dependents of the kernel before them on
     /// the stream, where the GPU supports it (`WEAVE_GPU_OVERLAP`, default on).
     pub gpu_overlap_launches: bool,
@@ -75,6 +80,7 @@ impl Default for Config {
             gpu_pipeline_tile: None,
             gpu_packets: None,
             gpu_pipeline_steps: None,
+            gpu_overlapped_schedule: None,
             gpu_overlap_launches: true,
         }
     }
@@ -115,6 +121,9 @@ impl Config {
                 _ => return Err(Error::invalid(format!("WEAVE_GPU_STEPS={v:?}: expected a step count from 1 to 16"))),
             });
         }
+        if let Some(v) = var("WEAVE_GPU_SCHEDULE") {
+            c.gpu_overlapped_schedule = Some(parse_gpu_schedule(&v)?);
+        }
         if let Some(v) = var("WEAVE_GPU_OVERLAP") {
             c.gpu_overlap_launches = parse_switch(&v).map_err(|e| Error::invalid(format!("WEAVE_GPU_OVERLAP: {e}")))?;
         }
@@ -143,6 +152,15 @@ fn parse_switch(v: &str) -> std::result::Result<bool, String> {
         "1" | "on" | "true" | "yes" => Ok(true),
         "0" | "off" | "false" | "no" => Ok(false),
         _ => Err(format!("{v:?} is not on/off (1, 0, on, off, true, false, yes, no)")),
+    }
+}
+
+/// `overlapped` (true) or `lockstep` (false), any case.
+fn parse_gpu_schedule(v: &str) -> Result<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "overlapped" => Ok(true),
+        "lockstep" => Ok(false),
+        _ => Err(Error::invalid(format!("WEAVE_GPU_SCHEDULE={v:?}: expected lockstep or overlapped"))),
     }
 }
 
@@ -266,6 +284,14 @@ mod tests {
         assert_eq!(parse_gpu_packets("64K").unwrap(), 64 << 10);
         assert!(parse_gpu_packets("1K").is_err() && parse_gpu_packets("2M").is_err());
         assert!(parse_gpu_tile("1K").is_err() && parse_gpu_tile("8M").is_err() && parse_gpu_tile("5000").is_err());
+    }
+
+    #[test]
+    fn gpu_schedules_parse_and_anything_else_is_refused() {
+        assert!(parse_gpu_schedule(" Overlapped ").unwrap());
+        assert!(!parse_gpu_schedule("lockstep").unwrap());
+        let e = parse_gpu_schedule("fast").unwrap_err().to_string();
+        assert!(e.contains("WEAVE_GPU_SCHEDULE") && e.contains("lockstep or overlapped"), "{e}");
     }
 
     #[test]

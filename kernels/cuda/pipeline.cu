@@ -2,75 +2,110 @@
 // reduce-scatter and all-to-all (appended to collectives.cu, whose helpers it uses).
 //
 // The message is cut into tiles. Block b of every rank takes tiles b, b + B, b + 2B, … (B =
-// gridDim.x, equal on every rank) and synchronizes only with block b of the other ranks, so
-// blocks run at their own pace: while one block pushes, another reduces or drains, and the
-// links carry data in both directions at once. There is no grid-wide barrier and no entry
-// phase.
+// gridDim.x, equal on every rank) and talks only with block b of the other ranks, so blocks
+// run at their own pace. There is no grid-wide barrier and no entry phase.
+//
+// Steps and slots. Block b counts its steps (one per tile) in this rank's control block, u64
+// at 3072 + 8 b (b < 128). The counter outlives the kernel and is equal on every rank, because
+// every rank runs the same blocks over the same tiles. Step s uses the slot group s mod
+// PIPE_DEPTH of the block: an inbox and a results slot per writer.
+//
+// Flags. Three monotonic u64 per (block, kind, writer) in the owner's area, stored (release,
+// system scope) by the writer and polled (acquire) by the owner:
+//   INBOX_READY    the writer's data for step s is in the owner's inbox slots;
+//   RESULTS_READY  the writer's data for step s is in the owner's results slots;
+//   FREED          the writer (here the *reader* of its own slots) finished reading every slot
+//                  of step s, so the owner of this flag may write step s + PIPE_DEPTH there.
+// Before writing step s into rank q's slots a block waits until q's FREED reached
+// s - PIPE_DEPTH. Every kernel frees every step it used, so the rule holds across kernels of
+// every kind, and no kernel needs a barrier.
+//
+// Schedules. The credits let a block push tile t + 1 before its peers read tile t. The chain
+// and relay broadcasts and the "overlapped" schedule of the all-reduce and one-round kernels
+// use that: each pass pushes one tile and finishes earlier ones, then publishes everything the
+// pass did with one post (one system-scope fence for up to three flags), so what a pass waits
+// for was posted a pass earlier. Their "lockstep" schedule consumes each tile right after it
+// arrived (still in L2) instead. PIPE_DEPTH = 4 leaves two passes of slack for the overlapped
+// all-reduce, which frees step s at the end of the pass that pushes step s + 2.
 //
 // Pipe area (at a.pipe_offset in every workspace):
-//   [0, FLAGS)    flags: u64 at 8 * (8 b + w), stored (release, system scope) by block b of rank w
-//   [FLAGS, ...)  slots of a.pipe_share_bytes: [block][parity][inbox, results][writer]
-// Block b counts its steps (one step per tile) in this rank's control block, u64 at
-// 3072 + 8 b (b < 128). The counter outlives the kernel and is equal on every rank, because every rank
-// runs the same blocks over the same tiles. At step s a block signals 2s - 1 (two-round
-// kernels: inbox pushed) and 2s (step done on its side), so flags only grow, across kernels
-// of every kind.
-//
-// Chain step (broadcast on 3+ GPUs): see broadcast_chain. Relay step (broadcast): see
-// broadcast_relay. Two-round step (all-reduce): push shares into the owners' inboxes, signal
-// and wait 2s - 1, reduce the own share and push it into every rank's results, signal and
-// wait 2s, drain the results. One-round step (all-gather, reduce-scatter, all-to-all): push,
-// signal and wait 2s, drain the inbox.
-//
-// Slot reuse: slots of parity s & 1 are written again at step s + 2, and every write of step
-// s + 2 comes after a wait (the last of step s + 1, or the first of step s + 2) that proves the
-// owner finished step s, including its reads of those slots.
+//   [0, FLAGS)    flags: u64 at 8 * ((3 b + kind) * 8 + writer)
+//   [FLAGS, ...)  slots of a.pipe_share_bytes: [block][depth][inbox, results][writer]
 
 namespace weave {
 namespace coll {
 
-// Both come from the host program builder (collectives::gpu::program), which sizes the area.
+// All three come from the host program builder (collectives::gpu::program), which sizes the area.
 constexpr uint32_t PIPE_MAX_BLOCKS = WEAVE_PIPE_MAX_BLOCKS;
+constexpr uint32_t PIPE_DEPTH = WEAVE_PIPE_DEPTH;
 constexpr uint64_t PIPE_FLAGS_BYTES = WEAVE_PIPE_FLAGS_BYTES;
 constexpr uint64_t PIPE_STEPS_OFFSET = 3072;
+constexpr uint32_t PIPE_FLAG_KINDS = 3;
 static_assert(PIPE_STEPS_OFFSET + 8 * PIPE_MAX_BLOCKS <= PACKETS_OFFSET, "step counters overlap the packets");
-static_assert(PIPE_FLAGS_BYTES >= 8 * 8 * PIPE_MAX_BLOCKS, "pipe flags too small");
+static_assert(PIPE_FLAGS_BYTES >= 8 * 8 * PIPE_FLAG_KINDS * PIPE_MAX_BLOCKS, "pipe flags too small");
+static_assert(PIPE_DEPTH >= 3, "the all-reduce frees a step two passes after pushing it");
 constexpr uint32_t PIPE_INBOX = 0;
 constexpr uint32_t PIPE_RESULTS = 1;
+enum PipeFlag : uint32_t { INBOX_READY = 0, RESULTS_READY = 1, FREED = 2 };
 
-WEAVE_DEVICE uint64_t* pipe_flag(const GpuCollectiveArgs& a, uint32_t owner, uint32_t block, uint32_t writer) {
-  return as_ptr<uint64_t>(a.peers[owner] + a.pipe_offset + (uint64_t(block) * 8 + writer) * 8);
+// Flag `kind` of `writer` for block `block` in `owner`'s area.
+WEAVE_DEVICE uint64_t* pipe_flag(const GpuCollectiveArgs& a, uint32_t owner, uint32_t block, uint32_t kind,
+                                 uint32_t writer) {
+  return as_ptr<uint64_t>(a.peers[owner] + a.pipe_offset + ((uint64_t(block) * PIPE_FLAG_KINDS + kind) * 8 + writer) * 8);
 }
 
-// Slot of `writer` in `owner`'s pipe area.
-WEAVE_DEVICE char* pipe_slot(const GpuCollectiveArgs& a, uint32_t owner, uint32_t parity, uint32_t kind,
+// Slot of `writer` for step `step` in `owner`'s pipe area (this block's slots).
+WEAVE_DEVICE char* pipe_slot(const GpuCollectiveArgs& a, uint32_t owner, uint64_t step, uint32_t kind,
                              uint32_t writer) {
-  const uint64_t index = ((uint64_t(blockIdx.x) * 2 + parity) * 2 + kind) * a.world + writer;
+  const uint64_t index = ((uint64_t(blockIdx.x) * PIPE_DEPTH + step % PIPE_DEPTH) * 2 + kind) * a.world + writer;
   return as_ptr<char>(a.peers[owner] + a.pipe_offset + PIPE_FLAGS_BYTES + index * a.pipe_share_bytes);
 }
 
-// Publishes `value` to this block's flag in every peer's area, after every thread's writes.
-WEAVE_DEVICE void pipe_signal(const GpuCollectiveArgs& a, uint64_t value) {
+// Bit r set for every rank r but this one.
+WEAVE_DEVICE uint32_t pipe_peers(const GpuCollectiveArgs& a) { return ((1u << a.world) - 1) & ~(1u << a.rank); }
+
+// One flag to publish: `value` to flag `kind` in the area of every rank in `to` (a rank mask;
+// 0 publishes nothing).
+struct PipeNote {
+  uint32_t kind;
+  uint64_t value;
+  uint32_t to;
+};
+
+// Publishes up to three notes, after every thread's accesses so far: one release fence per
+// receiving rank, then a relaxed store per flag.
+WEAVE_DEVICE void pipe_post(const GpuCollectiveArgs& a, PipeNote n0, PipeNote n1 = {0, 0, 0},
+                            PipeNote n2 = {0, 0, 0}) {
   __syncthreads();
   const uint32_t q = threadIdx.x;
-  if (q < a.world && q != a.rank) {
-    // Release at system scope after the barrier: the block's writes (every thread's, ordered
-    // before this store by __syncthreads) are visible to a peer that acquires the flag.
-    atomic_store_release_sys(pipe_flag(a, q, blockIdx.x, a.rank), value);
+  if (q < a.world && ((n0.to | n1.to | n2.to) >> q & 1)) {
+    // The fence after the barrier orders the block's accesses (every thread's, ordered before
+    // it by __syncthreads) before the flags: a peer that acquires a flag sees the data, and a
+    // freed slot is no longer read here.
+    fence_release_sys();
+    if (n0.to >> q & 1) atomic_store_relaxed_sys(pipe_flag(a, q, blockIdx.x, n0.kind, a.rank), n0.value);
+    if (n1.to >> q & 1) atomic_store_relaxed_sys(pipe_flag(a, q, blockIdx.x, n1.kind, a.rank), n1.value);
+    if (n2.to >> q & 1) atomic_store_relaxed_sys(pipe_flag(a, q, blockIdx.x, n2.kind, a.rank), n2.value);
   }
 }
 
-// Waits until block blockIdx.x of every peer published at least `value`; false (error
-// recorded) when a wait gave up, and then on every thread of the block.
-WEAVE_DEVICE bool pipe_wait(const GpuCollectiveArgs& a, uint64_t value) {
+// Waits until every rank in `from` posted at least `value` to this block's flag `kind` here;
+// false (error recorded) when a wait gave up, and then on every thread of the block.
+WEAVE_DEVICE bool pipe_await(const GpuCollectiveArgs& a, uint32_t kind, uint64_t value, uint32_t from) {
   int failed = 0;
   const uint32_t p = threadIdx.x;
-  if (p < a.world && p != a.rank) {
-    const uint64_t* flag = pipe_flag(a, a.rank, blockIdx.x, p);
+  if (value > 0 && p < a.world && (from >> p & 1)) {
+    const uint64_t* flag = pipe_flag(a, a.rank, blockIdx.x, kind, p);
     failed = !spin_until([&] { return atomic_load_acquire_sys(flag) >= value; }, a.status,
                          DeviceError::SemaphoreTimeout);
   }
   return __syncthreads_or(failed) == 0;
+}
+
+// Waits until every rank in `to` may receive step `step` in this block's slots: each of them
+// freed step - PIPE_DEPTH.
+WEAVE_DEVICE bool pipe_await_room(const GpuCollectiveArgs& a, uint64_t step, uint32_t to) {
+  return pipe_await(a, FREED, step > PIPE_DEPTH ? step - PIPE_DEPTH : 0, to);
 }
 
 // Elements per share of one tile: the message spread over every block in at least
@@ -93,11 +128,11 @@ WEAVE_DEVICE uint64_t pipe_share(const GpuCollectiveArgs& a, uint64_t elems, uin
 }
 
 // dst[i] = Op over srcs[s][i] (divided by `avg` when non-zero), also stored at outs[o][i].
-// Vectorized when every pointer is 16-byte aligned; the block's threads share the work.
+// Vectorized when every pointer is 16-byte aligned; threads [0, nthreads) of the caller's group
+// share the work (`thread` is the caller's index).
 template <typename Op, typename T>
 WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* const* srcs, uint32_t nsrc,
-                            uint64_t elems, uint32_t avg) {
-  const uint32_t thread = threadIdx.x, nthreads = blockDim.x;
+                            uint64_t elems, uint32_t avg, uint32_t thread, uint32_t nthreads) {
   bool aligned = as_address(dst) % 16 == 0;
   for (uint32_t o = 0; o < nout; ++o) aligned = aligned && as_address(outs[o]) % 16 == 0;
   for (uint32_t s = 0; s < nsrc; ++s) aligned = aligned && as_address(srcs[s]) % 16 == 0;
@@ -145,134 +180,196 @@ WEAVE_DEVICE uint64_t* pipe_steps(const GpuCollectiveArgs& a) {
   return as_ptr<uint64_t>(a.peers[a.rank] + PIPE_STEPS_OFFSET) + blockIdx.x;
 }
 
+
+// This block's tiles of a message cut into `tiles` tiles (tiles b, b + B, …).
+WEAVE_DEVICE uint64_t pipe_block_tiles(uint64_t tiles) {
+  return tiles > blockIdx.x ? (tiles - blockIdx.x + gridDim.x - 1) / gridDim.x : 0;
+}
+
+// The t-th tile of this block (t from 1): its first element and its length.
+WEAVE_DEVICE void pipe_tile(uint64_t t, uint64_t tile, uint64_t count, uint64_t& base, uint64_t& elems) {
+  base = (blockIdx.x + (t - 1) * gridDim.x) * tile;
+  elems = count - base < tile ? count - base : tile;
+}
+
+// How a two-round or one-round kernel orders a block's phases over its tiles (a.aux[1]):
+//   PIPE_LOCKSTEP    tile by tile: push, post, wait, then consume the tile that just arrived
+//                    (while it is still in L2); the step is freed with the next tile's post.
+//   PIPE_OVERLAPPED  pass t pushes tile t and consumes the earlier tiles, then posts once:
+//                    what a pass waits for was posted a pass earlier, so blocks never wait on
+//                    each other in step, at the cost of reading slots a pass after they arrived.
+// The table picks per world size (collectives::gpu::calls): lockstep was faster on 4 H200s,
+// overlapped on 2.
+constexpr uint64_t PIPE_LOCKSTEP = 0;
+constexpr uint64_t PIPE_OVERLAPPED = 1;
+
 // Two-round all-reduce: every rank's tile is reduce-scattered (share q combined by rank q),
-// then all-gathered. `count` is elements of T.
+// then all-gathered. Per tile: push the shares into their owners' inboxes; reduce the own
+// share (kept, and pushed into every rank's results); drain the other ranks' shares from the
+// results. `count` is elements of T.
 template <typename Op, typename T>
 WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   const uint64_t epoch = *epoch_ptr(a);
-  const uint32_t n = a.world, me = a.rank;
+  const uint32_t n = a.world, me = a.rank, peers = pipe_peers(a);
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const uint32_t avg = a.op == OP_AVG ? n : 0;
   if (!pipe_grid_fits(a, epoch)) return;
-  uint64_t step = *pipe_steps(a);
+  const uint64_t first = *pipe_steps(a);
   const uint64_t share = pipe_share<T>(a, a.count, n);
   const uint64_t tile = share * n;
-  const uint64_t tiles = (a.count + tile - 1) / tile;
-  for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
-    ++step;
-    const uint32_t parity = uint32_t(step & 1);
-    const uint64_t base = i * tile;
-    const uint64_t elems = a.count - base < tile ? a.count - base : tile;
-    // 1. Shares to their owners' inboxes.
+  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  // Tile t's shares to their owners' inboxes (after the room for its results, too).
+  auto push = [&](uint64_t t) -> bool {
+    const uint64_t step = first + t;
+    uint64_t base, elems;
+    pipe_tile(t, tile, a.count, base, elems);
+    if (!pipe_await_room(a, step, peers)) return false;
     for (uint32_t k = 1; k < n; ++k) {
       const uint32_t q = (me + k) % n;
       uint64_t b, e;
       split(elems, n, q, 16, b, e);
-      put(pipe_slot(a, q, parity, PIPE_INBOX, me), send + base + b, (e - b) * sizeof(T), threadIdx.x, blockDim.x);
+      put(pipe_slot(a, q, step, PIPE_INBOX, me), send + base + b, (e - b) * sizeof(T), threadIdx.x, blockDim.x);
     }
-    pipe_signal(a, 2 * step - 1);
-    if (!pipe_wait(a, 2 * step - 1)) return;
-    // 2. The own share: combined, kept, and pushed to every rank.
-    {
-      uint64_t b, e;
-      split(elems, n, me, 16, b, e);
-      const T* srcs[8];
-      uint32_t nsrc = 0;
-      srcs[nsrc++] = send + base + b;
-      for (uint32_t k = 1; k < n; ++k) {
-        srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, (me + k) % n));
-      }
-      T* outs[8];
-      uint32_t nout = 0;
-      for (uint32_t k = 1; k < n; ++k) {
-        outs[nout++] = reinterpret_cast<T*>(pipe_slot(a, (me + k) % n, parity, PIPE_RESULTS, me));
-      }
-      reduce_to<Op, T>(recv + base + b, outs, nout, srcs, nsrc, e - b, avg);
+    return true;
+  };
+  // Tile t's own share, combined, kept, and pushed into every rank's results.
+  auto reduce = [&](uint64_t t) -> bool {
+    const uint64_t step = first + t;
+    uint64_t base, elems;
+    pipe_tile(t, tile, a.count, base, elems);
+    if (!pipe_await(a, INBOX_READY, step, peers)) return false;
+    uint64_t b, e;
+    split(elems, n, me, 16, b, e);
+    const T* srcs[8];
+    uint32_t nsrc = 0;
+    srcs[nsrc++] = send + base + b;
+    for (uint32_t k = 1; k < n; ++k) {
+      srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, step, PIPE_INBOX, (me + k) % n));
     }
-    pipe_signal(a, 2 * step);
-    if (!pipe_wait(a, 2 * step)) return;
-    // 3. Every other rank's share from the own results slots.
+    T* outs[8];
+    uint32_t nout = 0;
+    for (uint32_t k = 1; k < n; ++k) {
+      outs[nout++] = reinterpret_cast<T*>(pipe_slot(a, (me + k) % n, step, PIPE_RESULTS, me));
+    }
+    reduce_to<Op, T>(recv + base + b, outs, nout, srcs, nsrc, e - b, avg, threadIdx.x, blockDim.x);
+    return true;
+  };
+  // Tile t: every other rank's share from the own results slots.
+  auto drain = [&](uint64_t t) -> bool {
+    const uint64_t step = first + t;
+    uint64_t base, elems;
+    pipe_tile(t, tile, a.count, base, elems);
+    if (!pipe_await(a, RESULTS_READY, step, peers)) return false;
     for (uint32_t k = 1; k < n; ++k) {
       const uint32_t p = (me + k) % n;
       uint64_t b, e;
       split(elems, n, p, 16, b, e);
-      copy(recv + base + b, pipe_slot(a, me, parity, PIPE_RESULTS, p), (e - b) * sizeof(T), threadIdx.x, blockDim.x);
+      copy(recv + base + b, pipe_slot(a, me, step, PIPE_RESULTS, p), (e - b) * sizeof(T), threadIdx.x, blockDim.x);
     }
+    return true;
+  };
+  if (a.aux[1] == PIPE_OVERLAPPED) {
+    // Pass t: push t, reduce t - 1, drain t - 2, one post.
+    for (uint64_t t = 1; t <= mine + 2; ++t) {
+      const bool pushed = t <= mine, reduced = t >= 2 && t - 1 <= mine, drained = t >= 3;
+      if (pushed && !push(t)) return;
+      if (reduced && !reduce(t - 1)) return;
+      if (drained && !drain(t - 2)) return;
+      pipe_post(a, {INBOX_READY, first + t, pushed ? peers : 0}, {RESULTS_READY, first + t - 1, reduced ? peers : 0},
+                {FREED, first + t - 2, drained ? peers : 0});
+    }
+  } else {
+    for (uint64_t t = 1; t <= mine; ++t) {
+      if (!push(t)) return;
+      pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
+      if (!reduce(t)) return;
+      pipe_post(a, {RESULTS_READY, first + t, peers});
+      if (!drain(t)) return;
+    }
+    if (mine > 0) pipe_post(a, {FREED, first + mine, peers});
   }
-  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
   finish(a, epoch, 0, 1);
 }
 
-// Relay broadcast (medium and large messages): the root scatters each tile over the other
-// ranks (share j to relay j, the j-th rank after the root), and every relay forwards its share
-// to the other relays. The root sends the message once and every relay receives it once, as
-// in a chain, but in two hops instead of n - 1, and no rank sends more than the root. On 2
-// GPUs there is nothing to forward and a step is one round (push, signal and wait 2s, drain).
-// On 3+ GPUs a step is two rounds: the root pushes, everyone signals and waits 2s - 1, the
-// relays forward and keep their share, everyone signals 2s, the relays wait 2s and drain. The
-// root does not wait 2s: its next write (step s + 1, the other parity) already waits 2s + 1,
-// which proves every relay finished step s. `count` is bytes.
+// Relay broadcast: the root scatters each tile over the other ranks (share j to relay j, the
+// j-th rank after the root), and every relay forwards its share to the other relays. The root
+// sends the message once and every relay receives it once, as in a chain, but in two hops
+// instead of n - 1, and no rank sends more than the root. The root only pushes (as far as the
+// relays' room allows); pass t of a relay forwards and keeps its share of tile t and drains
+// tile t - 1 (the other relays' shares). On 2 GPUs the one relay keeps the whole tile.
+// `count` is bytes.
 WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
   const uint64_t epoch = *epoch_ptr(a);
   const uint32_t n = a.world, me = a.rank, root = a.root;
-  const bool is_root = me == root;
+  const uint32_t peers = pipe_peers(a);
   const uint32_t relays = n - 1;
   const uint32_t relay = (me + n - root) % n - 1;  // this rank's share (relays only)
+  const uint32_t other_relays = peers & ~(1u << root);
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
   if (!pipe_grid_fits(a, epoch)) return;
-  uint64_t step = *pipe_steps(a);
-  const uint64_t tile = n > 1 ? pipe_share<uint8_t>(a, a.count, relays) * relays : a.count;
-  const uint64_t tiles = n > 1 ? (a.count + tile - 1) / tile : 0;
-  if (n == 1 && blockIdx.x == 0 && recv != send) copy(recv, send, a.count, threadIdx.x, blockDim.x);
-  for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
-    ++step;
-    const uint32_t parity = uint32_t(step & 1);
-    const uint64_t base = i * tile;
-    const uint64_t elems = a.count - base < tile ? a.count - base : tile;
-    // 1. The root scatters the tile over the relays' inboxes and keeps its own copy.
-    if (is_root) {
+  if (n == 1) {
+    if (blockIdx.x == 0 && recv != send) copy(recv, send, a.count, threadIdx.x, blockDim.x);
+    finish(a, epoch, 0, 1);
+    return;
+  }
+  const uint64_t first = *pipe_steps(a);
+  const uint64_t tile = pipe_share<uint8_t>(a, a.count, relays) * relays;
+  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  if (me == root) {
+    for (uint64_t t = 1; t <= mine; ++t) {
+      const uint64_t step = first + t;
+      uint64_t base, elems;
+      pipe_tile(t, tile, a.count, base, elems);
+      if (!pipe_await_room(a, step, peers)) return;
       for (uint32_t j = 0; j < relays; ++j) {
         uint64_t b, e;
         split(elems, relays, j, 16, b, e);
-        put(pipe_slot(a, (root + 1 + j) % n, parity, PIPE_INBOX, root), send + base + b, e - b, threadIdx.x,
+        put(pipe_slot(a, (root + 1 + j) % n, step, PIPE_INBOX, root), send + base + b, e - b, threadIdx.x,
             blockDim.x);
       }
       if (recv != send) copy(recv + base, send + base, elems, threadIdx.x, blockDim.x);
+      // The root reads none of its slots: they are free as soon as it moves on.
+      pipe_post(a, {INBOX_READY, step, peers}, {FREED, step, peers});
     }
-    if (n == 2) {
-      pipe_signal(a, 2 * step);
-      if (!pipe_wait(a, 2 * step)) return;
-      if (!is_root) copy(recv + base, pipe_slot(a, me, parity, PIPE_INBOX, root), elems, threadIdx.x, blockDim.x);
-      continue;
-    }
-    pipe_signal(a, 2 * step - 1);
-    if (!pipe_wait(a, 2 * step - 1)) return;
-    // 2. A relay keeps its share and forwards it to the other relays' results.
-    if (!is_root) {
-      uint64_t b, e;
-      split(elems, relays, relay, 16, b, e);
-      const char* mine = pipe_slot(a, me, parity, PIPE_INBOX, root);
-      for (uint32_t k = 1; k < relays; ++k) {
-        const uint32_t q = (root + 1 + (relay + k) % relays) % n;
-        put(pipe_slot(a, q, parity, PIPE_RESULTS, me), mine, e - b, threadIdx.x, blockDim.x);
+  } else {
+    for (uint64_t t = 1; t <= mine + 1; ++t) {
+      const bool forward = t <= mine, drain = t >= 2;
+      uint64_t base, elems;
+      // 1. Tile t: keep the own share and forward it into the other relays' results.
+      if (forward) {
+        const uint64_t step = first + t;
+        pipe_tile(t, tile, a.count, base, elems);
+        if (!pipe_await(a, INBOX_READY, step, 1u << root)) return;
+        if (!pipe_await_room(a, step, other_relays)) return;
+        uint64_t b, e;
+        split(elems, relays, relay, 16, b, e);
+        const char* kept = pipe_slot(a, me, step, PIPE_INBOX, root);
+        for (uint32_t k = 1; k < relays; ++k) {
+          const uint32_t q = (root + 1 + (relay + k) % relays) % n;
+          put(pipe_slot(a, q, step, PIPE_RESULTS, me), kept, e - b, threadIdx.x, blockDim.x);
+        }
+        copy(recv + base + b, kept, e - b, threadIdx.x, blockDim.x);
       }
-      copy(recv + base + b, mine, e - b, threadIdx.x, blockDim.x);
-    }
-    pipe_signal(a, 2 * step);
-    if (is_root) continue;
-    if (!pipe_wait(a, 2 * step)) return;
-    // 3. The other relays' shares from the own results slots.
-    for (uint32_t k = 1; k < relays; ++k) {
-      const uint32_t j = (relay + k) % relays;
-      uint64_t b, e;
-      split(elems, relays, j, 16, b, e);
-      copy(recv + base + b, pipe_slot(a, me, parity, PIPE_RESULTS, (root + 1 + j) % n), e - b, threadIdx.x,
-           blockDim.x);
+      // 2. Tile t - 1: the other relays' shares.
+      if (drain) {
+        const uint64_t step = first + t - 1;
+        pipe_tile(t - 1, tile, a.count, base, elems);
+        if (!pipe_await(a, RESULTS_READY, step, other_relays)) return;
+        for (uint32_t k = 1; k < relays; ++k) {
+          const uint32_t j = (relay + k) % relays;
+          uint64_t b, e;
+          split(elems, relays, j, 16, b, e);
+          copy(recv + base + b, pipe_slot(a, me, step, PIPE_RESULTS, (root + 1 + j) % n), e - b, threadIdx.x,
+               blockDim.x);
+        }
+      }
+      pipe_post(a, {RESULTS_READY, first + t, forward ? other_relays : 0}, {FREED, first + t - 1, drain ? peers : 0});
     }
   }
-  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
   finish(a, epoch, 0, 1);
 }
 
@@ -280,11 +377,12 @@ enum OneRoundKind : uint32_t { ROUND_ALL_GATHER = 0, ROUND_ALL_TO_ALL = 1, ROUND
 
 // One-round kernels, over `count` elements of T per (sender, receiver) block: all-gather sends
 // its one block to everyone, all-to-all and reduce-scatter send block q to rank q; the
-// receiver copies (or, reduce-scatter, combines with its own block).
+// receiver copies (or, reduce-scatter, combines with its own block). Per tile: push, then
+// drain the inbox, in the order a.aux[1] says.
 template <typename Op, typename T, uint32_t KIND>
 WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
   const uint64_t epoch = *epoch_ptr(a);
-  const uint32_t n = a.world, me = a.rank;
+  const uint32_t n = a.world, me = a.rank, peers = pipe_peers(a);
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const uint32_t avg = (KIND == ROUND_REDUCE_SCATTER && a.op == OP_AVG) ? n : 0;
@@ -292,112 +390,98 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
   auto block_of = [&](uint32_t q) -> const T* {
     return KIND == ROUND_ALL_GATHER ? send : send + uint64_t(q) * a.count;
   };
-  uint64_t step = *pipe_steps(a);
+  const uint64_t first = *pipe_steps(a);
   const uint64_t tile = pipe_share<T>(a, a.count, 1);
-  const uint64_t tiles = (a.count + tile - 1) / tile;
-  for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
-    ++step;
-    const uint32_t parity = uint32_t(step & 1);
-    const uint64_t base = i * tile;
-    const uint64_t elems = a.count - base < tile ? a.count - base : tile;
-    const uint64_t bytes = elems * sizeof(T);
+  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  // Tile t to every peer (and the own block to its place).
+  auto push = [&](uint64_t t) -> bool {
+    const uint64_t step = first + t;
+    uint64_t base, elems;
+    pipe_tile(t, tile, a.count, base, elems);
+    if (!pipe_await_room(a, step, peers)) return false;
     for (uint32_t k = 1; k < n; ++k) {
       const uint32_t q = (me + k) % n;
-      put(pipe_slot(a, q, parity, PIPE_INBOX, me), block_of(q) + base, bytes, threadIdx.x, blockDim.x);
+      put(pipe_slot(a, q, step, PIPE_INBOX, me), block_of(q) + base, elems * sizeof(T), threadIdx.x, blockDim.x);
     }
     if (KIND != ROUND_REDUCE_SCATTER) {
       T* own = recv + uint64_t(me) * a.count + base;
       const T* from = block_of(me) + base;
-      if (own != from) copy(own, from, bytes, threadIdx.x, blockDim.x);
+      if (own != from) copy(own, from, elems * sizeof(T), threadIdx.x, blockDim.x);
     }
-    pipe_signal(a, 2 * step);
-    if (!pipe_wait(a, 2 * step)) return;
+    return true;
+  };
+  // Tile t from the inbox.
+  auto drain = [&](uint64_t t) -> bool {
+    const uint64_t step = first + t;
+    uint64_t base, elems;
+    pipe_tile(t, tile, a.count, base, elems);
+    if (!pipe_await(a, INBOX_READY, step, peers)) return false;
     if (KIND == ROUND_REDUCE_SCATTER) {
       const T* srcs[8];
       uint32_t nsrc = 0;
       srcs[nsrc++] = block_of(me) + base;
       for (uint32_t k = 1; k < n; ++k) {
-        srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, parity, PIPE_INBOX, (me + k) % n));
+        srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, step, PIPE_INBOX, (me + k) % n));
       }
-      reduce_to<Op, T>(recv + base, nullptr, 0, srcs, nsrc, elems, avg);
+      reduce_to<Op, T>(recv + base, nullptr, 0, srcs, nsrc, elems, avg, threadIdx.x, blockDim.x);
     } else {
       for (uint32_t k = 1; k < n; ++k) {
         const uint32_t p = (me + k) % n;
-        copy(recv + uint64_t(p) * a.count + base, pipe_slot(a, me, parity, PIPE_INBOX, p), bytes, threadIdx.x,
-             blockDim.x);
+        copy(recv + uint64_t(p) * a.count + base, pipe_slot(a, me, step, PIPE_INBOX, p), elems * sizeof(T),
+             threadIdx.x, blockDim.x);
       }
     }
+    return true;
+  };
+  if (a.aux[1] == PIPE_OVERLAPPED) {
+    // Pass t: push t, drain t - 1, one post.
+    for (uint64_t t = 1; t <= mine + 1; ++t) {
+      const bool pushed = t <= mine, drained = t >= 2;
+      if (pushed && !push(t)) return;
+      if (drained && !drain(t - 1)) return;
+      pipe_post(a, {INBOX_READY, first + t, pushed ? peers : 0}, {FREED, first + t - 1, drained ? peers : 0});
+    }
+  } else {
+    for (uint64_t t = 1; t <= mine; ++t) {
+      if (!push(t)) return;
+      pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
+      if (!drain(t)) return;
+    }
+    if (mine > 0) pipe_post(a, {FREED, first + mine, peers});
   }
-  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
   finish(a, epoch, 0, 1);
-}
-
-// An all-pairs step with no data: proves every peer's block finished every earlier step.
-WEAVE_DEVICE bool pipe_barrier(const GpuCollectiveArgs& a, uint64_t& step) {
-  ++step;
-  pipe_signal(a, 2 * step);
-  return pipe_wait(a, 2 * step);
 }
 
 // Chain broadcast (large messages on 3 or more GPUs): root → root + 1 → … → root - 1, so every
 // link carries the message once, with tiles flowing down the chain. At step s a block takes
 // its tile from send (root) or from its inbox (written by its predecessor), pushes it into its
-// successor's inbox and copies it to its output. The chain uses every slot of the block's area
-// as one ring of 4 × world slots (tile s in slot s mod depth), so a link has many tiles in
-// flight. The predecessor's flag in this rank's area reaching 2s - 1 says tile s arrived; the
-// successor's reaching 2s - 1 says it is done with the slot of tile s (so tile s + depth may
-// overwrite it). A barrier step at entry and at exit keeps the slot-reuse rule of the other
-// pipelined kernels across kernels. `count` is bytes.
-WEAVE_DEVICE char* chain_slot(const GpuCollectiveArgs& a, uint32_t owner, uint64_t step) {
-  return pipe_slot(a, owner, uint32_t(step & 1), uint32_t((step >> 1) & 1), uint32_t((step >> 2) % a.world));
-}
-
+// successor's inbox (once the successor freed step s - PIPE_DEPTH) and copies it to its output;
+// up to PIPE_DEPTH tiles per block are in flight on every link. `count` is bytes.
 WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
   const uint64_t epoch = *epoch_ptr(a);
-  const uint32_t n = a.world, me = a.rank;
+  const uint32_t n = a.world, me = a.rank, peers = pipe_peers(a);
   const uint32_t pos = (me + n - a.root) % n;
   const uint32_t next = (me + 1) % n, prev = (me + n - 1) % n;
   const bool first_link = pos == 0, last_link = pos == n - 1;
-  const uint64_t depth = 4 * uint64_t(n);
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
   if (!pipe_grid_fits(a, epoch)) return;
-  uint64_t step = *pipe_steps(a);
+  const uint64_t first = *pipe_steps(a);
   const uint64_t tile = pipe_share<uint8_t>(a, a.count, 1);
-  const uint64_t tiles = (a.count + tile - 1) / tile;
-  if (blockIdx.x < tiles) {
-    if (!pipe_barrier(a, step)) return;
-    const uint64_t first = step + 1;
-    for (uint64_t i = blockIdx.x; i < tiles; i += gridDim.x) {
-      ++step;
-      const uint64_t base = i * tile;
-      const uint64_t bytes = a.count - base < tile ? a.count - base : tile;
-      int failed = 0;
-      if (threadIdx.x == 0 && !first_link) {
-        const uint64_t* arrived = pipe_flag(a, me, blockIdx.x, prev);
-        failed = !spin_until([&] { return atomic_load_acquire_sys(arrived) >= 2 * step - 1; }, a.status,
-                             DeviceError::SemaphoreTimeout);
-      }
-      if (threadIdx.x == 1 && !last_link && step >= first + depth) {
-        const uint64_t* drained = pipe_flag(a, me, blockIdx.x, next);
-        failed = !spin_until([&] { return atomic_load_acquire_sys(drained) >= 2 * (step - depth) - 1; }, a.status,
-                             DeviceError::SemaphoreTimeout);
-      }
-      if (__syncthreads_or(failed)) return;
-      const char* from = first_link ? send + base : chain_slot(a, me, step);
-      if (!last_link) put(chain_slot(a, next, step), from, bytes, threadIdx.x, blockDim.x);
-      if (recv + base != from) copy(recv + base, from, bytes, threadIdx.x, blockDim.x);
-      __syncthreads();
-      if (threadIdx.x == 0 && !last_link) {
-        atomic_store_release_sys(pipe_flag(a, next, blockIdx.x, me), 2 * step - 1);
-      }
-      if (threadIdx.x == 1 && !first_link) {
-        atomic_store_release_sys(pipe_flag(a, prev, blockIdx.x, me), 2 * step - 1);
-      }
-    }
-    if (!pipe_barrier(a, step)) return;
+  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  for (uint64_t t = 1; t <= mine; ++t) {
+    const uint64_t step = first + t;
+    uint64_t base, bytes;
+    pipe_tile(t, tile, a.count, base, bytes);
+    if (!first_link && !pipe_await(a, INBOX_READY, step, 1u << prev)) return;
+    if (!last_link && !pipe_await_room(a, step, 1u << next)) return;
+    const char* from = first_link ? send + base : pipe_slot(a, me, step, PIPE_INBOX, prev);
+    if (!last_link) put(pipe_slot(a, next, step, PIPE_INBOX, me), from, bytes, threadIdx.x, blockDim.x);
+    if (recv + base != from) copy(recv + base, from, bytes, threadIdx.x, blockDim.x);
+    pipe_post(a, {INBOX_READY, step, last_link ? 0u : 1u << next}, {FREED, step, peers});
   }
-  if (threadIdx.x == 0) *pipe_steps(a) = step;
+  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
   finish(a, epoch, 0, 1);
 }
 

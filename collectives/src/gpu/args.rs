@@ -21,7 +21,8 @@ pub struct GpuCollectiveArgs {
     pub peers: [u64; MAX_GPU_RANKS],
     /// All-to-all-v: device arrays of send counts, send displacements, recv counts, recv
     /// displacements (bytes, one u64 per rank). Block-pipelined kernels: `aux[0]` is the
-    /// least number of steps (tiles) per block they aim for.
+    /// least number of steps (tiles) per block they aim for, `aux[1]` their schedule (0
+    /// lockstep, 1 overlapped; `PIPE_LOCKSTEP` and `PIPE_OVERLAPPED` in `pipeline.cu`).
     pub aux: [u64; 4],
     /// LL16 packets per (writer, parity).
     pub packet_capacity: u64,
@@ -74,8 +75,17 @@ pub const GPU_ARGS_LAYOUT: Layout = Layout {
 /// this one by the program builder).
 pub const PIPE_MAX_BLOCKS: u32 = 128;
 
-/// Bytes of the pipelined kernels' flag words (a u64 per block and writer, up to 8 writers).
-pub const PIPE_FLAGS_BYTES: usize = PIPE_MAX_BLOCKS as usize * 8 * 8;
+/// Slot groups per block of a block-pipelined kernel (`PIPE_DEPTH` in `pipeline.cu`): step s
+/// uses group s mod `PIPE_DEPTH`, so a block may push up to this many steps ahead of a peer's
+/// reads.
+pub const PIPE_DEPTH: usize = 4;
+
+/// Flag kinds of the pipelined kernels per block and writer (inbox ready, results ready, freed).
+const PIPE_FLAG_KINDS: usize = 3;
+
+/// Bytes of the pipelined kernels' flag words (a u64 per block, kind and writer, up to 8
+/// writers).
+pub const PIPE_FLAGS_BYTES: usize = PIPE_MAX_BLOCKS as usize * PIPE_FLAG_KINDS * 8 * 8;
 
 /// Byte layout of one rank's GPU workspace (see `collectives.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -114,15 +124,15 @@ impl WorkspaceLayout {
     }
 
     /// Bytes of the pipelined kernels' area: `PIPE_FLAGS_BYTES` of flags, then
-    /// `[block][parity][inbox, results][writer]` slots.
+    /// `[block][depth][inbox, results][writer]` slots.
     pub fn pipe_bytes(&self) -> usize {
-        PIPE_FLAGS_BYTES + self.pipe_blocks * 2 * 2 * self.world * self.pipe_share_bytes
+        PIPE_FLAGS_BYTES + self.pipe_blocks * PIPE_DEPTH * 2 * self.world * self.pipe_share_bytes
     }
 
     /// The pipelined slot size for `blocks` blocks of `world` ranks: `tile`, made smaller
     /// where the area would pass `max_area` bytes (a multiple of 256, at least 4 KiB).
     pub fn pipe_share_for(world: usize, blocks: usize, tile: usize, max_area: usize) -> usize {
-        let fits = max_area / (blocks.max(1) * 4 * world.max(1));
+        let fits = max_area / (blocks.max(1) * PIPE_DEPTH * 2 * world.max(1));
         (tile.min(fits) / 256 * 256).max(4096)
     }
 
@@ -147,7 +157,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 192);
         let share = WorkspaceLayout::pipe_share_for(4, 64, 64 << 10, 256 << 20);
         assert_eq!(share, 64 << 10);
-        assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 20, 256 << 20), 128 << 10);
+        assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 20, 256 << 20), 64 << 10);
         let l = WorkspaceLayout {
             world: 4,
             packet_capacity: 1 << 16,
@@ -159,7 +169,7 @@ mod tests {
         assert_eq!(l.data_offset() % 256, 0);
         assert_eq!(l.mailbox_offset(), l.data_offset() + 5 * (8 << 20));
         assert_eq!(l.pipe_offset(), l.mailbox_offset() + 8 * (1 << 20));
-        assert_eq!(l.bytes(), l.pipe_offset() + PIPE_FLAGS_BYTES + (64 << 20));
+        assert_eq!(l.bytes(), l.pipe_offset() + PIPE_FLAGS_BYTES + (128 << 20));
         assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 100_000, 256 << 20) % 256, 0);
         assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10, 256 << 20), 4096);
         assert_eq!(l.ll_max_bytes(), 512 << 10);

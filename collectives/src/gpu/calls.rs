@@ -30,6 +30,13 @@ fn op_code(op: ReduceOp) -> u32 {
 /// size already makes many tiles).
 const RELAY_TWO_STEPS_FROM: usize = 16 << 20;
 
+/// From this size on, the block-pipelined all-reduce, all-gather, reduce-scatter and all-to-all
+/// on 2 GPUs use the overlapped schedule (push a tile, then finish the earlier ones): on 2 ×
+/// H200 it made the 256 MiB all-reduce 799 µs instead of 835 and the 1 GiB reduce-scatter 1575
+/// instead of 2041, but the 4–16 MiB all-reduce slower (26 vs 23 µs at 4 MiB); on 4 GPUs the
+/// lockstep schedule was faster at every size (docs/PERF.md).
+const OVERLAPPED_FROM_ON_2_GPUS: usize = 64 << 20;
+
 /// How a kernel family sizes its grid (and, pipelined, how many tiles per block it aims for).
 enum Grid {
     /// LL packet kernels: one thread per packet, up to the packet block limit.
@@ -164,8 +171,15 @@ impl Communicator {
         args.op = call.op.map_or(0, op_code);
         args.aux = call.aux;
         if let Some(steps) = steps {
-            // The pipelined kernels read their steps-per-block target from aux[0].
+            // The pipelined kernels read their steps-per-block target from aux[0] and their
+            // schedule from aux[1] (the broadcasts have one schedule and ignore it).
             args.aux[0] = u64::from(steps);
+            let overlapped = self
+                .core()
+                .config()
+                .gpu_overlapped_schedule
+                .unwrap_or(n == 2 && call.bytes >= OVERLAPPED_FROM_ON_2_GPUS);
+            args.aux[1] = u64::from(overlapped);
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { g.launch(kernel, args, blocks, stream) }

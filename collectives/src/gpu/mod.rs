@@ -51,8 +51,12 @@ const CHUNK_BYTES: usize = 8 << 20;
 const MAILBOX_BYTES: usize = 2 << 20;
 /// Most blocks of an LL packet kernel.
 const PACKET_MAX_BLOCKS: u32 = 64;
-/// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise.
+/// Blocks of a block-pipelined kernel on 2 GPUs unless `WEAVE_GPU_BLOCKS` says otherwise.
 const DEFAULT_PIPE_BLOCKS: u32 = 64;
+/// Blocks of a block-pipelined kernel on 3 or more GPUs unless `WEAVE_GPU_BLOCKS` says
+/// otherwise: on 4 × H200, 128 blocks (of 64 KiB slots) made the 1 GiB all-reduce 4630 µs
+/// instead of 4757 and every size from 4 MiB faster.
+const DEFAULT_PIPE_BLOCKS_3_PLUS: u32 = 128;
 /// Bytes one pipelined block moves per peer and step, unless `WEAVE_GPU_TILE` says otherwise.
 const PIPE_TILE_BYTES: usize = 128 << 10;
 /// Most bytes of the block-pipelined kernels' slots (larger worlds get smaller tiles).
@@ -75,8 +79,9 @@ pub fn program() -> String {
 fn with_host_constants(source: &str) -> String {
     format!(
         "#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n#define WEAVE_PIPE_MAX_BLOCKS {PIPE_MAX_BLOCKS}\n\
-         #define WEAVE_PIPE_FLAGS_BYTES {}\n{source}",
-        args::PIPE_FLAGS_BYTES
+         #define WEAVE_PIPE_FLAGS_BYTES {}\n#define WEAVE_PIPE_DEPTH {}\n{source}",
+        args::PIPE_FLAGS_BYTES,
+        args::PIPE_DEPTH
     )
 }
 
@@ -137,7 +142,11 @@ impl GpuEngine {
         // pipeline block count, and on the architecture (none when the GPUs differ, so the
         // generic table rows apply).
         let arch_number = arch.strip_prefix("sm_").and_then(|v| v.parse::<u32>().ok());
-        let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
+        let wanted_blocks = core
+            .config()
+            .gpu_pipeline_blocks
+            .unwrap_or(if world >= 3 { DEFAULT_PIPE_BLOCKS_3_PLUS } else { DEFAULT_PIPE_BLOCKS })
+            .min(PIPE_MAX_BLOCKS);
         let wanted_tile = core.config().gpu_pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
         let wanted_packets = core.config().gpu_packets.unwrap_or(PACKET_CAPACITY);
         let wanted_steps = core.config().gpu_pipeline_steps.unwrap_or(DEFAULT_PIPE_STEPS);

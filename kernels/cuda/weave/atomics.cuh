@@ -73,6 +73,11 @@ WEAVE_DEVICE void atomic_store_release_sys(uint32_t* p, uint32_t v) {
   asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+// Release fence, system scope: this thread's earlier accesses (and those it observed, such as
+// its block's before a __syncthreads) are performed before its later stores. One fence before
+// several relaxed stores publishes like a release store each, for the cost of one.
+WEAVE_DEVICE void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
+
 // Relaxed store, system scope.
 WEAVE_DEVICE void atomic_store_relaxed_sys(uint64_t* p, uint64_t v) {
   asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
