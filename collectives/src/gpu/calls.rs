@@ -26,8 +26,10 @@ fn op_code(op: ReduceOp) -> u32 {
 
 /// From this size on, the relay broadcast on 3+ GPUs cuts each block's part into at least two
 /// tiles, so the root's scatter of one overlaps the relays' forwarding of the other (4 × H200:
-/// 16 MiB 67 µs instead of 73; below, one tile per block is faster; at 64 MiB and more the slot
-/// size already makes many tiles).
+/// 16 MiB 67 µs instead of 73, measured in session 3 before the credit protocol; below, one
+/// tile per block is faster; at 64 MiB and more the slot size already makes many tiles). On
+/// sm_90 with 3+ GPUs the table now picks the chain from 512 KiB, so this applies to other
+/// architectures and to a forced `two_phase` broadcast.
 const RELAY_TWO_STEPS_FROM: usize = 16 << 20;
 
 /// From this size on, the block-pipelined all-reduce, all-gather, reduce-scatter and all-to-all
