@@ -269,26 +269,24 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
     }
     return true;
   };
-  if (a.aux[1] == PIPE_OVERLAPPED) {
-    // Pass t: push t, reduce t - 1, drain t - 2, one post.
-    for (uint64_t t = 1; t <= mine + 2; ++t) {
-      const bool pushed = t <= mine, reduced = t >= 2 && t - 1 <= mine, drained = t >= 3;
-      if (pushed && !push(t)) return;
-      if (reduced && !reduce(t - 1)) return;
-      if (drained && !drain(t - 2)) return;
+  // One loop for both schedules (each phase inlined once): pass t pushes tile t, reduces tile
+  // t - lag and drains tile t - 2 lag. Lockstep (lag 0) posts after the push (with the
+  // previous tile's FREED) and after the reduce; overlapped (lag 1) posts once per pass.
+  const bool overlapped = a.aux[1] == PIPE_OVERLAPPED;
+  const uint64_t lag = overlapped ? 1 : 0;
+  for (uint64_t t = 1; t <= mine + 2 * lag; ++t) {
+    const bool pushed = t <= mine, reduced = t > lag && t - lag <= mine, drained = t > 2 * lag;
+    if (pushed && !push(t)) return;
+    if (!overlapped) pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
+    if (reduced && !reduce(t - lag)) return;
+    if (!overlapped) pipe_post(a, {RESULTS_READY, first + t, peers});
+    if (drained && !drain(t - 2 * lag)) return;
+    if (overlapped) {
       pipe_post(a, {INBOX_READY, first + t, pushed ? peers : 0}, {RESULTS_READY, first + t - 1, reduced ? peers : 0},
                 {FREED, first + t - 2, drained ? peers : 0});
     }
-  } else {
-    for (uint64_t t = 1; t <= mine; ++t) {
-      if (!push(t)) return;
-      pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
-      if (!reduce(t)) return;
-      pipe_post(a, {RESULTS_READY, first + t, peers});
-      if (!drain(t)) return;
-    }
-    if (mine > 0) pipe_post(a, {FREED, first + mine, peers});
   }
+  if (!overlapped && mine > 0) pipe_post(a, {FREED, first + mine, peers});
   if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
   finish(a, epoch, 0, 1);
 }
@@ -433,22 +431,18 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
     }
     return true;
   };
-  if (a.aux[1] == PIPE_OVERLAPPED) {
-    // Pass t: push t, drain t - 1, one post.
-    for (uint64_t t = 1; t <= mine + 1; ++t) {
-      const bool pushed = t <= mine, drained = t >= 2;
-      if (pushed && !push(t)) return;
-      if (drained && !drain(t - 1)) return;
-      pipe_post(a, {INBOX_READY, first + t, pushed ? peers : 0}, {FREED, first + t - 1, drained ? peers : 0});
-    }
-  } else {
-    for (uint64_t t = 1; t <= mine; ++t) {
-      if (!push(t)) return;
-      pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
-      if (!drain(t)) return;
-    }
-    if (mine > 0) pipe_post(a, {FREED, first + mine, peers});
+  // One loop for both schedules: pass t pushes tile t and drains tile t - lag; lockstep (lag
+  // 0) posts after the push (with the previous tile's FREED), overlapped (lag 1) at the end.
+  const bool overlapped = a.aux[1] == PIPE_OVERLAPPED;
+  const uint64_t lag = overlapped ? 1 : 0;
+  for (uint64_t t = 1; t <= mine + lag; ++t) {
+    const bool pushed = t <= mine, drained = t > lag;
+    if (pushed && !push(t)) return;
+    if (!overlapped) pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
+    if (drained && !drain(t - lag)) return;
+    if (overlapped) pipe_post(a, {INBOX_READY, first + t, pushed ? peers : 0}, {FREED, first + t - 1, drained ? peers : 0});
   }
+  if (!overlapped && mine > 0) pipe_post(a, {FREED, first + mine, peers});
   if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
   finish(a, epoch, 0, 1);
 }
