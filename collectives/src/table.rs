@@ -82,6 +82,10 @@ pub enum Algorithm {
     OneShot,
     /// GPU: reduce-scatter and all-gather both as LL packets, no barrier (medium all-reduces).
     TwoShot,
+    /// GPU: the two-shot all-reduce as LL128 lines (120 bytes of payload in every 128 instead
+    /// of 8 in 16), for medium messages between GPUs joined by NVLink; elsewhere it runs as
+    /// [`TwoShot`](Self::TwoShot).
+    TwoShotLl128,
     /// Reduce-scatter then all-gather (all-reduce) or gather (reduce) through shared scratch:
     /// each rank reduces only its share, so memory traffic does not grow with the rank count.
     /// On GPUs block-pipelined, and also the large broadcast (scatter, then all-gather).
@@ -96,14 +100,21 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 5] =
-        [Algorithm::OneShot, Algorithm::TwoShot, Algorithm::TwoPhase, Algorithm::Ring, Algorithm::Direct];
+    pub const ALL: [Algorithm; 6] = [
+        Algorithm::OneShot,
+        Algorithm::TwoShot,
+        Algorithm::TwoShotLl128,
+        Algorithm::TwoPhase,
+        Algorithm::Ring,
+        Algorithm::Direct,
+    ];
 
     /// The snake-case name (`one_shot`).
     pub const fn name(self) -> &'static str {
         match self {
             Algorithm::OneShot => "one_shot",
             Algorithm::TwoShot => "two_shot",
+            Algorithm::TwoShotLl128 => "two_shot_ll128",
             Algorithm::TwoPhase => "two_phase",
             Algorithm::Ring => "ring",
             Algorithm::Direct => "direct",
@@ -122,7 +133,7 @@ impl Algorithm {
         use Collective::*;
         matches!(
             (c, self),
-            (AllReduce, OneShot | TwoShot | TwoPhase)
+            (AllReduce, OneShot | TwoShot | TwoShotLl128 | TwoPhase)
                 | (Broadcast, OneShot | TwoPhase | Ring)
                 | (AllGather | ReduceScatter | AllToAll | Reduce, OneShot | Direct)
                 | (AllToAllv, Direct)
@@ -229,7 +240,8 @@ const HOPPER: Option<u32> = Some(90);
 const ANY_GPU: Option<u32> = None;
 
 /// The GPU rows (one host's GPUs over NVLink or PCIe, at most 8). Small messages go as LL
-/// packets without any barrier (one-shot; two-shot for medium all-reduces), large ones through
+/// packets without any barrier (one-shot; two-shot for medium all-reduces, as LL128 lines on
+/// sm_90 when every GPU pair is joined by NVLink, else as LL16 packets), large ones through
 /// the block-pipelined kernels. The thresholds were measured on H200s (sm_90, `nvidia-h200-x2`
 /// and `-x4`; docs/PERF.md) for 2 and for 4 GPUs; the generic rows (any architecture, or
 /// GPUs of different kinds) use the same crossovers until measured elsewhere.
@@ -239,15 +251,19 @@ pub const DEVICE_ROWS: &[Row] = {
     const K: usize = 1 << 10;
     const M: usize = 1 << 20;
     &[
-        // sm_90, 2 GPUs.
-        device(HOPPER, AllReduce, (2, 3), (0, 2 * M), OneShot),
+        // sm_90, 2 GPUs. LL128 lines from 512 KiB (1 MiB: 11.2 µs instead of 17.0 through the
+        // pipelined kernel; up to 3.75 MiB, then the pipelined kernel takes over).
+        device(HOPPER, AllReduce, (2, 3), (0, 512 * K), OneShot),
+        device(HOPPER, AllReduce, (2, 3), (512 * K, 4 * M), TwoShotLl128),
         device(HOPPER, AllGather, (2, 3), (0, 2 * M), OneShot),
         device(HOPPER, ReduceScatter, (2, 3), (0, 2 * M), OneShot),
         device(HOPPER, AllToAll, (2, 3), (0, 2 * M), OneShot),
         device(HOPPER, Broadcast, (2, 3), (0, M), OneShot),
         // sm_90, 3 to 8 GPUs.
+        // 4 GPUs, LL128 two-shot vs LL16 two-shot: 512 KiB 10.6 µs vs 14.4, 1 MiB 11.3 vs 19.0;
+        // vs the pipelined kernel: 2 MiB 20.2 vs 24.8.
         device(HOPPER, AllReduce, (3, 9), (0, 512 * K), OneShot),
-        device(HOPPER, AllReduce, (3, 9), (0, 2 * M), TwoShot),
+        device(HOPPER, AllReduce, (3, 9), (512 * K, 4 * M), TwoShotLl128),
         device(HOPPER, AllGather, (3, 9), (0, 2 * M), OneShot),
         device(HOPPER, ReduceScatter, (3, 9), (0, 2 * M), OneShot),
         device(HOPPER, AllToAll, (3, 9), (0, 2 * M), OneShot),
@@ -414,9 +430,11 @@ mod tests {
     fn hopper_rows_are_per_world_size_and_cover_every_size() {
         let t = AlgorithmTable::default();
         let sel = |c, n, b| t.select_for(c, MemorySpace::Device, n, b, Some(90)).unwrap();
-        assert_eq!(sel(Collective::AllReduce, 2, 1 << 20), Algorithm::OneShot);
+        assert_eq!(sel(Collective::AllReduce, 2, 256 << 10), Algorithm::OneShot);
+        assert_eq!(sel(Collective::AllReduce, 2, 1 << 20), Algorithm::TwoShotLl128);
         assert_eq!(sel(Collective::AllReduce, 4, 256 << 10), Algorithm::OneShot);
-        assert_eq!(sel(Collective::AllReduce, 4, 512 << 10), Algorithm::TwoShot);
+        assert_eq!(sel(Collective::AllReduce, 4, 512 << 10), Algorithm::TwoShotLl128);
+        assert_eq!(sel(Collective::AllReduce, 4, 4 << 20), Algorithm::TwoPhase);
         assert_eq!(sel(Collective::AllReduce, 4, 1 << 30), Algorithm::TwoPhase);
         assert_eq!(sel(Collective::Broadcast, 4, 8), Algorithm::OneShot);
         assert_eq!(sel(Collective::Broadcast, 4, 256 << 10), Algorithm::OneShot);

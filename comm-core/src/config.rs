@@ -8,7 +8,7 @@
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
 //! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
-//! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–128; a tuning knob) | 64 |
+//! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–128; a tuning knob) | 128 |
 //! | `WEAVE_GPU_PACKETS` | LL packets (8 bytes of payload each) per peer and parity (4K–1M; a tuning knob) | 64K |
 //! | `WEAVE_GPU_TILE` | bytes one pipelined block moves per peer and step (4K–4M, multiple of 256; a tuning knob) | 128K |
 //! | `WEAVE_GPU_STEPS` | least tiles per block a block-pipelined GPU kernel aims for (1–16; a tuning knob) | 1 |

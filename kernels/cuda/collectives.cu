@@ -10,7 +10,8 @@
 //   [4096, PKT_END)   LL16 packets: [writer][parity][packet_capacity]
 //   [DATA, P2P)       data slots of the flag-based kernels: [parity][world + 1][chunk_bytes / 2]
 //   [P2P, PIPE)       point-to-point mailboxes: [writer][parity][aux[2] bytes]
-//   [PIPE, ...)       block-pipelined kernels (pipeline.cu): flags, then slots
+//   [PIPE, LL128)     block-pipelined kernels (pipeline.cu): flags, then slots
+//   [LL128, ...)      LL128 lines: [writer][parity][ll128_lines] of 128 bytes
 //
 // The program is this file followed by exchange_ll.cu (LL packet kernels of the data-movement
 // collectives) and pipeline.cu (block-pipelined kernels for large messages).
@@ -80,6 +81,8 @@ struct GpuCollectiveArgs {
   uint64_t chunk_bytes;
   uint64_t pipe_offset;
   uint64_t pipe_share_bytes;
+  uint64_t ll128_offset;
+  uint64_t ll128_lines;
   uint32_t rank;
   uint32_t world;
   uint32_t root;
@@ -436,6 +439,111 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
   finish(a, epoch, 0, 1);
 }
 
+// Two-shot with LL128 lines (medium messages between NVLink peers; packet.cuh): the two-shot
+// scheme above, but 120 of every 128 bytes are payload instead of 8 of 16, so each round moves
+// about half the bytes. Warps move four lines at a time. The line area of (owner, writer,
+// parity) holds the scattered share in its first half and the reduced share in its second;
+// the flag is the epoch + 1 (u64), and the parity alternates per epoch as for the packets.
+template <typename Op, typename T>
+WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
+  const uint64_t epoch = *epoch_ptr(a);
+  const uint64_t flag = epoch + 1;
+  const uint32_t parity = uint32_t(epoch + 1) & 1;
+  const uint64_t bytes = a.count * sizeof(T);
+  const uint64_t words = (bytes + 7) / 8;
+  const uint64_t half = a.ll128_lines / 2;
+  const char* send = as_ptr<const char>(a.send);
+  char* recv = as_ptr<char>(a.recv);
+  const uint32_t warp = global_thread() / 32, warps = global_threads() / 32;
+  const uint32_t group = ll128_group();
+  const uint32_t j0 = ll128_payload_index(0), j1 = ll128_payload_index(1);
+  // Line `line` of the half `which` (0 scattered, 1 reduced) of `owner`'s area for `writer`.
+  auto line_at = [&](uint32_t owner, uint32_t writer, uint32_t which, uint64_t line) {
+    return as_ptr<uint64_t>(a.peers[owner] + a.ll128_offset) +
+           ((uint64_t(writer) * 2 + parity) * a.ll128_lines + which * half + line) * LL128_LINE_WORDS;
+  };
+  auto lines_of = [](uint64_t share_words) { return (share_words + LL128_PAYLOAD_WORDS - 1) / LL128_PAYLOAD_WORDS; };
+  // Payload index j of line `line` as a word of a share [b, e): its word, or none past the end.
+  auto word_in = [&](uint64_t b, uint64_t e, uint64_t line, uint32_t j, uint64_t& w) {
+    w = b + line * LL128_PAYLOAD_WORDS + j;
+    return j < LL128_PAYLOAD_WORDS && w < e;
+  };
+  uint64_t mb, me_end;
+  split(words, a.world, a.rank, 1, mb, me_end);
+  if (lines_of((words + a.world - 1) / a.world) > half) {
+    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
+    finish(a, epoch, 0, 1);
+    return;
+  }
+  // 1. Scatter: share q of the input to rank q.
+  for (uint32_t k = 1; k < a.world; ++k) {
+    const uint32_t q = (a.rank + k) % a.world;
+    uint64_t b, e;
+    split(words, a.world, q, 1, b, e);
+    for (uint64_t first = uint64_t(warp) * LL128_LINES_PER_WARP; first < lines_of(e - b);
+         first += uint64_t(warps) * LL128_LINES_PER_WARP) {
+      const uint64_t line = first + group;
+      uint64_t w, v0 = 0, v1 = 0;
+      if (word_in(b, e, line, j0, w)) v0 = load_word(send, w, bytes);
+      if (word_in(b, e, line, j1, w)) v1 = load_word(send, w, bytes);
+      write_ll128(line_at(q, a.rank, 0, line), line < lines_of(e - b), v0, v1, flag);
+    }
+  }
+  // 2. Reduce the own share; keep it and send it to every rank.
+  bool ok = true;
+  for (uint64_t first = uint64_t(warp) * LL128_LINES_PER_WARP; ok && first < lines_of(me_end - mb);
+       first += uint64_t(warps) * LL128_LINES_PER_WARP) {
+    const uint64_t line = first + group;
+    const bool active = line < lines_of(me_end - mb);
+    uint64_t t0[MAX_PEERS], t1[MAX_PEERS];
+    auto at = [&](uint32_t j) { return line_at(a.rank, peer_rank(a, j), 0, line) + 2 * ll128_part(); };
+    ok = read_ll128_each<MAX_PEERS>(at, active ? every_peer(a) : 0, flag, a.status, t0, t1);
+    if (!ok) break;
+    uint64_t w, acc0 = 0, acc1 = 0;
+    if (word_in(mb, me_end, line, j0, w)) {
+      acc0 = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), t0);
+      if (a.op == OP_AVG) acc0 = divide_word<T>(acc0, a.world);
+      store_word(recv, w, bytes, acc0);
+    }
+    if (word_in(mb, me_end, line, j1, w)) {
+      acc1 = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), t1);
+      if (a.op == OP_AVG) acc1 = divide_word<T>(acc1, a.world);
+      store_word(recv, w, bytes, acc1);
+    }
+    for (uint32_t k = 1; k < a.world; ++k) {
+      write_ll128(line_at((a.rank + k) % a.world, a.rank, 1, line), active, acc0, acc1, flag);
+    }
+  }
+  // 3. Gather the other reduced shares, every peer's at once (shares differ by at most a word).
+  uint64_t begin[MAX_PEERS], end[MAX_PEERS];
+#pragma unroll
+  for (uint32_t j = 0; j < MAX_PEERS; ++j) {
+    uint64_t b = 0, e = 0;
+    if (j + 1 < a.world) split(words, a.world, peer_rank(a, j), 1, b, e);
+    begin[j] = b;
+    end[j] = e;
+  }
+  const uint64_t longest = lines_of((words + a.world - 1) / a.world);
+  for (uint64_t first = uint64_t(warp) * LL128_LINES_PER_WARP; ok && first < longest;
+       first += uint64_t(warps) * LL128_LINES_PER_WARP) {
+    const uint64_t line = first + group;
+    uint32_t mask = 0;
+#pragma unroll
+    for (uint32_t j = 0; j < MAX_PEERS; ++j) mask |= (line < lines_of(end[j] - begin[j]) ? 1u : 0u) << j;
+    uint64_t v0[MAX_PEERS], v1[MAX_PEERS];
+    auto at = [&](uint32_t j) { return line_at(a.rank, peer_rank(a, j), 1, line) + 2 * ll128_part(); };
+    ok = read_ll128_each<MAX_PEERS>(at, mask, flag, a.status, v0, v1);
+    if (!ok) break;
+#pragma unroll
+    for (uint32_t j = 0; j < MAX_PEERS; ++j) {
+      uint64_t w;
+      if ((mask >> j & 1) && word_in(begin[j], end[j], line, j0, w)) store_word(recv, w, bytes, v0[j]);
+      if ((mask >> j & 1) && word_in(begin[j], end[j], line, j1, w)) store_word(recv, w, bytes, v1[j]);
+    }
+  }
+  finish(a, epoch, 0, 1);
+}
+
 // Reduce to a root: every rank pushes its step portion to the root's slot; the root reduces.
 template <typename Op, typename T>
 WEAVE_DEVICE void reduce(const GpuCollectiveArgs& a) {
@@ -698,6 +806,10 @@ struct AllReduceTwoShot {
   WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot<Op, T>(a); }
 };
 template <typename Op, typename T>
+struct AllReduceTwoShotLl128 {
+  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot_ll128<Op, T>(a); }
+};
+template <typename Op, typename T>
 struct Reduce {
   WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { reduce<Op, T>(a); }
 };
@@ -723,6 +835,7 @@ struct Reduce {
 
 WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_ll, AllReduceLL)
 WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_two_shot, AllReduceTwoShot)
+WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_two_shot_ll128, AllReduceTwoShotLl128)
 WEAVE_FOR_EACH_REDUCING_TYPE(reduce, Reduce)
 
 WEAVE_KERNEL(weave_all_to_allv, weave::coll::all_to_allv)

@@ -39,11 +39,12 @@ fn matrix(gpus: usize) {
 }
 
 /// The forced-algorithm scenario once per algorithm family: every packet kernel, the two-shot
-/// all-reduce, every pipelined kernel.
+/// all-reduces (LL16 packets, LL128 lines), every pipelined kernel.
 fn forced(gpus: usize) {
-    const FAMILIES: [&str; 3] = [
+    const FAMILIES: [&str; 4] = [
         "all_reduce=one_shot,all_gather=one_shot,reduce_scatter=one_shot,broadcast=one_shot,all_to_all=one_shot,reduce=one_shot",
         "all_reduce=two_shot,broadcast=ring",
+        "all_reduce=two_shot_ll128",
         "all_reduce=two_phase,all_gather=direct,reduce_scatter=direct,broadcast=two_phase,all_to_all=direct,reduce=direct",
     ];
     for n in worlds(gpus) {

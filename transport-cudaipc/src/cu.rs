@@ -129,6 +129,26 @@ pub(crate) fn pci_bus_id(dev: CUdevice) -> Result<String> {
     Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned())
 }
 
+/// Whether `dev` reaches the device at PCI bus id `peer_bus_id` with native atomics
+/// (`CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED`): true over NVLink, false over PCIe.
+/// `None` when this process does not see that device (then nothing is known about the link).
+pub(crate) fn native_atomics_with(dev: CUdevice, peer_bus_id: &str) -> Result<Option<bool>> {
+    let Ok(id) = std::ffi::CString::new(peer_bus_id) else { return Ok(None) };
+    let mut peer: CUdevice = 0;
+    // SAFETY: `id` is a NUL-terminated string that outlives the call; one CUdevice is written.
+    if unsafe { sys::cuDeviceGetByPCIBusId(&mut peer, id.as_ptr()) } != CUresult::CUDA_SUCCESS {
+        return Ok(None);
+    }
+    if peer == dev {
+        return Ok(Some(true));
+    }
+    let mut v: c_int = 0;
+    let attr = sys::CUdevice_P2PAttribute::CU_DEVICE_P2P_ATTRIBUTE_NATIVE_ATOMIC_SUPPORTED;
+    // SAFETY: writes one int through a valid pointer; both devices came from the driver.
+    check(unsafe { sys::cuDeviceGetP2PAttribute(&mut v, attr, dev, peer) }, "cuDeviceGetP2PAttribute")?;
+    Ok(Some(v != 0))
+}
+
 /// The location of device `ordinal`.
 fn device_location(ordinal: u32) -> CUmemLocation {
     CUmemLocation { type_: CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: ordinal as c_int }

@@ -296,6 +296,14 @@ impl CudaIpcBackend {
         self.device
     }
 
+    /// Whether this device reaches the device at PCI bus id `peer_bus_id` (a peer rank's
+    /// [`pci_bus_id`](Self::pci_bus_id)) over NVLink, judged by native peer atomics, which
+    /// NVLink has and PCIe peer access has not. False when this process does not see that
+    /// device, so callers that need NVLink stay on the safe side.
+    pub fn nvlink_with(&self, peer_bus_id: &str) -> Result<bool> {
+        Ok(cu::native_atomics_with(self.ctx.cu_device(), peer_bus_id)?.unwrap_or(false))
+    }
+
     /// The PCI bus id of the device.
     pub fn pci_bus_id(&self) -> &str {
         &self.endpoint.pci_bus_id

@@ -32,6 +32,10 @@ pub struct GpuCollectiveArgs {
     pub pipe_offset: u64,
     /// Bytes of one slot of the pipelined kernels (a multiple of 256).
     pub pipe_share_bytes: u64,
+    /// Offset of the LL128 line area in every workspace.
+    pub ll128_offset: u64,
+    /// LL128 lines (128 bytes each) per (writer, parity).
+    pub ll128_lines: u64,
     /// This rank.
     pub rank: u32,
     /// Number of ranks.
@@ -63,6 +67,8 @@ pub const GPU_ARGS_LAYOUT: Layout = Layout {
         ("chunk_bytes", std::mem::offset_of!(GpuCollectiveArgs, chunk_bytes)),
         ("pipe_offset", std::mem::offset_of!(GpuCollectiveArgs, pipe_offset)),
         ("pipe_share_bytes", std::mem::offset_of!(GpuCollectiveArgs, pipe_share_bytes)),
+        ("ll128_offset", std::mem::offset_of!(GpuCollectiveArgs, ll128_offset)),
+        ("ll128_lines", std::mem::offset_of!(GpuCollectiveArgs, ll128_lines)),
         ("rank", std::mem::offset_of!(GpuCollectiveArgs, rank)),
         ("world", std::mem::offset_of!(GpuCollectiveArgs, world)),
         ("root", std::mem::offset_of!(GpuCollectiveArgs, root)),
@@ -102,6 +108,8 @@ pub struct WorkspaceLayout {
     pub pipe_blocks: usize,
     /// Bytes of one slot of the block-pipelined kernels (a multiple of 256).
     pub pipe_share_bytes: usize,
+    /// LL128 lines (128 bytes) per (writer, parity).
+    pub ll128_lines: usize,
 }
 
 impl WorkspaceLayout {
@@ -136,9 +144,26 @@ impl WorkspaceLayout {
         (tile.min(fits) / 256 * 256).max(4096)
     }
 
+    /// Offset of the LL128 line area (`[writer][parity][ll128_lines]` lines of 128 bytes),
+    /// after the pipelined kernels' area.
+    pub fn ll128_offset(&self) -> usize {
+        (self.pipe_offset() + self.pipe_bytes()).next_multiple_of(256)
+    }
+
+    /// LL128 lines per (writer, parity) for `world` ranks in an area of `area` bytes.
+    pub fn ll128_lines_for(world: usize, area: usize) -> usize {
+        area / (world.max(1) * 2 * 128)
+    }
+
+    /// Largest all-reduce (bytes) the LL128 two-shot kernel takes: every share (a world-th of
+    /// the message, in 8-byte words) fits half a line area, 120 bytes per line.
+    pub fn ll128_two_shot_max_bytes(&self) -> usize {
+        self.ll128_lines / 2 * 120 * self.world
+    }
+
     /// Total bytes.
     pub fn bytes(&self) -> usize {
-        self.pipe_offset() + self.pipe_bytes()
+        self.ll128_offset() + self.world * 2 * self.ll128_lines * 128
     }
 
     /// Largest message (bytes) the LL one-shot kernel takes.
@@ -154,7 +179,7 @@ mod tests {
     #[test]
     fn args_fit_the_kernel_parameter_limit_and_layout_is_sane() {
         assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
-        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 192);
+        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 208);
         let share = WorkspaceLayout::pipe_share_for(4, 64, 64 << 10, 256 << 20);
         assert_eq!(share, 64 << 10);
         assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 20, 256 << 20), 64 << 10);
@@ -165,11 +190,16 @@ mod tests {
             mailbox_bytes: 1 << 20,
             pipe_blocks: 64,
             pipe_share_bytes: share,
+            ll128_lines: WorkspaceLayout::ll128_lines_for(4, 16 << 20),
         };
         assert_eq!(l.data_offset() % 256, 0);
         assert_eq!(l.mailbox_offset(), l.data_offset() + 5 * (8 << 20));
         assert_eq!(l.pipe_offset(), l.mailbox_offset() + 8 * (1 << 20));
-        assert_eq!(l.bytes(), l.pipe_offset() + PIPE_FLAGS_BYTES + (128 << 20));
+        assert_eq!(l.ll128_offset(), l.pipe_offset() + PIPE_FLAGS_BYTES + (128 << 20));
+        assert_eq!(l.ll128_offset() % 256, 0);
+        assert_eq!(l.bytes(), l.ll128_offset() + (16 << 20));
+        // 16384 lines per (writer, parity): shares of up to 8192 lines of 120 bytes.
+        assert_eq!(l.ll128_two_shot_max_bytes(), 8192 * 120 * 4);
         assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 100_000, 256 << 20) % 256, 0);
         assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10, 256 << 20), 4096);
         assert_eq!(l.ll_max_bytes(), 512 << 10);

@@ -43,6 +43,8 @@ const OVERLAPPED_FROM_ON_2_GPUS: usize = 64 << 20;
 enum Grid {
     /// LL packet kernels: one thread per packet, up to the packet block limit.
     Packets,
+    /// LL128 line kernels: eight threads per line of a share, up to the packet block limit.
+    Lines,
     /// Block-pipelined kernels: blocks by message size, at least `min_steps` tiles per block
     /// (or `WEAVE_GPU_STEPS`, whichever is more).
     Pipelined { min_steps: u32 },
@@ -121,19 +123,26 @@ impl Communicator {
                 _ => Algorithm::Direct,
             };
         }
+        if algo == Algorithm::TwoShotLl128 && !g.nvlink() {
+            algo = Algorithm::TwoShot;
+        }
+        if algo == Algorithm::TwoShotLl128 && call.count * esz > g.layout().ll128_two_shot_max_bytes() {
+            algo = Algorithm::TwoPhase;
+        }
         if algo == Algorithm::TwoShot && packets.div_ceil(n) > capacity / 2 {
             algo = Algorithm::TwoPhase;
         }
         let dt = call.dtype;
-        use Algorithm::{OneShot, Ring, TwoShot};
+        use Algorithm::{OneShot, Ring, TwoShot, TwoShotLl128};
         use Collective::*;
-        use Grid::{Flags, Packets, Pipelined};
+        use Grid::{Flags, Lines, Packets, Pipelined};
         let typed = |family| Kernel::typed(family, dt);
         let untyped = Kernel::untyped;
         let bytes = call.count * esz;
         let (kernel, count, grid) = match (call.collective, algo) {
             (AllReduce, OneShot) => (typed("weave_all_reduce_ll"), call.count, Packets),
             (AllReduce, TwoShot) => (typed("weave_all_reduce_two_shot"), call.count, Packets),
+            (AllReduce, TwoShotLl128) => (typed("weave_all_reduce_two_shot_ll128"), call.count, Lines),
             (AllReduce, _) => (typed("weave_all_reduce_pipelined"), call.count, Pipelined { min_steps: 1 }),
             (ReduceScatter, OneShot) => (typed("weave_reduce_scatter_ll"), call.count, Packets),
             (ReduceScatter, _) => (typed("weave_reduce_scatter_pipelined"), call.count, Pipelined { min_steps: 1 }),
@@ -153,6 +162,7 @@ impl Communicator {
         };
         let (blocks, steps) = match grid {
             Packets => (g.packet_blocks(packets), None),
+            Lines => (g.packet_blocks(bytes.div_ceil(n).div_ceil(120) * 8), None),
             Pipelined { min_steps } => (g.pipeline_blocks(call.bytes), Some(g.pipeline_steps().max(min_steps))),
             Flags => (g.blocks_for(call.bytes), None),
         };

@@ -51,16 +51,18 @@ const CHUNK_BYTES: usize = 8 << 20;
 const MAILBOX_BYTES: usize = 2 << 20;
 /// Most blocks of an LL packet kernel.
 const PACKET_MAX_BLOCKS: u32 = 64;
-/// Blocks of a block-pipelined kernel on 2 GPUs unless `WEAVE_GPU_BLOCKS` says otherwise.
-const DEFAULT_PIPE_BLOCKS: u32 = 64;
-/// Blocks of a block-pipelined kernel on 3 or more GPUs unless `WEAVE_GPU_BLOCKS` says
-/// otherwise: on 4 × H200, 128 blocks (of 64 KiB slots) made the 1 GiB all-reduce 4630 µs
-/// instead of 4757 and every size from 4 MiB faster.
-const DEFAULT_PIPE_BLOCKS_3_PLUS: u32 = 128;
+/// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise: on 4 × H200,
+/// 128 blocks (of 64 KiB slots) made the 1 GiB all-reduce 4630 µs instead of 4757 with 64 and
+/// every size from 4 MiB faster; on 2 × H200 (128 KiB slots) the 1 GiB all-reduce 2973 µs
+/// instead of 3122, all-gather 1495 instead of 1559, and no size from 4 MiB slower.
+const DEFAULT_PIPE_BLOCKS: u32 = 128;
 /// Bytes one pipelined block moves per peer and step, unless `WEAVE_GPU_TILE` says otherwise.
 const PIPE_TILE_BYTES: usize = 128 << 10;
 /// Most bytes of the block-pipelined kernels' slots (larger worlds get smaller tiles).
 const PIPE_MAX_AREA_BYTES: usize = 256 << 20;
+/// Bytes of the LL128 line area (both parities, every writer): on 2 and 4 GPUs the LL128
+/// two-shot all-reduce takes messages up to 3.75 MiB.
+const LL128_AREA_BYTES: usize = 16 << 20;
 /// Least message bytes per block of a pipelined kernel: smaller messages use fewer blocks.
 const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
 
@@ -101,6 +103,9 @@ pub(crate) struct GpuEngine {
     overlap_launches: bool,
     /// Least tiles per block of the pipelined kernels, agreed by every rank (`aux[0]`).
     pipeline_steps: u32,
+    /// Every pair of ranks' GPUs is joined by NVLink (so LL128 lines may be used), as every
+    /// rank found.
+    nvlink: bool,
     rank: usize,
     timeout: Duration,
     broken: Option<String>,
@@ -142,15 +147,11 @@ impl GpuEngine {
         // pipeline block count, and on the architecture (none when the GPUs differ, so the
         // generic table rows apply).
         let arch_number = arch.strip_prefix("sm_").and_then(|v| v.parse::<u32>().ok());
-        let wanted_blocks = core
-            .config()
-            .gpu_pipeline_blocks
-            .unwrap_or(if world >= 3 { DEFAULT_PIPE_BLOCKS_3_PLUS } else { DEFAULT_PIPE_BLOCKS })
-            .min(PIPE_MAX_BLOCKS);
+        let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
         let wanted_tile = core.config().gpu_pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
         let wanted_packets = core.config().gpu_packets.unwrap_or(PACKET_CAPACITY);
         let wanted_steps = core.config().gpu_pipeline_steps.unwrap_or(DEFAULT_PIPE_STEPS);
-        let mut gpu_facts = Vec::with_capacity(24);
+        let mut gpu_facts = Vec::with_capacity(48);
         let words = [
             sms.max(1) as u32,
             arch_number.unwrap_or(0),
@@ -162,6 +163,9 @@ impl GpuEngine {
         for word in words {
             gpu_facts.extend_from_slice(&word.to_le_bytes());
         }
+        // After the words: this GPU's PCI bus id, so every rank can ask how it reaches the others.
+        gpu_facts.extend_from_slice(backend.pci_bus_id().as_bytes());
+        let mut bus_ids = Vec::with_capacity(world);
         let (mut max_blocks, mut pipeline_blocks, mut tile) = (u32::MAX, PIPE_MAX_BLOCKS, usize::MAX);
         let mut packet_capacity = usize::MAX;
         let mut pipeline_steps = u32::MAX;
@@ -169,7 +173,10 @@ impl GpuEngine {
         for v in core.bootstrap().all_gather(&gpu_facts)? {
             let word = |i: usize| -> Result<u32> {
                 let b: [u8; 4] = v.get(4 * i..4 * i + 4).and_then(|b| b.try_into().ok()).ok_or_else(|| {
-                    Error::Protocol(format!("GPU setup: a peer sent {} bytes instead of 24 for its GPU", v.len()))
+                    Error::Protocol(format!(
+                        "GPU setup: a peer sent {} bytes instead of at least 24 for its GPU",
+                        v.len()
+                    ))
                 })?;
                 Ok(u32::from_le_bytes(b))
             };
@@ -179,7 +186,16 @@ impl GpuEngine {
             tile = tile.min(word(3)? as usize * 256);
             packet_capacity = packet_capacity.min(word(4)? as usize);
             pipeline_steps = pipeline_steps.min(word(5)?.max(1));
+            bus_ids.push(String::from_utf8_lossy(v.get(24..).unwrap_or_default()).into_owned());
         }
+        // LL128 lines need NVLink between every pair: each rank checks its links, all agree.
+        let mut linked = true;
+        for (r, bus_id) in bus_ids.iter().enumerate() {
+            if r != core.rank() {
+                linked &= backend.nvlink_with(bus_id)?;
+            }
+        }
+        let nvlink = core.bootstrap().all_gather(&[u8::from(linked)])?.iter().all(|v| v.first() == Some(&1));
         // The kernels wait for their predecessor themselves on sm_90 and later (the program is
         // compiled for this GPU's own architecture), so this rank may overlap its launches.
         let overlap_launches = core.config().gpu_overlap_launches && arch_number.is_some_and(|a| a >= 90);
@@ -197,6 +213,7 @@ impl GpuEngine {
                 tile,
                 PIPE_MAX_AREA_BYTES,
             ),
+            ll128_lines: WorkspaceLayout::ll128_lines_for(world, LL128_AREA_BYTES),
         };
         let mine =
             core.register(layout.bytes(), MemoryKind::Device(backend.device_ordinal()), "weave gpu workspace")?;
@@ -216,6 +233,7 @@ impl GpuEngine {
             arch: arch_number,
             overlap_launches,
             pipeline_steps,
+            nvlink,
             rank: core.rank(),
             timeout: core.config().timeout,
             broken: None,
@@ -230,6 +248,11 @@ impl GpuEngine {
     /// This GPU's compute capability as a number (90 for sm_90), for the algorithm table.
     pub(crate) fn arch(&self) -> Option<u32> {
         self.arch
+    }
+
+    /// Whether every pair of this communicator's GPUs is joined by NVLink.
+    pub(crate) fn nvlink(&self) -> bool {
+        self.nvlink
     }
 
     /// The CUDA context of this rank's GPU.
@@ -269,6 +292,8 @@ impl GpuEngine {
             chunk_bytes: self.layout.chunk_bytes as u64,
             pipe_offset: self.layout.pipe_offset() as u64,
             pipe_share_bytes: self.layout.pipe_share_bytes as u64,
+            ll128_offset: self.layout.ll128_offset() as u64,
+            ll128_lines: self.layout.ll128_lines as u64,
             rank: self.rank as u32,
             world: self.workspaces.len() as u32,
             status: self.status.handle(self.timeout),
@@ -298,7 +323,7 @@ impl GpuEngine {
     }
 
     /// Blocks for a block-pipelined kernel over a `bytes`-byte message: at least
-    /// `PIPE_MIN_BYTES_PER_BLOCK` per block, at most `WEAVE_GPU_BLOCKS` (64 by default).
+    /// `PIPE_MIN_BYTES_PER_BLOCK` per block, at most `WEAVE_GPU_BLOCKS` (128 by default).
     pub(crate) fn pipeline_blocks(&self, bytes: usize) -> u32 {
         (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
     }

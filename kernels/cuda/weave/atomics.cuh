@@ -145,6 +145,16 @@ WEAVE_DEVICE void load_volatile_v2(const uint32_t* p, uint32_t& a, uint32_t& b) 
   asm volatile("ld.volatile.global.v2.u32 {%0, %1}, [%2];" : "=r"(a), "=r"(b) : "l"(p) : "memory");
 }
 
+// One 16-byte volatile store of two u64 (p must be 16-byte aligned).
+WEAVE_DEVICE void store_volatile_v2_u64(uint64_t* p, uint64_t a, uint64_t b) {
+  asm volatile("st.volatile.global.v2.u64 [%0], {%1, %2};" ::"l"(p), "l"(a), "l"(b) : "memory");
+}
+
+// One 16-byte volatile load of two u64 (p must be 16-byte aligned).
+WEAVE_DEVICE void load_volatile_v2_u64(const uint64_t* p, uint64_t& a, uint64_t& b) {
+  asm volatile("ld.volatile.global.v2.u64 {%0, %1}, [%2];" : "=l"(a), "=l"(b) : "l"(p) : "memory");
+}
+
 }  // namespace weave
 
 #endif  // WEAVE_ATOMICS_CUH

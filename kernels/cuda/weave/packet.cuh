@@ -4,6 +4,9 @@
 //   LL16Packet: {data1, flag1, data2, flag2}, 8 bytes of payload, one 16-byte store
 //               (st.volatile.global.v4.u32); valid when both flags equal the expected flag.
 //   LL8Packet:  {data, flag}, 4 bytes of payload, one 8-byte store (st.volatile.global.v2.u32).
+//   LL128 line: 16 u64, the last one the flag, 120 bytes of payload; written by the 8 lanes of
+//               a warp's lane group with one 16-byte store each in one warp instruction, read
+//               the same way (see "LL128 lines" below: NVLink only).
 //
 // The flag is a per-use counter chosen by the caller: it must be non-zero (a zeroed buffer
 // would read as valid under flag 0) and differ from the flag the buffer held before.
@@ -167,6 +170,90 @@ WEAVE_DEVICE bool unpack_packets(void* dst, const P* src, uint64_t bytes, uint32
     }
   }
   return true;
+}
+
+// ---- LL128 lines ----------------------------------------------------------------------------
+//
+// A line is 128 bytes (128-byte aligned): u64 words 0..14 carry payload, word 15 the flag.
+// Lane group g of a warp (lanes 8g .. 8g + 7) moves one line; lane part p = lane % 8 holds
+// words 2p and 2p + 1, so part 7 holds payload word 14 and the flag. The warp writes its four
+// lines with one 16-byte store per lane in one instruction, and reads them the same way.
+// A reader that sees the flag in its line's load has the whole line: on NVLink a warp's
+// 128-byte-aligned store reaches the peer as one transaction, the property NCCL's LL128
+// protocol rests on too. Over PCIe it does not hold, so the host uses lines only between
+// GPUs that reach each other over NVLink. Every function here is warp-collective: all 32
+// lanes call it with the same arguments except the per-lane ones.
+
+constexpr uint32_t LL128_LINE_WORDS = 16;
+constexpr uint32_t LL128_PAYLOAD_WORDS = 15;
+constexpr uint32_t LL128_LANES_PER_LINE = 8;
+constexpr uint32_t LL128_LINES_PER_WARP = 32 / LL128_LANES_PER_LINE;
+constexpr uint32_t FULL_WARP = 0xffffffffu;
+
+// This lane's part of its line (0..7).
+WEAVE_DEVICE uint32_t ll128_part() { return threadIdx.x % LL128_LANES_PER_LINE; }
+
+// This lane's line within its warp's group of four (0..3).
+WEAVE_DEVICE uint32_t ll128_group() { return threadIdx.x % 32 / LL128_LANES_PER_LINE; }
+
+// Payload word `j` (0 or 1) of this lane's part, as an index into the line's payload, or
+// LL128_PAYLOAD_WORDS when the part has no such word (part 7's second word is the flag).
+WEAVE_DEVICE uint32_t ll128_payload_index(uint32_t j) {
+  const uint32_t w = 2 * ll128_part() + j;
+  return w < LL128_PAYLOAD_WORDS ? w : LL128_PAYLOAD_WORDS;
+}
+
+// Stores this lane's part of `line` (w0, w1 are its payload words; part 7's w1 is replaced by
+// the flag). Every lane of the warp must call it together, even lanes without a line (`active`
+// false), so the four lines leave in one instruction.
+WEAVE_DEVICE void write_ll128(uint64_t* line, bool active, uint64_t w0, uint64_t w1, uint64_t flag) {
+  __syncwarp();
+  if (active) store_volatile_v2_u64(line + 2 * ll128_part(), w0, ll128_part() == 7 ? flag : w1);
+}
+
+// Bounded wait, by the whole warp, until each of up to MAX lines of this lane's group carries
+// `flag`: line i (bit i of the group's `mask`) is at(i); w0[i], w1[i] get this lane's words of
+// it. Every pass reloads every line with one load per lane and line, so a line whose flag
+// matched was read whole. False on every lane when the warp gave up (PacketTimeout or Aborted
+// reported, or another thread already failed).
+template <uint32_t MAX, typename At>
+WEAVE_DEVICE bool read_ll128_each(At at, uint32_t mask, uint64_t flag, const DeviceStatusHandle& status,
+                                  uint64_t (&w0)[MAX], uint64_t (&w1)[MAX]) {
+  const bool flag_lane = ll128_part() == 7;
+  const int64_t start = clock64();
+  for (uint32_t pass = 1;; ++pass) {
+#pragma unroll
+    for (uint32_t i = 0; i < MAX; ++i) {
+      if (mask >> i & 1) load_volatile_v2_u64(at(i), w0[i], w1[i]);
+    }
+    bool ready = true;
+#pragma unroll
+    for (uint32_t i = 0; i < MAX; ++i) {
+      if ((mask >> i & 1) && flag_lane && w1[i] != flag) ready = false;
+    }
+    if (__all_sync(FULL_WARP, ready)) return true;
+    // Give up together: on a timeout, when the host asks to stop, or when another thread
+    // already failed (then there is nothing to report).
+    bool quit = false;
+    uint32_t report = DeviceError::None;
+    if (static_cast<uint64_t>(clock64() - start) > status.timeout_cycles) {
+      quit = true;
+      report = DeviceError::PacketTimeout;
+    }
+    if (pass % SPIN_CHECK_PERIOD == 0 && threadIdx.x % 32 == 0) {
+      if (abort_requested(status)) {
+        quit = true;
+        report = DeviceError::Aborted;
+      } else if (status_error(status) != DeviceError::None) {
+        quit = true;
+      }
+    }
+    if (__any_sync(FULL_WARP, quit)) {
+      const uint32_t code = __reduce_max_sync(FULL_WARP, report);
+      if (threadIdx.x % 32 == 0 && code != DeviceError::None) report_error(status, code);
+      return false;
+    }
+  }
 }
 
 }  // namespace weave

@@ -264,6 +264,8 @@ fn forced() -> Result<String> {
     checked += run_typed::<bf16>(&g, &[50_000], &[ReduceOp::Sum])?;
     // The largest packet messages (64 Ki words per peer by default): one element more falls back.
     checked += run_typed::<f64>(&g, &[(64 << 10) - 1, 64 << 10, (64 << 10) + 1], &[ReduceOp::Min])?;
+    // The largest LL128 two-shot all-reduce on 2 to 4 GPUs (3.75 MiB), and one element more.
+    checked += run_typed::<f32>(&g, &[983_040, 983_041], &[ReduceOp::Sum])?;
     checked += same_bits_on_every_rank(&g, &[1000, 50_000, 1 << 20])?;
     let algo = std::env::var("WEAVE_ALGO").unwrap_or_default();
     Ok(format!("{checked} device calls checked in {:.1?} with WEAVE_ALGO={algo:?}", started.elapsed()))
