@@ -4,6 +4,7 @@
 // is rank r's, as mapped into this GPU):
 //
 //   [0, 512)          flags: u64 at 64*w, written (release, system scope) by rank w
+//   [1536, 2048)      packet epochs: u64 per block index < PACKET_MAX_BLOCKS (packet kernels)
 //   [2048]            this rank's epoch (u64): phases completed by this rank so far
 //   [2056]            block arrival counter (u32) for grid-wide phases
 //   [3072, 4096)      step counters of the block-pipelined kernels (u64 per block)
@@ -34,7 +35,9 @@
 // so CUDA-graph replays stay in step. Every flag-based kernel (reduce, all-to-all-v) starts with
 // an entry phase, so no rank writes into a peer's slots while that peer still runs an earlier
 // kernel. The packet kernels and the block-pipelined kernels need no phase (see their
-// comments); they advance the epoch by one. Every spin is
+// comments) and leave this epoch alone: the packet kernels count themselves in the packet
+// epochs (one counter per block index, so no block waits for another at the end; see
+// packet_epoch), the pipelined kernels in their step counters. Every spin is
 // bounded by DeviceStatusHandle (a timed-out kernel records the error and returns).
 //
 // Grids are at most one block per SM (the host guarantees it), so all blocks are co-resident and
@@ -175,6 +178,45 @@ WEAVE_DEVICE void finish(const GpuCollectiveArgs& a, uint64_t epoch, uint32_t ar
       __threadfence();
     }
   }
+}
+
+// ---- packet epochs ------------------------------------------------------------------------
+//
+// The packet kernels (LL16 packets, LL128 lines) number their uses of the packet buffers: the
+// E-th packet kernel on a rank uses flag E + 1 and parity (E + 1) & 1, equal on every rank since
+// every rank runs the same kernels. E lives in PACKET_MAX_BLOCKS counters, one per block
+// index, all equal between kernels: block b of a B-block kernel reads counter b at its start
+// and at its end stores E + 1 into counters b, b + B, b + 2B, … So every counter advances once
+// per kernel, no block reads a counter another block of the same kernel writes, and the end
+// of a kernel needs neither an arrival counter nor a fence (the next kernel on the stream
+// starts after this one completed).
+constexpr uint64_t PACKET_EPOCHS_OFFSET = 1536;
+constexpr uint32_t PACKET_MAX_BLOCKS = WEAVE_PACKET_MAX_BLOCKS;
+static_assert(PACKET_EPOCHS_OFFSET + 8 * PACKET_MAX_BLOCKS <= EPOCH_OFFSET, "packet epochs overlap the epoch");
+
+WEAVE_DEVICE uint64_t* packet_epochs(const GpuCollectiveArgs& a) {
+  return as_ptr<uint64_t>(a.peers[a.rank] + PACKET_EPOCHS_OFFSET);
+}
+
+// This packet kernel's E (every thread of the block reads it at the start), or false (the
+// error reported, nothing advanced) when the grid has more blocks than there are counters; the
+// host never launches one.
+WEAVE_DEVICE bool packet_epoch(const GpuCollectiveArgs& a, uint64_t& epoch) {
+  if (gridDim.x > PACKET_MAX_BLOCKS) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) report_error(a.status, DeviceError::BadArgument);
+    return false;
+  }
+  epoch = packet_epochs(a)[blockIdx.x];
+  return true;
+}
+
+// End of a packet kernel: this block advances its counters to E + 1 (after every thread of the
+// block read E), one counter per thread.
+WEAVE_DEVICE void packet_finish(const GpuCollectiveArgs& a, uint64_t epoch) {
+  static_assert(PACKET_MAX_BLOCKS <= WEAVE_BLOCK_THREADS, "a block advances up to PACKET_MAX_BLOCKS counters");
+  __syncthreads();
+  const uint32_t j = blockIdx.x + threadIdx.x * gridDim.x;
+  if (j < PACKET_MAX_BLOCKS) packet_epochs(a)[j] = epoch + 1;
 }
 
 // ---- element arithmetic -------------------------------------------------------------------
@@ -334,7 +376,8 @@ WEAVE_DEVICE void split(uint64_t elems, uint32_t parts, uint32_t part, uint64_t 
 // flag is the epoch.
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
+  uint64_t epoch;
+  if (!packet_epoch(a, epoch)) return;
   const uint32_t flag = uint32_t(epoch + 1);
   const uint32_t parity = uint32_t(epoch + 1) & 1;
   const uint64_t bytes = a.count * sizeof(T);
@@ -364,7 +407,7 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
   } else if (t == 0) {
     report_error(a.status, DeviceError::BadArgument);
   }
-  finish(a, epoch, 0, 1);
+  packet_finish(a, epoch);
 }
 
 // Two-shot with LL16 packets (medium messages), no flag phase either: rank q owns word share q.
@@ -374,7 +417,8 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
 // reduced shares. Each rank moves about 2(n-1)/n of the message instead of n-1 times it.
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
+  uint64_t epoch;
+  if (!packet_epoch(a, epoch)) return;
   const uint32_t flag = uint32_t(epoch + 1);
   const uint32_t parity = uint32_t(epoch + 1) & 1;
   const uint64_t bytes = a.count * sizeof(T);
@@ -390,7 +434,7 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
   split(words, a.world, a.rank, 1, mb, me_end);
   if ((words + a.world - 1) / a.world > half) {
     if (t == 0) report_error(a.status, DeviceError::BadArgument);
-    finish(a, epoch, 0, 1);
+    packet_finish(a, epoch);
     return;
   }
   // 1. Scatter: share q of the input to rank q.
@@ -436,7 +480,7 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
       if (ok && (mask >> j & 1)) store_word(recv, begin[j] + i, bytes, v[j]);
     }
   }
-  finish(a, epoch, 0, 1);
+  packet_finish(a, epoch);
 }
 
 // Two-shot with LL128 lines (medium messages between NVLink peers; packet.cuh): the two-shot
@@ -446,7 +490,8 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
 // the flag is the epoch + 1 (u64), and the parity alternates per epoch as for the packets.
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
+  uint64_t epoch;
+  if (!packet_epoch(a, epoch)) return;
   const uint64_t flag = epoch + 1;
   const uint32_t parity = uint32_t(epoch + 1) & 1;
   const uint64_t bytes = a.count * sizeof(T);
@@ -472,7 +517,7 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
   split(words, a.world, a.rank, 1, mb, me_end);
   if (lines_of((words + a.world - 1) / a.world) > half) {
     if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
-    finish(a, epoch, 0, 1);
+    packet_finish(a, epoch);
     return;
   }
   // 1. Scatter: share q of the input to rank q.
@@ -541,7 +586,7 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
       if ((mask >> j & 1) && word_in(begin[j], end[j], line, j1, w)) store_word(recv, w, bytes, v1[j]);
     }
   }
-  finish(a, epoch, 0, 1);
+  packet_finish(a, epoch);
 }
 
 // Reduce to a root: every rank pushes its step portion to the root's slot; the root reduces.

@@ -2,8 +2,8 @@
 // reduce-scatter and reduce (appended to collectives.cu, whose helpers it uses).
 //
 // Every rank writes, for every peer q, the bytes q needs from it as LL16 packets into q's packet
-// buffer (writer = this rank, parity of the epoch, flag = epoch + 1), then reads what every
-// peer wrote for it from its own buffer. No flag phase and no grid barrier: the packet flag is
+// buffer (writer = this rank, parity of the packet epoch, flag = packet epoch + 1), then reads
+// what every peer wrote for it from its own buffer. No flag phase and no grid barrier: the packet flag is
 // the synchronization, as in the one-shot all-reduce.
 //
 // A rank that has nothing for a peer (broadcast from another root, reduce to another root)
@@ -26,7 +26,8 @@ enum ExchangeKind : uint32_t {
 template <typename Op, typename T, uint32_t KIND>
 WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
   constexpr bool REDUCING = KIND == XCHG_REDUCE_SCATTER || KIND == XCHG_REDUCE;
-  const uint64_t epoch = *epoch_ptr(a);
+  uint64_t epoch;
+  if (!packet_epoch(a, epoch)) return;
   const uint32_t flag = uint32_t(epoch + 1);
   const uint32_t parity = uint32_t(epoch + 1) & 1;
   // Bytes of one block (count is elements for the reducing kinds, bytes for the others).
@@ -40,7 +41,7 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
   };
   if (words > a.packet_capacity) {
     if (t == 0) report_error(a.status, DeviceError::BadArgument);
-    finish(a, epoch, 0, 1);
+    packet_finish(a, epoch);
     return;
   }
   // What this rank sends to rank q (nullptr: one empty packet).
@@ -127,7 +128,7 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
       }
     }
   }
-  finish(a, epoch, 0, 1);
+  packet_finish(a, epoch);
 }
 
 template <typename Op, typename T>

@@ -166,12 +166,11 @@ WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* cons
   }
 }
 
-// False (BadArgument reported, kernel finished) when the grid has more blocks than the pipe
-// area has flags for; the host never launches one.
-WEAVE_DEVICE bool pipe_grid_fits(const GpuCollectiveArgs& a, uint64_t epoch) {
+// False (BadArgument reported) when the grid has more blocks than the pipe area has flags for;
+// the host never launches one.
+WEAVE_DEVICE bool pipe_grid_fits(const GpuCollectiveArgs& a) {
   if (gridDim.x <= PIPE_MAX_BLOCKS) return true;
   if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
-  finish(a, epoch, 0, 1);
   return false;
 }
 
@@ -209,12 +208,11 @@ constexpr uint64_t PIPE_OVERLAPPED = 1;
 // results. `count` is elements of T.
 template <typename Op, typename T>
 WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
   const uint32_t n = a.world, me = a.rank, peers = pipe_peers(a);
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const uint32_t avg = a.op == OP_AVG ? n : 0;
-  if (!pipe_grid_fits(a, epoch)) return;
+  if (!pipe_grid_fits(a)) return;
   const uint64_t first = *pipe_steps(a);
   const uint64_t share = pipe_share<T>(a, a.count, n);
   const uint64_t tile = share * n;
@@ -288,7 +286,6 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   }
   if (!overlapped && mine > 0) pipe_post(a, {FREED, first + mine, peers});
   if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
-  finish(a, epoch, 0, 1);
 }
 
 // Relay broadcast: the root scatters each tile over the other ranks (share j to relay j, the
@@ -299,7 +296,6 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
 // tile t - 1 (the other relays' shares). On 2 GPUs the one relay keeps the whole tile.
 // `count` is bytes.
 WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
   const uint32_t n = a.world, me = a.rank, root = a.root;
   const uint32_t peers = pipe_peers(a);
   const uint32_t relays = n - 1;
@@ -307,10 +303,9 @@ WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
   const uint32_t other_relays = peers & ~(1u << root);
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
-  if (!pipe_grid_fits(a, epoch)) return;
+  if (!pipe_grid_fits(a)) return;
   if (n == 1) {
     if (blockIdx.x == 0 && recv != send) copy(recv, send, a.count, threadIdx.x, blockDim.x);
-    finish(a, epoch, 0, 1);
     return;
   }
   const uint64_t first = *pipe_steps(a);
@@ -368,7 +363,6 @@ WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
     }
   }
   if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
-  finish(a, epoch, 0, 1);
 }
 
 enum OneRoundKind : uint32_t { ROUND_ALL_GATHER = 0, ROUND_ALL_TO_ALL = 1, ROUND_REDUCE_SCATTER = 2 };
@@ -379,12 +373,11 @@ enum OneRoundKind : uint32_t { ROUND_ALL_GATHER = 0, ROUND_ALL_TO_ALL = 1, ROUND
 // drain the inbox, in the order a.aux[1] says.
 template <typename Op, typename T, uint32_t KIND>
 WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
   const uint32_t n = a.world, me = a.rank, peers = pipe_peers(a);
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const uint32_t avg = (KIND == ROUND_REDUCE_SCATTER && a.op == OP_AVG) ? n : 0;
-  if (!pipe_grid_fits(a, epoch)) return;
+  if (!pipe_grid_fits(a)) return;
   auto block_of = [&](uint32_t q) -> const T* {
     return KIND == ROUND_ALL_GATHER ? send : send + uint64_t(q) * a.count;
   };
@@ -444,7 +437,6 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
   }
   if (!overlapped && mine > 0) pipe_post(a, {FREED, first + mine, peers});
   if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
-  finish(a, epoch, 0, 1);
 }
 
 // Chain broadcast (large messages on 3 or more GPUs): root → root + 1 → … → root - 1, so every
@@ -453,14 +445,13 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
 // successor's inbox (once the successor freed step s - PIPE_DEPTH) and copies it to its output;
 // up to PIPE_DEPTH tiles per block are in flight on every link. `count` is bytes.
 WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
-  const uint64_t epoch = *epoch_ptr(a);
   const uint32_t n = a.world, me = a.rank, peers = pipe_peers(a);
   const uint32_t pos = (me + n - a.root) % n;
   const uint32_t next = (me + 1) % n, prev = (me + n - 1) % n;
   const bool first_link = pos == 0, last_link = pos == n - 1;
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
-  if (!pipe_grid_fits(a, epoch)) return;
+  if (!pipe_grid_fits(a)) return;
   const uint64_t first = *pipe_steps(a);
   const uint64_t tile = pipe_share<uint8_t>(a, a.count, 1);
   const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
@@ -476,7 +467,6 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
     pipe_post(a, {INBOX_READY, step, last_link ? 0u : 1u << next}, {FREED, step, peers});
   }
   if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
-  finish(a, epoch, 0, 1);
 }
 
 template <typename Op, typename T>

@@ -49,7 +49,8 @@ const PACKET_CAPACITY: usize = 64 << 10;
 const CHUNK_BYTES: usize = 8 << 20;
 /// Bytes of one point-to-point mailbox slot.
 const MAILBOX_BYTES: usize = 2 << 20;
-/// Most blocks of an LL packet kernel.
+/// Most blocks of an LL packet kernel (`PACKET_MAX_BLOCKS` in `collectives.cu`: one packet
+/// epoch counter per block index, at most 64 in the control block).
 const PACKET_MAX_BLOCKS: u32 = 64;
 /// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise: on 4 × H200,
 /// 128 blocks (of 64 KiB slots) made the 1 GiB all-reduce 4630 µs instead of 4757 with 64 and
@@ -77,11 +78,13 @@ pub fn program() -> String {
 }
 
 /// The kernels' source preceded by the constants the host sizes things with: the block size
-/// every launch uses and the pipelined kernels' block limit and flag area.
+/// every launch uses, the pipelined kernels' block limit and flag area, and the packet
+/// kernels' block limit (one packet epoch counter per block).
 fn with_host_constants(source: &str) -> String {
     format!(
         "#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n#define WEAVE_PIPE_MAX_BLOCKS {PIPE_MAX_BLOCKS}\n\
-         #define WEAVE_PIPE_FLAGS_BYTES {}\n#define WEAVE_PIPE_DEPTH {}\n{source}",
+         #define WEAVE_PIPE_FLAGS_BYTES {}\n#define WEAVE_PIPE_DEPTH {}\n\
+         #define WEAVE_PACKET_MAX_BLOCKS {PACKET_MAX_BLOCKS}\n{source}",
         args::PIPE_FLAGS_BYTES,
         args::PIPE_DEPTH
     )
