@@ -180,6 +180,12 @@ WEAVE_DEVICE void finish(const GpuCollectiveArgs& a, uint64_t epoch, uint32_t ar
   }
 }
 
+// The LL16 packets `writer` writes into `owner`'s workspace under parity `parity`
+// (packet_capacity of them).
+WEAVE_DEVICE LL16Packet* packet_buffer(const GpuCollectiveArgs& a, uint32_t owner, uint32_t writer, uint32_t parity) {
+  return as_ptr<LL16Packet>(a.peers[owner] + PACKETS_OFFSET) + (uint64_t(writer) * 2 + parity) * a.packet_capacity;
+}
+
 // ---- packet epochs ------------------------------------------------------------------------
 //
 // The packet kernels (LL16 packets, LL128 lines) number their uses of the packet buffers: the
@@ -283,23 +289,33 @@ WEAVE_DEVICE uint4 divide_vec16(uint4 a, uint32_t n) {
   return x.v;
 }
 
-// dst[i] (and dst2[i] when given) = Op over srcs[s][i]; divides by `avg` when non-zero.
-// Vectorized when every pointer is 16-byte aligned. The caller's threads share the work.
+// dst[i] = Op over srcs[s][i] (divided by `avg` when non-zero), also stored at outs[o][i].
+// Vectorized when every pointer is 16-byte aligned; threads [0, nthreads) of the caller's group
+// share the work (`thread` is the caller's index).
 template <typename Op, typename T>
-WEAVE_DEVICE void reduce_range(T* dst, T* dst2, const T* const* srcs, uint32_t nsrc, uint64_t elems, uint32_t avg,
-                               uint32_t thread, uint32_t nthreads) {
-  bool aligned = (as_address(dst) % 16 == 0) && (dst2 == nullptr || as_address(dst2) % 16 == 0);
-  for (uint32_t s = 0; s < nsrc; ++s) aligned = aligned && (as_address(srcs[s]) % 16 == 0);
+WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* const* srcs, uint32_t nsrc,
+                            uint64_t elems, uint32_t avg, uint32_t thread, uint32_t nthreads) {
+  bool aligned = as_address(dst) % 16 == 0;
+  for (uint32_t o = 0; o < nout; ++o) aligned = aligned && as_address(outs[o]) % 16 == 0;
+  for (uint32_t s = 0; s < nsrc; ++s) aligned = aligned && as_address(srcs[s]) % 16 == 0;
   uint64_t done = 0;
   if (aligned) {
     constexpr uint64_t per = 16 / sizeof(T);
     const uint64_t units = elems / per;
     for (uint64_t u = thread; u < units; u += nthreads) {
-      uint4 acc = reinterpret_cast<const uint4*>(srcs[0])[u];
-      for (uint32_t s = 1; s < nsrc; ++s) acc = reduce_vec16<Op, T>(acc, reinterpret_cast<const uint4*>(srcs[s])[u]);
+      uint4 v[8];
+#pragma unroll
+      for (uint32_t s = 0; s < 8; ++s) {
+        if (s < nsrc) v[s] = reinterpret_cast<const uint4*>(srcs[s])[u];
+      }
+      uint4 acc = v[0];
+#pragma unroll
+      for (uint32_t s = 1; s < 8; ++s) {
+        if (s < nsrc) acc = reduce_vec16<Op, T>(acc, v[s]);
+      }
       if (avg) acc = divide_vec16<T>(acc, avg);
       reinterpret_cast<uint4*>(dst)[u] = acc;
-      if (dst2) reinterpret_cast<uint4*>(dst2)[u] = acc;
+      for (uint32_t o = 0; o < nout; ++o) reinterpret_cast<uint4*>(outs[o])[u] = acc;
     }
     done = units * per;
   }
@@ -308,7 +324,7 @@ WEAVE_DEVICE void reduce_range(T* dst, T* dst2, const T* const* srcs, uint32_t n
     for (uint32_t s = 1; s < nsrc; ++s) acc = Op::apply(acc, srcs[s][i]);
     if (avg) acc = divide<T>(acc, avg);
     dst[i] = acc;
-    if (dst2) dst2[i] = acc;
+    for (uint32_t o = 0; o < nout; ++o) outs[o][i] = acc;
   }
 }
 
@@ -385,9 +401,7 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
   const uint32_t t = global_thread(), nt = global_threads();
-  auto packets = [&](uint32_t owner, uint32_t writer) {
-    return as_ptr<LL16Packet>(a.peers[owner] + PACKETS_OFFSET) + (uint64_t(writer) * 2 + parity) * a.packet_capacity;
-  };
+  auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); };
   if (words <= a.packet_capacity) {
     for (uint64_t w = t; w < words; w += nt) {
       const uint64_t mine = load_word(send, w, bytes);
@@ -427,9 +441,7 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
   const uint32_t t = global_thread(), nt = global_threads();
-  auto packets = [&](uint32_t owner, uint32_t writer) {
-    return as_ptr<LL16Packet>(a.peers[owner] + PACKETS_OFFSET) + (uint64_t(writer) * 2 + parity) * a.packet_capacity;
-  };
+  auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); };
   uint64_t mb, me_end;
   split(words, a.world, a.rank, 1, mb, me_end);
   if ((words + a.world - 1) / a.world > half) {
@@ -612,7 +624,7 @@ WEAVE_DEVICE void reduce(const GpuCollectiveArgs& a) {
       for (uint32_t k = 1; k < a.world; ++k) {
         srcs[n++] = reinterpret_cast<const T*>(slot_ptr(a, a.rank, parity, (a.rank + k) % a.world));
       }
-      reduce_range<Op, T>(recv + base, nullptr, srcs, n, elems, avg, t, nt);
+      reduce_to<Op, T>(recv + base, nullptr, 0, srcs, n, elems, avg, t, nt);
     }
   }
   finish(a, epoch, index, index);

@@ -36,9 +36,7 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
   const uint32_t t = global_thread(), nt = global_threads();
-  auto packets = [&](uint32_t owner, uint32_t writer) {
-    return as_ptr<LL16Packet>(a.peers[owner] + PACKETS_OFFSET) + (uint64_t(writer) * 2 + parity) * a.packet_capacity;
-  };
+  auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); };
   if (words > a.packet_capacity) {
     if (t == 0) report_error(a.status, DeviceError::BadArgument);
     packet_finish(a, epoch);

@@ -127,45 +127,6 @@ WEAVE_DEVICE uint64_t pipe_share(const GpuCollectiveArgs& a, uint64_t elems, uin
   return share < cap ? share : cap;
 }
 
-// dst[i] = Op over srcs[s][i] (divided by `avg` when non-zero), also stored at outs[o][i].
-// Vectorized when every pointer is 16-byte aligned; threads [0, nthreads) of the caller's group
-// share the work (`thread` is the caller's index).
-template <typename Op, typename T>
-WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* const* srcs, uint32_t nsrc,
-                            uint64_t elems, uint32_t avg, uint32_t thread, uint32_t nthreads) {
-  bool aligned = as_address(dst) % 16 == 0;
-  for (uint32_t o = 0; o < nout; ++o) aligned = aligned && as_address(outs[o]) % 16 == 0;
-  for (uint32_t s = 0; s < nsrc; ++s) aligned = aligned && as_address(srcs[s]) % 16 == 0;
-  uint64_t done = 0;
-  if (aligned) {
-    constexpr uint64_t per = 16 / sizeof(T);
-    const uint64_t units = elems / per;
-    for (uint64_t u = thread; u < units; u += nthreads) {
-      uint4 v[8];
-#pragma unroll
-      for (uint32_t s = 0; s < 8; ++s) {
-        if (s < nsrc) v[s] = reinterpret_cast<const uint4*>(srcs[s])[u];
-      }
-      uint4 acc = v[0];
-#pragma unroll
-      for (uint32_t s = 1; s < 8; ++s) {
-        if (s < nsrc) acc = reduce_vec16<Op, T>(acc, v[s]);
-      }
-      if (avg) acc = divide_vec16<T>(acc, avg);
-      reinterpret_cast<uint4*>(dst)[u] = acc;
-      for (uint32_t o = 0; o < nout; ++o) reinterpret_cast<uint4*>(outs[o])[u] = acc;
-    }
-    done = units * per;
-  }
-  for (uint64_t i = done + thread; i < elems; i += nthreads) {
-    T acc = srcs[0][i];
-    for (uint32_t s = 1; s < nsrc; ++s) acc = Op::apply(acc, srcs[s][i]);
-    if (avg) acc = divide<T>(acc, avg);
-    dst[i] = acc;
-    for (uint32_t o = 0; o < nout; ++o) outs[o][i] = acc;
-  }
-}
-
 // False (BadArgument reported) when the grid has more blocks than the pipe area has flags for;
 // the host never launches one.
 WEAVE_DEVICE bool pipe_grid_fits(const GpuCollectiveArgs& a) {
