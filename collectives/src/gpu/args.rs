@@ -93,6 +93,15 @@ const PIPE_FLAG_KINDS: usize = 3;
 /// writers).
 pub const PIPE_FLAGS_BYTES: usize = PIPE_MAX_BLOCKS as usize * PIPE_FLAG_KINDS * 8 * 8;
 
+/// Bytes of one LL128 line (`weave/packet.cuh`: 16 u64, the last one the flag).
+pub const LL128_LINE_BYTES: usize = 128;
+
+/// Payload bytes of one LL128 line.
+pub const LL128_PAYLOAD_BYTES: usize = LL128_LINE_BYTES - 8;
+
+/// Threads that move one LL128 line (16 bytes each).
+pub const LL128_THREADS_PER_LINE: usize = LL128_LINE_BYTES / 16;
+
 /// Byte layout of one rank's GPU workspace (see `collectives.cu`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct WorkspaceLayout {
@@ -152,18 +161,24 @@ impl WorkspaceLayout {
 
     /// LL128 lines per (writer, parity) for `world` ranks in an area of `area` bytes.
     pub fn ll128_lines_for(world: usize, area: usize) -> usize {
-        area / (world.max(1) * 2 * 128)
+        area / (world.max(1) * 2 * LL128_LINE_BYTES)
     }
 
     /// Largest all-reduce (bytes) the LL128 two-shot kernel takes: every share (a world-th of
-    /// the message, in 8-byte words) fits half a line area, 120 bytes per line.
+    /// the message, in 8-byte words) fits half a line area.
     pub fn ll128_two_shot_max_bytes(&self) -> usize {
-        self.ll128_lines / 2 * 120 * self.world
+        self.ll128_lines / 2 * LL128_PAYLOAD_BYTES * self.world
+    }
+
+    /// Threads the LL128 two-shot all-reduce of `bytes` bytes keeps busy: one line group per
+    /// line of a share.
+    pub fn ll128_two_shot_threads(&self, bytes: usize) -> usize {
+        bytes.div_ceil(self.world.max(1)).div_ceil(LL128_PAYLOAD_BYTES) * LL128_THREADS_PER_LINE
     }
 
     /// Total bytes.
     pub fn bytes(&self) -> usize {
-        self.ll128_offset() + self.world * 2 * self.ll128_lines * 128
+        self.ll128_offset() + self.world * 2 * self.ll128_lines * LL128_LINE_BYTES
     }
 
     /// Largest message (bytes) the LL one-shot kernel takes.
@@ -200,6 +215,8 @@ mod tests {
         assert_eq!(l.bytes(), l.ll128_offset() + (16 << 20));
         // 16384 lines per (writer, parity): shares of up to 8192 lines of 120 bytes.
         assert_eq!(l.ll128_two_shot_max_bytes(), 8192 * 120 * 4);
+        // 1 MiB on 4 GPUs: shares of 256 KiB, 2185 lines of 8 threads.
+        assert_eq!(l.ll128_two_shot_threads(1 << 20), 2185 * 8);
         assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 100_000, 256 << 20) % 256, 0);
         assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10, 256 << 20), 4096);
         assert_eq!(l.ll_max_bytes(), 512 << 10);

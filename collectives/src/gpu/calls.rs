@@ -162,7 +162,7 @@ impl Communicator {
         };
         let (blocks, steps) = match grid {
             Packets => (g.packet_blocks(packets), None),
-            Lines => (g.packet_blocks(bytes.div_ceil(n).div_ceil(120) * 8), None),
+            Lines => (g.packet_blocks(g.layout().ll128_two_shot_threads(bytes)), None),
             Pipelined { min_steps } => (g.pipeline_blocks(call.bytes), Some(g.pipeline_steps().max(min_steps))),
             Flags => (g.blocks_for(call.bytes), None),
         };
