@@ -384,6 +384,19 @@ WEAVE_DEVICE void split(uint64_t elems, uint32_t parts, uint32_t part, uint64_t 
   if (end > elems) end = elems;
 }
 
+// The words [begin[i], end[i]) of peer i's share when `words` words are split over the ranks
+// (the two-shot all-reduces' gather); an empty range for every i >= world - 1.
+WEAVE_DEVICE void peer_shares(const GpuCollectiveArgs& a, uint64_t words, uint64_t (&begin)[MAX_PEERS],
+                              uint64_t (&end)[MAX_PEERS]) {
+#pragma unroll
+  for (uint32_t i = 0; i < MAX_PEERS; ++i) {
+    uint64_t b = 0, e = 0;
+    if (i + 1 < a.world) split(words, a.world, peer_rank(a, i), 1, b, e);
+    begin[i] = b;
+    end[i] = e;
+  }
+}
+
 // ---- all-reduce ---------------------------------------------------------------------------
 
 // One-shot with LL16 packets (small messages): every rank writes its data as packets into
@@ -471,19 +484,13 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
     }
   }
   // 3. Gather the other reduced shares, every peer's at once (shares differ by at most a word).
-  uint64_t begin[MAX_PEERS], len[MAX_PEERS];
-#pragma unroll
-  for (uint32_t j = 0; j < MAX_PEERS; ++j) {
-    uint64_t b = 0, e = 0;
-    if (j + 1 < a.world) split(words, a.world, peer_rank(a, j), 1, b, e);
-    begin[j] = b;
-    len[j] = e - b;
-  }
+  uint64_t begin[MAX_PEERS], end[MAX_PEERS];
+  peer_shares(a, words, begin, end);
   const uint64_t longest = (words + a.world - 1) / a.world;
   for (uint64_t i = t; i < longest && ok; i += nt) {
     uint32_t mask = 0;
 #pragma unroll
-    for (uint32_t j = 0; j < MAX_PEERS; ++j) mask |= (i < len[j] ? 1u : 0u) << j;
+    for (uint32_t j = 0; j < MAX_PEERS; ++j) mask |= (i < end[j] - begin[j] ? 1u : 0u) << j;
     uint64_t v[MAX_PEERS];
     auto at = [&](uint32_t j) { return packets(a.rank, peer_rank(a, j)) + half + i; };
     ok = read_ll16_each<MAX_PEERS>(at, mask, flag, a.status, v);
@@ -573,13 +580,7 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
   }
   // 3. Gather the other reduced shares, every peer's at once (shares differ by at most a word).
   uint64_t begin[MAX_PEERS], end[MAX_PEERS];
-#pragma unroll
-  for (uint32_t j = 0; j < MAX_PEERS; ++j) {
-    uint64_t b = 0, e = 0;
-    if (j + 1 < a.world) split(words, a.world, peer_rank(a, j), 1, b, e);
-    begin[j] = b;
-    end[j] = e;
-  }
+  peer_shares(a, words, begin, end);
   const uint64_t longest = lines_of((words + a.world - 1) / a.world);
   for (uint64_t first = uint64_t(warp) * LL128_LINES_PER_WARP; ok && first < longest;
        first += uint64_t(warps) * LL128_LINES_PER_WARP) {
