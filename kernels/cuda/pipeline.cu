@@ -163,6 +163,61 @@ WEAVE_DEVICE void pipe_tile(uint64_t t, uint64_t tile, uint64_t count, uint64_t&
 constexpr uint64_t PIPE_LOCKSTEP = 0;
 constexpr uint64_t PIPE_OVERLAPPED = 1;
 
+// A block's walk over its tiles of a message of `count` units cut into tiles of `tile`: the
+// step its counter stood at (steps first + 1, …, first + mine are this kernel's) and how many
+// tiles it takes.
+struct PipeWalk {
+  uint64_t first;
+  uint64_t tile;
+  uint64_t mine;
+};
+WEAVE_DEVICE PipeWalk pipe_walk(const GpuCollectiveArgs& a, uint64_t count, uint64_t tile) {
+  return {*pipe_steps(a), tile, pipe_block_tiles((count + tile - 1) / tile)};
+}
+
+// Ends a block's walk: its step counter moves past the steps it used (the next kernel's start).
+WEAVE_DEVICE void pipe_walk_end(const GpuCollectiveArgs& a, const PipeWalk& w) {
+  if (threadIdx.x == 0) *pipe_steps(a) = w.first + w.mine;
+}
+
+// Runs the phases of a block's tiles in the schedule a.aux[1] names, for the two-round (three
+// phases: push, reduce, drain) and one-round (two: push, drain) kernels. `phase(p, t)` runs
+// phase p on tile t (from 1) and returns false when a wait gave up (then so does this).
+// Phase 0 publishes INBOX_READY, a middle phase RESULTS_READY, and the last phase's reads are
+// what FREED releases. Pass t runs phase p on tile t - p lag: lockstep (lag 0) posts after
+// every phase but the last (the first with the previous tile's FREED, the last tile's FREED
+// after the loop); overlapped (lag 1) posts once per pass, so what a pass waits for was
+// posted a pass earlier.
+template <uint32_t PHASES, typename Phase>
+WEAVE_DEVICE bool pipe_schedule(const GpuCollectiveArgs& a, const PipeWalk& w, Phase phase) {
+  static_assert(PHASES == 2 || PHASES == 3, "a push, at most one middle phase, a drain");
+  const uint32_t peers = pipe_peers(a);
+  const bool overlapped = a.aux[1] == PIPE_OVERLAPPED;
+  const uint64_t lag = overlapped ? 1 : 0;
+  const uint64_t first = w.first, mine = w.mine;
+  for (uint64_t t = 1; t <= mine + (PHASES - 1) * lag; ++t) {
+    bool ran[PHASES];
+#pragma unroll
+    for (uint32_t p = 0; p < PHASES; ++p) {
+      ran[p] = t > p * lag && t - p * lag <= mine;
+      if (ran[p] && !phase(p, t - p * lag)) return false;
+      if (overlapped || p + 1 == PHASES) continue;
+      if (p == 0) {
+        pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
+      } else {
+        pipe_post(a, {RESULTS_READY, first + t, peers});
+      }
+    }
+    if (overlapped) {
+      pipe_post(a, {INBOX_READY, first + t, ran[0] ? peers : 0},
+                {RESULTS_READY, first + t - 1, PHASES == 3 && ran[1] ? peers : 0},
+                {FREED, first + t - (PHASES - 1), ran[PHASES - 1] ? peers : 0});
+    }
+  }
+  if (!overlapped && mine > 0) pipe_post(a, {FREED, first + mine, peers});
+  return true;
+}
+
 // Two-round all-reduce: every rank's tile is reduce-scattered (share q combined by rank q),
 // then all-gathered. Per tile: push the shares into their owners' inboxes; reduce the own
 // share (kept, and pushed into every rank's results); drain the other ranks' shares from the
@@ -174,10 +229,8 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   T* recv = as_ptr<T>(a.recv);
   const uint32_t avg = a.op == OP_AVG ? n : 0;
   if (!pipe_grid_fits(a)) return;
-  const uint64_t first = *pipe_steps(a);
-  const uint64_t share = pipe_share<T>(a, a.count, n);
-  const uint64_t tile = share * n;
-  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  const PipeWalk walk = pipe_walk(a, a.count, pipe_share<T>(a, a.count, n) * n);
+  const uint64_t first = walk.first, tile = walk.tile;
   // Tile t's shares to their owners' inboxes (after the room for its results, too).
   auto push = [&](uint64_t t) -> bool {
     const uint64_t step = first + t;
@@ -228,25 +281,8 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
     }
     return true;
   };
-  // One loop for both schedules (each phase inlined once): pass t pushes tile t, reduces tile
-  // t - lag and drains tile t - 2 lag. Lockstep (lag 0) posts after the push (with the
-  // previous tile's FREED) and after the reduce; overlapped (lag 1) posts once per pass.
-  const bool overlapped = a.aux[1] == PIPE_OVERLAPPED;
-  const uint64_t lag = overlapped ? 1 : 0;
-  for (uint64_t t = 1; t <= mine + 2 * lag; ++t) {
-    const bool pushed = t <= mine, reduced = t > lag && t - lag <= mine, drained = t > 2 * lag;
-    if (pushed && !push(t)) return;
-    if (!overlapped) pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
-    if (reduced && !reduce(t - lag)) return;
-    if (!overlapped) pipe_post(a, {RESULTS_READY, first + t, peers});
-    if (drained && !drain(t - 2 * lag)) return;
-    if (overlapped) {
-      pipe_post(a, {INBOX_READY, first + t, pushed ? peers : 0}, {RESULTS_READY, first + t - 1, reduced ? peers : 0},
-                {FREED, first + t - 2, drained ? peers : 0});
-    }
-  }
-  if (!overlapped && mine > 0) pipe_post(a, {FREED, first + mine, peers});
-  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
+  auto phase = [&](uint32_t p, uint64_t t) { return p == 0 ? push(t) : p == 1 ? reduce(t) : drain(t); };
+  if (pipe_schedule<3>(a, walk, phase)) pipe_walk_end(a, walk);
 }
 
 // Relay broadcast: the root scatters each tile over the other ranks (share j to relay j, the
@@ -269,9 +305,8 @@ WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
     if (blockIdx.x == 0 && recv != send) copy(recv, send, a.count, threadIdx.x, blockDim.x);
     return;
   }
-  const uint64_t first = *pipe_steps(a);
-  const uint64_t tile = pipe_share<uint8_t>(a, a.count, relays) * relays;
-  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  const PipeWalk walk = pipe_walk(a, a.count, pipe_share<uint8_t>(a, a.count, relays) * relays);
+  const uint64_t first = walk.first, tile = walk.tile, mine = walk.mine;
   if (me == root) {
     for (uint64_t t = 1; t <= mine; ++t) {
       const uint64_t step = first + t;
@@ -323,7 +358,7 @@ WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
       pipe_post(a, {RESULTS_READY, first + t, forward ? other_relays : 0}, {FREED, first + t - 1, drain ? peers : 0});
     }
   }
-  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
+  pipe_walk_end(a, walk);
 }
 
 enum OneRoundKind : uint32_t { ROUND_ALL_GATHER = 0, ROUND_ALL_TO_ALL = 1, ROUND_REDUCE_SCATTER = 2 };
@@ -342,9 +377,8 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
   auto block_of = [&](uint32_t q) -> const T* {
     return KIND == ROUND_ALL_GATHER ? send : send + uint64_t(q) * a.count;
   };
-  const uint64_t first = *pipe_steps(a);
-  const uint64_t tile = pipe_share<T>(a, a.count, 1);
-  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  const PipeWalk walk = pipe_walk(a, a.count, pipe_share<T>(a, a.count, 1));
+  const uint64_t first = walk.first, tile = walk.tile;
   // Tile t to every peer (and the own block to its place).
   auto push = [&](uint64_t t) -> bool {
     const uint64_t step = first + t;
@@ -385,19 +419,8 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
     }
     return true;
   };
-  // One loop for both schedules: pass t pushes tile t and drains tile t - lag; lockstep (lag
-  // 0) posts after the push (with the previous tile's FREED), overlapped (lag 1) at the end.
-  const bool overlapped = a.aux[1] == PIPE_OVERLAPPED;
-  const uint64_t lag = overlapped ? 1 : 0;
-  for (uint64_t t = 1; t <= mine + lag; ++t) {
-    const bool pushed = t <= mine, drained = t > lag;
-    if (pushed && !push(t)) return;
-    if (!overlapped) pipe_post(a, {INBOX_READY, first + t, peers}, {FREED, first + t - 1, t >= 2 ? peers : 0});
-    if (drained && !drain(t - lag)) return;
-    if (overlapped) pipe_post(a, {INBOX_READY, first + t, pushed ? peers : 0}, {FREED, first + t - 1, drained ? peers : 0});
-  }
-  if (!overlapped && mine > 0) pipe_post(a, {FREED, first + mine, peers});
-  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
+  auto phase = [&](uint32_t p, uint64_t t) { return p == 0 ? push(t) : drain(t); };
+  if (pipe_schedule<2>(a, walk, phase)) pipe_walk_end(a, walk);
 }
 
 // Chain broadcast (large messages on 3 or more GPUs): root → root + 1 → … → root - 1, so every
@@ -413,9 +436,8 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
   const char* send = as_ptr<const char>(a.send);
   char* recv = as_ptr<char>(a.recv);
   if (!pipe_grid_fits(a)) return;
-  const uint64_t first = *pipe_steps(a);
-  const uint64_t tile = pipe_share<uint8_t>(a, a.count, 1);
-  const uint64_t mine = pipe_block_tiles((a.count + tile - 1) / tile);
+  const PipeWalk walk = pipe_walk(a, a.count, pipe_share<uint8_t>(a, a.count, 1));
+  const uint64_t first = walk.first, tile = walk.tile, mine = walk.mine;
   for (uint64_t t = 1; t <= mine; ++t) {
     const uint64_t step = first + t;
     uint64_t base, bytes;
@@ -427,7 +449,7 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
     if (recv + base != from) copy(recv + base, from, bytes, threadIdx.x, blockDim.x);
     pipe_post(a, {INBOX_READY, step, last_link ? 0u : 1u << next}, {FREED, step, peers});
   }
-  if (threadIdx.x == 0) *pipe_steps(a) = first + mine;
+  pipe_walk_end(a, walk);
 }
 
 template <typename Op, typename T>
