@@ -360,6 +360,14 @@ fn store_entry(dir: &Path, key: u128, bytes: &[u8]) -> std::io::Result<()> {
 
 // ---- the compiler ---------------------------------------------------------------------------
 
+/// The first NVRTC version that takes `--split-compile` (run the optimizer in parallel).
+const SPLIT_COMPILE_FROM: (i32, i32) = (12, 1);
+
+/// Lets NVRTC optimize on every core: the collective program (≈ 90 kernels) compiles in 93 s
+/// instead of 140 on 2 cores, faster still on a GPU host's many; the kernels are the same code
+/// (instructions may be ordered or numbered differently).
+const SPLIT_COMPILE: &str = "--split-compile=0";
+
 /// An NVRTC configuration: cache directory, include paths and extra options.
 #[derive(Debug, Clone, Default)]
 pub struct Compiler {
@@ -405,6 +413,8 @@ impl Compiler {
 
     /// The NVRTC options used for `arch`: `-std=c++17`, `--gpu-architecture=<arch>`,
     /// `-default-device`, `--dopt=on`, `-lineinfo`, then include paths and extra options.
+    /// [`compile`](Self::compile) also passes `--split-compile=0` (optimize on every core) to
+    /// NVRTC 12.1 and later, unless an extra option sets `--split-compile` itself.
     pub fn options(&self, arch: &str) -> Vec<String> {
         let mut o = vec![
             "-std=c++17".to_string(),
@@ -415,6 +425,17 @@ impl Compiler {
         ];
         o.extend(self.include_paths.iter().map(|p| format!("--include-path={}", p.display())));
         o.extend(self.extra_options.iter().cloned());
+        o
+    }
+
+    /// [`options`](Self::options) for NVRTC `version`: with `--split-compile=0` where that
+    /// version takes it and no extra option chose a split already.
+    fn options_for(&self, arch: &str, version: (i32, i32)) -> Vec<String> {
+        let mut o = self.options(arch);
+        let chosen = self.extra_options.iter().any(|x| x.trim_start_matches('-').starts_with("split-compile"));
+        if version >= SPLIT_COMPILE_FROM && !chosen {
+            o.insert(o.len() - self.include_paths.len() - self.extra_options.len(), SPLIT_COMPILE.to_string());
+        }
         o
     }
 
@@ -429,7 +450,7 @@ impl Compiler {
         }
         require_nvrtc()?;
         let (major, minor) = nvrtc_version()?;
-        let options = self.options(arch);
+        let options = self.options_for(arch, (major, minor));
         let key = {
             let mut h = Fnv128::new();
             h.field(b"weave kernel cache key v1").field(source.as_bytes()).field(arch.as_bytes());
@@ -554,6 +575,21 @@ mod tests {
         assert!(o.contains(&"--gpu-architecture=sm_90".to_string()) && o.contains(&"-std=c++17".to_string()));
         assert_eq!(o[o.len() - 2..], ["--include-path=/usr/local/cuda/include".to_string(), "-DX=1".to_string()]);
         assert_eq!(key_hex(0xab), format!("{}ab", "0".repeat(30)));
+    }
+
+    #[test]
+    fn nvrtc_from_12_1_optimizes_in_parallel_unless_told_otherwise() {
+        let c = Compiler::without_cache().include_path("/inc");
+        let old = c.options_for("sm_90", (12, 0));
+        assert_eq!(old, c.options("sm_90"));
+        let new = c.options_for("sm_90", (13, 0));
+        assert_eq!(new.len(), old.len() + 1);
+        // Before the include paths and extra options, so those still come last.
+        assert_eq!(new[new.len() - 2..], [SPLIT_COMPILE.to_string(), "--include-path=/inc".to_string()]);
+        let own = Compiler::without_cache().option("--split-compile=4");
+        assert_eq!(own.options_for("sm_90", (13, 0)), own.options("sm_90"));
+        let own_short = Compiler::without_cache().option("-split-compile=1");
+        assert_eq!(own_short.options_for("sm_90", (13, 0)), own_short.options("sm_90"));
     }
 
     #[test]
