@@ -117,7 +117,8 @@ pub struct WorkspaceLayout {
     pub pipe_blocks: usize,
     /// Bytes of one slot of the block-pipelined kernels (a multiple of 256).
     pub pipe_share_bytes: usize,
-    /// LL128 lines (128 bytes) per (writer, parity).
+    /// LL128 lines (128 bytes) per (writer, parity); 0 (no line area) unless every pair of
+    /// GPUs is joined by NVLink.
     pub ll128_lines: usize,
 }
 
@@ -217,6 +218,10 @@ mod tests {
         assert_eq!(l.ll128_two_shot_max_bytes(), 8192 * 120 * 4);
         // 1 MiB on 4 GPUs: shares of 256 KiB, 2185 lines of 8 threads.
         assert_eq!(l.ll128_two_shot_threads(1 << 20), 2185 * 8);
+        // No line area (no NVLink): the workspace ends where it would start, no LL128 message fits.
+        let unlinked = WorkspaceLayout { ll128_lines: 0, ..l };
+        assert_eq!(unlinked.bytes(), unlinked.ll128_offset());
+        assert_eq!(unlinked.ll128_two_shot_max_bytes(), 0);
         assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 100_000, 256 << 20) % 256, 0);
         assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10, 256 << 20), 4096);
         assert_eq!(l.ll_max_bytes(), 512 << 10);

@@ -61,8 +61,9 @@ const DEFAULT_PIPE_BLOCKS: u32 = 128;
 const PIPE_TILE_BYTES: usize = 128 << 10;
 /// Most bytes of the block-pipelined kernels' slots (larger worlds get smaller tiles).
 const PIPE_MAX_AREA_BYTES: usize = 256 << 20;
-/// Bytes of the LL128 line area (both parities, every writer): on 2 and 4 GPUs the LL128
-/// two-shot all-reduce takes messages up to 3.75 MiB.
+/// Bytes of the LL128 line area (both parities, every writer), allocated only where every pair
+/// of GPUs is joined by NVLink: on 2 and 4 GPUs the LL128 two-shot all-reduce takes messages up
+/// to 3.75 MiB.
 const LL128_AREA_BYTES: usize = 16 << 20;
 /// Least message bytes per block of a pipelined kernel: smaller messages use fewer blocks.
 const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
@@ -216,7 +217,8 @@ impl GpuEngine {
                 tile,
                 PIPE_MAX_AREA_BYTES,
             ),
-            ll128_lines: WorkspaceLayout::ll128_lines_for(world, LL128_AREA_BYTES),
+            // Without NVLink between every pair the LL128 kernel never runs: no line area.
+            ll128_lines: if nvlink { WorkspaceLayout::ll128_lines_for(world, LL128_AREA_BYTES) } else { 0 },
         };
         let mine =
             core.register(layout.bytes(), MemoryKind::Device(backend.device_ordinal()), "weave gpu workspace")?;
