@@ -21,13 +21,18 @@ use crate::memory_channel::MemoryChannel;
 use crate::port_channel::PortChannel;
 use crate::proxy::ProxyService;
 use crate::semaphore::{HostSemaphore, Token};
+use crate::topology::{PeerReach, Topology};
 use crate::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
 use crate::wire::{Decoder, Encoder};
 
-/// Tag of the pairwise token-pool exchange.
-const TAG_TOKEN_POOL: u64 = RESERVED_TAG_BASE | 0x100;
-/// Tag of the pairwise token-pool acknowledgement.
-const TAG_TOKEN_POOL_ACK: u64 = RESERVED_TAG_BASE | 0x101;
+/// Tag of a pairwise memory exchange (token pools, [`Communicator::exchange_pair`]).
+const TAG_PAIR_MEMORY: u64 = RESERVED_TAG_BASE | 0x100;
+/// Tag of a pairwise memory exchange's acknowledgement.
+const TAG_PAIR_MEMORY_ACK: u64 = RESERVED_TAG_BASE | 0x101;
+/// Registration numbers of pairwise exchanges (apart from the collective ones).
+const PAIR_SEQ_BASE: u64 = 1 << 62;
+/// Registration numbers of private registrations.
+const PRIVATE_SEQ_BASE: u64 = 1 << 61;
 /// Tag of the pairwise semaphore handshake.
 const TAG_SEMAPHORE: u64 = RESERVED_TAG_BASE | 0x102;
 
@@ -39,7 +44,7 @@ const TOKENS_PER_POOL: usize = 64;
 const ENDPOINTS_MAGIC: [u8; 4] = *b"WVEP";
 const STATUS_MAGIC: [u8; 4] = *b"WVST";
 const SEMAPHORE_MAGIC: [u8; 4] = *b"WVSM";
-const WIRE_VERSION: u16 = 1;
+const WIRE_VERSION: u16 = 2;
 
 fn next_communicator_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -119,21 +124,32 @@ impl CommunicatorBuilder {
             )));
         }
 
+        let host = crate::host::host_identity(config.host_id.as_deref());
         let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
-        e.u32(rank as u32).u8(backends.len() as u8);
+        e.u32(rank as u32).str(&host).u8(backends.len() as u8);
         for b in &backends {
             e.u32(b.transport().bits()).bytes(&b.local_endpoint()?);
         }
         let gathered = bootstrap.all_gather(&e.finish())?;
         let mut endpoints = Vec::with_capacity(world_size);
+        let mut hosts = Vec::with_capacity(world_size);
         for (r, bytes) in gathered.iter().enumerate() {
-            endpoints.push(decode_endpoints(bytes, r)?);
+            let (host, table) = decode_endpoints(bytes, r)?;
+            hosts.push(host);
+            endpoints.push(table);
         }
 
         let mut routes = vec![Vec::new(); world_size];
         for (peer, route) in routes.iter_mut().enumerate().filter(|(p, _)| *p != rank) {
             *route = reachable(&backends, &endpoints, rank, peer)?;
         }
+        let reach = routes
+            .iter()
+            .map(|route| PeerReach {
+                transports: route.iter().map(|&i| (backends[i].transport(), backends[i].direct_access())).collect(),
+            })
+            .collect();
+        let topology = Topology::new(rank, &hosts, reach);
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         crate::spin::set_oversubscribed(bootstrap.local_world_size() > cores);
         let comm = Communicator {
@@ -144,8 +160,11 @@ impl CommunicatorBuilder {
             backends,
             endpoints,
             routes,
+            topology,
             connections: Mutex::new(HashMap::new()),
             next_registration: AtomicU64::new(0),
+            next_pair_registration: AtomicU64::new(0),
+            next_private_registration: AtomicU64::new(0),
             tokens: Mutex::new(HashMap::new()),
         };
         if comm.config.logs(LogLevel::Info) {
@@ -159,12 +178,20 @@ impl CommunicatorBuilder {
     }
 }
 
-fn decode_endpoints(bytes: &[u8], from: usize) -> Result<Vec<(Transport, Vec<u8>)>> {
+/// A rank's host identity and its (transport, endpoint) list.
+type EndpointTable = (String, Vec<(Transport, Vec<u8>)>);
+
+fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
     let mut d = Decoder::new(bytes, ENDPOINTS_MAGIC, WIRE_VERSION, "endpoint table")?;
     let r = d.u32()? as usize;
     if r != from {
         return Err(Error::protocol(format!("endpoint table from rank {from} claims to be rank {r}")));
     }
+    let host = d.str()?;
+    if host.len() > crate::host::MAX_HOST_ID_LEN {
+        return Err(Error::protocol(format!("endpoint table from rank {from}: host identity of {} bytes", host.len())));
+    }
+    let host = host.to_string();
     let n = d.u8()?;
     let mut out = Vec::with_capacity(n as usize);
     for _ in 0..n {
@@ -175,7 +202,7 @@ fn decode_endpoints(bytes: &[u8], from: usize) -> Result<Vec<(Transport, Vec<u8>
         out.push((t, d.bytes()?.to_vec()));
     }
     d.finish()?;
-    Ok(out)
+    Ok((host, out))
 }
 
 /// The transports that reach between `me` and `peer`, best first: those both ranks offer and
@@ -232,8 +259,11 @@ pub struct Communicator {
     endpoints: Vec<Vec<(Transport, Vec<u8>)>>,
     /// For each peer, the backends that reach it, best first (empty for this rank).
     routes: Vec<Vec<usize>>,
+    topology: Topology,
     connections: Mutex<HashMap<(usize, Transport), Arc<dyn Connection>>>,
     next_registration: AtomicU64,
+    next_pair_registration: AtomicU64,
+    next_private_registration: AtomicU64,
     tokens: Mutex<HashMap<usize, PeerTokens>>,
 }
 
@@ -297,6 +327,11 @@ impl Communicator {
     /// True once [`abort`](Self::abort) was called.
     pub fn is_aborted(&self) -> bool {
         self.abort.load(Ordering::Acquire)
+    }
+
+    /// Nodes and how each peer is reached (see [`Topology`]).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
     }
 
     /// The preferred transport to `peer` (`None` for this rank itself).
@@ -529,16 +564,42 @@ impl Communicator {
     /// Pairwise: allocates one token pool, swaps it with `peer` and seals it once the peer has it.
     fn grow_token_pools(&self, peer: usize, tokens: &mut PeerTokens) -> Result<()> {
         let pool = tokens.local.len() as u64;
-        let len = TOKEN_STRIDE * TOKENS_PER_POOL;
-        let (backend, region) = self.allocate_host_for(peer, len)?;
         let label = format!("semaphore tokens {}<->{} #{pool}", self.rank().min(peer), self.rank().max(peer));
-        let descriptor = self.describe(&region, u64::MAX - pool, len, MemoryKind::Host, &label)?;
+        let (local, remote) = self.swap_host_memory(peer, TOKEN_STRIDE * TOKENS_PER_POOL, u64::MAX - pool, &label)?;
+        tokens.local.push(local);
+        tokens.remote.push(remote);
+        Ok(())
+    }
+
+    /// Pairwise: allocates `len` bytes of host memory that `peer` can import, swaps it with the
+    /// peer's (which must have the same label and length) and returns (this rank's, the peer's).
+    /// Both ranks call it in the same order relative to their other pairwise setups with each
+    /// other. Unlike [`register`](Self::register) it takes no collective registration step, so
+    /// pairs of ranks may build such memory lazily, in any order across pairs.
+    pub fn exchange_pair(&self, peer: usize, len: usize, label: &str) -> Result<(RegisteredMemory, RegisteredMemory)> {
+        self.check_peer_rank(peer)?;
+        let seq = PAIR_SEQ_BASE | self.next_pair_registration.fetch_add(1, Ordering::AcqRel);
+        self.swap_host_memory(peer, len, seq, label)
+    }
+
+    /// The exchange behind [`exchange_pair`](Self::exchange_pair) and the token pools: both
+    /// sides check label and length, report whether their import worked, and seal their own
+    /// memory once the peer has mapped it.
+    fn swap_host_memory(
+        &self,
+        peer: usize,
+        len: usize,
+        seq: u64,
+        label: &str,
+    ) -> Result<(RegisteredMemory, RegisteredMemory)> {
+        let (backend, region) = self.allocate_host_for(peer, len)?;
+        let descriptor = self.describe(&region, seq, len, MemoryKind::Host, label)?;
         let local = RegisteredMemory::new_local(descriptor, region, backend.transport())?.in_communicator(self.id);
-        self.bootstrap.send(peer, TAG_TOKEN_POOL, &local.descriptor().encode())?;
-        let theirs = MemoryDescriptor::decode(&self.bootstrap.recv(peer, TAG_TOKEN_POOL)?)?;
+        self.bootstrap.send(peer, TAG_PAIR_MEMORY, &local.descriptor().encode())?;
+        let theirs = MemoryDescriptor::decode(&self.bootstrap.recv(peer, TAG_PAIR_MEMORY)?)?;
         if theirs.owner != peer || theirs.label != label || theirs.len != len {
             return Err(Error::RegistrationMismatch(format!(
-                "rank {peer} sent {:?} (owner {}, {} bytes) while rank {} built {label:?}",
+                "rank {peer} sent {:?} (owner {}, {} bytes) while rank {} built {label:?} ({len} bytes)",
                 theirs.label,
                 theirs.owner,
                 theirs.len,
@@ -546,8 +607,8 @@ impl Communicator {
             )));
         }
         let imported = self.import(theirs);
-        self.bootstrap.send(peer, TAG_TOKEN_POOL_ACK, &encode_status(imported.as_ref().err()))?;
-        let ack = self.bootstrap.recv(peer, TAG_TOKEN_POOL_ACK)?;
+        self.bootstrap.send(peer, TAG_PAIR_MEMORY_ACK, &encode_status(imported.as_ref().err()))?;
+        let ack = self.bootstrap.recv(peer, TAG_PAIR_MEMORY_ACK)?;
         let remote = imported?;
         if let Some(msg) = decode_status(&ack, peer)? {
             return Err(Error::transport(
@@ -556,9 +617,17 @@ impl Communicator {
             ));
         }
         local.region().seal()?;
-        tokens.local.push(local);
-        tokens.remote.push(remote);
-        Ok(())
+        Ok((local, remote))
+    }
+
+    /// Local: `len` bytes of `kind` memory registered with this communicator's transports (so a
+    /// connection can read it as the source of a write) but never exchanged: no collective
+    /// registration step is taken, and no peer maps it.
+    pub fn register_private(&self, len: usize, kind: MemoryKind, label: &str) -> Result<RegisteredMemory> {
+        let seq = PRIVATE_SEQ_BASE | self.next_private_registration.fetch_add(1, Ordering::AcqRel);
+        let (region, transport) = self.allocate_region(len, kind)?;
+        let descriptor = self.describe(&region, seq, len, kind, label)?;
+        Ok(RegisteredMemory::new_local(descriptor, region, transport)?.in_communicator(self.id))
     }
 
     /// Host memory that `peer` can map: from the first transport reaching it that allocates

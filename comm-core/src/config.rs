@@ -4,6 +4,7 @@
 //! |---|---|---|
 //! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed) | `60` |
 //! | `WEAVE_TRANSPORTS` | comma list of transports to use (`shm,loopback,cudaipc,ib`) | all compiled in |
+//! | `WEAVE_HOST_ID` | this rank's host identity: ranks with equal ids form one node (lets one machine pose as several nodes) | `hostname/boot-id` |
 //! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
@@ -45,6 +46,9 @@ pub struct Config {
     pub timeout: Duration,
     /// Transports allowed at run time; `None` means every transport that was given to the builder.
     pub transports: Option<Transport>,
+    /// Host identity override (`WEAVE_HOST_ID`); `None` means `hostname/boot-id`
+    /// (see [`crate::host`]).
+    pub host_id: Option<String>,
     /// Log level.
     pub log_level: LogLevel,
     /// Algorithm overrides, as written in `WEAVE_ALGO` (parsed by the collectives crate).
@@ -73,6 +77,7 @@ impl Default for Config {
         Config {
             timeout: DEFAULT_TIMEOUT,
             transports: None,
+            host_id: None,
             log_level: LogLevel::Warn,
             algorithm_overrides: None,
             host_scratch_bytes: None,
@@ -98,6 +103,7 @@ impl Config {
             c.transports =
                 Some(Transport::parse_list(&v).map_err(|e| Error::invalid(format!("WEAVE_TRANSPORTS={v:?}: {e}")))?);
         }
+        c.host_id = host_id_from_env()?;
         if let Some(v) = var("WEAVE_DEBUG") {
             c.log_level = parse_log_level(&v)?;
         }
@@ -161,6 +167,19 @@ fn parse_gpu_schedule(v: &str) -> Result<bool> {
         "overlapped" => Ok(true),
         "lockstep" => Ok(false),
         _ => Err(Error::invalid(format!("WEAVE_GPU_SCHEDULE={v:?}: expected lockstep or overlapped"))),
+    }
+}
+
+/// `WEAVE_HOST_ID`, checked: at most [`MAX_HOST_ID_LEN`](crate::host::MAX_HOST_ID_LEN) bytes.
+/// Read by the bootstrap too (it groups ranks by host before any communicator exists).
+pub fn host_id_from_env() -> Result<Option<String>> {
+    match var("WEAVE_HOST_ID") {
+        Some(v) if v.len() > crate::host::MAX_HOST_ID_LEN => Err(Error::invalid(format!(
+            "WEAVE_HOST_ID is {} bytes long; at most {} are allowed",
+            v.len(),
+            crate::host::MAX_HOST_ID_LEN
+        ))),
+        v => Ok(v.map(|v| v.trim().to_string())),
     }
 }
 

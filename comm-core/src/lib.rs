@@ -15,6 +15,7 @@ pub mod connection;
 pub mod device;
 pub mod error;
 pub mod fifo;
+pub mod host;
 pub mod launch;
 pub mod loopback;
 pub mod memory;
@@ -24,6 +25,7 @@ pub mod port_channel;
 pub mod proxy;
 pub mod semaphore;
 pub mod spin;
+pub mod topology;
 pub mod transport;
 pub mod wire;
 

@@ -159,6 +159,9 @@ impl Communicator {
             (AllToAll, OneShot) => (untyped("weave_all_to_all_ll"), bytes, Packets),
             (AllToAll, _) => (untyped("weave_all_to_all_pipelined"), bytes, Pipelined { min_steps: 1 }),
             (AllToAllv, _) => (untyped("weave_all_to_allv"), esz, Flags),
+            (SendRecv, _) => {
+                return Err(Error::invalid("send/recv runs through the device p2p path, not a kernel call"));
+            }
         };
         let (blocks, steps) = match grid {
             Packets => (g.packet_blocks(packets), None),

@@ -34,8 +34,14 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
     match algo {
-        // The two-shots are GPU algorithms; the table never picks them for host memory.
-        Algorithm::OneShot | Algorithm::TwoShot | Algorithm::TwoShotLl128 | Algorithm::Direct => {
+        // The two-shots are GPU algorithms and the channel family runs in `channel`; the plan
+        // never sends them here.
+        Algorithm::OneShot
+        | Algorithm::TwoShot
+        | Algorithm::TwoShotLl128
+        | Algorithm::Direct
+        | Algorithm::ChannelRing
+        | Algorithm::ChannelDirect => {
             let steps = count.div_ceil(cap).max(1);
             for s in 0..steps {
                 let o = s * cap;

@@ -49,8 +49,6 @@ const PEER_HELLO_MAGIC: [u8; 4] = *b"WVBP";
 const MAX_HELLO_LEN: usize = 16 << 10;
 /// Longest host identity a rank may announce.
 const MAX_HOST_IDENTITY_LEN: usize = 2048;
-/// Longest hostname used in a host identity (characters).
-const MAX_HOSTNAME_CHARS: usize = 255;
 /// How long an accepted connection may take to send its complete hello.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most accepted connections whose hello is still arriving; further ones wait in the listen
@@ -126,7 +124,7 @@ impl TcpBootstrap {
         // decides whether warnings are printed, so fall back to the default (warn).
         let warn = Config::from_env().map(|c| c.logs(LogLevel::Warn)).unwrap_or(true);
         let rendezvous =
-            Rendezvous { id, rank, world_size, deadline: Deadline::after(timeout), warn, host: host_identity() };
+            Rendezvous { id, rank, world_size, deadline: Deadline::after(timeout), warn, host: local_host_identity() };
         let (streams, hosts) = if world_size == 1 {
             (vec![None], vec![rendezvous.host.clone()])
         } else if rank == 0 {
@@ -957,14 +955,10 @@ fn bind_member_listener(root: SocketAddr) -> Result<TcpListener> {
     TcpListener::bind(local).map_err(|e| Error::io(format!("bind the bootstrap listener on {local}"), e))
 }
 
-/// `hostname/boot-id`: equal for ranks on the same running kernel.
-fn host_identity() -> String {
-    let read = |path: &str| std::fs::read_to_string(path).ok().map(|s| s.trim().to_string()).filter(|s| !s.is_empty());
-    let hostname =
-        read("/proc/sys/kernel/hostname").or_else(|| read("/etc/hostname")).unwrap_or_else(|| "unknown-host".into());
-    let hostname: String = hostname.chars().take(MAX_HOSTNAME_CHARS).collect();
-    let boot_id: String = read("/proc/sys/kernel/random/boot_id").unwrap_or_default().chars().take(64).collect();
-    format!("{hostname}/{boot_id}")
+/// This rank's host identity (`WEAVE_HOST_ID` or `hostname/boot-id`, see [`crate::host`]); a
+/// malformed `WEAVE_HOST_ID` is reported by whoever builds the Config, here it falls back.
+fn local_host_identity() -> String {
+    crate::host::host_identity(crate::config::host_id_from_env().ok().flatten().as_deref())
 }
 
 // ---------------------------------------------------------------------------------------------
