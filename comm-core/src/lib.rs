@@ -15,7 +15,6 @@ pub mod connection;
 pub mod device;
 pub mod error;
 pub mod fifo;
-pub mod launch;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;
