@@ -16,7 +16,6 @@ pub mod device;
 pub mod error;
 pub mod fifo;
 pub mod host;
-pub mod launch;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use comm_core::launch::RankExit;
+use weave_launch::RankExit;
 use weave_tests::launcher::{dump, launch_serialized, run_ok, scenario_spec};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_gpu-worker");
