@@ -4,10 +4,10 @@
 //! close a cycle. Reductions combine the inputs in rank order, so an all-reduce gives every rank
 //! the same bits. One hop of latency: what small calls and small worlds want.
 
-use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::communicator::Communicator as Core;
 use comm_core::{Error, Result};
 
-use super::{CallSpec, ChannelCall, ChannelEngine, spec_of};
+use super::{CallSpec, ChannelCall, ChannelEngine, piece, pieces};
 use crate::dtype::Element;
 use crate::host::copy;
 use crate::op::ReduceOp;
@@ -52,11 +52,10 @@ struct Exchange<'a> {
 /// As [`ChannelEngine::run`].
 pub(super) unsafe fn run<T: Element>(
     e: &mut ChannelEngine,
-    core: &CoreCommunicator,
+    core: &Core,
+    spec: CallSpec,
     c: ChannelCall<T>,
-    invalid: bool,
 ) -> Result<()> {
-    let spec = spec_of(&c, Algorithm::ChannelDirect, invalid);
     let count = spec.count;
     let (n, me) = (e.world_size, e.rank);
     let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();
@@ -123,7 +122,7 @@ pub(super) unsafe fn run<T: Element>(
 /// buffer (the user API checks this).
 pub(crate) unsafe fn all_to_allv<T: Element>(
     e: &mut ChannelEngine,
-    core: &CoreCommunicator,
+    core: &Core,
     send: *const T,
     recv: *mut T,
     v: AllToAllvCounts<'_>,
@@ -171,7 +170,7 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
 /// identical, from send blocks.
 unsafe fn exchange<T: Element>(
     e: &mut ChannelEngine,
-    core: &CoreCommunicator,
+    core: &Core,
     spec: CallSpec,
     send: *const T,
     recv: *mut T,
@@ -186,17 +185,13 @@ unsafe fn exchange<T: Element>(
     let mut call = e.begin(core, &peers, spec)?;
     let chunk = e.chunk::<T>();
     let sz = std::mem::size_of::<T>();
-    let pieces = |elems: usize| elems.div_ceil(chunk).max(1);
+    let pieces = |elems: usize| pieces(elems, chunk);
     let rounds = x.to.iter().map(|&q| pieces((x.out)(q).1)).chain(x.from.iter().map(|&p| pieces((x.inc)(p).1))).max();
     let mut srcs: Vec<*const T> = vec![std::ptr::null(); n];
     for c in 0..rounds.unwrap_or(0) {
         for &q in &x.to {
             let (off, elems) = (x.out)(q);
-            if c >= pieces(elems) {
-                continue;
-            }
-            let a = (c * chunk).min(elems);
-            let k = (elems - a).min(chunk);
+            let Some((a, k)) = piece(c, elems, chunk) else { continue };
             if all_to_allv {
                 // Each pair agrees on its own count: the receiver checks this one.
                 call.header.count = elems as u64;
@@ -207,11 +202,7 @@ unsafe fn exchange<T: Element>(
         let mut taken = Vec::with_capacity(x.from.len());
         for &p in &x.from {
             let (off, elems) = (x.inc)(p);
-            if c >= pieces(elems) {
-                continue;
-            }
-            let a = (c * chunk).min(elems);
-            let k = (elems - a).min(chunk);
+            let Some((a, k)) = piece(c, elems, chunk) else { continue };
             if all_to_allv {
                 call.header.count = elems as u64;
             }

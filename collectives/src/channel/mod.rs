@@ -302,15 +302,24 @@ impl ChannelEngine {
         invalid: bool,
     ) -> Result<()> {
         self.check_usable()?;
+        let spec = spec_of(&c, algorithm, invalid);
         let r = match algorithm {
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelRing => unsafe { ring::run(self, core, c, invalid) },
+            Algorithm::ChannelRing => unsafe { ring::run(self, core, spec, c) },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelDirect => unsafe { direct::run(self, core, c, invalid) },
+            Algorithm::ChannelDirect => unsafe { direct::run(self, core, spec, c) },
             other => Err(Error::invalid(format!("{other} is not a channel algorithm"))),
         };
         r.map_err(|e| self.poison(e))
     }
+}
+
+/// The user's buffers of a call and its element count, as the collective defines it.
+#[derive(Debug, Clone, Copy)]
+struct Buffers<T> {
+    send: *const T,
+    recv: *mut T,
+    count: usize,
 }
 
 impl<T> ChannelCall<T> {
@@ -338,6 +347,22 @@ fn spec_of<T: Element>(c: &ChannelCall<T>, algorithm: Algorithm, invalid: bool) 
         ChannelCall::AllToAll { count, .. } => (Collective::AllToAll, None, count, 0),
     };
     CallSpec { collective, algorithm, dtype: T::DTYPE, op, count: if invalid { 0 } else { count }, root, invalid }
+}
+
+/// Messages a block of `elems` elements takes at `chunk` elements a message (at least one:
+/// an empty block still sends its header, so every rank hears from every sender).
+fn pieces(elems: usize, chunk: usize) -> usize {
+    elems.div_ceil(chunk).max(1)
+}
+
+/// Message `c` of a block of `elems` elements: its first element and length, or `None` past
+/// the block's last message.
+fn piece(c: usize, elems: usize, chunk: usize) -> Option<(usize, usize)> {
+    if c >= pieces(elems, chunk) {
+        return None;
+    }
+    let a = (c * chunk).min(elems);
+    Some((a, (elems - a).min(chunk)))
 }
 
 /// The reduction for partial results: `Avg` sums until the last step divides.

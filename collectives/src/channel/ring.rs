@@ -13,14 +13,13 @@
 //! reached — the ring cannot deadlock.
 
 use comm_core::Result;
-use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::communicator::Communicator as Core;
 
-use super::{ChannelCall, ChannelEngine, SLOTS, partial, spec_of};
+use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, SLOTS, partial, piece, pieces};
 use crate::dtype::Element;
 use crate::host::{copy, share};
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw2;
-use crate::table::Algorithm;
 
 /// Runs `c` around the ring (chains for broadcast and reduce).
 ///
@@ -28,42 +27,32 @@ use crate::table::Algorithm;
 /// As [`ChannelEngine::run`].
 pub(super) unsafe fn run<T: Element>(
     e: &mut ChannelEngine,
-    core: &CoreCommunicator,
+    core: &Core,
+    spec: CallSpec,
     c: ChannelCall<T>,
-    invalid: bool,
 ) -> Result<()> {
-    let spec = spec_of(&c, Algorithm::ChannelRing, invalid);
-    let count = spec.count;
     let (n, me) = (e.world_size, e.rank);
+    let (send, recv) = c.buffers();
+    let b = Buffers { send, recv, count: spec.count };
+    let ahead = |pos: usize| (pos + 1 < n).then(|| (me + 1) % n);
+    let behind = |pos: usize| (pos > 0).then(|| (me + n - 1) % n);
     // SAFETY: (every arm) forwarded from the caller; an invalid rank moves no data (count 0).
     unsafe {
         match c {
-            ChannelCall::AllReduce { send, recv, op, .. } => {
-                around(e, core, spec, send, recv, count, Some(op), Ring::AllReduce)
-            }
-            ChannelCall::ReduceScatter { send, recv, op, .. } => {
-                around(e, core, spec, send, recv, count, Some(op), Ring::ReduceScatter)
-            }
-            ChannelCall::AllGather { send, recv, .. } => {
-                around(e, core, spec, send, recv, count, None, Ring::AllGather)
-            }
-            ChannelCall::Broadcast { send, recv, root, .. } => {
+            ChannelCall::AllReduce { op, .. } => around(e, core, spec, b, Some(op), Ring::AllReduce),
+            ChannelCall::ReduceScatter { op, .. } => around(e, core, spec, b, Some(op), Ring::ReduceScatter),
+            ChannelCall::AllGather { .. } => around(e, core, spec, b, None, Ring::AllGather),
+            // Broadcast flows from the root (position 0) to position n - 1, reduce back.
+            ChannelCall::Broadcast { root, .. } => {
                 let pos = (me + n - root) % n;
-                let prev = (pos > 0).then(|| (me + n - 1) % n);
-                let next = (pos + 1 < n).then(|| (me + 1) % n);
-                chain(e, core, spec, send, recv, count, prev, next, None)
+                chain(e, core, spec, b, behind(pos), ahead(pos), None)
             }
-            ChannelCall::Reduce { send, recv, op, root, .. } => {
-                // Data flows from position n - 1 down to the root at position 0.
+            ChannelCall::Reduce { op, root, .. } => {
                 let pos = (me + n - root) % n;
-                let prev = (pos + 1 < n).then(|| (me + 1) % n);
-                let next = (pos > 0).then(|| (me + n - 1) % n);
-                chain(e, core, spec, send, recv, count, prev, next, Some(op))
+                chain(e, core, spec, b, ahead(pos), behind(pos), Some(op))
             }
-            ChannelCall::AllToAll { send, recv, count } => {
-                // No ring form: all-to-all is direct (the table never picks this).
-                super::direct::run(e, core, ChannelCall::AllToAll { send, recv, count }, invalid)
-            }
+            // No ring form: all-to-all is direct (the table never picks this).
+            ChannelCall::AllToAll { .. } => super::direct::run(e, core, spec, c),
         }
     }
 }
@@ -82,14 +71,11 @@ enum Ring {
 /// Step `t` sends share `(r - t + shift) mod n` and receives share `(r - t - 1 + shift) mod n`
 /// from the left; `shift` is 0 for all-reduce and all-gather, -1 for reduce-scatter (so each
 /// rank finishes with its own block).
-#[allow(clippy::too_many_arguments, reason = "the ring's whole state, named")]
 unsafe fn around<T: Element>(
     e: &mut ChannelEngine,
-    core: &CoreCommunicator,
-    spec: super::CallSpec,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    core: &Core,
+    spec: CallSpec,
+    Buffers { send, recv, count }: Buffers<T>,
     op: Option<ReduceOp>,
     kind: Ring,
 ) -> Result<()> {
@@ -155,10 +141,8 @@ unsafe fn around<T: Element>(
             if t >= 1 {
                 let s = send_share;
                 let (lo, hi, base) = range(s, round);
-                let pieces = (hi - lo).div_ceil(chunk).max(1);
-                for c in 0..pieces {
-                    let a = (lo + c * chunk).min(hi);
-                    let k = (hi - a).min(chunk);
+                for c in 0..pieces(hi - lo, chunk) {
+                    let Some((a, k)) = piece(c, hi - lo, chunk).map(|(a, k)| (lo + a, k)) else { break };
                     let inbox = e.receive(&mut call, left, k * sz)?.cast::<T>();
                     let forward = t < total_steps;
                     let out = if forward { e.outbox(right, call.what)?.cast::<T>() } else { std::ptr::null_mut() };
@@ -200,10 +184,8 @@ unsafe fn around<T: Element>(
                 // Step 0: send this rank's own input of its first share.
                 let s = send_share;
                 let (lo, hi, _) = range(s, round);
-                let pieces = (hi - lo).div_ceil(chunk).max(1);
-                for c in 0..pieces {
-                    let a = (lo + c * chunk).min(hi);
-                    let k = (hi - a).min(chunk);
+                for c in 0..pieces(hi - lo, chunk) {
+                    let Some((a, k)) = piece(c, hi - lo, chunk).map(|(a, k)| (lo + a, k)) else { break };
                     // SAFETY: input(s, a) is valid for k elements of the send buffer.
                     unsafe { e.send_bytes(&call, right, input(s, a).cast(), k * sz)? };
                 }
@@ -216,14 +198,11 @@ unsafe fn around<T: Element>(
 /// A chain from `prev` to `next` (either absent at the ends), pipelined by messages: broadcast
 /// when `op` is `None` (copy and pass on), reduce towards the root otherwise (combine with this
 /// rank's input and pass on; the root, with no `next`, writes the result).
-#[allow(clippy::too_many_arguments, reason = "the chain's whole state, named")]
 unsafe fn chain<T: Element>(
     e: &mut ChannelEngine,
-    core: &CoreCommunicator,
-    spec: super::CallSpec,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    core: &Core,
+    spec: CallSpec,
+    Buffers { send, recv, count }: Buffers<T>,
     prev: Option<usize>,
     next: Option<usize>,
     op: Option<ReduceOp>,
@@ -233,10 +212,8 @@ unsafe fn chain<T: Element>(
     let mut call = e.begin(core, &peers, spec)?;
     let chunk = e.chunk::<T>();
     let sz = std::mem::size_of::<T>();
-    let pieces = count.div_ceil(chunk).max(1);
-    for c in 0..pieces {
-        let a = (c * chunk).min(count);
-        let k = (count - a).min(chunk);
+    for c in 0..pieces(count, chunk) {
+        let Some((a, k)) = piece(c, count, chunk) else { break };
         // SAFETY: (the whole loop body) send and recv are valid for count elements where this
         // rank reads or writes them (caller); a + k <= count; inbox and outbox slots hold a
         // full chunk and are disjoint from the user's buffers.
