@@ -26,7 +26,8 @@ use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use kernels::module::KernelModule;
-use transport_cudaipc::{CudaIpcBackend, DeviceStatus};
+use transport_cudaipc::CudaIpcBackend;
+use weave_cuda::DeviceStatus;
 
 pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PIPE_MAX_BLOCKS, WorkspaceLayout};
 
