@@ -34,6 +34,8 @@ pub struct Builder {
     bootstrap: Arc<dyn Bootstrap>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Option<Config>,
+    #[cfg(feature = "cudaipc")]
+    gpu_config: Option<crate::gpu::GpuConfig>,
     overrides: Vec<(Option<Collective>, Algorithm)>,
 }
 
@@ -47,6 +49,14 @@ impl Builder {
     /// Uses `config` instead of the `WEAVE_*` environment.
     pub fn with_config(mut self, config: Config) -> Self {
         self.config = Some(config);
+        self
+    }
+
+    /// Uses `gpu_config` for the GPU path's tuning knobs instead of the `WEAVE_GPU_*`
+    /// environment (every rank should pass the same).
+    #[cfg(feature = "cudaipc")]
+    pub fn with_gpu_config(mut self, gpu_config: crate::gpu::GpuConfig) -> Self {
+        self.gpu_config = Some(gpu_config);
         self
     }
 
@@ -81,6 +91,9 @@ pub struct Communicator {
     core: CoreCommunicator,
     #[cfg(feature = "cudaipc")]
     pub(crate) gpu: Option<Mutex<crate::gpu::GpuEngine>>,
+    /// The GPU knobs this communicator was built with (its splits get them too).
+    #[cfg(feature = "cudaipc")]
+    gpu_config: crate::gpu::GpuConfig,
     host: Mutex<HostEngine>,
     table: AlgorithmTable,
     factories: Vec<Arc<dyn TransportFactory>>,
@@ -104,7 +117,14 @@ impl std::fmt::Debug for Communicator {
 impl Communicator {
     /// Starts building a communicator over `bootstrap` with the default transports.
     pub fn builder(bootstrap: impl Bootstrap + 'static) -> Builder {
-        Builder { bootstrap: Arc::new(bootstrap), factories: Vec::new(), config: None, overrides: Vec::new() }
+        Builder {
+            bootstrap: Arc::new(bootstrap),
+            factories: Vec::new(),
+            config: None,
+            #[cfg(feature = "cudaipc")]
+            gpu_config: None,
+            overrides: Vec::new(),
+        }
     }
 
     /// Collective: a communicator of all ranks of a job launched by `cargo xtask launch`,
@@ -123,6 +143,11 @@ impl Communicator {
         let config = match b.config {
             Some(c) => c,
             None => Config::from_env()?,
+        };
+        #[cfg(feature = "cudaipc")]
+        let gpu_config = match b.gpu_config {
+            Some(c) => c,
+            None => crate::gpu::GpuConfig::from_env()?,
         };
         let factories = if b.factories.is_empty() { default_transports() } else { b.factories };
         let mut table = AlgorithmTable::default();
@@ -146,12 +171,14 @@ impl Communicator {
         let scratch = config.host_scratch_bytes.unwrap_or(DEFAULT_SCRATCH_BYTES);
         let host = HostEngine::new(&core, scratch)?;
         #[cfg(feature = "cudaipc")]
-        let gpu = crate::gpu::GpuEngine::new(&core)?.map(Mutex::new);
+        let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?.map(Mutex::new);
         let root = lineage.root.unwrap_or(b.bootstrap);
         Ok(Communicator {
             core,
             #[cfg(feature = "cudaipc")]
             gpu,
+            #[cfg(feature = "cudaipc")]
+            gpu_config,
             host: Mutex::new(host),
             table,
             factories,
@@ -481,6 +508,8 @@ impl Communicator {
             bootstrap: Arc::new(sub),
             factories: self.factories.clone(),
             config: Some(self.config.clone()),
+            #[cfg(feature = "cudaipc")]
+            gpu_config: Some(self.gpu_config.clone()),
             overrides: Vec::new(),
         };
         let mut comm = Communicator::build(builder, Lineage { root: Some(self.root.clone()), namespace, root_ranks })?;

@@ -10,6 +10,7 @@
 
 pub mod args;
 mod calls;
+pub mod config;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -30,6 +31,7 @@ use transport_cudaipc::CudaIpcBackend;
 use weave_cuda::DeviceStatus;
 
 pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PIPE_MAX_BLOCKS, WorkspaceLayout};
+pub use config::GpuConfig;
 
 /// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the LL packet
 /// exchange of the data-movement collectives, and the block-pipelined kernels, in that order.
@@ -108,6 +110,8 @@ pub(crate) struct GpuEngine {
     overlap_launches: bool,
     /// Least tiles per block of the pipelined kernels, agreed by every rank (`aux[0]`).
     pipeline_steps: u32,
+    /// The pipelined kernels' schedule when forced (`WEAVE_GPU_SCHEDULE`), else `None`.
+    overlapped_schedule: Option<bool>,
     /// Every pair of ranks' GPUs is joined by NVLink (so LL128 lines may be used), as every
     /// rank found.
     nvlink: bool,
@@ -124,8 +128,8 @@ impl std::fmt::Debug for GpuEngine {
 
 impl GpuEngine {
     /// Collective: builds the GPU state when every rank has a CUDA IPC transport, else `None`
-    /// on every rank (with the reason logged at info level).
-    pub(crate) fn new(core: &CoreCommunicator) -> Result<Option<Self>> {
+    /// on every rank (with the reason logged at info level). `gpu` holds the tuning knobs.
+    pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig) -> Result<Option<Self>> {
         let backend = core.backend(Transport::CUDA_IPC).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
         let world = core.world_size();
         let mine = u8::from(backend.is_some() && world <= MAX_GPU_RANKS);
@@ -152,10 +156,10 @@ impl GpuEngine {
         // pipeline block count, and on the architecture (none when the GPUs differ, so the
         // generic table rows apply).
         let arch_number = arch.strip_prefix("sm_").and_then(|v| v.parse::<u32>().ok());
-        let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
-        let wanted_tile = core.config().gpu_pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
-        let wanted_packets = core.config().gpu_packets.unwrap_or(PACKET_CAPACITY);
-        let wanted_steps = core.config().gpu_pipeline_steps.unwrap_or(DEFAULT_PIPE_STEPS);
+        let wanted_blocks = gpu.pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
+        let wanted_tile = gpu.pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
+        let wanted_packets = gpu.packets.unwrap_or(PACKET_CAPACITY);
+        let wanted_steps = gpu.pipeline_steps.unwrap_or(DEFAULT_PIPE_STEPS);
         let mut gpu_facts = Vec::with_capacity(48);
         let words = [
             sms.max(1) as u32,
@@ -203,7 +207,7 @@ impl GpuEngine {
         let nvlink = core.bootstrap().all_gather(&[u8::from(linked)])?.iter().all(|v| v.first() == Some(&1));
         // The kernels wait for their predecessor themselves on sm_90 and later (the program is
         // compiled for this GPU's own architecture), so this rank may overlap its launches.
-        let overlap_launches = core.config().gpu_overlap_launches && arch_number.is_some_and(|a| a >= 90);
+        let overlap_launches = gpu.overlap_launches && arch_number.is_some_and(|a| a >= 90);
         let arch_number = arch_number.filter(|a| archs.iter().all(|b| b == a));
         let pipeline_blocks = pipeline_blocks.min(max_blocks);
         let layout = WorkspaceLayout {
@@ -239,6 +243,7 @@ impl GpuEngine {
             arch: arch_number,
             overlap_launches,
             pipeline_steps,
+            overlapped_schedule: gpu.overlapped_schedule,
             nvlink,
             rank: core.rank(),
             timeout: core.config().timeout,
@@ -321,6 +326,12 @@ impl GpuEngine {
     /// the packet range stalled for milliseconds now and then).
     pub(crate) fn packet_blocks(&self, packets: usize) -> u32 {
         (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks).min(PACKET_MAX_BLOCKS)
+    }
+
+    /// The pipelined kernels' schedule when the GPU config forces one (`Some(true)`:
+    /// overlapped), else `None` and the call picks it.
+    pub(crate) fn overlapped_schedule(&self) -> Option<bool> {
+        self.overlapped_schedule
     }
 
     /// The least tiles per block the pipelined kernels aim for (their `aux[0]`).
