@@ -145,7 +145,9 @@ impl GpuEngine {
             return Ok(None);
         }
         let backend = backend.ok_or_else(|| Error::Unsupported("CUDA IPC transport vanished".into()))?;
-        let ctx = backend.context().clone();
+        // From here on only the device matters (weave-cuda), not the transport that opened it.
+        let device = backend.device();
+        let ctx = device.context().clone();
         ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
         let arch = kernels::arch::device_arch(&ctx)?;
         let sms = ctx
@@ -173,7 +175,7 @@ impl GpuEngine {
             gpu_facts.extend_from_slice(&word.to_le_bytes());
         }
         // After the words: this GPU's PCI bus id, so every rank can ask how it reaches the others.
-        gpu_facts.extend_from_slice(backend.pci_bus_id().as_bytes());
+        gpu_facts.extend_from_slice(device.pci_bus_id().as_bytes());
         let mut bus_ids = Vec::with_capacity(world);
         let (mut max_blocks, mut pipeline_blocks, mut tile) = (u32::MAX, PIPE_MAX_BLOCKS, usize::MAX);
         let mut packet_capacity = usize::MAX;
@@ -201,7 +203,7 @@ impl GpuEngine {
         let mut linked = true;
         for (r, bus_id) in bus_ids.iter().enumerate() {
             if r != core.rank() {
-                linked &= backend.nvlink_with(bus_id)?;
+                linked &= device.nvlink_with(bus_id)?;
             }
         }
         let nvlink = core.bootstrap().all_gather(&[u8::from(linked)])?.iter().all(|v| v.first() == Some(&1));
@@ -225,10 +227,9 @@ impl GpuEngine {
             // Without NVLink between every pair the LL128 kernel never runs: no line area.
             ll128_lines: if nvlink { WorkspaceLayout::ll128_lines_for(world, LL128_AREA_BYTES) } else { 0 },
         };
-        let mine =
-            core.register(layout.bytes(), MemoryKind::Device(backend.device_ordinal()), "weave gpu workspace")?;
+        let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
-        let status = backend.device_status()?;
+        let status = device.device_status()?;
         let compiled = kernels::compile::Compiler::from_env().compile(&program(), &arch)?;
         let module = KernelModule::load(&ctx, &compiled)?;
         Ok(Some(GpuEngine {
