@@ -121,3 +121,25 @@ impl CudaDevice {
 pub fn bind(ctx: &CudaContext) -> Result<()> {
     ctx.bind_to_thread().map_err(|e| driver::from_driver("cuCtxSetCurrent (bind device context)", e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn open_without_a_driver_is_unsupported_and_never_panics() {
+        let r = CudaDevice::open(0);
+        if !crate::driver_available() {
+            println!("branch: no CUDA driver here; open must be Unsupported");
+            assert!(matches!(&r, Err(Error::Unsupported(m)) if m.contains("no CUDA driver")), "{:?}", r.err());
+            assert_eq!(crate::device_count().unwrap(), 0);
+        } else {
+            println!("branch: a CUDA driver is present; open(0) gave {:?}", r.as_ref().err());
+            // With a driver, open either works or says why not.
+            match r {
+                Ok(d) => assert!(d.granularity().is_power_of_two() && d.ordinal() == 0),
+                Err(e) => assert!(matches!(e, Error::Unsupported(_) | Error::Cuda { .. }), "{e}"),
+            }
+        }
+    }
+}

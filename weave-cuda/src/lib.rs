@@ -2,7 +2,7 @@
 //!
 //! The CUDA layer every GPU part of weave shares, so GPU transports do not depend on each
 //! other: `transport-cudaipc` today, the network transports staging GPU memory later, and the
-//! kernels and GPU executors of `collectives`. It owns:
+//! GPU executors of `collectives`, which build the handles the kernels receive. It owns:
 //!
 //! - [`driver`]: checked wrappers over the driver calls made outside cudarc's safe API, the
 //!   driver probe ([`driver_available`]) and version check, and the error mapping (every driver
@@ -21,8 +21,10 @@
 //!   registrations.
 //!
 //! What is particular to one transport stays there: how memory is exported and imported
-//! between processes (file-descriptor passing, legacy IPC handles, the import cache), its
-//! endpoint, connections and backend.
+//! between processes (file-descriptor passing, legacy IPC handles, the import cache, and
+//! their driver calls), its endpoint, connections (for CUDA IPC: copy-engine streams) and
+//! backend. A transport hands this crate's types what it mapped by implementing
+//! [`RegionBacking`], so the handle builders accept memory from any GPU transport.
 //!
 //! The driver is loaded at run time (cudarc's dynamic loading): this crate builds and runs on
 //! hosts without CUDA. [`driver_available`] probes for the driver without touching a driver
