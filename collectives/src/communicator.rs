@@ -36,6 +36,8 @@ pub struct Builder {
     bootstrap: Arc<dyn Bootstrap>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Option<Config>,
+    #[cfg(feature = "cudaipc")]
+    gpu_config: Option<crate::gpu::GpuConfig>,
     overrides: Vec<(Option<Collective>, Algorithm)>,
     family: Option<Family>,
 }
@@ -50,6 +52,14 @@ impl Builder {
     /// Uses `config` instead of the `WEAVE_*` environment.
     pub fn with_config(mut self, config: Config) -> Self {
         self.config = Some(config);
+        self
+    }
+
+    /// Uses `gpu_config` for the GPU path's tuning knobs instead of the `WEAVE_GPU_*`
+    /// environment (every rank should pass the same).
+    #[cfg(feature = "cudaipc")]
+    pub fn with_gpu_config(mut self, gpu_config: crate::gpu::GpuConfig) -> Self {
+        self.gpu_config = Some(gpu_config);
         self
     }
 
@@ -91,6 +101,9 @@ pub struct Communicator {
     core: CoreCommunicator,
     #[cfg(feature = "cudaipc")]
     pub(crate) gpu: Option<Mutex<crate::gpu::GpuEngine>>,
+    /// The GPU knobs this communicator was built with (its splits get them too).
+    #[cfg(feature = "cudaipc")]
+    gpu_config: crate::gpu::GpuConfig,
     /// The direct host executor; `None` where some peer's memory is not mapped here.
     host: Option<Mutex<HostEngine>>,
     channel: Mutex<ChannelEngine>,
@@ -120,6 +133,8 @@ impl Communicator {
             bootstrap: Arc::new(bootstrap),
             factories: Vec::new(),
             config: None,
+            #[cfg(feature = "cudaipc")]
+            gpu_config: None,
             overrides: Vec::new(),
             family: None,
         }
@@ -141,6 +156,11 @@ impl Communicator {
         let config = match b.config {
             Some(c) => c,
             None => Config::from_env()?,
+        };
+        #[cfg(feature = "cudaipc")]
+        let gpu_config = match b.gpu_config {
+            Some(c) => c,
+            None => crate::gpu::GpuConfig::from_env()?,
         };
         let factories = if b.factories.is_empty() { default_transports() } else { b.factories };
         let mut table = AlgorithmTable::default();
@@ -169,12 +189,14 @@ impl Communicator {
         let host = if core.topology().all_direct() { Some(Mutex::new(HostEngine::new(&core, scratch)?)) } else { None };
         let channel = Mutex::new(ChannelEngine::new(&core));
         #[cfg(feature = "cudaipc")]
-        let gpu = crate::gpu::GpuEngine::new(&core)?.map(Mutex::new);
+        let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?.map(Mutex::new);
         let root = lineage.root.unwrap_or(b.bootstrap);
         Ok(Communicator {
             core,
             #[cfg(feature = "cudaipc")]
             gpu,
+            #[cfg(feature = "cudaipc")]
+            gpu_config,
             host,
             channel,
             table,
@@ -568,6 +590,8 @@ impl Communicator {
             bootstrap: Arc::new(sub),
             factories: self.factories.clone(),
             config: Some(self.config.clone()),
+            #[cfg(feature = "cudaipc")]
+            gpu_config: Some(self.gpu_config.clone()),
             overrides: Vec::new(),
             family: None,
         };

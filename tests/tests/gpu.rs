@@ -105,10 +105,10 @@ const TESTS: &[GpuTest] = &[
 ];
 
 fn gpu_count() -> Result<usize, String> {
-    if !transport_cudaipc::driver_available() {
+    if !weave_cuda::driver_available() {
         return Err("no CUDA driver".into());
     }
-    transport_cudaipc::device_count().map_err(|e| e.to_string())
+    weave_cuda::device_count().map_err(|e| e.to_string())
 }
 
 fn main() -> ExitCode {

@@ -189,11 +189,7 @@ impl Communicator {
             // The pipelined kernels read their steps-per-block target from aux[0] and their
             // schedule from aux[1] (the broadcasts have one schedule and ignore it).
             args.aux[0] = u64::from(steps);
-            let overlapped = self
-                .core()
-                .config()
-                .gpu_overlapped_schedule
-                .unwrap_or(n == 2 && call.bytes >= OVERLAPPED_FROM_ON_2_GPUS);
+            let overlapped = g.overlapped_schedule().unwrap_or(n == 2 && call.bytes >= OVERLAPPED_FROM_ON_2_GPUS);
             args.aux[1] = u64::from(overlapped);
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
