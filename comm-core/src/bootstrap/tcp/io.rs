@@ -1,8 +1,8 @@
 //! What the TCP bootstrap does with sockets: reads and writes bounded by a deadline, the
 //! length-prefixed handshake messages, the [`Acceptor`] that reads one hello from every accepted
 //! connection without letting a slow or silent one hold up the others, binding a member's
-//! listener, and, once the mesh stands, the links: their sending half, the reader thread of
-//! each (which files frames into the [`Mailbox`]) and the mailbox itself.
+//! listener, and, once the mesh stands, the links: their sending half ([`write_frame`]), the
+//! reader thread of each ([`read_frames`], filing frames into the [`Mailbox`]) and the mailbox.
 
 use std::collections::{HashMap, VecDeque};
 use std::io::{self, BufReader, ErrorKind, Read, Write};
@@ -23,6 +23,8 @@ pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 const MAX_PENDING_HANDSHAKES: usize = 1024;
 /// Longest sleep of the accept loop when nothing happens.
 const ACCEPT_POLL_MAX: Duration = Duration::from_millis(5);
+/// Payloads up to this size are copied into one buffer with their frame header (one write).
+const SMALL_FRAME_LEN: usize = 64 << 10;
 /// Buffer size of each link's reader.
 const READ_BUFFER_LEN: usize = 64 << 10;
 /// Largest up-front allocation for an incoming payload; larger ones grow as bytes arrive.
@@ -103,6 +105,22 @@ impl MailboxState {
             self.queues.remove(&(peer, tag));
         }
         message
+    }
+}
+
+/// Writes one frame of step 4 — tag `u64`, length `u64`, payload — or fails once `deadline` has
+/// passed (possibly part-way: the link is then unusable).
+pub(super) fn write_frame(stream: &TcpStream, tag: u64, data: &[u8], deadline: &Deadline) -> Result<(), IoFailure> {
+    let mut header = [0u8; 16];
+    header[..8].copy_from_slice(&tag.to_le_bytes());
+    header[8..].copy_from_slice(&(data.len() as u64).to_le_bytes());
+    if data.len() <= SMALL_FRAME_LEN {
+        let mut frame = Vec::with_capacity(header.len() + data.len());
+        frame.extend_from_slice(&header);
+        frame.extend_from_slice(data);
+        write_all_until(stream, &frame, deadline)
+    } else {
+        write_all_until(stream, &header, deadline).and_then(|()| write_all_until(stream, data, deadline))
     }
 }
 

@@ -40,7 +40,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use self::io::{IoFailure, Link, LinkWriter, Mailbox, read_frames, write_all_until};
+use self::io::{IoFailure, Link, LinkWriter, Mailbox, read_frames, write_frame};
 use self::rendezvous::{Rendezvous, local_host_identity};
 use super::unique_id::UniqueId;
 use super::{Bootstrap, RESERVED_TAG_BASE, TAG_ALL_GATHER, TAG_BARRIER, TAG_BROADCAST};
@@ -51,8 +51,6 @@ use crate::error::{Error, Result};
 const DROP_GRACE: Duration = Duration::from_millis(100);
 /// On drop, how long to wait for reader threads after their sockets were shut down.
 const DROP_JOIN_LIMIT: Duration = Duration::from_secs(2);
-/// Payloads up to this size are copied into one buffer with their frame header (one write).
-const SMALL_FRAME_LEN: usize = 64 << 10;
 
 /// The built-in [`Bootstrap`]: TCP, rendezvous at the root of a [`UniqueId`], then one link per
 /// pair of ranks.
@@ -262,18 +260,7 @@ impl Bootstrap for TcpBootstrap {
             return Err(Error::peer_lost(peer, operation(), reason.clone()));
         }
         let deadline = Deadline::after(self.timeout);
-        let mut header = [0u8; 16];
-        header[..8].copy_from_slice(&tag.to_le_bytes());
-        header[8..].copy_from_slice(&(data.len() as u64).to_le_bytes());
-        let written = if data.len() <= SMALL_FRAME_LEN {
-            let mut frame = Vec::with_capacity(header.len() + data.len());
-            frame.extend_from_slice(&header);
-            frame.extend_from_slice(data);
-            write_all_until(&writer.stream, &frame, &deadline)
-        } else {
-            write_all_until(&writer.stream, &header, &deadline)
-                .and_then(|()| write_all_until(&writer.stream, data, &deadline))
-        };
+        let written = write_frame(&writer.stream, tag, data, &deadline);
         match written {
             Ok(()) => Ok(()),
             Err(IoFailure::TimedOut) => {
