@@ -22,6 +22,7 @@ pub mod memory_channel;
 pub mod peer_watch;
 pub mod port_channel;
 pub mod proxy;
+mod registration;
 pub mod semaphore;
 pub mod spin;
 pub mod topology;
