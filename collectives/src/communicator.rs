@@ -231,12 +231,17 @@ impl Communicator {
 
     /// The algorithm this communicator would run for a call of `bytes` bytes on host memory.
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Result<Algorithm> {
-        Ok(self.plan(collective, MemorySpace::Host, bytes)?.algorithm)
+        Ok(self.plan(CallShape::host(collective, bytes))?.algorithm)
     }
 
-    /// The plan for a call of `collective` on `memory` with `bytes` bytes (see [`plan`]).
-    pub fn plan(&self, collective: Collective, memory: MemorySpace, bytes: usize) -> Result<Plan> {
-        plan(&self.table, CallShape { collective, memory, bytes }, self.core.topology(), None)
+    /// The plan this communicator would run for `call` (see [`plan`]).
+    pub fn plan(&self, call: CallShape) -> Result<Plan> {
+        #[cfg(feature = "cudaipc")]
+        if call.memory == MemorySpace::Device {
+            let caps = self.gpu_caps()?;
+            return plan(&self.table, call, self.core.topology(), Some(&caps));
+        }
+        plan(&self.table, call, self.core.topology(), None)
     }
 
     /// Collective: allocates `len` zeroed elements of shared memory on every rank (see
@@ -316,7 +321,7 @@ impl Communicator {
         if bytes == 0 && validation.is_ok() && c != Collective::AllToAllv {
             return Ok(());
         }
-        let plan = self.plan(c, MemorySpace::Host, bytes)?;
+        let plan = self.plan(CallShape::host(c, bytes))?;
         let algo = plan.algorithm;
         if self.config.logs(LogLevel::Info) {
             eprintln!("weave[{}]: {c} of {bytes} B on {} ranks -> {algo}", self.rank(), self.world_size());
@@ -623,7 +628,7 @@ impl<'a> Group<'a> {
     /// Runs every operation to completion.
     pub fn run(self) -> Result<()> {
         let bytes: usize = self.ops.iter().map(P2pOp::len).sum();
-        if self.comm.plan(Collective::SendRecv, MemorySpace::Host, bytes)?.executor == Executor::HostChannel {
+        if self.comm.plan(CallShape::host(Collective::SendRecv, bytes))?.executor == Executor::HostChannel {
             let mut e = self.comm.channel_engine()?;
             // SAFETY: as below.
             return unsafe { crate::channel::run_group(&mut e, &self.comm.core, &self.ops) };

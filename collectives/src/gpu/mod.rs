@@ -257,14 +257,15 @@ impl GpuEngine {
         self.layout
     }
 
-    /// This GPU's compute capability as a number (90 for sm_90), for the algorithm table.
-    pub(crate) fn arch(&self) -> Option<u32> {
-        self.arch
-    }
-
-    /// Whether every pair of this communicator's GPUs is joined by NVLink.
-    pub(crate) fn nvlink(&self) -> bool {
-        self.nvlink
+    /// What the plan needs to know about this communicator's GPUs (agreed by every rank).
+    pub(crate) fn caps(&self) -> crate::select::device::GpuCaps {
+        crate::select::device::GpuCaps {
+            arch: self.arch,
+            packet_capacity: self.layout.packet_capacity,
+            nvlink: self.nvlink,
+            ll128_max_bytes: self.layout.ll128_two_shot_max_bytes(),
+            forced_schedule: self.overlapped_schedule,
+        }
     }
 
     /// The CUDA context of this rank's GPU.
@@ -327,12 +328,6 @@ impl GpuEngine {
     /// the packet range stalled for milliseconds now and then).
     pub(crate) fn packet_blocks(&self, packets: usize) -> u32 {
         (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks).min(PACKET_MAX_BLOCKS)
-    }
-
-    /// The pipelined kernels' schedule when the GPU config forces one (`Some(true)`:
-    /// overlapped), else `None` and the call picks it.
-    pub(crate) fn overlapped_schedule(&self) -> Option<bool> {
-        self.overlapped_schedule
     }
 
     /// The least tiles per block the pipelined kernels aim for (their `aux[0]`).

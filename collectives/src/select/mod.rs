@@ -4,11 +4,13 @@
 //! A new algorithm touches its table row, its executor and (on GPUs) its kernel file; the
 //! choice itself is made here and nowhere else.
 
+pub mod device;
 pub mod table;
 
 use comm_core::Result;
 use comm_core::topology::Topology;
 
+use device::{GpuCaps, KernelPlan};
 use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
 
 /// What is asked: the collective, where its buffers live and how big it is ("bytes" as the
@@ -21,6 +23,15 @@ pub struct CallShape {
     pub memory: MemorySpace,
     /// Bytes of the call's largest buffer.
     pub bytes: usize,
+    /// Bytes of one rank's part (count × element size): what a packet kernel moves per peer.
+    pub payload: usize,
+}
+
+impl CallShape {
+    /// A call on host memory of `bytes` bytes.
+    pub fn host(collective: Collective, bytes: usize) -> Self {
+        CallShape { collective, memory: MemorySpace::Host, bytes, payload: bytes }
+    }
 }
 
 /// Which executor runs a plan.
@@ -41,23 +52,36 @@ pub struct Plan {
     pub algorithm: Algorithm,
     /// Who runs it.
     pub executor: Executor,
+    /// The kernel and its grid, for plans that launch one.
+    pub kernel: Option<KernelPlan>,
 }
 
 /// The plan for `call` on this communicator: the families the topology allows (the direct
 /// family needs every peer mapped here), then the table's first row among them — or the
-/// override `WEAVE_ALGO` set — for the world size, the bytes and the GPU architecture `arch`
-/// (compute capability × 10, for device buffers).
-pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, arch: Option<u32>) -> Result<Plan> {
+/// override `WEAVE_ALGO` set — for the world size and the bytes; on device buffers (`gpu`
+/// holds the GPUs' agreed capabilities) the algorithm the GPUs can run for this size, and its
+/// kernel and grid.
+pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: Option<&GpuCaps>) -> Result<Plan> {
     let families: &[Family] =
         if topology.all_direct() { &[Family::Direct, Family::Channel] } else { &[Family::Channel] };
-    let algorithm =
-        table.select_among(call.collective, call.memory, topology.world_size(), call.bytes, arch, families)?;
-    let executor = match (call.memory, algorithm.family()) {
-        (MemorySpace::Host, Family::Direct) => Executor::HostDirect,
-        (MemorySpace::Host, Family::Channel) => Executor::HostChannel,
-        (MemorySpace::Device, _) => Executor::GpuDirect,
-    };
-    Ok(Plan { algorithm, executor })
+    let world = topology.world_size();
+    let arch = gpu.and_then(|g| g.arch);
+    let algorithm = table.select_among(call.collective, call.memory, world, call.bytes, arch, families)?;
+    match (call.memory, algorithm.family(), gpu) {
+        (MemorySpace::Host, Family::Direct, _) => Ok(Plan { algorithm, executor: Executor::HostDirect, kernel: None }),
+        (MemorySpace::Host, Family::Channel, _) => {
+            Ok(Plan { algorithm, executor: Executor::HostChannel, kernel: None })
+        }
+        (MemorySpace::Device, _, Some(caps)) => {
+            let algorithm = device::fit(algorithm, call.collective, world, call.payload, caps);
+            let kernel = device::kernel(call.collective, algorithm, world, call.bytes, caps)?;
+            Ok(Plan { algorithm, executor: Executor::GpuDirect, kernel: Some(kernel) })
+        }
+        (MemorySpace::Device, _, None) => Err(comm_core::Error::Unsupported(format!(
+            "{} on device buffers needs the GPU path, which this communicator does not have",
+            call.collective
+        ))),
+    }
 }
 
 #[cfg(test)]
@@ -66,7 +90,7 @@ mod tests {
     use comm_core::transport::Transport;
 
     fn shape(collective: Collective, bytes: usize) -> CallShape {
-        CallShape { collective, memory: MemorySpace::Host, bytes }
+        CallShape::host(collective, bytes)
     }
 
     #[test]
@@ -74,7 +98,7 @@ mod tests {
         let t = AlgorithmTable::default();
         let topo = Topology::single_node(0, 4, Transport::SHM, true);
         let p = plan(&t, shape(Collective::AllReduce, 1024), &topo, None).unwrap();
-        assert_eq!(p, Plan { algorithm: Algorithm::OneShot, executor: Executor::HostDirect });
+        assert_eq!(p, Plan { algorithm: Algorithm::OneShot, executor: Executor::HostDirect, kernel: None });
     }
 
     #[test]
@@ -114,7 +138,16 @@ mod tests {
             assert_eq!(p.executor, Executor::HostChannel, "{c}");
         }
         // Device buffers have no channel algorithm yet: the direct rows stay.
-        let d = CallShape { collective: Collective::AllReduce, memory: MemorySpace::Device, bytes: 8 };
-        assert_eq!(plan(&t, d, &topo, Some(90)).unwrap().executor, Executor::GpuDirect);
+        let caps = GpuCaps {
+            arch: Some(90),
+            packet_capacity: 64 << 10,
+            nvlink: true,
+            ll128_max_bytes: 3840 << 10,
+            forced_schedule: None,
+        };
+        let d = CallShape { collective: Collective::AllReduce, memory: MemorySpace::Device, bytes: 8, payload: 8 };
+        let p = plan(&t, d, &topo, Some(&caps)).unwrap();
+        assert_eq!((p.algorithm, p.executor), (Algorithm::OneShot, Executor::GpuDirect));
+        assert_eq!(p.kernel.map(|k| k.family), Some("weave_all_reduce_ll"));
     }
 }
