@@ -21,6 +21,33 @@ pub fn set_oversubscribed(oversubscribed: bool) {
     OVERSUBSCRIBED.store(oversubscribed, Ordering::Relaxed);
 }
 
+/// Tells every wait in this process how many ranks run on this host: they outnumber its cores
+/// when there are more of them than [`host_cpus`].
+pub fn set_local_ranks(local_ranks: usize) {
+    set_oversubscribed(local_ranks > host_cpus());
+}
+
+/// CPUs online on this host (`/sys/devices/system/cpu/online`), not this thread's affinity
+/// mask: a rank pinned to one CPU still shares the host with peers pinned to the others, and
+/// they do not outnumber the cores. Falls back to the affinity mask where sysfs is unreadable.
+pub fn host_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| count_cpu_list(s.trim()))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// The number of CPUs in a kernel CPU list such as `0-3,8,10-11`; `None` if malformed.
+fn count_cpu_list(list: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for part in list.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
+    }
+    (n > 0).then_some(n)
+}
+
 /// Waiting politely: spin for a few microseconds (the common case: the peer is running on
 /// another core and answers quickly), then yield the core on every call (the peer may need it).
 #[derive(Debug)]
@@ -114,6 +141,17 @@ mod tests {
 
     fn ok() -> Result<()> {
         Ok(())
+    }
+
+    #[test]
+    fn cpu_lists_count() {
+        assert_eq!(count_cpu_list("0-1"), Some(2));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        for bad in ["", "3-1", "a", "0-"] {
+            assert_eq!(count_cpu_list(bad), None, "{bad:?}");
+        }
+        assert!(host_cpus() >= 1);
     }
 
     #[test]

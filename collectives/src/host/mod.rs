@@ -73,6 +73,9 @@ pub(crate) struct HostEngine {
 impl HostEngine {
     /// Collective: builds the workspace and the point-to-point semaphores.
     pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
+        // Ranks pinned one per CPU see one CPU in their affinity mask, yet do not outnumber the
+        // host's cores: judged on the CPUs online, their waits spin before they yield.
+        comm_core::spin::set_local_ranks(core.bootstrap().local_world_size());
         let ws = Workspace::new(core, scratch_bytes)?;
         let p2p = P2pState::new(core)?;
         let cma = probe_cma(core)?;
