@@ -50,9 +50,10 @@ fn count_cpu_list(list: &str) -> Option<usize> {
 
 /// Waiting politely: spin for a few microseconds (the common case: the peer is running on
 /// another core and answers quickly), then yield the core on every call (the peer may need it).
+/// The clock is first read after 32 spins, so a wait that ends sooner costs no clock read.
 #[derive(Debug)]
 pub struct Backoff {
-    start: std::time::Instant,
+    start: Option<std::time::Instant>,
     calls: u32,
     yielding: bool,
 }
@@ -66,7 +67,7 @@ impl Default for Backoff {
 impl Backoff {
     /// A fresh backoff (spinning first, unless ranks outnumber cores).
     pub fn new() -> Self {
-        Backoff { start: std::time::Instant::now(), calls: 0, yielding: OVERSUBSCRIBED.load(Ordering::Relaxed) }
+        Backoff { start: None, calls: 0, yielding: OVERSUBSCRIBED.load(Ordering::Relaxed) }
     }
 
     /// Waits a little: a spin hint while within the budget, a yield after.
@@ -77,8 +78,12 @@ impl Backoff {
             return;
         }
         std::hint::spin_loop();
-        if self.calls.is_multiple_of(32) && self.start.elapsed() > SPIN_BUDGET {
-            self.yielding = true;
+        if self.calls.is_multiple_of(32) {
+            match self.start {
+                None => self.start = Some(std::time::Instant::now()),
+                Some(start) if start.elapsed() > SPIN_BUDGET => self.yielding = true,
+                Some(_) => {}
+            }
         }
     }
 
@@ -104,12 +109,13 @@ pub struct WaitContext<'a> {
     pub check_peer: &'a dyn Fn() -> Result<()>,
 }
 
-/// Spins until `ready()` is true; errors on timeout, abort or a lost peer.
+/// Spins until `ready()` is true; errors on timeout, abort or a lost peer. The timeout counts
+/// from the first check, 128 iterations in: a short wait reads no clock.
 pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Result<()> {
     if ready() {
         return Ok(());
     }
-    let deadline = Deadline::after(ctx.timeout);
+    let mut deadline: Option<Deadline> = None;
     let mut backoff = Backoff::new();
     let mut i: u32 = 0;
     loop {
@@ -123,6 +129,7 @@ pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Res
                 return Err(Error::Aborted(format!("{} was aborted", ctx.operation)));
             }
             (ctx.check_peer)()?;
+            let deadline = deadline.get_or_insert_with(|| Deadline::after(ctx.timeout));
             if deadline.expired() {
                 // One last look: the condition may have come true while we checked.
                 if ready() {

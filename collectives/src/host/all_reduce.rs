@@ -4,16 +4,11 @@
 use comm_core::Result;
 
 use super::workspace::Publication;
-use super::{Agree, HostEngine, capacity, copy, scratch, share, signature};
+use super::{Agree, HostEngine, capacity, copy, scratch, share, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
 use crate::table::{Algorithm, Collective};
-
-/// Gathers `n` typed scratch addresses (one per rank) for the current step.
-fn all_scratch<T: Element>(e: &HostEngine, elem: usize, len: usize) -> Result<Vec<*const T>> {
-    (0..e.ws.world_size()).map(|r| scratch::<T>(&e.ws, r, elem, len).map(|p| p as *const T)).collect()
-}
 
 /// All-reduce of `count` elements from `send` into `recv` (which may be the same memory).
 ///
@@ -43,10 +38,11 @@ pub(crate) unsafe fn all_reduce<T: Element>(
                 // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
                 unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
                 e.step("all_reduce", publication, agree)?;
-                let srcs = all_scratch::<T>(e, 0, k)?;
-                // SAFETY: every source is a rank's scratch of k elements, stable until the next
-                // step; `recv + o` is valid for k writes and distinct from scratch.
-                unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+                with_all_scratch(e, 0, k, |srcs| {
+                    // SAFETY: every source is a rank's scratch of k elements, stable until the
+                    // next step; `recv + o` is valid for k writes and distinct from scratch.
+                    unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
+                })?;
                 e.ws.finish_step();
             }
         }
@@ -183,9 +179,11 @@ pub(crate) unsafe fn reduce<T: Element>(
         e.step("reduce", publication, agree)?;
         if two_phase {
             let (a, b) = share(k, n, me);
-            let srcs = all_scratch::<T>(e, a, b - a)?;
-            // SAFETY: as in the two-phase all-reduce.
-            unsafe { reduce_raw(op, n, scratch::<T>(&e.ws, me, chunk + a, b - a)?, &srcs, b - a) };
+            let out = scratch::<T>(&e.ws, me, chunk + a, b - a)?;
+            with_all_scratch(e, a, b - a, |srcs| {
+                // SAFETY: as in the two-phase all-reduce.
+                unsafe { reduce_raw(op, n, out, srcs, b - a) }
+            })?;
             e.phase("reduce gather")?;
             if me == root {
                 for q in 0..n {
@@ -195,9 +193,10 @@ pub(crate) unsafe fn reduce<T: Element>(
                 }
             }
         } else if me == root {
-            let srcs = all_scratch::<T>(e, 0, k)?;
-            // SAFETY: as in the one-shot all-reduce.
-            unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+            with_all_scratch(e, 0, k, |srcs| {
+                // SAFETY: as in the one-shot all-reduce.
+                unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
+            })?;
         }
         e.ws.finish_step();
     }

@@ -269,6 +269,29 @@ pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// Calls `f` with every rank's scratch address of elements `[elem, elem + len)` for the
+/// current step, in rank order, without allocating for up to 16 ranks.
+pub(crate) fn with_all_scratch<T: Element, R>(
+    e: &HostEngine,
+    elem: usize,
+    len: usize,
+    f: impl FnOnce(&[*const T]) -> R,
+) -> Result<R> {
+    let n = e.ws.world_size();
+    let mut few = [std::ptr::null::<T>(); 16];
+    let mut many = Vec::new();
+    let srcs: &mut [*const T] = if n <= few.len() {
+        &mut few[..n]
+    } else {
+        many.resize(n, std::ptr::null());
+        &mut many
+    };
+    for (r, src) in srcs.iter_mut().enumerate() {
+        *src = scratch::<T>(&e.ws, r, elem, len)?;
+    }
+    Ok(f(srcs))
+}
+
 /// Scratch capacity in elements of `T`.
 pub(crate) fn capacity<T: Element>(ws: &Workspace) -> usize {
     ws.scratch_bytes() / std::mem::size_of::<T>()
