@@ -9,6 +9,8 @@ use crate::op::ReduceOp;
 
 /// Elements per block: the accumulator of one block stays in L1.
 const BLOCK: usize = 1024;
+/// Elements per block for short reductions: a smaller accumulator to initialize per call.
+const SMALL_BLOCK: usize = 64;
 
 /// Per-type arithmetic behind the kernels.
 pub trait Arith: Copy + Default + PartialOrd + Send + Sync + 'static {
@@ -183,11 +185,34 @@ pub unsafe fn reduce_raw2<T: Arith>(
     srcs: &[*const T],
     len: usize,
 ) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if len <= SMALL_BLOCK {
+            reduce_blocks::<T, SMALL_BLOCK>(op, divisor, out, out2, srcs, len)
+        } else {
+            reduce_blocks::<T, BLOCK>(op, divisor, out, out2, srcs, len)
+        }
+    }
+}
+
+/// [`reduce_raw2`] with an accumulator of `B` elements.
+///
+/// # Safety
+/// As [`reduce_raw2`].
+#[inline(always)]
+unsafe fn reduce_blocks<T: Arith, const B: usize>(
+    op: ReduceOp,
+    divisor: usize,
+    out: *mut T,
+    out2: *mut T,
+    srcs: &[*const T],
+    len: usize,
+) {
     let Some((&first, rest)) = srcs.split_first() else { return };
-    let mut acc = [T::Acc::default(); BLOCK];
+    let mut acc = [T::Acc::default(); B];
     let mut done = 0;
     while done < len {
-        let n = BLOCK.min(len - done);
+        let n = B.min(len - done);
         let acc = &mut acc[..n];
         {
             // SAFETY: the caller guarantees `first` is valid for `len` reads; done + n <= len.
