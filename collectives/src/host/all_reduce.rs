@@ -28,6 +28,34 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
+    let one_shot =
+        matches!(algo, Algorithm::OneShot | Algorithm::TwoShot | Algorithm::TwoShotLl128 | Algorithm::Direct);
+    if one_shot && count * std::mem::size_of::<T>() <= 8 && n <= 16 {
+        // The payload travels in the header line: one cache line per peer and step.
+        let mut p = publication;
+        // SAFETY: send holds count elements (at most 8 bytes), copied into the word's bytes.
+        unsafe {
+            std::ptr::copy_nonoverlapping(
+                send.cast::<u8>(),
+                (&raw mut p.inline).cast::<u8>(),
+                count * std::mem::size_of::<T>(),
+            )
+        };
+        e.step("all_reduce", p, agree)?;
+        let mut words = [0u64; 16];
+        let mut srcs = [std::ptr::null::<T>(); 16];
+        for (r, w) in words.iter_mut().enumerate().take(n) {
+            *w = if r == me { p.inline } else { e.ws.publication(r).inline };
+        }
+        for (src, w) in srcs.iter_mut().zip(&words) {
+            *src = (w as *const u64).cast::<T>();
+        }
+        // SAFETY: every source is an 8-byte aligned word holding count elements (at most 8
+        // bytes) of one rank's input, in rank order; recv is valid for count writes.
+        unsafe { reduce_raw(op, n, recv, &srcs[..n], count) };
+        e.ws.finish_step();
+        return Ok(());
+    }
     match algo {
         // The two-shots are GPU algorithms; the table never picks them for host memory.
         Algorithm::OneShot | Algorithm::TwoShot | Algorithm::TwoShotLl128 | Algorithm::Direct => {
