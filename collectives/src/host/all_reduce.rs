@@ -3,7 +3,7 @@
 
 use comm_core::Result;
 
-use super::workspace::Publication;
+use super::workspace::{INLINE_BYTES, Publication};
 use super::{Agree, HostEngine, capacity, copy, scratch, share, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
@@ -30,28 +30,23 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let cap = capacity::<T>(&e.ws);
     let one_shot =
         matches!(algo, Algorithm::OneShot | Algorithm::TwoShot | Algorithm::TwoShotLl128 | Algorithm::Direct);
-    if one_shot && count * std::mem::size_of::<T>() <= 8 && n <= 16 {
+    let bytes = count * std::mem::size_of::<T>();
+    if one_shot && bytes <= INLINE_BYTES && n <= 16 {
         // The payload travels in the header line: one cache line per peer and step.
         let mut p = publication;
-        // SAFETY: send holds count elements (at most 8 bytes), copied into the word's bytes.
-        unsafe {
-            std::ptr::copy_nonoverlapping(
-                send.cast::<u8>(),
-                (&raw mut p.inline).cast::<u8>(),
-                count * std::mem::size_of::<T>(),
-            )
-        };
+        // SAFETY: send holds count elements (at most INLINE_BYTES), copied into the words.
+        unsafe { std::ptr::copy_nonoverlapping(send.cast::<u8>(), p.inline.as_mut_ptr().cast::<u8>(), bytes) };
         e.step("all_reduce", p, agree)?;
-        let mut words = [0u64; 16];
+        let mut words = [[0u64; 2]; 16];
         let mut srcs = [std::ptr::null::<T>(); 16];
         for (r, w) in words.iter_mut().enumerate().take(n) {
             *w = if r == me { p.inline } else { e.ws.publication(r).inline };
         }
         for (src, w) in srcs.iter_mut().zip(&words) {
-            *src = (w as *const u64).cast::<T>();
+            *src = w.as_ptr().cast::<T>();
         }
-        // SAFETY: every source is an 8-byte aligned word holding count elements (at most 8
-        // bytes) of one rank's input, in rank order; recv is valid for count writes.
+        // SAFETY: every source is an 8-byte aligned pair of words holding count elements (at
+        // most INLINE_BYTES) of one rank's input, in rank order; recv is valid for count writes.
         unsafe { reduce_raw(op, n, recv, &srcs[..n], count) };
         e.ws.finish_step();
         return Ok(());

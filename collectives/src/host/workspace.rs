@@ -54,28 +54,38 @@ pub(crate) struct Publication {
     pub(crate) source: u64,
     /// Byte offset of the step's input inside that shared buffer.
     pub(crate) source_offset: u64,
-    /// A payload of at most 8 bytes carried in the header line itself (little end first), so
-    /// that a peer gets it with the arrival instead of one cache miss later.
-    pub(crate) inline: u64,
+    /// A payload of at most [`INLINE_BYTES`] carried in the header line itself, so that a peer
+    /// gets it with the arrival instead of one cache miss later.
+    pub(crate) inline: [u64; 2],
 }
 
+/// Bytes of payload a publication carries in the header line.
+pub(crate) const INLINE_BYTES: usize = 16;
+
+/// Bits of the signature word that hold the root (the signature itself uses the low 32 bits
+/// and bit 63).
+const ROOT_SHIFT: u32 = 32;
+const ROOT_MASK: u64 = (1 << 31) - 1;
+
 impl Publication {
-    /// Words after `phase` in the header line.
+    /// Words after `phase` in the header line: the root shares the signature's word.
     const WORDS: usize = 7;
 
     fn to_words(self) -> [u64; Self::WORDS] {
-        [self.step, self.signature, self.count, self.root, self.source, self.source_offset, self.inline]
+        // Roots are ranks, below 2^31.
+        let sig = self.signature & !(ROOT_MASK << ROOT_SHIFT) | (self.root & ROOT_MASK) << ROOT_SHIFT;
+        [self.step, sig, self.count, self.source, self.source_offset, self.inline[0], self.inline[1]]
     }
 
     fn from_words(w: [u64; Self::WORDS]) -> Self {
         Publication {
             step: w[0],
-            signature: w[1],
+            signature: w[1] & !(ROOT_MASK << ROOT_SHIFT),
+            root: (w[1] >> ROOT_SHIFT) & ROOT_MASK,
             count: w[2],
-            root: w[3],
-            source: w[4],
-            source_offset: w[5],
-            inline: w[6],
+            source: w[3],
+            source_offset: w[4],
+            inline: [w[5], w[6]],
         }
     }
 }
