@@ -11,12 +11,14 @@ use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
 use crate::buffer::SharedBuffer;
-use crate::dtype::{DataType, Element};
+use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
+use crate::dtype::Element;
 use crate::host::workspace::DEFAULT_SCRATCH_BYTES;
 use crate::host::{self, AllToAllv, HostEngine, P2pOp};
 use crate::op::ReduceOp;
+use crate::select::{CallShape, Executor, Plan, plan};
 use crate::split::SubBootstrap;
-use crate::table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
+use crate::table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
 
 /// The transports compiled in by Cargo features, in preference order.
 #[allow(clippy::vec_init_then_push, unused_mut, reason = "one push per enabled feature")]
@@ -34,7 +36,10 @@ pub struct Builder {
     bootstrap: Arc<dyn Bootstrap>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Option<Config>,
+    #[cfg(feature = "cudaipc")]
+    gpu_config: Option<crate::gpu::GpuConfig>,
     overrides: Vec<(Option<Collective>, Algorithm)>,
+    family: Option<Family>,
 }
 
 impl Builder {
@@ -50,9 +55,24 @@ impl Builder {
         self
     }
 
+    /// Uses `gpu_config` for the GPU path's tuning knobs instead of the `WEAVE_GPU_*`
+    /// environment (every rank should pass the same).
+    #[cfg(feature = "cudaipc")]
+    pub fn with_gpu_config(mut self, gpu_config: crate::gpu::GpuConfig) -> Self {
+        self.gpu_config = Some(gpu_config);
+        self
+    }
+
     /// Forces `algorithm` for `collective` (every rank must force the same).
     pub fn with_algorithm(mut self, collective: Collective, algorithm: Algorithm) -> Self {
         self.overrides.push((Some(collective), algorithm));
+        self
+    }
+
+    /// Restricts the algorithm table to `family` where it runs (every rank must pass the same);
+    /// `WEAVE_ALGO=channel` does this for [`Family::Channel`].
+    pub fn with_algorithm_family(mut self, family: Family) -> Self {
+        self.family = Some(family);
         self
     }
 
@@ -81,7 +101,12 @@ pub struct Communicator {
     core: CoreCommunicator,
     #[cfg(feature = "cudaipc")]
     pub(crate) gpu: Option<Mutex<crate::gpu::GpuEngine>>,
-    host: Mutex<HostEngine>,
+    /// The GPU knobs this communicator was built with (its splits get them too).
+    #[cfg(feature = "cudaipc")]
+    gpu_config: crate::gpu::GpuConfig,
+    /// The direct host executor; `None` where some peer's memory is not mapped here.
+    host: Option<Mutex<HostEngine>>,
+    channel: Mutex<ChannelEngine>,
     table: AlgorithmTable,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Config,
@@ -104,7 +129,15 @@ impl std::fmt::Debug for Communicator {
 impl Communicator {
     /// Starts building a communicator over `bootstrap` with the default transports.
     pub fn builder(bootstrap: impl Bootstrap + 'static) -> Builder {
-        Builder { bootstrap: Arc::new(bootstrap), factories: Vec::new(), config: None, overrides: Vec::new() }
+        Builder {
+            bootstrap: Arc::new(bootstrap),
+            factories: Vec::new(),
+            config: None,
+            #[cfg(feature = "cudaipc")]
+            gpu_config: None,
+            overrides: Vec::new(),
+            family: None,
+        }
     }
 
     /// Collective: a communicator of all ranks of a job launched by `cargo xtask launch`,
@@ -124,6 +157,11 @@ impl Communicator {
             Some(c) => c,
             None => Config::from_env()?,
         };
+        #[cfg(feature = "cudaipc")]
+        let gpu_config = match b.gpu_config {
+            Some(c) => c,
+            None => crate::gpu::GpuConfig::from_env()?,
+        };
         let factories = if b.factories.is_empty() { default_transports() } else { b.factories };
         let mut table = AlgorithmTable::default();
         if let Some(spec) = &config.algorithm_overrides {
@@ -138,21 +176,29 @@ impl Communicator {
             }
             table.set_override(c, a);
         }
+        if b.family.is_some() {
+            table.set_family(b.family);
+        }
         let mut core = CoreCommunicator::builder_arc(b.bootstrap.clone()).with_config(config.clone());
         for f in &factories {
             core = core.with_transport_arc(f.clone());
         }
         let core = core.build()?;
         let scratch = config.host_scratch_bytes.unwrap_or(DEFAULT_SCRATCH_BYTES);
-        let host = HostEngine::new(&core, scratch)?;
+        // Every rank computes the same topology, so they agree on building the workspace.
+        let host = if core.topology().all_direct() { Some(Mutex::new(HostEngine::new(&core, scratch)?)) } else { None };
+        let channel = Mutex::new(ChannelEngine::new(&core));
         #[cfg(feature = "cudaipc")]
-        let gpu = crate::gpu::GpuEngine::new(&core)?.map(Mutex::new);
+        let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?.map(Mutex::new);
         let root = lineage.root.unwrap_or(b.bootstrap);
         Ok(Communicator {
             core,
             #[cfg(feature = "cudaipc")]
             gpu,
-            host: Mutex::new(host),
+            #[cfg(feature = "cudaipc")]
+            gpu_config,
+            host,
+            channel,
             table,
             factories,
             config,
@@ -183,9 +229,19 @@ impl Communicator {
         &self.table
     }
 
-    /// The algorithm this communicator would run for a call of `bytes` bytes.
+    /// The algorithm this communicator would run for a call of `bytes` bytes on host memory.
     pub fn algorithm_for(&self, collective: Collective, bytes: usize) -> Result<Algorithm> {
-        self.table.select(collective, MemorySpace::Host, self.world_size(), bytes)
+        Ok(self.plan(CallShape::host(collective, bytes))?.algorithm)
+    }
+
+    /// The plan this communicator would run for `call` (see [`plan`]).
+    pub fn plan(&self, call: CallShape) -> Result<Plan> {
+        #[cfg(feature = "cudaipc")]
+        if call.memory == MemorySpace::Device {
+            let caps = self.gpu_caps()?;
+            return plan(&self.table, call, self.core.topology(), Some(&caps));
+        }
+        plan(&self.table, call, self.core.topology(), None)
     }
 
     /// Collective: allocates `len` zeroed elements of shared memory on every rank (see
@@ -212,20 +268,52 @@ impl Communicator {
     }
 
     fn engine(&self) -> Result<MutexGuard<'_, HostEngine>> {
-        let e = self.host.lock().map_err(|_| Error::Aborted("a thread panicked inside a collective".into()))?;
+        let host = self.host.as_ref().ok_or_else(|| {
+            Error::Unsupported(
+                "this communicator reaches some peers only through connections, so it has no shared host \
+                 workspace (shared buffers and the direct algorithms need every peer on this host)"
+                    .into(),
+            )
+        })?;
+        let e = host.lock().map_err(|_| Error::Aborted("a thread panicked inside a collective".into()))?;
+        e.check_usable()?;
+        Ok(e)
+    }
+
+    fn channel_engine(&self) -> Result<MutexGuard<'_, ChannelEngine>> {
+        let e = self.channel.lock().map_err(|_| Error::Aborted("a thread panicked inside a collective".into()))?;
         e.check_usable()?;
         Ok(e)
     }
 
     /// Picks the algorithm, serializes the call, and runs `f` — or, when `validation` failed,
     /// takes part in one step that tells every peer, and returns the local error.
-    fn collective(
+    ///
+    /// `channel` is the same call for the channel executor, which runs it when the plan says so.
+    fn collective<T: Element>(
         &self,
         c: Collective,
-        dtype: DataType,
         op: Option<ReduceOp>,
         bytes: usize,
         validation: Result<()>,
+        channel: ChannelCall<T>,
+        f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
+    ) -> Result<()> {
+        // SAFETY: the user API built `channel` from slices whose lengths it checked (the
+        // validation); an invalid rank takes part with no data.
+        let through_links = |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, channel, invalid) };
+        self.run_planned::<T>(c, op, bytes, validation, through_links, f)
+    }
+
+    /// [`collective`](Self::collective) with the channel executor's part as a closure
+    /// (`engine, algorithm, this rank's arguments invalid`).
+    fn run_planned<T: Element>(
+        &self,
+        c: Collective,
+        op: Option<ReduceOp>,
+        bytes: usize,
+        validation: Result<()>,
+        through_links: impl FnOnce(&mut ChannelEngine, Algorithm, bool) -> Result<()>,
         f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
     ) -> Result<()> {
         // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count while
@@ -233,14 +321,21 @@ impl Communicator {
         if bytes == 0 && validation.is_ok() && c != Collective::AllToAllv {
             return Ok(());
         }
-        let algo = self.algorithm_for(c, bytes)?;
+        let plan = self.plan(CallShape::host(c, bytes))?;
+        let algo = plan.algorithm;
         if self.config.logs(LogLevel::Info) {
             eprintln!("weave[{}]: {c} of {bytes} B on {} ranks -> {algo}", self.rank(), self.world_size());
+        }
+        if plan.executor == Executor::HostChannel {
+            let mut e = self.channel_engine()?;
+            let invalid = validation.is_err();
+            let r = through_links(&mut e, algo, invalid);
+            return validation.and(r);
         }
         let mut e = self.engine()?;
         match validation {
             Ok(()) => f(&mut e, algo),
-            Err(err) => Err(e.fail_step(c.name(), host::signature(c, dtype, op, algo), err)),
+            Err(err) => Err(e.fail_step(c.name(), host::signature(c, T::DTYPE, op, algo), err)),
         }
     }
 
@@ -252,7 +347,8 @@ impl Communicator {
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         let check = same_len("all_reduce", "send", send.len(), "recv", recv.len());
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
-        self.collective(Collective::AllReduce, T::DTYPE, Some(op), Self::bytes::<T>(count), check, |e, a| {
+        let ch = ChannelCall::AllReduce { send: s, recv: r, count, op };
+        self.collective(Collective::AllReduce, Some(op), Self::bytes::<T>(count), check, ch, |e, a| {
             // SAFETY: both slices hold `count` elements (checked) and are distinct borrows.
             unsafe { host::all_reduce(e, a, s, r, count, op) }
         })
@@ -261,7 +357,8 @@ impl Communicator {
     /// [`all_reduce`](Self::all_reduce) with the result written over the input.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (p, count) = (buf.as_mut_ptr(), buf.len());
-        self.collective(Collective::AllReduce, T::DTYPE, Some(op), Self::bytes::<T>(count), Ok(()), |e, a| {
+        let ch = ChannelCall::AllReduce { send: p, recv: p, count, op };
+        self.collective(Collective::AllReduce, Some(op), Self::bytes::<T>(count), Ok(()), ch, |e, a| {
             // SAFETY: the buffer holds `count` elements; input and output are the same range.
             unsafe { host::all_reduce(e, a, p, p, count, op) }
         })
@@ -272,7 +369,8 @@ impl Communicator {
         let n = self.world_size();
         let check = same_len("all_gather", "recv", recv.len(), "world_size × send", send.len().saturating_mul(n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
-        self.collective(Collective::AllGather, T::DTYPE, None, Self::bytes::<T>(recv.len()), check, |e, a| {
+        let ch = ChannelCall::AllGather { send: s, recv: r, count };
+        self.collective(Collective::AllGather, None, Self::bytes::<T>(recv.len()), check, ch, |e, a| {
             // SAFETY: send holds count, recv n × count elements (checked); distinct borrows.
             unsafe { host::all_gather(e, a, s, r, count) }
         })
@@ -286,7 +384,9 @@ impl Communicator {
         let count = buf.len() / n;
         let p = buf.as_mut_ptr();
         let me = self.rank();
-        self.collective(Collective::AllGather, T::DTYPE, None, Self::bytes::<T>(buf.len()), check, |e, a| {
+        // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
+        let ch = ChannelCall::AllGather { send: unsafe { p.add(me * count) }, recv: p, count };
+        self.collective(Collective::AllGather, None, Self::bytes::<T>(buf.len()), check, ch, |e, a| {
             // SAFETY: the buffer holds n × count elements; the send block is this rank's block.
             unsafe { host::all_gather(e, a, p.add(me * count), p, count) }
         })
@@ -298,7 +398,8 @@ impl Communicator {
         let n = self.world_size();
         let check = same_len("reduce_scatter", "send", send.len(), "world_size × recv", recv.len().saturating_mul(n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
-        self.collective(Collective::ReduceScatter, T::DTYPE, Some(op), Self::bytes::<T>(send.len()), check, |e, a| {
+        let ch = ChannelCall::ReduceScatter { send: s, recv: r, count, op };
+        self.collective(Collective::ReduceScatter, Some(op), Self::bytes::<T>(send.len()), check, ch, |e, a| {
             // SAFETY: send holds n × count, recv count elements (checked); distinct borrows.
             unsafe { host::reduce_scatter(e, a, s, r, count, op) }
         })
@@ -311,7 +412,9 @@ impl Communicator {
         let count = buf.len() / n;
         let p = buf.as_mut_ptr();
         let me = self.rank();
-        self.collective(Collective::ReduceScatter, T::DTYPE, Some(op), Self::bytes::<T>(buf.len()), check, |e, a| {
+        // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
+        let ch = ChannelCall::ReduceScatter { send: p, recv: unsafe { p.add(me * count) }, count, op };
+        self.collective(Collective::ReduceScatter, Some(op), Self::bytes::<T>(buf.len()), check, ch, |e, a| {
             // SAFETY: the buffer holds n × count elements; the result block is inside it.
             unsafe { host::reduce_scatter(e, a, p, p.add(me * count), count, op) }
         })
@@ -325,7 +428,8 @@ impl Communicator {
             if me == root { same_len("broadcast", "send", send.len(), "recv", recv.len()) } else { Ok(()) }
         });
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
-        self.collective(Collective::Broadcast, T::DTYPE, None, Self::bytes::<T>(count), check, |e, a| {
+        let ch = ChannelCall::Broadcast { send: s, recv: r, count, root };
+        self.collective(Collective::Broadcast, None, Self::bytes::<T>(count), check, ch, |e, a| {
             // SAFETY: recv holds count elements; on the root send does too (checked).
             unsafe { host::broadcast(e, a, s, r, count, root) }
         })
@@ -335,7 +439,8 @@ impl Communicator {
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
         let check = self.check_root("broadcast", root);
         let (p, count) = (buf.as_mut_ptr(), buf.len());
-        self.collective(Collective::Broadcast, T::DTYPE, None, Self::bytes::<T>(count), check, |e, a| {
+        let ch = ChannelCall::Broadcast { send: p, recv: p, count, root };
+        self.collective(Collective::Broadcast, None, Self::bytes::<T>(count), check, ch, |e, a| {
             // SAFETY: the buffer holds count elements.
             unsafe { host::broadcast(e, a, p, p, count, root) }
         })
@@ -349,7 +454,8 @@ impl Communicator {
             .check_root("reduce", root)
             .and_then(|_| if me == root { same_len("reduce", "send", send.len(), "recv", recv.len()) } else { Ok(()) });
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
-        self.collective(Collective::Reduce, T::DTYPE, Some(op), Self::bytes::<T>(count), check, |e, a| {
+        let ch = ChannelCall::Reduce { send: s, recv: r, count, op, root };
+        self.collective(Collective::Reduce, Some(op), Self::bytes::<T>(count), check, ch, |e, a| {
             // SAFETY: send holds count elements; on the root recv does too (checked).
             unsafe { host::reduce(e, a, s, r, count, op, root) }
         })
@@ -359,7 +465,8 @@ impl Communicator {
     pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
         let check = self.check_root("reduce", root);
         let (p, count) = (buf.as_mut_ptr(), buf.len());
-        self.collective(Collective::Reduce, T::DTYPE, Some(op), Self::bytes::<T>(count), check, |e, a| {
+        let ch = ChannelCall::Reduce { send: p, recv: p, count, op, root };
+        self.collective(Collective::Reduce, Some(op), Self::bytes::<T>(count), check, ch, |e, a| {
             // SAFETY: the buffer holds count elements.
             unsafe { host::reduce(e, a, p, p, count, op, root) }
         })
@@ -372,7 +479,8 @@ impl Communicator {
         let check = same_len("all_to_all", "send", send.len(), "recv", recv.len())
             .and_then(|_| divisible("all_to_all", send.len(), n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len() / n);
-        self.collective(Collective::AllToAll, T::DTYPE, None, Self::bytes::<T>(send.len()), check, |e, a| {
+        let ch = ChannelCall::AllToAll { send: s, recv: r, count };
+        self.collective(Collective::AllToAll, None, Self::bytes::<T>(send.len()), check, ch, |e, a| {
             // SAFETY: both slices hold n × count elements (checked); distinct borrows.
             unsafe { host::all_to_all(e, a, s, r, count) }
         })
@@ -383,7 +491,8 @@ impl Communicator {
         let n = self.world_size();
         let check = divisible("all_to_all_in_place", buf.len(), n);
         let (p, count) = (buf.as_mut_ptr(), buf.len() / n);
-        self.collective(Collective::AllToAll, T::DTYPE, None, Self::bytes::<T>(buf.len()), check, |e, a| {
+        let ch = ChannelCall::AllToAll { send: p, recv: p, count };
+        self.collective(Collective::AllToAll, None, Self::bytes::<T>(buf.len()), check, ch, |e, a| {
             // SAFETY: the buffer holds n × count elements.
             unsafe { host::all_to_all(e, a, p, p, count) }
         })
@@ -406,7 +515,12 @@ impl Communicator {
             .and_then(|_| check_v("recv", recv.len(), recv_counts, recv_displs, n, true));
         let (s, r) = (send.as_ptr(), recv.as_mut_ptr());
         let bytes = Self::bytes::<T>(send.len());
-        self.collective(Collective::AllToAllv, T::DTYPE, None, bytes, check, |e, a| {
+        let through_links = |e: &mut ChannelEngine, _, invalid| {
+            let v = AllToAllvCounts { send_counts, send_displs, recv_counts, recv_displs };
+            // SAFETY: as below; an invalid rank moves no data.
+            unsafe { crate::channel::all_to_allv(e, &self.core, s, r, v, invalid) }
+        };
+        self.run_planned::<T>(Collective::AllToAllv, None, bytes, check, through_links, |e, a| {
             let v = AllToAllv { send_counts, send_displs, recv_counts, recv_displs };
             // SAFETY: every block lies inside its slice and receive blocks do not overlap
             // (checked); send and recv are distinct borrows.
@@ -481,7 +595,10 @@ impl Communicator {
             bootstrap: Arc::new(sub),
             factories: self.factories.clone(),
             config: Some(self.config.clone()),
+            #[cfg(feature = "cudaipc")]
+            gpu_config: Some(self.gpu_config.clone()),
             overrides: Vec::new(),
+            family: None,
         };
         let mut comm = Communicator::build(builder, Lineage { root: Some(self.root.clone()), namespace, root_ranks })?;
         comm.table = self.table.clone();
@@ -510,6 +627,12 @@ impl<'a> Group<'a> {
 
     /// Runs every operation to completion.
     pub fn run(self) -> Result<()> {
+        let bytes: usize = self.ops.iter().map(P2pOp::len).sum();
+        if self.comm.plan(CallShape::host(Collective::SendRecv, bytes))?.executor == Executor::HostChannel {
+            let mut e = self.comm.channel_engine()?;
+            // SAFETY: as below.
+            return unsafe { crate::channel::run_group(&mut e, &self.comm.core, &self.ops) };
+        }
         let mut e = self.comm.engine()?;
         let timeout = e.timeout();
         // SAFETY: every pointer comes from a slice borrowed for 'a, which outlives this call;

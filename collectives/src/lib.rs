@@ -21,6 +21,7 @@
 //! re-exported as [`core`].
 
 pub mod buffer;
+mod channel;
 pub mod communicator;
 pub mod dtype;
 #[cfg(feature = "cudaipc")]
@@ -28,8 +29,9 @@ pub mod gpu;
 mod host;
 pub mod op;
 pub mod reduce;
+pub mod select;
 pub mod split;
-pub mod table;
+pub use select::table;
 
 pub use buffer::SharedBuffer;
 pub use comm_core as core;
@@ -37,7 +39,7 @@ pub use communicator::{Builder, Communicator, Group, default_transports};
 pub use dtype::{DataType, Element};
 pub use half::{bf16, f16};
 pub use op::ReduceOp;
-pub use table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
+pub use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
 
 #[cfg(feature = "cudaipc")]
 pub use transport_cudaipc;

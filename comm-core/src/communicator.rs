@@ -6,40 +6,35 @@
 //! of a pair call them in the same order). Divergence is detected where it can be — a
 //! registration exchanged out of order gives [`Error::RegistrationMismatch`] on every rank —
 //! and every wait is bounded.
+//!
+//! This file holds the builder, routing (which transports reach which peer), the topology and
+//! connections, and the channels; the memory half of [`Communicator`] — registration, exchange,
+//! pairwise memory and the token pools behind [`semaphore`](Communicator::semaphore) — is a
+//! second `impl` block in `registration.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-use crate::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
+use crate::bootstrap::Bootstrap;
 use crate::config::{Config, LogLevel};
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::fifo::DEFAULT_FIFO_CAPACITY;
-use crate::memory::{MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
+use crate::memory::RegisteredMemory;
 use crate::memory_channel::MemoryChannel;
 use crate::port_channel::PortChannel;
 use crate::proxy::ProxyService;
-use crate::semaphore::{HostSemaphore, Token};
+use crate::registration::PeerTokens;
+use crate::topology::{PeerReach, Topology};
 use crate::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
 use crate::wire::{Decoder, Encoder};
 
-/// Tag of the pairwise token-pool exchange.
-const TAG_TOKEN_POOL: u64 = RESERVED_TAG_BASE | 0x100;
-/// Tag of the pairwise token-pool acknowledgement.
-const TAG_TOKEN_POOL_ACK: u64 = RESERVED_TAG_BASE | 0x101;
-/// Tag of the pairwise semaphore handshake.
-const TAG_SEMAPHORE: u64 = RESERVED_TAG_BASE | 0x102;
-
-/// Bytes between two semaphore tokens (one cache line each, so waiters do not share lines).
-const TOKEN_STRIDE: usize = 64;
-/// Tokens in one pool (one page).
-const TOKENS_PER_POOL: usize = 64;
-
+/// Magic of the endpoint table every rank contributes at build time.
 const ENDPOINTS_MAGIC: [u8; 4] = *b"WVEP";
-const STATUS_MAGIC: [u8; 4] = *b"WVST";
-const SEMAPHORE_MAGIC: [u8; 4] = *b"WVSM";
-const WIRE_VERSION: u16 = 1;
+/// Version of the communicator's setup messages (endpoint table here; status and semaphore
+/// handshake in `registration.rs`).
+pub(crate) const WIRE_VERSION: u16 = 2;
 
 fn next_communicator_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -119,21 +114,32 @@ impl CommunicatorBuilder {
             )));
         }
 
+        let host = crate::host::host_identity(config.host_id.as_deref());
         let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
-        e.u32(rank as u32).u8(backends.len() as u8);
+        e.u32(rank as u32).str(&host).u8(backends.len() as u8);
         for b in &backends {
             e.u32(b.transport().bits()).bytes(&b.local_endpoint()?);
         }
         let gathered = bootstrap.all_gather(&e.finish())?;
         let mut endpoints = Vec::with_capacity(world_size);
+        let mut hosts = Vec::with_capacity(world_size);
         for (r, bytes) in gathered.iter().enumerate() {
-            endpoints.push(decode_endpoints(bytes, r)?);
+            let (host, table) = decode_endpoints(bytes, r)?;
+            hosts.push(host);
+            endpoints.push(table);
         }
 
         let mut routes = vec![Vec::new(); world_size];
         for (peer, route) in routes.iter_mut().enumerate().filter(|(p, _)| *p != rank) {
             *route = reachable(&backends, &endpoints, rank, peer)?;
         }
+        let reach = routes
+            .iter()
+            .map(|route| PeerReach {
+                transports: route.iter().map(|&i| (backends[i].transport(), backends[i].direct_access())).collect(),
+            })
+            .collect();
+        let topology = Topology::new(rank, &hosts, reach);
         let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
         crate::spin::set_oversubscribed(bootstrap.local_world_size() > cores);
         let comm = Communicator {
@@ -144,8 +150,11 @@ impl CommunicatorBuilder {
             backends,
             endpoints,
             routes,
+            topology,
             connections: Mutex::new(HashMap::new()),
             next_registration: AtomicU64::new(0),
+            next_pair_registration: AtomicU64::new(0),
+            next_private_registration: AtomicU64::new(0),
             tokens: Mutex::new(HashMap::new()),
         };
         if comm.config.logs(LogLevel::Info) {
@@ -159,12 +168,20 @@ impl CommunicatorBuilder {
     }
 }
 
-fn decode_endpoints(bytes: &[u8], from: usize) -> Result<Vec<(Transport, Vec<u8>)>> {
+/// A rank's host identity and its (transport, endpoint) list.
+type EndpointTable = (String, Vec<(Transport, Vec<u8>)>);
+
+fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
     let mut d = Decoder::new(bytes, ENDPOINTS_MAGIC, WIRE_VERSION, "endpoint table")?;
     let r = d.u32()? as usize;
     if r != from {
         return Err(Error::protocol(format!("endpoint table from rank {from} claims to be rank {r}")));
     }
+    let host = d.str()?;
+    if host.len() > crate::host::MAX_HOST_ID_LEN {
+        return Err(Error::protocol(format!("endpoint table from rank {from}: host identity of {} bytes", host.len())));
+    }
+    let host = host.to_string();
     let n = d.u8()?;
     let mut out = Vec::with_capacity(n as usize);
     for _ in 0..n {
@@ -175,7 +192,7 @@ fn decode_endpoints(bytes: &[u8], from: usize) -> Result<Vec<(Transport, Vec<u8>
         out.push((t, d.bytes()?.to_vec()));
     }
     d.finish()?;
-    Ok(out)
+    Ok((host, out))
 }
 
 /// The transports that reach between `me` and `peer`, best first: those both ranks offer and
@@ -209,32 +226,27 @@ fn reachable(
     Ok(out)
 }
 
-/// Host memory a peer can map, with the backend that allocated it.
-type HostAllocation<'a> = (&'a Arc<dyn TransportBackend>, Arc<dyn MemoryRegion>);
-
 /// A backend that reaches a peer, with that peer's endpoint for it.
-type Route<'a> = (&'a Arc<dyn TransportBackend>, &'a [u8]);
-
-#[derive(Default)]
-struct PeerTokens {
-    local: Vec<RegisteredMemory>,
-    remote: Vec<RegisteredMemory>,
-    next: usize,
-}
+pub(crate) type Route<'a> = (&'a Arc<dyn TransportBackend>, &'a [u8]);
 
 /// One rank's handle on a job: transports, registrations, connections, semaphores, channels.
+///
+/// (Fields marked `pub(crate)` are used by the registration half in `registration.rs`.)
 pub struct Communicator {
-    bootstrap: Arc<dyn Bootstrap>,
-    config: Config,
-    id: u64,
-    abort: Arc<AtomicBool>,
-    backends: Vec<Arc<dyn TransportBackend>>,
+    pub(crate) bootstrap: Arc<dyn Bootstrap>,
+    pub(crate) config: Config,
+    pub(crate) id: u64,
+    pub(crate) abort: Arc<AtomicBool>,
+    pub(crate) backends: Vec<Arc<dyn TransportBackend>>,
     endpoints: Vec<Vec<(Transport, Vec<u8>)>>,
     /// For each peer, the backends that reach it, best first (empty for this rank).
-    routes: Vec<Vec<usize>>,
+    pub(crate) routes: Vec<Vec<usize>>,
+    topology: Topology,
     connections: Mutex<HashMap<(usize, Transport), Arc<dyn Connection>>>,
-    next_registration: AtomicU64,
-    tokens: Mutex<HashMap<usize, PeerTokens>>,
+    pub(crate) next_registration: AtomicU64,
+    pub(crate) next_pair_registration: AtomicU64,
+    pub(crate) next_private_registration: AtomicU64,
+    pub(crate) tokens: Mutex<HashMap<usize, PeerTokens>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -299,6 +311,11 @@ impl Communicator {
         self.abort.load(Ordering::Acquire)
     }
 
+    /// Nodes and how each peer is reached (see [`Topology`]).
+    pub fn topology(&self) -> &Topology {
+        &self.topology
+    }
+
     /// The preferred transport to `peer` (`None` for this rank itself).
     pub fn transport_to(&self, peer: usize) -> Option<Transport> {
         self.routes.get(peer).and_then(|r| r.first()).map(|&i| self.backends[i].transport())
@@ -314,7 +331,8 @@ impl Communicator {
         self.backends.iter().find(|b| b.transport() == t)
     }
 
-    fn check_peer_rank(&self, peer: usize) -> Result<()> {
+    /// An error unless `peer` is another rank of this communicator.
+    pub(crate) fn check_peer_rank(&self, peer: usize) -> Result<()> {
         if peer >= self.world_size() || peer == self.rank() {
             return Err(Error::invalid(format!(
                 "rank {peer} is not a peer of rank {} in a {}-rank communicator",
@@ -326,7 +344,7 @@ impl Communicator {
     }
 
     /// The backends that reach `peer`, best first, with the peer's endpoint for each.
-    fn routes_to(&self, peer: usize) -> Result<Vec<Route<'_>>> {
+    pub(crate) fn routes_to(&self, peer: usize) -> Result<Vec<Route<'_>>> {
         self.check_peer_rank(peer)?;
         let mut out = Vec::new();
         for &idx in &self.routes[peer] {
@@ -366,249 +384,6 @@ impl Communicator {
         let c = backend.connect(peer, ep)?;
         conns.insert((peer, t), c.clone());
         Ok(c)
-    }
-
-    /// Backends in the order to try for allocating memory that peers will import: those that
-    /// reach peers first (most used first), then the rest.
-    fn allocation_order(&self) -> Vec<usize> {
-        let mut uses = vec![0usize; self.backends.len()];
-        for route in &self.routes {
-            if let Some(&i) = route.first() {
-                uses[i] += 1;
-            }
-        }
-        let mut order: Vec<usize> = (0..self.backends.len()).collect();
-        order.sort_by_key(|&i| std::cmp::Reverse(uses[i]));
-        order
-    }
-
-    fn allocate_region(&self, len: usize, kind: MemoryKind) -> Result<(Arc<dyn MemoryRegion>, Transport)> {
-        let mut last = None;
-        for i in self.allocation_order() {
-            match self.backends[i].allocate(len, kind) {
-                Ok(r) => return Ok((r, self.backends[i].transport())),
-                Err(Error::Unsupported(m)) => last = Some(m),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Unsupported(format!(
-            "no transport of this communicator can allocate {kind:?} memory: {}",
-            last.unwrap_or_default()
-        )))
-    }
-
-    fn describe(
-        &self,
-        region: &Arc<dyn MemoryRegion>,
-        seq: u64,
-        len: usize,
-        kind: MemoryKind,
-        label: &str,
-    ) -> Result<MemoryDescriptor> {
-        let mut exports = Vec::new();
-        for b in &self.backends {
-            if let Some(payload) = b.export(region)? {
-                exports.push((b.transport(), payload));
-            }
-        }
-        Ok(MemoryDescriptor {
-            owner: self.rank(),
-            seq,
-            digest: MemoryDescriptor::digest_for(seq, label, kind),
-            kind,
-            len,
-            label: label.to_string(),
-            exports,
-        })
-    }
-
-    /// Collective and ordered: allocates `len` bytes of `kind` memory that peers can import,
-    /// as this communicator's next registration. Every rank registers in the same order (lengths
-    /// may differ); `label` names the buffer in errors and must match across ranks.
-    pub fn register(&self, len: usize, kind: MemoryKind, label: &str) -> Result<RegisteredMemory> {
-        let seq = self.next_registration.fetch_add(1, Ordering::AcqRel);
-        let (region, transport) = self.allocate_region(len, kind)?;
-        let descriptor = self.describe(&region, seq, len, kind, label)?;
-        Ok(RegisteredMemory::new_local(descriptor, region, transport)?.in_communicator(self.id))
-    }
-
-    /// [`register`](Self::register) for host memory.
-    pub fn register_host(&self, len: usize, label: &str) -> Result<RegisteredMemory> {
-        self.register(len, MemoryKind::Host, label)
-    }
-
-    /// Maps a peer's registration through the best transport that reaches the peer and that the
-    /// owner exported it through.
-    fn import(&self, d: MemoryDescriptor) -> Result<RegisteredMemory> {
-        let peer = d.owner;
-        let routes = self.routes_to(peer)?;
-        let Some((backend, ep, payload)) =
-            routes.iter().find_map(|(b, ep)| d.export_for(b.transport()).map(|p| (*b, *ep, p)))
-        else {
-            return Err(Error::Unsupported(format!(
-                "memory {:?} of rank {peer} was exported through {}, none of which reaches it from rank {} ({})",
-                d.label,
-                d.exports.iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(","),
-                self.rank(),
-                routes.iter().map(|(b, _)| b.transport().name()).collect::<Vec<_>>().join(",")
-            )));
-        };
-        let t = backend.transport();
-        let region = backend.import(peer, ep, payload, d.len, d.kind)?;
-        Ok(RegisteredMemory::new_imported(d, region, t)?.in_communicator(self.id))
-    }
-
-    /// Collective: every rank contributes its registration `local` (the same registration step
-    /// on every rank); returns every rank's memory indexed by rank (this rank's own at its
-    /// index). Fails with [`Error::RegistrationMismatch`] on every rank when ranks are at
-    /// different registration steps or labels. After it returns, nothing of the exchange is
-    /// left for a killed rank to leak.
-    pub fn exchange(&self, local: &RegisteredMemory) -> Result<Vec<RegisteredMemory>> {
-        if !local.is_local() || local.owner() != self.rank() || local.communicator_id() != self.id {
-            return Err(Error::invalid(format!(
-                "exchange needs memory registered by this communicator on this rank; {:?} is not",
-                local.label()
-            )));
-        }
-        let mine = local.descriptor();
-        let all = self.bootstrap.all_gather(&mine.encode())?;
-        let mut descriptors = Vec::with_capacity(all.len());
-        for (r, bytes) in all.iter().enumerate() {
-            let d = MemoryDescriptor::decode(bytes)?;
-            if d.owner != r {
-                return Err(Error::protocol(format!("rank {r} sent a descriptor owned by rank {}", d.owner)));
-            }
-            descriptors.push(d);
-        }
-        if let Some(other) = descriptors.iter().find(|d| d.seq != mine.seq || d.digest != mine.digest) {
-            return Err(Error::RegistrationMismatch(format!(
-                "rank {} exchanged {:?} as registration #{} while rank {} exchanged {:?} as registration #{}; \
-                 register and exchange in the same order with the same labels on every rank",
-                self.rank(),
-                mine.label,
-                mine.seq,
-                other.owner,
-                other.label,
-                other.seq
-            )));
-        }
-        let mut out = Vec::with_capacity(descriptors.len());
-        let mut failure = None;
-        for d in descriptors {
-            if d.owner == self.rank() {
-                out.push(local.clone());
-                continue;
-            }
-            match self.import(d) {
-                Ok(m) => out.push(m),
-                Err(e) => {
-                    failure = Some(e);
-                    break;
-                }
-            }
-        }
-        // Everyone reports whether its imports worked, so that a failure anywhere fails the
-        // exchange everywhere promptly instead of leaving ranks waiting.
-        let status = encode_status(failure.as_ref());
-        let statuses = self.bootstrap.all_gather(&status)?;
-        if let Some(e) = failure {
-            return Err(e);
-        }
-        for (r, s) in statuses.iter().enumerate() {
-            if let Some(msg) = decode_status(s, r)? {
-                return Err(Error::transport(
-                    "exchange",
-                    format!("rank {r} could not import {:?}: {msg}", local.label()),
-                ));
-            }
-        }
-        local.region().seal()?;
-        Ok(out)
-    }
-
-    /// Pairwise: allocates one token pool, swaps it with `peer` and seals it once the peer has it.
-    fn grow_token_pools(&self, peer: usize, tokens: &mut PeerTokens) -> Result<()> {
-        let pool = tokens.local.len() as u64;
-        let len = TOKEN_STRIDE * TOKENS_PER_POOL;
-        let (backend, region) = self.allocate_host_for(peer, len)?;
-        let label = format!("semaphore tokens {}<->{} #{pool}", self.rank().min(peer), self.rank().max(peer));
-        let descriptor = self.describe(&region, u64::MAX - pool, len, MemoryKind::Host, &label)?;
-        let local = RegisteredMemory::new_local(descriptor, region, backend.transport())?.in_communicator(self.id);
-        self.bootstrap.send(peer, TAG_TOKEN_POOL, &local.descriptor().encode())?;
-        let theirs = MemoryDescriptor::decode(&self.bootstrap.recv(peer, TAG_TOKEN_POOL)?)?;
-        if theirs.owner != peer || theirs.label != label || theirs.len != len {
-            return Err(Error::RegistrationMismatch(format!(
-                "rank {peer} sent {:?} (owner {}, {} bytes) while rank {} built {label:?}",
-                theirs.label,
-                theirs.owner,
-                theirs.len,
-                self.rank()
-            )));
-        }
-        let imported = self.import(theirs);
-        self.bootstrap.send(peer, TAG_TOKEN_POOL_ACK, &encode_status(imported.as_ref().err()))?;
-        let ack = self.bootstrap.recv(peer, TAG_TOKEN_POOL_ACK)?;
-        let remote = imported?;
-        if let Some(msg) = decode_status(&ack, peer)? {
-            return Err(Error::transport(
-                backend.transport().name(),
-                format!("rank {peer} could not map {label:?}: {msg}"),
-            ));
-        }
-        local.region().seal()?;
-        tokens.local.push(local);
-        tokens.remote.push(remote);
-        Ok(())
-    }
-
-    /// Host memory that `peer` can map: from the first transport reaching it that allocates
-    /// host memory (e.g. shared memory when the preferred transport is CUDA IPC).
-    fn allocate_host_for(&self, peer: usize, len: usize) -> Result<HostAllocation<'_>> {
-        let mut why = Vec::new();
-        for (backend, _) in self.routes_to(peer)? {
-            match backend.allocate(len, MemoryKind::Host) {
-                Ok(region) => return Ok((backend, region)),
-                Err(Error::Unsupported(m)) => why.push(m),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Unsupported(format!(
-            "no transport reaching rank {peer} can allocate host memory for semaphores: {}",
-            why.join("; ")
-        )))
-    }
-
-    /// Pairwise: a host semaphore with `peer`. Both ranks call it, in the same order relative to
-    /// their other semaphores with each other; the k-th semaphore on one side pairs with the
-    /// k-th on the other.
-    pub fn semaphore(&self, peer: usize) -> Result<Arc<HostSemaphore>> {
-        self.check_peer_rank(peer)?;
-        let mut all = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
-        let tokens = all.entry(peer).or_default();
-        let slot = tokens.next;
-        if slot / TOKENS_PER_POOL >= tokens.local.len() {
-            self.grow_token_pools(peer, tokens)?;
-        }
-        let hello = Encoder::new(SEMAPHORE_MAGIC, WIRE_VERSION).u64(slot as u64).finish();
-        self.bootstrap.send(peer, TAG_SEMAPHORE, &hello)?;
-        let reply = self.bootstrap.recv(peer, TAG_SEMAPHORE)?;
-        let mut d = Decoder::new(&reply, SEMAPHORE_MAGIC, WIRE_VERSION, "semaphore handshake")?;
-        let their_slot = d.u64()?;
-        d.finish()?;
-        if their_slot != slot as u64 {
-            return Err(Error::RegistrationMismatch(format!(
-                "rank {} is building its semaphore #{slot} with rank {peer}, which is building #{their_slot}",
-                self.rank()
-            )));
-        }
-        let (pool, offset) = (slot / TOKENS_PER_POOL, (slot % TOKENS_PER_POOL) * TOKEN_STRIDE);
-        // Signal through the transport that maps the peer's token pool.
-        let connection = self.connection_via(peer, tokens.remote[pool].transport())?;
-        let inbound = Token { memory: tokens.local[pool].clone(), offset };
-        let remote = Token { memory: tokens.remote[pool].clone(), offset };
-        let semaphore = HostSemaphore::new(connection, inbound, remote, self.config.timeout, self.abort.clone())?;
-        tokens.next += 1;
-        Ok(Arc::new(semaphore))
     }
 
     /// Pairwise: a memory channel from this rank's `local` registration into `remote` (a peer's
@@ -651,40 +426,22 @@ impl Communicator {
     }
 }
 
-fn encode_status(err: Option<&Error>) -> Vec<u8> {
-    let mut e = Encoder::new(STATUS_MAGIC, WIRE_VERSION);
-    match err {
-        None => e.u8(0),
-        Some(err) => e.u8(1).str(&err.to_string()),
-    };
-    e.finish()
-}
-
-fn decode_status(bytes: &[u8], from: usize) -> Result<Option<String>> {
-    let mut d = Decoder::new(bytes, STATUS_MAGIC, WIRE_VERSION, "status")?;
-    let out = match d.u8()? {
-        0 => None,
-        1 => Some(d.str()?.to_string()),
-        x => return Err(Error::protocol(format!("status from rank {from}: unknown code {x}"))),
-    };
-    d.finish()?;
-    Ok(out)
-}
-
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::loopback::{LoopbackBootstrap, LoopbackTransport};
     use std::time::Duration;
 
-    fn run<F>(n: usize, f: F)
+    /// Runs `f` on `n` ranks (threads) over the loopback transport, 5 s timeout.
+    pub(crate) fn run<F>(n: usize, f: F)
     where
         F: Fn(Communicator) + Sync,
     {
         run_with(n, Duration::from_secs(5), f)
     }
 
-    fn run_with<F>(n: usize, timeout: Duration, f: F)
+    /// [`run`] with another timeout.
+    pub(crate) fn run_with<F>(n: usize, timeout: Duration, f: F)
     where
         F: Fn(Communicator) + Sync,
     {
@@ -727,73 +484,6 @@ mod tests {
                 }
             });
         }
-    }
-
-    #[test]
-    fn many_semaphores_span_several_pools() {
-        run(2, |comm| {
-            let peer = 1 - comm.rank();
-            let sems: Vec<_> = (0..TOKENS_PER_POOL + 5).map(|_| comm.semaphore(peer).unwrap()).collect();
-            for (i, s) in sems.iter().enumerate() {
-                if (i + comm.rank()) % 2 == 0 {
-                    s.signal().unwrap();
-                    s.wait().unwrap();
-                } else {
-                    s.wait().unwrap();
-                    s.signal().unwrap();
-                }
-            }
-        });
-    }
-
-    #[test]
-    fn registration_order_mismatch_is_reported_on_every_rank() {
-        run(2, |comm| {
-            let (a, b) = if comm.rank() == 0 { ("a", "b") } else { ("b", "a") };
-            let m = comm.register_host(128, a).unwrap();
-            let _n = comm.register_host(128, b).unwrap();
-            let r = comm.exchange(&m);
-            assert!(matches!(r, Err(Error::RegistrationMismatch(_))), "rank {}: {r:?}", comm.rank());
-        });
-    }
-
-    #[test]
-    fn one_sided_semaphore_setup_times_out_and_bad_peers_are_errors() {
-        run_with(2, Duration::from_millis(200), |comm| {
-            assert!(matches!(comm.semaphore(comm.rank()), Err(Error::InvalidArgument(_))));
-            assert!(matches!(comm.semaphore(7), Err(Error::InvalidArgument(_))));
-            if comm.rank() == 1 {
-                // Rank 0 never builds its side: rank 1 must get an error, bounded, not a hang.
-                let started = std::time::Instant::now();
-                let r = comm.semaphore(0);
-                assert!(matches!(r, Err(Error::Timeout { peer: Some(0), .. })), "{r:?}");
-                assert!(started.elapsed() < Duration::from_secs(3));
-                comm.bootstrap().send(0, 1, b"done").unwrap();
-            } else {
-                let got = (0..20).find_map(|_| comm.bootstrap().recv(1, 1).ok());
-                assert_eq!(got.as_deref(), Some(&b"done"[..]));
-            }
-        });
-    }
-
-    #[test]
-    fn wait_without_signal_times_out_and_abort_stops_it() {
-        let group = LoopbackBootstrap::group(2, Duration::from_secs(10));
-        let config = Config { timeout: Duration::from_millis(100), ..Config::default() };
-        std::thread::scope(|s| {
-            for b in group {
-                let config = config.clone();
-                s.spawn(move || {
-                    let comm =
-                        Communicator::builder(b).with_transport(LoopbackTransport).with_config(config).build().unwrap();
-                    let sem = comm.semaphore(1 - comm.rank()).unwrap();
-                    let r = sem.wait();
-                    assert!(matches!(r, Err(Error::Timeout { .. })), "{r:?}");
-                    comm.abort();
-                    assert!(matches!(sem.wait(), Err(Error::Aborted(_))));
-                });
-            }
-        });
     }
 
     #[test]

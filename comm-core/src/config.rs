@@ -1,19 +1,16 @@
-//! Configuration: every `WEAVE_*` environment variable is read here and nowhere else.
+//! Configuration of the core: its `WEAVE_*` environment variables are read here and nowhere
+//! else. The GPU path's tuning knobs (`WEAVE_GPU_*`) belong to the GPU layer and are read by
+//! the collectives crate's `gpu::GpuConfig`.
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed) | `60` |
 //! | `WEAVE_TRANSPORTS` | comma list of transports to use (`shm,loopback,cudaipc,ib`) | all compiled in |
+//! | `WEAVE_HOST_ID` | this rank's host identity: ranks with equal ids form one node (lets one machine pose as several nodes) | `hostname/boot-id` |
 //! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
 //! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
-//! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–128; a tuning knob) | 128 |
-//! | `WEAVE_GPU_PACKETS` | LL packets (8 bytes of payload each) per peer and parity (4K–1M; a tuning knob) | 64K |
-//! | `WEAVE_GPU_TILE` | bytes one pipelined block moves per peer and step (4K–4M, multiple of 256; a tuning knob) | 128K |
-//! | `WEAVE_GPU_STEPS` | least tiles per block a block-pipelined GPU kernel aims for (1–16; a tuning knob) | 1 |
-//! | `WEAVE_GPU_SCHEDULE` | `lockstep` or `overlapped`: how the block-pipelined all-reduce, all-gather, reduce-scatter and all-to-all order their tiles (a tuning knob; the mix of ranks may differ) | per world size and message size |
-//! | `WEAVE_GPU_OVERLAP` | `1`/`0`: launch each GPU collective while the kernel before it on the stream still runs (programmatic dependent launch, sm_90+), hiding the launch latency | `1` |
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
 
@@ -45,27 +42,15 @@ pub struct Config {
     pub timeout: Duration,
     /// Transports allowed at run time; `None` means every transport that was given to the builder.
     pub transports: Option<Transport>,
+    /// Host identity override (`WEAVE_HOST_ID`); `None` means `hostname/boot-id`
+    /// (see [`crate::host`]).
+    pub host_id: Option<String>,
     /// Log level.
     pub log_level: LogLevel,
     /// Algorithm overrides, as written in `WEAVE_ALGO` (parsed by the collectives crate).
     pub algorithm_overrides: Option<String>,
     /// Bytes of each half of the host scratch of a collectives communicator.
     pub host_scratch_bytes: Option<usize>,
-    /// Most thread blocks of a block-pipelined GPU kernel (`WEAVE_GPU_BLOCKS`, 1..=128).
-    pub gpu_pipeline_blocks: Option<u32>,
-    /// LL packets per peer and parity in the GPU workspace (`WEAVE_GPU_PACKETS`).
-    pub gpu_packets: Option<usize>,
-    /// Bytes one pipelined block moves per peer and step (`WEAVE_GPU_TILE`).
-    pub gpu_pipeline_tile: Option<usize>,
-    /// Least tiles per block of a block-pipelined GPU kernel (`WEAVE_GPU_STEPS`, 1..=16).
-    pub gpu_pipeline_steps: Option<u32>,
-    /// How the block-pipelined GPU kernels order their tiles (`WEAVE_GPU_SCHEDULE`): `Some(true)`
-    /// overlapped (push a tile, then finish earlier ones), `Some(false)` lockstep (consume each
-    /// tile right after it arrived), `None` as the table decides.
-    pub gpu_overlapped_schedule: Option<bool>,
-    /// Whether GPU collectives launch as programmatic dependents of the kernel before them on
-    /// the stream, where the GPU supports it (`WEAVE_GPU_OVERLAP`, default on).
-    pub gpu_overlap_launches: bool,
 }
 
 impl Default for Config {
@@ -73,15 +58,10 @@ impl Default for Config {
         Config {
             timeout: DEFAULT_TIMEOUT,
             transports: None,
+            host_id: None,
             log_level: LogLevel::Warn,
             algorithm_overrides: None,
             host_scratch_bytes: None,
-            gpu_pipeline_blocks: None,
-            gpu_pipeline_tile: None,
-            gpu_packets: None,
-            gpu_pipeline_steps: None,
-            gpu_overlapped_schedule: None,
-            gpu_overlap_launches: true,
         }
     }
 }
@@ -98,6 +78,7 @@ impl Config {
             c.transports =
                 Some(Transport::parse_list(&v).map_err(|e| Error::invalid(format!("WEAVE_TRANSPORTS={v:?}: {e}")))?);
         }
+        c.host_id = host_id_from_env()?;
         if let Some(v) = var("WEAVE_DEBUG") {
             c.log_level = parse_log_level(&v)?;
         }
@@ -105,27 +86,6 @@ impl Config {
         if let Some(v) = var("WEAVE_HOST_SCRATCH") {
             c.host_scratch_bytes =
                 Some(parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_HOST_SCRATCH: {e}")))?);
-        }
-        if let Some(v) = var("WEAVE_GPU_BLOCKS") {
-            c.gpu_pipeline_blocks = Some(parse_gpu_blocks(&v)?);
-        }
-        if let Some(v) = var("WEAVE_GPU_PACKETS") {
-            c.gpu_packets = Some(parse_gpu_packets(&v)?);
-        }
-        if let Some(v) = var("WEAVE_GPU_TILE") {
-            c.gpu_pipeline_tile = Some(parse_gpu_tile(&v)?);
-        }
-        if let Some(v) = var("WEAVE_GPU_STEPS") {
-            c.gpu_pipeline_steps = Some(match v.trim().parse::<u32>() {
-                Ok(n @ 1..=16) => n,
-                _ => return Err(Error::invalid(format!("WEAVE_GPU_STEPS={v:?}: expected a step count from 1 to 16"))),
-            });
-        }
-        if let Some(v) = var("WEAVE_GPU_SCHEDULE") {
-            c.gpu_overlapped_schedule = Some(parse_gpu_schedule(&v)?);
-        }
-        if let Some(v) = var("WEAVE_GPU_OVERLAP") {
-            c.gpu_overlap_launches = parse_switch(&v).map_err(|e| Error::invalid(format!("WEAVE_GPU_OVERLAP: {e}")))?;
         }
         Ok(c)
     }
@@ -146,21 +106,16 @@ pub fn var(name: &str) -> Option<String> {
     std::env::var(name).ok().filter(|v| !v.trim().is_empty())
 }
 
-/// `1`, `on`, `true`, `yes` or `0`, `off`, `false`, `no` (any case).
-fn parse_switch(v: &str) -> std::result::Result<bool, String> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "on" | "true" | "yes" => Ok(true),
-        "0" | "off" | "false" | "no" => Ok(false),
-        _ => Err(format!("{v:?} is not on/off (1, 0, on, off, true, false, yes, no)")),
-    }
-}
-
-/// `overlapped` (true) or `lockstep` (false), any case.
-fn parse_gpu_schedule(v: &str) -> Result<bool> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "overlapped" => Ok(true),
-        "lockstep" => Ok(false),
-        _ => Err(Error::invalid(format!("WEAVE_GPU_SCHEDULE={v:?}: expected lockstep or overlapped"))),
+/// `WEAVE_HOST_ID`, checked: at most [`MAX_HOST_ID_LEN`](crate::host::MAX_HOST_ID_LEN) bytes.
+/// Read by the bootstrap too (it groups ranks by host before any communicator exists).
+pub fn host_id_from_env() -> Result<Option<String>> {
+    match var("WEAVE_HOST_ID") {
+        Some(v) if v.len() > crate::host::MAX_HOST_ID_LEN => Err(Error::invalid(format!(
+            "WEAVE_HOST_ID is {} bytes long; at most {} are allowed",
+            v.len(),
+            crate::host::MAX_HOST_ID_LEN
+        ))),
+        v => Ok(v.map(|v| v.trim().to_string())),
     }
 }
 
@@ -171,29 +126,6 @@ fn parse_timeout(v: &str) -> Result<Duration> {
         return Err(Error::invalid(format!("WEAVE_TIMEOUT={v:?} must be between 0 and 1e7 seconds")));
     }
     Ok(Duration::from_secs_f64(secs))
-}
-
-fn parse_gpu_blocks(v: &str) -> Result<u32> {
-    match v.trim().parse::<u32>() {
-        Ok(b) if (1..=128).contains(&b) => Ok(b),
-        _ => Err(Error::invalid(format!("WEAVE_GPU_BLOCKS={v:?}: expected a block count from 1 to 128"))),
-    }
-}
-
-fn parse_gpu_packets(v: &str) -> Result<usize> {
-    let n = parse_bytes(v).map_err(|e| Error::invalid(format!("WEAVE_GPU_PACKETS: {e}")))?;
-    if !(4 << 10..=1 << 20).contains(&n) {
-        return Err(Error::invalid(format!("WEAVE_GPU_PACKETS={v:?}: expected 4K to 1M packets")));
-    }
-    Ok(n)
-}
-
-fn parse_gpu_tile(v: &str) -> Result<usize> {
-    let bytes = parse_bytes(v).map_err(|e| Error::invalid(format!("WEAVE_GPU_TILE: {e}")))?;
-    if !(4 << 10..=4 << 20).contains(&bytes) || bytes % 256 != 0 {
-        return Err(Error::invalid(format!("WEAVE_GPU_TILE={v:?}: expected 4K to 4M bytes in a multiple of 256")));
-    }
-    Ok(bytes)
 }
 
 /// Parses a byte count with an optional `K`, `M` or `G` suffix (powers of 1024).
@@ -275,23 +207,6 @@ mod tests {
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("4X").is_err());
         assert!(parse_bytes("99999999999999999999G").is_err());
-        assert_eq!(parse_gpu_blocks(" 32 ").unwrap(), 32);
-        assert!(parse_gpu_blocks("0").is_err() && parse_gpu_blocks("129").is_err() && parse_gpu_blocks("x").is_err());
-        assert_eq!(parse_gpu_tile("256K").unwrap(), 256 << 10);
-        assert_eq!(parse_switch(" Off "), Ok(false));
-        assert_eq!(parse_switch("1"), Ok(true));
-        assert!(parse_switch("maybe").is_err());
-        assert_eq!(parse_gpu_packets("64K").unwrap(), 64 << 10);
-        assert!(parse_gpu_packets("1K").is_err() && parse_gpu_packets("2M").is_err());
-        assert!(parse_gpu_tile("1K").is_err() && parse_gpu_tile("8M").is_err() && parse_gpu_tile("5000").is_err());
-    }
-
-    #[test]
-    fn gpu_schedules_parse_and_anything_else_is_refused() {
-        assert!(parse_gpu_schedule(" Overlapped ").unwrap());
-        assert!(!parse_gpu_schedule("lockstep").unwrap());
-        let e = parse_gpu_schedule("fast").unwrap_err().to_string();
-        assert!(e.contains("WEAVE_GPU_SCHEDULE") && e.contains("lockstep or overlapped"), "{e}");
     }
 
     #[test]

@@ -15,15 +15,17 @@ pub mod connection;
 pub mod device;
 pub mod error;
 pub mod fifo;
-pub mod launch;
+pub mod host;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;
 pub mod peer_watch;
 pub mod port_channel;
 pub mod proxy;
+mod registration;
 pub mod semaphore;
 pub mod spin;
+pub mod topology;
 pub mod transport;
 pub mod wire;
 

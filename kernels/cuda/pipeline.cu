@@ -158,8 +158,8 @@ WEAVE_DEVICE void pipe_tile(uint64_t t, uint64_t tile, uint64_t count, uint64_t&
 //   PIPE_OVERLAPPED  pass t pushes tile t and consumes the earlier tiles, then posts once:
 //                    what a pass waits for was posted a pass earlier, so blocks never wait on
 //                    each other in step, at the cost of reading slots a pass after they arrived.
-// The table picks per world size (collectives::gpu::calls): lockstep was faster on 4 H200s,
-// overlapped on 2.
+// Which one wins depends on the GPU count, so the table picks per world size
+// (collectives::gpu::calls); the measurements are in docs/PERF.md (tuning notes).
 constexpr uint64_t PIPE_LOCKSTEP = 0;
 constexpr uint64_t PIPE_OVERLAPPED = 1;
 

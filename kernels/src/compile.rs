@@ -363,9 +363,9 @@ fn store_entry(dir: &Path, key: u128, bytes: &[u8]) -> std::io::Result<()> {
 /// The first NVRTC version that takes `--split-compile` (run the optimizer in parallel).
 const SPLIT_COMPILE_FROM: (i32, i32) = (12, 1);
 
-/// Lets NVRTC optimize on every core: the collective program (≈ 90 kernels) compiles in 93 s
-/// instead of 140 on 2 cores, faster still on a GPU host's many; the kernels are the same code
-/// (instructions may be ordered or numbered differently).
+/// Lets NVRTC optimize on every core, which shortens the compile of the collective program
+/// (≈ 90 kernels) the more cores the host has (timings in docs/PERF.md); the kernels are the
+/// same code (instructions may be ordered or numbered differently).
 const SPLIT_COMPILE: &str = "--split-compile=0";
 
 /// An NVRTC configuration: cache directory, include paths and extra options.

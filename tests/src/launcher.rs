@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use comm_core::launch::{LaunchReport, LaunchSpec, launch};
+use weave_launch::{LaunchReport, LaunchSpec, launch};
 
 /// A job of `ranks` copies of `program SCENARIO`, with `WEAVE_TIMEOUT` set to `weave_timeout`
 /// seconds and the whole job bounded by `job_timeout`.
@@ -28,7 +28,7 @@ static ONE_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
 /// Launches a job, holding the one-job-at-a-time lock (a panicking test does not poison it
 /// for the others).
-pub fn launch_serialized(spec: &LaunchSpec) -> comm_core::Result<LaunchReport> {
+pub fn launch_serialized(spec: &LaunchSpec) -> weave_launch::Result<LaunchReport> {
     let _turn = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
     launch(spec)
 }

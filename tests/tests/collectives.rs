@@ -30,7 +30,12 @@ fn every_collective_dtype_op_and_count_with_1_2_3_4_5_and_8_ranks() {
 
 #[test]
 fn every_algorithm_forced_gives_the_same_results() {
-    run("algorithms", None, &[1, 2, 3, 4], Duration::from_secs(300));
+    run("algorithms", None, &[1, 2, 3, 4, 8], Duration::from_secs(600));
+}
+
+#[test]
+fn the_channel_family_runs_the_matrix_with_16_ranks() {
+    run("matrix", Some("channel"), &[16], Duration::from_secs(600));
 }
 
 #[test]
@@ -51,6 +56,11 @@ fn mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank() {
 #[test]
 fn send_recv_and_groups() {
     run("p2p", None, &[1, 2, 3, 4], Duration::from_secs(120));
+}
+
+#[test]
+fn send_recv_and_groups_over_channel_links() {
+    run("p2p-channel", None, &[1, 2, 3, 4], Duration::from_secs(120));
 }
 
 #[test]

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use comm_core::launch::RankExit;
+use weave_launch::RankExit;
 use weave_tests::launcher::{dump, launch_serialized, leftover_segments, random_secret, run_ok, scenario_spec};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_rank-worker");

@@ -12,9 +12,9 @@ use comm_core::spin::{WaitContext, spin_until};
 use comm_core::transport::Transport;
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
+use weave_cuda::{DeviceRegion, bind};
 
 use crate::cu;
-use crate::region::device_region;
 use comm_core::peer_watch::PeerWatch;
 
 /// A connection to one peer GPU over CUDA IPC: [`write`](Connection::write) is an asynchronous
@@ -64,7 +64,7 @@ impl CudaIpcConnection {
         // Stream memory operations are always available from CUDA 12 on; the attribute still
         // tells when a device (or a virtualized one) lacks them, and then a synchronous copy
         // stands in.
-        let memops = cu::attribute(
+        let memops = weave_cuda::driver::attribute(
             ctx.cu_device(),
             cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CAN_USE_64_BIT_STREAM_MEM_OPS,
         )
@@ -87,7 +87,7 @@ impl CudaIpcConnection {
     /// The device address of `m` plus `offset`, after checking that `m` is device memory mapped
     /// for this connection's device.
     fn device_addr(&self, m: &RegisteredMemory, offset: usize, what: &str) -> Result<u64> {
-        let Some(region) = device_region(m) else {
+        let Some(region) = DeviceRegion::of(m) else {
             return Err(Error::invalid(format!(
                 "cudaipc connection to rank {}: {what} {:?} (rank {}, {:?}) is not device memory mapped by transport \
                  cudaipc",
@@ -109,10 +109,6 @@ impl CudaIpcConnection {
         // offset <= len was checked by the caller; the region is at most 2^48 bytes.
         Ok(region.device_ptr() + offset as u64)
     }
-}
-
-fn bind(ctx: &CudaContext) -> Result<()> {
-    ctx.bind_to_thread().map_err(|e| cu::from_driver("cuCtxSetCurrent (bind device context)", e))
 }
 
 impl Connection for CudaIpcConnection {
@@ -145,7 +141,7 @@ impl Connection for CudaIpcConnection {
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
         dst.check_range(dst_offset, 8)?;
-        if device_region(dst).is_some() {
+        if DeviceRegion::of(dst).is_some() {
             let addr = self.device_addr(dst, dst_offset, "flag")?;
             if addr % 8 != 0 {
                 return Err(Error::invalid(format!(

@@ -30,14 +30,15 @@ use nix::sys::socket::{
 };
 use nix::sys::time::{TimeVal, TimeValLike};
 use nix::unistd::Pid;
+use weave_cuda::DeviceAllocation;
+use weave_cuda::driver::from_driver;
 
 use crate::cu;
 use crate::payload::{self, REPLY_BUFFER, Reply};
-use crate::region::OwnedAllocation;
 
 /// Allocations a backend exported, by id. Weak: exporting does not keep memory alive; a peer
 /// asking for a freed allocation gets an error reply.
-pub(crate) type ExportTable = Mutex<HashMap<u64, Weak<OwnedAllocation>>>;
+pub(crate) type ExportTable = Mutex<HashMap<u64, Weak<DeviceAllocation>>>;
 
 /// How long the server thread sleeps in `poll` between looks at its stop flag (it is woken at
 /// once through a pipe on drop; this only bounds a lost wake-up).
@@ -162,7 +163,7 @@ impl Drop for FdServer {
 fn serve(listener: &OwnedFd, wake: &OwnedFd, stop: &AtomicBool, served: &Served) {
     // First action: bind this backend's context, before any CUDA call on this thread (the
     // export call needs it; a thread without one would create a context on device 0).
-    let bound = served.ctx.bind_to_thread().map_err(|e| cu::from_driver("cuCtxSetCurrent (fd server thread)", e));
+    let bound = served.ctx.bind_to_thread().map_err(|e| from_driver("cuCtxSetCurrent (fd server thread)", e));
     loop {
         if stop.load(Ordering::Acquire) {
             return;
@@ -236,11 +237,11 @@ fn handle(conn: &OwnedFd, served: &Served, bound: &Result<()>) -> Result<()> {
         let m = format!("allocation {id} is not exported by this rank (never exported, or freed since)");
         return reply(Reply::Error(m), None);
     };
-    let fd = match cu::export_fd(allocation.mapping.handle()) {
+    let fd = match cu::export_fd(allocation.handle()) {
         Ok(fd) => fd,
         Err(e) => return reply(Reply::Error(e.to_string()), None),
     };
-    let size = allocation.mapping.size() as u64;
+    let size = allocation.size() as u64;
     // Our copy of the descriptor closes when `fd` drops, right after sending.
     reply(Reply::Fd { size }, Some(fd.as_raw_fd()))
 }

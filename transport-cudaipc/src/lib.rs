@@ -2,15 +2,21 @@
 //!
 //! weave's CUDA IPC transport: GPU memory shared between processes of one host, mapped into
 //! each GPU's address space so kernels load and store peer memory directly (NVLink or PCIe
-//! peer-to-peer), plus copy-engine connections and the device handles kernels receive. Hand
-//! [`CudaIpcTransport`] to the communicator builder; it opens one [`CudaIpcBackend`] per
-//! communicator.
+//! peer-to-peer), plus copy-engine connections. Hand [`CudaIpcTransport`] to the communicator
+//! builder; it opens one [`CudaIpcBackend`] per communicator.
+//!
+//! What every GPU transport shares comes from `weave-cuda`: the device and its context
+//! ([`CudaDevice`]), the cuMem allocations this transport exports, the [`DeviceRegion`]s it
+//! allocates, registers and imports, the device status words and the builders of the device
+//! handles kernels receive. This crate adds what is particular to CUDA IPC: the FD server and
+//! the legacy IPC handles that move memory between processes, the import cache, its endpoint,
+//! connection and backend.
 //!
 //! The driver is loaded at run time (cudarc's dynamic loading): this crate builds and runs on
 //! hosts without CUDA, where [`CudaIpcTransport`]'s `open` fails with [`Error::Unsupported`]
-//! and the communicator goes on with its other transports. [`driver_available`] probes for the
-//! driver without touching a driver symbol (with dynamic loading, calling a missing symbol
-//! panics); every driver failure after that is an [`Error::Cuda`] naming the call.
+//! and the communicator goes on with its other transports. [`weave_cuda::driver_available`]
+//! probes for the driver without touching a driver symbol (with dynamic loading, calling a
+//! missing symbol panics); every driver failure after that is an [`Error::Cuda`] naming the call.
 //!
 //! ## Device
 //!
@@ -83,7 +89,6 @@ mod connection;
 mod cu;
 mod endpoint;
 mod fd_server;
-mod handles;
 mod payload;
 mod region;
 
@@ -98,8 +103,9 @@ use comm_core::connection::Connection;
 use comm_core::error::{Error, Result};
 use comm_core::memory::{MemoryKind, MemoryRegion};
 use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
-use cudarc::driver::sys::CUdevice_attribute;
+use cudarc::driver::CudaContext;
 use nix::unistd::Pid;
+use weave_cuda::{CudaDevice, DeviceRegion, DeviceStatus, driver};
 
 use crate::endpoint::Endpoint;
 use crate::fd_server::{ExportTable, FdServer, FdSource, socket_name};
@@ -107,30 +113,7 @@ use crate::payload::{Export, Payload};
 use comm_core::peer_watch::PeerWatch;
 
 pub use crate::connection::CudaIpcConnection;
-pub use crate::handles::{DeviceStatus, PacketBuffers, device_semaphore, memory_channel_handle};
-pub use crate::region::{DeviceRegion, import_cache_entries};
-pub use cudarc::driver::CudaContext;
-
-/// Whether a CUDA driver library can be loaded here. Probes once per process by trying to open
-/// `libcuda`, without calling into it; `false` on CPU-only hosts.
-pub fn driver_available() -> bool {
-    cu::driver_present()
-}
-
-/// Number of CUDA devices this process sees: 0 when there is no driver or the driver finds no
-/// device; [`Error::Cuda`] when the driver fails otherwise.
-pub fn device_count() -> Result<usize> {
-    if !driver_available() {
-        return Ok(0);
-    }
-    match cu::ensure_driver() {
-        Ok(()) => cu::device_count(),
-        Err(Error::Unsupported(m)) if m.starts_with("no CUDA device") => Ok(0),
-        // An old driver still counts its devices.
-        Err(Error::Unsupported(_)) => cu::device_count(),
-        Err(e) => Err(e),
-    }
-}
+pub use crate::region::import_cache_entries;
 
 /// The CUDA IPC transport ([`Transport::CUDA_IPC`]): give it to
 /// `Communicator::builder().with_transport(...)`.
@@ -193,11 +176,8 @@ pub struct CudaIpcBackend {
     rank: usize,
     world_size: usize,
     job_key: String,
-    device: u32,
-    ctx: Arc<CudaContext>,
+    gpu: CudaDevice,
     endpoint: Endpoint,
-    rdma_capable: bool,
-    granularity: usize,
     timeout: Duration,
     abort: Arc<AtomicBool>,
     exports: Arc<ExportTable>,
@@ -208,9 +188,9 @@ impl std::fmt::Debug for CudaIpcBackend {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("CudaIpcBackend")
             .field("rank", &self.rank)
-            .field("device", &self.device)
+            .field("device", &self.gpu.ordinal())
             .field("pci_bus_id", &self.endpoint.pci_bus_id)
-            .field("granularity", &self.granularity)
+            .field("granularity", &self.gpu.granularity())
             .field("fd_server", &self.server.name())
             .finish_non_exhaustive()
     }
@@ -226,8 +206,8 @@ impl CudaIpcBackend {
         if ctx.rank >= ctx.world_size {
             return Err(Error::invalid(format!("transport cudaipc: rank {} of {} ranks", ctx.rank, ctx.world_size)));
         }
-        cu::ensure_driver()?;
-        let count = cu::device_count()?;
+        driver::ensure_driver()?;
+        let count = driver::device_count()?;
         if count == 0 {
             return Err(Error::Unsupported("no CUDA device visible to this process".into()));
         }
@@ -240,27 +220,12 @@ impl CudaIpcBackend {
                 "transport cudaipc: device {ordinal} requested, but this process sees {count} device(s)"
             )));
         }
-        let cuda = CudaContext::new(ordinal as usize).map_err(|e| cu::from_driver("cuDevicePrimaryCtxRetain", e))?;
-        let dev = cuda.cu_device();
-        let supported = |attr| cu::attribute(dev, attr).map(|v| v != 0);
-        if !supported(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_VIRTUAL_ADDRESS_MANAGEMENT_SUPPORTED)? {
-            return Err(Error::Unsupported(format!(
-                "CUDA device {ordinal} does not support virtual memory management (cuMem)"
-            )));
-        }
-        if !supported(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_SUPPORTED)? {
-            return Err(Error::Unsupported(format!(
-                "CUDA device {ordinal} cannot export allocations as POSIX file descriptors"
-            )));
-        }
-        let rdma_capable =
-            supported(CUdevice_attribute::CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED).unwrap_or(false);
-        let granularity = cu::granularity(&cu::allocation_prop(ordinal, rdma_capable))?;
-        let pci_bus_id = cu::pci_bus_id(dev)?;
-        let endpoint = Endpoint::local(ordinal, pci_bus_id, ctx.communicator_id)?;
+        let gpu = CudaDevice::open(ordinal)?;
+        let granularity = gpu.granularity();
+        let endpoint = Endpoint::local(ordinal, gpu.pci_bus_id().to_string(), ctx.communicator_id)?;
         let exports: Arc<ExportTable> = Arc::new(Mutex::new(HashMap::new()));
         let name = socket_name(&ctx.job_key, ctx.rank, ctx.communicator_id);
-        let server = FdServer::start(name, cuda.clone(), exports.clone(), ctx.config.timeout)?;
+        let server = FdServer::start(name, gpu.context().clone(), exports.clone(), ctx.config.timeout)?;
         if ctx.config.logs(LogLevel::Info) {
             eprintln!(
                 "weave[{}]: cudaipc on device {ordinal} ({}), granularity {granularity} bytes, fd server @{}",
@@ -274,11 +239,8 @@ impl CudaIpcBackend {
             rank: ctx.rank,
             world_size: ctx.world_size,
             job_key: ctx.job_key.clone(),
-            device: ordinal,
-            ctx: cuda,
+            gpu,
             endpoint,
-            rdma_capable,
-            granularity,
             timeout: ctx.config.timeout,
             abort: ctx.abort.clone(),
             exports,
@@ -286,14 +248,19 @@ impl CudaIpcBackend {
         })
     }
 
+    /// The device this backend serves (its context, allocations and status words).
+    pub fn device(&self) -> &CudaDevice {
+        &self.gpu
+    }
+
     /// The CUDA context (primary context of the backend's device).
     pub fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
+        self.gpu.context()
     }
 
     /// The device ordinal this backend serves.
     pub fn device_ordinal(&self) -> u32 {
-        self.device
+        self.gpu.ordinal()
     }
 
     /// Whether this device reaches the device at PCI bus id `peer_bus_id` (a peer rank's
@@ -301,7 +268,7 @@ impl CudaIpcBackend {
     /// NVLink has and PCIe peer access has not. False when this process does not see that
     /// device, so callers that need NVLink stay on the safe side.
     pub fn nvlink_with(&self, peer_bus_id: &str) -> Result<bool> {
-        Ok(cu::native_atomics_with(self.ctx.cu_device(), peer_bus_id)?.unwrap_or(false))
+        self.gpu.nvlink_with(peer_bus_id)
     }
 
     /// The PCI bus id of the device.
@@ -311,7 +278,7 @@ impl CudaIpcBackend {
 
     /// The allocation granularity: device allocations are rounded up to a multiple of it.
     pub fn granularity(&self) -> usize {
-        self.granularity
+        self.gpu.granularity()
     }
 
     /// The abstract socket name of this backend's FD server (without the leading NUL).
@@ -324,23 +291,19 @@ impl CudaIpcBackend {
         self.rank
     }
 
-    fn bind(&self) -> Result<()> {
-        self.ctx.bind_to_thread().map_err(|e| cu::from_driver("cuCtxSetCurrent (bind device context)", e))
-    }
-
     /// Registers `len` bytes at device address `ptr` that the user allocated with
     /// `cudaMalloc`/`cuMemAlloc` on this backend's device, for export through legacy IPC handles.
     /// The user keeps ownership: the memory must outlive the returned region and every peer's
     /// import of it. Memory from a stream-ordered pool (`cuMemAllocAsync`, cudarc's `CudaSlice`)
     /// is [`Error::Unsupported`]: allocate it through weave instead.
     pub fn register_device_memory(&self, ptr: u64, len: usize) -> Result<Arc<dyn MemoryRegion>> {
-        self.bind()?;
-        Ok(Arc::new(region::DeviceRegion::register_user(&self.ctx, self.device, ptr, len, self.id)?))
+        self.gpu.bind()?;
+        Ok(Arc::new(region::register_user(self.gpu.context(), self.gpu.ordinal(), ptr, len, self.id)?))
     }
 
     /// Host-visible status words for kernels on this backend's device.
     pub fn device_status(&self) -> Result<DeviceStatus> {
-        DeviceStatus::new(&self.ctx)
+        self.gpu.device_status()
     }
 
     fn peer_endpoint(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Endpoint> {
@@ -381,21 +344,11 @@ impl TransportBackend for CudaIpcBackend {
 
     fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
         match kind {
-            MemoryKind::Device(d) if d == self.device => {
-                self.bind()?;
-                let prop = cu::allocation_prop(self.device, self.rdma_capable);
-                Ok(Arc::new(region::DeviceRegion::allocate(
-                    &self.ctx,
-                    self.device,
-                    len,
-                    &prop,
-                    self.granularity,
-                    self.id,
-                )?))
-            }
+            MemoryKind::Device(d) if d == self.gpu.ordinal() => Ok(Arc::new(self.gpu.allocate(len, self.id)?)),
             MemoryKind::Device(d) => Err(Error::invalid(format!(
                 "transport cudaipc of rank {} serves device {}, not device {d}",
-                self.rank, self.device
+                self.rank,
+                self.gpu.ordinal()
             ))),
             MemoryKind::Host => Err(Error::Unsupported(
                 "transport cudaipc allocates device memory only; host memory comes from transport shm".into(),
@@ -405,15 +358,15 @@ impl TransportBackend for CudaIpcBackend {
 
     fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>> {
         let Some(r) = region.as_any().downcast_ref::<DeviceRegion>() else { return Ok(None) };
-        let export = if let Some(a) = r.owned() {
-            if a.backend != self.id {
+        let export = if let Some(a) = r.allocation() {
+            if a.owner() != self.id {
                 return Ok(None);
             }
             let mut table = self.exports.lock().unwrap_or_else(|p| p.into_inner());
             table.retain(|_, w| w.strong_count() > 0);
-            table.insert(a.id, Arc::downgrade(a));
-            Export::Vmm { id: a.id, size: a.mapping.size() as u64 }
-        } else if let Some(u) = r.user() {
+            table.insert(a.id(), Arc::downgrade(a));
+            Export::Vmm { id: a.id(), size: a.size() as u64 }
+        } else if let Some(u) = region::user_memory(r) {
             if u.backend != self.id {
                 return Ok(None);
             }
@@ -444,7 +397,8 @@ impl TransportBackend for CudaIpcBackend {
                 p.pid, theirs.pid
             )));
         }
-        self.bind()?;
+        self.gpu.bind()?;
+        let (ctx, device) = (self.gpu.context(), self.gpu.ordinal());
         let region = match p.export {
             Export::Vmm { id, size } => {
                 if len as u64 > size {
@@ -455,15 +409,9 @@ impl TransportBackend for CudaIpcBackend {
                 let size = usize::try_from(size).map_err(|_| Error::protocol("allocation size does not fit usize"))?;
                 let name = socket_name(&self.job_key, peer, theirs.communicator_id);
                 let source = FdSource { name: &name, peer, pid: theirs.pid, timeout: self.timeout };
-                region::DeviceRegion::import_vmm(
-                    &self.ctx,
-                    self.device,
-                    (p.pid, p.instance, id),
-                    size,
-                    len,
-                    kind,
-                    || source.fetch(id, size as u64),
-                )?
+                region::import_vmm(ctx, device, (p.pid, p.instance, id), size, len, kind, || {
+                    source.fetch(id, size as u64)
+                })?
             }
             Export::Legacy { handle, base, base_size, offset } => {
                 if offset.checked_add(len as u64).is_none_or(|end| end > base_size) {
@@ -473,24 +421,9 @@ impl TransportBackend for CudaIpcBackend {
                     )));
                 }
                 if p.pid == self.endpoint.pid && p.instance == region::process_instance() {
-                    region::DeviceRegion::same_process(
-                        self.device,
-                        base,
-                        base_size as usize,
-                        offset as usize,
-                        len,
-                        kind,
-                    )?
+                    region::same_process(device, base, base_size as usize, offset as usize, len, kind)?
                 } else {
-                    region::DeviceRegion::import_ipc(
-                        &self.ctx,
-                        self.device,
-                        (p.pid, p.instance),
-                        &handle,
-                        offset as usize,
-                        len,
-                        kind,
-                    )?
+                    region::import_ipc(ctx, device, (p.pid, p.instance), &handle, offset as usize, len, kind)?
                 }
             }
         };
@@ -502,8 +435,14 @@ impl TransportBackend for CudaIpcBackend {
         // Endpoint::decode accepted only pids in 1..=i32::MAX.
         let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("cudaipc endpoint: bad pid"))?;
         let watch = PeerWatch::new(peer, Pid::from_raw(pid), "cudaipc peer check");
-        let conn =
-            CudaIpcConnection::new(self.ctx.clone(), self.device, peer, watch, self.timeout, self.abort.clone())?;
+        let conn = CudaIpcConnection::new(
+            self.gpu.context().clone(),
+            self.gpu.ordinal(),
+            peer,
+            watch,
+            self.timeout,
+            self.abort.clone(),
+        )?;
         Ok(Arc::new(conn))
     }
 
@@ -539,10 +478,10 @@ mod tests {
     #[test]
     fn open_without_a_driver_is_unsupported() {
         let r = CudaIpcTransport::new().open(&context(0, 1, "cpuonly"));
-        if !driver_available() {
+        if !weave_cuda::driver_available() {
             println!("branch: no CUDA driver here; open must be Unsupported");
             assert!(matches!(&r, Err(Error::Unsupported(m)) if m.contains("no CUDA driver")), "{:?}", r.err());
-            assert_eq!(device_count().unwrap(), 0);
+            assert_eq!(weave_cuda::device_count().unwrap(), 0);
             // Bad arguments are reported before the driver is looked for.
             assert!(matches!(CudaIpcBackend::open(&context(0, 1, "a-b"), None), Err(Error::InvalidArgument(_))));
             assert!(matches!(CudaIpcBackend::open(&context(2, 2, "k"), None), Err(Error::InvalidArgument(_))));

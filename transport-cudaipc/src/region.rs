@@ -1,24 +1,21 @@
-//! Device memory regions: allocations this process owns (cuMem, exportable), user memory
-//! registered for the legacy IPC path, and peers' memory mapped here, with the process-wide
-//! import cache.
+//! This transport's device regions beyond weave-cuda's own allocations: user memory registered
+//! for the legacy IPC path, and peers' memory mapped here (cuMem allocations imported through
+//! the FD server, legacy IPC handles opened, same-process memory used in place), with the
+//! process-wide import cache. Each is a [`DeviceRegion`] whose [`RegionBacking`] is one of the
+//! types below.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::hash::Hash;
 use std::os::fd::OwnedFd;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, LazyLock, Mutex, Weak};
 
 use comm_core::error::{Error, Result};
-use comm_core::memory::{MAX_REGISTRATION_LEN, MemoryKind, MemoryRegion, RegisteredMemory};
+use comm_core::memory::MemoryKind;
 use cudarc::driver::CudaContext;
-use cudarc::driver::sys::{CUdeviceptr, CUmemAllocationProp, CUmemGenericAllocationHandle};
+use cudarc::driver::sys::CUdeviceptr;
+use weave_cuda::{DeviceRegion, RegionBacking, VmmMapping, bind};
 
 use crate::cu;
-
-/// Numbers this process's cuMem allocations; ids are unique within the process, so an
-/// (owner pid, owner instance, id) triple names one allocation on a host.
-static NEXT_ALLOCATION_ID: AtomicU64 = AtomicU64::new(1);
 
 /// A number that tells this process apart from an earlier one with the same pid (so a stale
 /// cache entry of a dead process can never be taken for a live one's).
@@ -37,78 +34,20 @@ pub(crate) fn process_instance() -> u64 {
     *INSTANCE
 }
 
-fn bind(ctx: &CudaContext) -> Result<()> {
-    ctx.bind_to_thread().map_err(|e| cu::from_driver("cuCtxSetCurrent (bind device context)", e))
-}
+/// A peer's cuMem allocation imported through its FD server and mapped here.
+struct ImportedAllocation(VmmMapping);
 
-/// A cuMem allocation handle mapped at a reserved address range, readable and writable by one
-/// device. Unmapped, unreserved and released on drop.
-pub(crate) struct VmmMapping {
-    ctx: Arc<CudaContext>,
-    handle: CUmemGenericAllocationHandle,
-    ptr: CUdeviceptr,
-    size: usize,
-}
-
-impl VmmMapping {
-    /// Maps `handle` (`size` bytes, which this takes over: it is released on failure too) for
-    /// `device`, at an address aligned to `align` (0: the driver's default).
-    fn map(
-        ctx: &Arc<CudaContext>,
-        handle: CUmemGenericAllocationHandle,
-        size: usize,
-        device: u32,
-        align: usize,
-    ) -> Result<Self> {
-        let ptr = match cu::address_reserve(size, align) {
-            Ok(p) => p,
-            Err(e) => {
-                let _ = cu::mem_release(handle);
-                return Err(e);
-            }
-        };
-        if let Err(e) = cu::mem_map(ptr, size, handle) {
-            let _ = cu::address_free(ptr, size);
-            let _ = cu::mem_release(handle);
-            return Err(e);
-        }
-        // From here on, Drop undoes everything.
-        let mapping = VmmMapping { ctx: ctx.clone(), handle, ptr, size };
-        cu::set_access_rw(ptr, size, device)?;
-        Ok(mapping)
+impl RegionBacking for ImportedAllocation {
+    fn is_imported(&self) -> bool {
+        true
     }
-
-    pub(crate) fn handle(&self) -> CUmemGenericAllocationHandle {
-        self.handle
+    fn describe(&self) -> String {
+        format!("imported cuMem allocation of {} bytes", self.0.size())
     }
-
-    /// Size of the mapping (the whole allocation).
-    pub(crate) fn size(&self) -> usize {
-        self.size
-    }
-}
-
-impl Drop for VmmMapping {
-    fn drop(&mut self) {
-        // Errors cannot be reported from drop; each step is still attempted.
-        let _ = bind(&self.ctx);
-        let _ = cu::mem_unmap(self.ptr, self.size);
-        let _ = cu::address_free(self.ptr, self.size);
-        let _ = cu::mem_release(self.handle);
-    }
-}
-
-/// A cuMem allocation this process owns and exports through its backend's FD server.
-pub(crate) struct OwnedAllocation {
-    pub(crate) mapping: VmmMapping,
-    /// Process-unique allocation id (what peers ask the FD server for).
-    pub(crate) id: u64,
-    /// The backend that allocated it (only that backend exports it).
-    pub(crate) backend: u64,
 }
 
 /// A peer's legacy IPC allocation opened in this process; closed on drop.
-pub(crate) struct IpcMapping {
+struct IpcMapping {
     ctx: Arc<CudaContext>,
     base: CUdeviceptr,
 }
@@ -120,7 +59,17 @@ impl Drop for IpcMapping {
     }
 }
 
-/// Memory the user allocated with cudaMalloc/cuMemAlloc and registered for the legacy path.
+impl RegionBacking for IpcMapping {
+    fn is_imported(&self) -> bool {
+        true
+    }
+    fn describe(&self) -> String {
+        format!("imported IPC handle at base {:#x}", self.base)
+    }
+}
+
+/// Memory the user allocated with cudaMalloc/cuMemAlloc and registered for the legacy path
+/// (not owned: the user frees it).
 pub(crate) struct UserMemory {
     /// Keeps the context (and so the allocation's address space) alive while registered.
     _ctx: Arc<CudaContext>,
@@ -131,226 +80,135 @@ pub(crate) struct UserMemory {
     pub(crate) backend: u64,
 }
 
-enum Backing {
-    /// Allocated here with cuMem; exportable through the FD server.
-    Owned(Arc<OwnedAllocation>),
-    /// A peer's cuMem allocation imported through its FD server.
-    ImportedVmm(Arc<VmmMapping>),
-    /// User memory registered for the legacy IPC path (not owned: the user frees it).
-    User(UserMemory),
-    /// A peer's legacy allocation opened with cuIpcOpenMemHandle.
-    ImportedIpc(Arc<IpcMapping>),
-    /// Legacy memory of a rank in this same process, used at its own address (IPC handles
-    /// cannot be opened by the process that exported them).
-    SameProcess,
+impl RegionBacking for UserMemory {
+    fn is_imported(&self) -> bool {
+        false
+    }
+    fn describe(&self) -> String {
+        "registered user memory".to_string()
+    }
 }
 
-/// GPU memory that transport cudaipc allocated, registered or mapped: `as_ptr` is a CUDA device
-/// virtual address (valid in kernels and copies on [`mapped_device`](Self::mapped_device), never
-/// dereferenceable by the CPU).
-pub struct DeviceRegion {
+/// Legacy memory of a rank in this same process, used at its own address (IPC handles cannot
+/// be opened by the process that exported them).
+struct SameProcess;
+
+impl RegionBacking for SameProcess {
+    fn is_imported(&self) -> bool {
+        true
+    }
+    fn describe(&self) -> String {
+        "same-process legacy memory".to_string()
+    }
+}
+
+/// Registers user memory `[ptr, ptr + len)` of `device` for the legacy IPC path.
+pub(crate) fn register_user(
+    ctx: &Arc<CudaContext>,
+    device: u32,
     ptr: CUdeviceptr,
     len: usize,
-    kind: MemoryKind,
+    backend: u64,
+) -> Result<DeviceRegion> {
+    if ptr == 0 {
+        return Err(Error::invalid("cannot register device memory at address 0"));
+    }
+    let (base, base_size) = cu::address_range(ptr).map_err(|e| {
+        Error::invalid(format!("{ptr:#x} is not device memory of device {device} known to this process: {e}"))
+    })?;
+    let offset = (ptr - base) as usize;
+    if offset.checked_add(len).is_none_or(|end| end > base_size) {
+        return Err(Error::invalid(format!(
+            "range [{ptr:#x}, +{len}) runs past its allocation [{base:#x}, +{base_size})"
+        )));
+    }
+    if cu::is_pool_memory(base) == Some(true) {
+        return Err(pool_unsupported(ptr));
+    }
+    let handle = cu::ipc_get_handle(base).map_err(|r| {
+        if r == cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE {
+            pool_unsupported(ptr)
+        } else {
+            weave_cuda::driver::error("cuIpcGetMemHandle", r)
+        }
+    })?;
+    let user = UserMemory { _ctx: ctx.clone(), handle, base, base_size, offset, backend };
+    Ok(DeviceRegion::mapped(ptr, len, MemoryKind::Device(device), device, Arc::new(user)))
+}
+
+/// Maps a peer's cuMem allocation (through the cache): `fetch_fd` is called only when this
+/// process has no live mapping of it yet. The region is `len` bytes of the allocation.
+pub(crate) fn import_vmm(
+    ctx: &Arc<CudaContext>,
     device: u32,
-    backing: Backing,
+    owner: (u32, u64, u64),
+    size: usize,
+    len: usize,
+    kind: MemoryKind,
+    fetch_fd: impl FnOnce() -> Result<OwnedFd>,
+) -> Result<DeviceRegion> {
+    let (pid, instance, id) = owner;
+    let key = VmmKey { pid, instance, id, device };
+    let mapping = cached(&VMM_CACHE, key, || {
+        let fd = fetch_fd()?;
+        let handle = cu::import_fd(&fd)?;
+        drop(fd);
+        // SAFETY: `handle` was just imported by cuMemImportFromShareableHandle; nothing else
+        // holds it, and the mapping releases it.
+        Ok(ImportedAllocation(unsafe { VmmMapping::from_handle(ctx, handle, size, device, 0) }?))
+    })?;
+    if mapping.0.size() < len {
+        return Err(Error::protocol(format!(
+            "imported allocation is {} bytes, the region should be {len}",
+            mapping.0.size()
+        )));
+    }
+    Ok(DeviceRegion::mapped(mapping.0.ptr(), len, kind, device, mapping))
 }
 
-impl std::fmt::Debug for DeviceRegion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let backing = match &self.backing {
-            Backing::Owned(a) => format!("owned cuMem allocation #{}", a.id),
-            Backing::ImportedVmm(m) => format!("imported cuMem allocation of {} bytes", m.size),
-            Backing::User(_) => "registered user memory".to_string(),
-            Backing::ImportedIpc(m) => format!("imported IPC handle at base {:#x}", m.base),
-            Backing::SameProcess => "same-process legacy memory".to_string(),
-        };
-        f.debug_struct("DeviceRegion")
-            .field("ptr", &format_args!("{:#x}", self.ptr))
-            .field("len", &self.len)
-            .field("kind", &self.kind)
-            .field("mapped_device", &self.device)
-            .field("backing", &backing)
-            .finish()
-    }
+/// Opens a peer's legacy IPC handle (through the cache); the region starts `offset` bytes into
+/// the base allocation.
+pub(crate) fn import_ipc(
+    ctx: &Arc<CudaContext>,
+    device: u32,
+    owner: (u32, u64),
+    handle: &[u8; 64],
+    offset: usize,
+    len: usize,
+    kind: MemoryKind,
+) -> Result<DeviceRegion> {
+    let (pid, instance) = owner;
+    let key = IpcKey { pid, instance, handle: *handle, device };
+    let mapping = cached(&IPC_CACHE, key, || Ok(IpcMapping { ctx: ctx.clone(), base: cu::ipc_open(handle)? }))?;
+    let ptr = mapping.base + offset as u64;
+    Ok(DeviceRegion::mapped(ptr, len, kind, device, mapping))
 }
 
-impl DeviceRegion {
-    /// Allocates `len` bytes (at least one granule) on `device` with `prop`, maps them
-    /// read/write for `device` and zeroes them. The context must be bound.
-    pub(crate) fn allocate(
-        ctx: &Arc<CudaContext>,
-        device: u32,
-        len: usize,
-        prop: &CUmemAllocationProp,
-        granularity: usize,
-        backend: u64,
-    ) -> Result<Self> {
-        if len > MAX_REGISTRATION_LEN {
-            return Err(Error::invalid(format!("cannot allocate {len} bytes: more than {MAX_REGISTRATION_LEN}")));
-        }
-        // Cannot overflow: len <= 2^48 and granularity is a small power of two.
-        let size = len.max(1).div_ceil(granularity) * granularity;
-        let handle = cu::mem_create(size, prop).map_err(|e| match e {
-            Error::Cuda { operation, message } => {
-                Error::Cuda { operation, message: format!("{message} (allocating {size} bytes on device {device})") }
-            }
-            e => e,
-        })?;
-        let mapping = VmmMapping::map(ctx, handle, size, device, granularity)?;
-        cu::memset_d8(mapping.ptr, 0, size)?;
-        // The memset runs on the legacy default stream; wait for it so that no copy on a
-        // non-blocking stream (ours, a peer's) can overtake it.
-        cu::stream_synchronize(std::ptr::null_mut())?;
-        let id = NEXT_ALLOCATION_ID.fetch_add(1, Ordering::Relaxed);
-        let ptr = mapping.ptr;
-        Ok(DeviceRegion {
-            ptr,
-            len,
-            kind: MemoryKind::Device(device),
-            device,
-            backing: Backing::Owned(Arc::new(OwnedAllocation { mapping, id, backend })),
-        })
+/// Legacy memory of another rank of this process, used in place after checking that
+/// `[base, base + base_size)` is still one live allocation, with peer access enabled when it
+/// lives on another device. The context must be bound.
+pub(crate) fn same_process(
+    device: u32,
+    base: CUdeviceptr,
+    base_size: usize,
+    offset: usize,
+    len: usize,
+    kind: MemoryKind,
+) -> Result<DeviceRegion> {
+    let (b, s) = cu::pointer_range(base)?;
+    if (b, s) != (base, base_size) {
+        return Err(Error::protocol(format!(
+            "legacy export names allocation [{base:#x}, +{base_size}) of this process, which is now [{b:#x}, +{s})"
+        )));
     }
+    // The memory may live on another device of this process: let this device's kernels in.
+    cu::enable_peer_access_to(base)?;
+    Ok(DeviceRegion::mapped(base + offset as u64, len, kind, device, Arc::new(SameProcess)))
+}
 
-    /// Registers user memory `[ptr, ptr + len)` of `device` for the legacy IPC path.
-    pub(crate) fn register_user(
-        ctx: &Arc<CudaContext>,
-        device: u32,
-        ptr: CUdeviceptr,
-        len: usize,
-        backend: u64,
-    ) -> Result<Self> {
-        if ptr == 0 {
-            return Err(Error::invalid("cannot register device memory at address 0"));
-        }
-        let (base, base_size) = cu::address_range(ptr).map_err(|e| {
-            Error::invalid(format!("{ptr:#x} is not device memory of device {device} known to this process: {e}"))
-        })?;
-        let offset = (ptr - base) as usize;
-        if offset.checked_add(len).is_none_or(|end| end > base_size) {
-            return Err(Error::invalid(format!(
-                "range [{ptr:#x}, +{len}) runs past its allocation [{base:#x}, +{base_size})"
-            )));
-        }
-        if cu::is_pool_memory(base) == Some(true) {
-            return Err(pool_unsupported(ptr));
-        }
-        let handle = cu::ipc_get_handle(base).map_err(|r| {
-            if r == cudarc::driver::sys::CUresult::CUDA_ERROR_INVALID_VALUE {
-                pool_unsupported(ptr)
-            } else {
-                cu::error("cuIpcGetMemHandle", r)
-            }
-        })?;
-        Ok(DeviceRegion {
-            ptr,
-            len,
-            kind: MemoryKind::Device(device),
-            device,
-            backing: Backing::User(UserMemory { _ctx: ctx.clone(), handle, base, base_size, offset, backend }),
-        })
-    }
-
-    /// Maps a peer's cuMem allocation (through the cache): `fetch_fd` is called only when this
-    /// process has no live mapping of it yet. The region is `len` bytes of the allocation.
-    pub(crate) fn import_vmm(
-        ctx: &Arc<CudaContext>,
-        device: u32,
-        owner: (u32, u64, u64),
-        size: usize,
-        len: usize,
-        kind: MemoryKind,
-        fetch_fd: impl FnOnce() -> Result<OwnedFd>,
-    ) -> Result<Self> {
-        let (pid, instance, id) = owner;
-        let key = VmmKey { pid, instance, id, device };
-        let mapping = cached(&VMM_CACHE, key, || {
-            let fd = fetch_fd()?;
-            let handle = cu::import_fd(&fd)?;
-            drop(fd);
-            VmmMapping::map(ctx, handle, size, device, 0)
-        })?;
-        if mapping.size < len {
-            return Err(Error::protocol(format!(
-                "imported allocation is {} bytes, the region should be {len}",
-                mapping.size
-            )));
-        }
-        Ok(DeviceRegion { ptr: mapping.ptr, len, kind, device, backing: Backing::ImportedVmm(mapping) })
-    }
-
-    /// Opens a peer's legacy IPC handle (through the cache); the region starts `offset` bytes
-    /// into the base allocation.
-    pub(crate) fn import_ipc(
-        ctx: &Arc<CudaContext>,
-        device: u32,
-        owner: (u32, u64),
-        handle: &[u8; 64],
-        offset: usize,
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Self> {
-        let (pid, instance) = owner;
-        let key = IpcKey { pid, instance, handle: *handle, device };
-        let mapping = cached(&IPC_CACHE, key, || Ok(IpcMapping { ctx: ctx.clone(), base: cu::ipc_open(handle)? }))?;
-        let ptr = mapping.base + offset as u64;
-        Ok(DeviceRegion { ptr, len, kind, device, backing: Backing::ImportedIpc(mapping) })
-    }
-
-    /// Legacy memory of another rank of this process, used in place after checking that
-    /// `[base, base + base_size)` is still one live allocation, with peer access enabled when it
-    /// lives on another device. The context must be bound.
-    pub(crate) fn same_process(
-        device: u32,
-        base: CUdeviceptr,
-        base_size: usize,
-        offset: usize,
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Self> {
-        let (b, s) = cu::pointer_range(base)?;
-        if (b, s) != (base, base_size) {
-            return Err(Error::protocol(format!(
-                "legacy export names allocation [{base:#x}, +{base_size}) of this process, which is now [{b:#x}, +{s})"
-            )));
-        }
-        // The memory may live on another device of this process: let this device's kernels in.
-        cu::enable_peer_access_to(base)?;
-        Ok(DeviceRegion { ptr: base + offset as u64, len, kind, device, backing: Backing::SameProcess })
-    }
-
-    /// The CUDA device address of the first byte.
-    pub fn device_ptr(&self) -> u64 {
-        self.ptr
-    }
-
-    /// The ordinal (in this process) of the device whose kernels and copies may use the address.
-    pub fn mapped_device(&self) -> u32 {
-        self.device
-    }
-
-    /// True when the memory belongs to another process (or another rank's registration) and is
-    /// only mapped here.
-    pub fn is_imported(&self) -> bool {
-        matches!(self.backing, Backing::ImportedVmm(_) | Backing::ImportedIpc(_) | Backing::SameProcess)
-    }
-
-    /// The owned cuMem allocation, if this region is one.
-    pub(crate) fn owned(&self) -> Option<&Arc<OwnedAllocation>> {
-        match &self.backing {
-            Backing::Owned(a) => Some(a),
-            _ => None,
-        }
-    }
-
-    /// The registered user memory, if this region is some.
-    pub(crate) fn user(&self) -> Option<&UserMemory> {
-        match &self.backing {
-            Backing::User(u) => Some(u),
-            _ => None,
-        }
-    }
+/// The registered user memory behind `region`, if it is some.
+pub(crate) fn user_memory(region: &DeviceRegion) -> Option<&UserMemory> {
+    region.backing::<UserMemory>()
 }
 
 fn pool_unsupported(ptr: CUdeviceptr) -> Error {
@@ -359,26 +217,6 @@ fn pool_unsupported(ptr: CUdeviceptr) -> Error {
          CudaSlice), which CUDA cannot export to other processes; allocate the buffer through weave \
          (Communicator::register with MemoryKind::Device) or with cudaMalloc/cuMemAlloc"
     ))
-}
-
-impl MemoryRegion for DeviceRegion {
-    fn as_ptr(&self) -> *mut u8 {
-        self.ptr as usize as *mut u8
-    }
-    fn len(&self) -> usize {
-        self.len
-    }
-    fn kind(&self) -> MemoryKind {
-        self.kind
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-/// The [`DeviceRegion`] behind a registration, if transport cudaipc made it.
-pub(crate) fn device_region(m: &RegisteredMemory) -> Option<&DeviceRegion> {
-    m.region().as_any().downcast_ref::<DeviceRegion>()
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -399,7 +237,7 @@ struct IpcKey {
 
 type Cache<K, V> = LazyLock<Mutex<HashMap<K, Weak<V>>>>;
 
-static VMM_CACHE: Cache<VmmKey, VmmMapping> = LazyLock::new(|| Mutex::new(HashMap::new()));
+static VMM_CACHE: Cache<VmmKey, ImportedAllocation> = LazyLock::new(|| Mutex::new(HashMap::new()));
 static IPC_CACHE: Cache<IpcKey, IpcMapping> = LazyLock::new(|| Mutex::new(HashMap::new()));
 
 /// Live entries of the process-wide import cache (mappings of peers' memory that some region

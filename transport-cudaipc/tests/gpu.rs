@@ -19,9 +19,9 @@ use comm_core::error::Error;
 use comm_core::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
 use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
 use cudarc::driver::{PushKernelArg, sys};
-use transport_cudaipc::{
-    CudaContext, CudaIpcBackend, CudaIpcTransport, DeviceRegion, PacketBuffers, device_count, device_semaphore,
-    driver_available, import_cache_entries, memory_channel_handle,
+use transport_cudaipc::{CudaIpcBackend, CudaIpcTransport, import_cache_entries};
+use weave_cuda::{
+    CudaContext, DeviceRegion, PacketBuffers, device_count, device_semaphore, driver_available, memory_channel_handle,
 };
 
 const CHILD_ENV: &str = "WEAVE_CUDAIPC_CHILD";

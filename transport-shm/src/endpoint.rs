@@ -12,7 +12,7 @@ use comm_core::wire::{Decoder, Encoder};
 use crate::segment::SHM_DIR;
 
 const MAGIC: [u8; 4] = *b"WVSE";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 const WHAT: &str = "shm endpoint";
 const BOOT_ID_PATH: &str = "/proc/sys/kernel/random/boot_id";
 const PID_NS_PATH: &str = "/proc/self/ns/pid";
@@ -35,12 +35,15 @@ pub(crate) struct Endpoint {
     pub(crate) pid: u32,
     /// Effective uid; segments are 0600, so only ranks of the same user can share them.
     pub(crate) uid: u32,
+    /// Host identity (see `comm_core::host`): `WEAVE_HOST_ID` splits one machine into posed
+    /// nodes, and shared memory must not cross a node boundary.
+    pub(crate) host: String,
 }
 
 impl Endpoint {
     /// The endpoint of this process. Fails (as [`Error::Unsupported`]) where there is no
     /// `/dev/shm` or no boot id, i.e. off Linux.
-    pub(crate) fn local() -> Result<Self> {
+    pub(crate) fn local(host: &str) -> Result<Self> {
         let hostname =
             nix::unistd::gethostname().map_err(|e| Error::errno("gethostname", e))?.to_string_lossy().into_owned();
         let boot_id = std::fs::read_to_string(BOOT_ID_PATH)
@@ -58,6 +61,7 @@ impl Endpoint {
             pid_ns,
             pid: std::process::id(),
             uid: nix::unistd::geteuid().as_raw(),
+            host: host.to_string(),
         })
     }
 
@@ -70,6 +74,7 @@ impl Endpoint {
             .u64(self.pid_ns)
             .u32(self.pid)
             .u32(self.uid)
+            .str(&self.host)
             .finish()
     }
 
@@ -82,15 +87,19 @@ impl Endpoint {
         let pid_ns = d.u64()?;
         let pid = d.u32()?;
         let uid = d.u32()?;
+        let host = d.str()?.to_string();
         d.finish()?;
         if hostname.len() > MAX_ID_LEN || boot_id.len() > MAX_ID_LEN {
             return Err(Error::protocol(format!("{WHAT}: hostname or boot id longer than {MAX_ID_LEN} bytes")));
+        }
+        if host.len() > comm_core::host::MAX_HOST_ID_LEN {
+            return Err(Error::protocol(format!("{WHAT}: host identity of {} bytes", host.len())));
         }
         // kill(0 or negative) would address process groups: only real pids are accepted.
         if pid == 0 || i32::try_from(pid).is_err() {
             return Err(Error::protocol(format!("{WHAT}: {pid} is not a process id")));
         }
-        Ok(Endpoint { hostname, boot_id, shm_dev, pid_ns, pid, uid })
+        Ok(Endpoint { hostname, boot_id, shm_dev, pid_ns, pid, uid, host })
     }
 
     /// Whether the two ranks can share segments: same host (hostname and boot id), same
@@ -102,6 +111,7 @@ impl Endpoint {
             && self.shm_dev == other.shm_dev
             && self.pid_ns == other.pid_ns
             && self.uid == other.uid
+            && self.host == other.host
     }
 
     /// Why [`can_share_with`](Self::can_share_with) is false, for error messages.
@@ -114,6 +124,8 @@ impl Endpoint {
             "it runs in another pid namespace".to_string()
         } else if self.uid != other.uid {
             format!("it runs as uid {}, this rank as uid {}", other.uid, self.uid)
+        } else if self.host != other.host {
+            format!("it is on node {:?}, this rank on {:?} (WEAVE_HOST_ID)", other.host, self.host)
         } else {
             "no difference".to_string()
         }
@@ -126,7 +138,7 @@ mod tests {
 
     #[test]
     fn local_round_trips_and_reaches_itself() {
-        let e = Endpoint::local().unwrap();
+        let e = Endpoint::local("test-host").unwrap();
         assert_eq!(e.pid, std::process::id());
         assert!(!e.boot_id.is_empty());
         let bytes = e.encode();
@@ -137,7 +149,7 @@ mod tests {
 
     #[test]
     fn garbage_is_a_protocol_error() {
-        let bytes = Endpoint::local().unwrap().encode();
+        let bytes = Endpoint::local("test-host").unwrap().encode();
         for cut in 0..bytes.len() {
             assert!(matches!(Endpoint::decode(&bytes[..cut]), Err(Error::Protocol(_))), "cut {cut}");
         }
@@ -148,7 +160,7 @@ mod tests {
         magic[1] ^= 0x20;
         assert!(matches!(Endpoint::decode(&magic), Err(Error::Protocol(_))));
         for pid in [0u32, u32::MAX, 1 << 31] {
-            let mut e = Endpoint::local().unwrap();
+            let mut e = Endpoint::local("test-host").unwrap();
             e.pid = pid;
             assert!(matches!(Endpoint::decode(&e.encode()), Err(Error::Protocol(_))), "pid {pid}");
         }
@@ -156,9 +168,15 @@ mod tests {
 
     #[test]
     fn any_difference_means_no_sharing() {
-        let a = Endpoint::local().unwrap();
-        let changes: [fn(&mut Endpoint); 5] =
-            [|e| e.hostname.push('x'), |e| e.boot_id.push('x'), |e| e.shm_dev ^= 1, |e| e.pid_ns ^= 1, |e| e.uid ^= 1];
+        let a = Endpoint::local("test-host").unwrap();
+        let changes: [fn(&mut Endpoint); 6] = [
+            |e| e.hostname.push('x'),
+            |e| e.boot_id.push('x'),
+            |e| e.shm_dev ^= 1,
+            |e| e.pid_ns ^= 1,
+            |e| e.uid ^= 1,
+            |e| e.host.push('x'),
+        ];
         for change in changes {
             let mut b = a.clone();
             change(&mut b);

@@ -115,7 +115,7 @@ impl ShmBackend {
             world_size: ctx.world_size,
             job_key: ctx.job_key.clone(),
             communicator_id: ctx.communicator_id,
-            endpoint: Endpoint::local()?,
+            endpoint: Endpoint::local(&comm_core::host::host_identity(ctx.config.host_id.as_deref()))?,
         })
     }
 

@@ -2,7 +2,7 @@
 //! same ranks in the same run (`--vs-mpi`).
 //!
 //! The ranks run `bench-worker` (tests/src/bin/bench-worker.rs) through
-//! [`comm_core::launch`]; the baseline is `mpi_bench.c` (embedded here), built with `mpicc`
+//! [`weave_launch`]; the baseline is `mpi_bench.c` (embedded here), built with `mpicc`
 //! and run with `mpirun`. Both jobs run at the same time and take turns per size through
 //! [`crate::bench_turns`] (a batch of weave, a batch of Open MPI, K times), so a noisy host
 //! hurts both alike. Both print one JSON line per size; this command joins them into one
@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use comm_core::launch::{CancelToken, LaunchSpec, forward_signals_to, launch};
+use weave_launch::{CancelToken, LaunchSpec, forward_signals_to, launch};
 
 use crate::plot::{Series, busbw_svg};
 

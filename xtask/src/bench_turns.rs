@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use comm_core::launch::CancelToken;
+use weave_launch::CancelToken;
 
 /// How often a wait looks at the deadline, the cancel token and whether the job still runs.
 const POLL: Duration = Duration::from_millis(50);

@@ -1,11 +1,11 @@
 //! `cargo xtask launch`: runs N ranks of a program on this host through
-//! [`comm_core::launch`].
+//! [`weave_launch`].
 
 use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use comm_core::launch::{CancelToken, LaunchSpec, forward_signals_to, launch};
+use weave_launch::{CancelToken, LaunchSpec, forward_signals_to, launch};
 
 use crate::args::{Arg, Args, UsageError};
 

@@ -12,7 +12,9 @@ use super::{GpuCollectiveArgs, Kernel};
 use crate::communicator::Communicator;
 use crate::dtype::{DataType, Element};
 use crate::op::ReduceOp;
-use crate::table::{Algorithm, Collective, MemorySpace};
+use crate::select::CallShape;
+use crate::select::device::{CountUnit, Grid};
+use crate::table::{Collective, MemorySpace};
 
 fn op_code(op: ReduceOp) -> u32 {
     match op {
@@ -22,34 +24,6 @@ fn op_code(op: ReduceOp) -> u32 {
         ReduceOp::Max => 3,
         ReduceOp::Avg => 4,
     }
-}
-
-/// From this size on, the relay broadcast on 3+ GPUs cuts each block's part into at least two
-/// tiles, so the root's scatter of one overlaps the relays' forwarding of the other (4 × H200:
-/// 16 MiB 67 µs instead of 73, measured in session 3 before the credit protocol; below, one
-/// tile per block is faster; at 64 MiB and more the slot size already makes many tiles). On
-/// sm_90 with 3+ GPUs the table now picks the chain from 512 KiB, so this applies to other
-/// architectures and to a forced `two_phase` broadcast.
-const RELAY_TWO_STEPS_FROM: usize = 16 << 20;
-
-/// From this size on, the block-pipelined all-reduce, all-gather, reduce-scatter and all-to-all
-/// on 2 GPUs use the overlapped schedule (push a tile, then finish the earlier ones): on 2 ×
-/// H200 it made the 256 MiB all-reduce 799 µs instead of 835 and the 1 GiB reduce-scatter 1575
-/// instead of 2041, but the 4–16 MiB all-reduce slower (26 vs 23 µs at 4 MiB); on 4 GPUs the
-/// lockstep schedule was faster at every size (docs/PERF.md).
-const OVERLAPPED_FROM_ON_2_GPUS: usize = 64 << 20;
-
-/// How a kernel family sizes its grid (and, pipelined, how many tiles per block it aims for).
-enum Grid {
-    /// LL packet kernels: one thread per packet, up to the packet block limit.
-    Packets,
-    /// LL128 line kernels: eight threads per line of a share, up to the packet block limit.
-    Lines,
-    /// Block-pipelined kernels: blocks by message size, at least `min_steps` tiles per block
-    /// (or `WEAVE_GPU_STEPS`, whichever is more).
-    Pipelined { min_steps: u32 },
-    /// Flag-phase kernels: blocks by message size, at most one per SM.
-    Flags,
 }
 
 /// What one device call asks for.
@@ -93,6 +67,12 @@ impl Communicator {
         self.gpu.as_ref().and_then(|g| g.lock().ok().map(|g| g.context().clone()))
     }
 
+    /// The capabilities every rank's GPU agreed on, for the plan.
+    pub(crate) fn gpu_caps(&self) -> Result<crate::select::device::GpuCaps> {
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        Ok(gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?.caps())
+    }
+
     /// Errors if an earlier device call failed on the GPU (a peer stopped, a wait timed out).
     /// Call it after synchronizing the stream to learn how the calls before went.
     pub fn check_gpu(&self) -> Result<()> {
@@ -110,61 +90,32 @@ impl Communicator {
         if call.root >= n {
             return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
         }
-        let arch = g.arch();
-        let mut algo = self.algorithm_table().select_for(call.collective, MemorySpace::Device, n, call.bytes, arch)?;
         let esz = call.dtype.size();
-        // Packets one rank writes to one peer in the packet kernels (`count` is per block).
-        let packets = (call.count * esz).div_ceil(8);
-        let capacity = g.layout().packet_capacity;
-        if algo == Algorithm::OneShot && packets > capacity {
-            algo = match call.collective {
-                Collective::AllReduce => Algorithm::TwoShot,
-                Collective::Broadcast => Algorithm::TwoPhase,
-                _ => Algorithm::Direct,
-            };
-        }
-        if algo == Algorithm::TwoShotLl128 && !g.nvlink() {
-            algo = Algorithm::TwoShot;
-        }
-        if algo == Algorithm::TwoShotLl128 && call.count * esz > g.layout().ll128_two_shot_max_bytes() {
-            algo = Algorithm::TwoPhase;
-        }
-        if algo == Algorithm::TwoShot && packets.div_ceil(n) > capacity / 2 {
-            algo = Algorithm::TwoPhase;
-        }
-        let dt = call.dtype;
-        use Algorithm::{OneShot, Ring, TwoShot, TwoShotLl128};
-        use Collective::*;
-        use Grid::{Flags, Lines, Packets, Pipelined};
-        let typed = |family| Kernel::typed(family, dt);
-        let untyped = Kernel::untyped;
-        let bytes = call.count * esz;
-        let (kernel, count, grid) = match (call.collective, algo) {
-            (AllReduce, OneShot) => (typed("weave_all_reduce_ll"), call.count, Packets),
-            (AllReduce, TwoShot) => (typed("weave_all_reduce_two_shot"), call.count, Packets),
-            (AllReduce, TwoShotLl128) => (typed("weave_all_reduce_two_shot_ll128"), call.count, Lines),
-            (AllReduce, _) => (typed("weave_all_reduce_pipelined"), call.count, Pipelined { min_steps: 1 }),
-            (ReduceScatter, OneShot) => (typed("weave_reduce_scatter_ll"), call.count, Packets),
-            (ReduceScatter, _) => (typed("weave_reduce_scatter_pipelined"), call.count, Pipelined { min_steps: 1 }),
-            (Reduce, OneShot) => (typed("weave_reduce_ll"), call.count, Packets),
-            (Reduce, _) => (typed("weave_reduce"), call.count, Flags),
-            (AllGather, OneShot) => (untyped("weave_all_gather_ll"), bytes, Packets),
-            (AllGather, _) => (untyped("weave_all_gather_pipelined"), bytes, Pipelined { min_steps: 1 }),
-            (Broadcast, OneShot) => (untyped("weave_broadcast_ll"), bytes, Packets),
-            (Broadcast, Ring) => (untyped("weave_broadcast_chain"), bytes, Pipelined { min_steps: 1 }),
-            (Broadcast, _) => {
-                let min_steps = if n >= 3 && call.bytes >= RELAY_TWO_STEPS_FROM { 2 } else { 1 };
-                (untyped("weave_broadcast_pipelined"), bytes, Pipelined { min_steps })
-            }
-            (AllToAll, OneShot) => (untyped("weave_all_to_all_ll"), bytes, Packets),
-            (AllToAll, _) => (untyped("weave_all_to_all_pipelined"), bytes, Pipelined { min_steps: 1 }),
-            (AllToAllv, _) => (untyped("weave_all_to_allv"), esz, Flags),
+        let shape = CallShape {
+            collective: call.collective,
+            memory: MemorySpace::Device,
+            bytes: call.bytes,
+            payload: call.count * esz,
         };
-        let (blocks, steps) = match grid {
-            Packets => (g.packet_blocks(packets), None),
-            Lines => (g.packet_blocks(g.layout().ll128_two_shot_threads(bytes)), None),
-            Pipelined { min_steps } => (g.pipeline_blocks(call.bytes), Some(g.pipeline_steps().max(min_steps))),
-            Flags => (g.blocks_for(call.bytes), None),
+        let plan = crate::select::plan(self.algorithm_table(), shape, self.core().topology(), Some(&g.caps()))?;
+        let (algo, k) = match plan.kernel {
+            Some(k) => (plan.algorithm, k),
+            None => return Err(Error::Unsupported(format!("{}: no kernel for {}", call.collective, plan.algorithm))),
+        };
+        let kernel = if k.typed { Kernel::typed(k.family, call.dtype) } else { Kernel::untyped(k.family) };
+        let count = match k.count {
+            CountUnit::Elements => call.count,
+            CountUnit::Bytes => call.count * esz,
+            CountUnit::ElementSize => esz,
+        };
+        let packets = (call.count * esz).div_ceil(8);
+        let (blocks, steps, overlapped) = match k.grid {
+            Grid::Packets => (g.packet_blocks(packets), None, false),
+            Grid::Lines => (g.packet_blocks(g.layout().ll128_two_shot_threads(call.count * esz)), None, false),
+            Grid::Pipelined { min_steps, overlapped } => {
+                (g.pipeline_blocks(call.bytes), Some(g.pipeline_steps().max(min_steps)), overlapped)
+            }
+            Grid::Flags => (g.blocks_for(call.bytes), None, false),
         };
         if self.core().config().logs(LogLevel::Info) {
             eprintln!(
@@ -186,11 +137,6 @@ impl Communicator {
             // The pipelined kernels read their steps-per-block target from aux[0] and their
             // schedule from aux[1] (the broadcasts have one schedule and ignore it).
             args.aux[0] = u64::from(steps);
-            let overlapped = self
-                .core()
-                .config()
-                .gpu_overlapped_schedule
-                .unwrap_or(n == 2 && call.bytes >= OVERLAPPED_FROM_ON_2_GPUS);
             args.aux[1] = u64::from(overlapped);
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.

@@ -10,6 +10,7 @@
 
 pub mod args;
 mod calls;
+pub mod config;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -26,9 +27,11 @@ use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use kernels::module::KernelModule;
-use transport_cudaipc::{CudaIpcBackend, DeviceStatus};
+use transport_cudaipc::CudaIpcBackend;
+use weave_cuda::DeviceStatus;
 
 pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PIPE_MAX_BLOCKS, WorkspaceLayout};
+pub use config::GpuConfig;
 
 /// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the LL packet
 /// exchange of the data-movement collectives, and the block-pipelined kernels, in that order.
@@ -107,6 +110,8 @@ pub(crate) struct GpuEngine {
     overlap_launches: bool,
     /// Least tiles per block of the pipelined kernels, agreed by every rank (`aux[0]`).
     pipeline_steps: u32,
+    /// The pipelined kernels' schedule when forced (`WEAVE_GPU_SCHEDULE`), else `None`.
+    overlapped_schedule: Option<bool>,
     /// Every pair of ranks' GPUs is joined by NVLink (so LL128 lines may be used), as every
     /// rank found.
     nvlink: bool,
@@ -123,8 +128,8 @@ impl std::fmt::Debug for GpuEngine {
 
 impl GpuEngine {
     /// Collective: builds the GPU state when every rank has a CUDA IPC transport, else `None`
-    /// on every rank (with the reason logged at info level).
-    pub(crate) fn new(core: &CoreCommunicator) -> Result<Option<Self>> {
+    /// on every rank (with the reason logged at info level). `gpu` holds the tuning knobs.
+    pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig) -> Result<Option<Self>> {
         let backend = core.backend(Transport::CUDA_IPC).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
         let world = core.world_size();
         let mine = u8::from(backend.is_some() && world <= MAX_GPU_RANKS);
@@ -140,7 +145,9 @@ impl GpuEngine {
             return Ok(None);
         }
         let backend = backend.ok_or_else(|| Error::Unsupported("CUDA IPC transport vanished".into()))?;
-        let ctx = backend.context().clone();
+        // From here on only the device matters (weave-cuda), not the transport that opened it.
+        let device = backend.device();
+        let ctx = device.context().clone();
         ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
         let arch = kernels::arch::device_arch(&ctx)?;
         let sms = ctx
@@ -151,10 +158,10 @@ impl GpuEngine {
         // pipeline block count, and on the architecture (none when the GPUs differ, so the
         // generic table rows apply).
         let arch_number = arch.strip_prefix("sm_").and_then(|v| v.parse::<u32>().ok());
-        let wanted_blocks = core.config().gpu_pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
-        let wanted_tile = core.config().gpu_pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
-        let wanted_packets = core.config().gpu_packets.unwrap_or(PACKET_CAPACITY);
-        let wanted_steps = core.config().gpu_pipeline_steps.unwrap_or(DEFAULT_PIPE_STEPS);
+        let wanted_blocks = gpu.pipeline_blocks.unwrap_or(DEFAULT_PIPE_BLOCKS).min(PIPE_MAX_BLOCKS);
+        let wanted_tile = gpu.pipeline_tile.unwrap_or(PIPE_TILE_BYTES);
+        let wanted_packets = gpu.packets.unwrap_or(PACKET_CAPACITY);
+        let wanted_steps = gpu.pipeline_steps.unwrap_or(DEFAULT_PIPE_STEPS);
         let mut gpu_facts = Vec::with_capacity(48);
         let words = [
             sms.max(1) as u32,
@@ -168,7 +175,7 @@ impl GpuEngine {
             gpu_facts.extend_from_slice(&word.to_le_bytes());
         }
         // After the words: this GPU's PCI bus id, so every rank can ask how it reaches the others.
-        gpu_facts.extend_from_slice(backend.pci_bus_id().as_bytes());
+        gpu_facts.extend_from_slice(device.pci_bus_id().as_bytes());
         let mut bus_ids = Vec::with_capacity(world);
         let (mut max_blocks, mut pipeline_blocks, mut tile) = (u32::MAX, PIPE_MAX_BLOCKS, usize::MAX);
         let mut packet_capacity = usize::MAX;
@@ -196,13 +203,13 @@ impl GpuEngine {
         let mut linked = true;
         for (r, bus_id) in bus_ids.iter().enumerate() {
             if r != core.rank() {
-                linked &= backend.nvlink_with(bus_id)?;
+                linked &= device.nvlink_with(bus_id)?;
             }
         }
         let nvlink = core.bootstrap().all_gather(&[u8::from(linked)])?.iter().all(|v| v.first() == Some(&1));
         // The kernels wait for their predecessor themselves on sm_90 and later (the program is
         // compiled for this GPU's own architecture), so this rank may overlap its launches.
-        let overlap_launches = core.config().gpu_overlap_launches && arch_number.is_some_and(|a| a >= 90);
+        let overlap_launches = gpu.overlap_launches && arch_number.is_some_and(|a| a >= 90);
         let arch_number = arch_number.filter(|a| archs.iter().all(|b| b == a));
         let pipeline_blocks = pipeline_blocks.min(max_blocks);
         let layout = WorkspaceLayout {
@@ -220,10 +227,9 @@ impl GpuEngine {
             // Without NVLink between every pair the LL128 kernel never runs: no line area.
             ll128_lines: if nvlink { WorkspaceLayout::ll128_lines_for(world, LL128_AREA_BYTES) } else { 0 },
         };
-        let mine =
-            core.register(layout.bytes(), MemoryKind::Device(backend.device_ordinal()), "weave gpu workspace")?;
+        let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
-        let status = backend.device_status()?;
+        let status = device.device_status()?;
         let compiled = kernels::compile::Compiler::from_env().compile(&program(), &arch)?;
         let module = KernelModule::load(&ctx, &compiled)?;
         Ok(Some(GpuEngine {
@@ -238,6 +244,7 @@ impl GpuEngine {
             arch: arch_number,
             overlap_launches,
             pipeline_steps,
+            overlapped_schedule: gpu.overlapped_schedule,
             nvlink,
             rank: core.rank(),
             timeout: core.config().timeout,
@@ -250,14 +257,15 @@ impl GpuEngine {
         self.layout
     }
 
-    /// This GPU's compute capability as a number (90 for sm_90), for the algorithm table.
-    pub(crate) fn arch(&self) -> Option<u32> {
-        self.arch
-    }
-
-    /// Whether every pair of this communicator's GPUs is joined by NVLink.
-    pub(crate) fn nvlink(&self) -> bool {
-        self.nvlink
+    /// What the plan needs to know about this communicator's GPUs (agreed by every rank).
+    pub(crate) fn caps(&self) -> crate::select::device::GpuCaps {
+        crate::select::device::GpuCaps {
+            arch: self.arch,
+            packet_capacity: self.layout.packet_capacity,
+            nvlink: self.nvlink,
+            ll128_max_bytes: self.layout.ll128_two_shot_max_bytes(),
+            forced_schedule: self.overlapped_schedule,
+        }
     }
 
     /// The CUDA context of this rank's GPU.

@@ -28,8 +28,16 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
-    let one_shot =
-        matches!(algo, Algorithm::OneShot | Algorithm::TwoShot | Algorithm::TwoShotLl128 | Algorithm::Direct);
+    // The arm of the match below that runs one-shot.
+    let one_shot = matches!(
+        algo,
+        Algorithm::OneShot
+            | Algorithm::TwoShot
+            | Algorithm::TwoShotLl128
+            | Algorithm::Direct
+            | Algorithm::ChannelRing
+            | Algorithm::ChannelDirect
+    );
     let bytes = count * std::mem::size_of::<T>();
     if one_shot && bytes <= INLINE_BYTES && n <= 16 {
         // The payload travels in the header line: one cache line per peer and step.
@@ -52,8 +60,14 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         return Ok(());
     }
     match algo {
-        // The two-shots are GPU algorithms; the table never picks them for host memory.
-        Algorithm::OneShot | Algorithm::TwoShot | Algorithm::TwoShotLl128 | Algorithm::Direct => {
+        // The two-shots are GPU algorithms and the channel family runs in `channel`; the plan
+        // never sends them here.
+        Algorithm::OneShot
+        | Algorithm::TwoShot
+        | Algorithm::TwoShotLl128
+        | Algorithm::Direct
+        | Algorithm::ChannelRing
+        | Algorithm::ChannelDirect => {
             let steps = count.div_ceil(cap).max(1);
             for s in 0..steps {
                 let o = s * cap;

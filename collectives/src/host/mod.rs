@@ -38,7 +38,8 @@ pub(crate) fn signature(c: Collective, dtype: DataType, op: Option<ReduceOp>, al
     ci | di << 8 | oi << 16 | ai << 24
 }
 
-fn describe(sig: u64) -> String {
+/// The call a signature stands for, in words (for error messages).
+pub(crate) fn describe(sig: u64) -> String {
     let pick = |shift: u32| ((sig >> shift) & 0xff) as usize;
     let c = pick(0).checked_sub(1).and_then(|i| Collective::ALL.get(i)).map_or("?", |c| c.name());
     let d = pick(8).checked_sub(1).and_then(|i| DataType::ALL.get(i)).map_or("?", |d| d.name());

@@ -62,7 +62,7 @@ impl P2pOp {
         }
     }
 
-    fn len(&self) -> usize {
+    pub(crate) fn len(&self) -> usize {
         match *self {
             P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
         }

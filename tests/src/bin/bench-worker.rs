@@ -156,7 +156,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options
             "--op" => {
                 let v = value("a collective")?;
                 o.op = Collective::parse(&v)
-                    .filter(|c| *c != Collective::AllToAllv)
+                    .filter(|c| !matches!(c, Collective::AllToAllv | Collective::SendRecv))
                     .ok_or_else(|| format!("unknown collective {v:?}"))?;
             }
             "-b" | "--minbytes" => {
@@ -217,7 +217,7 @@ fn bus_factor(op: Collective, n: usize) -> f64 {
         Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll | Collective::AllToAllv => {
             (n - 1.0) / n
         }
-        Collective::Broadcast | Collective::Reduce => 1.0,
+        Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
     }
 }
 
@@ -299,7 +299,7 @@ impl Case<'_> {
             (Collective::ReduceScatter, false) => (nc, c),
             (Collective::Broadcast, false) => (if root { c } else { 0 }, c),
             (Collective::Reduce, false) => (c, if root { c } else { 0 }),
-            (Collective::AllToAll | Collective::AllToAllv, false) => (nc, nc),
+            (Collective::AllToAll | Collective::AllToAllv | Collective::SendRecv, false) => (nc, nc),
             (Collective::AllReduce | Collective::Broadcast | Collective::Reduce, true) => (c, 0),
             (_, true) => (nc, 0),
         }
@@ -327,7 +327,7 @@ impl Case<'_> {
         let len = match self.o.op {
             Collective::Reduce if me != ROOT => return Ok(None),
             Collective::AllReduce | Collective::Broadcast | Collective::Reduce | Collective::ReduceScatter => c,
-            Collective::AllGather | Collective::AllToAll | Collective::AllToAllv => n * c,
+            Collective::AllGather | Collective::AllToAll | Collective::AllToAllv | Collective::SendRecv => n * c,
         };
         let mut v = alloc::<T>(len)?;
         v.extend((0..len).map(|j| match self.o.op {
@@ -335,7 +335,9 @@ impl Case<'_> {
             Collective::ReduceScatter => self.reduced(me * c + j),
             Collective::Broadcast => T::from_f64(self.value(ROOT, j)),
             Collective::AllGather => T::from_f64(self.value(j / c, j % c)),
-            Collective::AllToAll | Collective::AllToAllv => T::from_f64(self.value(j / c, me * c + j % c)),
+            Collective::AllToAll | Collective::AllToAllv | Collective::SendRecv => {
+                T::from_f64(self.value(j / c, me * c + j % c))
+            }
         }));
         let offset = if self.o.inplace && self.o.op == Collective::ReduceScatter { me * c } else { 0 };
         Ok(Some((offset, v)))
@@ -357,7 +359,9 @@ impl Case<'_> {
             (Collective::Reduce, true) => comm.reduce_in_place(a, op, ROOT),
             (Collective::AllToAll, false) => comm.all_to_all(a, b),
             (Collective::AllToAll, true) => comm.all_to_all_in_place(a),
-            (Collective::AllToAllv, _) => Err(Error::Unsupported("the benchmark does not run all_to_allv".into())),
+            (c @ (Collective::AllToAllv | Collective::SendRecv), _) => {
+                Err(Error::Unsupported(format!("the benchmark does not run {c}")))
+            }
         }
     }
 

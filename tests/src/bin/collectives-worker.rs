@@ -2,7 +2,7 @@
 //! by the integration tests. Prints `OK SCENARIO …` and exits 0 on success; prints the error
 //! and exits 1 otherwise.
 
-use collectives::{Algorithm, Collective, Communicator, DataType, ReduceOp};
+use collectives::{Algorithm, Collective, Communicator, DataType, Family, ReduceOp};
 use comm_core::{Error, Result};
 use weave_tests::matrix::{MatrixSpec, run_matrix};
 
@@ -17,7 +17,12 @@ fn main() {
         "stale-state" => stale_state(),
         "split" => split(),
         "mismatch" => mismatch(),
-        "p2p" => p2p(),
+        "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
+        "p2p-channel" => comm_core::bootstrap::from_env()
+            .and_then(|b| {
+                Communicator::builder(b).with_algorithm(Collective::SendRecv, Algorithm::ChannelDirect).build()
+            })
+            .and_then(|c| p2p(&c)),
         "shared" => shared(),
         other => Err(Error::invalid(format!("unknown scenario {other:?}"))),
     };
@@ -35,15 +40,40 @@ fn main() {
 
 /// The correctness matrix with the algorithm table's own choices.
 fn matrix(which: &str) -> Result<String> {
-    let comm = Communicator::from_env()?;
-    let spec = if which == "long" { MatrixSpec::long() } else { MatrixSpec::ci() };
+    let comm = if which == "channel" {
+        Communicator::builder(comm_core::bootstrap::from_env()?).with_algorithm_family(Family::Channel).build()?
+    } else {
+        Communicator::from_env()?
+    };
+    let spec = match which {
+        "long" => MatrixSpec::long(),
+        // 16 and more ranks on a small machine: one large case (several ring rounds) instead of
+        // two of 4 Mi elements, whose all-gather buffers alone would take gigabytes per job.
+        "channel" => {
+            MatrixSpec { large: Some(((1 << 20) + 5, vec![(DataType::F32, ReduceOp::Sum)])), ..MatrixSpec::ci() }
+        }
+        _ => MatrixSpec::ci(),
+    };
     let checked = run_matrix(&comm, &spec)?;
     Ok(format!("{checked} collective calls checked"))
 }
 
 /// A smaller matrix with each algorithm forced, so every implementation runs at every size.
 fn algorithms() -> Result<String> {
-    let forced: [(&str, &[(Collective, Algorithm)]); 3] = [
+    use Collective::*;
+    let channel_ring: &[(Collective, Algorithm)] = &[
+        (AllReduce, Algorithm::ChannelRing),
+        (AllGather, Algorithm::ChannelRing),
+        (ReduceScatter, Algorithm::ChannelRing),
+        (Broadcast, Algorithm::ChannelRing),
+        (Reduce, Algorithm::ChannelRing),
+        (AllToAll, Algorithm::ChannelDirect),
+        (AllToAllv, Algorithm::ChannelDirect),
+        (SendRecv, Algorithm::ChannelDirect),
+    ];
+    let channel_direct: Vec<(Collective, Algorithm)> =
+        Collective::ALL.iter().map(|&c| (c, Algorithm::ChannelDirect)).collect();
+    let forced: [(&str, &[(Collective, Algorithm)]); 5] = [
         ("one_shot", &[(Collective::AllReduce, Algorithm::OneShot), (Collective::Reduce, Algorithm::OneShot)]),
         ("two_phase", &[(Collective::AllReduce, Algorithm::TwoPhase), (Collective::Reduce, Algorithm::TwoPhase)]),
         (
@@ -54,6 +84,8 @@ fn algorithms() -> Result<String> {
                 (Collective::ReduceScatter, Algorithm::Ring),
             ],
         ),
+        ("channel_ring", channel_ring),
+        ("channel_direct", &channel_direct),
     ];
     let spec = MatrixSpec {
         dtypes: vec![DataType::F32, DataType::I32, DataType::Bf16],
@@ -70,7 +102,7 @@ fn algorithms() -> Result<String> {
         let comm = b.build()?;
         total += run_matrix(&comm, &spec).map_err(|e| Error::protocol(format!("with {name}: {e}")))?;
     }
-    Ok(format!("{total} calls checked with one_shot, two_phase and ring forced"))
+    Ok(format!("{total} calls checked with one_shot, two_phase, ring, channel_ring and channel_direct forced"))
 }
 
 /// 1,000 calls in a row with changing sizes and collectives, to catch stale state.
@@ -208,8 +240,7 @@ fn mismatch() -> Result<String> {
 
 /// Send/recv: a ring shift, a group exchanging large messages both ways, a send to self, and a
 /// length mismatch.
-fn p2p() -> Result<String> {
-    let comm = Communicator::from_env()?;
+fn p2p(comm: &Communicator) -> Result<String> {
     let (me, n) = (comm.rank(), comm.world_size());
     let next = (me + 1) % n;
     let prev = (me + n - 1) % n;

@@ -26,11 +26,13 @@ pub enum Collective {
     AllToAll,
     /// All-to-all with per-peer counts and displacements.
     AllToAllv,
+    /// Point-to-point sends and receives (groups of them).
+    SendRecv,
 }
 
 impl Collective {
     /// Every collective.
-    pub const ALL: [Collective; 7] = [
+    pub const ALL: [Collective; 8] = [
         Collective::AllReduce,
         Collective::AllGather,
         Collective::ReduceScatter,
@@ -38,6 +40,7 @@ impl Collective {
         Collective::Reduce,
         Collective::AllToAll,
         Collective::AllToAllv,
+        Collective::SendRecv,
     ];
 
     /// The snake-case name (`all_reduce`).
@@ -50,6 +53,7 @@ impl Collective {
             Collective::Reduce => "reduce",
             Collective::AllToAll => "all_to_all",
             Collective::AllToAllv => "all_to_allv",
+            Collective::SendRecv => "send_recv",
         }
     }
 
@@ -96,17 +100,35 @@ pub enum Algorithm {
     /// Each rank reads exactly the blocks it needs from every peer (host), or pushes every peer
     /// the blocks it needs (GPU, block-pipelined).
     Direct,
+    /// Channel family: ring (all-reduce as reduce-scatter then all-gather, all-gather,
+    /// reduce-scatter) or chain (broadcast, reduce) over connections, two neighbours per rank.
+    ChannelRing,
+    /// Channel family: every rank sends every peer what it needs over connections, one hop,
+    /// in lockstep by message (also all-to-all(v) and send/recv).
+    ChannelDirect,
+}
+
+/// The two algorithm families: what an algorithm needs from the transports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Family {
+    /// Loads and stores into peers' memory mapped here (shared memory, NVLink): every peer
+    /// must be reached with direct access.
+    Direct,
+    /// Messages through connections (write, update-and-sync): any transport.
+    Channel,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 6] = [
+    pub const ALL: [Algorithm; 8] = [
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::TwoShotLl128,
         Algorithm::TwoPhase,
         Algorithm::Ring,
         Algorithm::Direct,
+        Algorithm::ChannelRing,
+        Algorithm::ChannelDirect,
     ];
 
     /// The snake-case name (`one_shot`).
@@ -118,6 +140,16 @@ impl Algorithm {
             Algorithm::TwoPhase => "two_phase",
             Algorithm::Ring => "ring",
             Algorithm::Direct => "direct",
+            Algorithm::ChannelRing => "channel_ring",
+            Algorithm::ChannelDirect => "channel_direct",
+        }
+    }
+
+    /// The family this algorithm belongs to.
+    pub const fn family(self) -> Family {
+        match self {
+            Algorithm::ChannelRing | Algorithm::ChannelDirect => Family::Channel,
+            _ => Family::Direct,
         }
     }
 
@@ -136,7 +168,7 @@ impl Algorithm {
             (AllReduce, OneShot | TwoShot | TwoShotLl128 | TwoPhase)
                 | (Broadcast, OneShot | TwoPhase | Ring)
                 | (AllGather | ReduceScatter | AllToAll | Reduce, OneShot | Direct)
-                | (AllToAllv, Direct)
+                | (AllToAllv | SendRecv, Direct)
         )
     }
 
@@ -153,6 +185,9 @@ impl Algorithm {
                 | (Reduce, OneShot | TwoPhase)
                 | (AllToAll, Direct)
                 | (AllToAllv, Direct)
+                | (SendRecv, Direct)
+                | (AllReduce | AllGather | ReduceScatter | Broadcast | Reduce, ChannelRing | ChannelDirect)
+                | (AllToAll | AllToAllv | SendRecv, ChannelDirect)
         )
     }
 }
@@ -220,6 +255,31 @@ pub const HOST_ROWS: &[Row] = {
         host(Reduce, (1, ANY), (0, ANY), TwoPhase),
         host(AllToAll, (1, ANY), (0, ANY), Direct),
         host(AllToAllv, (1, ANY), (0, ANY), Direct),
+        host(SendRecv, (1, ANY), (0, ANY), Direct),
+    ]
+};
+
+/// The host rows of the channel family: they run wherever the direct rows cannot (a peer
+/// without direct access) or when `WEAVE_ALGO=channel` asks for them. One hop (direct) for
+/// small calls of small worlds, the ring and chains otherwise.
+pub const CHANNEL_HOST_ROWS: &[Row] = {
+    use Algorithm::*;
+    use Collective::*;
+    const K: usize = 1 << 10;
+    &[
+        host(AllReduce, (1, 9), (0, 64 * K), ChannelDirect),
+        host(AllReduce, (1, ANY), (0, ANY), ChannelRing),
+        host(AllGather, (1, 9), (0, 256 * K), ChannelDirect),
+        host(AllGather, (1, ANY), (0, ANY), ChannelRing),
+        host(ReduceScatter, (1, 9), (0, 256 * K), ChannelDirect),
+        host(ReduceScatter, (1, ANY), (0, ANY), ChannelRing),
+        host(Broadcast, (1, 9), (0, 64 * K), ChannelDirect),
+        host(Broadcast, (1, ANY), (0, ANY), ChannelRing),
+        host(Reduce, (1, 9), (0, 64 * K), ChannelDirect),
+        host(Reduce, (1, ANY), (0, ANY), ChannelRing),
+        host(AllToAll, (1, ANY), (0, ANY), ChannelDirect),
+        host(AllToAllv, (1, ANY), (0, ANY), ChannelDirect),
+        host(SendRecv, (1, ANY), (0, ANY), ChannelDirect),
     ]
 };
 
@@ -285,6 +345,7 @@ pub const DEVICE_ROWS: &[Row] = {
         device(ANY_GPU, Reduce, (1, 9), (0, 128 * K), OneShot),
         device(ANY_GPU, Reduce, (1, 9), (0, ANY), Direct),
         device(ANY_GPU, AllToAllv, (1, 9), (0, ANY), Direct),
+        device(ANY_GPU, SendRecv, (1, ANY), (0, ANY), Direct),
     ]
 };
 
@@ -293,11 +354,16 @@ pub const DEVICE_ROWS: &[Row] = {
 pub struct AlgorithmTable {
     rows: Vec<Row>,
     overrides: Vec<(Option<Collective>, Algorithm)>,
+    family: Option<Family>,
 }
 
 impl Default for AlgorithmTable {
     fn default() -> Self {
-        AlgorithmTable { rows: HOST_ROWS.iter().chain(DEVICE_ROWS).copied().collect(), overrides: Vec::new() }
+        AlgorithmTable {
+            rows: HOST_ROWS.iter().chain(DEVICE_ROWS).chain(CHANNEL_HOST_ROWS).copied().collect(),
+            overrides: Vec::new(),
+            family: None,
+        }
     }
 }
 
@@ -318,9 +384,24 @@ impl AlgorithmTable {
         self.overrides.push((collective, algorithm));
     }
 
-    /// Parses `WEAVE_ALGO`: `ring` or `all_reduce=one_shot,all_gather=ring`.
+    /// Restricts the rows to one family (`WEAVE_ALGO=channel`), where that family runs.
+    pub fn set_family(&mut self, family: Option<Family>) {
+        self.family = family;
+    }
+
+    /// The family the rows are restricted to, if any.
+    pub fn family(&self) -> Option<Family> {
+        self.family
+    }
+
+    /// Parses `WEAVE_ALGO`: `ring`, `channel` (the channel family's rows), or
+    /// `all_reduce=one_shot,all_gather=channel_ring`.
     pub fn apply_overrides(&mut self, spec: &str) -> Result<()> {
         for part in spec.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            if part.eq_ignore_ascii_case("channel") {
+                self.family = Some(Family::Channel);
+                continue;
+            }
             let (c, a) = match part.split_once('=') {
                 Some((c, a)) => {
                     let c = Collective::parse(c)
@@ -331,7 +412,7 @@ impl AlgorithmTable {
             };
             let a = Algorithm::parse(a).ok_or_else(|| {
                 Error::invalid(format!(
-                    "WEAVE_ALGO: unknown algorithm {a:?}; expected one of {}",
+                    "WEAVE_ALGO: unknown algorithm {a:?}; expected channel or one of {}",
                     Algorithm::ALL.map(|a| a.name()).join(", ")
                 ))
             })?;
@@ -346,8 +427,8 @@ impl AlgorithmTable {
         Ok(())
     }
 
-    /// The algorithm for this call: an override that applies, else the first matching row
-    /// that is not tied to a GPU architecture.
+    /// The algorithm for this call when every family may run: an override that applies, else
+    /// the first matching row that is not tied to a GPU architecture.
     pub fn select(&self, c: Collective, memory: MemorySpace, ranks: usize, bytes: usize) -> Result<Algorithm> {
         self.select_for(c, memory, ranks, bytes, None)
     }
@@ -362,28 +443,50 @@ impl AlgorithmTable {
         bytes: usize,
         arch: Option<u32>,
     ) -> Result<Algorithm> {
+        self.select_among(c, memory, ranks, bytes, arch, &[Family::Direct, Family::Channel])
+    }
+
+    /// As [`select_for`](Self::select_for), among the algorithms of `families` only (the
+    /// families the topology allows). An override outside them is an error naming why; with a
+    /// family forced by [`set_family`](Self::set_family), its rows come first where it runs.
+    pub fn select_among(
+        &self,
+        c: Collective,
+        memory: MemorySpace,
+        ranks: usize,
+        bytes: usize,
+        arch: Option<u32>,
+        families: &[Family],
+    ) -> Result<Algorithm> {
         let runs = |a: Algorithm| match memory {
             MemorySpace::Host => a.runs_on_host(c),
             MemorySpace::Device => a.runs_on_device(c),
         };
         if let Some((_, a)) = self.overrides.iter().rev().find(|(oc, a)| (*oc == Some(c) || oc.is_none()) && runs(*a)) {
+            if !families.contains(&a.family()) {
+                return Err(Error::Unsupported(format!(
+                    "WEAVE_ALGO forces {a} for {c}, which needs direct access to every peer's memory; this \
+                     communicator reaches some peers only through connections (use a channel algorithm)"
+                )));
+            }
             return Ok(*a);
         }
-        self.rows
-            .iter()
-            .find(|r| {
-                r.collective == c
-                    && r.memory == memory
-                    && (r.arch.is_none() || r.arch == arch)
-                    && (r.min_ranks..r.max_ranks).contains(&ranks)
-                    && (r.min_bytes..r.max_bytes).contains(&bytes)
-            })
-            .map(|r| r.algorithm)
-            .ok_or_else(|| {
-                Error::Unsupported(format!(
-                    "no algorithm for {c} on {memory:?} memory with {ranks} ranks and {bytes} bytes"
-                ))
-            })
+        let matching = |r: &&Row, family: Option<Family>| {
+            r.collective == c
+                && r.memory == memory
+                && (r.arch.is_none() || r.arch == arch)
+                && (r.min_ranks..r.max_ranks).contains(&ranks)
+                && (r.min_bytes..r.max_bytes).contains(&bytes)
+                && families.contains(&r.algorithm.family())
+                && family.is_none_or(|f| r.algorithm.family() == f)
+        };
+        let forced = self.family.and_then(|f| self.rows.iter().find(|r| matching(r, Some(f))));
+        forced.or_else(|| self.rows.iter().find(|r| matching(r, None))).map(|r| r.algorithm).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "no algorithm for {c} on {memory:?} memory with {ranks} ranks and {bytes} bytes among the {} family",
+                families.iter().map(|f| format!("{f:?}").to_lowercase()).collect::<Vec<_>>().join(" and ")
+            ))
+        })
     }
 }
 

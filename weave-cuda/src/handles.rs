@@ -1,134 +1,12 @@
-//! Device-side helpers for the collectives layer: the host-visible status words kernels report
-//! into, and builders of the `#[repr(C)]` handles kernels receive, from registered memory.
+//! Builders of the `#[repr(C)]` handles kernels receive ([`DeviceSemaphoreHandle`],
+//! [`MemoryChannelDeviceHandle`]) from registered device memory: every address is checked to
+//! lie in a [`DeviceRegion`] of the right rank, mapped for one device, and aligned.
 
-use std::ffi::c_void;
-use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, Ordering};
-use std::time::Duration;
-
-use comm_core::device::{DeviceError, DeviceSemaphoreHandle, DeviceStatusHandle, MemoryChannelDeviceHandle};
+use comm_core::device::{DeviceSemaphoreHandle, MemoryChannelDeviceHandle};
 use comm_core::error::{Error, Result};
 use comm_core::memory::RegisteredMemory;
-use cudarc::driver::CudaContext;
-use cudarc::driver::sys::{self, CUdevice_attribute};
 
-use crate::cu;
-use crate::region::device_region;
-
-/// Bytes of pinned memory behind a [`DeviceStatus`]: the error word at 0, the abort word at
-/// [`ABORT_OFFSET`] (its own cache line, so kernels polling it do not share the error's line).
-const STATUS_BYTES: usize = 128;
-const ABORT_OFFSET: usize = 64;
-/// Assumed SM clock when the driver reports none (kHz).
-const FALLBACK_CLOCK_KHZ: u64 = 2_000_000;
-
-/// Where kernels report that they gave up, and where the host asks them to stop: two `u32`
-/// words in pinned host memory mapped into the device (`cuMemHostAlloc` with
-/// `DEVICEMAP | PORTABLE`), readable by the host at any time without synchronizing.
-pub struct DeviceStatus {
-    ctx: Arc<CudaContext>,
-    host: *mut c_void,
-    device_ptr: u64,
-    clock_khz: u64,
-}
-
-// SAFETY: the pinned block is owned by this value and only accessed through atomics (by the
-// host) or by kernels; the raw pointer is freed once, in Drop.
-unsafe impl Send for DeviceStatus {}
-// SAFETY: see Send: shared access is atomic.
-unsafe impl Sync for DeviceStatus {}
-
-impl std::fmt::Debug for DeviceStatus {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceStatus")
-            .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
-            .field("clock_khz", &self.clock_khz)
-            .field("error_code", &self.error_code())
-            .field("aborted", &self.is_aborted())
-            .finish()
-    }
-}
-
-/// `timeout` in cycles of a `clock_khz` clock, saturating at `u64::MAX`.
-pub(crate) fn timeout_cycles(clock_khz: u64, timeout: Duration) -> u64 {
-    let cycles = u128::from(clock_khz) * 1000 * timeout.as_nanos() / 1_000_000_000;
-    u64::try_from(cycles).unwrap_or(u64::MAX)
-}
-
-impl DeviceStatus {
-    /// Allocates the status words for kernels running on `ctx`'s device (both start at 0).
-    pub fn new(ctx: &Arc<CudaContext>) -> Result<Self> {
-        ctx.bind_to_thread().map_err(|e| cu::from_driver("cuCtxSetCurrent (bind device context)", e))?;
-        let clock_khz = match cu::attribute(ctx.cu_device(), CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE) {
-            Ok(k) if k > 0 => k as u64,
-            _ => FALLBACK_CLOCK_KHZ,
-        };
-        let host = cu::host_alloc(STATUS_BYTES, sys::CU_MEMHOSTALLOC_DEVICEMAP | sys::CU_MEMHOSTALLOC_PORTABLE)?;
-        // Owned from here: dropped (freed) on the error path below.
-        let mut status = DeviceStatus { ctx: ctx.clone(), host, device_ptr: 0, clock_khz };
-        // SAFETY: `host` points at STATUS_BYTES writable bytes just allocated.
-        unsafe { std::ptr::write_bytes(host.cast::<u8>(), 0, STATUS_BYTES) };
-        status.device_ptr = cu::host_device_pointer(host)?;
-        Ok(status)
-    }
-
-    fn word(&self, offset: usize) -> &AtomicU32 {
-        // SAFETY: offset is 0 or ABORT_OFFSET, inside the STATUS_BYTES block, 4-byte aligned (the
-        // block is page-aligned); the block lives as long as `self`, and kernels only access
-        // these words with atomic or volatile 4-byte operations.
-        unsafe { AtomicU32::from_ptr(self.host.cast::<u8>().add(offset).cast::<u32>()) }
-    }
-
-    /// The handle a kernel receives: the device addresses of both words and `timeout` in GPU
-    /// clock cycles (at the device's reported clock, `CU_DEVICE_ATTRIBUTE_CLOCK_RATE`;
-    /// saturating).
-    pub fn handle(&self, timeout: Duration) -> DeviceStatusHandle {
-        DeviceStatusHandle {
-            error: self.device_ptr,
-            abort: self.device_ptr + ABORT_OFFSET as u64,
-            timeout_cycles: timeout_cycles(self.clock_khz, timeout),
-        }
-    }
-
-    /// The raw error word (0 = no error).
-    pub fn error_code(&self) -> u32 {
-        self.word(0).load(Ordering::Acquire)
-    }
-
-    /// What a kernel reported, if anything (`None` also for codes this build does not know;
-    /// [`error_code`](Self::error_code) shows those).
-    pub fn error(&self) -> Option<DeviceError> {
-        DeviceError::from_code(self.error_code())
-    }
-
-    /// Resets the error and abort words (between launches, with no kernel using them).
-    pub fn clear(&self) {
-        self.word(0).store(0, Ordering::Release);
-        self.word(ABORT_OFFSET).store(0, Ordering::Release);
-    }
-
-    /// Asks running kernels to stop: their spins see the abort word and return.
-    pub fn abort(&self) {
-        self.word(ABORT_OFFSET).store(1, Ordering::Release);
-    }
-
-    /// True once [`abort`](Self::abort) was called (and not cleared).
-    pub fn is_aborted(&self) -> bool {
-        self.word(ABORT_OFFSET).load(Ordering::Acquire) != 0
-    }
-
-    /// The device clock rate used for cycle budgets, in kHz.
-    pub fn clock_khz(&self) -> u64 {
-        self.clock_khz
-    }
-}
-
-impl Drop for DeviceStatus {
-    fn drop(&mut self) {
-        let _ = self.ctx.bind_to_thread();
-        let _ = cu::host_free(self.host);
-    }
-}
+use crate::region::DeviceRegion;
 
 /// Which rank a memory must belong to.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -144,13 +22,13 @@ struct Checked {
 }
 
 /// The device address of `m + offset`, after checking that `m` is device memory mapped by
-/// transport cudaipc, owned by the right side, with `need` bytes at `offset` and the address a
+/// a GPU transport, owned by the right side, with `need` bytes at `offset` and the address a
 /// multiple of `align`.
 fn check(m: &RegisteredMemory, offset: usize, need: usize, align: u64, side: Side, what: &str) -> Result<Checked> {
     m.check_range(offset, need).map_err(|e| Error::invalid(format!("{what}: {e}")))?;
-    let Some(region) = device_region(m) else {
+    let Some(region) = DeviceRegion::of(m) else {
         return Err(Error::invalid(format!(
-            "{what}: {:?} (rank {}, {:?}) is not device memory mapped by transport cudaipc",
+            "{what}: {:?} (rank {}, {:?}) is not device memory mapped by a GPU transport",
             m.label(),
             m.owner(),
             m.kind()
@@ -204,7 +82,7 @@ fn same_device(parts: &[(&Checked, &str)]) -> Result<()> {
 /// - `expected`: this rank's `u64` count of signals waited for.
 ///
 /// Every word must be 8 bytes inside its registration, 8-byte aligned, device memory mapped by
-/// transport cudaipc for one and the same device, and owned by the side named above; anything
+/// a GPU transport for one and the same device, and owned by the side named above; anything
 /// else is [`Error::InvalidArgument`].
 pub fn device_semaphore(
     inbound: (&RegisteredMemory, usize),
@@ -235,7 +113,7 @@ pub struct PacketBuffers<'a> {
 /// Builds a memory channel's device handle: `semaphore` (from [`device_semaphore`]), `dst` the
 /// peer's memory imported here, `src` this rank's memory (each a memory and a byte offset, the
 /// offset at most the registration's length), and optionally the packet buffers. Every memory
-/// must be device memory mapped by transport cudaipc for one device, on the side named; the
+/// must be device memory mapped by a GPU transport for one device, on the side named; the
 /// peer's memories must belong to one rank. Anything else is [`Error::InvalidArgument`].
 pub fn memory_channel_handle(
     semaphore: DeviceSemaphoreHandle,
@@ -277,6 +155,8 @@ pub fn memory_channel_handle(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::sync::Arc;
+
     use comm_core::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion};
     use comm_core::transport::Transport;
 
@@ -296,14 +176,6 @@ mod tests {
         } else {
             RegisteredMemory::new_imported(d, region, Transport::LOOPBACK).unwrap()
         }
-    }
-
-    #[test]
-    fn cycles_saturate_and_scale() {
-        assert_eq!(timeout_cycles(1_000_000, Duration::from_secs(1)), 1_000_000_000);
-        assert_eq!(timeout_cycles(1_980_000, Duration::from_millis(500)), 990_000_000);
-        assert_eq!(timeout_cycles(2_000_000, Duration::from_secs(u64::MAX)), u64::MAX);
-        assert_eq!(timeout_cycles(0, Duration::from_secs(5)), 0);
     }
 
     #[test]

@@ -1,0 +1,371 @@
+//! The channel executor: every collective over [`Link`]s, i.e. over nothing but
+//! [`Connection`](comm_core::connection::Connection)s (write, update-and-sync), so the same
+//! algorithms run over shared memory, CUDA IPC, and transports without direct access to a
+//! peer's memory (network transports). The calling thread drives the links.
+//!
+//! Links are built on demand, only to the peers an algorithm uses (a ring needs two), in
+//! ascending peer order on every rank, which cannot deadlock: the lowest pair not yet built
+//! always has both of its ranks ready to build it.
+//!
+//! **Agreement.** Every message carries a [`Header`] with the call number, the call's
+//! signature (collective, dtype, op, algorithm), count and root. A receiver compares it with its
+//! own: a different call number is a protocol error (the communicator is then unusable); a
+//! different signature, count or root, or a sender that marked its own arguments invalid, makes
+//! the call fail with [`Error::InvalidArgument`] — after the call's messages were all exchanged,
+//! so the ranks stay in step — and taints the receiver's later messages of the call, so the
+//! news travels on. In the direct algorithms every rank hears from every rank that sends to
+//! it; in the ring algorithms it reaches every rank downstream. Ranks whose counts differ so
+//! much that they exchange different numbers of messages get a timeout instead.
+
+mod direct;
+pub(crate) mod link;
+mod p2p;
+mod ring;
+
+pub(crate) use direct::{AllToAllvCounts, all_to_allv};
+pub(crate) use p2p::run_group;
+
+use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::{Error, Result};
+
+use crate::dtype::{DataType, Element};
+use crate::op::ReduceOp;
+use crate::table::{Algorithm, Collective};
+use link::{Header, Link};
+
+/// Payload bytes per message (and slot).
+pub(crate) const DEFAULT_PAYLOAD_BYTES: usize = 64 << 10;
+/// Slots per link direction: messages a sender may have in flight to one peer.
+pub(crate) const SLOTS: usize = 4;
+/// Set in a header's signature by a rank whose own arguments were invalid.
+const INVALID_MARK: u64 = 1 << 63;
+
+/// Per-communicator state of the channel executor.
+pub(crate) struct ChannelEngine {
+    rank: usize,
+    world_size: usize,
+    links: Vec<Option<Link>>,
+    payload: usize,
+    /// Channel calls made so far (every rank counts them the same way).
+    calls: u64,
+    /// Why the communicator is unusable, after a failure that left ranks out of step.
+    broken: Option<String>,
+}
+
+impl std::fmt::Debug for ChannelEngine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ChannelEngine")
+            .field("rank", &self.rank)
+            .field("links", &self.links.iter().filter(|l| l.is_some()).count())
+            .field("calls", &self.calls)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One channel call in progress: what this rank says in its headers, and what it has heard.
+#[derive(Debug)]
+pub(crate) struct Call {
+    header: Header,
+    problem: Option<Error>,
+    what: &'static str,
+}
+
+impl Call {
+    /// The header of this rank's next message, carrying `len` payload bytes.
+    fn header(&self, len: usize) -> Header {
+        Header { tainted: self.problem.is_some() || self.header.tainted, len: len as u64, ..self.header }
+    }
+
+    /// Checks a received header against this call; a mismatch is remembered, not returned, so
+    /// the algorithm finishes its messages and the ranks stay in step.
+    fn check(&mut self, from: usize, theirs: &Header, me: usize) -> Result<()> {
+        if theirs.call != self.header.call {
+            return Err(Error::protocol(format!(
+                "rank {from} sent a message of channel call {} while rank {me} is in call {}; every rank must \
+                 call the same collectives in the same order",
+                theirs.call, self.header.call
+            )));
+        }
+        if self.problem.is_some() {
+            return Ok(());
+        }
+        let mine = &self.header;
+        let what = self.what;
+        self.problem = if theirs.signature & INVALID_MARK != 0 && mine.signature & INVALID_MARK == 0 {
+            Some(Error::invalid(format!(
+                "rank {from} passed invalid arguments to {what} (its own error says which); this call did nothing"
+            )))
+        } else if theirs.signature & !INVALID_MARK != mine.signature & !INVALID_MARK {
+            Some(Error::invalid(format!(
+                "rank {from} called {} while rank {me} called {}; every rank must make the same call (and set the \
+                 same WEAVE_ALGO)",
+                crate::host::describe(theirs.signature & !INVALID_MARK),
+                crate::host::describe(mine.signature & !INVALID_MARK)
+            )))
+        } else if theirs.count != mine.count && mine.signature & INVALID_MARK == 0 {
+            Some(Error::invalid(format!(
+                "{what}: rank {from} passed {} elements where rank {me} expects {}; counts must match",
+                theirs.count, mine.count
+            )))
+        } else if theirs.root != mine.root {
+            Some(Error::invalid(format!(
+                "{what}: rank {from} named root {}, rank {me} named root {}",
+                theirs.root, mine.root
+            )))
+        } else if theirs.tainted && mine.signature & INVALID_MARK == 0 {
+            Some(Error::invalid(format!(
+                "{what}: a rank upstream of rank {from} found mismatched arguments (its error says which); this call \
+                 did nothing"
+            )))
+        } else {
+            None
+        };
+        Ok(())
+    }
+
+    /// Ends the call: the first mismatch heard of, if any.
+    fn finish(self) -> Result<()> {
+        match self.problem {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+}
+
+impl ChannelEngine {
+    /// An engine with no links yet (links are built by the first call that needs them).
+    pub(crate) fn new(core: &CoreCommunicator) -> Self {
+        let n = core.world_size();
+        ChannelEngine {
+            rank: core.rank(),
+            world_size: n,
+            links: (0..n).map(|_| None).collect(),
+            payload: DEFAULT_PAYLOAD_BYTES,
+            calls: 0,
+            broken: None,
+        }
+    }
+
+    /// Errors if an earlier failure broke the communicator.
+    pub(crate) fn check_usable(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::Aborted(format!(
+                "this communicator is unusable after an earlier failure ({why}); create a new one"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a failure that leaves the ranks out of step.
+    pub(crate) fn poison(&mut self, e: Error) -> Error {
+        if !matches!(e, Error::InvalidArgument(_)) && self.broken.is_none() {
+            self.broken = Some(e.to_string());
+        }
+        e
+    }
+
+    /// Elements of `T` one message carries.
+    fn chunk<T: Element>(&self) -> usize {
+        self.payload / std::mem::size_of::<T>()
+    }
+
+    /// Builds the links to `peers` that do not exist yet, in ascending peer order.
+    fn connect(&mut self, core: &CoreCommunicator, peers: &[usize]) -> Result<()> {
+        let mut missing: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| p != self.rank && self.links.get(p).is_some_and(Option::is_none))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        for p in missing {
+            self.links[p] = Some(Link::new(core, p, SLOTS, self.payload)?);
+        }
+        Ok(())
+    }
+
+    fn link(&mut self, peer: usize) -> Result<&mut Link> {
+        let n = self.world_size;
+        self.links
+            .get_mut(peer)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::invalid(format!("no channel link to rank {peer} in a {n}-rank communicator")))
+    }
+
+    /// Starts a call that talks to `peers`.
+    fn begin(&mut self, core: &CoreCommunicator, peers: &[usize], spec: CallSpec) -> Result<Call> {
+        self.connect(core, peers)?;
+        self.calls += 1;
+        let signature = crate::host::signature(spec.collective, spec.dtype, spec.op, spec.algorithm)
+            | if spec.invalid { INVALID_MARK } else { 0 };
+        let header = Header {
+            call: self.calls,
+            signature,
+            count: spec.count as u64,
+            root: spec.root as u64,
+            ..Header::default()
+        };
+        // An invalid rank's own error is what it returns; this only keeps it from judging the
+        // lengths of the messages it receives against the count 0 it announced.
+        let problem = spec.invalid.then(|| Error::invalid("this rank's arguments were invalid"));
+        Ok(Call { header, problem, what: spec.collective.name() })
+    }
+
+    /// Waits until `peer` may take another message; returns where to stage it.
+    fn outbox(&mut self, peer: usize, what: &str) -> Result<*mut u8> {
+        self.link(peer)?.outbox(what)
+    }
+
+    /// Posts the message staged in `peer`'s outbox, `len` bytes long.
+    fn post(&mut self, call: &Call, peer: usize, len: usize) -> Result<()> {
+        let header = call.header(len);
+        self.link(peer)?.post(header)
+    }
+
+    /// Stages `len` bytes at `src` and posts them to `peer`.
+    ///
+    /// # Safety
+    /// `src` valid for `len` reads; `len` at most the payload of a message.
+    unsafe fn send_bytes(&mut self, call: &Call, peer: usize, src: *const u8, len: usize) -> Result<()> {
+        let dst = self.outbox(peer, call.what)?;
+        // SAFETY: the outbox slot holds a full payload (len fits, by the caller), src is valid
+        // (caller), and the outbox is private memory no one else writes.
+        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+        self.post(call, peer, len)
+    }
+
+    /// Waits for `peer`'s next message of this call and checks its header; returns its payload
+    /// (valid for `len` bytes, `len` at most a message's payload, until
+    /// [`release`](Self::release)), which must be `len` bytes long.
+    fn receive(&mut self, call: &mut Call, peer: usize, len: usize) -> Result<*const u8> {
+        let me = self.rank;
+        let (header, payload) = self.link(peer)?.receive(call.what)?;
+        call.check(peer, &header, me)?;
+        if call.problem.is_none() && header.len != len as u64 {
+            return Err(Error::protocol(format!(
+                "{}: rank {peer} sent {} bytes where rank {me} expects {len}",
+                call.what, header.len
+            )));
+        }
+        // In a mismatched call a shorter message leaves stale bytes in the rest of the slot; the
+        // call fails, and the receive buffer's contents are then unspecified.
+        Ok(payload)
+    }
+
+    /// Frees `peer`'s slot of the message last received.
+    fn release(&mut self, peer: usize) -> Result<()> {
+        self.link(peer)?.release()
+    }
+}
+
+/// What a call is, as every rank must agree.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallSpec {
+    pub(crate) collective: Collective,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) dtype: DataType,
+    pub(crate) op: Option<ReduceOp>,
+    pub(crate) count: usize,
+    pub(crate) root: usize,
+    /// This rank's arguments were invalid: it takes part with no data and fails.
+    pub(crate) invalid: bool,
+}
+
+/// Runs one collective through the channel executor.
+pub(crate) enum ChannelCall<T> {
+    /// All-reduce `count` elements.
+    AllReduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
+    /// All-gather `count` elements per rank.
+    AllGather { send: *const T, recv: *mut T, count: usize },
+    /// Reduce-scatter into `count` elements per rank.
+    ReduceScatter { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
+    /// Broadcast `count` elements from `root`.
+    Broadcast { send: *const T, recv: *mut T, count: usize, root: usize },
+    /// Reduce `count` elements to `root`.
+    Reduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp, root: usize },
+    /// All-to-all of `count` elements per pair.
+    AllToAll { send: *const T, recv: *mut T, count: usize },
+}
+
+impl ChannelEngine {
+    /// Runs `c` with `algorithm` (a channel algorithm), or — when `invalid` — takes part in it
+    /// with no data so that every peer fails too.
+    ///
+    /// # Safety
+    /// Pointers as the matching method of the user API guarantees: valid for their counts,
+    /// receive ranges writable and either identical to or disjoint from send ranges.
+    pub(crate) unsafe fn run<T: Element>(
+        &mut self,
+        core: &CoreCommunicator,
+        algorithm: Algorithm,
+        c: ChannelCall<T>,
+        invalid: bool,
+    ) -> Result<()> {
+        self.check_usable()?;
+        let spec = spec_of(&c, algorithm, invalid);
+        let r = match algorithm {
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelRing => unsafe { ring::run(self, core, spec, c) },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelDirect => unsafe { direct::run(self, core, spec, c) },
+            other => Err(Error::invalid(format!("{other} is not a channel algorithm"))),
+        };
+        r.map_err(|e| self.poison(e))
+    }
+}
+
+/// The user's buffers of a call and its element count, as the collective defines it.
+#[derive(Debug, Clone, Copy)]
+struct Buffers<T> {
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+}
+
+impl<T> ChannelCall<T> {
+    /// The send and receive buffers.
+    fn buffers(&self) -> (*const T, *mut T) {
+        match *self {
+            ChannelCall::AllReduce { send, recv, .. }
+            | ChannelCall::AllGather { send, recv, .. }
+            | ChannelCall::ReduceScatter { send, recv, .. }
+            | ChannelCall::Broadcast { send, recv, .. }
+            | ChannelCall::Reduce { send, recv, .. }
+            | ChannelCall::AllToAll { send, recv, .. } => (send, recv),
+        }
+    }
+}
+
+/// The call spec of `c` on this rank (an invalid rank announces count 0).
+fn spec_of<T: Element>(c: &ChannelCall<T>, algorithm: Algorithm, invalid: bool) -> CallSpec {
+    let (collective, op, count, root) = match *c {
+        ChannelCall::AllReduce { count, op, .. } => (Collective::AllReduce, Some(op), count, 0),
+        ChannelCall::AllGather { count, .. } => (Collective::AllGather, None, count, 0),
+        ChannelCall::ReduceScatter { count, op, .. } => (Collective::ReduceScatter, Some(op), count, 0),
+        ChannelCall::Broadcast { count, root, .. } => (Collective::Broadcast, None, count, root),
+        ChannelCall::Reduce { count, op, root, .. } => (Collective::Reduce, Some(op), count, root),
+        ChannelCall::AllToAll { count, .. } => (Collective::AllToAll, None, count, 0),
+    };
+    CallSpec { collective, algorithm, dtype: T::DTYPE, op, count: if invalid { 0 } else { count }, root, invalid }
+}
+
+/// Messages a block of `elems` elements takes at `chunk` elements a message (at least one:
+/// an empty block still sends its header, so every rank hears from every sender).
+fn pieces(elems: usize, chunk: usize) -> usize {
+    elems.div_ceil(chunk).max(1)
+}
+
+/// Message `c` of a block of `elems` elements: its first element and length, or `None` past
+/// the block's last message.
+fn piece(c: usize, elems: usize, chunk: usize) -> Option<(usize, usize)> {
+    if c >= pieces(elems, chunk) {
+        return None;
+    }
+    let a = (c * chunk).min(elems);
+    Some((a, (elems - a).min(chunk)))
+}
+
+/// The reduction for partial results: `Avg` sums until the last step divides.
+fn partial(op: ReduceOp) -> ReduceOp {
+    if op == ReduceOp::Avg { ReduceOp::Sum } else { op }
+}

@@ -1,0 +1,179 @@
+//! The device half of the plan: which kernel runs a GPU collective and how it sizes its grid.
+//!
+//! The table names an algorithm; the GPUs' agreed capabilities may rule it out for this call
+//! (the packet area is too small for a one-shot of this size, no NVLink for LL128 lines), in
+//! which case the next algorithm of the same collective that fits is taken. Then each
+//! (collective, algorithm) pair names its kernel family and grid. Measurements behind the
+//! thresholds are in docs/PERF.md.
+
+use comm_core::{Error, Result};
+
+use super::table::{Algorithm, Collective};
+
+/// What the GPUs of a communicator can do, as every rank agreed at setup.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GpuCaps {
+    /// Compute capability × 10 of every GPU (`None` when they differ).
+    pub arch: Option<u32>,
+    /// LL packets (8 bytes of payload) one rank may write to one peer per parity.
+    pub packet_capacity: usize,
+    /// Every pair of GPUs is joined by NVLink (LL128 lines need it).
+    pub nvlink: bool,
+    /// Largest message of the LL128 two-shot all-reduce, in bytes.
+    pub ll128_max_bytes: usize,
+    /// The pipelined kernels' schedule forced by `WEAVE_GPU_SCHEDULE` (true: overlapped).
+    pub forced_schedule: Option<bool>,
+}
+
+/// How a kernel family sizes its grid (and, pipelined, how many tiles per block it aims for).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Grid {
+    /// LL packet kernels: one thread per packet, up to the packet block limit.
+    Packets,
+    /// LL128 line kernels: eight threads per line of a share, up to the packet block limit.
+    Lines,
+    /// Block-pipelined kernels: blocks by message size, at least `min_steps` tiles per block
+    /// (or `WEAVE_GPU_STEPS`, whichever is more), in the overlapped or lockstep schedule.
+    Pipelined {
+        /// Least tiles per block.
+        min_steps: u32,
+        /// Push a tile, then finish the earlier ones (true), or consume each tile right after
+        /// it arrived (false).
+        overlapped: bool,
+    },
+    /// Flag-phase kernels: blocks by message size, at most one per SM.
+    Flags,
+}
+
+/// What the kernel's `count` argument counts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CountUnit {
+    /// Elements (reducing kernels).
+    Elements,
+    /// Bytes (data-movement kernels).
+    Bytes,
+    /// The element size in bytes (all-to-all-v, whose counts come in arrays).
+    ElementSize,
+}
+
+/// The kernel of a device plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KernelPlan {
+    /// Kernel family in `kernels/cuda` (typed families get a dtype suffix).
+    pub family: &'static str,
+    /// Whether the family is instantiated per element type.
+    pub typed: bool,
+    /// What the `count` argument counts.
+    pub count: CountUnit,
+    /// How the grid is sized.
+    pub grid: Grid,
+}
+
+/// From this size on, the relay broadcast on 3+ GPUs cuts each block's part into at least two
+/// tiles, so the root's scatter of one overlaps the relays' forwarding of the other.
+const RELAY_TWO_STEPS_FROM: usize = 16 << 20;
+
+/// From this size on, the block-pipelined kernels on 2 GPUs use the overlapped schedule; on
+/// more GPUs the lockstep one is faster at every size.
+const OVERLAPPED_FROM_ON_2_GPUS: usize = 64 << 20;
+
+/// The algorithm the GPUs can run for a call the table gave `algo`: `payload` bytes per rank
+/// (what the packet kernels move to one peer), `bytes` as the table measures them.
+pub fn fit(algo: Algorithm, c: Collective, world: usize, payload: usize, caps: &GpuCaps) -> Algorithm {
+    let packets = payload.div_ceil(8);
+    let mut algo = algo;
+    if algo == Algorithm::OneShot && packets > caps.packet_capacity {
+        algo = match c {
+            Collective::AllReduce => Algorithm::TwoShot,
+            Collective::Broadcast => Algorithm::TwoPhase,
+            _ => Algorithm::Direct,
+        };
+    }
+    if algo == Algorithm::TwoShotLl128 && !caps.nvlink {
+        algo = Algorithm::TwoShot;
+    }
+    if algo == Algorithm::TwoShotLl128 && payload > caps.ll128_max_bytes {
+        algo = Algorithm::TwoPhase;
+    }
+    if algo == Algorithm::TwoShot && packets.div_ceil(world) > caps.packet_capacity / 2 {
+        algo = Algorithm::TwoPhase;
+    }
+    algo
+}
+
+/// The kernel that runs `algo` for `c` on `world` GPUs, for a call of `bytes` bytes (as the
+/// table measures them).
+pub fn kernel(c: Collective, algo: Algorithm, world: usize, bytes: usize, caps: &GpuCaps) -> Result<KernelPlan> {
+    use Algorithm::{OneShot, Ring, TwoShot, TwoShotLl128};
+    use Collective::*;
+    use CountUnit::{Bytes, ElementSize, Elements};
+    let overlapped = caps.forced_schedule.unwrap_or(world == 2 && bytes >= OVERLAPPED_FROM_ON_2_GPUS);
+    let pipelined = |min_steps| Grid::Pipelined { min_steps, overlapped };
+    let k = |family, typed, count, grid| Ok(KernelPlan { family, typed, count, grid });
+    match (c, algo) {
+        (_, Algorithm::ChannelRing | Algorithm::ChannelDirect) => {
+            Err(Error::Unsupported(format!("{c} has no {algo} kernel on GPUs yet")))
+        }
+        (AllReduce, OneShot) => k("weave_all_reduce_ll", true, Elements, Grid::Packets),
+        (AllReduce, TwoShot) => k("weave_all_reduce_two_shot", true, Elements, Grid::Packets),
+        (AllReduce, TwoShotLl128) => k("weave_all_reduce_two_shot_ll128", true, Elements, Grid::Lines),
+        (AllReduce, _) => k("weave_all_reduce_pipelined", true, Elements, pipelined(1)),
+        (ReduceScatter, OneShot) => k("weave_reduce_scatter_ll", true, Elements, Grid::Packets),
+        (ReduceScatter, _) => k("weave_reduce_scatter_pipelined", true, Elements, pipelined(1)),
+        (Reduce, OneShot) => k("weave_reduce_ll", true, Elements, Grid::Packets),
+        (Reduce, _) => k("weave_reduce", true, Elements, Grid::Flags),
+        (AllGather, OneShot) => k("weave_all_gather_ll", false, Bytes, Grid::Packets),
+        (AllGather, _) => k("weave_all_gather_pipelined", false, Bytes, pipelined(1)),
+        (Broadcast, OneShot) => k("weave_broadcast_ll", false, Bytes, Grid::Packets),
+        (Broadcast, Ring) => k("weave_broadcast_chain", false, Bytes, pipelined(1)),
+        (Broadcast, _) => {
+            let min_steps = if world >= 3 && bytes >= RELAY_TWO_STEPS_FROM { 2 } else { 1 };
+            k("weave_broadcast_pipelined", false, Bytes, pipelined(min_steps))
+        }
+        (AllToAll, OneShot) => k("weave_all_to_all_ll", false, Bytes, Grid::Packets),
+        (AllToAll, _) => k("weave_all_to_all_pipelined", false, Bytes, pipelined(1)),
+        (AllToAllv, _) => k("weave_all_to_allv", false, ElementSize, Grid::Flags),
+        (SendRecv, _) => Err(Error::invalid("send/recv runs through the device p2p path, not a collective kernel")),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const CAPS: GpuCaps = GpuCaps {
+        arch: Some(90),
+        packet_capacity: 64 << 10,
+        nvlink: true,
+        ll128_max_bytes: 3840 << 10,
+        forced_schedule: None,
+    };
+
+    #[test]
+    fn algorithms_that_do_not_fit_fall_back() {
+        let big = (64 << 10) * 8 + 8;
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllReduce, 4, big, &CAPS), Algorithm::TwoShot);
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllReduce, 2, big, &CAPS), Algorithm::TwoPhase);
+        assert_eq!(fit(Algorithm::OneShot, Collective::Broadcast, 2, big, &CAPS), Algorithm::TwoPhase);
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllGather, 2, big, &CAPS), Algorithm::Direct);
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllGather, 2, 8, &CAPS), Algorithm::OneShot);
+        let pcie = GpuCaps { nvlink: false, ..CAPS };
+        assert_eq!(fit(Algorithm::TwoShotLl128, Collective::AllReduce, 4, 1 << 20, &pcie), Algorithm::TwoShot);
+        assert_eq!(fit(Algorithm::TwoShotLl128, Collective::AllReduce, 4, 8 << 20, &CAPS), Algorithm::TwoPhase);
+    }
+
+    #[test]
+    fn every_device_algorithm_names_a_kernel_and_the_schedule_follows_world_and_size() {
+        for c in Collective::ALL.into_iter().filter(|&c| c != Collective::SendRecv) {
+            for a in Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)) {
+                let k = kernel(c, a, 4, 1 << 20, &CAPS).unwrap();
+                assert!(k.family.starts_with("weave_"), "{c} {a}");
+            }
+        }
+        let grid = |world, bytes| kernel(Collective::AllReduce, Algorithm::TwoPhase, world, bytes, &CAPS).unwrap().grid;
+        assert_eq!(grid(2, 64 << 20), Grid::Pipelined { min_steps: 1, overlapped: true });
+        assert_eq!(grid(2, 1 << 20), Grid::Pipelined { min_steps: 1, overlapped: false });
+        assert_eq!(grid(4, 1 << 30), Grid::Pipelined { min_steps: 1, overlapped: false });
+        assert!(kernel(Collective::AllReduce, Algorithm::ChannelRing, 2, 8, &CAPS).is_err());
+    }
+}

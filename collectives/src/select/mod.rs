@@ -1,0 +1,153 @@
+//! Algorithm selection: one function, [`plan`], maps a call and the communicator's topology to
+//! the plan that runs it, from the data in [`table`].
+//!
+//! A new algorithm touches its table row, its executor and (on GPUs) its kernel file; the
+//! choice itself is made here and nowhere else.
+
+pub mod device;
+pub mod table;
+
+use comm_core::Result;
+use comm_core::topology::Topology;
+
+use device::{GpuCaps, KernelPlan};
+use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
+
+/// What is asked: the collective, where its buffers live and how big it is ("bytes" as the
+/// table defines it: the largest buffer of the call).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallShape {
+    /// The collective.
+    pub collective: Collective,
+    /// Where the buffers live.
+    pub memory: MemorySpace,
+    /// Bytes of the call's largest buffer.
+    pub bytes: usize,
+    /// Bytes of one rank's part (count × element size): what a packet kernel moves per peer.
+    pub payload: usize,
+}
+
+impl CallShape {
+    /// A call on host memory of `bytes` bytes.
+    pub fn host(collective: Collective, bytes: usize) -> Self {
+        CallShape { collective, memory: MemorySpace::Host, bytes, payload: bytes }
+    }
+}
+
+/// Which executor runs a plan.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Executor {
+    /// The calling thread, loading and storing peers' mapped host memory.
+    HostDirect,
+    /// The calling thread, driving links over connections (any transport).
+    HostChannel,
+    /// One kernel on the user's stream, loading and storing peers' mapped GPU memory.
+    GpuDirect,
+}
+
+/// How one call runs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Plan {
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Who runs it.
+    pub executor: Executor,
+    /// The kernel and its grid, for plans that launch one.
+    pub kernel: Option<KernelPlan>,
+}
+
+/// The plan for `call` on this communicator: the families the topology allows (the direct
+/// family needs every peer mapped here), then the table's first row among them — or the
+/// override `WEAVE_ALGO` set — for the world size and the bytes; on device buffers (`gpu`
+/// holds the GPUs' agreed capabilities) the algorithm the GPUs can run for this size, and its
+/// kernel and grid.
+pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: Option<&GpuCaps>) -> Result<Plan> {
+    let families: &[Family] =
+        if topology.all_direct() { &[Family::Direct, Family::Channel] } else { &[Family::Channel] };
+    let world = topology.world_size();
+    let arch = gpu.and_then(|g| g.arch);
+    let algorithm = table.select_among(call.collective, call.memory, world, call.bytes, arch, families)?;
+    match (call.memory, algorithm.family(), gpu) {
+        (MemorySpace::Host, Family::Direct, _) => Ok(Plan { algorithm, executor: Executor::HostDirect, kernel: None }),
+        (MemorySpace::Host, Family::Channel, _) => {
+            Ok(Plan { algorithm, executor: Executor::HostChannel, kernel: None })
+        }
+        (MemorySpace::Device, _, Some(caps)) => {
+            let algorithm = device::fit(algorithm, call.collective, world, call.payload, caps);
+            let kernel = device::kernel(call.collective, algorithm, world, call.bytes, caps)?;
+            Ok(Plan { algorithm, executor: Executor::GpuDirect, kernel: Some(kernel) })
+        }
+        (MemorySpace::Device, _, None) => Err(comm_core::Error::Unsupported(format!(
+            "{} on device buffers needs the GPU path, which this communicator does not have",
+            call.collective
+        ))),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use comm_core::transport::Transport;
+
+    fn shape(collective: Collective, bytes: usize) -> CallShape {
+        CallShape::host(collective, bytes)
+    }
+
+    #[test]
+    fn direct_access_everywhere_keeps_the_direct_rows() {
+        let t = AlgorithmTable::default();
+        let topo = Topology::single_node(0, 4, Transport::SHM, true);
+        let p = plan(&t, shape(Collective::AllReduce, 1024), &topo, None).unwrap();
+        assert_eq!(p, Plan { algorithm: Algorithm::OneShot, executor: Executor::HostDirect, kernel: None });
+    }
+
+    #[test]
+    fn peers_without_direct_access_get_the_channel_family_for_every_collective() {
+        let t = AlgorithmTable::default();
+        let topo = Topology::single_node(0, 4, Transport::IB, false);
+        for c in Collective::ALL {
+            for bytes in [0, 8, 64 << 10, 1 << 20, 1 << 30] {
+                let p = plan(&t, shape(c, bytes), &topo, None).unwrap();
+                assert_eq!(p.executor, Executor::HostChannel, "{c} {bytes}");
+                assert!(p.algorithm.runs_on_host(c), "{c} {bytes} -> {}", p.algorithm);
+            }
+        }
+        assert_eq!(plan(&t, shape(Collective::AllReduce, 8), &topo, None).unwrap().algorithm, Algorithm::ChannelDirect);
+        assert_eq!(
+            plan(&t, shape(Collective::AllReduce, 1 << 30), &topo, None).unwrap().algorithm,
+            Algorithm::ChannelRing
+        );
+    }
+
+    #[test]
+    fn a_forced_direct_algorithm_without_direct_access_is_refused() {
+        let mut t = AlgorithmTable::default();
+        t.apply_overrides("all_reduce=one_shot").unwrap();
+        let topo = Topology::single_node(0, 2, Transport::IB, false);
+        let e = plan(&t, shape(Collective::AllReduce, 8), &topo, None).unwrap_err();
+        assert!(e.to_string().contains("one_shot"), "{e}");
+    }
+
+    #[test]
+    fn weave_algo_channel_picks_the_channel_rows_where_they_run() {
+        let mut t = AlgorithmTable::default();
+        t.apply_overrides("channel").unwrap();
+        let topo = Topology::single_node(1, 3, Transport::SHM, true);
+        for c in Collective::ALL {
+            let p = plan(&t, shape(c, 4096), &topo, None).unwrap();
+            assert_eq!(p.executor, Executor::HostChannel, "{c}");
+        }
+        // Device buffers have no channel algorithm yet: the direct rows stay.
+        let caps = GpuCaps {
+            arch: Some(90),
+            packet_capacity: 64 << 10,
+            nvlink: true,
+            ll128_max_bytes: 3840 << 10,
+            forced_schedule: None,
+        };
+        let d = CallShape { collective: Collective::AllReduce, memory: MemorySpace::Device, bytes: 8, payload: 8 };
+        let p = plan(&t, d, &topo, Some(&caps)).unwrap();
+        assert_eq!((p.algorithm, p.executor), (Algorithm::OneShot, Executor::GpuDirect));
+        assert_eq!(p.kernel.map(|k| k.family), Some("weave_all_reduce_ll"));
+    }
+}

@@ -1,0 +1,444 @@
+//! What the TCP bootstrap does with sockets: reads and writes bounded by a deadline, the
+//! length-prefixed handshake messages, the [`Acceptor`] that reads one hello from every accepted
+//! connection without letting a slow or silent one hold up the others, binding a member's
+//! listener, and, once the mesh stands, the links: their sending half ([`write_frame`]), the
+//! reader thread of each ([`read_frames`], filing frames into the [`Mailbox`]) and the mailbox.
+
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, BufReader, ErrorKind, Read, Write};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use super::TcpBootstrap;
+use super::messages::MAX_HELLO_LEN;
+use crate::config::Deadline;
+use crate::error::{Error, Result};
+
+/// How long an accepted connection may take to send its complete hello.
+pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+/// Most accepted connections whose hello is still arriving; further ones wait in the listen
+/// backlog until a slot frees up (hellos of real ranks complete in moments; silent ones are
+/// dropped after [`HANDSHAKE_TIMEOUT`]).
+const MAX_PENDING_HANDSHAKES: usize = 1024;
+/// Longest sleep of the accept loop when nothing happens.
+const ACCEPT_POLL_MAX: Duration = Duration::from_millis(5);
+/// Payloads up to this size are copied into one buffer with their frame header (one write).
+const SMALL_FRAME_LEN: usize = 64 << 10;
+/// Buffer size of each link's reader.
+const READ_BUFFER_LEN: usize = 64 << 10;
+/// Largest up-front allocation for an incoming payload; larger ones grow as bytes arrive.
+const MAX_PREALLOCATION: usize = 1 << 20;
+
+// ---------------------------------------------------------------------------------------------
+// Links and the mailbox.
+
+/// The sending half of one link.
+pub(super) struct Link {
+    pub(super) writer: Mutex<LinkWriter>,
+}
+
+impl Link {
+    pub(super) fn lock(&self) -> MutexGuard<'_, LinkWriter> {
+        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// The writing side of a link, behind the link's lock.
+pub(super) struct LinkWriter {
+    pub(super) stream: Arc<TcpStream>,
+    /// Set once a send failed; later sends fail at once with this reason.
+    pub(super) broken: Option<String>,
+}
+
+/// Messages received from all peers, waiting for `recv`.
+pub(super) struct Mailbox {
+    state: Mutex<MailboxState>,
+    /// Notified on every delivered message and every lost peer.
+    pub(super) changed: Condvar,
+}
+
+/// What the mailbox lock guards: queued messages and lost peers.
+pub(super) struct MailboxState {
+    queues: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
+    /// Per peer: why its link ended, once it has.
+    pub(super) lost: Vec<Option<String>>,
+}
+
+impl Mailbox {
+    /// An empty mailbox for a job of `world_size` ranks.
+    pub(super) fn new(world_size: usize) -> Self {
+        Mailbox {
+            state: Mutex::new(MailboxState { queues: HashMap::new(), lost: vec![None; world_size] }),
+            changed: Condvar::new(),
+        }
+    }
+
+    /// Locks the mailbox (a poisoned lock is taken over).
+    pub(super) fn lock(&self) -> MutexGuard<'_, MailboxState> {
+        // Nothing panics while holding this lock; if something did, the state is still
+        // consistent (every update is a single push, pop or assignment).
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Files a message from `peer` under `tag` and wakes the waiters.
+    pub(super) fn deliver(&self, peer: usize, tag: u64, payload: Vec<u8>) {
+        self.lock().queues.entry((peer, tag)).or_default().push_back(payload);
+        self.changed.notify_all();
+    }
+
+    /// Records why the link to `peer` ended (the first reason stays) and wakes the waiters.
+    pub(super) fn mark_lost(&self, peer: usize, reason: String) {
+        if let Some(slot) = self.lock().lost.get_mut(peer) {
+            slot.get_or_insert(reason);
+        }
+        self.changed.notify_all();
+    }
+}
+
+impl MailboxState {
+    /// The oldest message from `peer` under `tag`, if one is waiting.
+    pub(super) fn take(&mut self, peer: usize, tag: u64) -> Option<Vec<u8>> {
+        let queue = self.queues.get_mut(&(peer, tag))?;
+        let message = queue.pop_front();
+        if queue.is_empty() {
+            self.queues.remove(&(peer, tag));
+        }
+        message
+    }
+}
+
+/// Writes one frame of step 4 — tag `u64`, length `u64`, payload — or fails once `deadline` has
+/// passed (possibly part-way: the link is then unusable).
+pub(super) fn write_frame(stream: &TcpStream, tag: u64, data: &[u8], deadline: &Deadline) -> Result<(), IoFailure> {
+    let mut header = [0u8; 16];
+    header[..8].copy_from_slice(&tag.to_le_bytes());
+    header[8..].copy_from_slice(&(data.len() as u64).to_le_bytes());
+    if data.len() <= SMALL_FRAME_LEN {
+        let mut frame = Vec::with_capacity(header.len() + data.len());
+        frame.extend_from_slice(&header);
+        frame.extend_from_slice(data);
+        write_all_until(stream, &frame, deadline)
+    } else {
+        write_all_until(stream, &header, deadline).and_then(|()| write_all_until(stream, data, deadline))
+    }
+}
+
+/// Reads frames from `peer` into the mailbox until the link ends; returns why it ended.
+pub(super) fn read_frames(stream: Arc<TcpStream>, peer: usize, mailbox: &Mailbox) -> String {
+    let mut reader = BufReader::with_capacity(READ_BUFFER_LEN, SharedStream(stream));
+    loop {
+        let mut tag = [0u8; 8];
+        match reader.read_exact(&mut tag) {
+            Ok(()) => {}
+            Err(e) if e.kind() == ErrorKind::UnexpectedEof => return "the connection was closed".to_string(),
+            Err(e) => return format!("reading from the connection failed: {e}"),
+        }
+        let mut len = [0u8; 8];
+        if let Err(e) = reader.read_exact(&mut len) {
+            return format!("the connection ended inside a frame header: {e}");
+        }
+        let tag = u64::from_le_bytes(tag);
+        let len = u64::from_le_bytes(len);
+        let Some(len) = usize::try_from(len).ok().filter(|&l| l <= TcpBootstrap::MAX_MESSAGE_LEN) else {
+            return format!(
+                "protocol error: it announced a {len}-byte message (limit {} bytes)",
+                TcpBootstrap::MAX_MESSAGE_LEN
+            );
+        };
+        let mut payload = Vec::with_capacity(len.min(MAX_PREALLOCATION));
+        match (&mut reader).take(len as u64).read_to_end(&mut payload) {
+            Ok(n) if n == len => mailbox.deliver(peer, tag, payload),
+            Ok(n) => return format!("the connection was closed inside a {len}-byte message after {n} bytes"),
+            Err(e) => return format!("reading a {len}-byte message failed: {e}"),
+        }
+    }
+}
+
+/// Reads from a socket whose writing side is used elsewhere (`Read` for `&TcpStream`).
+struct SharedStream(Arc<TcpStream>);
+
+impl Read for SharedStream {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        (&*self.0).read(buf)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// Blocking I/O with a deadline.
+
+/// Why a bounded read or write did not complete.
+pub(super) enum IoFailure {
+    /// The deadline passed.
+    TimedOut,
+    /// The connection was closed or failed.
+    Closed(String),
+    /// The other side sent something that is not a valid message.
+    Malformed(String),
+}
+
+/// True for errors after which a bounded read or write simply tries again.
+pub(super) fn is_transient(e: &io::Error) -> bool {
+    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
+}
+
+fn read_exact_until(stream: &mut TcpStream, buf: &mut [u8], deadline: &Deadline) -> Result<(), IoFailure> {
+    let mut filled = 0;
+    while filled < buf.len() {
+        let remaining = deadline.remaining();
+        if remaining.is_zero() {
+            return Err(IoFailure::TimedOut);
+        }
+        stream.set_read_timeout(Some(remaining)).map_err(|e| IoFailure::Closed(e.to_string()))?;
+        match stream.read(&mut buf[filled..]) {
+            Ok(0) => return Err(IoFailure::Closed("the connection was closed".to_string())),
+            Ok(n) => filled += n,
+            Err(e) if is_transient(&e) => {}
+            Err(e) => return Err(IoFailure::Closed(e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Writes all of `bytes`, or fails once `deadline` has passed.
+pub(super) fn write_all_until(stream: &TcpStream, bytes: &[u8], deadline: &Deadline) -> Result<(), IoFailure> {
+    let mut written = 0;
+    let mut stream = stream;
+    while written < bytes.len() {
+        let remaining = deadline.remaining();
+        if remaining.is_zero() {
+            return Err(IoFailure::TimedOut);
+        }
+        stream.set_write_timeout(Some(remaining)).map_err(|e| IoFailure::Closed(e.to_string()))?;
+        match stream.write(&bytes[written..]) {
+            Ok(0) => return Err(IoFailure::Closed("the connection accepts no more data".to_string())),
+            Ok(n) => written += n,
+            Err(e) if is_transient(&e) => {}
+            Err(e) => return Err(IoFailure::Closed(e.to_string())),
+        }
+    }
+    Ok(())
+}
+
+/// Writes one handshake message: `u32` length, then the message.
+pub(super) fn write_handshake(stream: &TcpStream, message: &[u8], deadline: &Deadline) -> Result<(), IoFailure> {
+    let len = u32::try_from(message.len()).map_err(|_| IoFailure::Malformed("handshake message too long".into()))?;
+    let mut framed = Vec::with_capacity(4 + message.len());
+    framed.extend_from_slice(&len.to_le_bytes());
+    framed.extend_from_slice(message);
+    write_all_until(stream, &framed, deadline)
+}
+
+/// Reads one handshake message of at most `max_len` bytes. Reads exactly its bytes and no
+/// more, so frames that follow stay in the socket for the link's reader.
+pub(super) fn read_handshake(
+    stream: &mut TcpStream,
+    max_len: usize,
+    deadline: &Deadline,
+) -> Result<Vec<u8>, IoFailure> {
+    let mut prefix = [0u8; 4];
+    read_exact_until(stream, &mut prefix, deadline)?;
+    let len = u32::from_le_bytes(prefix) as usize;
+    if len == 0 || len > max_len {
+        return Err(IoFailure::Malformed(format!("announced a {len}-byte handshake message (limit {max_len})")));
+    }
+    let mut message = vec![0u8; len];
+    read_exact_until(stream, &mut message, deadline)?;
+    Ok(message)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Accepting connections from ranks and strangers alike.
+
+/// An accepted connection whose hello is still arriving (non-blocking).
+struct PendingHandshake {
+    stream: TcpStream,
+    from: SocketAddr,
+    prefix: [u8; 4],
+    prefix_filled: usize,
+    body: Vec<u8>,
+    body_filled: usize,
+    accepted_at: Instant,
+}
+
+enum Progress {
+    Complete(Vec<u8>),
+    Waiting,
+    Failed(String),
+}
+
+impl PendingHandshake {
+    fn progress(&mut self, max_len: usize) -> Progress {
+        loop {
+            let reading_prefix = self.prefix_filled < self.prefix.len();
+            if !reading_prefix && self.body_filled == self.body.len() {
+                return Progress::Complete(std::mem::take(&mut self.body));
+            }
+            let read = if reading_prefix {
+                self.stream.read(&mut self.prefix[self.prefix_filled..])
+            } else {
+                self.stream.read(&mut self.body[self.body_filled..])
+            };
+            match read {
+                Ok(0) => return Progress::Failed("it closed the connection before completing its hello".into()),
+                Ok(n) if reading_prefix => {
+                    self.prefix_filled += n;
+                    if self.prefix_filled == self.prefix.len() {
+                        let len = u32::from_le_bytes(self.prefix) as usize;
+                        if len == 0 || len > max_len {
+                            return Progress::Failed(format!(
+                                "it announced a {len}-byte hello (limit {max_len}); not a weave bootstrap peer"
+                            ));
+                        }
+                        self.body = vec![0u8; len];
+                    }
+                }
+                Ok(n) => self.body_filled += n,
+                Err(e) if e.kind() == ErrorKind::WouldBlock => return Progress::Waiting,
+                Err(e) if e.kind() == ErrorKind::Interrupted => {}
+                Err(e) => return Progress::Failed(format!("reading its hello failed: {e}")),
+            }
+        }
+    }
+}
+
+/// Accepts connections on a listener and reads one hello from each, without letting a slow or
+/// silent connection hold up the others.
+pub(super) struct Acceptor<'a> {
+    listener: &'a TcpListener,
+    pending: Vec<PendingHandshake>,
+    rank: usize,
+    warn: bool,
+}
+
+/// A connection that sent a complete hello (not yet checked).
+pub(super) struct Incoming {
+    pub(super) stream: TcpStream,
+    pub(super) from: SocketAddr,
+    pub(super) hello: Vec<u8>,
+}
+
+impl<'a> Acceptor<'a> {
+    pub(super) fn new(listener: &'a TcpListener, rank: usize, warn: bool) -> Result<Self> {
+        listener.set_nonblocking(true).map_err(|e| Error::io("make the bootstrap listener non-blocking", e))?;
+        Ok(Acceptor { listener, pending: Vec::new(), rank, warn })
+    }
+
+    /// Logs why a connection is closed (when warnings are on).
+    pub(super) fn refuse(&self, from: SocketAddr, reason: &str) {
+        if self.warn {
+            eprintln!("weave: warning: bootstrap rank {} refused a connection from {from}: {reason}", self.rank);
+        }
+    }
+
+    /// The next connection with a complete hello, or `None` once `deadline` has passed.
+    pub(super) fn next(&mut self, deadline: &Deadline) -> Result<Option<Incoming>> {
+        let mut idle_sleep = Duration::from_micros(200);
+        loop {
+            let mut progressed = false;
+            while self.pending.len() < MAX_PENDING_HANDSHAKES {
+                match self.listener.accept() {
+                    Ok((stream, from)) => {
+                        progressed = true;
+                        if let Err(e) = stream.set_nonblocking(true) {
+                            self.refuse(from, &format!("could not make its socket non-blocking: {e}"));
+                        } else {
+                            self.pending.push(PendingHandshake {
+                                stream,
+                                from,
+                                prefix: [0; 4],
+                                prefix_filled: 0,
+                                body: Vec::new(),
+                                body_filled: 0,
+                                accepted_at: Instant::now(),
+                            });
+                        }
+                    }
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => break,
+                    Err(e) if matches!(e.kind(), ErrorKind::Interrupted | ErrorKind::ConnectionAborted) => {}
+                    Err(e) => return Err(Error::io("accept a bootstrap connection", e)),
+                }
+            }
+            let mut index = 0;
+            while index < self.pending.len() {
+                match self.pending[index].progress(MAX_HELLO_LEN) {
+                    Progress::Complete(hello) => {
+                        let done = self.pending.swap_remove(index);
+                        if let Err(e) = done.stream.set_nonblocking(false) {
+                            self.refuse(done.from, &format!("could not make its socket blocking: {e}"));
+                            progressed = true;
+                            continue;
+                        }
+                        return Ok(Some(Incoming { stream: done.stream, from: done.from, hello }));
+                    }
+                    Progress::Failed(reason) => {
+                        let failed = self.pending.swap_remove(index);
+                        self.refuse(failed.from, &reason);
+                        progressed = true;
+                    }
+                    Progress::Waiting if self.pending[index].accepted_at.elapsed() >= HANDSHAKE_TIMEOUT => {
+                        let silent = self.pending.swap_remove(index);
+                        self.refuse(silent.from, &format!("it sent no complete hello within {HANDSHAKE_TIMEOUT:?}"));
+                        progressed = true;
+                    }
+                    Progress::Waiting => index += 1,
+                }
+            }
+            if deadline.expired() {
+                return Ok(None);
+            }
+            if progressed {
+                idle_sleep = Duration::from_micros(200);
+            } else {
+                std::thread::sleep(idle_sleep.min(deadline.remaining()));
+                idle_sleep = (idle_sleep * 2).min(ACCEPT_POLL_MAX);
+            }
+        }
+    }
+}
+
+/// Binds the listener of a non-root rank: on the root's own address if that is loopback, else on
+/// the local address the system would use to reach the root; port 0.
+pub(super) fn bind_member_listener(root: SocketAddr) -> Result<TcpListener> {
+    let local = if root.ip().is_loopback() {
+        SocketAddr::new(root.ip(), 0)
+    } else {
+        let unspecified: IpAddr = match root {
+            SocketAddr::V4(_) => Ipv4Addr::UNSPECIFIED.into(),
+            SocketAddr::V6(_) => Ipv6Addr::UNSPECIFIED.into(),
+        };
+        // Connecting a UDP socket sends nothing; it only asks the routing table for the
+        // source address towards the root.
+        let probe = UdpSocket::bind(SocketAddr::new(unspecified, 0))
+            .and_then(|socket| socket.connect(root).map(|()| socket))
+            .and_then(|socket| socket.local_addr())
+            .map_err(|e| Error::io(format!("find the local interface that routes to the bootstrap root {root}"), e))?;
+        let mut local = probe;
+        local.set_port(0);
+        local
+    };
+    TcpListener::bind(local).map_err(|e| Error::io(format!("bind the bootstrap listener on {local}"), e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::tests::LOCALHOST;
+    use super::*;
+
+    #[test]
+    fn a_corrupt_frame_marks_the_peer_lost() {
+        let listener = TcpListener::bind((LOCALHOST, 0)).unwrap();
+        let mut writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
+        let (reader, _) = listener.accept().unwrap();
+        let mailbox = Mailbox::new(2);
+        let mut frame = 5u64.to_le_bytes().to_vec();
+        frame.extend_from_slice(&3u64.to_le_bytes());
+        frame.extend_from_slice(b"abc");
+        frame.extend_from_slice(&6u64.to_le_bytes());
+        frame.extend_from_slice(&u64::MAX.to_le_bytes());
+        writer.write_all(&frame).unwrap();
+        let reason = read_frames(Arc::new(reader), 1, &mailbox);
+        assert!(reason.contains("protocol error"), "{reason}");
+        assert_eq!(mailbox.lock().take(1, 5).unwrap(), b"abc");
+    }
+}

@@ -1,0 +1,151 @@
+//! Topology: how the ranks of a communicator group into nodes, and how each peer is reached.
+//!
+//! Every rank builds the same node grouping from the host identities all-gathered at setup
+//! (see [`crate::host`]; `WEAVE_HOST_ID` overrides them). Nodes are numbered in the order of
+//! their lowest rank, and ranks inside a node keep their communicator order. Per peer, the
+//! topology lists the transports that reach it, best first, and whether that transport maps
+//! the peer's memory here (direct access: memory channels, the direct algorithm family) or
+//! only moves bytes through a connection (port channels, the channel algorithm family).
+
+use crate::transport::Transport;
+
+/// How this rank reaches one peer.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct PeerReach {
+    /// The transports that reach the peer, best first, each with whether memory imported
+    /// through it is mapped into this process.
+    pub transports: Vec<(Transport, bool)>,
+}
+
+impl PeerReach {
+    /// The preferred transport, if any (none for this rank itself).
+    pub fn preferred(&self) -> Option<Transport> {
+        self.transports.first().map(|&(t, _)| t)
+    }
+
+    /// Whether some transport to this peer maps its memory here.
+    pub fn direct_access(&self) -> bool {
+        self.transports.iter().any(|&(_, direct)| direct)
+    }
+}
+
+/// One rank's view of the communicator's shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Topology {
+    rank: usize,
+    /// Node index of every rank.
+    node_of: Vec<usize>,
+    /// Ranks of every node, ascending.
+    nodes: Vec<Vec<usize>>,
+    /// How every rank is reached from this one (empty for this rank).
+    reach: Vec<PeerReach>,
+}
+
+impl Topology {
+    /// The topology of `rank` among ranks whose host identities are `hosts` (indexed by rank),
+    /// reaching each rank as `reach` says.
+    pub fn new(rank: usize, hosts: &[String], reach: Vec<PeerReach>) -> Self {
+        let mut names: Vec<&str> = Vec::new();
+        let mut node_of = Vec::with_capacity(hosts.len());
+        let mut nodes: Vec<Vec<usize>> = Vec::new();
+        for (r, h) in hosts.iter().enumerate() {
+            let node = match names.iter().position(|n| *n == h.as_str()) {
+                Some(i) => i,
+                None => {
+                    names.push(h);
+                    nodes.push(Vec::new());
+                    names.len() - 1
+                }
+            };
+            node_of.push(node);
+            nodes[node].push(r);
+        }
+        Topology { rank, node_of, nodes, reach }
+    }
+
+    /// A topology where every rank is on one node and reached by `transport` (tests, and
+    /// communicators of one rank).
+    pub fn single_node(rank: usize, world_size: usize, transport: Transport, direct: bool) -> Self {
+        let hosts = vec![String::new(); world_size];
+        let reach = (0..world_size)
+            .map(|p| PeerReach { transports: if p == rank { Vec::new() } else { vec![(transport, direct)] } })
+            .collect();
+        Topology::new(rank, &hosts, reach)
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of ranks.
+    pub fn world_size(&self) -> usize {
+        self.node_of.len()
+    }
+
+    /// Number of nodes.
+    pub fn node_count(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// The node of `rank` (`None` for a rank outside the communicator).
+    pub fn node_of(&self, rank: usize) -> Option<usize> {
+        self.node_of.get(rank).copied()
+    }
+
+    /// This rank's node.
+    pub fn node(&self) -> usize {
+        self.node_of[self.rank]
+    }
+
+    /// The ranks of `node`, ascending (empty for a node that does not exist).
+    pub fn node_ranks(&self, node: usize) -> &[usize] {
+        self.nodes.get(node).map_or(&[], |v| v.as_slice())
+    }
+
+    /// Most ranks on any node.
+    pub fn max_ranks_per_node(&self) -> usize {
+        self.nodes.iter().map(Vec::len).max().unwrap_or(0)
+    }
+
+    /// How `peer` is reached (`None` for a rank outside the communicator).
+    pub fn reach(&self, peer: usize) -> Option<&PeerReach> {
+        self.reach.get(peer)
+    }
+
+    /// Whether every peer's memory is mapped here by some transport: what the direct
+    /// algorithm family needs.
+    pub fn all_direct(&self) -> bool {
+        self.reach.iter().enumerate().all(|(p, r)| p == self.rank || r.direct_access())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nodes_follow_host_identities_in_rank_order() {
+        let hosts: Vec<String> = ["b", "a", "b", "c", "a"].iter().map(|s| s.to_string()).collect();
+        let reach = (0..5).map(|_| PeerReach::default()).collect();
+        let t = Topology::new(2, &hosts, reach);
+        assert_eq!(t.node_count(), 3);
+        assert_eq!(t.node(), 0);
+        assert_eq!(t.node_ranks(0), &[0, 2]);
+        assert_eq!(t.node_ranks(1), &[1, 4]);
+        assert_eq!(t.node_ranks(2), &[3]);
+        assert_eq!(t.node_ranks(9), &[] as &[usize]);
+        assert_eq!(t.node_of(4), Some(1));
+        assert_eq!(t.max_ranks_per_node(), 2);
+    }
+
+    #[test]
+    fn direct_access_needs_a_mapping_transport_to_every_peer() {
+        let t = Topology::single_node(0, 3, Transport::SHM, true);
+        assert!(t.all_direct());
+        assert_eq!(t.reach(1).and_then(PeerReach::preferred), Some(Transport::SHM));
+        let t = Topology::single_node(1, 3, Transport::IB, false);
+        assert!(!t.all_direct());
+        assert_eq!(t.node_count(), 1);
+    }
+}

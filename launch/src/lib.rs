@@ -1,0 +1,94 @@
+//! # weave-launch
+//!
+//! The rank launcher: starts N copies of a program on this host as the ranks of one job,
+//! watches them, and stops them all as soon as one fails.
+//!
+//! Every rank gets the torchrun-style variables that `comm_core::bootstrap::from_env` reads —
+//! `RANK`, `WORLD_SIZE`, `LOCAL_RANK`, `LOCAL_WORLD_SIZE`, `MASTER_ADDR`, `MASTER_PORT` — plus
+//! the job secret `WEAVE_SECRET`. Rank-identity variables of other launchers (Open MPI, Slurm,
+//! PMI; [`FOREIGN_RANK_VARS`]) are removed from the ranks' environment so that they cannot
+//! contradict ours.
+//!
+//! Each rank runs in its own process group. When a rank exits non-zero or is killed by a signal,
+//! or the timeout passes, the launcher sends `SIGKILL` to every remaining rank's process group
+//! (which also ends what the rank started), reaps every child, and returns a [`LaunchReport`].
+//! `SIGKILL` cannot be caught or ignored, so a stuck or signal-ignoring rank cannot make
+//! [`launch`] wait forever.
+//!
+//! The crate needs only std and nix: it starts processes and knows nothing of communicators,
+//! so launcher binaries (`cargo xtask launch`) do not build the rest of weave. Its modules:
+//! [`LaunchSpec`] (what to run), the environment each rank gets, the job of child processes
+//! and its supervision, the output readers ([`Echo`]), cancelling ([`CancelToken`],
+//! [`forward_signals_to`]) and the [`LaunchReport`].
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use weave_launch::{launch, LaunchSpec};
+//!
+//! let spec = LaunchSpec::new(4, "target/debug/my-rank-program")
+//!     .arg("--size=1M")
+//!     .timeout(Duration::from_secs(60))
+//!     .echo(true);
+//! let report = launch(&spec)?;
+//! if !report.success() {
+//!     eprintln!("{}", report.summary());
+//! }
+//! # Ok::<(), weave_launch::Error>(())
+//! ```
+
+mod cancel;
+mod error;
+mod job;
+mod output;
+mod rank_env;
+mod report;
+mod spec;
+
+use std::time::Instant;
+
+pub use cancel::{CancelToken, forward_signals_to};
+pub use error::{Error, Result};
+pub use output::{Echo, OUTPUT_GRACE};
+pub use rank_env::FOREIGN_RANK_VARS;
+pub use report::{LaunchReport, RankExit, RankReport};
+pub use spec::{DEFAULT_CANCEL_GRACE, LaunchSpec};
+
+/// The signal type of [`CancelToken::cancel`] and [`LaunchReport::cancelled`], re-exported so
+/// callers need no `nix` dependency of their own.
+pub use nix::sys::signal::Signal;
+
+use job::Job;
+
+/// Starts `spec.ranks` copies of `spec.program`, waits until all exit (or one fails, or the
+/// timeout passes, or the job is cancelled), and reports how each ended.
+///
+/// Returns `Err` only when the job could not be started: a bad spec
+/// ([`Error::InvalidArgument`]), no free port, no randomness for the secret, or a rank that
+/// could not be spawned ([`Error::Io`] naming the program) — in which case the ranks already
+/// started are killed and reaped first. Failures of the ranks themselves are in the report.
+pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport> {
+    let start = Instant::now();
+    spec.validate()?;
+    let secret = rank_env::secret_from_env()?;
+    let master_port = match spec.master_port {
+        Some(p) => p,
+        None => rank_env::free_port(&spec.master_addr)?,
+    };
+    let mut job = Job::new();
+    for rank in 0..spec.ranks {
+        // On error, dropping `job` kills and reaps the ranks already started.
+        job.spawn_rank(spec, rank, &secret, master_port)?;
+    }
+    let outcome = job.supervise(spec, start);
+    job.kill_and_reap();
+    let elapsed = start.elapsed();
+    let ranks = job.reports();
+    Ok(LaunchReport {
+        ranks,
+        timed_out: outcome.timed_out,
+        cancelled: outcome.cancelled,
+        first_failure: outcome.first_failure,
+        master_port,
+        elapsed,
+    })
+}

@@ -1,0 +1,168 @@
+//! What to launch and how: the [`LaunchSpec`] and its builder methods.
+
+use std::ffi::OsString;
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use crate::cancel::CancelToken;
+use crate::error::{Error, Result};
+use crate::output::Echo;
+
+/// Default time a rank gets to exit after a cancel request forwarded its signal, before the
+/// launcher sends `SIGKILL`.
+pub const DEFAULT_CANCEL_GRACE: Duration = Duration::from_secs(3);
+
+/// What to launch and how. Build it with [`LaunchSpec::new`] and the builder methods, or fill
+/// the public fields directly.
+#[derive(Debug, Clone)]
+pub struct LaunchSpec {
+    /// Number of ranks (processes) to start; at least 1.
+    pub ranks: usize,
+    /// The program every rank runs (looked up in `PATH` when it has no slash).
+    pub program: PathBuf,
+    /// Arguments passed to every rank.
+    pub args: Vec<OsString>,
+    /// Bound on the whole job; when it passes, every rank still running is killed. `None` waits
+    /// as long as the ranks run.
+    pub timeout: Option<Duration>,
+    /// Extra environment variables for every rank. The launcher's own variables (`RANK`, …,
+    /// `WEAVE_SECRET`) are set after these and win.
+    pub env: Vec<(OsString, OsString)>,
+    /// `MASTER_ADDR` given to the ranks; also the address the free port is picked on.
+    pub master_addr: String,
+    /// `MASTER_PORT` given to the ranks; `None` picks a free port on `master_addr`.
+    pub master_port: Option<u16>,
+    /// Where output lines are echoed as they arrive.
+    pub echo: Echo,
+    /// Keep every output line in the report
+    /// ([`RankReport::stdout`](crate::RankReport::stdout) and
+    /// [`RankReport::stderr`](crate::RankReport::stderr)).
+    pub capture: bool,
+    /// Lets another thread stop the job; see [`CancelToken`].
+    pub cancel: Option<CancelToken>,
+    /// How long ranks get to exit after a cancel request forwarded its signal.
+    pub cancel_grace: Duration,
+    /// Let the other ranks run on after one fails (they still end at the timeout). Fault tests
+    /// use it to watch how the survivors handle a dead peer. Off by default.
+    pub keep_going: bool,
+    /// Pin rank r to the r-th CPU this process may use (modulo their number), as `mpirun`
+    /// binds ranks to cores. Keeps two ranks from sharing a core while another sits idle, which
+    /// makes latency measurements repeatable. Off by default.
+    pub bind_cores: bool,
+}
+
+impl LaunchSpec {
+    /// `ranks` copies of `program` with no arguments, no timeout, master address `127.0.0.1`,
+    /// no echo and no capture.
+    pub fn new(ranks: usize, program: impl Into<PathBuf>) -> Self {
+        LaunchSpec {
+            ranks,
+            program: program.into(),
+            args: Vec::new(),
+            timeout: None,
+            env: Vec::new(),
+            master_addr: "127.0.0.1".into(),
+            master_port: None,
+            echo: Echo::Off,
+            capture: false,
+            cancel: None,
+            cancel_grace: DEFAULT_CANCEL_GRACE,
+            keep_going: false,
+            bind_cores: false,
+        }
+    }
+
+    /// Appends one argument.
+    pub fn arg(mut self, arg: impl Into<OsString>) -> Self {
+        self.args.push(arg.into());
+        self
+    }
+
+    /// Appends arguments.
+    pub fn args<I: IntoIterator<Item = S>, S: Into<OsString>>(mut self, args: I) -> Self {
+        self.args.extend(args.into_iter().map(Into::into));
+        self
+    }
+
+    /// Bounds the whole job.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Adds one environment variable for every rank.
+    pub fn env(mut self, key: impl Into<OsString>, value: impl Into<OsString>) -> Self {
+        self.env.push((key.into(), value.into()));
+        self
+    }
+
+    /// Sets `MASTER_ADDR` (default `127.0.0.1`).
+    pub fn master_addr(mut self, addr: impl Into<String>) -> Self {
+        self.master_addr = addr.into();
+        self
+    }
+
+    /// Sets `MASTER_PORT` instead of picking a free one.
+    pub fn master_port(mut self, port: u16) -> Self {
+        self.master_port = Some(port);
+        self
+    }
+
+    /// Echoes output lines to our stdout/stderr (`true`) or not at all (`false`).
+    pub fn echo(mut self, on: bool) -> Self {
+        self.echo = if on { Echo::Stdio } else { Echo::Off };
+        self
+    }
+
+    /// Echoes both output streams of every rank into `sink`.
+    pub fn echo_to(mut self, sink: Arc<Mutex<dyn Write + Send>>) -> Self {
+        self.echo = Echo::To(sink);
+        self
+    }
+
+    /// Keeps every output line in the report.
+    pub fn capture(mut self, on: bool) -> Self {
+        self.capture = on;
+        self
+    }
+
+    /// Lets `token` stop the job.
+    pub fn cancel_token(mut self, token: CancelToken) -> Self {
+        self.cancel = Some(token);
+        self
+    }
+
+    /// Sets how long ranks get to exit after a cancel request.
+    pub fn cancel_grace(mut self, grace: Duration) -> Self {
+        self.cancel_grace = grace;
+        self
+    }
+
+    /// Pins each rank to its own CPU (see [`LaunchSpec::bind_cores`]).
+    pub fn bind_cores(mut self, bind: bool) -> Self {
+        self.bind_cores = bind;
+        self
+    }
+
+    /// Keeps the other ranks running after one fails (see [`LaunchSpec::keep_going`]).
+    pub fn keep_going(mut self, keep_going: bool) -> Self {
+        self.keep_going = keep_going;
+        self
+    }
+
+    /// Rejects a spec no job can start from: no ranks, no program, no master address.
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.ranks == 0 {
+            return Err(Error::invalid("LaunchSpec.ranks is 0; launch at least one rank"));
+        }
+        if self.program.as_os_str().is_empty() {
+            return Err(Error::invalid("LaunchSpec.program is empty; name the program every rank runs"));
+        }
+        if self.master_addr.trim().is_empty() {
+            return Err(Error::invalid("LaunchSpec.master_addr is empty; use 127.0.0.1 for a single host"));
+        }
+        Ok(())
+    }
+}
