@@ -40,7 +40,7 @@ algorithm weave picked. With --vs-mpi, Open MPI runs the same collective, sizes,
 timing method on the same number of ranks in the same run, and the table adds its time and
 busbw and the ratios; the two jobs take turns per size (see method). With no options it is
 the main job: all_reduce, 2 ranks, float sum, 8 B .. 64 MiB ×2 (24 sizes), checked — about
-15 s on 2 cores (30 s with --vs-mpi); on a host with two or more GPUs it runs on the GPUs
+5 s on 2 cores (30 s with --vs-mpi); on a host with two or more GPUs it runs on the GPUs
 instead (see --gpu).
 
 options:
