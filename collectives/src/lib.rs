@@ -45,3 +45,5 @@ pub use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
 pub use transport_cudaipc;
 #[cfg(feature = "shm")]
 pub use transport_shm;
+#[cfg(feature = "tcp")]
+pub use transport_tcp;

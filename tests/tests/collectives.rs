@@ -92,3 +92,9 @@ fn a_rank_killed_mid_channel_all_reduce_fails_the_others_and_leaks_nothing() {
         assert!(left.is_empty(), "shared-memory segments left behind: {left:?}");
     }
 }
+
+#[test]
+fn every_collective_across_posed_nodes_over_tcp_2x2_and_3x1() {
+    run("nodes", Some("2"), &[4], Duration::from_secs(600));
+    run("nodes", Some("1"), &[3], Duration::from_secs(600));
+}

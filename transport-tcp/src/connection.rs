@@ -1,0 +1,300 @@
+//! The sending side: a connection to one peer over several sockets (stripes), each fed by a
+//! thread of its own, so large writes cross the network on every socket at once.
+//!
+//! [`write`](Connection::write) cuts the bytes into frames of at most `MAX_FRAME_BYTES`, deals
+//! them round-robin to the stripes and returns (the source must stay untouched until the peer
+//! has it, as for every asynchronous connection). [`update_and_sync`](Connection::update_and_sync)
+//! sends a flag on stripe 0 carrying how many data frames each stripe had been given, so the
+//! peer stores it only after all of them; [`flush`](Connection::flush) asks the peer to answer
+//! once it has applied everything and waits for the answer. A socket that fails marks the
+//! connection lost: every later call is [`Error::PeerLost`].
+
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::mpsc::{Receiver, Sender, channel};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+use comm_core::connection::Connection;
+use comm_core::memory::RegisteredMemory;
+use comm_core::spin::{WaitContext, spin_until};
+use comm_core::transport::Transport;
+use comm_core::{Error, Result};
+
+use crate::listener::Inbound;
+use crate::region::RemoteRegion;
+use crate::wire::{FrameHeader, FrameKind, HANDSHAKE_OK, Handshake, MAX_FRAME_BYTES};
+
+/// One unit of work for a stripe's thread.
+enum Job {
+    /// A data frame: `len` bytes at `offset` of `src` (kept alive until sent).
+    Data { header: FrameHeader, src: RegisteredMemory, offset: usize },
+    /// A flag or flush frame and the per-stripe data frame counts it waits for.
+    Control { header: FrameHeader, counts: Vec<u64> },
+}
+
+/// What the stripes' threads share with the connection.
+struct Shared {
+    failure: Mutex<Option<String>>,
+    /// Highest flush sequence the peer has answered.
+    answered: AtomicU64,
+}
+
+impl Shared {
+    fn fail(&self, why: String) {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(why);
+    }
+
+    fn failure(&self) -> Option<String> {
+        self.failure.lock().unwrap_or_else(|p| p.into_inner()).clone()
+    }
+}
+
+/// Per-stripe data frames handed out so far, and the next flush number.
+struct Order {
+    sent: Vec<u64>,
+    next_stripe: usize,
+    flushes: u64,
+}
+
+/// A connection to one peer over TCP.
+pub struct TcpConnection {
+    transport: Transport,
+    peer: usize,
+    queues: Vec<Sender<Job>>,
+    threads: Vec<JoinHandle<()>>,
+    order: Mutex<Order>,
+    shared: Arc<Shared>,
+    inbound: Arc<Inbound>,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for TcpConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpConnection").field("peer", &self.peer).field("stripes", &self.queues.len()).finish()
+    }
+}
+
+/// Everything [`TcpConnection::open`] needs besides the peer's address.
+pub(crate) struct Dial {
+    pub(crate) transport: Transport,
+    pub(crate) rank: usize,
+    pub(crate) stripes: usize,
+    pub(crate) inbound: Arc<Inbound>,
+    pub(crate) timeout: Duration,
+    pub(crate) abort: Arc<AtomicBool>,
+}
+
+impl TcpConnection {
+    /// Opens `dial.stripes` sockets to `peer` at `addr`, presenting its `token`.
+    pub(crate) fn open(peer: usize, addr: SocketAddr, token: [u8; 16], dial: Dial) -> Result<Self> {
+        let shared = Arc::new(Shared { failure: Mutex::new(None), answered: AtomicU64::new(0) });
+        let (mut queues, mut threads) = (Vec::new(), Vec::new());
+        for stripe in 0..dial.stripes {
+            let hello = Handshake {
+                token,
+                rank: u32::try_from(dial.rank).map_err(|_| Error::invalid("rank does not fit the tcp handshake"))?,
+                stripe: stripe as u16,
+                stripes: dial.stripes as u16,
+            };
+            let socket = dial_socket(peer, addr, &hello, dial.timeout)?;
+            let (tx, rx) = channel();
+            let shared = shared.clone();
+            let t = std::thread::Builder::new()
+                .name(format!("weave-tcp-send-{peer}.{stripe}"))
+                .spawn(move || send_loop(socket, rx, shared, peer))
+                .map_err(|e| Error::io("spawn a tcp sender thread", e))?;
+            queues.push(tx);
+            threads.push(t);
+        }
+        Ok(TcpConnection {
+            transport: dial.transport,
+            peer,
+            order: Mutex::new(Order { sent: vec![0; queues.len()], next_stripe: 0, flushes: 0 }),
+            queues,
+            threads,
+            shared,
+            inbound: dial.inbound,
+            timeout: dial.timeout,
+            abort: dial.abort,
+        })
+    }
+
+    fn lost(&self, operation: &str, why: String) -> Error {
+        Error::peer_lost(self.peer, operation, why)
+    }
+
+    fn enqueue(&self, stripe: usize, job: Job) -> Result<()> {
+        self.queues[stripe].send(job).map_err(|_| self.lost("tcp send", "the sender thread stopped".into()))
+    }
+
+    fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
+        let remote = dst.region().as_any().downcast_ref::<RemoteRegion>().ok_or_else(|| {
+            Error::invalid(format!(
+                "tcp connection to rank {}: {:?} is not a peer's tcp region",
+                self.peer,
+                dst.label()
+            ))
+        })?;
+        if remote.owner != self.peer {
+            return Err(Error::invalid(format!(
+                "tcp connection to rank {}: {:?} belongs to rank {}",
+                self.peer,
+                dst.label(),
+                remote.owner
+            )));
+        }
+        Ok(remote)
+    }
+}
+
+fn dial_socket(peer: usize, addr: SocketAddr, hello: &Handshake, timeout: Duration) -> Result<TcpStream> {
+    let what = |e| Error::peer_lost(peer, format!("tcp connect to {addr}"), format!("{e}"));
+    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(what)?;
+    s.set_nodelay(true).map_err(what)?;
+    s.set_write_timeout(Some(timeout)).map_err(what)?;
+    s.set_read_timeout(Some(timeout)).map_err(what)?;
+    s.write_all(&hello.encode()).map_err(what)?;
+    let mut ok = [0u8; 1];
+    s.read_exact(&mut ok).map_err(what)?;
+    if ok[0] != HANDSHAKE_OK {
+        return Err(Error::protocol(format!("rank {peer} refused the tcp handshake")));
+    }
+    Ok(s)
+}
+
+/// A stripe's thread: writes its jobs in order; reads the answer of each flush it sent.
+fn send_loop(mut socket: TcpStream, jobs: Receiver<Job>, shared: Arc<Shared>, peer: usize) {
+    for job in jobs {
+        let r = match &job {
+            Job::Data { header, src, offset } => {
+                let len = header.value as usize;
+                // SAFETY: `offset + len` was checked against `src`, a host-mapped registration
+                // this job keeps alive.
+                let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().add(*offset), len) };
+                socket.write_all(&header.encode()).and_then(|_| socket.write_all(bytes))
+            }
+            Job::Control { header, counts } => {
+                let mut frame = header.encode().to_vec();
+                counts.iter().for_each(|c| frame.extend_from_slice(&c.to_le_bytes()));
+                socket.write_all(&frame).and_then(|_| {
+                    if header.kind != FrameKind::Flush {
+                        return Ok(());
+                    }
+                    let mut answer = [0u8; 8];
+                    socket.read_exact(&mut answer)?;
+                    shared.answered.fetch_max(u64::from_le_bytes(answer), Ordering::AcqRel);
+                    Ok(())
+                })
+            }
+        };
+        if let Err(e) = r {
+            shared.fail(format!("tcp socket to rank {peer}: {e}"));
+            let _ = socket.shutdown(std::net::Shutdown::Both);
+            return;
+        }
+    }
+    let _ = socket.shutdown(std::net::Shutdown::Write);
+}
+
+impl Drop for TcpConnection {
+    fn drop(&mut self) {
+        self.queues.clear(); // the threads finish what is queued, then end
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+impl Connection for TcpConnection {
+    fn transport(&self) -> Transport {
+        self.transport
+    }
+
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn write(
+        &self,
+        dst: &RegisteredMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        dst.check_range(dst_offset, len)?;
+        src.check_range(src_offset, len)?;
+        let remote = self.remote(dst)?;
+        if !src.is_host_mapped() {
+            return Err(Error::invalid(format!("tcp write from {:?}: not host memory mapped here", src.label())));
+        }
+        self.check_peer()?;
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        let mut done = 0;
+        while done < len {
+            let n = (len - done).min(MAX_FRAME_BYTES);
+            let stripe = order.next_stripe;
+            order.next_stripe = (stripe + 1) % self.queues.len();
+            let header = FrameHeader {
+                kind: FrameKind::Data,
+                region: remote.id,
+                offset: (dst_offset + done) as u64,
+                value: n as u64,
+                sequence: 0,
+            };
+            self.enqueue(stripe, Job::Data { header, src: src.clone(), offset: src_offset + done })?;
+            order.sent[stripe] += 1;
+            done += n;
+        }
+        Ok(())
+    }
+
+    fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
+        dst.check_range(dst_offset, 8)?;
+        let remote = self.remote(dst)?;
+        if !dst_offset.is_multiple_of(8) {
+            return Err(Error::invalid(format!("tcp flag at offset {dst_offset} is not 8-byte aligned")));
+        }
+        self.check_peer()?;
+        let order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        let header =
+            FrameHeader { kind: FrameKind::Flag, region: remote.id, offset: dst_offset as u64, value, sequence: 0 };
+        self.enqueue(0, Job::Control { header, counts: order.sent.clone() })
+    }
+
+    fn flush(&self) -> Result<()> {
+        self.check_peer()?;
+        let sequence = {
+            let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+            order.flushes += 1;
+            let header =
+                FrameHeader { kind: FrameKind::Flush, region: 0, offset: 0, value: 0, sequence: order.flushes };
+            self.enqueue(0, Job::Control { header, counts: order.sent.clone() })?;
+            order.flushes
+        };
+        let operation = format!("tcp flush to rank {}", self.peer);
+        let check = || self.check_peer();
+        let ctx = WaitContext {
+            operation: &operation,
+            peer: Some(self.peer),
+            timeout: self.timeout,
+            abort: &self.abort,
+            check_peer: &check,
+        };
+        spin_until(&ctx, || self.shared.answered.load(Ordering::Acquire) >= sequence)
+    }
+
+    fn check_peer(&self) -> Result<()> {
+        if let Some(why) = self.shared.failure() {
+            return Err(self.lost("tcp send", why));
+        }
+        if let Some(why) = self.inbound.lost(self.peer) {
+            return Err(self.lost("tcp receive", why));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,201 @@
+//! # transport-tcp
+//!
+//! weave over TCP sockets, everywhere a Linux socket works: the transport that carries the
+//! channel algorithms between hosts.
+//!
+//! - **Endpoint**: each rank listens on the address of `WEAVE_SOCKET_IFNAME`, or of the route
+//!   to `MASTER_ADDR`, and announces it with a random 16-byte token through the bootstrap
+//!   (which is authenticated by the job secret). A socket that does not present the token is
+//!   closed: strangers learn nothing and write nothing.
+//! - **Memory**: [`TcpBackend::allocate`](comm_core::transport::TransportBackend::allocate)
+//!   gives host memory with an id; peers name it by that id. Frames carry (region id, offset,
+//!   length) and the receiver checks the range — no pointer ever travels (see [`wire`]).
+//! - **Connection**: several sockets per peer (`WEAVE_TCP_SOCKETS`), large writes cut into
+//!   frames and striped over them; a flag lands only after the data it covers; `flush` returns
+//!   when the peer has applied everything. EOF, a reset or a lying peer is
+//!   [`Error::PeerLost`](comm_core::Error::PeerLost); a silent one a timeout — never a hang.
+//!
+//! Memory imported through this transport is not mapped here (`direct_access` is false), so
+//! the collectives run their channel family over it. Device buffers are not carried yet.
+
+pub mod config;
+mod connection;
+mod endpoint;
+mod listener;
+mod region;
+pub mod wire;
+
+use std::any::Any;
+use std::io::Read;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use comm_core::connection::Connection;
+use comm_core::memory::{MemoryKind, MemoryRegion};
+use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::{Error, Result};
+
+pub use config::TcpConfig;
+pub use connection::TcpConnection;
+use endpoint::Endpoint;
+use listener::Listener;
+use region::{Regions, TcpRegion};
+
+/// The id of this transport.
+pub fn transport() -> Transport {
+    Transport::USER0
+}
+
+/// The TCP transport factory: hand it to the communicator builder (the collectives crate's
+/// feature `tcp` does, after shared memory, so it carries what shared memory cannot reach).
+#[derive(Debug, Clone, Default)]
+pub struct TcpTransport {
+    config: Option<TcpConfig>,
+}
+
+impl TcpTransport {
+    /// The transport with settings from the environment (read when a communicator opens it).
+    pub fn new() -> Self {
+        TcpTransport { config: None }
+    }
+
+    /// The transport with `config` instead of the environment.
+    pub fn with_config(config: TcpConfig) -> Self {
+        TcpTransport { config: Some(config) }
+    }
+}
+
+impl TransportFactory for TcpTransport {
+    fn transport(&self) -> Transport {
+        transport()
+    }
+
+    fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
+        let config = match &self.config {
+            Some(c) => c.clone(),
+            None => TcpConfig::from_env()?,
+        };
+        Ok(Arc::new(TcpBackend::open(ctx, config)?))
+    }
+}
+
+/// The TCP transport serving one communicator.
+pub struct TcpBackend {
+    rank: usize,
+    config: TcpConfig,
+    token: [u8; 16],
+    regions: Arc<Regions>,
+    listener: Listener,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for TcpBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TcpBackend").field("rank", &self.rank).field("addr", &self.listener.addr()).finish()
+    }
+}
+
+impl TcpBackend {
+    /// Starts listening for this communicator's peers.
+    pub fn open(ctx: &TransportContext, config: TcpConfig) -> Result<Self> {
+        let ip = endpoint::listen_ip(config.interface.as_deref(), config.master_addr.as_deref())?;
+        let token = random_token()?;
+        let regions = Arc::new(Regions::default());
+        let listener = Listener::start(ip, token, regions.clone(), ctx.config.timeout)?;
+        Ok(TcpBackend {
+            rank: ctx.rank,
+            config,
+            token,
+            regions,
+            listener,
+            timeout: ctx.config.timeout,
+            abort: ctx.abort.clone(),
+        })
+    }
+
+    /// Where this rank listens.
+    pub fn listen_addr(&self) -> std::net::SocketAddr {
+        self.listener.addr()
+    }
+}
+
+/// 16 random bytes from `/dev/urandom`.
+fn random_token() -> Result<[u8; 16]> {
+    let mut token = [0u8; 16];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut token))
+        .map_err(|e| Error::io("read /dev/urandom for the tcp token", e))?;
+    Ok(token)
+}
+
+impl TransportBackend for TcpBackend {
+    fn transport(&self) -> Transport {
+        transport()
+    }
+
+    fn local_endpoint(&self) -> Result<Vec<u8>> {
+        Ok(Endpoint { addr: self.listener.addr(), token: self.token }.encode())
+    }
+
+    fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
+        Endpoint::decode(a)?;
+        Endpoint::decode(b)?;
+        Ok(true)
+    }
+
+    fn direct_access(&self) -> bool {
+        false
+    }
+
+    fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
+        match kind {
+            MemoryKind::Host => Ok(self.regions.allocate(len)?),
+            MemoryKind::Device(_) => {
+                Err(Error::Unsupported("transport tcp does not carry device memory yet (staging is not built)".into()))
+            }
+        }
+    }
+
+    fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>> {
+        let Some(mine) = region.as_any().downcast_ref::<TcpRegion>() else { return Ok(None) };
+        // Only regions of this backend: another communicator's ids mean nothing to our peers.
+        let ours = self.regions.find(mine.id()).is_some_and(|r| std::ptr::eq(Arc::as_ptr(&r), mine));
+        Ok(ours.then(|| region::encode_export(mine.id())))
+    }
+
+    fn import(
+        &self,
+        peer: usize,
+        _peer_endpoint: &[u8],
+        payload: &[u8],
+        len: usize,
+        kind: MemoryKind,
+    ) -> Result<Arc<dyn MemoryRegion>> {
+        if kind != MemoryKind::Host {
+            return Err(Error::Unsupported(format!("rank {peer} exported device memory through tcp")));
+        }
+        Ok(Arc::new(region::decode_export(peer, payload, len)?))
+    }
+
+    fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
+        let ep = Endpoint::decode(peer_endpoint)?;
+        let dial = connection::Dial {
+            transport: transport(),
+            rank: self.rank,
+            stripes: self.config.sockets,
+            inbound: self.listener.inbound().clone(),
+            timeout: self.timeout,
+            abort: self.abort.clone(),
+        };
+        Ok(Arc::new(TcpConnection::open(peer, ep.addr, ep.token, dial)?))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;
