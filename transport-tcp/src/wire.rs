@@ -3,16 +3,16 @@
 //! **Handshake** (connector → listener, once per socket): magic `WVTH`, version `u16`, the
 //! listener's 16-byte token (which only ranks of the job learned, from the endpoint exchanged
 //! over the authenticated bootstrap), the connector's rank `u32`, this socket's stripe `u16` and
-//! the connection's stripe count `u16`. The listener answers one byte, [`HANDSHAKE_OK`], or
+//! the connection's stripe count `u16`. The listener answers one byte, `HANDSHAKE_OK` (`0x5a`), or
 //! closes the socket.
 //!
-//! **Frames** (connector → listener): a [`FRAME_HEADER_BYTES`]-byte header — kind `u8`, seven
+//! **Frames** (connector → listener): a 40-byte header — kind `u8`, seven
 //! zero bytes, region id `u64`, offset `u64`, length or value `u64`, sequence `u64` — then:
-//! - [`FrameKind::Data`]: `length` bytes to store at `offset` of the listener's region;
-//! - [`FrameKind::Flag`]: one `u64` per stripe (the data frames sent on it so far); the
+//! - data: `length` bytes to store at `offset` of the listener's region;
+//! - flag: one `u64` per stripe (the data frames sent on it so far); the
 //!   listener stores `value` into the 8-byte word at `offset` once every stripe has applied
 //!   that many data frames, so the flag never lands before the data it covers;
-//! - [`FrameKind::Flush`]: the same counts; once they are applied the listener answers the
+//! - flush: the same counts; once they are applied the listener answers the
 //!   8-byte `sequence` on the same socket.
 //!
 //! Nothing from the wire is trusted: kinds, region ids, ranges, lengths and counts are checked,
