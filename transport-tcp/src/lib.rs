@@ -13,7 +13,7 @@
 //! - **Connection**: several sockets per peer (`WEAVE_TCP_SOCKETS`), large writes cut into
 //!   frames and striped over them; a flag lands only after the data it covers; `flush` returns
 //!   when the peer has applied everything. EOF, a reset or a lying peer is
-//!   [`Error::PeerLost`](comm_core::Error::PeerLost); a silent one a timeout — never a hang.
+//!   `Error::PeerLost`; a silent one a timeout — never a hang.
 //!
 //! Memory imported through this transport is not mapped here (`direct_access` is false), so
 //! the collectives run their channel family over it. Device buffers are not carried yet.
