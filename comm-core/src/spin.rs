@@ -128,7 +128,10 @@ pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Res
             if ctx.abort.load(Ordering::Relaxed) {
                 return Err(Error::Aborted(format!("{} was aborted", ctx.operation)));
             }
-            (ctx.check_peer)()?;
+            if let Err(e) = (ctx.check_peer)() {
+                // The peer is gone, but what it did before going may be just what we wait for.
+                return if ready() { Ok(()) } else { Err(e) };
+            }
             let deadline = deadline.get_or_insert_with(|| Deadline::after(ctx.timeout));
             if deadline.expired() {
                 // One last look: the condition may have come true while we checked.

@@ -36,8 +36,10 @@ pub(crate) struct Inbound {
     timeout: Duration,
     stop: AtomicBool,
     applied: Mutex<HashMap<u32, Arc<Applied>>>,
-    /// Peers whose sockets broke, with why.
+    /// Peers whose sockets broke, or all closed, with why.
     lost: Mutex<HashMap<usize, String>>,
+    /// Sockets of each peer that reached a clean end of stream.
+    closed: Mutex<HashMap<usize, u16>>,
     sockets: Mutex<Vec<TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
 }
@@ -50,6 +52,21 @@ impl Inbound {
 
     fn mark_lost(&self, peer: usize, why: String) {
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).entry(peer).or_insert(why);
+    }
+
+    /// One of `peer`'s `stripes` sockets ended cleanly: the peer is gone once all have, since
+    /// each socket's thread applied everything before its end — a flag still travelling on
+    /// another stripe is not lost.
+    fn mark_closed(&self, peer: usize, stripes: u16) {
+        let all = {
+            let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
+            let n = closed.entry(peer).or_insert(0);
+            *n += 1;
+            *n >= stripes
+        };
+        if all {
+            self.mark_lost(peer, "closed its connection".to_string());
+        }
     }
 
     fn applied(&self, rank: u32) -> Arc<Applied> {
@@ -83,6 +100,7 @@ impl Listener {
             stop: AtomicBool::new(false),
             applied: Mutex::new(HashMap::new()),
             lost: Mutex::new(HashMap::new()),
+            closed: Mutex::new(HashMap::new()),
             sockets: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
         });
@@ -171,15 +189,18 @@ fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handsha
 fn receive_loop(mut socket: TcpStream, hello: Handshake, inbound: Arc<Inbound>) {
     let applied = inbound.applied(hello.rank);
     let peer = hello.rank as usize;
-    let why = loop {
+    let failure = loop {
         match apply_next(&mut socket, &hello, &applied, &inbound) {
             Ok(true) => {}
-            Ok(false) => break "closed its connection".to_string(),
-            Err(e) => break e.to_string(),
+            Ok(false) => break None,
+            Err(e) => break Some(e.to_string()),
         }
     };
     if !inbound.stop.load(Ordering::Acquire) {
-        inbound.mark_lost(peer, why);
+        match failure {
+            Some(why) => inbound.mark_lost(peer, why),
+            None => inbound.mark_closed(peer, hello.stripes),
+        }
     }
     let _ = socket.shutdown(Shutdown::Both);
 }
