@@ -9,6 +9,8 @@ use crate::op::ReduceOp;
 
 /// Elements per block: the accumulator of one block stays in L1.
 const BLOCK: usize = 1024;
+/// Elements per block for short reductions: smaller accumulators to initialize per call.
+const SMALL_BLOCKS: [usize; 2] = [64, 256];
 
 /// Per-type arithmetic behind the kernels.
 pub trait Arith: Copy + Default + PartialOrd + Send + Sync + 'static {
@@ -183,11 +185,36 @@ pub unsafe fn reduce_raw2<T: Arith>(
     srcs: &[*const T],
     len: usize,
 ) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if len <= SMALL_BLOCKS[0] {
+            reduce_blocks::<T, { SMALL_BLOCKS[0] }>(op, divisor, out, out2, srcs, len)
+        } else if len <= SMALL_BLOCKS[1] {
+            reduce_blocks::<T, { SMALL_BLOCKS[1] }>(op, divisor, out, out2, srcs, len)
+        } else {
+            reduce_blocks::<T, BLOCK>(op, divisor, out, out2, srcs, len)
+        }
+    }
+}
+
+/// [`reduce_raw2`] with an accumulator of `B` elements.
+///
+/// # Safety
+/// As [`reduce_raw2`].
+#[inline(always)]
+unsafe fn reduce_blocks<T: Arith, const B: usize>(
+    op: ReduceOp,
+    divisor: usize,
+    out: *mut T,
+    out2: *mut T,
+    srcs: &[*const T],
+    len: usize,
+) {
     let Some((&first, rest)) = srcs.split_first() else { return };
-    let mut acc = [T::Acc::default(); BLOCK];
+    let mut acc = [T::Acc::default(); B];
     let mut done = 0;
     while done < len {
-        let n = BLOCK.min(len - done);
+        let n = B.min(len - done);
         let acc = &mut acc[..n];
         {
             // SAFETY: the caller guarantees `first` is valid for `len` reads; done + n <= len.
@@ -289,6 +316,16 @@ mod tests {
             check::<u64>(op, &pos, f, 0.0);
             check::<u32>(op, &pos, f, 0.0);
             check::<u8>(op, &pos, f, 0.0);
+        }
+    }
+
+    #[test]
+    fn every_accumulator_size_and_its_edges_match_the_reference() {
+        for len in [0, 1, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025] {
+            let ins = inputs(3, len);
+            check::<f32>(ReduceOp::Sum, &ins, |c| c.iter().sum(), 1e-6);
+            check::<i32>(ReduceOp::Max, &ins, |c| c.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0);
+            check::<f16>(ReduceOp::Avg, &ins, |c| c.iter().sum::<f64>() / c.len() as f64, 1e-3);
         }
     }
 

@@ -143,8 +143,7 @@ impl CommunicatorBuilder {
             })
             .collect();
         let topology = Topology::new(rank, &hosts, reach);
-        let cores = std::thread::available_parallelism().map_or(1, |c| c.get());
-        crate::spin::set_oversubscribed(bootstrap.local_world_size() > cores);
+        crate::spin::set_local_ranks(bootstrap.local_world_size());
         let comm = Communicator {
             bootstrap,
             config,

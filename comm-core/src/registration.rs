@@ -281,6 +281,8 @@ impl Communicator {
         let seq = PRIVATE_SEQ_BASE | self.next_private_registration.fetch_add(1, Ordering::AcqRel);
         let (region, transport) = self.allocate_region(len, kind)?;
         let descriptor = self.describe(&region, seq, len, kind, label)?;
+        // No peer will map it: give up its name at once, so a killed rank leaves nothing behind.
+        region.seal()?;
         Ok(RegisteredMemory::new_local(descriptor, region, transport)?.in_communicator(self.id))
     }
 

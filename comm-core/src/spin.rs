@@ -21,11 +21,39 @@ pub fn set_oversubscribed(oversubscribed: bool) {
     OVERSUBSCRIBED.store(oversubscribed, Ordering::Relaxed);
 }
 
+/// Tells every wait in this process how many ranks run on this host: they outnumber its cores
+/// when there are more of them than [`host_cpus`].
+pub fn set_local_ranks(local_ranks: usize) {
+    set_oversubscribed(local_ranks > host_cpus());
+}
+
+/// CPUs online on this host (`/sys/devices/system/cpu/online`), not this thread's affinity
+/// mask: a rank pinned to one CPU still shares the host with peers pinned to the others, and
+/// they do not outnumber the cores. Falls back to the affinity mask where sysfs is unreadable.
+pub fn host_cpus() -> usize {
+    std::fs::read_to_string("/sys/devices/system/cpu/online")
+        .ok()
+        .and_then(|s| count_cpu_list(s.trim()))
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
+}
+
+/// The number of CPUs in a kernel CPU list such as `0-3,8,10-11`; `None` if malformed.
+fn count_cpu_list(list: &str) -> Option<usize> {
+    let mut n = 0usize;
+    for part in list.split(',') {
+        let (a, b) = part.split_once('-').unwrap_or((part, part));
+        let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
+        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
+    }
+    (n > 0).then_some(n)
+}
+
 /// Waiting politely: spin for a few microseconds (the common case: the peer is running on
 /// another core and answers quickly), then yield the core on every call (the peer may need it).
+/// The clock is first read after 32 spins, so a wait that ends sooner costs no clock read.
 #[derive(Debug)]
 pub struct Backoff {
-    start: std::time::Instant,
+    start: Option<std::time::Instant>,
     calls: u32,
     yielding: bool,
 }
@@ -39,7 +67,7 @@ impl Default for Backoff {
 impl Backoff {
     /// A fresh backoff (spinning first, unless ranks outnumber cores).
     pub fn new() -> Self {
-        Backoff { start: std::time::Instant::now(), calls: 0, yielding: OVERSUBSCRIBED.load(Ordering::Relaxed) }
+        Backoff { start: None, calls: 0, yielding: OVERSUBSCRIBED.load(Ordering::Relaxed) }
     }
 
     /// Waits a little: a spin hint while within the budget, a yield after.
@@ -50,8 +78,12 @@ impl Backoff {
             return;
         }
         std::hint::spin_loop();
-        if self.calls.is_multiple_of(32) && self.start.elapsed() > SPIN_BUDGET {
-            self.yielding = true;
+        if self.calls.is_multiple_of(32) {
+            match self.start {
+                None => self.start = Some(std::time::Instant::now()),
+                Some(start) if start.elapsed() > SPIN_BUDGET => self.yielding = true,
+                Some(_) => {}
+            }
         }
     }
 
@@ -77,12 +109,13 @@ pub struct WaitContext<'a> {
     pub check_peer: &'a dyn Fn() -> Result<()>,
 }
 
-/// Spins until `ready()` is true; errors on timeout, abort or a lost peer.
+/// Spins until `ready()` is true; errors on timeout, abort or a lost peer. The timeout counts
+/// from the first check, 128 iterations in: a short wait reads no clock.
 pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Result<()> {
     if ready() {
         return Ok(());
     }
-    let deadline = Deadline::after(ctx.timeout);
+    let mut deadline: Option<Deadline> = None;
     let mut backoff = Backoff::new();
     let mut i: u32 = 0;
     loop {
@@ -96,6 +129,7 @@ pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Res
                 return Err(Error::Aborted(format!("{} was aborted", ctx.operation)));
             }
             (ctx.check_peer)()?;
+            let deadline = deadline.get_or_insert_with(|| Deadline::after(ctx.timeout));
             if deadline.expired() {
                 // One last look: the condition may have come true while we checked.
                 if ready() {
@@ -114,6 +148,17 @@ mod tests {
 
     fn ok() -> Result<()> {
         Ok(())
+    }
+
+    #[test]
+    fn cpu_lists_count() {
+        assert_eq!(count_cpu_list("0-1"), Some(2));
+        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
+        assert_eq!(count_cpu_list("0"), Some(1));
+        for bad in ["", "3-1", "a", "0-"] {
+            assert_eq!(count_cpu_list(bad), None, "{bad:?}");
+        }
+        assert!(host_cpus() >= 1);
     }
 
     #[test]

@@ -3,13 +3,16 @@
 //!
 //! The ranks run `bench-worker` (tests/src/bin/bench-worker.rs) through
 //! [`weave_launch`]; the baseline is `mpi_bench.c` (embedded here), built with `mpicc`
-//! and run with `mpirun`. Both print one JSON line per size; this command joins them into one
+//! and run with `mpirun`. Both jobs run at the same time and take turns per size through
+//! [`crate::bench_turns`] (a batch of weave, a batch of Open MPI, K times), so a noisy host
+//! hurts both alike. Both print one JSON line per size; this command joins them into one
 //! table.
 
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,6 +22,7 @@ use crate::plot::{Series, busbw_svg};
 
 use crate::args::{Arg, Args, UsageError};
 use crate::bench_table::{DTYPES, Op, REDOPS, Row, Table, dtype_name};
+use crate::bench_turns::{Job, Turns};
 
 /// One line for the command list of `cargo xtask help`.
 pub(crate) const SUMMARY: &str = "nccl-tests-style benchmark of the host collectives (--vs-mpi: Open MPI too)";
@@ -26,7 +30,7 @@ pub(crate) const SUMMARY: &str = "nccl-tests-style benchmark of the host collect
 /// The help text of `cargo xtask bench`.
 pub(crate) const USAGE: &str = "\
 usage: cargo xtask bench [--op OP] [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T]
-                         [--redop OP] [--iters N] [--warmup N] [--check | --no-check]
+                         [--redop OP] [--iters N] [--warmup N] [--rounds K] [--check | --no-check]
                          [--inplace] [--json FILE] [--vs-mpi] [--mpi-args ARGS] [--no-build] [--[no-]bind]
                          [--timeout SECS]
 
@@ -34,9 +38,10 @@ Runs one weave collective on N ranks of this host (shared memory) over a range o
 prints the nccl-tests table: size, count, type, redop, time, algbw, busbw, #wrong, plus the
 algorithm weave picked. With --vs-mpi, Open MPI runs the same collective, sizes, data and
 timing method on the same number of ranks in the same run, and the table adds its time and
-busbw and the ratios. With no options it is the main job: all_reduce, 2 ranks, float sum,
-8 B .. 64 MiB ×2 (24 sizes), checked — about 5 s on 2 cores (10 s with --vs-mpi); on a host
-with two or more GPUs it runs on the GPUs instead (see --gpu).
+busbw and the ratios; the two jobs take turns per size (see method). With no options it is
+the main job: all_reduce, 2 ranks, float sum, 8 B .. 64 MiB ×2 (24 sizes), checked — about
+5 s on 2 cores (30 s with --vs-mpi); on a host with two or more GPUs it runs on the GPUs
+instead (see --gpu).
 
 options:
   -o, --op OP          all_reduce (default), all_gather, reduce_scatter, broadcast, reduce,
@@ -52,8 +57,9 @@ options:
   -d, --dtype T        float (default), double, half, bfloat16, int8, uint8, int32, uint32,
                        int64, uint64 (or f32, f64, f16, bf16, i8, ...)
   -r, --redop OP       sum (default), prod, min, max, avg (reducing collectives only)
-      --iters N        timed calls per size (default 20, at least 1)
-  -w, --warmup N       untimed calls per size before them (default 5)
+      --iters N        timed calls per batch (default 20, at least 1)
+  -w, --warmup N       untimed calls per batch before them (default 5)
+  -k, --rounds K       batches per size and library (default 5, at least 1)
   -c, --check          verify every call's result (the default)
       --no-check       do not verify (#wrong prints N/A)
       --inplace        in place (nccl-tests' conventions: all_gather's input is this rank's
@@ -84,10 +90,15 @@ options:
   -t, --timeout SECS   kill a run (weave or MPI) still going after SECS (default 600)
   -h, --help           print this help
 
-method (identical in both programs): per size, WARMUP untimed calls, then ITERS calls each
-timed alone with a monotonic clock (no barrier between calls); the per-call times are
-all-reduced with MAX across ranks outside the timed region (weave through its own
-communicator, MPI through MPI_Allreduce), and the median of those maxima is the time.
+method (identical in both programs): per size, K batches; a batch is WARMUP untimed calls,
+then ITERS calls each timed alone with a monotonic clock (no barrier between calls). With
+--vs-mpi both jobs start together and take turns, driven by this command through a Unix
+socket: for each size, a batch of weave, then a batch of Open MPI, K times; the job whose
+turn it is not waits in a blocking read (no spinning), so whatever else loads the host in a
+given moment falls on both libraries' batches of that size alike. After its last batch of a
+size, each job all-reduces the per-call times of its K batches with MAX across ranks outside
+the timed region (weave through its own communicator, MPI through MPI_Allreduce), and the
+median of those K x ITERS maxima is the time.
 size = bytes of the largest buffer (all_gather: the receive buffer; reduce_scatter: the send
 buffer); all_gather, reduce_scatter and all_to_all round the per-rank count down to 16 bytes,
 as nccl-tests does, so tiny sizes can show 0 bytes. count = elements per rank (per block).
@@ -154,6 +165,8 @@ struct BenchArgs {
     redop: &'static str,
     iters: u64,
     warmup: u64,
+    /// Batches per size and library, alternating between the libraries.
+    rounds: u64,
     check: bool,
     inplace: bool,
     json: Option<PathBuf>,
@@ -190,6 +203,7 @@ impl Default for BenchArgs {
             redop: "sum",
             iters: 20,
             warmup: 5,
+            rounds: 5,
             check: true,
             inplace: false,
             json: None,
@@ -234,6 +248,10 @@ impl BenchArgs {
             &self.iters.to_string(),
             "--warmup",
             &self.warmup.to_string(),
+            "--rounds",
+            &self.rounds.to_string(),
+            "--turn-timeout",
+            &self.timeout.as_secs().max(1).to_string(),
         ]
         .iter()
         .map(|s| s.to_string())
@@ -341,6 +359,7 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
             }
             "--iters" => a.iters = count(args, 1)?,
             "-w" | "--warmup" => a.warmup = count(args, 0)?,
+            "-k" | "--rounds" => a.rounds = count(args, 1)?,
             "-c" | "--check" => a.check = true,
             "--no-check" => a.check = false,
             "--inplace" => a.inplace = true,
@@ -383,6 +402,9 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
     }
     if a.iters > i32::MAX as u64 {
         return Err(UsageError(format!("--iters must be at most {}", i32::MAX)));
+    }
+    if a.iters.saturating_mul(a.rounds) > i32::MAX as u64 {
+        return Err(UsageError(format!("--iters × --rounds must be at most {}", i32::MAX)));
     }
     Ok(Parsed::Run(Box::new(a)))
 }
@@ -658,8 +680,16 @@ fn parse_rows<'a>(who: &str, lines: impl IntoIterator<Item = &'a str>) -> Result
         .collect()
 }
 
-/// Runs the Open MPI baseline; returns its rows.
-fn run_mpi(a: &BenchArgs, mpirun: &Path, bin: &Path, token: &CancelToken) -> Result<Vec<Row>, String> {
+/// Runs the Open MPI baseline (taking turns through `turns`), passing its result lines to
+/// `live` as they come; returns its rows.
+fn run_mpi(
+    a: &BenchArgs,
+    mpirun: &Path,
+    bin: &Path,
+    turns: &Path,
+    live: Arc<Mutex<LiveTable>>,
+    token: &CancelToken,
+) -> Result<Vec<Row>, String> {
     let version = Command::new(mpirun)
         .arg("--version")
         .output()
@@ -671,7 +701,8 @@ fn run_mpi(a: &BenchArgs, mpirun: &Path, bin: &Path, token: &CancelToken) -> Res
     }
     let mut cmd = Command::new(mpirun);
     cmd.args(mpirun_defaults(major, a.bind())).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
-    cmd.args(a.program_args()).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
+    cmd.args(a.program_args()).arg("--turns").arg(turns);
+    cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     eprintln!("bench: running the Open MPI baseline: {}", describe(&cmd));
     let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
     let Some(stdout) = child.stdout.take() else {
@@ -679,7 +710,16 @@ fn run_mpi(a: &BenchArgs, mpirun: &Path, bin: &Path, token: &CancelToken) -> Res
         let _ = child.wait();
         return Err("mpirun's output could not be read".into());
     };
-    let reader = std::thread::spawn(move || BufReader::new(stdout).lines().map_while(Result::ok).collect::<Vec<_>>());
+    let reader = std::thread::spawn(move || {
+        let mut lines = Vec::new();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            if let Ok(row) = Row::from_json(line.trim()) {
+                live.lock().unwrap_or_else(|p| p.into_inner()).mpi_row(row);
+            }
+            lines.push(line);
+        }
+        lines
+    });
     let start = Instant::now();
     let status = loop {
         match child.try_wait() {
@@ -719,16 +759,39 @@ fn describe(cmd: &Command) -> String {
     s
 }
 
-/// Receives the ranks' output lines while they run: rank 0's result lines become table lines
-/// on stdout at once; every other line goes to stderr.
+/// Receives both jobs' result lines while they run and prints each size's table line as soon as
+/// every library has reported it (rank 0's other lines of weave go to stderr).
 struct LiveTable {
     table: Table,
+    weave: Vec<Row>,
     mpi: Vec<Row>,
     shown: usize,
     partial: Vec<u8>,
 }
 
 impl LiveTable {
+    fn new(table: Table) -> LiveTable {
+        LiveTable { table, weave: Vec::new(), mpi: Vec::new(), shown: 0, partial: Vec::new() }
+    }
+
+    /// Prints the lines every library has reported and that are not printed yet.
+    fn show(&mut self) {
+        while let Some(row) = self.weave.get(self.shown) {
+            let mpi = self.mpi.get(self.shown).filter(|m| m.bytes == row.bytes);
+            if self.table.vs_mpi && mpi.is_none() {
+                break;
+            }
+            println!("{}", self.table.line(row, mpi));
+            self.shown += 1;
+        }
+    }
+
+    /// One result of the Open MPI job.
+    fn mpi_row(&mut self, row: Row) {
+        self.mpi.push(row);
+        self.show();
+    }
+
     fn line(&mut self, line: &str) {
         let result = split_rank_prefix(line).filter(|(rank, text)| *rank == 0 && text.starts_with('{'));
         let Some((_, text)) = result else {
@@ -737,8 +800,8 @@ impl LiveTable {
         };
         match Row::from_json(text) {
             Ok(row) => {
-                println!("{}", self.table.line(&row, self.mpi.get(self.shown).filter(|m| m.bytes == row.bytes)));
-                self.shown += 1;
+                self.weave.push(row);
+                self.show();
             }
             // Reported again, as an error, after the run.
             Err(e) => eprintln!("bench: unreadable result line from rank 0 ({e}): {text}"),
@@ -768,15 +831,19 @@ fn split_rank_prefix(line: &str) -> Option<(usize, &str)> {
     Some((rank.parse().ok()?, text))
 }
 
-/// Runs the weave ranks, printing table lines as results arrive; returns the rows.
+/// Runs the weave ranks (taking turns through `turns`), printing table lines as results
+/// arrive; returns the rows.
 fn run_weave(
     a: &BenchArgs,
     worker: &Path,
+    turns: &Path,
     live: Arc<Mutex<LiveTable>>,
     token: &CancelToken,
 ) -> Result<Vec<Row>, String> {
     let spec = LaunchSpec::new(a.ranks, worker)
         .args(a.program_args())
+        .arg("--turns")
+        .arg(turns)
         .bind_cores(a.bind())
         .capture(true)
         .echo_to(live)
@@ -809,12 +876,9 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     if !worker.is_file() {
         return Err(format!("{} does not exist; run without --no-build to build it", worker.display()));
     }
-    let mpi_rows = match &mpi_tools {
-        Some((mpicc, mpirun)) => {
-            let bin = build_mpi_bench(mpicc, &target.join("weave-bench"))?;
-            run_mpi(a, mpirun, &bin, token)?
-        }
-        None => Vec::new(),
+    let mpi_bin = match &mpi_tools {
+        Some((mpicc, _)) => Some(build_mpi_bench(mpicc, &target.join("weave-bench"))?),
+        None => None,
     };
 
     let table = Table { vs_mpi: a.vs_mpi };
@@ -828,16 +892,62 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
         if matches!(a.op, Op::Broadcast | Op::Reduce) { ", root 0" } else { "" }
     );
     println!(
-        "# {} warm-up + {} timed calls per size; time = median over calls of the slowest rank; check: {}{}",
+        "# {} batches of {} warm-up + {} timed calls per size{}; time = median over timed calls of the slowest rank; check: {}",
+        a.rounds,
         a.warmup,
         a.iters,
+        if a.vs_mpi { ", alternating weave and Open MPI batch by batch" } else { "" },
         if a.check { "every call" } else { "off" },
-        if a.vs_mpi { "; Open MPI ran first, same method" } else { "" }
     );
     println!("#");
     println!("{}", table.header());
-    let live = Arc::new(Mutex::new(LiveTable { table, mpi: mpi_rows.clone(), shown: 0, partial: Vec::new() }));
-    let rows = run_weave(a, &worker, live, token)?;
+    let live = Arc::new(Mutex::new(LiveTable::new(table)));
+
+    // Both jobs start now and wait for their turns.
+    let weave_ended = Arc::new(AtomicBool::new(false));
+    let mpi_ended = Arc::new(AtomicBool::new(false));
+    let mut jobs = vec![Job::new("weave", a.ranks, weave_ended.clone())];
+    if mpi_bin.is_some() {
+        jobs.push(Job::new("mpi", a.ranks, mpi_ended.clone()));
+    }
+    let mut turns = Turns::listen(&target.join("weave-bench"), jobs, a.timeout, token.clone())?;
+    let socket = turns.path().to_path_buf();
+    let (rows, mpi_rows, driven) = std::thread::scope(|scope| {
+        let weave = scope.spawn(|| {
+            let r = run_weave(a, &worker, &socket, live.clone(), token);
+            weave_ended.store(true, Ordering::Release);
+            r
+        });
+        let mpi = mpi_tools.as_ref().zip(mpi_bin.as_ref()).map(|((_, mpirun), bin)| {
+            let (socket, live) = (&socket, live.clone());
+            scope.spawn(move || {
+                let r = run_mpi(a, mpirun, bin, socket, live, token);
+                mpi_ended.store(true, Ordering::Release);
+                r
+            })
+        });
+        let njobs = if mpi.is_some() { 2 } else { 1 };
+        let driven = (|| {
+            turns.accept_all()?;
+            for _ in a.sizes() {
+                for _ in 0..a.rounds {
+                    for j in 0..njobs {
+                        turns.turn(j)?;
+                    }
+                }
+            }
+            Ok::<(), String>(())
+        })();
+        // On failure, closed sockets end the ranks still waiting for a turn.
+        turns.close();
+        let joined = |h: std::thread::ScopedJoinHandle<'_, Result<Vec<Row>, String>>| {
+            h.join().unwrap_or_else(|_| Err("a bench thread panicked".into()))
+        };
+        (joined(weave), mpi.map(joined), driven)
+    });
+    let rows = rows?;
+    let mpi_rows = mpi_rows.transpose()?.unwrap_or_default();
+    driven?;
 
     let joined: Vec<(Row, Option<Row>)> = rows
         .into_iter()
@@ -963,6 +1073,8 @@ mod tests {
             "7",
             "-w",
             "0",
+            "-k",
+            "3",
             "--no-check",
             "--inplace",
             "--json",
@@ -977,7 +1089,7 @@ mod tests {
         let Parsed::Run(a) = parse_line(&line).unwrap() else { panic!() };
         assert_eq!(a.op, Op::AllGather);
         assert_eq!((a.ranks, a.min_bytes, a.max_bytes, a.factor), (3, 1024, 1 << 20, 2));
-        assert_eq!((a.dtype, a.redop, a.iters, a.warmup), ("bfloat16", "max", 7, 0));
+        assert_eq!((a.dtype, a.redop, a.iters, a.warmup, a.rounds), ("bfloat16", "max", 7, 0, 3));
         assert!(!a.check && a.inplace && a.vs_mpi && !a.build);
         assert_eq!(a.json, Some(PathBuf::from("out.json")));
         assert_eq!(a.mpi_args, ["--mca", "btl", "self,tcp"]);
@@ -1003,6 +1115,8 @@ mod tests {
         assert!(err(&["--redop", "xor"]).contains("unknown reduction"));
         assert!(err(&["--iters", "0"]).contains("at least 1"));
         assert!(err(&["--iters", "9999999999"]).contains("at most"));
+        assert!(err(&["--rounds", "0"]).contains("at least 1"));
+        assert!(err(&["--iters", "100000", "-k", "100000"]).contains("at most"));
         assert!(err(&["--timeout", "0"]).contains("positive"));
         assert!(err(&["--check=1"]).contains("takes no value"));
         assert!(err(&["--frobnicate"]).contains("unknown option --frobnicate"));

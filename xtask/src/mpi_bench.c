@@ -10,11 +10,14 @@
  *                             multiplying by FACTOR
  *   --dtype T                 float double half bfloat16 int8 uint8 int32 uint32 int64 uint64
  *   --redop sum|prod|min|max|avg
- *   --iters N --warmup N --check --inplace
+ *   --iters N --warmup N --rounds K --turns SOCKET --turn-timeout SECS --check --inplace
  *
- * Method: per size, `warmup` untimed calls, then `iters` calls each timed on its own with
- * CLOCK_MONOTONIC (no barrier between calls); then MPI_Allreduce(MAX) of the per-call times
- * (untimed) and the median of the maxima. With --check, before every call (untimed) the input
+ * Method: per size, `rounds` batches of `warmup` untimed calls, then `iters` calls each timed
+ * on its own with CLOCK_MONOTONIC (no barrier between calls); then MPI_Allreduce(MAX) of the
+ * per-call times of all batches (untimed) and the median of the maxima. With --turns, each
+ * rank connects to the driver's Unix socket, says `mpi RANK\n`, blocks before every batch
+ * until it reads `g` and writes `d` after it (after the last batch of a size: once rank 0's
+ * line is out), so this job and weave's take turns (see bench-worker.rs). With --check, before every call (untimed) the input
  * is restored (in place) or the output poisoned (out of place), and after it (untimed) every
  * result element is compared with the exact expected value; `wrong` sums wrong elements over
  * ranks and calls. Inputs are the same small integers as the weave worker's. `shared_cpu`: two
@@ -39,6 +42,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
 
 enum coll { ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, BROADCAST, REDUCE, ALL_TO_ALL };
 static const char *COLL_NAMES[] = {"all_reduce", "all_gather", "reduce_scatter", "broadcast", "reduce", "all_to_all"};
@@ -59,11 +66,47 @@ struct options {
     int coll;
     size_t min_bytes, max_bytes, factor;
     int dtype, redop;
-    long iters, warmup;
+    long iters, warmup, rounds, turn_timeout;
     int check, inplace;
+    const char *turns;
 };
 
 static int rank, nranks;
+
+/* ---- turns (the driver's socket) ---------------------------------------------------------- */
+
+static int turn_fd = -1;
+
+static void turn_fail(const char *what) {
+    fprintf(stderr, "mpi_bench rank %d: turn socket: %s\n", rank, what);
+    MPI_Abort(MPI_COMM_WORLD, 1);
+}
+
+static void turn_connect(const struct options *o) {
+    if (!o->turns) return;
+    struct sockaddr_un addr = {.sun_family = AF_UNIX};
+    if (strlen(o->turns) >= sizeof addr.sun_path) turn_fail("path too long");
+    strcpy(addr.sun_path, o->turns);
+    turn_fd = socket(AF_UNIX, SOCK_STREAM, 0);
+    if (turn_fd < 0 || connect(turn_fd, (struct sockaddr *)&addr, sizeof addr) != 0) turn_fail("connect failed");
+    char hello[32];
+    int len = snprintf(hello, sizeof hello, "mpi %d\n", rank);
+    if (write(turn_fd, hello, (size_t)len) != len) turn_fail("hello failed");
+}
+
+/* Blocks (without spinning) until the driver gives this job the next turn. */
+static void turn_wait(const struct options *o) {
+    if (turn_fd < 0) return;
+    struct pollfd p = {.fd = turn_fd, .events = POLLIN};
+    if (poll(&p, 1, (int)(o->turn_timeout * 1000)) != 1) turn_fail("no turn within the timeout");
+    char c;
+    if (read(turn_fd, &c, 1) != 1 || c != 'g') turn_fail("closed, or an unexpected byte");
+}
+
+static void turn_done(void) {
+    if (turn_fd >= 0 && write(turn_fd, "d", 1) != 1) turn_fail("ending a turn failed");
+}
+
 
 /* ---- half and bfloat16 ------------------------------------------------------------------ */
 
@@ -454,21 +497,29 @@ static void run_size(const struct options *o, size_t size) {
         }
     }
 
-    double *times = xalloc(sizeof(double) * (size_t)o->iters), *max_times = xalloc(sizeof(double) * (size_t)o->iters);
+    long timed = o->iters * o->rounds;
+    double *times = xalloc(sizeof(double) * (size_t)timed), *max_times = xalloc(sizeof(double) * (size_t)timed);
     uint64_t wrong = 0;
-    for (long it = 0; it < o->warmup + o->iters; it++) {
-        if (o->check) {
-            if (o->inplace) memcpy(a, init, len_a * e);
-            else
-                for (size_t i = 0; i < len_b; i++) memcpy(b + i * e, sentinel, e);
+    for (long round = 0; round < o->rounds; round++) {
+        if (round > 0) {
+            /* The other job runs its batch of this size between two of ours. */
+            turn_done();
+            turn_wait(o);
         }
-        double t0 = now_us();
-        call(o, a, b, count);
-        double us = now_us() - t0;
-        if (it >= o->warmup) times[it - o->warmup] = us;
-        if (want) wrong += count_wrong(o, o->inplace ? a : b, want, len_x);
+        for (long it = 0; it < o->warmup + o->iters; it++) {
+            if (o->check) {
+                if (o->inplace) memcpy(a, init, len_a * e);
+                else
+                    for (size_t i = 0; i < len_b; i++) memcpy(b + i * e, sentinel, e);
+            }
+            double t0 = now_us();
+            call(o, a, b, count);
+            double us = now_us() - t0;
+            if (it >= o->warmup) times[round * o->iters + it - o->warmup] = us;
+            if (want) wrong += count_wrong(o, o->inplace ? a : b, want, len_x);
+        }
     }
-    MPI_Allreduce(times, max_times, (int)o->iters, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    MPI_Allreduce(times, max_times, (int)timed, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     uint64_t total = 0;
     if (o->check) MPI_Allreduce(&wrong, &total, 1, MPI_UINT64_T, MPI_SUM, MPI_COMM_WORLD);
     /* Where the ranks ran at the end (as the weave worker reports it). */
@@ -479,7 +530,7 @@ static void run_size(const struct options *o, size_t size) {
     free(cpus);
     size_t bytes = (block ? nc : count) * e;
     if (rank == 0) {
-        json_line(o, bytes, count, median(max_times, o->iters), o->check, total, shared_cpu);
+        json_line(o, bytes, count, median(max_times, timed), o->check, total, shared_cpu);
         fflush(stdout);
     }
     free(init), free(a), free(b), free(sentinel), free(want), free(times), free(max_times);
@@ -527,7 +578,7 @@ static int lookup(const char *s, const char **names, int n) {
 /* Returns NULL on success, or the error. */
 static const char *parse_args(int argc, char **argv, struct options *o) {
     static char err[256];
-    *o = (struct options){ALL_REDUCE, 8, 64 << 20, 2, F32, SUM, 20, 5, 0, 0};
+    *o = (struct options){ALL_REDUCE, 8, 64 << 20, 2, F32, SUM, 20, 5, 1, 600, 0, 0, NULL};
     for (int i = 1; i < argc; i++) {
         const char *f = argv[i];
         if (strcmp(f, "--check") == 0) {
@@ -564,6 +615,12 @@ static const char *parse_args(int argc, char **argv, struct options *o) {
             ok = parse_count(v, 1, &o->iters) && o->iters <= INT_MAX;
         } else if (strcmp(f, "--warmup") == 0) {
             ok = parse_count(v, 0, &o->warmup);
+        } else if (strcmp(f, "--rounds") == 0) {
+            ok = parse_count(v, 1, &o->rounds);
+        } else if (strcmp(f, "--turns") == 0) {
+            o->turns = v;
+        } else if (strcmp(f, "--turn-timeout") == 0) {
+            ok = parse_count(v, 1, &o->turn_timeout) && o->turn_timeout <= INT_MAX / 1000;
         } else {
             snprintf(err, sizeof err, "unexpected argument %s", f);
             return err;
@@ -589,8 +646,16 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return 2;
     }
+    if (o.iters > INT_MAX / o.rounds) {
+        if (rank == 0) fprintf(stderr, "mpi_bench: --iters x --rounds exceeds MPI's int count\n");
+        MPI_Finalize();
+        return 2;
+    }
+    turn_connect(&o);
     for (size_t size = o.min_bytes; size <= o.max_bytes;) {
+        turn_wait(&o);
         run_size(&o, size);
+        turn_done();
         if (size > SIZE_MAX / o.factor) break;
         size *= o.factor;
     }

@@ -54,10 +54,8 @@ const MAILBOX_BYTES: usize = 2 << 20;
 /// Most blocks of an LL packet kernel (`PACKET_MAX_BLOCKS` in `collectives.cu`: one packet
 /// epoch counter per block index, at most 64 in the control block).
 const PACKET_MAX_BLOCKS: u32 = 64;
-/// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise: on 4 × H200,
-/// 128 blocks (of 64 KiB slots) made the 1 GiB all-reduce 4630 µs instead of 4757 with 64 and
-/// every size from 4 MiB faster; on 2 × H200 (128 KiB slots) the 1 GiB all-reduce 2973 µs
-/// instead of 3122, all-gather 1495 instead of 1559, and no size from 4 MiB slower.
+/// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise (128 beat 64
+/// on 2 and 4 H200s from 4 MiB on: docs/PERF.md, "Tuning notes").
 const DEFAULT_PIPE_BLOCKS: u32 = 128;
 /// Bytes one pipelined block moves per peer and step, unless `WEAVE_GPU_TILE` says otherwise.
 const PIPE_TILE_BYTES: usize = 128 << 10;
@@ -324,8 +322,8 @@ impl GpuEngine {
 
     /// Blocks for an LL packet kernel with `packets` packets per peer: one thread per packet,
     /// since every packet is a round trip's worth of latency, up to `PACKET_MAX_BLOCKS` (then a
-    /// thread takes several packets: on H200s, 128 blocks of spinning readers at the top of
-    /// the packet range stalled for milliseconds now and then).
+    /// thread takes several packets: more blocks of spinning readers stalled now and then,
+    /// docs/PERF.md).
     pub(crate) fn packet_blocks(&self, packets: usize) -> u32 {
         (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks).min(PACKET_MAX_BLOCKS)
     }

@@ -3,17 +3,12 @@
 
 use comm_core::Result;
 
-use super::workspace::Publication;
-use super::{Agree, HostEngine, capacity, copy, scratch, share, signature};
+use super::workspace::{INLINE_BYTES, Publication};
+use super::{Agree, HostEngine, capacity, copy, scratch, share, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
 use crate::table::{Algorithm, Collective};
-
-/// Gathers `n` typed scratch addresses (one per rank) for the current step.
-fn all_scratch<T: Element>(e: &HostEngine, elem: usize, len: usize) -> Result<Vec<*const T>> {
-    (0..e.ws.world_size()).map(|r| scratch::<T>(&e.ws, r, elem, len).map(|p| p as *const T)).collect()
-}
 
 /// All-reduce of `count` elements from `send` into `recv` (which may be the same memory).
 ///
@@ -33,6 +28,37 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
+    // The arm of the match below that runs one-shot.
+    let one_shot = matches!(
+        algo,
+        Algorithm::OneShot
+            | Algorithm::TwoShot
+            | Algorithm::TwoShotLl128
+            | Algorithm::Direct
+            | Algorithm::ChannelRing
+            | Algorithm::ChannelDirect
+    );
+    let bytes = count * std::mem::size_of::<T>();
+    if one_shot && bytes <= INLINE_BYTES && n <= 16 {
+        // The payload travels in the header line: one cache line per peer and step.
+        let mut p = publication;
+        // SAFETY: send holds count elements (at most INLINE_BYTES), copied into the words.
+        unsafe { std::ptr::copy_nonoverlapping(send.cast::<u8>(), p.inline.as_mut_ptr().cast::<u8>(), bytes) };
+        e.step("all_reduce", p, agree)?;
+        let mut words = [[0u64; 2]; 16];
+        let mut srcs = [std::ptr::null::<T>(); 16];
+        for (r, w) in words.iter_mut().enumerate().take(n) {
+            *w = if r == me { p.inline } else { e.ws.publication(r).inline };
+        }
+        for (src, w) in srcs.iter_mut().zip(&words) {
+            *src = w.as_ptr().cast::<T>();
+        }
+        // SAFETY: every source is an 8-byte aligned pair of words holding count elements (at
+        // most INLINE_BYTES) of one rank's input, in rank order; recv is valid for count writes.
+        unsafe { reduce_raw(op, n, recv, &srcs[..n], count) };
+        e.ws.finish_step();
+        return Ok(());
+    }
     match algo {
         // The two-shots are GPU algorithms and the channel family runs in `channel`; the plan
         // never sends them here.
@@ -49,10 +75,11 @@ pub(crate) unsafe fn all_reduce<T: Element>(
                 // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
                 unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
                 e.step("all_reduce", publication, agree)?;
-                let srcs = all_scratch::<T>(e, 0, k)?;
-                // SAFETY: every source is a rank's scratch of k elements, stable until the next
-                // step; `recv + o` is valid for k writes and distinct from scratch.
-                unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+                with_all_scratch(e, 0, k, |srcs| {
+                    // SAFETY: every source is a rank's scratch of k elements, stable until the
+                    // next step; `recv + o` is valid for k writes and distinct from scratch.
+                    unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
+                })?;
                 e.ws.finish_step();
             }
         }
@@ -189,9 +216,11 @@ pub(crate) unsafe fn reduce<T: Element>(
         e.step("reduce", publication, agree)?;
         if two_phase {
             let (a, b) = share(k, n, me);
-            let srcs = all_scratch::<T>(e, a, b - a)?;
-            // SAFETY: as in the two-phase all-reduce.
-            unsafe { reduce_raw(op, n, scratch::<T>(&e.ws, me, chunk + a, b - a)?, &srcs, b - a) };
+            let out = scratch::<T>(&e.ws, me, chunk + a, b - a)?;
+            with_all_scratch(e, a, b - a, |srcs| {
+                // SAFETY: as in the two-phase all-reduce.
+                unsafe { reduce_raw(op, n, out, srcs, b - a) }
+            })?;
             e.phase("reduce gather")?;
             if me == root {
                 for q in 0..n {
@@ -201,9 +230,10 @@ pub(crate) unsafe fn reduce<T: Element>(
                 }
             }
         } else if me == root {
-            let srcs = all_scratch::<T>(e, 0, k)?;
-            // SAFETY: as in the one-shot all-reduce.
-            unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+            with_all_scratch(e, 0, k, |srcs| {
+                // SAFETY: as in the one-shot all-reduce.
+                unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
+            })?;
         }
         e.ws.finish_step();
     }

@@ -4,7 +4,7 @@
 use comm_core::{Error, Result};
 
 use super::workspace::Publication;
-use super::{Agree, HostEngine, capacity, copy, scratch, signature};
+use super::{Agree, HostEngine, capacity, copy, scratch, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
@@ -146,11 +146,11 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
             // SAFETY: segment `me` holds the result.
             unsafe { copy(scratch::<T>(&e.ws, me, me * cap, k)?, recv.add(o), k) };
         } else {
-            let srcs: Vec<*const T> =
-                (0..n).map(|p| scratch::<T>(&e.ws, p, me * cap, k).map(|x| x as *const T)).collect::<Result<_>>()?;
-            // SAFETY: every rank's staged block for this rank; recv + o valid for k writes and
-            // disjoint from scratch.
-            unsafe { reduce_raw(op, n, recv.add(o), &srcs, k) };
+            with_all_scratch(e, me * cap, k, |srcs| {
+                // SAFETY: every rank's staged block for this rank; recv + o valid for k writes
+                // and disjoint from scratch.
+                unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
+            })?;
         }
         e.ws.finish_step();
     }

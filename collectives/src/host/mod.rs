@@ -74,6 +74,9 @@ pub(crate) struct HostEngine {
 impl HostEngine {
     /// Collective: builds the workspace and the point-to-point semaphores.
     pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
+        // Ranks pinned one per CPU see one CPU in their affinity mask, yet do not outnumber the
+        // host's cores: judged on the CPUs online, their waits spin before they yield.
+        comm_core::spin::set_local_ranks(core.bootstrap().local_world_size());
         let ws = Workspace::new(core, scratch_bytes)?;
         let p2p = P2pState::new(core)?;
         let cma = probe_cma(core)?;
@@ -265,6 +268,29 @@ pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
         done += n;
     }
     Ok(())
+}
+
+/// Calls `f` with every rank's scratch address of elements `[elem, elem + len)` for the
+/// current step, in rank order, without allocating for up to 16 ranks.
+pub(crate) fn with_all_scratch<T: Element, R>(
+    e: &HostEngine,
+    elem: usize,
+    len: usize,
+    f: impl FnOnce(&[*const T]) -> R,
+) -> Result<R> {
+    let n = e.ws.world_size();
+    let mut few = [std::ptr::null::<T>(); 16];
+    let mut many = Vec::new();
+    let srcs: &mut [*const T] = if n <= few.len() {
+        &mut few[..n]
+    } else {
+        many.resize(n, std::ptr::null());
+        &mut many
+    };
+    for (r, src) in srcs.iter_mut().enumerate() {
+        *src = scratch::<T>(&e.ws, r, elem, len)?;
+    }
+    Ok(f(srcs))
 }
 
 /// Scratch capacity in elements of `T`.

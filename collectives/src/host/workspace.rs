@@ -1,18 +1,24 @@
 //! The host workspace: each rank's shared-memory area that host algorithms run through.
 //!
-//! Layout of one rank's workspace (every peer maps it):
+//! Layout of one rank's workspace (every peer maps it), `h` = step parity:
 //!
 //! | offset | size | what |
 //! |---|---|---|
-//! | 0 | 8 | `phase`: how many times this rank has arrived (monotonic) |
-//! | 64 + 128·h | 48 | the [`Publication`] of the current step using half `h` |
-//! | 4096 + h·S | S | scratch half `h` (`h` = step parity) |
+//! | 64·h | 64 | header line of half `h`: `phase` (how many times this rank has arrived, written at each arrival during a step of half `h`), then the [`Publication`] of the step |
+//! | 4096 + h·S | S | scratch half `h` |
 //!
-//! A *step* is: write this rank's data into scratch half `step % 2`, publish what it is, arrive,
-//! wait until every peer has arrived, check the peers' publications agree, then read the peers'
-//! scratch directly. Double buffering makes one arrive per step enough: a rank writes half `h`
-//! again only two steps later, after every peer has arrived at the step in between — which each
-//! peer does only after it finished reading half `h`.
+//! A *step* is: write this rank's data into scratch half `step % 2`, publish what it is,
+//! arrive, wait until every peer has arrived, check the peers' publications agree, then read
+//! the peers' scratch directly.
+//! Double buffering makes one arrive per step enough: a rank writes half `h` again only two
+//! steps later, after every peer has arrived at the step in between — which each peer does only
+//! after it finished reading half `h`.
+//!
+//! One cache line per peer carries the arrival and the publication: a waiter that sees a peer's
+//! `phase` (acquire) has the publication in the same line, so checking it costs no further
+//! cache miss. The `phase` of a half's header only grows, and ranks arrive equally often in the
+//! same steps: until a peer's own arrival, its header holds a smaller number than the one a
+//! waiter waits for.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -24,11 +30,12 @@ use comm_core::memory::RegisteredMemory;
 use comm_core::spin::{WaitContext, spin_until};
 use comm_core::{Error, Result};
 
-/// Bytes of the control block at the start of each workspace.
+/// Bytes of the control block at the start of each workspace (a page: the scratch halves
+/// start page-aligned).
 const CONTROL_BYTES: usize = 4096;
-/// Offset of the publication of half 0 (half 1 follows `PUBLICATION_STRIDE` later).
-const PUBLICATION_OFFSET: usize = 64;
-const PUBLICATION_STRIDE: usize = 128;
+/// Bytes of a cache line: each half's header line holds `phase` and the publication.
+const LINE: usize = 64;
+const _: () = assert!(8 * (1 + Publication::WORDS) <= LINE && 2 * LINE <= CONTROL_BYTES);
 /// Default size of one scratch half.
 pub(crate) const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
 
@@ -47,17 +54,39 @@ pub(crate) struct Publication {
     pub(crate) source: u64,
     /// Byte offset of the step's input inside that shared buffer.
     pub(crate) source_offset: u64,
+    /// A payload of at most [`INLINE_BYTES`] carried in the header line itself, so that a peer
+    /// gets it with the arrival instead of one cache miss later.
+    pub(crate) inline: [u64; 2],
 }
 
+/// Bytes of payload a publication carries in the header line.
+pub(crate) const INLINE_BYTES: usize = 16;
+
+/// Bits of the signature word that hold the root (the signature itself uses the low 32 bits
+/// and bit 63).
+const ROOT_SHIFT: u32 = 32;
+const ROOT_MASK: u64 = (1 << 31) - 1;
+
 impl Publication {
-    const WORDS: usize = 6;
+    /// Words after `phase` in the header line: the root shares the signature's word.
+    const WORDS: usize = 7;
 
     fn to_words(self) -> [u64; Self::WORDS] {
-        [self.step, self.signature, self.count, self.root, self.source, self.source_offset]
+        // Roots are ranks, below 2^31.
+        let sig = self.signature & !(ROOT_MASK << ROOT_SHIFT) | (self.root & ROOT_MASK) << ROOT_SHIFT;
+        [self.step, sig, self.count, self.source, self.source_offset, self.inline[0], self.inline[1]]
     }
 
     fn from_words(w: [u64; Self::WORDS]) -> Self {
-        Publication { step: w[0], signature: w[1], count: w[2], root: w[3], source: w[4], source_offset: w[5] }
+        Publication {
+            step: w[0],
+            signature: w[1] & !(ROOT_MASK << ROOT_SHIFT),
+            root: (w[1] >> ROOT_SHIFT) & ROOT_MASK,
+            count: w[2],
+            source: w[3],
+            source_offset: w[4],
+            inline: [w[5], w[6]],
+        }
     }
 }
 
@@ -65,6 +94,9 @@ impl Publication {
 pub(crate) struct Workspace {
     rank: usize,
     all: Vec<RegisteredMemory>,
+    /// Address of every rank's mapped workspace (`all[r].as_ptr()`), checked at construction
+    /// to hold `CONTROL_BYTES + 2 * scratch_bytes` bytes.
+    bases: Vec<usize>,
     connections: Vec<Option<Arc<dyn Connection>>>,
     scratch_bytes: usize,
     /// Times this rank has arrived.
@@ -106,10 +138,16 @@ impl Workspace {
                     m.owner()
                 )));
             }
+            m.check_range(0, len)?;
+            if !(m.as_ptr() as usize).is_multiple_of(LINE) {
+                return Err(Error::protocol(format!("rank {} workspace is not cache-line aligned", m.owner())));
+            }
         }
+        let bases = all.iter().map(|m| m.as_ptr() as usize).collect();
         Ok(Workspace {
             rank,
             all,
+            bases,
             connections,
             scratch_bytes,
             phase: 0,
@@ -144,10 +182,19 @@ impl Workspace {
         (self.step % 2) as usize
     }
 
+    /// The word at byte `offset` of `rank`'s control block.
     fn word(&self, rank: usize, offset: usize) -> &AtomicU64 {
-        // The workspace was checked to be host-mapped and every caller's offset is an aligned
-        // word inside the control block, so this cannot fail.
-        self.all[rank].atomic_u64(offset).expect("control word inside a mapped workspace")
+        debug_assert!(offset < CONTROL_BYTES && offset.is_multiple_of(8));
+        // SAFETY: `bases[rank]` is the start of rank's mapped workspace, which `all` keeps
+        // mapped and which holds at least CONTROL_BYTES bytes (checked in `new`); every caller's
+        // offset is a constant-derived, 8-byte aligned word inside the control block and the
+        // base is cache-line aligned. Peers access these words only atomically.
+        unsafe { &*((self.bases[rank] + offset) as *const AtomicU64) }
+    }
+
+    /// Offset of the current half's header line.
+    fn header(&self) -> usize {
+        self.half() * LINE
     }
 
     /// Address of byte `offset` of `rank`'s scratch for the current step, valid for `len` bytes.
@@ -159,15 +206,15 @@ impl Workspace {
             )));
         }
         let base = CONTROL_BYTES + self.half() * self.scratch_bytes + offset;
-        self.all[rank].check_range(base, len)?;
-        // SAFETY: base + len lies inside rank's mapped workspace (checked just above).
-        Ok(unsafe { self.all[rank].as_ptr().add(base) })
+        // SAFETY: base + len <= CONTROL_BYTES + 2 * scratch_bytes, which lies inside rank's
+        // mapped workspace (checked in `new`).
+        Ok(unsafe { (self.bases[rank] as *mut u8).add(base) })
     }
 
     /// Publishes this rank's description of the current step (read by peers after they wait).
     pub(crate) fn publish(&self, mut p: Publication) {
         p.step = self.step;
-        let base = PUBLICATION_OFFSET + self.half() * PUBLICATION_STRIDE;
+        let base = self.header() + 8;
         for (i, w) in p.to_words().into_iter().enumerate() {
             // Relaxed: the arrive that follows is a release store that orders these.
             self.word(self.rank, base + 8 * i).store(w, Ordering::Relaxed);
@@ -176,7 +223,7 @@ impl Workspace {
 
     /// `rank`'s publication for the current step (valid after [`arrive_and_wait`](Self::arrive_and_wait)).
     pub(crate) fn publication(&self, rank: usize) -> Publication {
-        let base = PUBLICATION_OFFSET + self.half() * PUBLICATION_STRIDE;
+        let base = self.header() + 8;
         let mut w = [0u64; Publication::WORDS];
         for (i, x) in w.iter_mut().enumerate() {
             // Relaxed: ordered by the acquire load of the peer's phase in the wait.
@@ -187,26 +234,30 @@ impl Workspace {
 
     /// Arrives (release: everything this rank wrote so far becomes visible), then waits until
     /// every peer has arrived as often (acquire), bounded by the timeout and peer liveness.
+    /// Every peer's header line is loaded on each pass (no short cut), so their misses overlap.
     pub(crate) fn arrive_and_wait(&mut self, what: &str) -> Result<()> {
         self.phase += 1;
-        self.word(self.rank, 0).store(self.phase, Ordering::Release);
+        let header = self.header();
+        self.word(self.rank, header).store(self.phase, Ordering::Release);
         let target = self.phase;
-        let n = self.world_size();
-        for k in 1..n {
-            let peer = (self.rank + k) % n;
-            let word = self.word(peer, 0);
-            let Some(conn) = self.connections[peer].as_ref() else { continue };
-            let check = || conn.check_peer();
-            let ctx = WaitContext {
-                operation: what,
-                peer: Some(peer),
-                timeout: self.timeout,
-                abort: &self.abort,
-                check_peer: &check,
-            };
-            spin_until(&ctx, || word.load(Ordering::Acquire) >= target)?;
+        let (n, me) = (self.world_size(), self.rank);
+        let ready = |p: usize| self.word(p, header).load(Ordering::Acquire) >= target;
+        let all_ready = || (0..n).filter(|&p| p != me).fold(true, |ok, p| ok & ready(p));
+        let check = || {
+            for c in self.connections.iter().flatten() {
+                c.check_peer()?;
+            }
+            Ok(())
+        };
+        let ctx =
+            WaitContext { operation: what, peer: None, timeout: self.timeout, abort: &self.abort, check_peer: &check };
+        match spin_until(&ctx, all_ready) {
+            // Name the first peer that has not arrived.
+            Err(Error::Timeout { operation, peer: None, waited }) => {
+                Err(Error::Timeout { operation, peer: (0..n).find(|&p| p != me && !ready(p)), waited })
+            }
+            r => r,
         }
-        Ok(())
     }
 
     /// Ends the current step: the next one uses the other scratch half.

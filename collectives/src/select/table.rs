@@ -302,8 +302,8 @@ const ANY_GPU: Option<u32> = None;
 /// The GPU rows (one host's GPUs over NVLink or PCIe, at most 8). Small messages go as LL
 /// packets without any barrier (one-shot; two-shot for medium all-reduces, as LL128 lines on
 /// sm_90 when every GPU pair is joined by NVLink, else as LL16 packets), large ones through
-/// the block-pipelined kernels. The thresholds were measured on H200s (sm_90, `nvidia-h200-x2`
-/// and `-x4`; docs/PERF.md) for 2 and for 4 GPUs; the generic rows (any architecture, or
+/// the block-pipelined kernels. The thresholds come from H200 sweeps for 2 and for 4 GPUs
+/// (docs/PERF.md, "Tuning notes"); the generic rows (any architecture, or
 /// GPUs of different kinds) use the same crossovers until measured elsewhere.
 pub const DEVICE_ROWS: &[Row] = {
     use Algorithm::*;
@@ -311,17 +311,14 @@ pub const DEVICE_ROWS: &[Row] = {
     const K: usize = 1 << 10;
     const M: usize = 1 << 20;
     &[
-        // sm_90, 2 GPUs. LL128 lines from 512 KiB (1 MiB: 11.2 µs instead of 17.0 through the
-        // pipelined kernel; up to 3.75 MiB, then the pipelined kernel takes over).
+        // sm_90, 2 GPUs: LL128 lines from 512 KiB up to 3.75 MiB, then the pipelined kernel.
         device(HOPPER, AllReduce, (2, 3), (0, 512 * K), OneShot),
         device(HOPPER, AllReduce, (2, 3), (512 * K, 4 * M), TwoShotLl128),
         device(HOPPER, AllGather, (2, 3), (0, 2 * M), OneShot),
         device(HOPPER, ReduceScatter, (2, 3), (0, 2 * M), OneShot),
         device(HOPPER, AllToAll, (2, 3), (0, 2 * M), OneShot),
         device(HOPPER, Broadcast, (2, 3), (0, M), OneShot),
-        // sm_90, 3 to 8 GPUs.
-        // 4 GPUs, LL128 two-shot vs LL16 two-shot: 512 KiB 10.6 µs vs 14.4, 1 MiB 11.3 vs 19.0;
-        // vs the pipelined kernel: 2 MiB 20.2 vs 24.8.
+        // sm_90, 3 to 8 GPUs: LL128 two-shot beats LL16 and the pipelined kernel in its range.
         device(HOPPER, AllReduce, (3, 9), (0, 512 * K), OneShot),
         device(HOPPER, AllReduce, (3, 9), (512 * K, 4 * M), TwoShotLl128),
         device(HOPPER, AllGather, (3, 9), (0, 2 * M), OneShot),

@@ -3,7 +3,8 @@
 //!
 //! ```text
 //! bench-worker [--op OP] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T] [--redop OP]
-//!              [--iters N] [--warmup N] [--check] [--inplace]
+//!              [--iters N] [--warmup N] [--rounds K] [--turns SOCKET]
+//!              [--turn-timeout SECS] [--check] [--inplace]
 //! ```
 //!
 //! Launched as N ranks (`cargo xtask bench`, or `cargo xtask launch -n N -- bench-worker …`).
@@ -15,10 +16,18 @@
 //!   all_gather, reduce_scatter and all_to_all use `count = (size / elt / n)` rounded down to
 //!   a multiple of 16 bytes, per rank (per block), as nccl-tests does; the size printed is
 //!   then `count × n × elt`.
-//! - **Timing**: per size, `--warmup` untimed calls, then `--iters` calls each timed on its own
-//!   with a monotonic clock (no barrier between calls). Afterwards the per-call times are
-//!   all-reduced with MAX through the communicator (outside the timed region), and the median
-//!   of those maxima is reported.
+//! - **Timing**: per size, `--rounds` batches (default 1); a batch is `--warmup` untimed calls,
+//!   then `--iters` calls each timed on its own with a monotonic clock (no barrier between
+//!   calls). After the last batch the per-call times of all batches are all-reduced with MAX
+//!   through the communicator (outside the timed region), and the median of those maxima is
+//!   reported.
+//! - **Turns** (`--turns SOCKET`): the driver (`cargo xtask bench`) listens on the Unix socket
+//!   SOCKET and lets this job and the baseline's take turns, one batch at a time. Each rank
+//!   connects once it is up and sends `weave RANK\n`; then, before every batch, it blocks (no
+//!   spinning, so the other job has the CPUs) until it reads one byte `g`, and after the batch
+//!   it writes one byte `d` (after the last batch of a size: once rank 0's line is printed).
+//!   A closed socket, or no turn within `--turn-timeout` seconds (default 600), ends the rank
+//!   with an error.
 //! - **Check** (`--check`): before every call (untimed) the input is restored and the output
 //!   poisoned; after it (untimed) every element of the result is compared with the exact
 //!   expected value. Inputs are small integers, so every result is exact in every type; only
@@ -33,7 +42,9 @@
 //! same CPU — their waits then went through the scheduler). Nothing else it prints to stdout starts with `{`. Errors go to stderr
 //! with exit status 1; a bad command line exits 2.
 
-use std::time::Instant;
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::time::{Duration, Instant};
 
 use collectives::{Collective, Communicator, DataType, Element, ReduceOp, bf16, f16};
 use comm_core::{Error, Result};
@@ -46,7 +57,7 @@ const SENTINEL: f64 = -77.0;
 
 /// The usage text printed on a command-line mistake.
 const USAGE: &str = "usage: bench-worker [--op OP] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T] [--redop OP] \
-[--iters N] [--warmup N] [--check] [--inplace]
+[--iters N] [--warmup N] [--rounds K] [--turns SOCKET] [--turn-timeout SECS] [--check] [--inplace]
   OP: all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all
   sizes in bytes, with an optional K/M/G suffix (powers of 1024): 8, 64K, 64M, 1G";
 
@@ -63,6 +74,12 @@ struct Options {
     warmup: usize,
     check: bool,
     inplace: bool,
+    /// Batches per size.
+    rounds: usize,
+    /// The driver's turn socket, if any.
+    turns: Option<String>,
+    /// How long to wait for a turn.
+    turn_timeout: Duration,
 }
 
 impl Default for Options {
@@ -78,6 +95,9 @@ impl Default for Options {
             warmup: 5,
             check: false,
             inplace: false,
+            rounds: 1,
+            turns: None,
+            turn_timeout: Duration::from_secs(600),
         }
     }
 }
@@ -158,6 +178,9 @@ fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options
             }
             "--iters" => o.iters = count(value("a count")?, 1)?,
             "--warmup" => o.warmup = count(value("a count")?, 0)?,
+            "--rounds" => o.rounds = count(value("a count")?, 1)?,
+            "--turns" => o.turns = Some(value("a socket path")?),
+            "--turn-timeout" => o.turn_timeout = Duration::from_secs(count(value("seconds")?, 1)? as u64),
             "--check" if attached.is_none() => o.check = true,
             "--inplace" if attached.is_none() => o.inplace = true,
             _ => return Err(format!("unexpected argument {arg:?}")),
@@ -344,7 +367,7 @@ impl Case<'_> {
 
     /// Runs one size; returns the per-call times in microseconds (this rank's) and the number
     /// of wrong elements this rank saw.
-    fn run<T: Element>(&self) -> Result<(Vec<f64>, u64)> {
+    fn run<T: Element>(&self, turns: &mut Turns) -> Result<(Vec<f64>, u64)> {
         let (len_a, len_b) = self.lengths();
         let init = self.initial::<T>(len_a)?;
         let mut a = init.clone();
@@ -353,25 +376,32 @@ impl Case<'_> {
         let expected = if self.o.check { self.expected::<T>()? } else { None };
         let avg_float = self.o.redop == ReduceOp::Avg && self.reduces() && T::DTYPE.is_float();
         let tol = tolerance(T::DTYPE);
-        let mut times = Vec::with_capacity(self.o.iters);
+        let mut times = Vec::with_capacity(self.o.iters * self.o.rounds);
         let mut wrong = 0u64;
-        for it in 0..self.o.warmup + self.o.iters {
-            if self.o.check {
-                if self.o.inplace {
-                    a.copy_from_slice(&init);
-                } else {
-                    b.fill(T::from_f64(SENTINEL));
+        for round in 0..self.o.rounds {
+            if round > 0 {
+                // The other job runs its batch of this size between two of ours.
+                turns.done()?;
+                turns.wait()?;
+            }
+            for it in 0..self.o.warmup + self.o.iters {
+                if self.o.check {
+                    if self.o.inplace {
+                        a.copy_from_slice(&init);
+                    } else {
+                        b.fill(T::from_f64(SENTINEL));
+                    }
                 }
-            }
-            let t0 = Instant::now();
-            self.call(&mut a, &mut b)?;
-            let us = t0.elapsed().as_secs_f64() * 1e6;
-            if it >= self.o.warmup {
-                times.push(us);
-            }
-            if let Some((offset, want)) = &expected {
-                let got = if self.o.inplace { &a[*offset..*offset + want.len()] } else { &b[..want.len()] };
-                wrong += count_wrong(got, want, avg_float.then_some(tol));
+                let t0 = Instant::now();
+                self.call(&mut a, &mut b)?;
+                let us = t0.elapsed().as_secs_f64() * 1e6;
+                if it >= self.o.warmup {
+                    times.push(us);
+                }
+                if let Some((offset, want)) = &expected {
+                    let got = if self.o.inplace { &a[*offset..*offset + want.len()] } else { &b[..want.len()] };
+                    wrong += count_wrong(got, want, avg_float.then_some(tol));
+                }
             }
         }
         Ok((times, wrong))
@@ -424,24 +454,64 @@ struct Line {
     shared_cpu: bool,
 }
 
+/// This rank's end of the driver's turn socket (`--turns`); without one, every turn is ours.
+struct Turns {
+    stream: Option<UnixStream>,
+}
+
+impl Turns {
+    /// Connects to the driver and says which rank this is (once the communicator is up).
+    fn connect(o: &Options, rank: usize) -> Result<Turns> {
+        let Some(path) = &o.turns else { return Ok(Turns { stream: None }) };
+        let io = |what: &str, e: std::io::Error| Error::protocol(format!("turn socket {path}: {what}: {e}"));
+        let mut stream = UnixStream::connect(path).map_err(|e| io("connect", e))?;
+        stream.set_read_timeout(Some(o.turn_timeout)).map_err(|e| io("set_read_timeout", e))?;
+        stream.write_all(format!("weave {rank}\n").as_bytes()).map_err(|e| io("hello", e))?;
+        Ok(Turns { stream: Some(stream) })
+    }
+
+    /// Blocks until the driver gives this job the next turn.
+    fn wait(&mut self) -> Result<()> {
+        let Some(s) = self.stream.as_mut() else { return Ok(()) };
+        let mut b = [0u8; 1];
+        match s.read(&mut b) {
+            Ok(1) if b[0] == b'g' => Ok(()),
+            Ok(0) => Err(Error::protocol("the bench driver closed the turn socket")),
+            Ok(_) => Err(Error::protocol(format!("unexpected turn byte {:?}", b[0] as char))),
+            Err(e) => Err(Error::protocol(format!("waiting for a turn: {e}"))),
+        }
+    }
+
+    /// Hands the turn back to the driver.
+    fn done(&mut self) -> Result<()> {
+        let Some(s) = self.stream.as_mut() else { return Ok(()) };
+        s.write_all(b"d").map_err(|e| Error::protocol(format!("ending a turn: {e}")))
+    }
+}
+
 fn run(o: &Options) -> Result<()> {
     let comm = Communicator::from_env()?;
+    let mut turns = Turns::connect(o, comm.rank())?;
     for size in sizes(o.min_bytes, o.max_bytes, o.factor) {
+        turns.wait()?;
+        let t = &mut turns;
         let line = match o.dtype {
-            DataType::F64 => run_size::<f64>(&comm, o, size)?,
-            DataType::F32 => run_size::<f32>(&comm, o, size)?,
-            DataType::F16 => run_size::<f16>(&comm, o, size)?,
-            DataType::Bf16 => run_size::<bf16>(&comm, o, size)?,
-            DataType::I64 => run_size::<i64>(&comm, o, size)?,
-            DataType::I32 => run_size::<i32>(&comm, o, size)?,
-            DataType::U64 => run_size::<u64>(&comm, o, size)?,
-            DataType::U32 => run_size::<u32>(&comm, o, size)?,
-            DataType::I8 => run_size::<i8>(&comm, o, size)?,
-            DataType::U8 => run_size::<u8>(&comm, o, size)?,
+            DataType::F64 => run_size::<f64>(&comm, o, size, t)?,
+            DataType::F32 => run_size::<f32>(&comm, o, size, t)?,
+            DataType::F16 => run_size::<f16>(&comm, o, size, t)?,
+            DataType::Bf16 => run_size::<bf16>(&comm, o, size, t)?,
+            DataType::I64 => run_size::<i64>(&comm, o, size, t)?,
+            DataType::I32 => run_size::<i32>(&comm, o, size, t)?,
+            DataType::U64 => run_size::<u64>(&comm, o, size, t)?,
+            DataType::U32 => run_size::<u32>(&comm, o, size, t)?,
+            DataType::I8 => run_size::<i8>(&comm, o, size, t)?,
+            DataType::U8 => run_size::<u8>(&comm, o, size, t)?,
         };
         if comm.rank() == 0 {
+            // Rust's stdout is line-buffered: the line is out before the turn ends.
             println!("{}", json_line(o, comm.world_size(), &line));
         }
+        turns.done()?;
     }
     Ok(())
 }
@@ -455,12 +525,12 @@ fn count_for(op: Collective, size: usize, elt: usize, n: usize) -> usize {
     }
 }
 
-fn run_size<T: Element>(comm: &Communicator, o: &Options, size: usize) -> Result<Line> {
+fn run_size<T: Element>(comm: &Communicator, o: &Options, size: usize, turns: &mut Turns) -> Result<Line> {
     let (me, n) = (comm.rank(), comm.world_size());
     let elt = std::mem::size_of::<T>();
     let count = count_for(o.op, size, elt, n);
     let case = Case { comm, o, me, n, count };
-    let (times, wrong) = case.run::<T>()?;
+    let (times, wrong) = case.run::<T>(turns)?;
     // Outside the timed region: the slowest rank's time of every call, and the total of wrong
     // elements.
     let mut max_times = vec![0.0f64; times.len()];

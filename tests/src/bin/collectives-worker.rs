@@ -18,6 +18,7 @@ fn main() {
         "split" => split(),
         "mismatch" => mismatch(),
         "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
+        "channel-kill" => channel_kill(),
         "p2p-channel" => comm_core::bootstrap::from_env()
             .and_then(|b| {
                 Communicator::builder(b).with_algorithm(Collective::SendRecv, Algorithm::ChannelDirect).build()
@@ -351,4 +352,33 @@ fn shared() -> Result<String> {
         return Err(Error::protocol("shared buffer back on its own communicator gave a wrong sum"));
     }
     Ok(format!("{} shared-buffer all-reduces verified", checked + 2))
+}
+
+/// The channel family with a rank SIGKILLed in the middle of large all-reduces: every other
+/// rank must get `PeerLost` or `Timeout` (never hang), and the job must leave no segment behind.
+fn channel_kill() -> Result<String> {
+    let comm = Communicator::builder(comm_core::bootstrap::from_env()?)
+        .with_algorithm(Collective::AllReduce, Algorithm::ChannelRing)
+        .build()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let victim = n - 1;
+    let send = vec![1.0f32; 16 << 20];
+    let mut recv = vec![0.0f32; 16 << 20];
+    comm.all_reduce(&send[..1024], &mut recv[..1024], ReduceOp::Sum)?; // links are up
+    if me == victim {
+        std::thread::sleep(std::time::Duration::from_millis(300)); // the others are mid-collective
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).map_err(|e| Error::errno("raise SIGKILL", e))?;
+        return Err(Error::protocol("SIGKILL returned"));
+    }
+    let started = std::time::Instant::now();
+    for _ in 0..10_000 {
+        match comm.all_reduce(&send, &mut recv, ReduceOp::Sum) {
+            Ok(()) => continue,
+            Err(e @ (Error::PeerLost { .. } | Error::Timeout { .. })) => {
+                return Ok(format!("all_reduce failed after {:?} as it should: {e}", started.elapsed()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::protocol("10,000 all-reduces went through with a killed peer"))
 }
