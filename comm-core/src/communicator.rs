@@ -31,10 +31,14 @@ use crate::transport::{Transport, TransportBackend, TransportContext, TransportF
 use crate::wire::{Decoder, Encoder};
 
 /// Magic of the endpoint table every rank contributes at build time.
+///
+/// Wire format (little-endian): magic `WVEP`, version, rank `u32`, host identity (`u32` length +
+/// UTF-8), number of transports `u8`, then per transport its name (`u32` length + bytes, see
+/// [`Transport::encode`]) and its endpoint (`u32` length + bytes).
 const ENDPOINTS_MAGIC: [u8; 4] = *b"WVEP";
 /// Version of the communicator's setup messages (endpoint table here; status and semaphore
-/// handshake in `registration.rs`).
-pub(crate) const WIRE_VERSION: u16 = 2;
+/// handshake in `registration.rs`). 3: transports named, not flag bits.
+pub(crate) const WIRE_VERSION: u16 = 3;
 
 fn next_communicator_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
@@ -86,11 +90,11 @@ impl CommunicatorBuilder {
             config: config.clone(),
             abort: abort.clone(),
         };
-        let allowed = config.transports.unwrap_or(Transport::all());
+        let allowed = |t: Transport| config.transports.as_ref().is_none_or(|set| set.contains(t));
         let mut backends: Vec<Arc<dyn TransportBackend>> = Vec::new();
         for f in &self.factories {
             let t = f.transport();
-            if !allowed.contains(t) {
+            if !allowed(t) {
                 continue;
             }
             if backends.iter().any(|b| b.transport() == t) {
@@ -110,17 +114,16 @@ impl CommunicatorBuilder {
             return Err(Error::invalid(format!(
                 "no transport is available (builder had {}, WEAVE_TRANSPORTS allows {}); add one with with_transport",
                 self.factories.iter().map(|f| f.transport().name()).collect::<Vec<_>>().join(","),
-                allowed.name()
+                config.transports.as_ref().map_or_else(|| "all".to_string(), ToString::to_string)
             )));
         }
 
         let host = crate::host::host_identity(config.host_id.as_deref());
-        let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
-        e.u32(rank as u32).str(&host).u8(backends.len() as u8);
+        let mut table = Vec::with_capacity(backends.len());
         for b in &backends {
-            e.u32(b.transport().bits()).bytes(&b.local_endpoint()?);
+            table.push((b.transport(), b.local_endpoint()?));
         }
-        let gathered = bootstrap.all_gather(&e.finish())?;
+        let gathered = bootstrap.all_gather(&encode_endpoints(rank, &host, &table)?)?;
         let mut endpoints = Vec::with_capacity(world_size);
         let mut hosts = Vec::with_capacity(world_size);
         for (r, bytes) in gathered.iter().enumerate() {
@@ -170,6 +173,21 @@ impl CommunicatorBuilder {
 /// A rank's host identity and its (transport, endpoint) list.
 type EndpointTable = (String, Vec<(Transport, Vec<u8>)>);
 
+fn encode_endpoints(rank: usize, host: &str, table: &[(Transport, Vec<u8>)]) -> Result<Vec<u8>> {
+    let n = u8::try_from(table.len()).map_err(|_| {
+        Error::invalid(format!("{} transports opened; at most 255 fit the endpoint table", table.len()))
+    })?;
+    let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
+    e.u32(rank as u32).str(host).u8(n);
+    for (t, endpoint) in table {
+        t.encode(&mut e);
+        e.bytes(endpoint);
+    }
+    Ok(e.finish())
+}
+
+/// Reads rank `from`'s table. Transports this process never registered are left out (this rank
+/// has none of them, so they reach nothing from here); a transport named twice is garbage.
 fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
     let mut d = Decoder::new(bytes, ENDPOINTS_MAGIC, WIRE_VERSION, "endpoint table")?;
     let r = d.u32()? as usize;
@@ -184,11 +202,13 @@ fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
     let n = d.u8()?;
     let mut out = Vec::with_capacity(n as usize);
     for _ in 0..n {
-        let bits = d.u32()?;
-        let t = Transport::from_bits(bits)
-            .filter(|t| t.bits().count_ones() == 1)
-            .ok_or_else(|| Error::protocol(format!("endpoint table from rank {from}: bad transport {bits:#x}")))?;
-        out.push((t, d.bytes()?.to_vec()));
+        let t = Transport::decode(&mut d, "endpoint table")?;
+        let endpoint = d.bytes()?;
+        let Some(t) = t else { continue };
+        if out.iter().any(|(x, _)| *x == t) {
+            return Err(Error::protocol(format!("endpoint table from rank {from} names transport {t} twice")));
+        }
+        out.push((t, endpoint.to_vec()));
     }
     d.finish()?;
     Ok((host, out))
@@ -510,6 +530,61 @@ pub(crate) mod tests {
             }
             assert!(matches!(channels[0].put(4096 * n - 1, 0, 2), Err(Error::InvalidArgument(_))));
         });
+    }
+
+    #[test]
+    fn endpoint_tables_round_trip_and_skip_unknown_transports() {
+        let (a, b) = (Transport::named("ep-test-a").unwrap(), Transport::named("ep-test-b").unwrap());
+        let table = vec![(a, vec![1, 2, 3]), (b, vec![])];
+        let bytes = encode_endpoints(4, "host/boot", &table).unwrap();
+        assert_eq!(decode_endpoints(&bytes, 4).unwrap(), ("host/boot".to_string(), table.clone()));
+        assert!(matches!(decode_endpoints(&bytes, 3), Err(Error::Protocol(_))));
+        for cut in 0..bytes.len() {
+            assert!(matches!(decode_endpoints(&bytes[..cut], 4), Err(Error::Protocol(_))), "truncated at {cut}");
+        }
+
+        // A transport this process never registered is skipped, and stays unregistered.
+        let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
+        e.u32(0).str("h").u8(3).str("ep-test-unknown").bytes(&[9; 5]).str("ep-test-b").bytes(&[7]);
+        e.str("ep-test-unknown2").bytes(&[]);
+        assert_eq!(decode_endpoints(&e.finish(), 0).unwrap(), ("h".to_string(), vec![(b, vec![7])]));
+        assert_eq!(Transport::lookup("ep-test-unknown"), None);
+    }
+
+    #[test]
+    fn endpoint_tables_with_bad_names_are_protocol_errors() {
+        let table = |names: &[&[u8]]| {
+            let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
+            e.u32(0).str("h").u8(names.len() as u8);
+            for name in names {
+                e.bytes(name).bytes(&[1]);
+            }
+            e.finish()
+        };
+        let long = [b'a'; 33];
+        for bad in [&b""[..], b"EP", b"a/b", b"\xc3\x28", &long] {
+            assert!(matches!(decode_endpoints(&table(&[bad]), 0), Err(Error::Protocol(_))), "{bad:?} decoded");
+        }
+        Transport::named("ep-test-twice").unwrap();
+        assert!(matches!(decode_endpoints(&table(&[b"ep-test-twice", b"ep-test-twice"]), 0), Err(Error::Protocol(_))));
+        // A count larger than the entries present (after magic, version, rank and host "h").
+        let mut short = table(&[b"ep-test-twice"]);
+        short[6 + 4 + (4 + 1)] = 2;
+        assert!(matches!(decode_endpoints(&short, 0), Err(Error::Protocol(_))));
+    }
+
+    #[test]
+    fn weave_transports_filters_factories_by_name() {
+        let build = |allowed: &str| {
+            let b = LoopbackBootstrap::group(1, Duration::from_secs(5)).pop().unwrap();
+            let set = crate::config::TransportSet::parse(allowed).unwrap();
+            let config = Config { transports: Some(set), ..Config::default() };
+            Communicator::builder(b).with_transport(LoopbackTransport).with_config(config).build()
+        };
+        let r = build("not-compiled-in");
+        assert!(matches!(&r, Err(Error::InvalidArgument(m)) if m.contains("allows not-compiled-in")), "{r:?}");
+        let comm = build("not-compiled-in,loopback").unwrap();
+        assert!(comm.backend(crate::loopback::transport()).is_some());
     }
 
     #[test]

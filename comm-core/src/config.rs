@@ -5,7 +5,7 @@
 //! | variable | meaning | default |
 //! |---|---|---|
 //! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed) | `60` |
-//! | `WEAVE_TRANSPORTS` | comma list of transports to use (`shm,loopback,cudaipc,ib`) | all compiled in |
+//! | `WEAVE_TRANSPORTS` | comma list of transport names to use (e.g. `shm`; preference stays the builder's order), see [`TransportSet`] | every transport given to the builder |
 //! | `WEAVE_HOST_ID` | this rank's host identity: ranks with equal ids form one node (lets one machine pose as several nodes) | `hostname/boot-id` |
 //! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
@@ -14,6 +14,7 @@
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
 
+use std::fmt;
 use std::time::{Duration, Instant};
 
 use crate::error::{Error, Result};
@@ -40,8 +41,9 @@ pub enum LogLevel {
 pub struct Config {
     /// Bound on every blocking call (bootstrap, semaphore waits, proxy flushes).
     pub timeout: Duration,
-    /// Transports allowed at run time; `None` means every transport that was given to the builder.
-    pub transports: Option<Transport>,
+    /// Transports allowed at run time (`WEAVE_TRANSPORTS`); `None` means every transport that
+    /// was given to the builder.
+    pub transports: Option<TransportSet>,
     /// Host identity override (`WEAVE_HOST_ID`); `None` means `hostname/boot-id`
     /// (see [`crate::host`]).
     pub host_id: Option<String>,
@@ -76,7 +78,7 @@ impl Config {
         }
         if let Some(v) = var("WEAVE_TRANSPORTS") {
             c.transports =
-                Some(Transport::parse_list(&v).map_err(|e| Error::invalid(format!("WEAVE_TRANSPORTS={v:?}: {e}")))?);
+                Some(TransportSet::parse(&v).map_err(|e| Error::invalid(format!("WEAVE_TRANSPORTS={v:?}: {e}")))?);
         }
         c.host_id = host_id_from_env()?;
         if let Some(v) = var("WEAVE_DEBUG") {
@@ -98,6 +100,65 @@ impl Config {
     /// True when messages at `level` should be printed.
     pub fn logs(&self, level: LogLevel) -> bool {
         level <= self.log_level && level != LogLevel::Off
+    }
+}
+
+/// The transports a communicator may use, by name: what `WEAVE_TRANSPORTS` allows.
+///
+/// Names are checked ([`Transport::check_name`]) but not registered: a name no transport of this
+/// build answers to is allowed (that transport may simply not be compiled in) and matches
+/// nothing. The order does not matter; the builder's order decides preference.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TransportSet {
+    names: Vec<String>,
+}
+
+impl TransportSet {
+    /// The set of `names`; [`Error::InvalidArgument`] on a malformed name or an empty list.
+    pub fn new<I, S>(names: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = S>,
+        S: AsRef<str>,
+    {
+        let mut set = TransportSet { names: Vec::new() };
+        for name in names {
+            let name = name.as_ref();
+            Transport::check_name(name)?;
+            if !set.names.iter().any(|n| n == name) {
+                set.names.push(name.to_string());
+            }
+        }
+        if set.names.is_empty() {
+            return Err(Error::invalid("the list of transports is empty; name at least one"));
+        }
+        Ok(set)
+    }
+
+    /// Parses a comma-separated list (`shm,mynet`); blanks around names are ignored.
+    pub fn parse(list: &str) -> Result<Self> {
+        TransportSet::new(list.split(',').map(str::trim).filter(|p| !p.is_empty()))
+    }
+
+    /// Whether transport `t` is allowed.
+    pub fn contains(&self, t: Transport) -> bool {
+        self.allows(t.name())
+    }
+
+    /// Whether the transport called `name` is allowed.
+    pub fn allows(&self, name: &str) -> bool {
+        self.names.iter().any(|n| n == name)
+    }
+
+    /// The names, in the order given, without repeats.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.names.iter().map(String::as_str)
+    }
+}
+
+impl fmt::Display for TransportSet {
+    /// The names joined by commas, as `WEAVE_TRANSPORTS` writes them.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.names.join(","))
     }
 }
 
@@ -207,6 +268,20 @@ mod tests {
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("4X").is_err());
         assert!(parse_bytes("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn transport_sets_take_valid_names_known_or_not() {
+        let known = Transport::named("config-test-known").unwrap();
+        let set = TransportSet::parse(" config-test-known , not-compiled-in,,config-test-known ").unwrap();
+        assert_eq!(set.names().collect::<Vec<_>>(), ["config-test-known", "not-compiled-in"]);
+        assert_eq!(set.to_string(), "config-test-known,not-compiled-in");
+        assert!(set.contains(known) && set.allows("not-compiled-in") && !set.allows("other"));
+        assert_eq!(Transport::lookup("not-compiled-in"), None, "parsing registered a name");
+        assert!(!TransportSet::parse("config-test-other").unwrap().contains(known));
+        for bad in ["", " , ", "Known", "a b", "a;b", &"x".repeat(33)] {
+            assert!(matches!(TransportSet::parse(bad), Err(Error::InvalidArgument(_))), "{bad:?} was accepted");
+        }
     }
 
     #[test]

@@ -46,7 +46,7 @@ pub enum Error {
     /// A transport failed to do its job (map memory, connect, copy).
     #[error("transport {transport} failed: {message}")]
     Transport {
-        /// The transport's name (`shm`, `loopback`, `cudaipc`, `ib`, or a user transport).
+        /// The transport's name ([`Transport::name`](crate::transport::Transport::name)).
         transport: String,
         /// What failed.
         message: String,

@@ -7,7 +7,7 @@
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, Weak};
+use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
@@ -25,7 +25,7 @@ const WIRE_VERSION: u16 = 1;
 /// Regions exported through the loopback transport, by key. Importers look regions up here
 /// instead of trusting an address from the peer.
 fn registry() -> &'static Mutex<HashMap<u64, Weak<LoopbackRegion>>> {
-    static REGISTRY: std::sync::OnceLock<Mutex<HashMap<u64, Weak<LoopbackRegion>>>> = std::sync::OnceLock::new();
+    static REGISTRY: OnceLock<Mutex<HashMap<u64, Weak<LoopbackRegion>>>> = OnceLock::new();
     REGISTRY.get_or_init(|| Mutex::new(HashMap::new()))
 }
 
@@ -36,11 +36,25 @@ fn next_key() -> u64 {
 
 /// Identifies this process instance (pid alone can repeat across reboots or containers).
 fn process_nonce() -> u64 {
-    static NONCE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+    static NONCE: OnceLock<u64> = OnceLock::new();
     *NONCE.get_or_init(|| {
         let t = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
         crate::wire::digest64(&[&t.to_le_bytes(), &std::process::id().to_le_bytes()])
     })
+}
+
+/// The name the loopback transport registers.
+pub const NAME: &str = "loopback";
+
+/// The loopback transport's id, registered on first use.
+///
+/// # Panics
+///
+/// If the process registered [`MAX_TRANSPORTS`](crate::transport::MAX_TRANSPORTS) other
+/// transport names before this one.
+pub fn transport() -> Transport {
+    static ID: OnceLock<Transport> = OnceLock::new();
+    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
 }
 
 /// The loopback transport factory: hand it to the communicator builder in in-process tests.
@@ -49,7 +63,7 @@ pub struct LoopbackTransport;
 
 impl TransportFactory for LoopbackTransport {
     fn transport(&self) -> Transport {
-        Transport::LOOPBACK
+        transport()
     }
 
     fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
@@ -101,7 +115,7 @@ fn decode_endpoint(bytes: &[u8]) -> Result<(u32, u64)> {
 
 impl TransportBackend for LoopbackBackend {
     fn transport(&self) -> Transport {
-        Transport::LOOPBACK
+        transport()
     }
 
     fn local_endpoint(&self) -> Result<Vec<u8>> {
@@ -140,7 +154,7 @@ impl TransportBackend for LoopbackBackend {
     ) -> Result<Arc<dyn MemoryRegion>> {
         let (pid, nonce) = decode_endpoint(peer_endpoint)?;
         if pid != std::process::id() || nonce != process_nonce() {
-            return Err(Error::transport("loopback", format!("rank {peer} is in another process")));
+            return Err(Error::transport(NAME, format!("rank {peer} is in another process")));
         }
         if kind != MemoryKind::Host {
             return Err(Error::protocol(format!("loopback import from rank {peer}: {kind:?} memory")));
@@ -148,10 +162,12 @@ impl TransportBackend for LoopbackBackend {
         let mut d = Decoder::new(payload, EXPORT_MAGIC, WIRE_VERSION, "loopback export")?;
         let key = d.u64()?;
         d.finish()?;
-        let region =
-            registry().lock().unwrap_or_else(|p| p.into_inner()).get(&key).and_then(Weak::upgrade).ok_or_else(
-                || Error::transport("loopback", format!("rank {peer} exported region {key}, which is gone")),
-            )?;
+        let region = registry()
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get(&key)
+            .and_then(Weak::upgrade)
+            .ok_or_else(|| Error::transport(NAME, format!("rank {peer} exported region {key}, which is gone")))?;
         if region.len() < len {
             return Err(Error::protocol(format!("loopback import from rank {peer}: region shorter than {len} bytes")));
         }
@@ -162,7 +178,7 @@ impl TransportBackend for LoopbackBackend {
         if peer == self.rank {
             return Err(Error::invalid("a loopback connection needs a peer other than this rank"));
         }
-        Ok(Arc::new(DirectConnection::new(Transport::LOOPBACK, peer, Box::new(|| Ok(())))))
+        Ok(Arc::new(DirectConnection::new(transport(), peer, Box::new(|| Ok(())))))
     }
 
     fn as_any(&self) -> &dyn Any {

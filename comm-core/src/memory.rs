@@ -79,7 +79,9 @@ pub trait MemoryRegion: Send + Sync + Any {
 ///
 /// Wire format (little-endian): magic `WVMR`, version, owner rank `u32`, sequence `u64`, digest
 /// `u64`, kind (`u8` tag + `u32` device), length `u64`, label (`u32` length + UTF-8), number of
-/// exports `u8`, then per export a transport flag `u32` and a payload (`u32` length + bytes).
+/// exports `u8`, then per export a transport name (`u32` length + bytes, see
+/// [`Transport::encode`]) and a payload (`u32` length + bytes). Exports through transports this
+/// process never registered are left out when decoding: this rank cannot import through them.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MemoryDescriptor {
     /// Rank that owns the memory.
@@ -94,12 +96,13 @@ pub struct MemoryDescriptor {
     pub len: usize,
     /// The name the owner gave the registration.
     pub label: String,
-    /// How each transport can reach it: (transport flag, transport-specific payload).
+    /// How each transport can reach it: (transport, transport-specific payload).
     pub exports: Vec<(Transport, Vec<u8>)>,
 }
 
 const DESCRIPTOR_MAGIC: [u8; 4] = *b"WVMR";
-const DESCRIPTOR_VERSION: u16 = 1;
+/// 2: exports name their transports, not flag bits.
+const DESCRIPTOR_VERSION: u16 = 2;
 
 impl MemoryDescriptor {
     /// The digest every rank computes for registration step `seq` with this label and kind.
@@ -120,13 +123,15 @@ impl MemoryDescriptor {
         self.kind.encode(&mut e);
         e.usize(self.len).str(&self.label).u8(self.exports.len() as u8);
         for (t, payload) in &self.exports {
-            e.u32(t.bits()).bytes(payload);
+            t.encode(&mut e);
+            e.bytes(payload);
         }
         e.finish()
     }
 
-    /// Parses and checks a descriptor: every length, the memory kind, and that each export
-    /// names exactly one transport.
+    /// Parses and checks a descriptor: every length, the memory kind, and each export's
+    /// transport name. Exports through transports this process never registered are dropped;
+    /// a transport named twice is an [`Error::Protocol`].
     pub fn decode(bytes: &[u8]) -> Result<Self> {
         let mut d = Decoder::new(bytes, DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION, "memory descriptor")?;
         let owner = d.u32()? as usize;
@@ -143,11 +148,13 @@ impl MemoryDescriptor {
         let n = d.u8()?;
         let mut exports = Vec::with_capacity(n as usize);
         for _ in 0..n {
-            let bits = d.u32()?;
-            let t = Transport::from_bits(bits)
-                .filter(|t| t.bits().count_ones() == 1)
-                .ok_or_else(|| Error::protocol(format!("memory descriptor: bad transport flag {bits:#x}")))?;
-            exports.push((t, d.bytes()?.to_vec()));
+            let t = Transport::decode(&mut d, "memory descriptor")?;
+            let payload = d.bytes()?;
+            let Some(t) = t else { continue };
+            if exports.iter().any(|(x, _)| *x == t) {
+                return Err(Error::protocol(format!("memory descriptor: transport {t} exported twice")));
+            }
+            exports.push((t, payload.to_vec()));
         }
         d.finish()?;
         Ok(MemoryDescriptor { owner, seq, digest, kind, len, label, exports })
@@ -428,8 +435,47 @@ mod tests {
             kind: MemoryKind::Host,
             len,
             label: "buf".into(),
-            exports: vec![(Transport::SHM, vec![1, 2, 3]), (Transport::IB, vec![])],
+            exports: vec![(named("mem-test-a"), vec![1, 2, 3]), (named("mem-test-b"), vec![])],
         }
+    }
+
+    fn named(name: &str) -> Transport {
+        Transport::named(name).unwrap()
+    }
+
+    /// `descriptor(8)`'s bytes with `exports` in place of its own.
+    fn with_exports(exports: &[(&[u8], &[u8])]) -> Vec<u8> {
+        let d = descriptor(8);
+        let mut e = Encoder::new(DESCRIPTOR_MAGIC, DESCRIPTOR_VERSION);
+        e.u32(d.owner as u32).u64(d.seq).u64(d.digest);
+        d.kind.encode(&mut e);
+        e.usize(d.len).str(&d.label).u8(exports.len() as u8);
+        for (name, payload) in exports {
+            e.bytes(name).bytes(payload);
+        }
+        e.finish()
+    }
+
+    #[test]
+    fn exports_through_unknown_transports_are_dropped() {
+        assert_eq!(MemoryDescriptor::decode(&with_exports(&[])).unwrap().exports, vec![]);
+        let bytes =
+            with_exports(&[(b"mem-test-unknown", b"xyz"), (b"mem-test-a", b"\x01"), (b"mem-test-unknown-2", b"")]);
+        let d = MemoryDescriptor::decode(&bytes).unwrap();
+        assert_eq!(d.exports, vec![(named("mem-test-a"), vec![1])]);
+        assert_eq!(d.export_for(named("mem-test-a")), Some(&[1u8][..]));
+        assert_eq!(Transport::lookup("mem-test-unknown"), None, "decoding registered a name");
+    }
+
+    #[test]
+    fn malformed_or_repeated_export_names_are_protocol_errors() {
+        let long = [b'm'; 33];
+        for bad in [&b""[..], b"Mem", b"mem test", b"\xff", &long] {
+            let r = MemoryDescriptor::decode(&with_exports(&[(bad, b"p")]));
+            assert!(matches!(r, Err(Error::Protocol(_))), "{bad:?} gave {r:?}");
+        }
+        let twice = with_exports(&[(b"mem-test-a", b"1"), (b"mem-test-a", b"2")]);
+        assert!(matches!(MemoryDescriptor::decode(&twice), Err(Error::Protocol(_))));
     }
 
     #[test]
@@ -463,7 +509,7 @@ mod tests {
     #[test]
     fn access_is_bounds_checked() {
         let region: Arc<dyn MemoryRegion> = Arc::new(HeapRegion::new(64).unwrap());
-        let m = RegisteredMemory::new_local(descriptor(64), region, Transport::LOOPBACK).unwrap();
+        let m = RegisteredMemory::new_local(descriptor(64), region, named("mem-test-a")).unwrap();
         m.write_bytes(60, &[1, 2, 3, 4]).unwrap();
         let mut out = [0u8; 4];
         m.read_bytes(60, &mut out).unwrap();
@@ -478,6 +524,6 @@ mod tests {
     #[test]
     fn region_shorter_than_descriptor_is_refused() {
         let region: Arc<dyn MemoryRegion> = Arc::new(HeapRegion::new(64).unwrap());
-        assert!(RegisteredMemory::new_local(descriptor(65), region, Transport::LOOPBACK).is_err());
+        assert!(RegisteredMemory::new_local(descriptor(65), region, named("mem-test-a")).is_err());
     }
 }

@@ -466,9 +466,9 @@ pub(crate) mod test_support {
     use super::*;
     use crate::connection::DirectConnection;
     use crate::fifo::DEFAULT_FIFO_CAPACITY;
+    use crate::loopback::transport;
     use crate::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion};
     use crate::semaphore::Token;
-    use crate::transport::Transport;
 
     /// Timeout for every wait in these tests.
     pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
@@ -507,9 +507,9 @@ pub(crate) mod test_support {
         };
         let r = Arc::clone(region);
         if local {
-            RegisteredMemory::new_local(descriptor, r, Transport::LOOPBACK).unwrap()
+            RegisteredMemory::new_local(descriptor, r, transport()).unwrap()
         } else {
-            RegisteredMemory::new_imported(descriptor, r, Transport::LOOPBACK).unwrap()
+            RegisteredMemory::new_imported(descriptor, r, transport()).unwrap()
         }
     }
 
@@ -527,7 +527,7 @@ pub(crate) mod test_support {
             let peer_data = registered(&data[peer], peer, 0, "data", false);
             let peer_token = registered(&tokens[peer], peer, 1, "token", false);
             let connection: Arc<dyn Connection> =
-                Arc::new(DirectConnection::new(Transport::LOOPBACK, peer, Box::new(|| Ok(()))));
+                Arc::new(DirectConnection::new(transport(), peer, Box::new(|| Ok(()))));
             let semaphore = Arc::new(
                 HostSemaphore::new(
                     connection,

@@ -141,10 +141,11 @@ mod tests {
 
     #[test]
     fn direct_access_needs_a_mapping_transport_to_every_peer() {
-        let t = Topology::single_node(0, 3, Transport::SHM, true);
+        let mapping = Transport::named("topo-test-mapping").unwrap();
+        let t = Topology::single_node(0, 3, mapping, true);
         assert!(t.all_direct());
-        assert_eq!(t.reach(1).and_then(PeerReach::preferred), Some(Transport::SHM));
-        let t = Topology::single_node(1, 3, Transport::IB, false);
+        assert_eq!(t.reach(1).and_then(PeerReach::preferred), Some(mapping));
+        let t = Topology::single_node(1, 3, Transport::named("topo-test-network").unwrap(), false);
         assert!(!t.all_direct());
         assert_eq!(t.node_count(), 1);
     }

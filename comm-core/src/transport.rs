@@ -1,4 +1,4 @@
-//! Transport flags and the extension trait every transport crate implements.
+//! Transport ids and the extension trait every transport crate implements.
 //!
 //! A transport is two objects:
 //! - a [`TransportFactory`], which the user hands to
@@ -7,94 +7,164 @@
 //!   memory, imports peers' memory, and connects to peers.
 //!
 //! comm-core knows no transport but the in-process [`loopback`](crate::loopback) one used by
-//! tests; `transport-shm`, `transport-cudaipc` and `transport-ib` live in their own crates, and a
-//! user transport plugs in the same way.
+//! tests; every other transport lives in its own crate, and a user transport plugs in the same
+//! way.
+//!
+//! ## Names and ids
+//!
+//! A transport is known by its name: 1 to [`MAX_TRANSPORT_NAME_LEN`] characters of
+//! `[a-z0-9_-]`. The crate that implements it registers the name once per process with
+//! [`Transport::named`] and gets a [`Transport`], a small `Copy` id that compares, hashes and
+//! prints as the name. A process registers at most [`MAX_TRANSPORTS`] names; ids are never
+//! freed, and the same name always gives the same id.
+//!
+//! Ids are numbered in registration order, so they differ between processes: wire formats carry
+//! names ([`Transport::encode`], [`Transport::decode`]). Decoding only looks a name up — it
+//! never registers one — so a name this process does not know means this rank has no such
+//! transport, and a peer cannot fill the registry.
 
 use std::any::Any;
-use std::sync::Arc;
+use std::fmt;
 use std::sync::atomic::AtomicBool;
-
-use bitflags::bitflags;
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryKind, MemoryRegion};
+use crate::wire::{Decoder, Encoder};
 
-bitflags! {
-    /// A set of transports. Compile-time features decide which exist; this mask (from
-    /// `WEAVE_TRANSPORTS` or the API) decides which are used.
-    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
-    pub struct Transport: u32 {
-        /// In-process transport: ranks are threads of one process (tests).
-        const LOOPBACK = 1 << 0;
-        /// POSIX shared memory between processes of one host.
-        const SHM = 1 << 1;
-        /// CUDA IPC / NVLink between GPUs of one host.
-        const CUDA_IPC = 1 << 2;
-        /// InfiniBand verbs.
-        const IB = 1 << 3;
-        /// First of eight flags free for user transports.
-        const USER0 = 1 << 24;
-        /// User transport slot 1.
-        const USER1 = 1 << 25;
-        /// User transport slot 2.
-        const USER2 = 1 << 26;
-        /// User transport slot 3.
-        const USER3 = 1 << 27;
-        /// User transport slot 4.
-        const USER4 = 1 << 28;
-        /// User transport slot 5.
-        const USER5 = 1 << 29;
-        /// User transport slot 6.
-        const USER6 = 1 << 30;
-        /// User transport slot 7.
-        const USER7 = 1 << 31;
+/// Most transport names one process may register.
+pub const MAX_TRANSPORTS: usize = 64;
+
+/// Longest transport name, in bytes.
+pub const MAX_TRANSPORT_NAME_LEN: usize = 32;
+
+/// A transport's id in this process: a handle on a name registered with
+/// [`Transport::named`]. Two ids are equal exactly when their names are.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Transport(u8);
+
+impl Transport {
+    /// The id of transport `name`, registering the name on first use.
+    ///
+    /// Fails with [`Error::InvalidArgument`] when `name` is not 1 to
+    /// [`MAX_TRANSPORT_NAME_LEN`] characters of `[a-z0-9_-]`, or when the process already
+    /// registered [`MAX_TRANSPORTS`] other names.
+    pub fn named(name: &str) -> Result<Transport> {
+        Transport::check_name(name)?;
+        REGISTRY.register(name).map(Transport::from_index)
+    }
+
+    /// The id of `name` if this process registered it; never registers.
+    pub fn lookup(name: &str) -> Option<Transport> {
+        REGISTRY.find(name).map(Transport::from_index)
+    }
+
+    /// The registered name.
+    pub fn name(self) -> &'static str {
+        REGISTRY.name(usize::from(self.0))
+    }
+
+    /// Checks that `name` is a valid transport name (1 to [`MAX_TRANSPORT_NAME_LEN`]
+    /// characters of `[a-z0-9_-]`), without registering it; [`Error::InvalidArgument`] if not.
+    pub fn check_name(name: &str) -> Result<()> {
+        if is_valid_name(name.as_bytes()) {
+            Ok(())
+        } else {
+            Err(Error::invalid(format!(
+                "transport name {name:?}: expected 1 to {MAX_TRANSPORT_NAME_LEN} characters of [a-z0-9_-]"
+            )))
+        }
+    }
+
+    /// Writes this transport's name: a `u32` length and the bytes.
+    pub fn encode(self, e: &mut Encoder) {
+        e.str(self.name());
+    }
+
+    /// Reads a name written by [`encode`](Self::encode). A malformed name (empty, too long,
+    /// outside `[a-z0-9_-]`) is [`Error::Protocol`]; a valid name this process never registered
+    /// is `Ok(None)`: this rank has no such transport. `what` names the message in errors.
+    pub fn decode(d: &mut Decoder<'_>, what: &str) -> Result<Option<Transport>> {
+        let bytes = d.bytes()?;
+        if !is_valid_name(bytes) {
+            let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(MAX_TRANSPORT_NAME_LEN + 1)]);
+            return Err(Error::protocol(format!("{what}: malformed transport name {shown:?} ({} bytes)", bytes.len())));
+        }
+        // Valid names are ASCII.
+        Ok(std::str::from_utf8(bytes).ok().and_then(Transport::lookup))
+    }
+
+    fn from_index(index: usize) -> Transport {
+        // The registry holds at most MAX_TRANSPORTS (64) names, so every index fits a u8.
+        const _: () = assert!(MAX_TRANSPORTS <= 256);
+        Transport(index as u8)
     }
 }
 
-impl Transport {
-    /// The lower-case name of a single transport flag (`"shm"`), or a `|`-joined list.
-    pub fn name(self) -> String {
-        let names: Vec<String> = self
-            .iter()
-            .map(|t| match t {
-                Transport::LOOPBACK => "loopback".to_string(),
-                Transport::SHM => "shm".to_string(),
-                Transport::CUDA_IPC => "cudaipc".to_string(),
-                Transport::IB => "ib".to_string(),
-                other => format!("user{}", other.bits().trailing_zeros() - 24),
-            })
-            .collect();
-        if names.is_empty() { "none".to_string() } else { names.join("|") }
+impl fmt::Debug for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("Transport").field(&self.name()).finish()
+    }
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+fn is_valid_name(name: &[u8]) -> bool {
+    (1..=MAX_TRANSPORT_NAME_LEN).contains(&name.len())
+        && name.iter().all(|&c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == b'_' || c == b'-')
+}
+
+/// The names of this process's transports, by id.
+static REGISTRY: Registry<MAX_TRANSPORTS> = Registry::new();
+
+/// An append-only table of at most `N` names. Lookups read the slots without locking;
+/// registrations are serialized by `count`, and fill slot `i` before any id `i` exists, so the
+/// set slots always form a prefix and never change.
+struct Registry<const N: usize> {
+    slots: [OnceLock<&'static str>; N],
+    /// Number of names registered; held while registering.
+    count: Mutex<usize>,
+}
+
+impl<const N: usize> Registry<N> {
+    const fn new() -> Self {
+        Registry { slots: [const { OnceLock::new() }; N], count: Mutex::new(0) }
     }
 
-    /// Parses one transport name (`shm`, `loopback`, `cudaipc`, `ib`, `user0`..`user7`).
-    pub fn parse(name: &str) -> Result<Transport> {
-        let n = name.trim().to_ascii_lowercase();
-        Ok(match n.as_str() {
-            "loopback" => Transport::LOOPBACK,
-            "shm" => Transport::SHM,
-            "cudaipc" | "cuda_ipc" | "nvlink" => Transport::CUDA_IPC,
-            "ib" | "infiniband" => Transport::IB,
-            _ => match n.strip_prefix("user").and_then(|d| d.parse::<u32>().ok()) {
-                Some(i) if i < 8 => Transport::from_bits_retain(1 << (24 + i)),
-                _ => {
-                    return Err(Error::invalid(format!(
-                        "unknown transport {name:?}; expected shm, loopback, cudaipc, ib or user0..user7"
-                    )));
-                }
-            },
-        })
+    fn find(&self, name: &str) -> Option<usize> {
+        self.slots.iter().map_while(OnceLock::get).position(|n| *n == name)
     }
 
-    /// Parses a comma-separated list of transport names.
-    pub fn parse_list(list: &str) -> Result<Transport> {
-        let mut t = Transport::empty();
-        for part in list.split(',').filter(|p| !p.trim().is_empty()) {
-            t |= Transport::parse(part)?;
+    /// The index of `name` (already checked), adding it if new.
+    fn register(&self, name: &str) -> Result<usize> {
+        let mut count = self.count.lock().unwrap_or_else(|p| p.into_inner());
+        if let Some(i) = self.find(name) {
+            return Ok(i);
         }
-        Ok(t)
+        let Some(slot) = self.slots.get(*count) else {
+            return Err(Error::invalid(format!(
+                "cannot register transport {name:?}: this process already registered {N} transport names, the most it may"
+            )));
+        };
+        // At most N names of at most MAX_TRANSPORT_NAME_LEN bytes are ever leaked.
+        let name: &'static str = Box::leak(name.to_owned().into_boxed_str());
+        if slot.set(name).is_err() {
+            // Unreachable: slots are only set here, under the lock, at index `count`.
+            return Err(Error::invalid(format!("transport registry slot {} was already taken", *count)));
+        }
+        *count += 1;
+        Ok(*count - 1)
+    }
+
+    fn name(&self, index: usize) -> &'static str {
+        // Every id was made after its slot was set, so the fallback is never used.
+        self.slots.get(index).and_then(OnceLock::get).copied().unwrap_or("?")
     }
 }
 
@@ -130,7 +200,7 @@ impl std::fmt::Debug for TransportContext {
 /// The user-facing half of a transport: a value handed to the communicator builder, which
 /// opens one [`TransportBackend`] per communicator.
 pub trait TransportFactory: Send + Sync {
-    /// The single flag this transport answers to.
+    /// This transport's id (the name its crate registered).
     fn transport(&self) -> Transport;
 
     /// Opens this transport for one communicator.
@@ -143,7 +213,7 @@ pub trait TransportFactory: Send + Sync {
 /// for each peer the first allowed backend whose [`can_reach`](Self::can_reach) holds, and from
 /// then on routes that peer's memory imports and connections through it.
 pub trait TransportBackend: Send + Sync {
-    /// The single flag of this transport.
+    /// This transport's id; the same as its factory's.
     fn transport(&self) -> Transport;
 
     /// Bytes that tell a peer's backend of the same transport where this rank is (host identity,
@@ -186,4 +256,89 @@ pub trait TransportBackend: Send + Sync {
 
     /// Lets a transport return its own extra interface.
     fn as_any(&self) -> &dyn Any;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_name_registers_once_and_prints_as_itself() {
+        let a = Transport::named("names-test_a1").unwrap();
+        assert_eq!(Transport::named("names-test_a1").unwrap(), a);
+        assert_eq!(Transport::lookup("names-test_a1"), Some(a));
+        assert_eq!(a.name(), "names-test_a1");
+        assert_eq!(format!("{a:?} {a}"), "Transport(\"names-test_a1\") names-test_a1");
+        let b = Transport::named("names-test-b").unwrap();
+        assert_ne!(a, b);
+        let set: std::collections::HashSet<Transport> = [a, b, a].into_iter().collect();
+        assert_eq!(set.len(), 2);
+    }
+
+    #[test]
+    fn lookup_never_registers() {
+        assert_eq!(Transport::lookup("names-test-never"), None);
+        assert_eq!(Transport::lookup("names-test-never"), None);
+    }
+
+    #[test]
+    fn malformed_names_are_invalid_arguments() {
+        let long = "x".repeat(MAX_TRANSPORT_NAME_LEN + 1);
+        for bad in ["", "Upper", "a b", "a,b", "dot.ted", "tab\t", "é", long.as_str()] {
+            assert!(matches!(Transport::named(bad), Err(Error::InvalidArgument(_))), "{bad:?} was accepted");
+            assert!(Transport::check_name(bad).is_err());
+            assert_eq!(Transport::lookup(bad), None);
+        }
+        Transport::check_name(&"y".repeat(MAX_TRANSPORT_NAME_LEN)).unwrap();
+        Transport::check_name("0_-z").unwrap();
+    }
+
+    #[test]
+    fn a_full_registry_refuses_new_names_but_finds_old_ones() {
+        let r = Registry::<2>::new();
+        assert_eq!(r.register("one").unwrap(), 0);
+        assert_eq!(r.register("two").unwrap(), 1);
+        assert_eq!(r.register("one").unwrap(), 0);
+        let e = r.register("three").unwrap_err();
+        assert!(matches!(&e, Error::InvalidArgument(m) if m.contains("three") && m.contains('2')), "{e}");
+        assert_eq!((r.find("two"), r.find("three")), (Some(1), None));
+        assert_eq!((r.name(1), r.name(2)), ("two", "?"));
+    }
+
+    fn decode_one(bytes: &[u8]) -> Result<Option<Transport>> {
+        let mut d = Decoder::new(bytes, *b"TEST", 1, "test")?;
+        let t = Transport::decode(&mut d, "test")?;
+        d.finish()?;
+        Ok(t)
+    }
+
+    fn with_name(name: &[u8]) -> Vec<u8> {
+        Encoder::new(*b"TEST", 1).bytes(name).finish()
+    }
+
+    #[test]
+    fn names_round_trip_and_unknown_names_decode_to_none() {
+        let t = Transport::named("names-test-wire").unwrap();
+        let mut e = Encoder::new(*b"TEST", 1);
+        t.encode(&mut e);
+        let bytes = e.finish();
+        assert_eq!(decode_one(&bytes).unwrap(), Some(t));
+        for cut in 0..bytes.len() {
+            assert!(matches!(decode_one(&bytes[..cut]), Err(Error::Protocol(_))), "truncated at {cut} decoded");
+        }
+        assert_eq!(decode_one(&with_name(b"names-test-unknown")).unwrap(), None);
+        assert_eq!(Transport::lookup("names-test-unknown"), None, "decoding registered a name");
+    }
+
+    #[test]
+    fn garbage_names_are_protocol_errors() {
+        let long = vec![b'a'; MAX_TRANSPORT_NAME_LEN + 1];
+        for bad in [&b""[..], b"UP", b"a\0b", b"\xff\xfe", b"a b", &long] {
+            assert!(matches!(decode_one(&with_name(bad)), Err(Error::Protocol(_))), "{bad:?} decoded");
+        }
+        // A length prefix far past the message.
+        let mut huge = Encoder::new(*b"TEST", 1).u32(u32::MAX).finish();
+        huge.extend_from_slice(b"abc");
+        assert!(matches!(decode_one(&huge), Err(Error::Protocol(_))));
+    }
 }

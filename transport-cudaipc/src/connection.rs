@@ -113,7 +113,7 @@ impl CudaIpcConnection {
 
 impl Connection for CudaIpcConnection {
     fn transport(&self) -> Transport {
-        Transport::CUDA_IPC
+        crate::transport()
     }
 
     fn peer(&self) -> usize {

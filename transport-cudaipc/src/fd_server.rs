@@ -120,7 +120,7 @@ impl FdServer {
             Ok(()) => {}
             Err(Errno::EADDRINUSE) => {
                 return Err(Error::transport(
-                    "cudaipc",
+                    crate::NAME,
                     format!(
                         "socket @{name} is already bound: another backend of this job claims the same rank and \
                          communicator (two communicators with one id, or a rank started twice)"
@@ -280,7 +280,7 @@ impl FdSource<'_> {
                 self.timeout,
             ),
             Errno::ECONNREFUSED | Errno::ENOENT => self.lost_or(Error::transport(
-                "cudaipc",
+                crate::NAME,
                 format!(
                     "nobody listens on @{}: rank {}'s cudaipc backend is gone (its communicator was dropped, or it \
                      runs in another network namespace)",
@@ -288,7 +288,7 @@ impl FdSource<'_> {
                 ),
             )),
             Errno::ECONNRESET | Errno::EPIPE => self.lost_or(Error::transport(
-                "cudaipc",
+                crate::NAME,
                 format!("rank {} closed the connection to its fd server during {step}", self.peer),
             )),
             e => Error::errno(format!("{step} on @{} (fd server of rank {})", self.name, self.peer), e),
@@ -316,7 +316,7 @@ impl FdSource<'_> {
         let uid = nix::unistd::geteuid().as_raw();
         if u32::try_from(cred.pid()).ok() != Some(self.pid) || cred.uid() != uid {
             return Err(Error::transport(
-                "cudaipc",
+                crate::NAME,
                 format!(
                     "@{} is served by pid {} (uid {}), but rank {} is pid {} (uid {uid}): refusing its descriptor",
                     self.name,
@@ -363,7 +363,7 @@ impl FdSource<'_> {
         };
         if n == 0 {
             return Err(self.lost_or(Error::transport(
-                "cudaipc",
+                crate::NAME,
                 format!("rank {} closed its fd server connection without replying", self.peer),
             )));
         }
@@ -388,7 +388,7 @@ impl FdSource<'_> {
                 fds.pop().ok_or_else(|| Error::protocol("cudaipc fd reply without a descriptor"))
             }
             Reply::Error(m) => {
-                Err(Error::transport("cudaipc", format!("rank {} did not hand out allocation {id}: {m}", self.peer)))
+                Err(Error::transport(crate::NAME, format!("rank {} did not hand out allocation {id}: {m}", self.peer)))
             }
         }
     }

@@ -95,7 +95,7 @@ mod region;
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::Duration;
 
 use comm_core::config::LogLevel;
@@ -115,7 +115,21 @@ use comm_core::peer_watch::PeerWatch;
 pub use crate::connection::CudaIpcConnection;
 pub use crate::region::import_cache_entries;
 
-/// The CUDA IPC transport ([`Transport::CUDA_IPC`]): give it to
+/// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
+pub const NAME: &str = "cudaipc";
+
+/// This transport's id, registered on first use.
+///
+/// # Panics
+///
+/// If the process registered [`MAX_TRANSPORTS`](comm_core::transport::MAX_TRANSPORTS) other
+/// transport names before this one.
+pub fn transport() -> Transport {
+    static ID: OnceLock<Transport> = OnceLock::new();
+    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The CUDA IPC transport (id [`transport()`], name [`NAME`]): give it to
 /// `Communicator::builder().with_transport(...)`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct CudaIpcTransport {
@@ -141,7 +155,7 @@ impl CudaIpcTransport {
 
 impl TransportFactory for CudaIpcTransport {
     fn transport(&self) -> Transport {
-        Transport::CUDA_IPC
+        transport()
     }
 
     fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
@@ -313,7 +327,7 @@ impl CudaIpcBackend {
         let theirs = Endpoint::decode(peer_endpoint)?;
         if !self.endpoint.can_share_with(&theirs) {
             return Err(Error::transport(
-                "cudaipc",
+                crate::NAME,
                 format!(
                     "rank {peer} cannot share GPU memory with rank {}: {}",
                     self.rank,
@@ -327,7 +341,7 @@ impl CudaIpcBackend {
 
 impl TransportBackend for CudaIpcBackend {
     fn transport(&self) -> Transport {
-        Transport::CUDA_IPC
+        transport()
     }
 
     fn local_endpoint(&self) -> Result<Vec<u8>> {
@@ -469,7 +483,8 @@ mod tests {
 
     #[test]
     fn factory_names_its_transport_and_device() {
-        assert_eq!(CudaIpcTransport::new().transport(), Transport::CUDA_IPC);
+        assert_eq!((transport().name(), transport()), ("cudaipc", Transport::named(NAME).unwrap()));
+        assert_eq!(CudaIpcTransport::new().transport(), transport());
         assert_eq!(CudaIpcTransport::new().device(), None);
         assert_eq!(CudaIpcTransport::default().device(), None);
         assert_eq!(CudaIpcTransport::on_device(3).device(), Some(3));
@@ -489,7 +504,7 @@ mod tests {
             println!("branch: a CUDA driver is present; open gave {:?}", r.as_ref().map(|b| b.transport()).err());
             // With a driver, open either works or says why not; it never panics.
             match r {
-                Ok(b) => assert_eq!(b.transport(), Transport::CUDA_IPC),
+                Ok(b) => assert_eq!(b.transport(), transport()),
                 Err(e) => assert!(matches!(e, Error::Unsupported(_) | Error::Cuda { .. }), "{e}"),
             }
         }

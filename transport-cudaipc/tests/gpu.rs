@@ -17,7 +17,7 @@ use comm_core::config::Config;
 use comm_core::device::DeviceError;
 use comm_core::error::Error;
 use comm_core::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
-use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::transport::{TransportBackend, TransportContext, TransportFactory};
 use cudarc::driver::{PushKernelArg, sys};
 use transport_cudaipc::{CudaIpcBackend, CudaIpcTransport, import_cache_entries};
 use weave_cuda::{
@@ -71,9 +71,9 @@ fn registered(region: Arc<dyn MemoryRegion>, owner: usize, local: bool, kind: Me
         exports: vec![],
     };
     if local {
-        RegisteredMemory::new_local(d, region, Transport::CUDA_IPC).unwrap()
+        RegisteredMemory::new_local(d, region, transport_cudaipc::transport()).unwrap()
     } else {
-        RegisteredMemory::new_imported(d, region, Transport::CUDA_IPC).unwrap()
+        RegisteredMemory::new_imported(d, region, transport_cudaipc::transport()).unwrap()
     }
 }
 
@@ -127,7 +127,7 @@ fn open_reports_devices_and_refuses_duplicates_and_bad_ordinals() {
     let job = job_key("open");
     let count = device_count().unwrap();
     let b = CudaIpcTransport::new().open(&context(0, 2, &job)).unwrap();
-    assert_eq!(b.transport(), Transport::CUDA_IPC);
+    assert_eq!(b.transport(), transport_cudaipc::transport());
     assert!(b.direct_access());
     let cb = b.as_any().downcast_ref::<CudaIpcBackend>().unwrap();
     assert_eq!(cb.device_ordinal(), 0);
@@ -206,7 +206,7 @@ fn vmm_allocate_export_import_write_and_read_back() {
     let flag_payload = b0.export(&flag_owned).unwrap().unwrap();
     let flag = registered(b1.import(0, &ep0, &flag_payload, 64, k0).unwrap(), 0, false, k0);
     let conn = b1.connect(0, &ep0).unwrap();
-    assert_eq!((conn.transport(), conn.peer()), (Transport::CUDA_IPC, 0));
+    assert_eq!((conn.transport(), conn.peer()), (transport_cudaipc::transport(), 0));
     conn.write(&on_peer, 0, &src, 0, len).unwrap();
     conn.update_and_sync(&flag, 8, 0xabcd_0000_0000_0001).unwrap();
     conn.flush().unwrap();

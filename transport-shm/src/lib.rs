@@ -55,8 +55,8 @@ mod endpoint;
 mod segment;
 
 use std::any::Any;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use comm_core::connection::{Connection, DirectConnection};
 use comm_core::error::{Error, Result};
@@ -70,14 +70,28 @@ use comm_core::peer_watch::PeerWatch;
 
 pub use crate::segment::{SHM_DIR, ShmRegion, job_segments, remove_job_segments};
 
-/// The shared-memory transport ([`Transport::SHM`]): give it to
+/// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
+pub const NAME: &str = "shm";
+
+/// This transport's id, registered on first use.
+///
+/// # Panics
+///
+/// If the process registered [`MAX_TRANSPORTS`](comm_core::transport::MAX_TRANSPORTS) other
+/// transport names before this one.
+pub fn transport() -> Transport {
+    static ID: OnceLock<Transport> = OnceLock::new();
+    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The shared-memory transport (id [`transport()`], name [`NAME`]): give it to
 /// `Communicator::builder().with_transport(...)`.
 #[derive(Debug, Default, Clone, Copy)]
 pub struct ShmTransport;
 
 impl TransportFactory for ShmTransport {
     fn transport(&self) -> Transport {
-        Transport::SHM
+        transport()
     }
 
     fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
@@ -136,7 +150,7 @@ impl ShmBackend {
         let theirs = Endpoint::decode(peer_endpoint)?;
         if !self.endpoint.can_share_with(&theirs) {
             return Err(Error::transport(
-                "shm",
+                crate::NAME,
                 format!(
                     "rank {peer} cannot share memory with rank {}: {}",
                     self.rank,
@@ -150,7 +164,7 @@ impl ShmBackend {
 
 impl TransportBackend for ShmBackend {
     fn transport(&self) -> Transport {
-        Transport::SHM
+        transport()
     }
 
     fn local_endpoint(&self) -> Result<Vec<u8>> {
@@ -223,7 +237,7 @@ impl TransportBackend for ShmBackend {
         // Endpoint::decode accepted only pids in 1..=i32::MAX.
         let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("shm endpoint: bad pid"))?;
         let watch = PeerWatch::new(peer, Pid::from_raw(pid), "shm peer check");
-        Ok(Arc::new(DirectConnection::new(Transport::SHM, peer, Box::new(move || watch.check()))))
+        Ok(Arc::new(DirectConnection::new(transport(), peer, Box::new(move || watch.check()))))
     }
 
     fn as_any(&self) -> &dyn Any {
@@ -289,9 +303,9 @@ mod tests {
             exports: vec![],
         };
         if local {
-            RegisteredMemory::new_local(d, region, Transport::SHM).unwrap()
+            RegisteredMemory::new_local(d, region, transport()).unwrap()
         } else {
-            RegisteredMemory::new_imported(d, region, Transport::SHM).unwrap()
+            RegisteredMemory::new_imported(d, region, transport()).unwrap()
         }
     }
 
@@ -322,9 +336,10 @@ mod tests {
             config: Config::default(),
             abort: Arc::new(AtomicBool::new(false)),
         };
-        assert_eq!(ShmTransport.transport(), Transport::SHM);
+        assert_eq!((transport().name(), transport()), ("shm", Transport::named(NAME).unwrap()));
+        assert_eq!(ShmTransport.transport(), transport());
         let backend = ShmTransport.open(&ctx).unwrap();
-        assert_eq!(backend.transport(), Transport::SHM);
+        assert_eq!(backend.transport(), transport());
         assert!(backend.direct_access());
         assert!(backend.as_any().downcast_ref::<ShmBackend>().is_some());
         let bad = TransportContext { job_key: "a-b".into(), ..ctx.clone() };
@@ -339,7 +354,7 @@ mod tests {
         let (a, b) = (job.backend(0), job.backend(1));
         let ep_a = a.local_endpoint().unwrap();
         let conn = b.connect(0, &ep_a).unwrap();
-        assert_eq!((conn.transport(), conn.peer()), (Transport::SHM, 0));
+        assert_eq!((conn.transport(), conn.peer()), (transport(), 0));
         for len in [0, 1, 4095, (1 << 20) + 3] {
             let (owned, imported) = share(&a, &b, len);
             assert_eq!((owned.len(), imported.len()), (len, len));

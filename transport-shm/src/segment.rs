@@ -244,12 +244,15 @@ impl ShmRegion {
         let file = File::from(fd);
         let meta = file.metadata().map_err(|e| Error::io(format!("fstat {name}"), e))?;
         if !meta.file_type().is_file() {
-            return Err(Error::transport("shm", format!("{name} from rank {peer} is not a shared-memory segment")));
+            return Err(Error::transport(
+                crate::NAME,
+                format!("{name} from rank {peer} is not a shared-memory segment"),
+            ));
         }
         let euid = nix::unistd::geteuid().as_raw();
         if meta.uid() != euid {
             return Err(Error::transport(
-                "shm",
+                crate::NAME,
                 format!(
                     "segment {name} from rank {peer} is owned by uid {}, this process runs as uid {euid}; refusing to map it",
                     meta.uid()

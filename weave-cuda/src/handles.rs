@@ -157,8 +157,8 @@ mod tests {
     use super::*;
     use std::sync::Arc;
 
+    use comm_core::loopback::transport;
     use comm_core::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion};
-    use comm_core::transport::Transport;
 
     fn heap(owner: usize, local: bool, kind: MemoryKind) -> RegisteredMemory {
         let region: Arc<dyn MemoryRegion> = Arc::new(HeapRegion::new(256).unwrap());
@@ -172,9 +172,9 @@ mod tests {
             exports: vec![],
         };
         if local {
-            RegisteredMemory::new_local(d, region, Transport::LOOPBACK).unwrap()
+            RegisteredMemory::new_local(d, region, transport()).unwrap()
         } else {
-            RegisteredMemory::new_imported(d, region, Transport::LOOPBACK).unwrap()
+            RegisteredMemory::new_imported(d, region, transport()).unwrap()
         }
     }
 

@@ -23,7 +23,6 @@ use comm_core::config::LogLevel;
 #[cfg(test)]
 use comm_core::device::Layout;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
-use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
 use kernels::module::KernelModule;
@@ -128,7 +127,8 @@ impl GpuEngine {
     /// Collective: builds the GPU state when every rank has a CUDA IPC transport, else `None`
     /// on every rank (with the reason logged at info level). `gpu` holds the tuning knobs.
     pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig) -> Result<Option<Self>> {
-        let backend = core.backend(Transport::CUDA_IPC).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
+        let backend =
+            core.backend(transport_cudaipc::transport()).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
         let world = core.world_size();
         let mine = u8::from(backend.is_some() && world <= MAX_GPU_RANKS);
         let all = core.bootstrap().all_gather(&[mine])?;

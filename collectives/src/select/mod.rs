@@ -89,6 +89,15 @@ mod tests {
     use super::*;
     use comm_core::transport::Transport;
 
+    /// A transport that maps peer memory, and one that does not; the names are arbitrary.
+    fn mapping() -> Transport {
+        Transport::named("select-test-mapping").unwrap()
+    }
+
+    fn network() -> Transport {
+        Transport::named("select-test-network").unwrap()
+    }
+
     fn shape(collective: Collective, bytes: usize) -> CallShape {
         CallShape::host(collective, bytes)
     }
@@ -96,7 +105,7 @@ mod tests {
     #[test]
     fn direct_access_everywhere_keeps_the_direct_rows() {
         let t = AlgorithmTable::default();
-        let topo = Topology::single_node(0, 4, Transport::SHM, true);
+        let topo = Topology::single_node(0, 4, mapping(), true);
         let p = plan(&t, shape(Collective::AllReduce, 1024), &topo, None).unwrap();
         assert_eq!(p, Plan { algorithm: Algorithm::OneShot, executor: Executor::HostDirect, kernel: None });
     }
@@ -104,7 +113,7 @@ mod tests {
     #[test]
     fn peers_without_direct_access_get_the_channel_family_for_every_collective() {
         let t = AlgorithmTable::default();
-        let topo = Topology::single_node(0, 4, Transport::IB, false);
+        let topo = Topology::single_node(0, 4, network(), false);
         for c in Collective::ALL {
             for bytes in [0, 8, 64 << 10, 1 << 20, 1 << 30] {
                 let p = plan(&t, shape(c, bytes), &topo, None).unwrap();
@@ -123,7 +132,7 @@ mod tests {
     fn a_forced_direct_algorithm_without_direct_access_is_refused() {
         let mut t = AlgorithmTable::default();
         t.apply_overrides("all_reduce=one_shot").unwrap();
-        let topo = Topology::single_node(0, 2, Transport::IB, false);
+        let topo = Topology::single_node(0, 2, network(), false);
         let e = plan(&t, shape(Collective::AllReduce, 8), &topo, None).unwrap_err();
         assert!(e.to_string().contains("one_shot"), "{e}");
     }
@@ -132,7 +141,7 @@ mod tests {
     fn weave_algo_channel_picks_the_channel_rows_where_they_run() {
         let mut t = AlgorithmTable::default();
         t.apply_overrides("channel").unwrap();
-        let topo = Topology::single_node(1, 3, Transport::SHM, true);
+        let topo = Topology::single_node(1, 3, mapping(), true);
         for c in Collective::ALL {
             let p = plan(&t, shape(c, 4096), &topo, None).unwrap();
             assert_eq!(p.executor, Executor::HostChannel, "{c}");
