@@ -123,6 +123,16 @@ impl TcpConnection {
         })
     }
 
+    /// `Err(PeerLost)` once a socket to the peer failed. A peer that merely closed its side
+    /// after its last call does not fail a send: like a store into shared memory it has left,
+    /// the bytes are simply not read (a credit returned as it finishes, say).
+    fn check_sending(&self) -> Result<()> {
+        match self.shared.failure() {
+            Some(why) => Err(self.lost("tcp send", why)),
+            None => Ok(()),
+        }
+    }
+
     fn lost(&self, operation: &str, why: String) -> Error {
         Error::peer_lost(self.peer, operation, why)
     }
@@ -232,7 +242,7 @@ impl Connection for TcpConnection {
         if !src.is_host_mapped() {
             return Err(Error::invalid(format!("tcp write from {:?}: not host memory mapped here", src.label())));
         }
-        self.check_peer()?;
+        self.check_sending()?;
         let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
         let mut done = 0;
         while done < len {
@@ -259,7 +269,7 @@ impl Connection for TcpConnection {
         if !dst_offset.is_multiple_of(8) {
             return Err(Error::invalid(format!("tcp flag at offset {dst_offset} is not 8-byte aligned")));
         }
-        self.check_peer()?;
+        self.check_sending()?;
         let order = self.order.lock().unwrap_or_else(|p| p.into_inner());
         let header =
             FrameHeader { kind: FrameKind::Flag, region: remote.id, offset: dst_offset as u64, value, sequence: 0 };
