@@ -45,9 +45,15 @@ pub(crate) struct Endpoint {
 
 impl Endpoint {
     /// The endpoint of this process for `device` (with PCI bus id `pci_bus_id`).
-    pub(crate) fn local(device: u32, pci_bus_id: String, communicator_id: u64) -> Result<Self> {
-        let hostname =
-            nix::unistd::gethostname().map_err(|e| Error::errno("gethostname", e))?.to_string_lossy().into_owned();
+    pub(crate) fn local(device: u32, pci_bus_id: String, communicator_id: u64, host_id: Option<&str>) -> Result<Self> {
+        // A posed node (`WEAVE_HOST_ID`) stands in for the hostname: CUDA IPC never crosses a
+        // node boundary, posed or real.
+        let hostname = match host_id {
+            Some(id) => id.to_string(),
+            None => {
+                nix::unistd::gethostname().map_err(|e| Error::errno("gethostname", e))?.to_string_lossy().into_owned()
+            }
+        };
         let boot_id = std::fs::read_to_string(BOOT_ID_PATH)
             .map_err(|e| Error::Unsupported(format!("transport cudaipc needs {BOOT_ID_PATH} (Linux): {e}")))?
             .trim()
@@ -140,7 +146,7 @@ mod tests {
     use super::*;
 
     fn sample() -> Endpoint {
-        Endpoint::local(3, "0000:18:00.0".into(), 42).unwrap()
+        Endpoint::local(3, "0000:18:00.0".into(), 42, None).unwrap()
     }
 
     #[test]

@@ -236,7 +236,8 @@ impl CudaIpcBackend {
         }
         let gpu = CudaDevice::open(ordinal)?;
         let granularity = gpu.granularity();
-        let endpoint = Endpoint::local(ordinal, gpu.pci_bus_id().to_string(), ctx.communicator_id)?;
+        let endpoint =
+            Endpoint::local(ordinal, gpu.pci_bus_id().to_string(), ctx.communicator_id, ctx.config.host_id.as_deref())?;
         let exports: Arc<ExportTable> = Arc::new(Mutex::new(HashMap::new()));
         let name = socket_name(&ctx.job_key, ctx.rank, ctx.communicator_id);
         let server = FdServer::start(name, gpu.context().clone(), exports.clone(), ctx.config.timeout)?;
@@ -522,7 +523,7 @@ mod tests {
 
     #[test]
     fn can_reach_is_symmetric_deterministic_and_rejects_garbage() {
-        let a = Endpoint::local(0, "0000:18:00.0".into(), 1).unwrap();
+        let a = Endpoint::local(0, "0000:18:00.0".into(), 1, None).unwrap();
         let mut same_host = a.clone();
         same_host.pid = a.pid.wrapping_add(1).max(1);
         same_host.device = 1;
