@@ -130,15 +130,25 @@ impl GpuEngine {
         let backend =
             core.backend(transport_cudaipc::transport()).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
         let world = core.world_size();
-        let mine = u8::from(backend.is_some() && world <= MAX_GPU_RANKS);
+        // The direct GPU family maps every peer's workspace through CUDA IPC: every peer must be
+        // reached by it (one node; posed nodes count).
+        let cudaipc = transport_cudaipc::transport();
+        let topology = core.topology();
+        let every_peer = (0..world)
+            .filter(|&p| p != core.rank())
+            .all(|p| topology.reach(p).is_some_and(|r| r.transports.iter().any(|&(t, _)| t == cudaipc)));
+        let mine = u8::from(backend.is_some() && world <= MAX_GPU_RANKS && every_peer);
         let all = core.bootstrap().all_gather(&[mine])?;
         if all.iter().any(|v| v.first() != Some(&1)) {
             if core.config().logs(LogLevel::Info) {
-                eprintln!(
-                    "weave[{}]: GPU collectives off: {}",
-                    core.rank(),
-                    if world > MAX_GPU_RANKS { "more than 8 ranks" } else { "not every rank has a CUDA device" }
-                );
+                let why = if world > MAX_GPU_RANKS {
+                    "more than 8 ranks"
+                } else if backend.is_none() {
+                    "not every rank has a CUDA device"
+                } else {
+                    "some GPUs are on other nodes (the GPU channel family is not built yet)"
+                };
+                eprintln!("weave[{}]: GPU collectives off: {why}", core.rank());
             }
             return Ok(None);
         }
