@@ -71,9 +71,10 @@ fn zero_copy_shared_buffers_mixed_with_plain_slices() {
 
 #[test]
 fn a_rank_killed_mid_channel_all_reduce_fails_the_others_and_leaks_nothing() {
-    for n in [2, 4] {
+    for (n, over) in [(2, "shm"), (4, "shm"), (2, "tcp"), (4, "tcp")] {
         let secret = random_secret();
         let spec = scenario_spec(Path::new(WORKER), "channel-kill", n, 10.0, Duration::from_secs(60))
+            .arg(over)
             .env("WEAVE_SECRET", &secret)
             .keep_going(true);
         let started = std::time::Instant::now();

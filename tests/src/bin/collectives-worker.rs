@@ -18,7 +18,7 @@ fn main() {
         "split" => split(),
         "mismatch" => mismatch(),
         "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
-        "channel-kill" => channel_kill(),
+        "channel-kill" => channel_kill(&arg),
         "nodes" => nodes(&arg),
         "p2p-channel" => comm_core::bootstrap::from_env()
             .and_then(|b| {
@@ -357,8 +357,15 @@ fn shared() -> Result<String> {
 
 /// The channel family with a rank SIGKILLed in the middle of large all-reduces: every other
 /// rank must get `PeerLost` or `Timeout` (never hang), and the job must leave no segment behind.
-fn channel_kill() -> Result<String> {
-    let comm = Communicator::builder(comm_core::bootstrap::from_env()?)
+/// With `tcp`, every rank is a posed node of its own, so every link is a TCP connection.
+fn channel_kill(over: &str) -> Result<String> {
+    let bootstrap = comm_core::bootstrap::from_env()?;
+    let mut config = comm_core::config::Config::from_env()?;
+    if over == "tcp" {
+        config.host_id = Some(format!("posed-node-{}", comm_core::bootstrap::Bootstrap::rank(&bootstrap)));
+    }
+    let comm = Communicator::builder(bootstrap)
+        .with_config(config)
         .with_algorithm(Collective::AllReduce, Algorithm::ChannelRing)
         .build()?;
     let (me, n) = (comm.rank(), comm.world_size());
