@@ -159,36 +159,15 @@ impl Algorithm {
         Algorithm::ALL.into_iter().find(|a| a.name() == s)
     }
 
-    /// Whether the GPU path implements this algorithm for `c`.
+    /// Whether the GPU path implements this algorithm for `c`: some device row names it.
     pub fn runs_on_device(self, c: Collective) -> bool {
-        use Algorithm::*;
-        use Collective::*;
-        matches!(
-            (c, self),
-            (AllReduce, OneShot | TwoShot | TwoShotLl128 | TwoPhase)
-                | (Broadcast, OneShot | TwoPhase | Ring)
-                | (AllGather | ReduceScatter | AllToAll | Reduce, OneShot | Direct)
-                | (AllToAllv | SendRecv, Direct)
-        )
+        DEVICE_ROWS.iter().any(|r| r.collective == c && r.algorithm == self)
     }
 
-    /// Whether the host path implements this algorithm for `c`.
+    /// Whether the host path implements this algorithm for `c`: some host row (of either
+    /// family) names it.
     pub fn runs_on_host(self, c: Collective) -> bool {
-        use Algorithm::*;
-        use Collective::*;
-        matches!(
-            (c, self),
-            (AllReduce, OneShot | TwoPhase | Ring)
-                | (AllGather, Direct | Ring)
-                | (ReduceScatter, Direct | Ring)
-                | (Broadcast, Direct)
-                | (Reduce, OneShot | TwoPhase)
-                | (AllToAll, Direct)
-                | (AllToAllv, Direct)
-                | (SendRecv, Direct)
-                | (AllReduce | AllGather | ReduceScatter | Broadcast | Reduce, ChannelRing | ChannelDirect)
-                | (AllToAll | AllToAllv | SendRecv, ChannelDirect)
-        )
+        HOST_ROWS.iter().chain(CHANNEL_HOST_ROWS).any(|r| r.collective == c && r.algorithm == self)
     }
 }
 
@@ -502,6 +481,22 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn what_runs_where_follows_from_the_rows() {
+        use Algorithm::*;
+        use Collective::*;
+        let host = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_host(c)).collect::<Vec<_>>();
+        let device = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)).collect::<Vec<_>>();
+        assert_eq!(host(AllReduce), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect]);
+        assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect]);
+        assert_eq!(host(AllToAllv), [Direct, ChannelDirect]);
+        assert_eq!(host(SendRecv), [Direct, ChannelDirect]);
+        assert_eq!(device(AllReduce), [OneShot, TwoShot, TwoShotLl128, TwoPhase]);
+        assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring]);
+        assert_eq!(device(Reduce), [OneShot, Direct]);
+        assert_eq!(device(AllToAllv), [Direct]);
     }
 
     #[test]
