@@ -92,18 +92,6 @@ pub(crate) struct Link {
     abort: Arc<AtomicBool>,
 }
 
-impl std::fmt::Debug for Link {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Link")
-            .field("peer", &self.peer)
-            .field("slots", &self.slots)
-            .field("slot_bytes", &self.slot_bytes)
-            .field("posted", &self.posted)
-            .field("consumed", &self.consumed)
-            .finish_non_exhaustive()
-    }
-}
-
 impl Link {
     /// Pairwise: builds the link with `peer` (both ranks call it, in the same order relative to
     /// their other pairwise setups with each other), `slots` slots of `payload` bytes each way.

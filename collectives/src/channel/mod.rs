@@ -29,6 +29,7 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
 
 use crate::dtype::{DataType, Element};
+use crate::health::Health;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
 use link::{Header, Link};
@@ -48,18 +49,7 @@ pub(crate) struct ChannelEngine {
     payload: usize,
     /// Channel calls made so far (every rank counts them the same way).
     calls: u64,
-    /// Why the communicator is unusable, after a failure that left ranks out of step.
-    broken: Option<String>,
-}
-
-impl std::fmt::Debug for ChannelEngine {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ChannelEngine")
-            .field("rank", &self.rank)
-            .field("links", &self.links.iter().filter(|l| l.is_some()).count())
-            .field("calls", &self.calls)
-            .finish_non_exhaustive()
-    }
+    health: Health,
 }
 
 /// One channel call in progress: what this rank says in its headers, and what it has heard.
@@ -142,26 +132,18 @@ impl ChannelEngine {
             links: (0..n).map(|_| None).collect(),
             payload: DEFAULT_PAYLOAD_BYTES,
             calls: 0,
-            broken: None,
+            health: Health::default(),
         }
     }
 
     /// Errors if an earlier failure broke the communicator.
     pub(crate) fn check_usable(&self) -> Result<()> {
-        match &self.broken {
-            Some(why) => Err(Error::Aborted(format!(
-                "this communicator is unusable after an earlier failure ({why}); create a new one"
-            ))),
-            None => Ok(()),
-        }
+        self.health.check()
     }
 
     /// Records a failure that leaves the ranks out of step.
     pub(crate) fn poison(&mut self, e: Error) -> Error {
-        if !matches!(e, Error::InvalidArgument(_)) && self.broken.is_none() {
-            self.broken = Some(e.to_string());
-        }
-        e
+        self.health.poison(e)
     }
 
     /// Elements of `T` one message carries.

@@ -67,7 +67,7 @@ pub(crate) struct HostEngine {
     pub(crate) cma: Option<Vec<i32>>,
     /// Shared buffers of this communicator, by id: every rank's mapping of each.
     shared: Vec<Vec<RegisteredMemory>>,
-    broken: Option<String>,
+    health: crate::health::Health,
     timeout: Duration,
 }
 
@@ -80,7 +80,7 @@ impl HostEngine {
         let ws = Workspace::new(core, scratch_bytes)?;
         let p2p = P2pState::new(core)?;
         let cma = probe_cma(core)?;
-        Ok(HostEngine { ws, p2p, cma, shared: Vec::new(), broken: None, timeout: core.config().timeout })
+        Ok(HostEngine { ws, p2p, cma, shared: Vec::new(), health: Default::default(), timeout: core.config().timeout })
     }
 
     /// Collective: allocates a shared buffer of `bytes` on every rank and maps every rank's.
@@ -123,20 +123,12 @@ impl HostEngine {
 
     /// Errors if an earlier failure broke the communicator.
     pub(crate) fn check_usable(&self) -> Result<()> {
-        match &self.broken {
-            Some(why) => Err(Error::Aborted(format!(
-                "this communicator is unusable after an earlier failure ({why}); create a new one"
-            ))),
-            None => Ok(()),
-        }
+        self.health.check()
     }
 
     /// Records a failure that leaves the ranks out of step.
     pub(crate) fn poison(&mut self, e: Error) -> Error {
-        if e.is_fatal() && self.broken.is_none() {
-            self.broken = Some(e.to_string());
-        }
-        e
+        self.health.poison(e)
     }
 
     pub(crate) fn timeout(&self) -> Duration {
