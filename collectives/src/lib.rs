@@ -26,6 +26,7 @@ pub mod communicator;
 pub mod dtype;
 #[cfg(feature = "cudaipc")]
 pub mod gpu;
+mod group;
 mod health;
 mod host;
 pub mod op;

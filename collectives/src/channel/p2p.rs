@@ -5,12 +5,11 @@
 //! reported, never truncated.
 
 use comm_core::communicator::Communicator as CoreCommunicator;
-use comm_core::config::Deadline;
 use comm_core::{Error, Result};
 
 use super::ChannelEngine;
 use super::link::Header;
-use crate::host::P2pOp;
+use crate::group::{self, P2pOp};
 
 /// Signature of a point-to-point message (no collective uses it).
 const P2P_SIGNATURE: u64 = 0x5032_5000_0000_0000;
@@ -30,145 +29,80 @@ pub(crate) unsafe fn run_group(e: &mut ChannelEngine, core: &CoreCommunicator, o
 
 unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
-    let mut peers = Vec::with_capacity(ops.len());
-    let mut self_sends = Vec::new();
-    let mut self_recvs = Vec::new();
-    for (i, op) in ops.iter().enumerate() {
-        let (peer, is_send) = match *op {
-            P2pOp::Send { peer, .. } => (peer, true),
-            P2pOp::Recv { peer, .. } => (peer, false),
-        };
-        if peer >= n {
-            return Err(Error::invalid(format!("rank {peer} is not a peer in a {n}-rank communicator")));
-        }
-        if peer == me {
-            if is_send { self_sends.push(i) } else { self_recvs.push(i) }
-        } else {
-            peers.push(peer);
-        }
-    }
-    if self_sends.len() != self_recvs.len() {
-        return Err(Error::invalid(format!(
-            "a group sends {} message(s) to this rank itself but receives {}; they must pair up",
-            self_sends.len(),
-            self_recvs.len()
-        )));
-    }
-    let mut done = vec![0usize; ops.len()];
     let mut finished = vec![false; ops.len()];
-    for (&s, &r) in self_sends.iter().zip(&self_recvs) {
-        let (P2pOp::Send { data: src, len: a, .. }, P2pOp::Recv { data: dst, len: b, .. }) = (ops[s], ops[r]) else {
-            continue;
-        };
-        if a != b {
-            return Err(Error::invalid(format!("send to self of {a} bytes paired with a receive of {b} bytes")));
-        }
-        // SAFETY: the caller guarantees both ranges; `ptr::copy` tolerates overlap.
-        unsafe { std::ptr::copy(src, dst, a) };
-        finished[s] = true;
-        finished[r] = true;
-    }
+    // SAFETY: forwarded from the caller.
+    unsafe { group::start(ops, me, n, &mut finished)? };
+    let mut peers: Vec<usize> = ops.iter().map(P2pOp::peer).filter(|&p| p != me).collect();
     peers.sort_unstable();
     peers.dedup();
     e.connect(core, &peers)?;
-    let timeout = core.config().timeout;
-    let abort = core.abort_flag().clone();
-    let mut deadline = Deadline::after(timeout);
-    let mut backoff = comm_core::spin::Backoff::new();
-    let mut idle: u32 = 0;
-    loop {
-        let mut progressed = false;
-        let mut send_busy = vec![false; n];
-        let mut recv_busy = vec![false; n];
-        let mut blocked_on = None;
-        for (i, op) in ops.iter().enumerate() {
-            if finished[i] {
-                continue;
-            }
-            let (peer, busy) = match *op {
-                P2pOp::Send { peer, .. } => (peer, &mut send_busy[peer]),
-                P2pOp::Recv { peer, .. } => (peer, &mut recv_busy[peer]),
-            };
-            if std::mem::replace(busy, true) {
-                continue; // an earlier operation with this peer, same direction, goes first
-            }
-            blocked_on.get_or_insert(peer);
-            let link = e.link(peer)?;
-            let payload = link.payload();
-            match *op {
-                P2pOp::Send { data, len, .. } => {
-                    let chunks = len.div_ceil(payload).max(1);
-                    while done[i] < chunks && link.has_credit() {
-                        let a = done[i] * payload;
-                        let k = (len - a).min(payload);
-                        let out = link.outbox("send")?;
-                        // SAFETY: data + a is valid for k reads (caller); the outbox slot holds
-                        // a full payload.
-                        unsafe { std::ptr::copy_nonoverlapping(data.add(a), out, k) };
-                        let header = Header {
-                            signature: P2P_SIGNATURE,
-                            count: len as u64,
-                            root: done[i] as u64,
-                            len: k as u64,
-                            ..Header::default()
-                        };
-                        link.post(header)?;
-                        done[i] += 1;
-                        progressed = true;
-                    }
-                    finished[i] = done[i] == chunks;
-                }
-                P2pOp::Recv { data, len, .. } => {
-                    let chunks = len.div_ceil(payload).max(1);
-                    while done[i] < chunks && link.has_message() {
-                        let (header, inbox) = link.receive("recv")?;
-                        let a = done[i] * payload;
-                        let k = (len - a).min(payload);
-                        if header.signature != P2P_SIGNATURE {
-                            return Err(Error::protocol(format!(
-                                "rank {peer} sent a collective's message while rank {me} receives from it; every \
-                                 send needs a matching recv before later collectives"
-                            )));
-                        }
-                        if header.count != len as u64 || header.root != done[i] as u64 || header.len != k as u64 {
-                            return Err(Error::protocol(format!(
-                                "rank {peer} sent a message of {} bytes (chunk {}) while rank {me} receives {len} bytes \
-                                 (chunk {}); sizes of matching send and recv must be equal",
-                                header.count, header.root, done[i]
-                            )));
-                        }
-                        // SAFETY: the inbox holds k bytes (checked length); data + a is valid for
-                        // k writes (caller).
-                        unsafe { std::ptr::copy_nonoverlapping(inbox, data.add(a), k) };
-                        link.release()?;
-                        done[i] += 1;
-                        progressed = true;
-                    }
-                    finished[i] = done[i] == chunks;
-                }
+    let mut done = vec![0usize; ops.len()];
+    let cell = std::cell::RefCell::new(e);
+    let advance = |i: usize| -> Result<(bool, bool)> {
+        let mut e = cell.borrow_mut();
+        // SAFETY: forwarded from the caller.
+        unsafe { advance(&mut e, ops[i], me, &mut done[i]) }
+    };
+    let check_peer = |p: usize| cell.borrow_mut().link(p)?.check_peer();
+    group::drive(ops, n, &mut finished, core.config().timeout, core.abort_flag(), advance, check_peer)
+}
+
+/// Moves what it can of one operation without blocking: (moved something, finished).
+///
+/// # Safety
+/// As [`run_group`] for `op`.
+unsafe fn advance(e: &mut ChannelEngine, op: P2pOp, me: usize, done: &mut usize) -> Result<(bool, bool)> {
+    let link = e.link(op.peer())?;
+    let payload = link.payload();
+    let chunks = op.len().div_ceil(payload).max(1);
+    let mut moved = false;
+    match op {
+        P2pOp::Send { data, len, .. } => {
+            while *done < chunks && link.has_credit() {
+                let a = *done * payload;
+                let k = (len - a).min(payload);
+                let out = link.outbox("send")?;
+                // SAFETY: data + a is valid for k reads (caller); the outbox slot holds a full
+                // payload.
+                unsafe { std::ptr::copy_nonoverlapping(data.add(a), out, k) };
+                let header = Header {
+                    signature: P2P_SIGNATURE,
+                    count: len as u64,
+                    root: *done as u64,
+                    len: k as u64,
+                    ..Header::default()
+                };
+                link.post(header)?;
+                *done += 1;
+                moved = true;
             }
         }
-        if finished.iter().all(|&f| f) {
-            return Ok(());
-        }
-        if progressed {
-            deadline = Deadline::after(timeout);
-            idle = 0;
-            backoff.reset();
-            continue;
-        }
-        idle = idle.wrapping_add(1);
-        backoff.snooze();
-        if idle.is_multiple_of(128) {
-            if abort.load(std::sync::atomic::Ordering::Relaxed) {
-                return Err(Error::Aborted("send/recv was aborted".into()));
-            }
-            if let Some(peer) = blocked_on {
-                e.link(peer)?.check_peer()?;
-                if deadline.expired() {
-                    return Err(Error::timeout("send/recv progress", Some(peer), deadline.elapsed()));
+        P2pOp::Recv { peer, data, len } => {
+            while *done < chunks && link.has_message() {
+                let (header, inbox) = link.receive("recv")?;
+                let a = *done * payload;
+                let k = (len - a).min(payload);
+                if header.signature != P2P_SIGNATURE {
+                    return Err(Error::protocol(format!(
+                        "rank {peer} sent a collective's message while rank {me} receives from it; every send needs \
+                         a matching recv before later collectives"
+                    )));
                 }
+                if header.count != len as u64 || header.root != *done as u64 || header.len != k as u64 {
+                    return Err(Error::protocol(format!(
+                        "rank {peer} sent a message of {} bytes (chunk {}) while rank {me} receives {len} bytes (chunk \
+                         {}); sizes of matching send and recv must be equal",
+                        header.count, header.root, *done
+                    )));
+                }
+                // SAFETY: the inbox holds k bytes (checked length); data + a is valid for k
+                // writes (caller).
+                unsafe { std::ptr::copy_nonoverlapping(inbox, data.add(a), k) };
+                link.release()?;
+                *done += 1;
+                moved = true;
             }
         }
     }
+    Ok((moved, *done == chunks))
 }

@@ -10,7 +10,7 @@ mod blocks;
 mod p2p;
 pub(crate) mod workspace;
 
-pub(crate) use p2p::{P2pOp, P2pState};
+pub(crate) use p2p::P2pState;
 
 use std::time::Duration;
 

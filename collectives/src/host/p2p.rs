@@ -8,14 +8,15 @@
 //! inside a group can deadlock.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
-use comm_core::config::Deadline;
 use comm_core::memory::RegisteredMemory;
 use comm_core::semaphore::HostSemaphore;
 use comm_core::{Error, Result};
+
+use crate::group::{self, P2pOp};
 
 /// Bytes of one mailbox slot (header included).
 const SLOT_BYTES: usize = 256 << 10;
@@ -46,31 +47,10 @@ pub(crate) struct P2pState {
     abort: Arc<AtomicBool>,
 }
 
-/// One operation of a group.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum P2pOp {
-    /// Send `len` bytes at `data` to `peer`.
-    Send { peer: usize, data: *const u8, len: usize },
-    /// Receive exactly `len` bytes from `peer` into `data`.
-    Recv { peer: usize, data: *mut u8, len: usize },
-}
-
-impl P2pOp {
-    fn peer(&self) -> usize {
-        match *self {
-            P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => peer,
-        }
-    }
-
-    pub(crate) fn len(&self) -> usize {
-        match *self {
-            P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
-        }
-    }
-
-    fn chunks(&self) -> u64 {
-        self.len().div_ceil(CHUNK).max(1) as u64
-    }
+/// Chunks a message of `len` bytes takes (at least one: an empty message still says its
+/// length).
+fn chunks(len: usize) -> u64 {
+    len.div_ceil(CHUNK).max(1) as u64
 }
 
 fn mailbox_offset(receiver: usize, sub: u64) -> usize {
@@ -112,99 +92,33 @@ impl P2pState {
     /// Every `Send` pointer valid for `len` reads and every `Recv` pointer for `len` writes
     /// until this returns; receive buffers disjoint from each other and from send buffers.
     pub(crate) unsafe fn run(&mut self, ops: &[P2pOp], timeout: Duration) -> Result<()> {
-        let me = self.rank;
-        let n = self.peers.len();
-        for op in ops {
-            if op.peer() >= n {
-                return Err(Error::invalid(format!("rank {} is not a peer in a {n}-rank communicator", op.peer())));
-            }
-        }
-        let mut done_chunks = vec![0u64; ops.len()];
+        let (me, n) = (self.rank, self.peers.len());
         let mut finished = vec![false; ops.len()];
-        // Sends to self pair with receives from self, in order.
-        let self_sends: Vec<usize> =
-            (0..ops.len()).filter(|&i| matches!(ops[i], P2pOp::Send { peer, .. } if peer == me)).collect();
-        let self_recvs: Vec<usize> =
-            (0..ops.len()).filter(|&i| matches!(ops[i], P2pOp::Recv { peer, .. } if peer == me)).collect();
-        if self_sends.len() != self_recvs.len() {
-            return Err(Error::invalid(format!(
-                "a group sends {} message(s) to this rank itself but receives {}; they must pair up",
-                self_sends.len(),
-                self_recvs.len()
-            )));
-        }
-        for (&s, &r) in self_sends.iter().zip(&self_recvs) {
-            let (P2pOp::Send { data: src, len: a, .. }, P2pOp::Recv { data: dst, len: b, .. }) = (ops[s], ops[r])
-            else {
-                continue;
+        // SAFETY: forwarded from the caller.
+        unsafe { group::start(ops, me, n, &mut finished)? };
+        let mut done_chunks = vec![0u64; ops.len()];
+        let abort = self.abort.clone();
+        let links: Vec<Option<Arc<HostSemaphore>>> =
+            self.peers.iter().map(|l| l.as_ref().map(|l| l.ready.clone())).collect();
+        let advance = |i: usize| -> Result<(bool, bool)> {
+            let total = chunks(ops[i].len());
+            let moved = match ops[i] {
+                // SAFETY: forwarded from the caller.
+                P2pOp::Send { peer, data, len } => unsafe {
+                    self.progress_send(peer, data, len, &mut done_chunks[i], total)?
+                },
+                // SAFETY: forwarded from the caller.
+                P2pOp::Recv { peer, data, len } => unsafe {
+                    self.progress_recv(peer, data, len, &mut done_chunks[i], total)?
+                },
             };
-            if a != b {
-                return Err(Error::invalid(format!("send to self of {a} bytes paired with a receive of {b} bytes")));
-            }
-            // SAFETY: the caller guarantees both ranges; `ptr::copy` tolerates overlap.
-            unsafe { std::ptr::copy(src, dst, a) };
-            finished[s] = true;
-            finished[r] = true;
-        }
-
-        let mut deadline = Deadline::after(timeout);
-        let mut idle: u32 = 0;
-        let mut backoff = comm_core::spin::Backoff::new();
-        loop {
-            let mut progressed = false;
-            let mut send_busy = vec![false; n];
-            let mut recv_busy = vec![false; n];
-            let mut blocked_on = None;
-            for (i, op) in ops.iter().enumerate() {
-                if finished[i] {
-                    continue;
-                }
-                let peer = op.peer();
-                let busy = match op {
-                    P2pOp::Send { .. } => &mut send_busy[peer],
-                    P2pOp::Recv { .. } => &mut recv_busy[peer],
-                };
-                if std::mem::replace(busy, true) {
-                    continue; // an earlier operation with this peer, same direction, goes first
-                }
-                blocked_on.get_or_insert(peer);
-                let chunks = op.chunks();
-                let moved = match *op {
-                    // SAFETY: forwarded from the caller.
-                    P2pOp::Send { data, len, .. } => unsafe {
-                        self.progress_send(peer, data, len, &mut done_chunks[i], chunks)?
-                    },
-                    // SAFETY: forwarded from the caller.
-                    P2pOp::Recv { data, len, .. } => unsafe {
-                        self.progress_recv(peer, data, len, &mut done_chunks[i], chunks)?
-                    },
-                };
-                progressed |= moved;
-                finished[i] = done_chunks[i] == chunks;
-            }
-            if finished.iter().all(|&f| f) {
-                return Ok(());
-            }
-            if progressed {
-                deadline = Deadline::after(timeout);
-                idle = 0;
-                backoff.reset();
-                continue;
-            }
-            idle = idle.wrapping_add(1);
-            backoff.snooze();
-            if idle.is_multiple_of(128) {
-                if self.abort.load(Ordering::Relaxed) {
-                    return Err(Error::Aborted("send/recv was aborted".into()));
-                }
-                if let Some(peer) = blocked_on {
-                    self.link(peer)?.ready.connection().check_peer()?;
-                    if deadline.expired() {
-                        return Err(Error::timeout("send/recv progress", Some(peer), deadline.elapsed()));
-                    }
-                }
-            }
-        }
+            Ok((moved, done_chunks[i] == total))
+        };
+        let check_peer = |p: usize| match links.get(p).and_then(Option::as_ref) {
+            Some(ready) => ready.connection().check_peer(),
+            None => Ok(()),
+        };
+        group::drive(ops, n, &mut finished, timeout, &abort, advance, check_peer)
     }
 
     /// Pushes as many chunks of a send as the peer has free slots for.
