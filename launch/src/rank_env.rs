@@ -28,14 +28,20 @@ pub const FOREIGN_RANK_VARS: &[&str] = &[
 /// [`LaunchSpec::env`], then the launcher's variables (which win over both).
 pub(crate) fn set_rank_env(cmd: &mut Command, spec: &LaunchSpec, rank: usize, secret: &str, master_port: u16) {
     let n = spec.ranks;
+    let per_node = spec.ranks_per_node().max(1);
     for var in FOREIGN_RANK_VARS {
         cmd.env_remove(var);
+    }
+    if spec.posed_nodes.is_some() {
+        // The job's port names the posed nodes, so two jobs on one host never share one.
+        cmd.env("GROUP_RANK", (rank / per_node).to_string())
+            .env("WEAVE_HOST_ID", format!("posed-{master_port}-node-{}", rank / per_node));
     }
     cmd.envs(spec.env.iter().map(|(k, v)| (k, v)))
         .env("RANK", rank.to_string())
         .env("WORLD_SIZE", n.to_string())
-        .env("LOCAL_RANK", rank.to_string())
-        .env("LOCAL_WORLD_SIZE", n.to_string())
+        .env("LOCAL_RANK", (rank % per_node).to_string())
+        .env("LOCAL_WORLD_SIZE", per_node.to_string())
         .env("MASTER_ADDR", &spec.master_addr)
         .env("MASTER_PORT", master_port.to_string())
         .env("WEAVE_SECRET", secret);

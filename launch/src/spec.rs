@@ -51,6 +51,11 @@ pub struct LaunchSpec {
     /// binds ranks to cores. Keeps two ranks from sharing a core while another sits idle, which
     /// makes latency measurements repeatable. Off by default.
     pub bind_cores: bool,
+    /// Split the ranks into this many posed nodes of equal size on this host: consecutive
+    /// ranks share a node, and each rank gets its node's `LOCAL_RANK`, `LOCAL_WORLD_SIZE`,
+    /// `GROUP_RANK` and a `WEAVE_HOST_ID` of its own node, so shared memory and CUDA IPC stay
+    /// inside a node and a network transport carries the rest. `None`: one node.
+    pub posed_nodes: Option<usize>,
 }
 
 impl LaunchSpec {
@@ -71,6 +76,7 @@ impl LaunchSpec {
             cancel_grace: DEFAULT_CANCEL_GRACE,
             keep_going: false,
             bind_cores: false,
+            posed_nodes: None,
         }
     }
 
@@ -152,10 +158,33 @@ impl LaunchSpec {
         self
     }
 
-    /// Rejects a spec no job can start from: no ranks, no program, no master address.
+    /// Splits the ranks into `nodes` posed nodes (see [`LaunchSpec::posed_nodes`]).
+    pub fn posed_nodes(mut self, nodes: usize) -> Self {
+        self.posed_nodes = Some(nodes);
+        self
+    }
+
+    /// Ranks per node: all of them, or the posed nodes' share.
+    pub fn ranks_per_node(&self) -> usize {
+        match self.posed_nodes {
+            Some(nodes) if nodes > 0 => self.ranks / nodes,
+            _ => self.ranks,
+        }
+    }
+
+    /// Rejects a spec no job can start from: no ranks, no program, no master address, posed
+    /// nodes that do not split the ranks evenly.
     pub(crate) fn validate(&self) -> Result<()> {
         if self.ranks == 0 {
             return Err(Error::invalid("LaunchSpec.ranks is 0; launch at least one rank"));
+        }
+        if let Some(nodes) = self.posed_nodes
+            && (nodes == 0 || !self.ranks.is_multiple_of(nodes))
+        {
+            return Err(Error::invalid(format!(
+                "{} ranks do not split into {nodes} posed nodes of equal size",
+                self.ranks
+            )));
         }
         if self.program.as_os_str().is_empty() {
             return Err(Error::invalid("LaunchSpec.program is empty; name the program every rank runs"));

@@ -169,3 +169,20 @@ fn ranks_start_with_no_blocked_signals() {
     assert!(report.success(), "{}", report.summary());
     assert_eq!(report.ranks[0].stdout, ["SigBlk:\t0000000000000000"]);
 }
+
+#[test]
+fn posed_nodes_give_each_rank_its_node_and_local_rank() {
+    let spec = sh(6, r#"echo "$RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $GROUP_RANK $WEAVE_HOST_ID""#).posed_nodes(3);
+    let report = launch(&spec).unwrap();
+    assert!(report.success(), "{}", report.summary());
+    let mut hosts = Vec::new();
+    for r in &report.ranks {
+        let f: Vec<&str> = r.stdout[0].split_whitespace().collect();
+        let rank: usize = f[0].parse().unwrap();
+        assert_eq!(f[1..4], [(rank % 2).to_string(), "2".to_string(), (rank / 2).to_string()], "rank {rank}");
+        hosts.push(f[4].to_string());
+    }
+    assert!(hosts[0] == hosts[1] && hosts[1] != hosts[2] && hosts[2] == hosts[3] && hosts[4] != hosts[0]);
+    let uneven = sh(5, "true").posed_nodes(2);
+    assert!(launch(&uneven).is_err(), "5 ranks cannot split into 2 equal nodes");
+}

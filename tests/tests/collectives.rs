@@ -96,6 +96,10 @@ fn a_rank_killed_mid_channel_all_reduce_fails_the_others_and_leaks_nothing() {
 
 #[test]
 fn every_collective_across_posed_nodes_over_tcp_2x2_and_3x1() {
-    run("nodes", Some("2"), &[4], Duration::from_secs(600));
-    run("nodes", Some("1"), &[3], Duration::from_secs(600));
+    for (nodes, per_node) in [(2, 2), (3, 1)] {
+        let spec = scenario_spec(Path::new(WORKER), "nodes", nodes * per_node, 30.0, Duration::from_secs(600))
+            .posed_nodes(nodes);
+        let report = run_ok(&spec, "nodes");
+        assert!(report.ranks.iter().all(|r| r.stdout.iter().any(|l| l.contains(&format!("on {nodes} nodes")))));
+    }
 }

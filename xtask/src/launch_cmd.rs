@@ -12,6 +12,27 @@ use crate::args::{Arg, Args, UsageError};
 /// One line for the command list of `cargo xtask help`.
 pub(crate) const SUMMARY: &str = "run N ranks of a program on this host";
 
+/// One line for the command list of `cargo xtask help` (`multinode`).
+pub(crate) const MULTINODE_SUMMARY: &str = "run a program as ranks of several posed nodes on this host";
+
+/// The help text of `cargo xtask multinode`.
+pub(crate) const MULTINODE_USAGE: &str = "\
+usage: cargo xtask multinode -N NODES -n RANKS_PER_NODE [--timeout SECS] [--] CMD [ARGS...]
+
+Runs NODES x RANKS_PER_NODE ranks of CMD on this host as a job of NODES posed nodes: ranks
+r = node x RANKS_PER_NODE + i share node `node`; each rank gets the variables torchrun sets
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and
+WEAVE_HOST_ID naming its node, so shared memory and CUDA IPC stay inside a node and TCP carries
+the rest. The nodes share this host's network stack, hostname and /dev/shm (network namespaces
+per node, with --rate shaping, are not built yet). Otherwise as `cargo xtask launch`.
+
+options:
+  -N, --nodes NODES            posed nodes (required, at least 1)
+  -n, --ranks-per-node R       ranks per node (required, at least 1)
+  -t, --timeout SECS           kill every rank after SECS seconds
+  -h, --help                   print this help
+";
+
 /// The help text of `cargo xtask launch`.
 pub(crate) const USAGE: &str = "\
 usage: cargo xtask launch -n N [--timeout SECS] [--master-addr ADDR] [--] CMD [ARGS...]
@@ -36,6 +57,8 @@ exit status: 0 when every rank exited 0; 1 otherwise (a summary goes to stderr);
 #[derive(Debug, PartialEq)]
 struct LaunchArgs {
     ranks: usize,
+    /// Posed nodes (`multinode`).
+    nodes: Option<usize>,
     timeout: Option<Duration>,
     master_addr: Option<String>,
     command: Vec<OsString>,
@@ -48,7 +71,15 @@ enum Parsed {
     Run(LaunchArgs),
 }
 
-fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
+/// How `-n` counts: ranks of the job (`launch`) or ranks per node (`multinode`, with `-N`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Mode {
+    Launch,
+    Multinode,
+}
+
+fn parse_as(args: &mut Args, mode: Mode) -> Result<Parsed, UsageError> {
+    let mut nodes = None;
     let mut ranks = None;
     let mut timeout = None;
     let mut master_addr = None;
@@ -56,7 +87,21 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
     while let Some(arg) = args.next()? {
         match arg {
             Arg::Flag(f) if f == "-h" || f == "--help" => return Ok(Parsed::Help),
-            Arg::Flag(f) if f == "-n" || f == "--ranks" => {
+            Arg::Flag(f) if mode == Mode::Multinode && (f == "-N" || f == "--nodes") => {
+                let n: usize = args.parse(&f, "a number of nodes")?;
+                if n == 0 {
+                    return Err(UsageError(format!("{f} must be at least 1")));
+                }
+                nodes = Some(n);
+            }
+            Arg::Flag(f) if mode == Mode::Multinode && f == "--rate" => {
+                return Err(UsageError(
+                    "--rate needs a network namespace per node, which is not built yet (posed nodes share this \
+                     host's network)"
+                        .into(),
+                ));
+            }
+            Arg::Flag(f) if f == "-n" || f == "--ranks" || (mode == Mode::Multinode && f == "--ranks-per-node") => {
                 let n: usize = args.parse(&f, "a number of ranks")?;
                 if n == 0 {
                     return Err(UsageError(format!("{f} must be at least 1")));
@@ -76,7 +121,10 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
                 let addr = v.into_string().map_err(|v| UsageError(format!("{f} must be UTF-8, got {v:?}")))?;
                 master_addr = Some(addr);
             }
-            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f} for `launch`"))),
+            Arg::Flag(f) => {
+                let name = if mode == Mode::Launch { "launch" } else { "multinode" };
+                return Err(UsageError(format!("unknown option {f} for `{name}`")));
+            }
             Arg::Separator => {
                 command = args.rest();
                 break;
@@ -92,18 +140,38 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
     if command.is_empty() {
         return Err(UsageError("give the command every rank runs after the options (or after --)".into()));
     }
-    Ok(Parsed::Run(LaunchArgs { ranks, timeout, master_addr, command }))
+    let ranks = match (mode, nodes) {
+        (Mode::Launch, _) => ranks,
+        (Mode::Multinode, Some(nodes)) => {
+            nodes.checked_mul(ranks).ok_or_else(|| UsageError(format!("{nodes} x {ranks} ranks overflow")))?
+        }
+        (Mode::Multinode, None) => return Err(UsageError("give the number of nodes with -N NODES".into())),
+    };
+    Ok(Parsed::Run(LaunchArgs { ranks, nodes, timeout, master_addr, command }))
 }
 
 /// Runs `cargo xtask launch` with the arguments after the subcommand name.
-pub(crate) fn run(mut args: Args) -> ExitCode {
-    let parsed = match parse(&mut args) {
+pub(crate) fn run(args: Args) -> ExitCode {
+    run_as(args, Mode::Launch)
+}
+
+/// Runs `cargo xtask multinode` with the arguments after the subcommand name.
+pub(crate) fn run_multinode(args: Args) -> ExitCode {
+    run_as(args, Mode::Multinode)
+}
+
+fn run_as(mut args: Args, mode: Mode) -> ExitCode {
+    let (usage, name) = match mode {
+        Mode::Launch => (USAGE, "launch"),
+        Mode::Multinode => (MULTINODE_USAGE, "multinode"),
+    };
+    let parsed = match parse_as(&mut args, mode) {
         Ok(Parsed::Help) => {
-            print!("{USAGE}");
+            print!("{usage}");
             return ExitCode::SUCCESS;
         }
         Ok(Parsed::Run(parsed)) => parsed,
-        Err(e) => return crate::usage_error(&e, "launch"),
+        Err(e) => return crate::usage_error(&e, name),
     };
     let token = CancelToken::new();
     // Before any thread starts (the launcher's readers inherit the blocked signals).
@@ -114,6 +182,7 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
     let program = command.next().unwrap_or_default();
     let mut spec = LaunchSpec::new(parsed.ranks, program).args(command).echo(true).cancel_token(token);
     spec.timeout = parsed.timeout;
+    spec.posed_nodes = parsed.nodes;
     if let Some(addr) = parsed.master_addr {
         spec = spec.master_addr(addr);
     }
@@ -135,13 +204,14 @@ mod tests {
     use super::*;
 
     fn parse_line(line: &[&str]) -> Result<Parsed, UsageError> {
-        parse(&mut Args::new(line.iter().copied()))
+        parse_as(&mut Args::new(line.iter().copied()), Mode::Launch)
     }
 
     #[test]
     fn parses_options_and_command() {
         let want = LaunchArgs {
             ranks: 4,
+            nodes: None,
             timeout: Some(Duration::from_millis(1500)),
             master_addr: Some("10.0.0.1".into()),
             command: vec!["prog".into(), "-n".into(), "--x".into()],
@@ -151,6 +221,18 @@ mod tests {
         let Parsed::Run(plain) = parse_line(&["--ranks=2", "echo", "-n", "hi"]).unwrap() else { panic!() };
         assert_eq!((plain.ranks, plain.timeout, plain.command.len()), (2, None, 3));
         assert_eq!(parse_line(&["-n", "2", "--help"]).unwrap(), Parsed::Help);
+    }
+
+    #[test]
+    fn multinode_counts_ranks_per_node() {
+        let line = ["-N", "2", "-n", "3", "--", "prog"];
+        let Parsed::Run(p) = parse_as(&mut Args::new(line.iter().copied()), Mode::Multinode).unwrap() else { panic!() };
+        assert_eq!((p.ranks, p.nodes), (6, Some(2)));
+        let err = |line: &[&str]| parse_as(&mut Args::new(line.iter().copied()), Mode::Multinode).unwrap_err().0;
+        assert!(err(&["-n", "2", "x"]).contains("-N NODES"));
+        assert!(err(&["-N", "0", "-n", "2", "x"]).contains("at least 1"));
+        assert!(err(&["-N", "2", "-n", "2", "--rate", "10gbit", "x"]).contains("not built yet"));
+        assert!(parse_line(&["-N", "2", "-n", "2", "x"]).unwrap_err().0.contains("unknown option -N"));
     }
 
     #[test]

@@ -34,6 +34,12 @@ const COMMANDS: &[Command] = &[
         run: gpu_bundle_cmd::run,
     },
     Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run },
+    Command {
+        name: "multinode",
+        summary: launch_cmd::MULTINODE_SUMMARY,
+        usage: launch_cmd::MULTINODE_USAGE,
+        run: launch_cmd::run_multinode,
+    },
     Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
     Command { name: "bench", summary: bench_cmd::SUMMARY, usage: bench_cmd::USAGE, run: bench_cmd::run },
 ];

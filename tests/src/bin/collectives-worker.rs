@@ -19,7 +19,7 @@ fn main() {
         "mismatch" => mismatch(),
         "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
         "channel-kill" => channel_kill(&arg),
-        "nodes" => nodes(&arg),
+        "nodes" => nodes(),
         "p2p-channel" => comm_core::bootstrap::from_env()
             .and_then(|b| {
                 Communicator::builder(b).with_algorithm(Collective::SendRecv, Algorithm::ChannelDirect).build()
@@ -391,27 +391,23 @@ fn channel_kill(over: &str) -> Result<String> {
     Err(Error::protocol("10,000 all-reduces went through with a killed peer"))
 }
 
-/// The correctness matrix with the ranks split into posed nodes of `per_node` ranks
-/// (`WEAVE_HOST_ID`-style identities from the rank), so shared memory carries what stays in a
-/// node and TCP the rest: every collective runs the channel family across nodes.
-fn nodes(per_node: &str) -> Result<String> {
-    let per_node: usize =
-        per_node.parse().map_err(|_| Error::invalid(format!("nodes {per_node:?}: ranks per node")))?;
-    let bootstrap = comm_core::bootstrap::from_env()?;
-    let rank = comm_core::bootstrap::Bootstrap::rank(&bootstrap);
-    let mut config = comm_core::config::Config::from_env()?;
-    config.host_id = Some(format!("posed-node-{}", rank / per_node.max(1)));
-    let comm = Communicator::builder(bootstrap).with_config(config).build()?;
+/// The correctness matrix on a job of posed nodes (`cargo xtask multinode`, or a launcher's
+/// `posed_nodes`): checks that the communicator sees the nodes the launcher made — shared
+/// memory inside a node, TCP across — then runs every collective through the channel family.
+fn nodes() -> Result<String> {
+    let comm = Communicator::from_env()?;
+    let per_node: usize = std::env::var("LOCAL_WORLD_SIZE")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::invalid("LOCAL_WORLD_SIZE is not set"))?;
     let topo = comm.core().topology();
     let (nodes, n) = (topo.node_count(), comm.world_size());
-    if nodes != n.div_ceil(per_node.max(1)) || topo.all_direct() != (nodes == 1) {
+    if nodes != n / per_node.max(1) || topo.all_direct() != (nodes == 1) {
         return Err(Error::protocol(format!("{n} ranks in {nodes} nodes, all direct: {}", topo.all_direct())));
     }
     let spec = MatrixSpec { large: Some(((1 << 20) + 5, vec![(DataType::F32, ReduceOp::Sum)])), ..MatrixSpec::ci() };
     let checked = run_matrix(&comm, &spec)?;
-    let transports: Vec<String> = (0..n)
-        .filter(|&p| p != comm.rank())
-        .map(|p| format!("{p}:{}", topo.reach(p).and_then(|r| r.preferred()).map(|t| t.name()).unwrap_or_default()))
-        .collect();
-    Ok(format!("{checked} calls checked on {nodes} nodes (peers {})", transports.join(" ")))
+    let reach = |p: usize| topo.reach(p).and_then(|r| r.preferred()).map_or("-", |t| t.name());
+    let peers: Vec<String> = (0..n).filter(|&p| p != comm.rank()).map(|p| format!("{p}:{}", reach(p))).collect();
+    Ok(format!("{checked} calls checked on {nodes} nodes (peers {})", peers.join(" ")))
 }
