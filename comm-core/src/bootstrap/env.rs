@@ -13,11 +13,16 @@ use crate::error::{Error, Result};
 use crate::wire;
 
 /// The launchers understood, in order of precedence: (name, rank, world size, local rank).
-const LAUNCHERS: [(&str, &str, &str, &str); 3] = [
+const LAUNCHERS: [(&str, &str, &str, &str); 4] = [
     ("torchrun", "RANK", "WORLD_SIZE", "LOCAL_RANK"),
     ("Open MPI", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_LOCAL_RANK"),
+    ("MPICH/PMI", "PMI_RANK", "PMI_SIZE", "MPI_LOCALRANKID"),
     ("Slurm", "SLURM_PROCID", "SLURM_NTASKS", "SLURM_LOCALID"),
 ];
+
+/// Where launchers put the node list of a job: the first host is rank 0's when `MASTER_ADDR`
+/// is not set.
+const NODE_LIST_VARIABLES: [&str; 2] = ["SLURM_JOB_NODELIST", "SLURM_NODELIST"];
 
 /// Job ids that go into a derived secret, when set.
 const JOB_ID_VARIABLES: [&str; 3] = ["TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMPI_MCA_ess_base_jobid"];
@@ -28,11 +33,14 @@ const JOB_ID_VARIABLES: [&str; 3] = ["TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "OMP
 /// |---|---|---|---|
 /// | torchrun | `RANK` | `WORLD_SIZE` | `LOCAL_RANK` |
 /// | Open MPI (`mpirun`) | `OMPI_COMM_WORLD_RANK` | `OMPI_COMM_WORLD_SIZE` | `OMPI_COMM_WORLD_LOCAL_RANK` |
+/// | MPICH / Hydra / PMI | `PMI_RANK` | `PMI_SIZE` | `MPI_LOCALRANKID` |
 /// | Slurm (`srun`) | `SLURM_PROCID` | `SLURM_NTASKS` | `SLURM_LOCALID` |
 ///
 /// The first launcher in this order whose rank or world-size variable is set is used. Whatever
 /// the launcher, the root's address comes from `MASTER_ADDR` (an IP address or a host name) and
-/// `MASTER_PORT`, which MPI and Slurm users export themselves.
+/// `MASTER_PORT`, which MPI and Slurm users export themselves; under Slurm, an unset
+/// `MASTER_ADDR` defaults to the first host of `SLURM_JOB_NODELIST` (where `srun` starts rank
+/// 0), so only `MASTER_PORT` must be exported.
 ///
 /// The job secret is `WEAVE_SECRET` (32 hex digits) when set. Otherwise it is derived from
 /// `MASTER_ADDR`, `MASTER_PORT`, the world size and whichever job ids are set
@@ -58,7 +66,8 @@ pub struct EnvRendezvous {
     pub secret: Option<[u8; 16]>,
     /// The job-id variables that were set, as (name, value); they go into a derived secret.
     pub job_ids: Vec<(&'static str, String)>,
-    /// Which launcher's variables were used: `"torchrun"`, `"Open MPI"` or `"Slurm"`.
+    /// Which launcher's variables were used: `"torchrun"`, `"Open MPI"`, `"MPICH/PMI"` or
+    /// `"Slurm"`.
     pub source: &'static str,
 }
 
@@ -100,7 +109,8 @@ impl EnvRendezvous {
             return Err(Error::invalid(format!("{local_var}={local} is not below {size_var}={world_size}")));
         }
 
-        let master_addr = require("MASTER_ADDR").map_err(|e| {
+        let from_node_list = NODE_LIST_VARIABLES.iter().find_map(|v| get(v)).and_then(|list| first_host(&list));
+        let master_addr = require("MASTER_ADDR").or_else(|e| from_node_list.ok_or(e)).map_err(|e| {
             Error::invalid(format!(
                 "{e}; export MASTER_ADDR and MASTER_PORT: the address of rank 0's host and a free port"
             ))
@@ -190,6 +200,26 @@ impl EnvRendezvous {
     fn master_addr_is_literal(&self) -> bool {
         self.master_addr.parse::<IpAddr>().is_ok() || self.master_addr.eq_ignore_ascii_case("localhost")
     }
+}
+
+/// The first host of a Slurm node list: `gpu[07-09,12],cpu3` gives `gpu07`, `a,b` gives `a`.
+/// `None` for a list that is empty or malformed.
+fn first_host(list: &str) -> Option<String> {
+    let first = list.trim();
+    let end = first.find([',', '[']).unwrap_or(first.len());
+    let prefix = &first[..end];
+    let host = if first[end..].starts_with('[') {
+        let inner = &first[end + 1..first.find(']')?];
+        let range = inner.split(',').next()?;
+        let start = range.split('-').next()?;
+        if start.is_empty() || !start.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        format!("{prefix}{start}")
+    } else {
+        prefix.to_string()
+    };
+    (!host.is_empty() && host.bytes().all(|b| b.is_ascii_alphanumeric() || b"-_.".contains(&b))).then_some(host)
 }
 
 impl fmt::Debug for EnvRendezvous {
@@ -394,5 +424,37 @@ mod tests {
                 assert_eq!(key, &results[0].1);
             }
         });
+    }
+
+    #[test]
+    fn mpich_pmi_variables_and_the_slurm_node_list_are_understood() {
+        let vars = |pairs: &'static [(&'static str, &'static str)]| {
+            move |name: &str| pairs.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+        };
+        let pmi = EnvRendezvous::from_vars(vars(&[
+            ("PMI_RANK", "3"),
+            ("PMI_SIZE", "4"),
+            ("MPI_LOCALRANKID", "1"),
+            ("MASTER_ADDR", "10.0.0.1"),
+            ("MASTER_PORT", "29500"),
+        ]))
+        .unwrap();
+        assert_eq!((pmi.rank, pmi.world_size, pmi.local_rank, pmi.source), (3, 4, Some(1), "MPICH/PMI"));
+        let slurm = EnvRendezvous::from_vars(vars(&[
+            ("SLURM_PROCID", "0"),
+            ("SLURM_NTASKS", "8"),
+            ("SLURM_JOB_NODELIST", "gpu[07-09,12],cpu3"),
+            ("MASTER_PORT", "29500"),
+        ]))
+        .unwrap();
+        assert_eq!(slurm.master_addr, "gpu07");
+        for (list, want) in
+            [("a,b", Some("a")), ("n[1-2]", Some("n1")), ("solo", Some("solo")), ("x[a-b]", None), ("", None)]
+        {
+            assert_eq!(first_host(list).as_deref(), want, "{list:?}");
+        }
+        let missing =
+            EnvRendezvous::from_vars(vars(&[("SLURM_PROCID", "0"), ("SLURM_NTASKS", "2"), ("MASTER_PORT", "1")]));
+        assert!(matches!(missing, Err(Error::InvalidArgument(_))));
     }
 }
