@@ -72,6 +72,14 @@ WEAVE_DEVICE void await_previous_kernels() {
     __VA_ARGS__(a);                                                                                    \
   }
 
+// The body IMPL of a reducing kernel, as WEAVE_FOR_EACH_REDUCING_TYPE takes it: a template
+// NAME<Op, T> whose run(a) calls IMPL(a); IMPL may name Op and T.
+#define WEAVE_REDUCING_BODY(NAME, ...)                                            \
+  template <typename Op, typename T>                                              \
+  struct NAME {                                                                   \
+    WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { __VA_ARGS__(a); } \
+  };
+
 namespace weave {
 
 struct GpuCollectiveArgs {
@@ -248,45 +256,14 @@ WEAVE_DEVICE bf16_t divide<bf16_t>(bf16_t v, uint32_t n) {
   return bf16_from_float(to_float(v) / float(n));
 }
 
-// Element-wise Op over the lanes of an 8-byte word.
-template <typename Op, typename T>
-WEAVE_DEVICE uint64_t reduce_word(uint64_t a, uint64_t b) {
-  union W {
-    uint64_t w;
-    T e[8 / sizeof(T)];
-  };
-  W x, y;
-  x.w = a;
-  y.w = b;
-#pragma unroll
-  for (uint32_t i = 0; i < 8 / sizeof(T); ++i) x.e[i] = Op::apply(x.e[i], y.e[i]);
-  return x.w;
-}
-
-template <typename T>
-WEAVE_DEVICE uint64_t divide_word(uint64_t a, uint32_t n) {
-  union W {
-    uint64_t w;
-    T e[8 / sizeof(T)];
-  };
-  W x;
+// Every lane of a word W (uint64_t, uint4) of T divided by n.
+template <typename T, typename W>
+WEAVE_DEVICE W divide_lanes(W a, uint32_t n) {
+  Lanes<W, T> x;
   x.w = a;
 #pragma unroll
-  for (uint32_t i = 0; i < 8 / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
+  for (uint32_t i = 0; i < sizeof(W) / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
   return x.w;
-}
-
-template <typename T>
-WEAVE_DEVICE uint4 divide_vec16(uint4 a, uint32_t n) {
-  union V {
-    uint4 v;
-    T e[16 / sizeof(T)];
-  };
-  V x;
-  x.v = a;
-#pragma unroll
-  for (uint32_t i = 0; i < 16 / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
-  return x.v;
 }
 
 // dst[i] = Op over srcs[s][i] (divided by `avg` when non-zero), also stored at outs[o][i].
@@ -313,7 +290,7 @@ WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* cons
       for (uint32_t s = 1; s < 8; ++s) {
         if (s < nsrc) acc = reduce_vec16<Op, T>(acc, v[s]);
       }
-      if (avg) acc = divide_vec16<T>(acc, avg);
+      if (avg) acc = divide_lanes<T>(acc, avg);
       reinterpret_cast<uint4*>(dst)[u] = acc;
       for (uint32_t o = 0; o < nout; ++o) reinterpret_cast<uint4*>(outs[o])[u] = acc;
     }
@@ -369,7 +346,7 @@ WEAVE_DEVICE uint64_t combine_in_rank_order(const GpuCollectiveArgs& a, uint64_t
       uint64_t x = mine;
       if (r < a.rank) x = theirs[r < MAX_PEERS ? r : 0];
       if (r > a.rank) x = theirs[r > 0 ? r - 1 : 0];
-      acc = r == 0 ? x : reduce_word<Op, T>(acc, x);
+      acc = r == 0 ? x : reduce_lanes<Op, T>(acc, x);
     }
   }
   return acc;
@@ -428,7 +405,7 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
       auto at = [&](uint32_t i) { return packets(a.rank, peer_rank(a, i)) + w; };
       if (!read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs)) break;
       uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), theirs);
-      if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+      if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
       store_word(recv, w, bytes, acc);
     }
   } else if (t == 0) {
@@ -477,7 +454,7 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
     ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs);
     if (!ok) break;
     uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, mb + i, bytes), theirs);
-    if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+    if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
     store_word(recv, mb + i, bytes, acc);
     for (uint32_t k = 1; k < a.world; ++k) {
       write_ll16(packets((a.rank + k) % a.world, a.rank) + half + i, acc, flag);
@@ -566,12 +543,12 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
     uint64_t w, acc0 = 0, acc1 = 0;
     if (word_in(mb, me_end, line, j0, w)) {
       acc0 = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), t0);
-      if (a.op == OP_AVG) acc0 = divide_word<T>(acc0, a.world);
+      if (a.op == OP_AVG) acc0 = divide_lanes<T>(acc0, a.world);
       store_word(recv, w, bytes, acc0);
     }
     if (word_in(mb, me_end, line, j1, w)) {
       acc1 = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), t1);
-      if (a.op == OP_AVG) acc1 = divide_word<T>(acc1, a.world);
+      if (a.op == OP_AVG) acc1 = divide_lanes<T>(acc1, a.world);
       store_word(recv, w, bytes, acc1);
     }
     for (uint32_t k = 1; k < a.world; ++k) {
@@ -855,22 +832,10 @@ WEAVE_DEVICE void dispatch(const GpuCollectiveArgs& a) {
   }
 }
 
-template <typename Op, typename T>
-struct AllReduceLL {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_ll<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct AllReduceTwoShot {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct AllReduceTwoShotLl128 {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot_ll128<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct Reduce {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { reduce<Op, T>(a); }
-};
+WEAVE_REDUCING_BODY(AllReduceLL, all_reduce_ll<Op, T>)
+WEAVE_REDUCING_BODY(AllReduceTwoShot, all_reduce_two_shot<Op, T>)
+WEAVE_REDUCING_BODY(AllReduceTwoShotLl128, all_reduce_two_shot_ll128<Op, T>)
+WEAVE_REDUCING_BODY(Reduce, reduce<Op, T>)
 
 }  // namespace coll
 }  // namespace weave
