@@ -717,17 +717,49 @@ WEAVE_DEVICE void role_arrive(uint32_t* counter, uint32_t blocks, F last) {
   }
 }
 
+// What both sides of a transfer walk: the message (`bytes`) in chunks of `payload` bytes (an
+// empty message is one empty chunk), numbered seq0 + 1, seq0 + 2, … after this rank's counter
+// for the peer (`counter`: sent[q] or received[p]), and the side's arrival counters.
+struct P2pWalk {
+  uint64_t bytes, payload, chunks, seq0;
+  uint64_t* counter;
+  uint32_t* arrivals;
+
+  // Bytes of chunk c, which starts at byte c * payload.
+  WEAVE_DEVICE uint64_t len(uint64_t c) const {
+    const uint64_t at = c * payload;
+    const uint64_t n = bytes - at < payload ? bytes - at : payload;
+    return bytes == 0 ? 0 : n;
+  }
+};
+
+WEAVE_DEVICE P2pWalk p2p_walk(const GpuCollectiveArgs& a, uint64_t bytes, uint64_t counter_offset,
+                              uint64_t arrivals_offset) {
+  P2pWalk w;
+  w.bytes = bytes;
+  w.payload = a.aux[2] - P2P_HEADER;
+  w.chunks = bytes == 0 ? 1 : (bytes + w.payload - 1) / w.payload;
+  w.counter = as_ptr<uint64_t>(a.peers[a.rank] + counter_offset);
+  w.seq0 = *w.counter;
+  w.arrivals = as_ptr<uint32_t>(a.peers[a.rank] + arrivals_offset);
+  return w;
+}
+
+// End of a side: once every block is done, its counter for the peer moves past the message.
+WEAVE_DEVICE void p2p_walk_end(const P2pWalk& w, uint32_t blocks) {
+  role_arrive(w.arrivals + 2, blocks, [&] {
+    *w.counter = w.seq0 + w.chunks;
+    __threadfence();
+  });
+}
+
 WEAVE_DEVICE void send_role(const GpuCollectiveArgs& a, uint32_t q, uint32_t bid, uint32_t blocks) {
-  const uint64_t bytes = a.count;
-  const uint64_t payload = a.aux[2] - P2P_HEADER;
-  const uint64_t chunks = bytes == 0 ? 1 : (bytes + payload - 1) / payload;
-  const uint64_t seq0 = *as_ptr<uint64_t>(a.peers[a.rank] + SENT_OFFSET + 8 * q);
-  uint32_t* arrivals = as_ptr<uint32_t>(a.peers[a.rank] + SEND_ARRIVALS_OFFSET);
+  const P2pWalk w = p2p_walk(a, a.count, SENT_OFFSET + 8 * q, SEND_ARRIVALS_OFFSET);
   const uint32_t t = bid * blockDim.x + threadIdx.x, nt = blocks * blockDim.x;
   const char* src = as_ptr<const char>(a.send);
   __shared__ int ok;
-  for (uint64_t c = 0; c < chunks; ++c) {
-    const uint64_t seq = seq0 + c + 1;
+  for (uint64_t c = 0; c < w.chunks; ++c) {
+    const uint64_t seq = w.seq0 + c + 1;
     if (threadIdx.x == 0) {
       const uint64_t* ack = control(a, a.rank, ACK_OFFSET + 64 * q);
       ok = spin_until([&] { return atomic_load_acquire_sys(ack) + 2 >= seq; }, a.status, DeviceError::SemaphoreTimeout);
@@ -736,40 +768,31 @@ WEAVE_DEVICE void send_role(const GpuCollectiveArgs& a, uint32_t q, uint32_t bid
     if (!ok) return;
     char* slot = mailbox(a, q, a.rank, seq & 1);
     if (t == 0) {
-      reinterpret_cast<uint64_t*>(slot)[0] = bytes;
+      reinterpret_cast<uint64_t*>(slot)[0] = w.bytes;
       reinterpret_cast<uint64_t*>(slot)[1] = c;
     }
-    const uint64_t at = c * payload;
-    const uint64_t n = bytes - at < payload ? bytes - at : payload;
-    put(slot + P2P_HEADER, src + at, bytes == 0 ? 0 : n, t, nt);
-    role_arrive(arrivals + (seq & 1), blocks, [&] {
+    put(slot + P2P_HEADER, src + c * w.payload, w.len(c), t, nt);
+    role_arrive(w.arrivals + (seq & 1), blocks, [&] {
       atomic_store_release_sys(control(a, q, READY_OFFSET + 64 * a.rank), seq);
     });
   }
-  role_arrive(arrivals + 2, blocks, [&] {
-    *as_ptr<uint64_t>(a.peers[a.rank] + SENT_OFFSET + 8 * q) = seq0 + chunks;
-    __threadfence();
-  });
+  p2p_walk_end(w, blocks);
 }
 
 WEAVE_DEVICE void recv_role(const GpuCollectiveArgs& a, uint32_t p, uint32_t bid, uint32_t blocks) {
-  const uint64_t bytes = a.aux[0];
-  const uint64_t payload = a.aux[2] - P2P_HEADER;
-  const uint64_t chunks = bytes == 0 ? 1 : (bytes + payload - 1) / payload;
-  const uint64_t seq0 = *as_ptr<uint64_t>(a.peers[a.rank] + RECEIVED_OFFSET + 8 * p);
-  uint32_t* arrivals = as_ptr<uint32_t>(a.peers[a.rank] + RECV_ARRIVALS_OFFSET);
+  const P2pWalk w = p2p_walk(a, a.aux[0], RECEIVED_OFFSET + 8 * p, RECV_ARRIVALS_OFFSET);
   const uint32_t t = bid * blockDim.x + threadIdx.x, nt = blocks * blockDim.x;
   char* dst = as_ptr<char>(a.recv);
   __shared__ int ok;
-  for (uint64_t c = 0; c < chunks; ++c) {
-    const uint64_t seq = seq0 + c + 1;
+  for (uint64_t c = 0; c < w.chunks; ++c) {
+    const uint64_t seq = w.seq0 + c + 1;
     const char* slot = mailbox(a, a.rank, p, seq & 1);
     if (threadIdx.x == 0) {
       const uint64_t* ready = control(a, a.rank, READY_OFFSET + 64 * p);
       ok = spin_until([&] { return atomic_load_acquire_sys(ready) >= seq; }, a.status, DeviceError::SemaphoreTimeout);
       if (ok) {
         const uint64_t* header = reinterpret_cast<const uint64_t*>(slot);
-        if (header[0] != bytes || header[1] != c) {
+        if (header[0] != w.bytes || header[1] != c) {
           report_error(a.status, DeviceError::BadArgument);
           ok = 0;
         }
@@ -777,17 +800,12 @@ WEAVE_DEVICE void recv_role(const GpuCollectiveArgs& a, uint32_t p, uint32_t bid
     }
     __syncthreads();
     if (!ok) return;
-    const uint64_t at = c * payload;
-    const uint64_t n = bytes - at < payload ? bytes - at : payload;
-    copy(dst + at, slot + P2P_HEADER, bytes == 0 ? 0 : n, t, nt);
-    role_arrive(arrivals + (seq & 1), blocks, [&] {
+    copy(dst + c * w.payload, slot + P2P_HEADER, w.len(c), t, nt);
+    role_arrive(w.arrivals + (seq & 1), blocks, [&] {
       atomic_store_release_sys(control(a, p, ACK_OFFSET + 64 * a.rank), seq);
     });
   }
-  role_arrive(arrivals + 2, blocks, [&] {
-    *as_ptr<uint64_t>(a.peers[a.rank] + RECEIVED_OFFSET + 8 * p) = seq0 + chunks;
-    __threadfence();
-  });
+  p2p_walk_end(w, blocks);
 }
 
 // One send (count bytes of send to peer `root`; root == ~0 for none) and one receive (aux[0]
