@@ -144,6 +144,23 @@ pub struct TriggerFields {
     pub semaphore: SemaphoreId,
 }
 
+impl TriggerFields {
+    /// The fields of a `kind` trigger from its raw numbers: `size` bytes from `(memory id,
+    /// offset)` `src` to `dst`, through semaphore `semaphore`. Nothing is checked here;
+    /// [`Trigger::new`] checks the field limits.
+    pub const fn new(kind: TriggerType, size: u64, src: (u32, u64), dst: (u32, u64), semaphore: u32) -> Self {
+        TriggerFields {
+            kind,
+            size,
+            src_memory: MemoryId(src.0),
+            src_offset: src.1,
+            dst_memory: MemoryId(dst.0),
+            dst_offset: dst.1,
+            semaphore: SemaphoreId(semaphore),
+        }
+    }
+}
+
 /// One request to the proxy: two `u64` words, laid out as the [module docs](self) describe.
 ///
 /// The commit bit is never part of a `Trigger` value; the FIFO adds it on push and strips it
@@ -566,15 +583,7 @@ mod tests {
     }
 
     fn fields(size: u64, src_offset: u64, dst_offset: u64, src: u32, dst: u32, sem: u32) -> TriggerFields {
-        TriggerFields {
-            kind: TriggerType::DATA,
-            size,
-            src_memory: MemoryId(src),
-            src_offset,
-            dst_memory: MemoryId(dst),
-            dst_offset,
-            semaphore: SemaphoreId(sem),
-        }
+        TriggerFields::new(TriggerType::DATA, size, (src, src_offset), (dst, dst_offset), sem)
     }
 
     #[test]

@@ -469,6 +469,7 @@ pub(crate) mod test_support {
     use crate::loopback::transport;
     use crate::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion};
     use crate::semaphore::Token;
+    use std::time::Instant;
 
     /// Timeout for every wait in these tests.
     pub(crate) const TIMEOUT: Duration = Duration::from_secs(2);
@@ -549,6 +550,21 @@ pub(crate) mod test_support {
     /// [`pair_with`] and the default FIFO capacity.
     pub(crate) fn pair(data_len: usize) -> [Side; 2] {
         pair_with(data_len, DEFAULT_FIFO_CAPACITY)
+    }
+
+    /// Starts `proxy` with a thread-init hook that sleeps 300 ms, so what was pushed before
+    /// stays pending, then drops it: the drop stops and joins the thread within a second,
+    /// without waiting for the hook's end to drain the FIFO.
+    pub(crate) fn drop_while_starting(proxy: ProxyService) {
+        proxy
+            .start(|| {
+                std::thread::sleep(Duration::from_millis(300));
+                Ok(())
+            })
+            .unwrap();
+        let start = Instant::now();
+        drop(proxy);
+        assert!(start.elapsed() < Duration::from_secs(1), "drop took {:?}", start.elapsed());
     }
 
     /// A wait context for pushing straight into a FIFO.
@@ -679,15 +695,7 @@ mod tests {
         for _ in 0..100 {
             a.proxy.fifo().push(trigger(&a, TriggerType::FLAG, 0, 0, 0), &test_ctx(&abort)).unwrap();
         }
-        a.proxy
-            .start(|| {
-                std::thread::sleep(Duration::from_millis(300));
-                Ok(())
-            })
-            .unwrap();
-        let start = Instant::now();
-        drop(a.proxy);
-        assert!(start.elapsed() < Duration::from_secs(1), "drop took {:?}", start.elapsed());
+        drop_while_starting(a.proxy);
         assert!(b.semaphore.received() < 100, "a stopped proxy does not drain the FIFO");
     }
 }

@@ -72,6 +72,14 @@ WEAVE_DEVICE void await_previous_kernels() {
     __VA_ARGS__(a);                                                                                    \
   }
 
+// The body IMPL of a reducing kernel, as WEAVE_FOR_EACH_REDUCING_TYPE takes it: a template
+// NAME<Op, T> whose run(a) calls IMPL(a); IMPL may name Op and T.
+#define WEAVE_REDUCING_BODY(NAME, ...)                                            \
+  template <typename Op, typename T>                                              \
+  struct NAME {                                                                   \
+    WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { __VA_ARGS__(a); } \
+  };
+
 namespace weave {
 
 struct GpuCollectiveArgs {
@@ -248,45 +256,14 @@ WEAVE_DEVICE bf16_t divide<bf16_t>(bf16_t v, uint32_t n) {
   return bf16_from_float(to_float(v) / float(n));
 }
 
-// Element-wise Op over the lanes of an 8-byte word.
-template <typename Op, typename T>
-WEAVE_DEVICE uint64_t reduce_word(uint64_t a, uint64_t b) {
-  union W {
-    uint64_t w;
-    T e[8 / sizeof(T)];
-  };
-  W x, y;
-  x.w = a;
-  y.w = b;
-#pragma unroll
-  for (uint32_t i = 0; i < 8 / sizeof(T); ++i) x.e[i] = Op::apply(x.e[i], y.e[i]);
-  return x.w;
-}
-
-template <typename T>
-WEAVE_DEVICE uint64_t divide_word(uint64_t a, uint32_t n) {
-  union W {
-    uint64_t w;
-    T e[8 / sizeof(T)];
-  };
-  W x;
+// Every lane of a word W (uint64_t, uint4) of T divided by n.
+template <typename T, typename W>
+WEAVE_DEVICE W divide_lanes(W a, uint32_t n) {
+  Lanes<W, T> x;
   x.w = a;
 #pragma unroll
-  for (uint32_t i = 0; i < 8 / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
+  for (uint32_t i = 0; i < sizeof(W) / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
   return x.w;
-}
-
-template <typename T>
-WEAVE_DEVICE uint4 divide_vec16(uint4 a, uint32_t n) {
-  union V {
-    uint4 v;
-    T e[16 / sizeof(T)];
-  };
-  V x;
-  x.v = a;
-#pragma unroll
-  for (uint32_t i = 0; i < 16 / sizeof(T); ++i) x.e[i] = divide<T>(x.e[i], n);
-  return x.v;
 }
 
 // dst[i] = Op over srcs[s][i] (divided by `avg` when non-zero), also stored at outs[o][i].
@@ -313,7 +290,7 @@ WEAVE_DEVICE void reduce_to(T* dst, T* const* outs, uint32_t nout, const T* cons
       for (uint32_t s = 1; s < 8; ++s) {
         if (s < nsrc) acc = reduce_vec16<Op, T>(acc, v[s]);
       }
-      if (avg) acc = divide_vec16<T>(acc, avg);
+      if (avg) acc = divide_lanes<T>(acc, avg);
       reinterpret_cast<uint4*>(dst)[u] = acc;
       for (uint32_t o = 0; o < nout; ++o) reinterpret_cast<uint4*>(outs[o])[u] = acc;
     }
@@ -369,7 +346,7 @@ WEAVE_DEVICE uint64_t combine_in_rank_order(const GpuCollectiveArgs& a, uint64_t
       uint64_t x = mine;
       if (r < a.rank) x = theirs[r < MAX_PEERS ? r : 0];
       if (r > a.rank) x = theirs[r > 0 ? r - 1 : 0];
-      acc = r == 0 ? x : reduce_word<Op, T>(acc, x);
+      acc = r == 0 ? x : reduce_lanes<Op, T>(acc, x);
     }
   }
   return acc;
@@ -428,7 +405,7 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
       auto at = [&](uint32_t i) { return packets(a.rank, peer_rank(a, i)) + w; };
       if (!read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs)) break;
       uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), theirs);
-      if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+      if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
       store_word(recv, w, bytes, acc);
     }
   } else if (t == 0) {
@@ -477,7 +454,7 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
     ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs);
     if (!ok) break;
     uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, mb + i, bytes), theirs);
-    if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+    if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
     store_word(recv, mb + i, bytes, acc);
     for (uint32_t k = 1; k < a.world; ++k) {
       write_ll16(packets((a.rank + k) % a.world, a.rank) + half + i, acc, flag);
@@ -566,12 +543,12 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
     uint64_t w, acc0 = 0, acc1 = 0;
     if (word_in(mb, me_end, line, j0, w)) {
       acc0 = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), t0);
-      if (a.op == OP_AVG) acc0 = divide_word<T>(acc0, a.world);
+      if (a.op == OP_AVG) acc0 = divide_lanes<T>(acc0, a.world);
       store_word(recv, w, bytes, acc0);
     }
     if (word_in(mb, me_end, line, j1, w)) {
       acc1 = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), t1);
-      if (a.op == OP_AVG) acc1 = divide_word<T>(acc1, a.world);
+      if (a.op == OP_AVG) acc1 = divide_lanes<T>(acc1, a.world);
       store_word(recv, w, bytes, acc1);
     }
     for (uint32_t k = 1; k < a.world; ++k) {
@@ -740,17 +717,49 @@ WEAVE_DEVICE void role_arrive(uint32_t* counter, uint32_t blocks, F last) {
   }
 }
 
+// What both sides of a transfer walk: the message (`bytes`) in chunks of `payload` bytes (an
+// empty message is one empty chunk), numbered seq0 + 1, seq0 + 2, … after this rank's counter
+// for the peer (`counter`: sent[q] or received[p]), and the side's arrival counters.
+struct P2pWalk {
+  uint64_t bytes, payload, chunks, seq0;
+  uint64_t* counter;
+  uint32_t* arrivals;
+
+  // Bytes of chunk c, which starts at byte c * payload.
+  WEAVE_DEVICE uint64_t len(uint64_t c) const {
+    const uint64_t at = c * payload;
+    const uint64_t n = bytes - at < payload ? bytes - at : payload;
+    return bytes == 0 ? 0 : n;
+  }
+};
+
+WEAVE_DEVICE P2pWalk p2p_walk(const GpuCollectiveArgs& a, uint64_t bytes, uint64_t counter_offset,
+                              uint64_t arrivals_offset) {
+  P2pWalk w;
+  w.bytes = bytes;
+  w.payload = a.aux[2] - P2P_HEADER;
+  w.chunks = bytes == 0 ? 1 : (bytes + w.payload - 1) / w.payload;
+  w.counter = as_ptr<uint64_t>(a.peers[a.rank] + counter_offset);
+  w.seq0 = *w.counter;
+  w.arrivals = as_ptr<uint32_t>(a.peers[a.rank] + arrivals_offset);
+  return w;
+}
+
+// End of a side: once every block is done, its counter for the peer moves past the message.
+WEAVE_DEVICE void p2p_walk_end(const P2pWalk& w, uint32_t blocks) {
+  role_arrive(w.arrivals + 2, blocks, [&] {
+    *w.counter = w.seq0 + w.chunks;
+    __threadfence();
+  });
+}
+
 WEAVE_DEVICE void send_role(const GpuCollectiveArgs& a, uint32_t q, uint32_t bid, uint32_t blocks) {
-  const uint64_t bytes = a.count;
-  const uint64_t payload = a.aux[2] - P2P_HEADER;
-  const uint64_t chunks = bytes == 0 ? 1 : (bytes + payload - 1) / payload;
-  const uint64_t seq0 = *as_ptr<uint64_t>(a.peers[a.rank] + SENT_OFFSET + 8 * q);
-  uint32_t* arrivals = as_ptr<uint32_t>(a.peers[a.rank] + SEND_ARRIVALS_OFFSET);
+  const P2pWalk w = p2p_walk(a, a.count, SENT_OFFSET + 8 * q, SEND_ARRIVALS_OFFSET);
   const uint32_t t = bid * blockDim.x + threadIdx.x, nt = blocks * blockDim.x;
   const char* src = as_ptr<const char>(a.send);
   __shared__ int ok;
-  for (uint64_t c = 0; c < chunks; ++c) {
-    const uint64_t seq = seq0 + c + 1;
+  for (uint64_t c = 0; c < w.chunks; ++c) {
+    const uint64_t seq = w.seq0 + c + 1;
     if (threadIdx.x == 0) {
       const uint64_t* ack = control(a, a.rank, ACK_OFFSET + 64 * q);
       ok = spin_until([&] { return atomic_load_acquire_sys(ack) + 2 >= seq; }, a.status, DeviceError::SemaphoreTimeout);
@@ -759,40 +768,31 @@ WEAVE_DEVICE void send_role(const GpuCollectiveArgs& a, uint32_t q, uint32_t bid
     if (!ok) return;
     char* slot = mailbox(a, q, a.rank, seq & 1);
     if (t == 0) {
-      reinterpret_cast<uint64_t*>(slot)[0] = bytes;
+      reinterpret_cast<uint64_t*>(slot)[0] = w.bytes;
       reinterpret_cast<uint64_t*>(slot)[1] = c;
     }
-    const uint64_t at = c * payload;
-    const uint64_t n = bytes - at < payload ? bytes - at : payload;
-    put(slot + P2P_HEADER, src + at, bytes == 0 ? 0 : n, t, nt);
-    role_arrive(arrivals + (seq & 1), blocks, [&] {
+    put(slot + P2P_HEADER, src + c * w.payload, w.len(c), t, nt);
+    role_arrive(w.arrivals + (seq & 1), blocks, [&] {
       atomic_store_release_sys(control(a, q, READY_OFFSET + 64 * a.rank), seq);
     });
   }
-  role_arrive(arrivals + 2, blocks, [&] {
-    *as_ptr<uint64_t>(a.peers[a.rank] + SENT_OFFSET + 8 * q) = seq0 + chunks;
-    __threadfence();
-  });
+  p2p_walk_end(w, blocks);
 }
 
 WEAVE_DEVICE void recv_role(const GpuCollectiveArgs& a, uint32_t p, uint32_t bid, uint32_t blocks) {
-  const uint64_t bytes = a.aux[0];
-  const uint64_t payload = a.aux[2] - P2P_HEADER;
-  const uint64_t chunks = bytes == 0 ? 1 : (bytes + payload - 1) / payload;
-  const uint64_t seq0 = *as_ptr<uint64_t>(a.peers[a.rank] + RECEIVED_OFFSET + 8 * p);
-  uint32_t* arrivals = as_ptr<uint32_t>(a.peers[a.rank] + RECV_ARRIVALS_OFFSET);
+  const P2pWalk w = p2p_walk(a, a.aux[0], RECEIVED_OFFSET + 8 * p, RECV_ARRIVALS_OFFSET);
   const uint32_t t = bid * blockDim.x + threadIdx.x, nt = blocks * blockDim.x;
   char* dst = as_ptr<char>(a.recv);
   __shared__ int ok;
-  for (uint64_t c = 0; c < chunks; ++c) {
-    const uint64_t seq = seq0 + c + 1;
+  for (uint64_t c = 0; c < w.chunks; ++c) {
+    const uint64_t seq = w.seq0 + c + 1;
     const char* slot = mailbox(a, a.rank, p, seq & 1);
     if (threadIdx.x == 0) {
       const uint64_t* ready = control(a, a.rank, READY_OFFSET + 64 * p);
       ok = spin_until([&] { return atomic_load_acquire_sys(ready) >= seq; }, a.status, DeviceError::SemaphoreTimeout);
       if (ok) {
         const uint64_t* header = reinterpret_cast<const uint64_t*>(slot);
-        if (header[0] != bytes || header[1] != c) {
+        if (header[0] != w.bytes || header[1] != c) {
           report_error(a.status, DeviceError::BadArgument);
           ok = 0;
         }
@@ -800,17 +800,12 @@ WEAVE_DEVICE void recv_role(const GpuCollectiveArgs& a, uint32_t p, uint32_t bid
     }
     __syncthreads();
     if (!ok) return;
-    const uint64_t at = c * payload;
-    const uint64_t n = bytes - at < payload ? bytes - at : payload;
-    copy(dst + at, slot + P2P_HEADER, bytes == 0 ? 0 : n, t, nt);
-    role_arrive(arrivals + (seq & 1), blocks, [&] {
+    copy(dst + c * w.payload, slot + P2P_HEADER, w.len(c), t, nt);
+    role_arrive(w.arrivals + (seq & 1), blocks, [&] {
       atomic_store_release_sys(control(a, p, ACK_OFFSET + 64 * a.rank), seq);
     });
   }
-  role_arrive(arrivals + 2, blocks, [&] {
-    *as_ptr<uint64_t>(a.peers[a.rank] + RECEIVED_OFFSET + 8 * p) = seq0 + chunks;
-    __threadfence();
-  });
+  p2p_walk_end(w, blocks);
 }
 
 // One send (count bytes of send to peer `root`; root == ~0 for none) and one receive (aux[0]
@@ -855,22 +850,10 @@ WEAVE_DEVICE void dispatch(const GpuCollectiveArgs& a) {
   }
 }
 
-template <typename Op, typename T>
-struct AllReduceLL {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_ll<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct AllReduceTwoShot {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct AllReduceTwoShotLl128 {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { all_reduce_two_shot_ll128<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct Reduce {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { reduce<Op, T>(a); }
-};
+WEAVE_REDUCING_BODY(AllReduceLL, all_reduce_ll<Op, T>)
+WEAVE_REDUCING_BODY(AllReduceTwoShot, all_reduce_two_shot<Op, T>)
+WEAVE_REDUCING_BODY(AllReduceTwoShotLl128, all_reduce_two_shot_ll128<Op, T>)
+WEAVE_REDUCING_BODY(Reduce, reduce<Op, T>)
 
 }  // namespace coll
 }  // namespace weave

@@ -115,7 +115,7 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
         ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs);
         if (!ok) break;
         uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(own, w, bytes), theirs);
-        if (a.op == OP_AVG) acc = divide_word<T>(acc, a.world);
+        if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
         store_word(recv, w, bytes, acc);
       }
     } else if (t == 0) {
@@ -129,14 +129,8 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
   packet_finish(a, epoch);
 }
 
-template <typename Op, typename T>
-struct ReduceScatterLL {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { exchange_ll<Op, T, XCHG_REDUCE_SCATTER>(a); }
-};
-template <typename Op, typename T>
-struct ReduceLL {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { exchange_ll<Op, T, XCHG_REDUCE>(a); }
-};
+WEAVE_REDUCING_BODY(ReduceScatterLL, exchange_ll<Op, T, XCHG_REDUCE_SCATTER>)
+WEAVE_REDUCING_BODY(ReduceLL, exchange_ll<Op, T, XCHG_REDUCE>)
 
 }  // namespace coll
 }  // namespace weave

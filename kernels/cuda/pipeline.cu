@@ -218,6 +218,19 @@ WEAVE_DEVICE bool pipe_schedule(const GpuCollectiveArgs& a, const PipeWalk& w, P
   return true;
 }
 
+// The sources of a reduction of step `step`: `own` (this rank's part), then the n - 1 other
+// ranks' parts in this rank's inbox, in ring order from me + 1. Returns their count, n.
+template <typename T>
+WEAVE_DEVICE uint32_t pipe_inbox_sources(const GpuCollectiveArgs& a, uint32_t n, uint32_t me, uint64_t step,
+                                         const T* own, const T** srcs) {
+  uint32_t nsrc = 0;
+  srcs[nsrc++] = own;
+  for (uint32_t k = 1; k < n; ++k) {
+    srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, step, PIPE_INBOX, (me + k) % n));
+  }
+  return nsrc;
+}
+
 // Two-round all-reduce: every rank's tile is reduce-scattered (share q combined by rank q),
 // then all-gathered. Per tile: push the shares into their owners' inboxes; reduce the own
 // share (kept, and pushed into every rank's results); drain the other ranks' shares from the
@@ -254,11 +267,7 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
     uint64_t b, e;
     split(elems, n, me, 16, b, e);
     const T* srcs[8];
-    uint32_t nsrc = 0;
-    srcs[nsrc++] = send + base + b;
-    for (uint32_t k = 1; k < n; ++k) {
-      srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, step, PIPE_INBOX, (me + k) % n));
-    }
+    const uint32_t nsrc = pipe_inbox_sources(a, n, me, step, send + base + b, srcs);
     T* outs[8];
     uint32_t nout = 0;
     for (uint32_t k = 1; k < n; ++k) {
@@ -404,11 +413,7 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
     if (!pipe_await(a, INBOX_READY, step, peers)) return false;
     if (KIND == ROUND_REDUCE_SCATTER) {
       const T* srcs[8];
-      uint32_t nsrc = 0;
-      srcs[nsrc++] = block_of(me) + base;
-      for (uint32_t k = 1; k < n; ++k) {
-        srcs[nsrc++] = reinterpret_cast<const T*>(pipe_slot(a, me, step, PIPE_INBOX, (me + k) % n));
-      }
+      const uint32_t nsrc = pipe_inbox_sources(a, n, me, step, block_of(me) + base, srcs);
       reduce_to<Op, T>(recv + base, nullptr, 0, srcs, nsrc, elems, avg, threadIdx.x, blockDim.x);
     } else {
       for (uint32_t k = 1; k < n; ++k) {
@@ -452,14 +457,8 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
   pipe_walk_end(a, walk);
 }
 
-template <typename Op, typename T>
-struct AllReducePipelined {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { two_round<Op, T>(a); }
-};
-template <typename Op, typename T>
-struct ReduceScatterPipelined {
-  WEAVE_DEVICE static void run(const GpuCollectiveArgs& a) { one_round<Op, T, ROUND_REDUCE_SCATTER>(a); }
-};
+WEAVE_REDUCING_BODY(AllReducePipelined, two_round<Op, T>)
+WEAVE_REDUCING_BODY(ReduceScatterPipelined, one_round<Op, T, ROUND_REDUCE_SCATTER>)
 
 }  // namespace coll
 }  // namespace weave

@@ -16,8 +16,8 @@ use std::fmt::Write;
 
 use comm_core::device::{DeviceError, LAYOUTS, Layout};
 use comm_core::fifo::{
-    MEMORY_ID_BITS, MemoryId, SEMAPHORE_ID_BITS, SemaphoreId, TRIGGER_OFFSET_BITS, TRIGGER_SIZE_BITS,
-    TRIGGER_TYPE_BITS, Trigger, TriggerFields, TriggerType,
+    MEMORY_ID_BITS, SEMAPHORE_ID_BITS, TRIGGER_OFFSET_BITS, TRIGGER_SIZE_BITS, TRIGGER_TYPE_BITS, Trigger,
+    TriggerFields, TriggerType,
 };
 
 /// `static_assert`s for the size, alignment and field offsets of each layout, as C++ text.
@@ -115,16 +115,7 @@ pub fn trigger_checks() -> String {
         ("sync", TriggerType::SYNC, 0, 3, 0, 7, 0, 1),
     ];
     for (label, kind, size, src, src_offset, dst, dst_offset, sem) in samples {
-        let f = TriggerFields {
-            kind,
-            size,
-            src_memory: MemoryId(src),
-            src_offset,
-            dst_memory: MemoryId(dst),
-            dst_offset,
-            semaphore: SemaphoreId(sem),
-        };
-        s.push_str(&encoding_check(label, f));
+        s.push_str(&encoding_check(label, TriggerFields::new(kind, size, (src, src_offset), (dst, dst_offset), sem)));
     }
     s
 }

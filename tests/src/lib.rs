@@ -9,6 +9,7 @@ use comm_core::{Error, Result};
 
 pub mod launcher;
 pub mod matrix;
+pub mod worker;
 
 /// A small, fast, deterministic generator (SplitMix64) so a receiver can recompute what a
 /// sender wrote without sending it twice.

@@ -17,61 +17,51 @@
 
 namespace weave {
 
+// Each wrapper is one asm statement with a "memory" clobber; these macros write them, so every
+// wrapper of a kind has the same operand constraints and only its PTX instruction differs.
+// T is the value type, C its operand constraint ("l" for 64-bit, "r" for 32-bit registers).
+
+// T NAME(const T* p): loads with INSTR ("ld.<order>.<scope>.global.<type>").
+#define WEAVE_ATOMIC_LOAD(NAME, T, C, INSTR)                                \
+  WEAVE_DEVICE T NAME(const T* p) {                                         \
+    T v;                                                                    \
+    asm volatile(INSTR " %0, [%1];" : "=" C(v) : "l"(p) : "memory");        \
+    return v;                                                               \
+  }
+
+// void NAME(T* p, T v): stores (or reduces, `red`) v with INSTR.
+#define WEAVE_ATOMIC_STORE(NAME, T, C, INSTR) \
+  WEAVE_DEVICE void NAME(T* p, T v) { asm volatile(INSTR " [%0], %1;" ::"l"(p), C(v) : "memory"); }
+
+// T NAME(T* p, T v): returns *p and updates it with v through INSTR (`atom`).
+#define WEAVE_ATOMIC_FETCH(NAME, T, C, INSTR)                                                 \
+  WEAVE_DEVICE T NAME(T* p, T v) {                                                            \
+    T old;                                                                                    \
+    asm volatile(INSTR " %0, [%1], %2;" : "=" C(old) : "l"(p), C(v) : "memory");              \
+    return old;                                                                               \
+  }
+
 // ---- loads ----------------------------------------------------------------------------------
 
 // Acquire load, system scope: later accesses of this thread happen after it.
-WEAVE_DEVICE uint64_t atomic_load_acquire_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
+WEAVE_ATOMIC_LOAD(atomic_load_acquire_sys, uint64_t, "l", "ld.acquire.sys.global.u64")
 // Acquire load of a u32, system scope.
-WEAVE_DEVICE uint32_t atomic_load_acquire_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.acquire.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
+WEAVE_ATOMIC_LOAD(atomic_load_acquire_sys, uint32_t, "r", "ld.acquire.sys.global.u32")
 // Relaxed (atomic, unordered) load, system scope.
-WEAVE_DEVICE uint64_t atomic_load_relaxed_sys(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.sys.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
+WEAVE_ATOMIC_LOAD(atomic_load_relaxed_sys, uint64_t, "l", "ld.relaxed.sys.global.u64")
 // Relaxed load of a u32, system scope.
-WEAVE_DEVICE uint32_t atomic_load_relaxed_sys(const uint32_t* p) {
-  uint32_t v;
-  asm volatile("ld.relaxed.sys.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
-  return v;
-}
-
+WEAVE_ATOMIC_LOAD(atomic_load_relaxed_sys, uint32_t, "r", "ld.relaxed.sys.global.u32")
 // Acquire load, GPU scope.
-WEAVE_DEVICE uint64_t atomic_load_acquire_gpu(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
-
+WEAVE_ATOMIC_LOAD(atomic_load_acquire_gpu, uint64_t, "l", "ld.acquire.gpu.global.u64")
 // Relaxed load, GPU scope.
-WEAVE_DEVICE uint64_t atomic_load_relaxed_gpu(const uint64_t* p) {
-  uint64_t v;
-  asm volatile("ld.relaxed.gpu.global.u64 %0, [%1];" : "=l"(v) : "l"(p) : "memory");
-  return v;
-}
+WEAVE_ATOMIC_LOAD(atomic_load_relaxed_gpu, uint64_t, "l", "ld.relaxed.gpu.global.u64")
 
 // ---- stores ---------------------------------------------------------------------------------
 
 // Release store, system scope: earlier accesses of this thread happen before it.
-WEAVE_DEVICE void atomic_store_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.release.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
+WEAVE_ATOMIC_STORE(atomic_store_release_sys, uint64_t, "l", "st.release.sys.global.u64")
 // Release store of a u32, system scope.
-WEAVE_DEVICE void atomic_store_release_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.release.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
+WEAVE_ATOMIC_STORE(atomic_store_release_sys, uint32_t, "r", "st.release.sys.global.u32")
 
 // Release fence, system scope: this thread's earlier accesses (and those it observed, such as
 // its block's before a __syncthreads) are performed before its later stores. One fence before
@@ -79,45 +69,26 @@ WEAVE_DEVICE void atomic_store_release_sys(uint32_t* p, uint32_t v) {
 WEAVE_DEVICE void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
 // Relaxed store, system scope.
-WEAVE_DEVICE void atomic_store_relaxed_sys(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.sys.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
+WEAVE_ATOMIC_STORE(atomic_store_relaxed_sys, uint64_t, "l", "st.relaxed.sys.global.u64")
 // Relaxed store of a u32, system scope.
-WEAVE_DEVICE void atomic_store_relaxed_sys(uint32_t* p, uint32_t v) {
-  asm volatile("st.relaxed.sys.global.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
+WEAVE_ATOMIC_STORE(atomic_store_relaxed_sys, uint32_t, "r", "st.relaxed.sys.global.u32")
 // Relaxed store, GPU scope.
-WEAVE_DEVICE void atomic_store_relaxed_gpu(uint64_t* p, uint64_t v) {
-  asm volatile("st.relaxed.gpu.global.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
+WEAVE_ATOMIC_STORE(atomic_store_relaxed_gpu, uint64_t, "l", "st.relaxed.gpu.global.u64")
 
 // ---- read-modify-write ----------------------------------------------------------------------
 
 // *p += v with release ordering, system scope, result unused (a `red`).
-WEAVE_DEVICE void atomic_add_release_sys(uint64_t* p, uint64_t v) {
-  asm volatile("red.release.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
+WEAVE_ATOMIC_STORE(atomic_add_release_sys, uint64_t, "l", "red.release.sys.global.add.u64")
 // *p += v, relaxed, system scope, result unused.
-WEAVE_DEVICE void atomic_add_relaxed_sys(uint64_t* p, uint64_t v) {
-  asm volatile("red.relaxed.sys.global.add.u64 [%0], %1;" ::"l"(p), "l"(v) : "memory");
-}
-
+WEAVE_ATOMIC_STORE(atomic_add_relaxed_sys, uint64_t, "l", "red.relaxed.sys.global.add.u64")
 // Returns *p and adds v, relaxed, GPU scope.
-WEAVE_DEVICE uint64_t atomic_fetch_add_relaxed_gpu(uint64_t* p, uint64_t v) {
-  uint64_t old;
-  asm volatile("atom.relaxed.gpu.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
-  return old;
-}
-
+WEAVE_ATOMIC_FETCH(atomic_fetch_add_relaxed_gpu, uint64_t, "l", "atom.relaxed.gpu.global.add.u64")
 // Returns *p and adds v, relaxed, system scope.
-WEAVE_DEVICE uint64_t atomic_fetch_add_relaxed_sys(uint64_t* p, uint64_t v) {
-  uint64_t old;
-  asm volatile("atom.relaxed.sys.global.add.u64 %0, [%1], %2;" : "=l"(old) : "l"(p), "l"(v) : "memory");
-  return old;
-}
+WEAVE_ATOMIC_FETCH(atomic_fetch_add_relaxed_sys, uint64_t, "l", "atom.relaxed.sys.global.add.u64")
+
+#undef WEAVE_ATOMIC_LOAD
+#undef WEAVE_ATOMIC_STORE
+#undef WEAVE_ATOMIC_FETCH
 
 // ---- volatile vector accesses (LL packets) --------------------------------------------------
 

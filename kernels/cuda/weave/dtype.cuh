@@ -60,89 +60,62 @@ WEAVE_DEVICE bf16_t bf16_from_float(float f) {
   return b;
 }
 
+// One binary PTX instruction INSTR over 16-bit floats T (half_t, bf16_t): T NAME(T a, T b).
+#define WEAVE_BINARY_16(NAME, T, INSTR)                                             \
+  WEAVE_DEVICE T NAME(T a, T b) {                                                   \
+    T r;                                                                            \
+    asm(INSTR " %0, %1, %2;" : "=h"(r.bits) : "h"(a.bits), "h"(b.bits));           \
+    return r;                                                                       \
+  }
+
+// One binary PTX instruction INSTR over packed pairs: uint32_t NAME(uint32_t a, uint32_t b).
+#define WEAVE_BINARY_X2(NAME, INSTR)                                                \
+  WEAVE_DEVICE uint32_t NAME(uint32_t a, uint32_t b) {                              \
+    uint32_t r;                                                                     \
+    asm(INSTR " %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));                           \
+    return r;                                                                       \
+  }
+
 // ---- scalar arithmetic of 16-bit floats -----------------------------------------------------
 
-WEAVE_DEVICE half_t add(half_t a, half_t b) {
-  half_t r;
-  asm("add.rn.f16 %0, %1, %2;" : "=h"(r.bits) : "h"(a.bits), "h"(b.bits));
-  return r;
-}
-
-WEAVE_DEVICE half_t mul(half_t a, half_t b) {
-  half_t r;
-  asm("mul.rn.f16 %0, %1, %2;" : "=h"(r.bits) : "h"(a.bits), "h"(b.bits));
-  return r;
-}
+WEAVE_BINARY_16(add, half_t, "add.rn.f16")
+WEAVE_BINARY_16(mul, half_t, "mul.rn.f16")
 
 WEAVE_DEVICE half_t min(half_t a, half_t b) { return to_float(b) < to_float(a) ? b : a; }
 WEAVE_DEVICE half_t max(half_t a, half_t b) { return to_float(b) > to_float(a) ? b : a; }
 
-WEAVE_DEVICE bf16_t add(bf16_t a, bf16_t b) {
 #if __CUDA_ARCH__ >= 900
-  bf16_t r;
-  asm("add.rn.bf16 %0, %1, %2;" : "=h"(r.bits) : "h"(a.bits), "h"(b.bits));
-  return r;
+WEAVE_BINARY_16(add, bf16_t, "add.rn.bf16")
+WEAVE_BINARY_16(mul, bf16_t, "mul.rn.bf16")
 #else
-  return bf16_from_float(to_float(a) + to_float(b));
+WEAVE_DEVICE bf16_t add(bf16_t a, bf16_t b) { return bf16_from_float(to_float(a) + to_float(b)); }
+WEAVE_DEVICE bf16_t mul(bf16_t a, bf16_t b) { return bf16_from_float(to_float(a) * to_float(b)); }
 #endif
-}
-
-WEAVE_DEVICE bf16_t mul(bf16_t a, bf16_t b) {
-#if __CUDA_ARCH__ >= 900
-  bf16_t r;
-  asm("mul.rn.bf16 %0, %1, %2;" : "=h"(r.bits) : "h"(a.bits), "h"(b.bits));
-  return r;
-#else
-  return bf16_from_float(to_float(a) * to_float(b));
-#endif
-}
 
 WEAVE_DEVICE bf16_t min(bf16_t a, bf16_t b) { return to_float(b) < to_float(a) ? b : a; }
 WEAVE_DEVICE bf16_t max(bf16_t a, bf16_t b) { return to_float(b) > to_float(a) ? b : a; }
 
 // ---- packed pairs (element 0 in the low 16 bits) --------------------------------------------
 
-WEAVE_DEVICE uint32_t add_f16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("add.rn.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
+WEAVE_BINARY_X2(add_f16x2, "add.rn.f16x2")
+WEAVE_BINARY_X2(min_f16x2, "min.f16x2")
+WEAVE_BINARY_X2(max_f16x2, "max.f16x2")
 
-WEAVE_DEVICE uint32_t min_f16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("min.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-WEAVE_DEVICE uint32_t max_f16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("max.f16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
-
-WEAVE_DEVICE uint32_t add_bf16x2(uint32_t a, uint32_t b) {
 #if __CUDA_ARCH__ >= 900
-  uint32_t r;
-  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
+WEAVE_BINARY_X2(add_bf16x2, "add.rn.bf16x2")
 #else
+WEAVE_DEVICE uint32_t add_bf16x2(uint32_t a, uint32_t b) {
   const bf16_t lo = add(bf16_t{static_cast<uint16_t>(a)}, bf16_t{static_cast<uint16_t>(b)});
   const bf16_t hi = add(bf16_t{static_cast<uint16_t>(a >> 16)}, bf16_t{static_cast<uint16_t>(b >> 16)});
   return static_cast<uint32_t>(lo.bits) | (static_cast<uint32_t>(hi.bits) << 16);
+}
 #endif
-}
 
-WEAVE_DEVICE uint32_t min_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("min.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
+WEAVE_BINARY_X2(min_bf16x2, "min.bf16x2")
+WEAVE_BINARY_X2(max_bf16x2, "max.bf16x2")
 
-WEAVE_DEVICE uint32_t max_bf16x2(uint32_t a, uint32_t b) {
-  uint32_t r;
-  asm("max.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
-  return r;
-}
+#undef WEAVE_BINARY_16
+#undef WEAVE_BINARY_X2
 
 // ---- reduction functors ---------------------------------------------------------------------
 // Op::apply(a, b) for every element type: f64, f32, half_t, bf16_t, i64, i32, u64, u32, i8, u8.
@@ -209,20 +182,29 @@ struct Max {
   WEAVE_DEVICE static bf16_t apply(bf16_t a, bf16_t b) { return max(a, b); }
 };
 
+// A word W (uint64_t, uint4) seen as its lanes, sizeof(W) / sizeof(T) elements of T.
+template <typename W, typename T>
+union Lanes {
+  static_assert(sizeof(W) % sizeof(T) == 0, "weave: element size divides the word");
+  W w;
+  T e[sizeof(W) / sizeof(T)];
+};
+
+// Element-wise Op over two words W of T lanes.
+template <typename Op, typename T, typename W>
+WEAVE_DEVICE W reduce_lanes(W a, W b) {
+  Lanes<W, T> x, y;
+  x.w = a;
+  y.w = b;
+#pragma unroll
+  for (uint32_t i = 0; i < sizeof(W) / sizeof(T); ++i) x.e[i] = Op::apply(x.e[i], y.e[i]);
+  return x.w;
+}
+
 // Element-wise Op over two 16-byte vectors of T.
 template <typename Op, typename T>
 WEAVE_DEVICE uint4 reduce_vec16(uint4 a, uint4 b) {
-  static_assert(16 % sizeof(T) == 0, "weave: element size divides 16");
-  union V {
-    uint4 v;
-    T e[16 / sizeof(T)];
-  };
-  V x, y;
-  x.v = a;
-  y.v = b;
-#pragma unroll
-  for (uint32_t i = 0; i < 16 / sizeof(T); ++i) x.e[i] = Op::apply(x.e[i], y.e[i]);
-  return x.v;
+  return reduce_lanes<Op, T>(a, b);
 }
 
 }  // namespace weave

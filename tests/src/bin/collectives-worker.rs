@@ -5,20 +5,17 @@
 use collectives::{Algorithm, Collective, Communicator, DataType, Family, ReduceOp};
 use comm_core::{Error, Result};
 use weave_tests::matrix::{MatrixSpec, run_matrix};
+use weave_tests::worker;
 
 fn main() {
-    let mut args = std::env::args().skip(1);
-    let scenario = args.next().unwrap_or_default();
-    let arg = args.next().unwrap_or_default();
-    let rank = std::env::var("RANK").unwrap_or_default();
-    let result = match scenario.as_str() {
-        "matrix" => matrix(&arg),
+    worker::run(|scenario, arg| match scenario {
+        "matrix" => matrix(arg),
         "algorithms" => algorithms(),
         "stale-state" => stale_state(),
         "split" => split(),
         "mismatch" => mismatch(),
         "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
-        "channel-kill" => channel_kill(&arg),
+        "channel-kill" => channel_kill(arg),
         "nodes" => nodes(),
         "p2p-channel" => comm_core::bootstrap::from_env()
             .and_then(|b| {
@@ -26,18 +23,8 @@ fn main() {
             })
             .and_then(|c| p2p(&c)),
         "shared" => shared(),
-        other => Err(Error::invalid(format!("unknown scenario {other:?}"))),
-    };
-    match result {
-        Ok(detail) => {
-            println!("OK {scenario} rank {rank}: {detail}");
-            std::process::exit(0);
-        }
-        Err(e) => {
-            eprintln!("FAIL {scenario} rank {rank}: {e}");
-            std::process::exit(1);
-        }
-    }
+        other => Err(worker::unknown_scenario(other)),
+    })
 }
 
 /// The correctness matrix with the algorithm table's own choices.

@@ -10,11 +10,10 @@ use collectives::{Communicator, DataType, Element, ReduceOp, bf16, f16};
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use weave_tests::matrix::{compare, fill, input, reference};
+use weave_tests::worker;
 
 fn main() {
-    let scenario = std::env::args().nth(1).unwrap_or_default();
-    let rank = std::env::var("RANK").unwrap_or_default();
-    let result = match scenario.as_str() {
+    worker::run(|scenario, _| match scenario {
         "precompile" => precompile(),
         "matrix" => matrix(),
         "forced" => forced(),
@@ -22,18 +21,8 @@ fn main() {
         "stale-state" => stale_state(),
         "fault-kill" => fault_kill(),
         "p2p" => p2p(),
-        other => Err(Error::invalid(format!("unknown scenario {other:?}"))),
-    };
-    match result {
-        Ok(detail) => {
-            println!("OK {scenario} rank {rank}: {detail}");
-            std::process::exit(0);
-        }
-        Err(e) => {
-            eprintln!("FAIL {scenario} rank {rank}: {e}");
-            std::process::exit(1);
-        }
-    }
+        other => Err(worker::unknown_scenario(other)),
+    })
 }
 
 fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {

@@ -10,15 +10,13 @@ use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator;
 use comm_core::memory::MemoryDescriptor;
 use comm_core::{Error, Result};
-use weave_tests::{Pattern, expect_eq, peers, shm_communicator, verify_pattern};
+use weave_tests::{Pattern, expect_eq, peers, shm_communicator, verify_pattern, worker};
 
 /// Sizes and offsets every data scenario moves: 1 B, 4095 B, 1 MiB + 3, at odd offsets.
 const CASES: [(usize, usize); 3] = [(1, 0), (4095, 3), ((1 << 20) + 3, 5)];
 
 fn main() {
-    let scenario = std::env::args().nth(1).unwrap_or_default();
-    let rank = std::env::var("RANK").unwrap_or_default();
-    let result = match scenario.as_str() {
+    worker::run(|scenario, _| match scenario {
         "bootstrap" => bootstrap(),
         "exchange" => exchange(),
         "memory-channel" => memory_channel(),
@@ -29,18 +27,8 @@ fn main() {
         "registration-mismatch" => registration_mismatch(),
         "out-of-range" => out_of_range(),
         "bad-descriptor" => bad_descriptor(),
-        other => Err(Error::invalid(format!("unknown scenario {other:?}"))),
-    };
-    match result {
-        Ok(detail) => {
-            println!("OK {scenario} rank {rank}: {detail}");
-            std::process::exit(0);
-        }
-        Err(e) => {
-            eprintln!("FAIL {scenario} rank {rank}: {e}");
-            std::process::exit(1);
-        }
-    }
+        other => Err(worker::unknown_scenario(other)),
+    })
 }
 
 /// Bootstrap primitives: all_gather, broadcast from every root, barrier, tagged send/recv
