@@ -34,8 +34,19 @@ use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
 use link::{Header, Link};
 
-/// Payload bytes per message (and slot).
-pub(crate) const DEFAULT_PAYLOAD_BYTES: usize = 64 << 10;
+/// Largest payload of one message (and slot): per-message costs (headers, flags, and over TCP
+/// a thread hand-off each way) fall with larger messages (docs/PERF.md, "Transport layer").
+const MAX_PAYLOAD_BYTES: usize = 512 << 10;
+/// Smallest payload of one message.
+const MIN_PAYLOAD_BYTES: usize = 64 << 10;
+/// Payload bytes a rank may give all its links together, per slot: large worlds get smaller
+/// messages so that links to every peer (direct all-to-all) stay within bounds.
+const LINK_PAYLOAD_BUDGET: usize = 8 << 20;
+
+/// Payload bytes per message in a world of `n` ranks.
+fn payload_for(n: usize) -> usize {
+    (LINK_PAYLOAD_BUDGET / n.saturating_sub(1).max(1)).clamp(MIN_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES) / 4096 * 4096
+}
 /// Slots per link direction: messages a sender may have in flight to one peer.
 pub(crate) const SLOTS: usize = 4;
 /// Set in a header's signature by a rank whose own arguments were invalid.
@@ -130,7 +141,7 @@ impl ChannelEngine {
             rank: core.rank(),
             world_size: n,
             links: (0..n).map(|_| None).collect(),
-            payload: DEFAULT_PAYLOAD_BYTES,
+            payload: payload_for(n),
             calls: 0,
             health: Health::default(),
         }
