@@ -11,6 +11,7 @@
 pub mod args;
 mod calls;
 pub mod config;
+mod watch;
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
@@ -97,7 +98,9 @@ pub(crate) struct GpuEngine {
     module: Arc<KernelModule>,
     functions: HashMap<Kernel, CudaFunction>,
     workspaces: Vec<RegisteredMemory>,
-    status: DeviceStatus,
+    status: Arc<DeviceStatus>,
+    /// Aborts the kernels when a peer process dies.
+    watch: watch::GpuPeerWatch,
     layout: WorkspaceLayout,
     max_blocks: u32,
     pipeline_blocks: u32,
@@ -237,7 +240,12 @@ impl GpuEngine {
         };
         let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
-        let status = device.device_status()?;
+        let status = Arc::new(device.device_status()?);
+        let mut peers = Vec::with_capacity(world);
+        for p in (0..world).filter(|&p| p != core.rank()) {
+            peers.push(core.connection_via(p, cudaipc)?);
+        }
+        let watch = watch::GpuPeerWatch::start(peers, status.clone())?;
         let compiled = kernels::compile::Compiler::from_env().compile(&program(), &arch)?;
         let module = KernelModule::load(&ctx, &compiled)?;
         Ok(Some(GpuEngine {
@@ -246,6 +254,7 @@ impl GpuEngine {
             functions: HashMap::new(),
             workspaces,
             status,
+            watch,
             layout,
             max_blocks,
             pipeline_blocks,
@@ -284,6 +293,14 @@ impl GpuEngine {
     /// Errors when an earlier launch reported a device error or the engine is broken; a device
     /// error breaks the engine for good (the ranks' epochs no longer agree).
     pub(crate) fn check(&mut self) -> Result<()> {
+        // A peer that left after its last call is no error for calls that completed; only when
+        // a kernel gave up (on the watch's abort, or waiting for the dead peer) is it the cause.
+        if let (Some(_), Some((peer, why))) = (self.status.error(), self.watch.lost())
+            && self.broken.is_none()
+        {
+            self.broken = Some(format!("rank {peer} was lost: {why}"));
+            return Err(Error::peer_lost(peer, "GPU collective", why));
+        }
         if let Some(code) = self.status.error() {
             let why = format!("{} (device error code {})", code.describe(), code as u32);
             self.broken.get_or_insert(why);

@@ -455,10 +455,14 @@ fn fault_kill() -> Result<String> {
     let waited = started.elapsed();
     match outcome {
         Ok(()) => Err(Error::protocol("an all-reduce with a dead peer succeeded")),
-        Err(e) => {
+        // The peer watch aborts the kernels within milliseconds and names the dead rank.
+        Err(e @ Error::PeerLost { peer, .. }) if peer == n - 1 && waited < Duration::from_secs(1) => {
             drop(d);
             drop(g);
             Ok(format!("failed after {waited:.2?} as it should: {e}; communicator dropped"))
+        }
+        Err(e) => {
+            Err(Error::protocol(format!("after {waited:.2?}: {e}; expected PeerLost of rank {} within 1 s", n - 1)))
         }
     }
 }
