@@ -99,6 +99,40 @@ fn fault_kill(gpus: usize) {
     }
 }
 
+/// The GPU fault figure: for every collective, 20 jobs in which the last rank SIGKILLs itself at
+/// a pseudo-random point of back-to-back 64 MiB calls; every survivor must fail with PeerLost
+/// within 1 s of the kill (`WEAVE_TIMEOUT` stays at 20 s, so only the peer watch is that fast).
+fn kill_trials(gpus: usize) {
+    let n = worlds(gpus)[0];
+    for op in ["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"] {
+        let mut delays = Vec::new();
+        for trial in 0..20 {
+            let spec =
+                scenario_spec(worker(), "kill-trial", n, 20.0, Duration::from_secs(120)).arg(op).keep_going(true);
+            let report = launch_serialized(&spec).expect("launch kill-trial");
+            let stamp = |r: &weave_launch::RankReport, key: &str| -> Option<u128> {
+                r.stdout.iter().find_map(|l| l.strip_prefix(key).and_then(|v| v.trim().parse().ok()))
+            };
+            let killed = stamp(&report.ranks[n - 1], "KILL_AT ")
+                .unwrap_or_else(|| panic!("{op} trial {trial}: no kill\n{}", dump(&report)));
+            for r in &report.ranks[..n - 1] {
+                let seen = stamp(r, "DETECTED_AT ").unwrap_or_else(|| {
+                    panic!("{op} trial {trial}: rank {} saw no PeerLost\n{}", r.rank, dump(&report))
+                });
+                let delay = Duration::from_nanos(seen.saturating_sub(killed) as u64);
+                assert!(delay < Duration::from_secs(1), "{op} trial {trial}: rank {} took {delay:?}", r.rank);
+                delays.push(delay);
+            }
+        }
+        delays.sort();
+        println!(
+            "    [{n} ranks] {op}: 20 kills, survivors failed after median {:?}, max {:?}",
+            delays[delays.len() / 2],
+            delays[delays.len() - 1]
+        );
+    }
+}
+
 /// A GPU test: its name and body (given the number of GPUs).
 type GpuTest = (&'static str, fn(usize));
 
@@ -109,6 +143,7 @@ const TESTS: &[GpuTest] = &[
     ("a_thousand_device_calls_with_changing_sizes", stale_state),
     ("device_send_recv", p2p),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
+    ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];
 
 fn gpu_count() -> Result<usize, String> {

@@ -13,13 +13,14 @@ use weave_tests::matrix::{compare, fill, input, reference};
 use weave_tests::worker;
 
 fn main() {
-    worker::run(|scenario, _| match scenario {
+    worker::run(|scenario, arg| match scenario {
         "precompile" => precompile(),
         "matrix" => matrix(),
         "forced" => forced(),
         "graph" => graph(),
         "stale-state" => stale_state(),
         "fault-kill" => fault_kill(),
+        "kill-trial" => kill_trial(arg),
         "p2p" => p2p(),
         other => Err(worker::unknown_scenario(other)),
     })
@@ -517,4 +518,66 @@ fn p2p() -> Result<String> {
         }
     }
     Ok(format!("device send/recv verified ({moved} bytes in ring shifts, 3 rounds of rank 0 to all)"))
+}
+
+/// Nanoseconds since the Unix epoch: one clock for every process of the host.
+fn wall_ns() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos())
+}
+
+/// One trial of the GPU fault figure: every rank runs 64 MiB collectives `op` back to back;
+/// the last rank prints `KILL_AT <ns>` and SIGKILLs itself after a pseudo-random 0–50 ms; the
+/// others run until a call fails and print `DETECTED_AT <ns>` with the error (which must be
+/// PeerLost naming the victim). The harness subtracts the two.
+fn kill_trial(op: &str) -> Result<String> {
+    let g = gpu()?;
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let bytes = 64usize << 20;
+    let elems = bytes / 4;
+    let a = g.zeros(bytes)?;
+    let b = g.zeros(bytes)?;
+    let (pa, pb) = (g.addr(&a), g.addr(&b));
+    let run = || -> Result<()> {
+        // SAFETY: both buffers hold 64 MiB and live past every sync below.
+        unsafe {
+            match op {
+                "all_reduce" => g.comm.all_reduce_device_raw(pa, pb, elems, DataType::F32, ReduceOp::Sum, &g.stream),
+                "all_gather" => g.comm.all_gather_device_raw(pa, pb, elems / n, DataType::F32, &g.stream),
+                "reduce_scatter" => {
+                    g.comm.reduce_scatter_device_raw(pa, pb, elems / n, DataType::F32, ReduceOp::Sum, &g.stream)
+                }
+                "broadcast" => g.comm.broadcast_device_raw(pa, pb, elems, DataType::F32, 0, &g.stream),
+                "all_to_all" => g.comm.all_to_all_device_raw(pa, pb, elems / n, DataType::F32, &g.stream),
+                other => Err(Error::invalid(format!("kill-trial: unknown collective {other:?}"))),
+            }
+        }?;
+        g.sync()
+    };
+    run()?;
+    g.comm.core().bootstrap().barrier()?;
+    if me == n - 1 {
+        let delay = Duration::from_micros(u64::from(std::process::id().wrapping_mul(2_654_435_761) % 50_000));
+        let started = Instant::now();
+        while started.elapsed() < delay {
+            run()?;
+        }
+        // SAFETY: as in `run`; launched, not waited for, so the kill lands mid-collective.
+        unsafe { g.comm.all_reduce_device_raw(pa, pb, elems, DataType::F32, ReduceOp::Sum, &g.stream)? };
+        println!("KILL_AT {}", wall_ns());
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).map_err(|e| Error::errno("raise SIGKILL", e))?;
+    }
+    let started = Instant::now();
+    loop {
+        match run() {
+            Ok(()) if started.elapsed() < Duration::from_secs(30) => continue,
+            Ok(()) => return Err(Error::protocol("30 s of collectives went through with a killed peer")),
+            Err(e @ Error::PeerLost { peer, .. }) if peer == n - 1 => {
+                println!("DETECTED_AT {}", wall_ns());
+                drop((a, b));
+                drop(g);
+                return Ok(format!("{op}: {e}"));
+            }
+            Err(e) => return Err(Error::protocol(format!("{op}: expected PeerLost of rank {}, got {e}", n - 1))),
+        }
+    }
 }
