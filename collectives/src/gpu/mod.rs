@@ -33,10 +33,13 @@ use weave_cuda::DeviceStatus;
 pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PIPE_MAX_BLOCKS, WorkspaceLayout};
 pub use config::GpuConfig;
 
-/// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the LL packet
-/// exchange of the data-movement collectives, and the block-pipelined kernels, in that order.
+/// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the byte and
+/// point-to-point kernels, the LL packet exchange of the data-movement collectives, and the
+/// block-pipelined kernels, in that order.
 pub const COLLECTIVES_SOURCE: &str = concat!(
     include_str!("../../../kernels/cuda/collectives.cu"),
+    "\n",
+    include_str!("../../../kernels/cuda/data_movement.cu"),
     "\n",
     include_str!("../../../kernels/cuda/exchange_ll.cu"),
     "\n",
