@@ -14,9 +14,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use comm_core::device::{DeviceError, DeviceSemaphoreHandle, DeviceStatusHandle, MemoryChannelDeviceHandle};
-use comm_core::fifo::{
-    FifoDeviceHandle, FifoSlot, FifoStorage, MemoryId, SemaphoreId, Trigger, TriggerFields, TriggerFifo, TriggerType,
-};
+use comm_core::fifo::{FifoDeviceHandle, FifoSlot, FifoStorage, Trigger, TriggerFields, TriggerFifo, TriggerType};
 use comm_core::port_channel::PortChannelDeviceHandle;
 use cudarc::driver::{CudaContext, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg, result, sys};
 use kernels::compile::{Compiler, nvrtc_available};
@@ -398,15 +396,7 @@ unsafe impl FifoStorage for PinnedFifo {
 }
 
 fn fields(kind: TriggerType, size: u64, src: (u32, u64), dst: (u32, u64), sem: u32) -> TriggerFields {
-    TriggerFields {
-        kind,
-        size,
-        src_memory: MemoryId(src.0),
-        src_offset: src.1,
-        dst_memory: MemoryId(dst.0),
-        dst_offset: dst.1,
-        semaphore: SemaphoreId(sem),
-    }
+    TriggerFields::new(kind, size, src, dst, sem)
 }
 
 /// Polls `fifo` until `want` triggers were popped (or the deadline: then aborts the kernel).
