@@ -70,6 +70,9 @@ pub enum DeviceError {
     FifoTimeout = 4,
     /// The kernel found arguments it cannot handle.
     BadArgument = 5,
+    /// A peer's message belonged to a different call (collective, count, root or order
+    /// differ between the ranks).
+    CallMismatch = 6,
 }
 
 impl DeviceError {
@@ -81,6 +84,7 @@ impl DeviceError {
             3 => DeviceError::Aborted,
             4 => DeviceError::FifoTimeout,
             5 => DeviceError::BadArgument,
+            6 => DeviceError::CallMismatch,
             _ => return None,
         })
     }
@@ -93,6 +97,10 @@ impl DeviceError {
             DeviceError::Aborted => "the GPU kernel was aborted from the host",
             DeviceError::FifoTimeout => "a GPU push into the proxy FIFO timed out",
             DeviceError::BadArgument => "a GPU kernel was given arguments it cannot handle",
+            DeviceError::CallMismatch => {
+                "a peer GPU sent a message of a different call (ranks disagree on the collective, count, root or \
+                 call order)"
+            }
         }
     }
 }

@@ -44,8 +44,8 @@ const STATUS_MAGIC: [u8; 4] = *b"WVST";
 /// Magic of the pairwise semaphore handshake.
 const SEMAPHORE_MAGIC: [u8; 4] = *b"WVSM";
 
-/// Host memory a peer can map, with the backend that allocated it.
-type HostAllocation<'a> = (&'a Arc<dyn TransportBackend>, Arc<dyn MemoryRegion>);
+/// A backend and the memory it allocated for one peer (pairwise exchanges).
+type PairAllocation<'a> = (&'a Arc<dyn TransportBackend>, Arc<dyn MemoryRegion>);
 
 /// The token pools shared with one peer: this rank's, the peer's (imported), and the next
 /// free token index.
@@ -219,7 +219,8 @@ impl Communicator {
     fn grow_token_pools(&self, peer: usize, tokens: &mut PeerTokens) -> Result<()> {
         let pool = tokens.local.len() as u64;
         let label = format!("semaphore tokens {}<->{} #{pool}", self.rank().min(peer), self.rank().max(peer));
-        let (local, remote) = self.swap_host_memory(peer, TOKEN_STRIDE * TOKENS_PER_POOL, u64::MAX - pool, &label)?;
+        let (local, remote) =
+            self.swap_memory(peer, TOKEN_STRIDE * TOKENS_PER_POOL, MemoryKind::Host, u64::MAX - pool, &label)?;
         tokens.local.push(local);
         tokens.remote.push(remote);
         Ok(())
@@ -231,23 +232,36 @@ impl Communicator {
     /// other. Unlike [`register`](Self::register) it takes no collective registration step, so
     /// pairs of ranks may build such memory lazily, in any order across pairs.
     pub fn exchange_pair(&self, peer: usize, len: usize, label: &str) -> Result<(RegisteredMemory, RegisteredMemory)> {
-        self.check_peer_rank(peer)?;
-        let seq = PAIR_SEQ_BASE | self.next_pair_registration.fetch_add(1, Ordering::AcqRel);
-        self.swap_host_memory(peer, len, seq, label)
+        self.exchange_pair_of(peer, len, MemoryKind::Host, label)
     }
 
-    /// The exchange behind [`exchange_pair`](Self::exchange_pair) and the token pools: both
-    /// sides check label and length, report whether their import worked, and seal their own
-    /// memory once the peer has mapped it.
-    fn swap_host_memory(
+    /// [`exchange_pair`](Self::exchange_pair) for memory of any `kind` (device memory for GPU
+    /// links): allocated by the first transport that reaches `peer` and allocates that kind.
+    pub fn exchange_pair_of(
         &self,
         peer: usize,
         len: usize,
+        kind: MemoryKind,
+        label: &str,
+    ) -> Result<(RegisteredMemory, RegisteredMemory)> {
+        self.check_peer_rank(peer)?;
+        let seq = PAIR_SEQ_BASE | self.next_pair_registration.fetch_add(1, Ordering::AcqRel);
+        self.swap_memory(peer, len, kind, seq, label)
+    }
+
+    /// The exchange behind [`exchange_pair_of`](Self::exchange_pair_of) and the token pools:
+    /// both sides check label and length, report whether their import worked, and seal their
+    /// own memory once the peer has mapped it.
+    fn swap_memory(
+        &self,
+        peer: usize,
+        len: usize,
+        kind: MemoryKind,
         seq: u64,
         label: &str,
     ) -> Result<(RegisteredMemory, RegisteredMemory)> {
-        let (backend, region) = self.allocate_host_for(peer, len)?;
-        let descriptor = self.describe(&region, seq, len, MemoryKind::Host, label)?;
+        let (backend, region) = self.allocate_for(peer, len, kind)?;
+        let descriptor = self.describe(&region, seq, len, kind, label)?;
         let local = RegisteredMemory::new_local(descriptor, region, backend.transport())?.in_communicator(self.id);
         self.bootstrap.send(peer, TAG_PAIR_MEMORY, &local.descriptor().encode())?;
         let theirs = MemoryDescriptor::decode(&self.bootstrap.recv(peer, TAG_PAIR_MEMORY)?)?;
@@ -286,19 +300,20 @@ impl Communicator {
         Ok(RegisteredMemory::new_local(descriptor, region, transport)?.in_communicator(self.id))
     }
 
-    /// Host memory that `peer` can map: from the first transport reaching it that allocates
-    /// host memory (e.g. shared memory when the preferred transport is CUDA IPC).
-    fn allocate_host_for(&self, peer: usize, len: usize) -> Result<HostAllocation<'_>> {
+    /// Memory of `kind` that `peer` can map: from the first transport reaching it that
+    /// allocates that kind (e.g. shared memory for host memory when the preferred transport is
+    /// CUDA IPC).
+    fn allocate_for(&self, peer: usize, len: usize, kind: MemoryKind) -> Result<PairAllocation<'_>> {
         let mut why = Vec::new();
         for (backend, _) in self.routes_to(peer)? {
-            match backend.allocate(len, MemoryKind::Host) {
+            match backend.allocate(len, kind) {
                 Ok(region) => return Ok((backend, region)),
                 Err(Error::Unsupported(m)) => why.push(m),
                 Err(e) => return Err(e),
             }
         }
         Err(Error::Unsupported(format!(
-            "no transport reaching rank {peer} can allocate host memory for semaphores: {}",
+            "no transport reaching rank {peer} can allocate {kind:?} memory for it: {}",
             why.join("; ")
         )))
     }

@@ -3,6 +3,10 @@
 //! `signal` stores the next outbound count into the peer's inbound token through the
 //! connection (release, ordered after earlier writes); `wait` bumps the local expected count and
 //! spins, bounded, until the inbound token reaches it (acquire).
+//!
+//! A *signal-only* semaphore ([`HostSemaphore::signal_only`]) has no inbound side on the host:
+//! a proxy signals through it on behalf of a kernel, and the peer's kernel waits on the token
+//! in device memory.
 
 use std::sync::Arc;
 use std::sync::Mutex;
@@ -26,7 +30,8 @@ pub struct Token {
 /// A semaphore between this rank and one peer, driven from host threads.
 pub struct HostSemaphore {
     connection: Arc<dyn Connection>,
-    inbound: Token,
+    /// The local token the peer signals; `None` for a signal-only semaphore.
+    inbound: Option<Token>,
     remote_inbound: Token,
     outbound: Mutex<u64>,
     expected: AtomicU64,
@@ -70,7 +75,33 @@ impl HostSemaphore {
         }
         Ok(HostSemaphore {
             connection,
-            inbound,
+            inbound: Some(inbound),
+            remote_inbound,
+            outbound: Mutex::new(0),
+            expected: AtomicU64::new(0),
+            timeout,
+            abort,
+        })
+    }
+
+    /// A semaphore that only signals: each [`signal`](Self::signal) adds one to the peer's
+    /// token `remote_inbound` through `connection`, after every earlier write of the connection.
+    /// Its inbound side lives where the host does not wait on it (a kernel waits on a token in
+    /// device memory), so [`wait`](Self::wait) is `Err(Unsupported)` and [`poll`](Self::poll)
+    /// is always false.
+    pub fn signal_only(
+        connection: Arc<dyn Connection>,
+        remote_inbound: Token,
+        timeout: Duration,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Self> {
+        remote_inbound.memory.check_range(remote_inbound.offset, 8)?;
+        if !remote_inbound.offset.is_multiple_of(8) {
+            return Err(Error::invalid("semaphore remote token must be 8-byte aligned"));
+        }
+        Ok(HostSemaphore {
+            connection,
+            inbound: None,
             remote_inbound,
             outbound: Mutex::new(0),
             expected: AtomicU64::new(0),
@@ -84,9 +115,10 @@ impl HostSemaphore {
         self.connection.peer()
     }
 
-    /// The local token the peer signals (this side's inbound counter).
-    pub fn inbound_token(&self) -> &Token {
-        &self.inbound
+    /// The local token the peer signals (this side's inbound counter); `None` for a
+    /// signal-only semaphore.
+    pub fn inbound_token(&self) -> Option<&Token> {
+        self.inbound.as_ref()
     }
 
     /// The peer's token this side signals.
@@ -99,8 +131,10 @@ impl HostSemaphore {
         &self.connection
     }
 
-    fn inbound_word(&self) -> &AtomicU64 {
-        self.inbound.memory.atomic_u64(self.inbound.offset).expect("checked in HostSemaphore::new")
+    /// The inbound counter, or `None` for a signal-only semaphore.
+    fn inbound_word(&self) -> Option<&AtomicU64> {
+        // The range, mapping and alignment were checked in `new`, so the lookup cannot fail.
+        self.inbound.as_ref().and_then(|t| t.memory.atomic_u64(t.offset).ok())
     }
 
     /// Adds one to the peer's inbound counter, after all earlier writes of the connection.
@@ -114,8 +148,13 @@ impl HostSemaphore {
 
     /// Waits, bounded by the timeout, for the next signal from the peer.
     pub fn wait(&self) -> Result<()> {
+        let Some(word) = self.inbound_word() else {
+            return Err(Error::Unsupported(format!(
+                "the semaphore with rank {} only signals: its inbound token is waited on by a kernel",
+                self.peer()
+            )));
+        };
         let target = self.expected.fetch_add(1, Ordering::AcqRel) + 1;
-        let word = self.inbound_word();
         let conn = &self.connection;
         let check = || conn.check_peer();
         let op = format!("semaphore signal #{target}");
@@ -136,7 +175,8 @@ impl HostSemaphore {
 
     /// Consumes one signal if it has arrived; never blocks.
     pub fn poll(&self) -> bool {
-        let have = self.inbound_word().load(Ordering::Acquire);
+        let Some(word) = self.inbound_word() else { return false };
+        let have = word.load(Ordering::Acquire);
         let expected = self.expected.load(Ordering::Acquire);
         if have > expected {
             self.expected.fetch_add(1, Ordering::AcqRel);
@@ -146,8 +186,8 @@ impl HostSemaphore {
         }
     }
 
-    /// Signals received so far (the inbound counter).
+    /// Signals received so far (the inbound counter); 0 for a signal-only semaphore.
     pub fn received(&self) -> u64 {
-        self.inbound_word().load(Ordering::Acquire)
+        self.inbound_word().map_or(0, |w| w.load(Ordering::Acquire))
     }
 }

@@ -34,6 +34,7 @@
 //! device code; the GPU tests (`tests/gpu_primitives.rs`) run the test kernels where a GPU is.
 
 pub mod arch;
+pub mod channel;
 pub mod compile;
 pub mod launch;
 pub mod layout;

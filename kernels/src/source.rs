@@ -19,6 +19,7 @@ pub const HEADERS: &[(&str, &str)] = &[
     ("weave/memory_channel.cuh", include_str!("../cuda/weave/memory_channel.cuh")),
     ("weave/port_channel.cuh", include_str!("../cuda/weave/port_channel.cuh")),
     ("weave/dtype.cuh", include_str!("../cuda/weave/dtype.cuh")),
+    ("weave/reduce.cuh", include_str!("../cuda/weave/reduce.cuh")),
     ("weave/weave.cuh", include_str!("../cuda/weave/weave.cuh")),
 ];
 

@@ -46,13 +46,17 @@ fn matrix(gpus: usize) {
 }
 
 /// The forced-algorithm scenario once per algorithm family: every packet kernel, the two-shot
-/// all-reduces (LL16 packets, LL128 lines), every pipelined kernel.
+/// all-reduces (LL16 packets, LL128 lines), every pipelined kernel; then the channel family
+/// (its table rows, then each channel algorithm forced wherever it runs).
 fn forced(gpus: usize) {
-    const FAMILIES: [&str; 4] = [
+    const FAMILIES: [&str; 7] = [
         "all_reduce=one_shot,all_gather=one_shot,reduce_scatter=one_shot,broadcast=one_shot,all_to_all=one_shot,reduce=one_shot",
         "all_reduce=two_shot,broadcast=ring",
         "all_reduce=two_shot_ll128",
         "all_reduce=two_phase,all_gather=direct,reduce_scatter=direct,broadcast=two_phase,all_to_all=direct,reduce=direct",
+        "channel",
+        "channel_ring",
+        "channel_direct",
     ];
     for n in worlds(gpus) {
         for family in FAMILIES {
@@ -75,6 +79,25 @@ fn stale_state(gpus: usize) {
 
 fn p2p(gpus: usize) {
     scenario("p2p", gpus, Duration::from_secs(300));
+    for n in worlds(gpus) {
+        let spec = scenario_spec(worker(), "p2p", n, 20.0, Duration::from_secs(300)).env("WEAVE_ALGO", "channel");
+        let report = run_ok(&spec, "p2p over the channel family");
+        if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+            println!("    [{n} GPUs, channel family, rank 0] {line}");
+        }
+    }
+}
+
+/// Sixteen ranks (sharing the host's GPUs, rank r on GPU r % count): beyond the direct kernels'
+/// eight, so every device call runs the channel family: every collective at small and odd sizes,
+/// and a send/receive ring shift.
+fn sixteen_ranks(_gpus: usize) {
+    const RANKS: usize = 16;
+    let spec = scenario_spec(worker(), "wide", RANKS, 60.0, Duration::from_secs(480));
+    let report = run_ok(&spec, "wide");
+    if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+        println!("    [{RANKS} ranks, rank 0] {line}");
+    }
 }
 
 fn fault_kill(gpus: usize) {
@@ -142,6 +165,7 @@ const TESTS: &[GpuTest] = &[
     ("cuda_graph_capture_and_replay", graph),
     ("a_thousand_device_calls_with_changing_sizes", stale_state),
     ("device_send_recv", p2p),
+    ("sixteen_ranks_run_every_device_collective_over_channels", sixteen_ranks),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];

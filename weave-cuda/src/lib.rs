@@ -35,6 +35,7 @@ pub mod driver;
 
 mod allocation;
 mod device;
+mod fifo_storage;
 mod handles;
 mod host_memory;
 mod region;
@@ -44,6 +45,7 @@ use comm_core::error::{Error, Result};
 
 pub use crate::allocation::{DeviceAllocation, VmmMapping};
 pub use crate::device::{CudaDevice, bind};
+pub use crate::fifo_storage::PinnedFifoStorage;
 pub use crate::handles::{PacketBuffers, device_semaphore, memory_channel_handle};
 pub use crate::host_memory::PinnedHostMemory;
 pub use crate::region::{DeviceRegion, RegionBacking};

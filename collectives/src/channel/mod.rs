@@ -18,6 +18,8 @@
 //! much that they exchange different numbers of messages get a timeout instead.
 
 mod direct;
+#[cfg(feature = "cudaipc")]
+pub(crate) mod gpu;
 pub(crate) mod link;
 mod p2p;
 mod ring;

@@ -9,22 +9,13 @@ use comm_core::{Error, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::{GpuCollectiveArgs, Kernel};
+use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
 use crate::communicator::Communicator;
 use crate::dtype::{DataType, Element};
 use crate::op::ReduceOp;
-use crate::select::CallShape;
 use crate::select::device::{CountUnit, Grid};
+use crate::select::{CallShape, Executor};
 use crate::table::{Collective, MemorySpace};
-
-fn op_code(op: ReduceOp) -> u32 {
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Prod => 1,
-        ReduceOp::Min => 2,
-        ReduceOp::Max => 3,
-        ReduceOp::Avg => 4,
-    }
-}
 
 /// What one device call asks for.
 struct DeviceCall {
@@ -102,7 +93,39 @@ impl Communicator {
             Some(k) => (plan.algorithm, k),
             None => return Err(Error::Unsupported(format!("{}: no kernel for {}", call.collective, plan.algorithm))),
         };
+        if self.core().config().logs(LogLevel::Info) {
+            eprintln!(
+                "weave[{}]: {} of {} B on {n} GPUs -> {algo} ({}{})",
+                self.rank(),
+                call.collective,
+                call.bytes,
+                k.family,
+                if k.typed { format!("_{}", call.dtype.rust_name()) } else { String::new() }
+            );
+        }
+        if plan.executor == Executor::GpuChannel {
+            let channel_call = DeviceChannelCall {
+                collective: call.collective,
+                algorithm: algo,
+                dtype: call.dtype,
+                op: call.op,
+                send: call.send,
+                recv: call.recv,
+                count: call.count,
+                root: call.root,
+                aux: call.aux,
+            };
+            let status = g.status_handle();
+            let launched = {
+                let channels = g.channels(self.core())?;
+                // SAFETY: forwarded from the caller.
+                unsafe { channels.launch(self.core(), channel_call, &k, status, stream) }
+            };
+            // A failure after links may have been built leaves the ranks out of step.
+            return launched.map_err(|e| if matches!(e, Error::InvalidArgument(_)) { e } else { g.break_with(e) });
+        }
         let kernel = if k.typed { Kernel::typed(k.family, call.dtype) } else { Kernel::untyped(k.family) };
+        let d = g.direct()?;
         let count = match k.count {
             CountUnit::Elements => call.count,
             CountUnit::Bytes => call.count * esz,
@@ -110,28 +133,19 @@ impl Communicator {
         };
         let packets = (call.count * esz).div_ceil(8);
         let (blocks, steps, overlapped) = match k.grid {
-            Grid::Packets => (g.packet_blocks(packets), None, false),
-            Grid::Lines => (g.packet_blocks(g.layout().ll128_two_shot_threads(call.count * esz)), None, false),
+            Grid::Packets => (d.packet_blocks(packets), None, false),
+            Grid::Lines => (d.packet_blocks(d.layout().ll128_two_shot_threads(call.count * esz)), None, false),
             Grid::Pipelined { min_steps, overlapped } => {
-                (g.pipeline_blocks(call.bytes), Some(g.pipeline_steps().max(min_steps)), overlapped)
+                (d.pipeline_blocks(call.bytes), Some(d.pipeline_steps().max(min_steps)), overlapped)
             }
-            Grid::Flags => (g.blocks_for(call.bytes), None, false),
+            Grid::Flags | Grid::Channel => (d.blocks_for(call.bytes), None, false),
         };
-        if self.core().config().logs(LogLevel::Info) {
-            eprintln!(
-                "weave[{}]: {} of {} B on {n} GPUs -> {algo} ({})",
-                self.rank(),
-                call.collective,
-                call.bytes,
-                kernel.name()
-            );
-        }
-        let mut args: GpuCollectiveArgs = g.args();
+        let mut args: GpuCollectiveArgs = d.args();
         args.send = call.send;
         args.recv = call.recv;
         args.count = count as u64;
         args.root = call.root as u32;
-        args.op = call.op.map_or(0, op_code);
+        args.op = call.op.map_or(0, super::op_code);
         args.aux = call.aux;
         if let Some(steps) = steps {
             // The pipelined kernels read their steps-per-block target from aux[0] and their
@@ -140,7 +154,7 @@ impl Communicator {
             args.aux[1] = u64::from(overlapped);
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { g.launch(kernel, args, blocks, stream) }
+        unsafe { d.launch(kernel, args, blocks, stream) }
     }
 
     /// All-reduce of `count` elements of `dtype` at device address `send` into `recv` (may be
@@ -320,29 +334,40 @@ impl Communicator {
                 )));
             }
         }
+        if send.is_none() && recv.is_none() {
+            return Ok(());
+        }
         let esz = dtype.size();
-        let mut args: GpuCollectiveArgs = g.args();
+        let bytes = send.map_or(0, |s| s.1 * esz) + recv.map_or(0, |r| r.1 * esz);
+        let shape = CallShape { collective: Collective::SendRecv, memory: MemorySpace::Device, bytes, payload: bytes };
+        let plan = crate::select::plan(self.algorithm_table(), shape, self.core().topology(), Some(&g.caps()))?;
+        if plan.executor == Executor::GpuChannel {
+            let status = g.status_handle();
+            let launched = {
+                let channels = g.channels(self.core())?;
+                let call = DeviceSendRecv { send, recv, dtype };
+                // SAFETY: forwarded from the caller.
+                unsafe { channels.sendrecv(self.core(), call, status, stream) }
+            };
+            return launched.map_err(|e| if matches!(e, Error::InvalidArgument(_)) { e } else { g.break_with(e) });
+        }
+        let d = g.direct()?;
+        let mut args: GpuCollectiveArgs = d.args();
         args.root = u32::MAX;
         args.aux[1] = u64::MAX;
-        let mut bytes = 0;
         if let Some((addr, count, to)) = send {
             args.send = addr;
             args.count = (count * esz) as u64;
             args.root = to as u32;
-            bytes += count * esz;
         }
         if let Some((addr, count, from)) = recv {
             args.recv = addr;
             args.aux[0] = (count * esz) as u64;
             args.aux[1] = from as u64;
-            bytes += count * esz;
         }
-        if send.is_none() && recv.is_none() {
-            return Ok(());
-        }
-        let blocks = g.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
+        let blocks = d.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { g.launch(Kernel::untyped("weave_sendrecv"), args, blocks, stream) }
+        unsafe { d.launch(Kernel::untyped("weave_sendrecv"), args, blocks, stream) }
     }
 
     /// Typed all-reduce over cudarc buffers (`send` and `recv` of equal length).

@@ -30,6 +30,7 @@ use kernels::module::KernelModule;
 use transport_cudaipc::CudaIpcBackend;
 use weave_cuda::DeviceStatus;
 
+use crate::channel::gpu::DeviceChannels;
 pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PIPE_MAX_BLOCKS, WorkspaceLayout};
 pub use config::GpuConfig;
 
@@ -95,15 +96,44 @@ fn with_host_constants(source: &str) -> String {
     )
 }
 
-/// Per-communicator GPU state.
+/// The operator code of the kernels' argument blocks (`weave::Op` in `weave/reduce.cuh`).
+pub(crate) fn op_code(op: crate::op::ReduceOp) -> u32 {
+    use crate::op::ReduceOp;
+    match op {
+        ReduceOp::Sum => 0,
+        ReduceOp::Prod => 1,
+        ReduceOp::Min => 2,
+        ReduceOp::Max => 3,
+        ReduceOp::Avg => 4,
+    }
+}
+
+/// Per-communicator GPU state: the device, its status words and peer watch, and the two kernel
+/// families — the direct one (every peer's workspace mapped here, up to 8 GPUs) and the channel
+/// one (any number of GPUs, through the proxy; built at its first call).
 pub(crate) struct GpuEngine {
     ctx: Arc<CudaContext>,
-    module: Arc<KernelModule>,
-    functions: HashMap<Kernel, CudaFunction>,
-    workspaces: Vec<RegisteredMemory>,
+    device: u32,
+    /// This GPU's architecture (`sm_90`): what the channel kernels are compiled for.
+    arch_name: String,
     status: Arc<DeviceStatus>,
     /// Aborts the kernels when a peer process dies.
     watch: watch::GpuPeerWatch,
+    /// The direct family; `None` when it cannot run here (more than 8 GPUs), on every rank.
+    direct: Option<DirectKernels>,
+    /// The channel family, once a call used it.
+    channels: Option<DeviceChannels>,
+    rank: usize,
+    timeout: Duration,
+    broken: Option<String>,
+}
+
+/// The direct family: one workspace per rank mapped by every peer, and the collective kernels
+/// that load and store peers' workspaces.
+pub(crate) struct DirectKernels {
+    module: Arc<KernelModule>,
+    functions: HashMap<Kernel, CudaFunction>,
+    workspaces: Vec<RegisteredMemory>,
     layout: WorkspaceLayout,
     max_blocks: u32,
     pipeline_blocks: u32,
@@ -118,41 +148,46 @@ pub(crate) struct GpuEngine {
     /// Every pair of ranks' GPUs is joined by NVLink (so LL128 lines may be used), as every
     /// rank found.
     nvlink: bool,
+    ctx: Arc<CudaContext>,
     rank: usize,
     timeout: Duration,
-    broken: Option<String>,
+    status: Arc<DeviceStatus>,
 }
 
 impl std::fmt::Debug for GpuEngine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("GpuEngine").field("rank", &self.rank).field("layout", &self.layout).finish_non_exhaustive()
+        f.debug_struct("GpuEngine")
+            .field("rank", &self.rank)
+            .field("direct", &self.direct.as_ref().map(|d| d.layout))
+            .field("channels", &self.channels)
+            .finish_non_exhaustive()
     }
 }
 
 impl GpuEngine {
-    /// Collective: builds the GPU state when every rank has a CUDA IPC transport, else `None`
-    /// on every rank (with the reason logged at info level). `gpu` holds the tuning knobs.
+    /// Collective: builds the GPU state when every rank has a CUDA device whose peers are all
+    /// reached through CUDA IPC, else `None` on every rank (with the reason logged at info
+    /// level); the direct kernels only where every rank can run them (at most 8 GPUs). `gpu`
+    /// holds the tuning knobs.
     pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig) -> Result<Option<Self>> {
         let backend =
             core.backend(transport_cudaipc::transport()).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
         let world = core.world_size();
-        // The direct GPU family maps every peer's workspace through CUDA IPC: every peer must be
-        // reached by it (one node; posed nodes count).
+        // Both families reach the peers' GPUs through CUDA IPC: every peer must be reached by it
+        // (one node; posed nodes count).
         let cudaipc = transport_cudaipc::transport();
         let topology = core.topology();
         let every_peer = (0..world)
             .filter(|&p| p != core.rank())
             .all(|p| topology.reach(p).is_some_and(|r| r.transports.iter().any(|&(t, _)| t == cudaipc)));
-        let mine = u8::from(backend.is_some() && world <= MAX_GPU_RANKS && every_peer);
-        let all = core.bootstrap().all_gather(&[mine])?;
+        let usable = u8::from(backend.is_some() && every_peer);
+        let all = core.bootstrap().all_gather(&[usable])?;
         if all.iter().any(|v| v.first() != Some(&1)) {
             if core.config().logs(LogLevel::Info) {
-                let why = if world > MAX_GPU_RANKS {
-                    "more than 8 ranks"
-                } else if backend.is_none() {
+                let why = if backend.is_none() {
                     "not every rank has a CUDA device"
                 } else {
-                    "some GPUs are on other nodes (the GPU channel family is not built yet)"
+                    "some GPUs are on other nodes (device buffers across nodes are not supported yet)"
                 };
                 eprintln!("weave[{}]: GPU collectives off: {why}", core.rank());
             }
@@ -164,6 +199,134 @@ impl GpuEngine {
         let ctx = device.context().clone();
         ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
         let arch = kernels::arch::device_arch(&ctx)?;
+        let status = Arc::new(device.device_status()?);
+        let mut peers = Vec::with_capacity(world);
+        for p in (0..world).filter(|&p| p != core.rank()) {
+            peers.push(core.connection_via(p, cudaipc)?);
+        }
+        let watch = watch::GpuPeerWatch::start(peers, status.clone())?;
+        let direct = if world <= MAX_GPU_RANKS {
+            Some(DirectKernels::new(core, gpu, &ctx, device, &arch, &status)?)
+        } else {
+            if core.config().logs(LogLevel::Info) {
+                eprintln!(
+                    "weave[{}]: direct GPU kernels off (more than {MAX_GPU_RANKS} GPUs): device calls run the channel \
+                     family",
+                    core.rank()
+                );
+            }
+            None
+        };
+        Ok(Some(GpuEngine {
+            ctx,
+            device: device.ordinal(),
+            arch_name: arch,
+            status,
+            watch,
+            direct,
+            channels: None,
+            rank: core.rank(),
+            timeout: core.config().timeout,
+            broken: None,
+        }))
+    }
+
+    /// What the plan needs to know about this communicator's GPUs (agreed by every rank).
+    pub(crate) fn caps(&self) -> crate::select::device::GpuCaps {
+        match &self.direct {
+            Some(d) => d.caps(),
+            None => crate::select::device::GpuCaps {
+                arch: None,
+                packet_capacity: 0,
+                nvlink: false,
+                ll128_max_bytes: 0,
+                forced_schedule: None,
+                direct: false,
+            },
+        }
+    }
+
+    /// The CUDA context of this rank's GPU.
+    pub(crate) fn context(&self) -> &Arc<CudaContext> {
+        &self.ctx
+    }
+
+    /// Errors when an earlier launch reported a device error or the engine is broken; a device
+    /// error breaks the engine for good (the ranks' epochs no longer agree).
+    pub(crate) fn check(&mut self) -> Result<()> {
+        // A peer that left after its last call is no error for calls that completed; only when
+        // a kernel gave up (on the watch's abort, or waiting for the dead peer) is it the cause.
+        if let (Some(_), Some((peer, why))) = (self.status.error(), self.watch.lost())
+            && self.broken.is_none()
+        {
+            self.broken = Some(format!("rank {peer} was lost: {why}"));
+            return Err(Error::peer_lost(peer, "GPU collective", why));
+        }
+        if let Some(code) = self.status.error() {
+            let why = format!("{} (device error code {})", code.describe(), code as u32);
+            self.broken.get_or_insert(why);
+        }
+        if let Some(e) = self.channels.as_ref().and_then(DeviceChannels::proxy_error) {
+            self.broken.get_or_insert_with(|| format!("the GPU channel proxy failed: {e}"));
+        }
+        match &self.broken {
+            Some(why) => Err(Error::Aborted(format!(
+                "GPU collectives of this communicator are unusable after: {why}; create a new communicator"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    /// Asks running kernels to stop (they report Aborted).
+    pub(crate) fn abort(&self) {
+        self.status.abort();
+    }
+
+    /// The direct family, or `Err(Unsupported)` where it does not run.
+    pub(crate) fn direct(&mut self) -> Result<&mut DirectKernels> {
+        self.check()?;
+        self.direct.as_mut().ok_or_else(|| {
+            Error::Unsupported(format!(
+                "the direct GPU kernels need at most {MAX_GPU_RANKS} GPUs; use the channel family (WEAVE_ALGO=channel)"
+            ))
+        })
+    }
+
+    /// The channel family, built at its first use.
+    pub(crate) fn channels(&mut self, core: &CoreCommunicator) -> Result<&mut DeviceChannels> {
+        self.check()?;
+        if self.channels.is_none() {
+            let built = DeviceChannels::new(core, &self.ctx, self.device, &self.arch_name);
+            self.channels = Some(built.map_err(|e| self.break_with(e))?);
+        }
+        self.channels.as_mut().ok_or_else(|| Error::Aborted("the GPU channel family vanished".into()))
+    }
+
+    /// The status words kernels report into, with this communicator's spin budget.
+    pub(crate) fn status_handle(&self) -> comm_core::device::DeviceStatusHandle {
+        self.status.handle(self.timeout)
+    }
+
+    /// Marks the engine unusable after a failure that may leave the ranks out of step, and
+    /// returns the error.
+    pub(crate) fn break_with(&mut self, e: Error) -> Error {
+        self.broken.get_or_insert_with(|| e.to_string());
+        e
+    }
+}
+
+impl DirectKernels {
+    /// Collective (every rank of at most 8): agrees on the grid limits and slot sizes, maps every
+    /// rank's workspace and compiles the collective kernels for `arch`.
+    fn new(
+        core: &CoreCommunicator,
+        gpu: &GpuConfig,
+        ctx: &Arc<CudaContext>,
+        device: &weave_cuda::CudaDevice,
+        arch: &str,
+        status: &Arc<DeviceStatus>,
+    ) -> Result<Self> {
+        let world = core.world_size();
         let sms = ctx
             .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
             .map_err(|e| Error::Cuda { operation: "multiprocessor count".into(), message: e.to_string() })?;
@@ -243,21 +406,12 @@ impl GpuEngine {
         };
         let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
-        let status = Arc::new(device.device_status()?);
-        let mut peers = Vec::with_capacity(world);
-        for p in (0..world).filter(|&p| p != core.rank()) {
-            peers.push(core.connection_via(p, cudaipc)?);
-        }
-        let watch = watch::GpuPeerWatch::start(peers, status.clone())?;
-        let compiled = kernels::compile::Compiler::from_env().compile(&program(), &arch)?;
-        let module = KernelModule::load(&ctx, &compiled)?;
-        Ok(Some(GpuEngine {
-            ctx,
+        let compiled = kernels::compile::Compiler::from_env().compile(&program(), arch)?;
+        let module = KernelModule::load(ctx, &compiled)?;
+        Ok(DirectKernels {
             module,
             functions: HashMap::new(),
             workspaces,
-            status,
-            watch,
             layout,
             max_blocks,
             pipeline_blocks,
@@ -266,10 +420,11 @@ impl GpuEngine {
             pipeline_steps,
             overlapped_schedule: gpu.overlapped_schedule,
             nvlink,
+            ctx: ctx.clone(),
             rank: core.rank(),
             timeout: core.config().timeout,
-            broken: None,
-        }))
+            status: status.clone(),
+        })
     }
 
     /// The workspace layout.
@@ -285,40 +440,8 @@ impl GpuEngine {
             nvlink: self.nvlink,
             ll128_max_bytes: self.layout.ll128_two_shot_max_bytes(),
             forced_schedule: self.overlapped_schedule,
+            direct: true,
         }
-    }
-
-    /// The CUDA context of this rank's GPU.
-    pub(crate) fn context(&self) -> &Arc<CudaContext> {
-        &self.ctx
-    }
-
-    /// Errors when an earlier launch reported a device error or the engine is broken; a device
-    /// error breaks the engine for good (the ranks' epochs no longer agree).
-    pub(crate) fn check(&mut self) -> Result<()> {
-        // A peer that left after its last call is no error for calls that completed; only when
-        // a kernel gave up (on the watch's abort, or waiting for the dead peer) is it the cause.
-        if let (Some(_), Some((peer, why))) = (self.status.error(), self.watch.lost())
-            && self.broken.is_none()
-        {
-            self.broken = Some(format!("rank {peer} was lost: {why}"));
-            return Err(Error::peer_lost(peer, "GPU collective", why));
-        }
-        if let Some(code) = self.status.error() {
-            let why = format!("{} (device error code {})", code.describe(), code as u32);
-            self.broken.get_or_insert(why);
-        }
-        match &self.broken {
-            Some(why) => Err(Error::Aborted(format!(
-                "GPU collectives of this communicator are unusable after: {why}; create a new communicator"
-            ))),
-            None => Ok(()),
-        }
-    }
-
-    /// Asks running kernels to stop (they report Aborted).
-    pub(crate) fn abort(&self) {
-        self.status.abort();
     }
 
     /// A filled-in argument block for this rank.
@@ -382,7 +505,6 @@ impl GpuEngine {
         blocks: u32,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        self.check()?;
         let f = match self.functions.entry(kernel) {
             Entry::Occupied(e) => e.into_mut(),
             Entry::Vacant(e) => e.insert(self.module.function(&kernel.name())?),

@@ -23,6 +23,9 @@ pub struct GpuCaps {
     pub ll128_max_bytes: usize,
     /// The pipelined kernels' schedule forced by `WEAVE_GPU_SCHEDULE` (true: overlapped).
     pub forced_schedule: Option<bool>,
+    /// The direct kernels run here (every GPU maps every peer's workspace: at most 8 GPUs);
+    /// otherwise only the channel family does.
+    pub direct: bool,
 }
 
 /// How a kernel family sizes its grid (and, pipelined, how many tiles per block it aims for).
@@ -43,6 +46,8 @@ pub enum Grid {
     },
     /// Flag-phase kernels: blocks by message size, at most one per SM.
     Flags,
+    /// Channel kernels: one block, whose thread 0 drives the links.
+    Channel,
 }
 
 /// What the kernel's `count` argument counts.
@@ -101,6 +106,11 @@ pub fn fit(algo: Algorithm, c: Collective, world: usize, payload: usize, caps: &
     algo
 }
 
+/// The channel family's reducing kernels (`weave_channel_<type>`; `kernels::channel`).
+pub const CHANNEL_REDUCING_FAMILY: &str = "weave_channel";
+/// The channel family's data-movement kernel (`kernels::channel`).
+pub const CHANNEL_MOVING_KERNEL: &str = "weave_channel_bytes";
+
 /// The kernel that runs `algo` for `c` on `world` GPUs, for a call of `bytes` bytes (as the
 /// table measures them).
 pub fn kernel(c: Collective, algo: Algorithm, world: usize, bytes: usize, caps: &GpuCaps) -> Result<KernelPlan> {
@@ -111,9 +121,10 @@ pub fn kernel(c: Collective, algo: Algorithm, world: usize, bytes: usize, caps: 
     let pipelined = |min_steps| Grid::Pipelined { min_steps, overlapped };
     let k = |family, typed, count, grid| Ok(KernelPlan { family, typed, count, grid });
     match (c, algo) {
-        (_, Algorithm::ChannelRing | Algorithm::ChannelDirect) => {
-            Err(Error::Unsupported(format!("{c} has no {algo} kernel on GPUs yet")))
+        (AllReduce | ReduceScatter | Reduce, Algorithm::ChannelRing | Algorithm::ChannelDirect) => {
+            k(CHANNEL_REDUCING_FAMILY, true, Elements, Grid::Channel)
         }
+        (_, Algorithm::ChannelRing | Algorithm::ChannelDirect) => k(CHANNEL_MOVING_KERNEL, false, Bytes, Grid::Channel),
         (AllReduce, OneShot) => k("weave_all_reduce_ll", true, Elements, Grid::Packets),
         (AllReduce, TwoShot) => k("weave_all_reduce_two_shot", true, Elements, Grid::Packets),
         (AllReduce, TwoShotLl128) => k("weave_all_reduce_two_shot_ll128", true, Elements, Grid::Lines),
@@ -147,6 +158,7 @@ mod tests {
         nvlink: true,
         ll128_max_bytes: 3840 << 10,
         forced_schedule: None,
+        direct: true,
     };
 
     #[test]
@@ -164,8 +176,11 @@ mod tests {
 
     #[test]
     fn every_device_algorithm_names_a_kernel_and_the_schedule_follows_world_and_size() {
-        for c in Collective::ALL.into_iter().filter(|&c| c != Collective::SendRecv) {
+        for c in Collective::ALL {
             for a in Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)) {
+                if c == Collective::SendRecv && a == Algorithm::Direct {
+                    continue; // the direct family's send/receive has its own kernel
+                }
                 let k = kernel(c, a, 4, 1 << 20, &CAPS).unwrap();
                 assert!(k.family.starts_with("weave_"), "{c} {a}");
             }
@@ -174,6 +189,9 @@ mod tests {
         assert_eq!(grid(2, 64 << 20), Grid::Pipelined { min_steps: 1, overlapped: true });
         assert_eq!(grid(2, 1 << 20), Grid::Pipelined { min_steps: 1, overlapped: false });
         assert_eq!(grid(4, 1 << 30), Grid::Pipelined { min_steps: 1, overlapped: false });
-        assert!(kernel(Collective::AllReduce, Algorithm::ChannelRing, 2, 8, &CAPS).is_err());
+        let channel = kernel(Collective::AllReduce, Algorithm::ChannelRing, 2, 8, &CAPS).unwrap();
+        assert_eq!((channel.family, channel.typed, channel.grid), (CHANNEL_REDUCING_FAMILY, true, Grid::Channel));
+        let moving = kernel(Collective::SendRecv, Algorithm::ChannelDirect, 20, 8, &CAPS).unwrap();
+        assert_eq!((moving.family, moving.typed), (CHANNEL_MOVING_KERNEL, false));
     }
 }

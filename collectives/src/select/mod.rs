@@ -43,6 +43,9 @@ pub enum Executor {
     HostChannel,
     /// One kernel on the user's stream, loading and storing peers' mapped GPU memory.
     GpuDirect,
+    /// One kernel on the user's stream pushing triggers; the proxy drives the links over
+    /// connections (any number of GPUs).
+    GpuChannel,
 }
 
 /// How one call runs.
@@ -62,8 +65,11 @@ pub struct Plan {
 /// holds the GPUs' agreed capabilities) the algorithm the GPUs can run for this size, and its
 /// kernel and grid.
 pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: Option<&GpuCaps>) -> Result<Plan> {
-    let families: &[Family] =
-        if topology.all_direct() { &[Family::Direct, Family::Channel] } else { &[Family::Channel] };
+    let direct_runs = match (call.memory, gpu) {
+        (MemorySpace::Device, Some(caps)) => caps.direct,
+        _ => topology.all_direct(),
+    };
+    let families: &[Family] = if direct_runs { &[Family::Direct, Family::Channel] } else { &[Family::Channel] };
     let world = topology.world_size();
     let arch = gpu.and_then(|g| g.arch);
     let algorithm = table.select_among(call.collective, call.memory, world, call.bytes, arch, families)?;
@@ -72,7 +78,11 @@ pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: O
         (MemorySpace::Host, Family::Channel, _) => {
             Ok(Plan { algorithm, executor: Executor::HostChannel, kernel: None })
         }
-        (MemorySpace::Device, _, Some(caps)) => {
+        (MemorySpace::Device, Family::Channel, Some(caps)) => {
+            let kernel = device::kernel(call.collective, algorithm, world, call.bytes, caps)?;
+            Ok(Plan { algorithm, executor: Executor::GpuChannel, kernel: Some(kernel) })
+        }
+        (MemorySpace::Device, Family::Direct, Some(caps)) => {
             let algorithm = device::fit(algorithm, call.collective, world, call.payload, caps);
             let kernel = device::kernel(call.collective, algorithm, world, call.bytes, caps)?;
             Ok(Plan { algorithm, executor: Executor::GpuDirect, kernel: Some(kernel) })
@@ -146,17 +156,35 @@ mod tests {
             let p = plan(&t, shape(c, 4096), &topo, None).unwrap();
             assert_eq!(p.executor, Executor::HostChannel, "{c}");
         }
-        // Device buffers have no channel algorithm yet: the direct rows stay.
+        // Device buffers too: the channel kernels.
         let caps = GpuCaps {
             arch: Some(90),
             packet_capacity: 64 << 10,
             nvlink: true,
             ll128_max_bytes: 3840 << 10,
             forced_schedule: None,
+            direct: true,
         };
+        for c in Collective::ALL {
+            let d = CallShape { collective: c, memory: MemorySpace::Device, bytes: 8, payload: 8 };
+            let p = plan(&t, d, &topo, Some(&caps)).unwrap();
+            assert_eq!(p.executor, Executor::GpuChannel, "{c}");
+            assert!(p.kernel.is_some_and(|k| k.family.starts_with("weave_channel")), "{c}");
+        }
+        // Without the family override the direct kernels run where they can.
         let d = CallShape { collective: Collective::AllReduce, memory: MemorySpace::Device, bytes: 8, payload: 8 };
-        let p = plan(&t, d, &topo, Some(&caps)).unwrap();
+        let p = plan(&AlgorithmTable::default(), d, &topo, Some(&caps)).unwrap();
         assert_eq!((p.algorithm, p.executor), (Algorithm::OneShot, Executor::GpuDirect));
         assert_eq!(p.kernel.map(|k| k.family), Some("weave_all_reduce_ll"));
+        // ... and where they cannot (more than 8 GPUs), the channel kernels do.
+        let no_direct = GpuCaps { direct: false, ..caps };
+        let topo16 = Topology::single_node(1, 16, mapping(), true);
+        for c in Collective::ALL {
+            for bytes in [8, 1 << 20, 1 << 30] {
+                let d = CallShape { collective: c, memory: MemorySpace::Device, bytes, payload: bytes };
+                let p = plan(&AlgorithmTable::default(), d, &topo16, Some(&no_direct)).unwrap();
+                assert_eq!(p.executor, Executor::GpuChannel, "{c} {bytes}");
+            }
+        }
     }
 }

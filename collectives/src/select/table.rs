@@ -161,7 +161,7 @@ impl Algorithm {
 
     /// Whether the GPU path implements this algorithm for `c`: some device row names it.
     pub fn runs_on_device(self, c: Collective) -> bool {
-        DEVICE_ROWS.iter().any(|r| r.collective == c && r.algorithm == self)
+        DEVICE_ROWS.iter().chain(CHANNEL_DEVICE_ROWS).any(|r| r.collective == c && r.algorithm == self)
     }
 
     /// Whether the host path implements this algorithm for `c`: some host row (of either
@@ -321,7 +321,31 @@ pub const DEVICE_ROWS: &[Row] = {
         device(ANY_GPU, Reduce, (1, 9), (0, 128 * K), OneShot),
         device(ANY_GPU, Reduce, (1, 9), (0, ANY), Direct),
         device(ANY_GPU, AllToAllv, (1, 9), (0, ANY), Direct),
-        device(ANY_GPU, SendRecv, (1, ANY), (0, ANY), Direct),
+        device(ANY_GPU, SendRecv, (1, 9), (0, ANY), Direct),
+    ]
+};
+
+/// The device rows of the channel family: they run wherever the direct kernels cannot (more
+/// than 8 GPUs) or when `WEAVE_ALGO=channel` asks for them; the same shape as the host's
+/// ([`CHANNEL_HOST_ROWS`]).
+pub const CHANNEL_DEVICE_ROWS: &[Row] = {
+    use Algorithm::*;
+    use Collective::*;
+    const K: usize = 1 << 10;
+    &[
+        device(ANY_GPU, AllReduce, (1, 9), (0, 64 * K), ChannelDirect),
+        device(ANY_GPU, AllReduce, (1, ANY), (0, ANY), ChannelRing),
+        device(ANY_GPU, AllGather, (1, 9), (0, 256 * K), ChannelDirect),
+        device(ANY_GPU, AllGather, (1, ANY), (0, ANY), ChannelRing),
+        device(ANY_GPU, ReduceScatter, (1, 9), (0, 256 * K), ChannelDirect),
+        device(ANY_GPU, ReduceScatter, (1, ANY), (0, ANY), ChannelRing),
+        device(ANY_GPU, Broadcast, (1, 9), (0, 64 * K), ChannelDirect),
+        device(ANY_GPU, Broadcast, (1, ANY), (0, ANY), ChannelRing),
+        device(ANY_GPU, Reduce, (1, 9), (0, 64 * K), ChannelDirect),
+        device(ANY_GPU, Reduce, (1, ANY), (0, ANY), ChannelRing),
+        device(ANY_GPU, AllToAll, (1, ANY), (0, ANY), ChannelDirect),
+        device(ANY_GPU, AllToAllv, (1, ANY), (0, ANY), ChannelDirect),
+        device(ANY_GPU, SendRecv, (1, ANY), (0, ANY), ChannelDirect),
     ]
 };
 
@@ -336,7 +360,13 @@ pub struct AlgorithmTable {
 impl Default for AlgorithmTable {
     fn default() -> Self {
         AlgorithmTable {
-            rows: HOST_ROWS.iter().chain(DEVICE_ROWS).chain(CHANNEL_HOST_ROWS).copied().collect(),
+            rows: HOST_ROWS
+                .iter()
+                .chain(DEVICE_ROWS)
+                .chain(CHANNEL_HOST_ROWS)
+                .chain(CHANNEL_DEVICE_ROWS)
+                .copied()
+                .collect(),
             overrides: Vec::new(),
             family: None,
         }
@@ -493,10 +523,11 @@ mod tests {
         assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect]);
         assert_eq!(host(AllToAllv), [Direct, ChannelDirect]);
         assert_eq!(host(SendRecv), [Direct, ChannelDirect]);
-        assert_eq!(device(AllReduce), [OneShot, TwoShot, TwoShotLl128, TwoPhase]);
-        assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring]);
-        assert_eq!(device(Reduce), [OneShot, Direct]);
-        assert_eq!(device(AllToAllv), [Direct]);
+        assert_eq!(device(AllReduce), [OneShot, TwoShot, TwoShotLl128, TwoPhase, ChannelRing, ChannelDirect]);
+        assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect]);
+        assert_eq!(device(Reduce), [OneShot, Direct, ChannelRing, ChannelDirect]);
+        assert_eq!(device(AllToAllv), [Direct, ChannelDirect]);
+        assert_eq!(device(SendRecv), [Direct, ChannelDirect]);
     }
 
     #[test]
@@ -508,7 +539,7 @@ mod tests {
     }
 
     #[test]
-    fn every_device_collective_has_an_algorithm_up_to_eight_gpus() {
+    fn every_device_collective_has_an_algorithm_at_every_world_size() {
         let t = AlgorithmTable::default();
         for c in Collective::ALL {
             for ranks in 1..=8 {
@@ -518,7 +549,13 @@ mod tests {
                 }
             }
         }
-        assert!(t.select(Collective::AllReduce, MemorySpace::Device, 16, 8).is_err());
+        // Past the direct kernels' eight GPUs only the channel rows remain.
+        for c in Collective::ALL {
+            for bytes in [0, 8, 1 << 30] {
+                let a = t.select(c, MemorySpace::Device, 16, bytes).unwrap();
+                assert_eq!(a.family(), Family::Channel, "{c} {bytes} -> {a}");
+            }
+        }
     }
 
     #[test]

@@ -44,6 +44,7 @@ struct DeviceError {
   static constexpr uint32_t Aborted = 3;           // the host asked the kernel to stop
   static constexpr uint32_t FifoTimeout = 4;       // a FIFO push found no room in time
   static constexpr uint32_t BadArgument = 5;       // arguments the kernel cannot handle
+  static constexpr uint32_t CallMismatch = 6;      // a peer's message is of a different call
 };
 
 // An 8-byte LL packet: 4 bytes of data and a 4-byte flag, written by one 8-byte store.

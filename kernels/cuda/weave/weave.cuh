@@ -14,5 +14,6 @@
 #include "weave/memory_channel.cuh"
 #include "weave/port_channel.cuh"
 #include "weave/dtype.cuh"
+#include "weave/reduce.cuh"
 
 #endif  // WEAVE_WEAVE_CUH

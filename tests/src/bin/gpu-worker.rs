@@ -17,6 +17,7 @@ fn main() {
         "precompile" => precompile(),
         "matrix" => matrix(),
         "forced" => forced(),
+        "wide" => wide(),
         "graph" => graph(),
         "stale-state" => stale_state(),
         "fault-kill" => fault_kill(),
@@ -30,11 +31,19 @@ fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::Cuda { operation: what.to_string(), message: e.to_string() }
 }
 
-/// Compiles the collective kernels for sm_90 into the kernel cache (`WEAVE_KERNEL_CACHE`), so
-/// GPU hosts load them instead of compiling.
+/// Compiles the collective kernels and every channel kernel for sm_90 into the kernel cache
+/// (`WEAVE_KERNEL_CACHE`), so GPU hosts load them instead of compiling.
 fn precompile() -> Result<String> {
-    let compiled = kernels::compile::Compiler::from_env().compile(&collectives::gpu::program(), "sm_90")?;
-    Ok(format!("collective kernels for sm_90: {:?}", compiled.cache()))
+    use kernels::channel::{ChannelKernel, REDUCING_TYPES};
+    let compiler = kernels::compile::Compiler::from_env();
+    let compiled = compiler.compile(&collectives::gpu::program(), "sm_90")?;
+    let channel =
+        std::iter::once(ChannelKernel::Moving).chain(REDUCING_TYPES.iter().map(|(t, _)| ChannelKernel::Reducing(t)));
+    let mut outcomes = Vec::new();
+    for k in channel {
+        outcomes.push(format!("{}: {:?}", k.name(), compiler.compile(&k.program()?, "sm_90")?.cache()));
+    }
+    Ok(format!("collective kernels for sm_90: {:?}; channel kernels: {}", compiled.cache(), outcomes.join(", ")))
 }
 
 struct Gpu {
@@ -259,6 +268,38 @@ fn forced() -> Result<String> {
     checked += same_bits_on_every_rank(&g, &[1000, 50_000, 1 << 20])?;
     let algo = std::env::var("WEAVE_ALGO").unwrap_or_default();
     Ok(format!("{checked} device calls checked in {:.1?} with WEAVE_ALGO={algo:?}", started.elapsed()))
+}
+
+/// A world too large for the direct kernels (more than 8 ranks): every collective at small and odd
+/// sizes through the channel family, which the plan must pick by itself.
+fn wide() -> Result<String> {
+    let g = gpu()?;
+    let started = Instant::now();
+    let mut checked = run_typed::<f32>(&g, &[1, 50_000], &[ReduceOp::Sum, ReduceOp::Avg])?;
+    checked += run_typed::<i32>(&g, &[4095], &[ReduceOp::Max])?;
+    checked += same_bits_on_every_rank(&g, &[50_000])?;
+    // A ring shift through send/receive.
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let count = 300_001;
+    let mine: Vec<i32> = (0..count).map(|i| (me * 1_000_003 + i) as i32).collect();
+    let send = g.upload(&mine)?;
+    let recv = g.zeros(count * 4)?;
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    // SAFETY: both buffers hold count elements and live past the sync.
+    unsafe {
+        g.comm.sendrecv_device_raw(
+            Some((g.addr(&send), count, next)),
+            Some((g.addr(&recv), count, prev)),
+            DataType::I32,
+            &g.stream,
+        )?
+    };
+    g.sync()?;
+    let got = g.download::<i32>(&recv, count)?;
+    if let Some(i) = (0..count).find(|&i| got[i] != (prev * 1_000_003 + i) as i32) {
+        return Err(Error::protocol(format!("ring shift of {count}: element {i} is {}", got[i])));
+    }
+    Ok(format!("{} device calls checked on {n} ranks in {:.1?}", checked + 1, started.elapsed()))
 }
 
 /// f32 sum all-reduces of values whose sum rounds differently in different orders (mixed

@@ -1,0 +1,395 @@
+//! The channel family on device buffers: one kernel per call (`kernels/cuda/channel.cu`) that
+//! stages messages in its own memory and pushes triggers into a proxy FIFO in pinned host
+//! memory; this rank's [`ProxyService`] thread carries each trigger out through the peer's
+//! [`Connection`](comm_core::connection::Connection) — copy, then signal — so the kernels never
+//! touch a peer's memory and the same algorithms run over any transport that writes device
+//! memory (today CUDA IPC, so any number of GPUs of one host, beyond the direct kernels' 8).
+//!
+//! Links are built on demand, only to the peers a call uses, in ascending peer order on every
+//! rank (as on the host, [`super::ChannelEngine`]): each link is a pair of device regions (each
+//! side's inbox, written by the other), a private outbox per side, two signal-only semaphores
+//! per direction (`ready` after each message, `freed` after each consumed one) and one entry of
+//! the device link table the kernels read. Each kernel of the family is compiled the first time
+//! a call needs it.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::device::DeviceStatusHandle;
+use comm_core::fifo::TriggerFifo;
+use comm_core::memory::{MemoryKind, RegisteredMemory};
+use comm_core::proxy::ProxyService;
+use comm_core::semaphore::{HostSemaphore, Token};
+use comm_core::{Error, Result};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use kernels::channel::{
+    CHANNEL_THREADS, ChannelAlgorithm, ChannelArgs, ChannelCollective, ChannelKernel, ChannelLink, FREED_OFFSET,
+    HEADER_BYTES, NO_PEER, READY_OFFSET, SLOTS_OFFSET,
+};
+use kernels::module::KernelModule;
+
+use super::{SLOTS, payload_for};
+use crate::dtype::DataType;
+use crate::op::ReduceOp;
+use crate::select::device::{CountUnit, KernelPlan};
+use crate::table::{Algorithm, Collective};
+
+/// Slots of the proxy's trigger FIFO (every message takes two triggers: data, then credit).
+const FIFO_CAPACITY: u32 = 1024;
+
+/// What one device call of the channel family asks for.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceChannelCall {
+    /// The collective.
+    pub(crate) collective: Collective,
+    /// `ChannelRing` or `ChannelDirect`.
+    pub(crate) algorithm: Algorithm,
+    /// Element type.
+    pub(crate) dtype: DataType,
+    /// Operator of the reducing collectives.
+    pub(crate) op: Option<ReduceOp>,
+    /// Input (device address).
+    pub(crate) send: u64,
+    /// Output (device address).
+    pub(crate) recv: u64,
+    /// Elements, as the collective defines them (per rank block where it has blocks).
+    pub(crate) count: usize,
+    /// Root rank (broadcast, reduce).
+    pub(crate) root: usize,
+    /// All-to-all-v: device arrays of counts and displacements.
+    pub(crate) aux: [u64; 4],
+}
+
+/// A point-to-point call: elements to send to a rank and to receive from a rank (either absent).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct DeviceSendRecv {
+    /// (device address, elements, rank) to send.
+    pub(crate) send: Option<(u64, usize, usize)>,
+    /// (device address, elements, rank) to receive.
+    pub(crate) recv: Option<(u64, usize, usize)>,
+    /// Element type.
+    pub(crate) dtype: DataType,
+}
+
+/// The memories of one built link, kept alive as long as the proxy may name them.
+struct DeviceLink {
+    _inbox: RegisteredMemory,
+    _peer_region: RegisteredMemory,
+    _outbox: RegisteredMemory,
+}
+
+/// Per-communicator state of the GPU channel family.
+pub(crate) struct DeviceChannels {
+    ctx: Arc<CudaContext>,
+    device: u32,
+    rank: usize,
+    world: usize,
+    proxy: ProxyService,
+    links: Vec<Option<DeviceLink>>,
+    /// The link table (a `ChannelLink` per rank) and the stream that fills it.
+    table: CudaSlice<u8>,
+    table_address: u64,
+    table_stream: Arc<CudaStream>,
+    arch: String,
+    functions: HashMap<ChannelKernel, CudaFunction>,
+    payload: usize,
+    /// Channel collectives launched so far (every rank counts them alike).
+    calls: u64,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for DeviceChannels {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DeviceChannels")
+            .field("rank", &self.rank)
+            .field("links", &self.links.iter().filter(|l| l.is_some()).count())
+            .field("calls", &self.calls)
+            .finish_non_exhaustive()
+    }
+}
+
+impl DeviceChannels {
+    /// The family's state for this rank's GPU `device` of `ctx` (compiled for `arch`): the proxy
+    /// (started), its FIFO, and an empty link table. Local; links come with the first calls.
+    pub(crate) fn new(core: &CoreCommunicator, ctx: &Arc<CudaContext>, device: u32, arch: &str) -> Result<Self> {
+        let cuda = |operation: &str| {
+            let operation = operation.to_string();
+            move |e: cudarc::driver::DriverError| Error::Cuda { operation, message: e.to_string() }
+        };
+        let world = core.world_size();
+        let storage = weave_cuda::PinnedFifoStorage::new(ctx, FIFO_CAPACITY)?;
+        let fifo = TriggerFifo::with_storage(Box::new(storage))?;
+        let proxy = ProxyService::with_fifo(fifo, core.config().timeout, core.abort_flag().clone());
+        let bound = ctx.clone();
+        proxy.start(move || weave_cuda::bind(&bound))?;
+        let table_stream = ctx.new_stream().map_err(cuda("create the channel link table's stream"))?;
+        let table = table_stream.alloc_zeros::<u8>(world * 64).map_err(cuda("allocate the channel link table"))?;
+        let table_address = {
+            let (address, _sync) = table.device_ptr(&table_stream);
+            address
+        };
+        Ok(DeviceChannels {
+            ctx: ctx.clone(),
+            device,
+            rank: core.rank(),
+            world,
+            proxy,
+            links: (0..world).map(|_| None).collect(),
+            table,
+            table_address,
+            table_stream,
+            arch: arch.to_string(),
+            functions: HashMap::new(),
+            payload: payload_for(world),
+            calls: 0,
+            timeout: core.config().timeout,
+        })
+    }
+
+    /// The proxy's recorded failure, if any (a copy or signal that failed: the kernels waiting
+    /// for it will give up).
+    pub(crate) fn proxy_error(&self) -> Option<Error> {
+        self.proxy.error()
+    }
+
+    /// Pairwise with `peer`: builds the link and writes its table entry.
+    fn build_link(&mut self, core: &CoreCommunicator, peer: usize) -> Result<()> {
+        let slot_bytes = (HEADER_BYTES + self.payload).next_multiple_of(64);
+        let len = SLOTS_OFFSET + SLOTS * slot_bytes;
+        let (lo, hi) = (self.rank.min(peer), self.rank.max(peer));
+        let label = format!("weave gpu channel link {lo}<->{hi} ({SLOTS} x {} B)", self.payload);
+        let kind = MemoryKind::Device(self.device);
+        let (inbox, peer_region) = core.exchange_pair_of(peer, len, kind, &label)?;
+        let outbox = core.register_private(len, kind, &format!("{label} outbox"))?;
+        let connection = core.connection_via(peer, peer_region.transport())?;
+        let abort = core.abort_flag().clone();
+        let signal = |offset: usize| -> Result<Arc<HostSemaphore>> {
+            let token = Token { memory: peer_region.clone(), offset };
+            Ok(Arc::new(HostSemaphore::signal_only(connection.clone(), token, self.timeout, abort.clone())?))
+        };
+        let data_semaphore = self.proxy.add_semaphore(signal(READY_OFFSET)?)?;
+        let credit_semaphore = self.proxy.add_semaphore(signal(FREED_OFFSET)?)?;
+        let outbox_memory = self.proxy.add_memory(outbox.clone())?;
+        let peer_memory = self.proxy.add_memory(peer_region.clone())?;
+        let entry = ChannelLink {
+            inbox: inbox.as_ptr() as u64,
+            outbox: outbox.as_ptr() as u64,
+            posted: 0,
+            consumed: 0,
+            data_semaphore: data_semaphore.0,
+            credit_semaphore: credit_semaphore.0,
+            outbox_memory: outbox_memory.0,
+            peer_memory: peer_memory.0,
+            slots: SLOTS as u32,
+            slot_bytes: slot_bytes as u32,
+            peer: peer as u32,
+            built: 1,
+        };
+        let bytes = entry.to_bytes();
+        let mut slot = self.table.slice_mut(peer * 64..(peer + 1) * 64);
+        let copied = self.table_stream.memcpy_htod(&bytes, &mut slot).and_then(|()| self.table_stream.synchronize());
+        copied.map_err(|e| Error::Cuda {
+            operation: format!("write the link table entry of rank {peer}"),
+            message: e.to_string(),
+        })?;
+        self.links[peer] = Some(DeviceLink { _inbox: inbox, _peer_region: peer_region, _outbox: outbox });
+        Ok(())
+    }
+
+    /// Builds the links to `peers` that do not exist yet, in ascending peer order.
+    fn connect(&mut self, core: &CoreCommunicator, peers: &[usize]) -> Result<()> {
+        let mut missing: Vec<usize> = peers
+            .iter()
+            .copied()
+            .filter(|&p| p != self.rank && self.links.get(p).is_some_and(Option::is_none))
+            .collect();
+        missing.sort_unstable();
+        missing.dedup();
+        for p in missing {
+            self.build_link(core, p)?;
+        }
+        Ok(())
+    }
+
+    /// The function of `kernel`, compiled and loaded the first time.
+    fn function(&mut self, kernel: ChannelKernel) -> Result<CudaFunction> {
+        if let Some(f) = self.functions.get(&kernel) {
+            return Ok(f.clone());
+        }
+        let compiled = kernels::compile::Compiler::from_env().compile(&kernel.program()?, &self.arch)?;
+        let module = KernelModule::load(&self.ctx, &compiled)?;
+        let f = module.function(&kernel.name())?;
+        self.functions.insert(kernel, f.clone());
+        Ok(f)
+    }
+
+    /// The peers a collective talks to on this rank (what the kernel will use).
+    fn peers_of(&self, collective: Collective, algorithm: Algorithm, root: usize) -> Vec<usize> {
+        let (n, me) = (self.world, self.rank);
+        if n == 1 {
+            return Vec::new();
+        }
+        let (left, right) = ((me + n - 1) % n, (me + 1) % n);
+        let everyone = || (0..n).filter(|&p| p != me).collect::<Vec<_>>();
+        match (collective, algorithm) {
+            (Collective::AllReduce | Collective::AllGather | Collective::ReduceScatter, Algorithm::ChannelRing) => {
+                vec![left, right]
+            }
+            (Collective::Broadcast | Collective::Reduce, Algorithm::ChannelRing) => {
+                let pos = (me + n - root) % n;
+                let mut v = Vec::with_capacity(2);
+                if pos > 0 {
+                    v.push(left);
+                }
+                if pos + 1 < n {
+                    v.push(right);
+                }
+                v
+            }
+            (Collective::Broadcast | Collective::Reduce, _) if me != root => vec![root],
+            _ => everyone(),
+        }
+    }
+
+    /// Launches `call` on `stream` (building its links and compiling its kernel first if needed).
+    ///
+    /// # Safety
+    /// The device addresses in `call` must be valid for the collective until it completes on
+    /// `stream`.
+    pub(crate) unsafe fn launch(
+        &mut self,
+        core: &CoreCommunicator,
+        call: DeviceChannelCall,
+        plan: &KernelPlan,
+        status: DeviceStatusHandle,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let algorithm = match call.algorithm {
+            Algorithm::ChannelRing => ChannelAlgorithm::Ring,
+            Algorithm::ChannelDirect => ChannelAlgorithm::Direct,
+            other => return Err(Error::invalid(format!("{other} is not a channel algorithm"))),
+        };
+        let collective = match call.collective {
+            Collective::AllReduce => ChannelCollective::AllReduce,
+            Collective::ReduceScatter => ChannelCollective::ReduceScatter,
+            Collective::Reduce => ChannelCollective::Reduce,
+            Collective::AllGather => ChannelCollective::AllGather,
+            Collective::Broadcast => ChannelCollective::Broadcast,
+            Collective::AllToAll => ChannelCollective::AllToAll,
+            Collective::AllToAllv => ChannelCollective::AllToAllv,
+            Collective::SendRecv => {
+                return Err(Error::invalid("send/receive on device buffers goes through sendrecv"));
+            }
+        };
+        self.connect(core, &self.peers_of(call.collective, call.algorithm, call.root))?;
+        let esz = call.dtype.size();
+        // The plan names the kernel: the reducing family per element type, or the byte kernel.
+        let kernel = if plan.typed { ChannelKernel::Reducing(call.dtype.rust_name()) } else { ChannelKernel::Moving };
+        let count = match plan.count {
+            CountUnit::Elements => call.count,
+            CountUnit::Bytes => call.count * esz,
+            CountUnit::ElementSize => esz,
+        };
+        let f = self.function(kernel)?;
+        self.calls += 1;
+        let signature =
+            crate::host::signature(call.collective, call.dtype, call.op, call.algorithm) | (call.root as u64) << 32;
+        let args = ChannelArgs {
+            send: call.send,
+            recv: call.recv,
+            count: count as u64,
+            aux: call.aux,
+            links: self.table_address,
+            call: self.calls,
+            signature,
+            agreed: if call.collective == Collective::AllToAllv { 0 } else { call.count as u64 },
+            fifo: self.proxy_fifo(),
+            status,
+            rank: self.rank as u32,
+            world: self.world as u32,
+            root: call.root as u32,
+            op: call.op.map_or(0, crate::gpu::op_code),
+            collective: collective as u32,
+            algorithm: algorithm as u32,
+            from: NO_PEER,
+            elem_size: esz as u32,
+        };
+        // SAFETY: forwarded from the caller; the link table and FIFO live as long as `self`,
+        // which the communicator drops only after synchronizing its device work.
+        unsafe { self.launch_kernel(&f, &kernel, args, stream) }
+    }
+
+    /// Launches a point-to-point call on `stream` (building its links first if needed).
+    ///
+    /// # Safety
+    /// The device addresses in `call` must be valid until it completes on `stream`.
+    pub(crate) unsafe fn sendrecv(
+        &mut self,
+        core: &CoreCommunicator,
+        call: DeviceSendRecv,
+        status: DeviceStatusHandle,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let peers: Vec<usize> = call.send.map(|s| s.2).into_iter().chain(call.recv.map(|r| r.2)).collect();
+        self.connect(core, &peers)?;
+        let kernel = ChannelKernel::Moving;
+        let f = self.function(kernel)?;
+        let esz = call.dtype.size();
+        let rank_of = |p: Option<usize>| p.map_or(NO_PEER, |p| p as u32);
+        let args = ChannelArgs {
+            send: call.send.map_or(0, |s| s.0),
+            recv: call.recv.map_or(0, |r| r.0),
+            count: call.send.map_or(0, |s| s.1 * esz) as u64,
+            aux: [call.recv.map_or(0, |r| r.1 * esz) as u64, 0, 0, 0],
+            links: self.table_address,
+            // Point-to-point calls are not counted: only the two ranks of a pair take part.
+            call: 0,
+            signature: crate::host::signature(Collective::SendRecv, call.dtype, None, Algorithm::ChannelDirect),
+            agreed: 0,
+            fifo: self.proxy_fifo(),
+            status,
+            rank: self.rank as u32,
+            world: self.world as u32,
+            root: rank_of(call.send.map(|s| s.2)),
+            op: 0,
+            collective: ChannelCollective::SendRecv as u32,
+            algorithm: ChannelAlgorithm::Direct as u32,
+            from: rank_of(call.recv.map(|r| r.2)),
+            elem_size: esz as u32,
+        };
+        // SAFETY: forwarded from the caller; see `launch`.
+        unsafe { self.launch_kernel(&f, &kernel, args, stream) }
+    }
+
+    fn proxy_fifo(&self) -> comm_core::fifo::FifoDeviceHandle {
+        self.proxy.fifo().device_handle()
+    }
+
+    /// # Safety
+    /// As [`launch`](Self::launch).
+    unsafe fn launch_kernel(
+        &self,
+        f: &CudaFunction,
+        kernel: &ChannelKernel,
+        args: ChannelArgs,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (CHANNEL_THREADS, 1, 1), shared_mem_bytes: 0 };
+        let mut launch = stream.launch_builder(f);
+        launch.arg(&args);
+        // SAFETY: the kernel's one parameter is exactly ChannelArgs (layout checked at compile
+        // time); the caller guarantees the addresses inside it.
+        unsafe { launch.launch(cfg) }
+            .map(|_| ())
+            .map_err(|e| Error::Cuda { operation: format!("launch {}", kernel.name()), message: e.to_string() })
+    }
+}
+
+impl Drop for DeviceChannels {
+    fn drop(&mut self) {
+        // The proxy may still name the links' memories: stop it before they go.
+        self.proxy.stop();
+    }
+}
