@@ -81,7 +81,7 @@ fn p2p(gpus: usize) {
     scenario("p2p", gpus, Duration::from_secs(300));
     for n in worlds(gpus) {
         let spec = scenario_spec(worker(), "p2p", n, 20.0, Duration::from_secs(300)).env("WEAVE_ALGO", "channel");
-        let report = run_ok(&spec, "p2p over the channel family");
+        let report = run_ok(&spec, "p2p");
         if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
             println!("    [{n} GPUs, channel family, rank 0] {line}");
         }
@@ -101,9 +101,12 @@ fn sixteen_ranks(_gpus: usize) {
 }
 
 fn fault_kill(gpus: usize) {
-    for n in worlds(gpus) {
+    // The direct kernels (the table's choice), then the channel family (the proxy's links).
+    for (n, algo) in worlds(gpus).into_iter().flat_map(|n| [(n, ""), (n, "channel")]) {
         let weave_timeout = 5.0;
-        let spec = scenario_spec(worker(), "fault-kill", n, weave_timeout, Duration::from_secs(120)).keep_going(true);
+        let spec = scenario_spec(worker(), "fault-kill", n, weave_timeout, Duration::from_secs(120))
+            .keep_going(true)
+            .env("WEAVE_ALGO", algo);
         let started = Instant::now();
         let report = launch_serialized(&spec).expect("launch fault-kill");
         assert_eq!(report.ranks[n - 1].exit, RankExit::Signal(9), "victim must die by SIGKILL\n{}", dump(&report));
@@ -115,7 +118,7 @@ fn fault_kill(gpus: usize) {
                 dump(&report)
             );
             if let Some(line) = r.stdout.iter().find(|l| l.starts_with("OK ")) {
-                println!("    [{n} GPUs, rank {}] {line}", r.rank);
+                println!("    [{n} GPUs, WEAVE_ALGO={algo:?}, rank {}] {line}", r.rank);
             }
         }
         assert!(started.elapsed() < Duration::from_secs(90), "fault job took {:?}", started.elapsed());

@@ -351,6 +351,7 @@ impl Communicator {
             };
             return launched.map_err(|e| if matches!(e, Error::InvalidArgument(_)) { e } else { g.break_with(e) });
         }
+        let family = plan.kernel.map_or("weave_sendrecv", |k| k.family);
         let d = g.direct()?;
         let mut args: GpuCollectiveArgs = d.args();
         args.root = u32::MAX;
@@ -367,7 +368,7 @@ impl Communicator {
         }
         let blocks = d.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { d.launch(Kernel::untyped("weave_sendrecv"), args, blocks, stream) }
+        unsafe { d.launch(Kernel::untyped(family), args, blocks, stream) }
     }
 
     /// Typed all-reduce over cudarc buffers (`send` and `recv` of equal length).

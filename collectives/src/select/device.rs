@@ -6,7 +6,7 @@
 //! (collective, algorithm) pair names its kernel family and grid. Measurements behind the
 //! thresholds are in docs/PERF.md.
 
-use comm_core::{Error, Result};
+use comm_core::Result;
 
 use super::table::{Algorithm, Collective};
 
@@ -144,7 +144,7 @@ pub fn kernel(c: Collective, algo: Algorithm, world: usize, bytes: usize, caps: 
         (AllToAll, OneShot) => k("weave_all_to_all_ll", false, Bytes, Grid::Packets),
         (AllToAll, _) => k("weave_all_to_all_pipelined", false, Bytes, pipelined(1)),
         (AllToAllv, _) => k("weave_all_to_allv", false, ElementSize, Grid::Flags),
-        (SendRecv, _) => Err(Error::invalid("send/recv runs through the device p2p path, not a collective kernel")),
+        (SendRecv, _) => k("weave_sendrecv", false, Bytes, Grid::Flags),
     }
 }
 
@@ -178,9 +178,6 @@ mod tests {
     fn every_device_algorithm_names_a_kernel_and_the_schedule_follows_world_and_size() {
         for c in Collective::ALL {
             for a in Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)) {
-                if c == Collective::SendRecv && a == Algorithm::Direct {
-                    continue; // the direct family's send/receive has its own kernel
-                }
                 let k = kernel(c, a, 4, 1 << 20, &CAPS).unwrap();
                 assert!(k.family.starts_with("weave_"), "{c} {a}");
             }
