@@ -30,34 +30,25 @@ use kernels::channel::{
 };
 use kernels::module::KernelModule;
 
-use super::{SLOTS, payload_for};
+use super::{CallSpec, SLOTS, missing_links, payload_for};
 use crate::dtype::DataType;
-use crate::op::ReduceOp;
 use crate::select::device::{CountUnit, KernelPlan};
 use crate::table::{Algorithm, Collective};
 
 /// Slots of the proxy's trigger FIFO (every message takes two triggers: data, then credit).
 const FIFO_CAPACITY: u32 = 1024;
 
-/// What one device call of the channel family asks for.
+/// What one device call of the channel family asks for: the call as every rank must agree on it
+/// (`spec.invalid` is never set on device calls), and this rank's buffers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DeviceChannelCall {
-    /// The collective.
-    pub(crate) collective: Collective,
-    /// `ChannelRing` or `ChannelDirect`.
-    pub(crate) algorithm: Algorithm,
-    /// Element type.
-    pub(crate) dtype: DataType,
-    /// Operator of the reducing collectives.
-    pub(crate) op: Option<ReduceOp>,
+    /// Collective, algorithm (`ChannelRing` or `ChannelDirect`), element type, operator, count
+    /// (elements, per rank block where the collective has blocks) and root.
+    pub(crate) spec: CallSpec,
     /// Input (device address).
     pub(crate) send: u64,
     /// Output (device address).
     pub(crate) recv: u64,
-    /// Elements, as the collective defines them (per rank block where it has blocks).
-    pub(crate) count: usize,
-    /// Root rank (broadcast, reduce).
-    pub(crate) root: usize,
     /// All-to-all-v: device arrays of counts and displacements.
     pub(crate) aux: [u64; 4],
 }
@@ -200,14 +191,7 @@ impl DeviceChannels {
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
     fn connect(&mut self, core: &CoreCommunicator, peers: &[usize]) -> Result<()> {
-        let mut missing: Vec<usize> = peers
-            .iter()
-            .copied()
-            .filter(|&p| p != self.rank && self.links.get(p).is_some_and(Option::is_none))
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        for p in missing {
+        for p in missing_links(self.rank, peers, &self.links) {
             self.build_link(core, p)?;
         }
         Ok(())
@@ -266,12 +250,13 @@ impl DeviceChannels {
         status: DeviceStatusHandle,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let algorithm = match call.algorithm {
+        let spec = call.spec;
+        let algorithm = match spec.algorithm {
             Algorithm::ChannelRing => ChannelAlgorithm::Ring,
             Algorithm::ChannelDirect => ChannelAlgorithm::Direct,
             other => return Err(Error::invalid(format!("{other} is not a channel algorithm"))),
         };
-        let collective = match call.collective {
+        let collective = match spec.collective {
             Collective::AllReduce => ChannelCollective::AllReduce,
             Collective::ReduceScatter => ChannelCollective::ReduceScatter,
             Collective::Reduce => ChannelCollective::Reduce,
@@ -283,19 +268,19 @@ impl DeviceChannels {
                 return Err(Error::invalid("send/receive on device buffers goes through sendrecv"));
             }
         };
-        self.connect(core, &self.peers_of(call.collective, call.algorithm, call.root))?;
-        let esz = call.dtype.size();
+        self.connect(core, &self.peers_of(spec.collective, spec.algorithm, spec.root))?;
+        let esz = spec.dtype.size();
         // The plan names the kernel: the reducing family per element type, or the byte kernel.
-        let kernel = if plan.typed { ChannelKernel::Reducing(call.dtype.rust_name()) } else { ChannelKernel::Moving };
+        let kernel = if plan.typed { ChannelKernel::Reducing(spec.dtype.rust_name()) } else { ChannelKernel::Moving };
         let count = match plan.count {
-            CountUnit::Elements => call.count,
-            CountUnit::Bytes => call.count * esz,
+            CountUnit::Elements => spec.count,
+            CountUnit::Bytes => spec.count * esz,
             CountUnit::ElementSize => esz,
         };
         let f = self.function(kernel)?;
         self.calls += 1;
         let signature =
-            crate::host::signature(call.collective, call.dtype, call.op, call.algorithm) | (call.root as u64) << 32;
+            crate::host::signature(spec.collective, spec.dtype, spec.op, spec.algorithm) | (spec.root as u64) << 32;
         let args = ChannelArgs {
             send: call.send,
             recv: call.recv,
@@ -304,13 +289,13 @@ impl DeviceChannels {
             links: self.table_address,
             call: self.calls,
             signature,
-            agreed: if call.collective == Collective::AllToAllv { 0 } else { call.count as u64 },
+            agreed: if spec.collective == Collective::AllToAllv { 0 } else { spec.count as u64 },
             fifo: self.proxy_fifo(),
             status,
             rank: self.rank as u32,
             world: self.world as u32,
-            root: call.root as u32,
-            op: call.op.map_or(0, crate::gpu::op_code),
+            root: spec.root as u32,
+            op: spec.op.map_or(0, crate::gpu::op_code),
             collective: collective as u32,
             algorithm: algorithm as u32,
             from: NO_PEER,

@@ -166,14 +166,7 @@ impl ChannelEngine {
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
     fn connect(&mut self, core: &CoreCommunicator, peers: &[usize]) -> Result<()> {
-        let mut missing: Vec<usize> = peers
-            .iter()
-            .copied()
-            .filter(|&p| p != self.rank && self.links.get(p).is_some_and(Option::is_none))
-            .collect();
-        missing.sort_unstable();
-        missing.dedup();
-        for p in missing {
+        for p in missing_links(self.rank, peers, &self.links) {
             self.links[p] = Some(Link::new(core, p, SLOTS, self.payload)?);
         }
         Ok(())
@@ -251,6 +244,17 @@ impl ChannelEngine {
     fn release(&mut self, peer: usize) -> Result<()> {
         self.link(peer)?.release()
     }
+}
+
+/// The peers of `peers` that have no link in `links` yet (this rank and ranks outside the world
+/// left out), in ascending order — the order in which every rank builds its links, so the
+/// lowest pair not yet built always has both of its ranks ready to build it.
+pub(crate) fn missing_links<L>(me: usize, peers: &[usize], links: &[Option<L>]) -> Vec<usize> {
+    let mut missing: Vec<usize> =
+        peers.iter().copied().filter(|&p| p != me && links.get(p).is_some_and(Option::is_none)).collect();
+    missing.sort_unstable();
+    missing.dedup();
+    missing
 }
 
 /// What a call is, as every rank must agree.

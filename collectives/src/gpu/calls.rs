@@ -9,6 +9,7 @@ use comm_core::{Error, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::{GpuCollectiveArgs, Kernel};
+use crate::channel::CallSpec;
 use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
 use crate::communicator::Communicator;
 use crate::dtype::{DataType, Element};
@@ -104,17 +105,16 @@ impl Communicator {
             );
         }
         if plan.executor == Executor::GpuChannel {
-            let channel_call = DeviceChannelCall {
+            let spec = CallSpec {
                 collective: call.collective,
                 algorithm: algo,
                 dtype: call.dtype,
                 op: call.op,
-                send: call.send,
-                recv: call.recv,
                 count: call.count,
                 root: call.root,
-                aux: call.aux,
+                invalid: false,
             };
+            let channel_call = DeviceChannelCall { spec, send: call.send, recv: call.recv, aux: call.aux };
             let status = g.status_handle();
             let launched = {
                 let channels = g.channels(self.core())?;

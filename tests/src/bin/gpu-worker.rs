@@ -278,28 +278,8 @@ fn wide() -> Result<String> {
     let mut checked = run_typed::<f32>(&g, &[1, 50_000], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<i32>(&g, &[4095], &[ReduceOp::Max])?;
     checked += same_bits_on_every_rank(&g, &[50_000])?;
-    // A ring shift through send/receive.
-    let (me, n) = (g.comm.rank(), g.comm.world_size());
-    let count = 300_001;
-    let mine: Vec<i32> = (0..count).map(|i| (me * 1_000_003 + i) as i32).collect();
-    let send = g.upload(&mine)?;
-    let recv = g.zeros(count * 4)?;
-    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
-    // SAFETY: both buffers hold count elements and live past the sync.
-    unsafe {
-        g.comm.sendrecv_device_raw(
-            Some((g.addr(&send), count, next)),
-            Some((g.addr(&recv), count, prev)),
-            DataType::I32,
-            &g.stream,
-        )?
-    };
-    g.sync()?;
-    let got = g.download::<i32>(&recv, count)?;
-    if let Some(i) = (0..count).find(|&i| got[i] != (prev * 1_000_003 + i) as i32) {
-        return Err(Error::protocol(format!("ring shift of {count}: element {i} is {}", got[i])));
-    }
-    Ok(format!("{} device calls checked on {n} ranks in {:.1?}", checked + 1, started.elapsed()))
+    ring_shift(&g, 300_001)?;
+    Ok(format!("{} device calls checked on {} ranks in {:.1?}", checked + 1, g.comm.world_size(), started.elapsed()))
 }
 
 /// f32 sum all-reduces of values whose sum rounds differently in different orders (mixed
@@ -509,31 +489,39 @@ fn fault_kill() -> Result<String> {
     }
 }
 
+/// One send/receive call per rank that passes `count` i32 to the next rank and takes the previous
+/// rank's (one kernel sends and receives, so the ring cannot deadlock); checks what arrived.
+fn ring_shift(g: &Gpu, count: usize) -> Result<()> {
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
+    let mine: Vec<i32> = (0..count).map(|i| (me * 1_000_003 + i) as i32).collect();
+    let send = g.upload(&mine)?;
+    let recv = g.zeros(count * 4)?;
+    // SAFETY: both buffers hold count elements and live past the sync.
+    unsafe {
+        g.comm.sendrecv_device_raw(
+            Some((g.addr(&send), count, next)),
+            Some((g.addr(&recv), count, prev)),
+            DataType::I32,
+            &g.stream,
+        )?
+    };
+    g.sync()?;
+    let got = g.download::<i32>(&recv, count)?;
+    match (0..count).find(|&i| got[i] != (prev * 1_000_003 + i) as i32) {
+        Some(i) => Err(Error::protocol(format!("ring shift of {count}: element {i} is {}", got[i]))),
+        None => Ok(()),
+    }
+}
+
 /// Device send/recv: ring shifts at many sizes (one kernel sends and receives, so no order can
 /// deadlock), then rank 0 sends to every other rank with separate send and receive calls.
 fn p2p() -> Result<String> {
     let g = gpu()?;
     let (me, n) = (g.comm.rank(), g.comm.world_size());
-    let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
     let mut moved = 0;
     for count in [0usize, 1, 7, 4095, (1 << 20) + 3, 16 << 20] {
-        let mine: Vec<i32> = (0..count).map(|i| (me * 1_000_003 + i) as i32).collect();
-        let send = g.upload(&mine)?;
-        let recv = g.zeros(count * 4)?;
-        // SAFETY: both buffers hold count elements and live past the sync.
-        unsafe {
-            g.comm.sendrecv_device_raw(
-                Some((g.addr(&send), count, next)),
-                Some((g.addr(&recv), count, prev)),
-                DataType::I32,
-                &g.stream,
-            )?
-        };
-        g.sync()?;
-        let got = g.download::<i32>(&recv, count)?;
-        if let Some(i) = (0..count).find(|&i| got[i] != (prev * 1_000_003 + i) as i32) {
-            return Err(Error::protocol(format!("ring shift of {count}: element {i} is {}", got[i])));
-        }
+        ring_shift(&g, count)?;
         moved += count * 4;
     }
     // Separate calls: rank 0 sends a different message to each peer, in order.
