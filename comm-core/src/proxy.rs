@@ -593,6 +593,35 @@ mod tests {
         .unwrap()
     }
 
+    /// What the GPU channel links use: a semaphore whose inbound side a kernel waits on.
+    #[test]
+    fn signal_only_semaphores_signal_through_the_proxy_and_refuse_host_waits() {
+        use crate::semaphore::Token;
+        let [a, b] = pair(64);
+        let connection = Arc::clone(a.semaphore.connection());
+        let remote = a.semaphore.remote_token().clone();
+        let abort = Arc::new(AtomicBool::new(false));
+        let only = HostSemaphore::signal_only(Arc::clone(&connection), remote.clone(), TIMEOUT, Arc::clone(&abort));
+        let only = Arc::new(only.unwrap());
+        assert!(only.inbound_token().is_none());
+        assert!(matches!(only.wait(), Err(Error::Unsupported(_))), "a host wait must be refused");
+        assert!(!only.poll());
+        assert_eq!(only.received(), 0);
+        let misaligned = Token { memory: remote.memory.clone(), offset: 4 };
+        assert!(HostSemaphore::signal_only(Arc::clone(&connection), misaligned, TIMEOUT, Arc::clone(&abort)).is_err());
+        let outside = Token { memory: remote.memory, offset: 64 };
+        assert!(HostSemaphore::signal_only(connection, outside, TIMEOUT, abort).is_err());
+        let id = a.proxy.add_semaphore(only).unwrap();
+        a.proxy.start(|| Ok(())).unwrap();
+        let channel = a.proxy.port_channel(id, a.dst_id, a.src_id).unwrap();
+        channel.signal().unwrap();
+        channel.signal().unwrap();
+        channel.flush().unwrap();
+        b.semaphore.wait().unwrap();
+        b.semaphore.wait().unwrap();
+        assert_eq!(b.semaphore.received(), 2, "two signals, counted at the peer");
+    }
+
     #[test]
     fn executes_data_flag_sync_then_pops() {
         let [a, b] = pair(4096);
