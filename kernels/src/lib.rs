@@ -36,6 +36,7 @@
 pub mod arch;
 pub mod channel;
 pub mod compile;
+pub mod direct;
 pub mod launch;
 pub mod layout;
 pub mod module;

@@ -8,7 +8,6 @@
 //! the host path, and launches one kernel — no host synchronization, so calls can be captured
 //! in a CUDA graph.
 
-pub mod args;
 mod calls;
 pub mod config;
 mod watch;
@@ -21,8 +20,6 @@ use std::time::Duration;
 use crate::dtype::DataType;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::config::LogLevel;
-#[cfg(test)]
-use comm_core::device::Layout;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
@@ -31,24 +28,12 @@ use transport_cudaipc::CudaIpcBackend;
 use weave_cuda::DeviceStatus;
 
 use crate::channel::gpu::DeviceChannels;
-pub use args::{GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PIPE_MAX_BLOCKS, WorkspaceLayout};
 pub use config::GpuConfig;
+pub use kernels::direct::{
+    BLOCK_THREADS, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS, PIPE_MAX_BLOCKS,
+    WorkspaceLayout,
+};
 
-/// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the byte and
-/// point-to-point kernels, the LL packet exchange of the data-movement collectives, and the
-/// block-pipelined kernels, in that order.
-pub const COLLECTIVES_SOURCE: &str = concat!(
-    include_str!("../../../kernels/cuda/collectives.cu"),
-    "\n",
-    include_str!("../../../kernels/cuda/data_movement.cu"),
-    "\n",
-    include_str!("../../../kernels/cuda/exchange_ll.cu"),
-    "\n",
-    include_str!("../../../kernels/cuda/pipeline.cu"),
-);
-
-/// Threads per block of every collective kernel.
-const BLOCK_THREADS: u32 = 512;
 /// LL16 packets per (writer, parity) unless `WEAVE_GPU_PACKETS` says otherwise: packet
 /// messages up to 512 KiB per peer.
 const PACKET_CAPACITY: usize = 64 << 10;
@@ -56,9 +41,6 @@ const PACKET_CAPACITY: usize = 64 << 10;
 const CHUNK_BYTES: usize = 8 << 20;
 /// Bytes of one point-to-point mailbox slot.
 const MAILBOX_BYTES: usize = 2 << 20;
-/// Most blocks of an LL packet kernel (`PACKET_MAX_BLOCKS` in `collectives.cu`: one packet
-/// epoch counter per block index, at most 64 in the control block).
-const PACKET_MAX_BLOCKS: u32 = 64;
 /// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise (128 beat 64
 /// on 2 and 4 H200s from 4 MiB on: docs/PERF.md, "Tuning notes").
 const DEFAULT_PIPE_BLOCKS: u32 = 128;
@@ -75,26 +57,6 @@ const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
 
 /// Least tiles per block a block-pipelined kernel aims for (`WEAVE_GPU_STEPS`).
 const DEFAULT_PIPE_STEPS: u32 = 1;
-
-/// The full NVRTC program: headers, the launch configuration the kernels are built for, the
-/// collective kernels, and every layout check.
-pub fn program() -> String {
-    let checks = kernels::layout::static_checks() + &kernels::layout::layout_checks(&[GPU_ARGS_LAYOUT]);
-    kernels::source::program_with_checks(&with_host_constants(COLLECTIVES_SOURCE), &checks)
-}
-
-/// The kernels' source preceded by the constants the host sizes things with: the block size
-/// every launch uses, the pipelined kernels' block limit and flag area, and the packet
-/// kernels' block limit (one packet epoch counter per block).
-fn with_host_constants(source: &str) -> String {
-    format!(
-        "#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n#define WEAVE_PIPE_MAX_BLOCKS {PIPE_MAX_BLOCKS}\n\
-         #define WEAVE_PIPE_FLAGS_BYTES {}\n#define WEAVE_PIPE_DEPTH {}\n\
-         #define WEAVE_PACKET_MAX_BLOCKS {PACKET_MAX_BLOCKS}\n{source}",
-        args::PIPE_FLAGS_BYTES,
-        args::PIPE_DEPTH
-    )
-}
 
 /// The operator code of the kernels' argument blocks (`weave::Op` in `weave/reduce.cuh`).
 pub(crate) fn op_code(op: crate::op::ReduceOp) -> u32 {
@@ -406,7 +368,7 @@ impl DirectKernels {
         };
         let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
-        let compiled = kernels::compile::Compiler::from_env().compile(&program(), arch)?;
+        let compiled = kernels::compile::Compiler::from_env().compile(&kernels::direct::program(), arch)?;
         let module = KernelModule::load(ctx, &compiled)?;
         Ok(DirectKernels {
             module,
@@ -593,70 +555,5 @@ impl Kernel {
             Some(t) => format!("{}_{}", self.family, t.rust_name()),
             None => self.family.to_string(),
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Every collective kernel compiles for sm_90, with the layout of `GpuCollectiveArgs` (and
-    /// every comm-core handle) checked against the C++ side. Without NVRTC this fails under `CI`
-    /// and prints SKIPPED elsewhere.
-    #[test]
-    fn collective_kernels_compile_for_sm_90_with_layout_checks() {
-        if !kernels::compile::nvrtc_available() {
-            assert!(std::env::var_os("CI").is_none(), "NVRTC not found and CI is set: device code must compile in CI");
-            eprintln!("SKIPPED: collective_kernels_compile: NVRTC not found (set LD_LIBRARY_PATH, see .ci/run)");
-            return;
-        }
-        let compiled =
-            kernels::compile::Compiler::without_cache().compile(&program(), "sm_90").expect("kernels compile");
-        for dt in crate::DataType::ALL {
-            for k in [
-                "all_reduce_ll",
-                "all_reduce_two_shot",
-                "all_reduce_pipelined",
-                "reduce_scatter_ll",
-                "reduce_scatter_pipelined",
-                "reduce_ll",
-                "reduce",
-            ] {
-                let name = format!(".entry weave_{k}_{}(", dt.rust_name());
-                assert!(compiled.ptx().contains(&name), "{name} missing from the PTX");
-            }
-        }
-        for k in [
-            "weave_all_gather_ll",
-            "weave_all_gather_pipelined",
-            "weave_broadcast_ll",
-            "weave_broadcast_pipelined",
-            "weave_broadcast_chain",
-            "weave_all_to_all_ll",
-            "weave_all_to_all_pipelined",
-            "weave_all_to_allv",
-            "weave_sendrecv",
-        ] {
-            assert!(compiled.ptx().contains(&format!(".entry {k}(")), "{k} missing from the PTX");
-        }
-    }
-
-    /// A drift between `GpuCollectiveArgs` and its C++ mirror fails the compile.
-    #[test]
-    fn a_wrong_argument_layout_fails_the_compile() {
-        if !kernels::compile::nvrtc_available() {
-            assert!(std::env::var_os("CI").is_none(), "NVRTC not found and CI is set");
-            eprintln!("SKIPPED: a_wrong_argument_layout_fails_the_compile: NVRTC not found");
-            return;
-        }
-        let mut fields = GPU_ARGS_LAYOUT.fields.to_vec();
-        fields[2].1 += 8;
-        let wrong = Layout { fields: Box::leak(fields.into_boxed_slice()), ..GPU_ARGS_LAYOUT };
-        let source = kernels::source::program_with_checks(
-            &with_host_constants(COLLECTIVES_SOURCE),
-            &kernels::layout::layout_checks(&[wrong]),
-        );
-        let r = kernels::compile::Compiler::without_cache().compile(&source, "sm_90");
-        assert!(r.is_err(), "a wrong offset compiled");
     }
 }

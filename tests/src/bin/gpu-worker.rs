@@ -36,7 +36,7 @@ fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
 fn precompile() -> Result<String> {
     use kernels::channel::{ChannelKernel, REDUCING_TYPES};
     let compiler = kernels::compile::Compiler::from_env();
-    let compiled = compiler.compile(&collectives::gpu::program(), "sm_90")?;
+    let compiled = compiler.compile(&kernels::direct::program(), "sm_90")?;
     let channel =
         std::iter::once(ChannelKernel::Moving).chain(REDUCING_TYPES.iter().map(|(t, _)| ChannelKernel::Reducing(t)));
     let mut outcomes = Vec::new();

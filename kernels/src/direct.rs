@@ -1,5 +1,8 @@
-//! The argument block every GPU collective kernel takes by value, mirrored in
-//! `kernels/cuda/collectives.cu` (`weave::GpuCollectiveArgs`) and checked in every compile.
+//! The direct kernel family (`cuda/collectives.cu`, `data_movement.cu`, `exchange_ll.cu`,
+//! `pipeline.cu`): the argument block every direct collective kernel takes by value (mirrored by
+//! `weave::GpuCollectiveArgs` and checked in every compile), the byte layout of a rank's
+//! workspace that peers map, the launch constants, and the program. The GPU engine that maps
+//! the workspaces and launches lives in `collectives` (`gpu/`).
 
 use comm_core::device::{DeviceStatusHandle, Layout};
 
@@ -188,9 +191,47 @@ impl WorkspaceLayout {
     }
 }
 
+/// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the byte and
+/// point-to-point kernels, the LL packet exchange of the data-movement collectives, and the
+/// block-pipelined kernels, in that order.
+pub const COLLECTIVES_SOURCE: &str = concat!(
+    include_str!("../cuda/collectives.cu"),
+    "\n",
+    include_str!("../cuda/data_movement.cu"),
+    "\n",
+    include_str!("../cuda/exchange_ll.cu"),
+    "\n",
+    include_str!("../cuda/pipeline.cu"),
+);
+
+/// Threads per block of every collective kernel.
+pub const BLOCK_THREADS: u32 = 512;
+/// Most blocks of an LL packet kernel (`PACKET_MAX_BLOCKS` in `collectives.cu`: one packet
+/// epoch counter per block index, at most 64 in the control block).
+pub const PACKET_MAX_BLOCKS: u32 = 64;
+/// The full NVRTC program: headers, the launch configuration the kernels are built for, the
+/// collective kernels, and every layout check.
+pub fn program() -> String {
+    let checks = crate::layout::static_checks() + &crate::layout::layout_checks(&[GPU_ARGS_LAYOUT]);
+    crate::source::program_with_checks(&with_host_constants(COLLECTIVES_SOURCE), &checks)
+}
+
+/// The kernels' source preceded by the constants the host sizes things with: the block size
+/// every launch uses, the pipelined kernels' block limit and flag area, and the packet
+/// kernels' block limit (one packet epoch counter per block).
+fn with_host_constants(source: &str) -> String {
+    format!(
+        "#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n#define WEAVE_PIPE_MAX_BLOCKS {PIPE_MAX_BLOCKS}\n\
+         #define WEAVE_PIPE_FLAGS_BYTES {}\n#define WEAVE_PIPE_DEPTH {}\n\
+         #define WEAVE_PACKET_MAX_BLOCKS {PACKET_MAX_BLOCKS}\n{source}",
+        PIPE_FLAGS_BYTES, PIPE_DEPTH
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+    use comm_core::device::Layout;
 
     #[test]
     fn args_fit_the_kernel_parameter_limit_and_layout_is_sane() {
@@ -225,5 +266,64 @@ mod tests {
         assert_eq!(WorkspaceLayout::pipe_share_for(3, 64, 100_000, 256 << 20) % 256, 0);
         assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 10, 256 << 20), 4096);
         assert_eq!(l.ll_max_bytes(), 512 << 10);
+    }
+
+    /// Every collective kernel compiles for sm_90, with the layout of `GpuCollectiveArgs` (and
+    /// every comm-core handle) checked against the C++ side. Without NVRTC this fails under `CI`
+    /// and prints SKIPPED elsewhere.
+    #[test]
+    fn collective_kernels_compile_for_sm_90_with_layout_checks() {
+        if !crate::compile::nvrtc_available() {
+            assert!(std::env::var_os("CI").is_none(), "NVRTC not found and CI is set: device code must compile in CI");
+            eprintln!("SKIPPED: collective_kernels_compile: NVRTC not found (set LD_LIBRARY_PATH, see .ci/run)");
+            return;
+        }
+        let compiled = crate::compile::Compiler::without_cache().compile(&program(), "sm_90").expect("kernels compile");
+        for (t, _) in crate::channel::REDUCING_TYPES {
+            for k in [
+                "all_reduce_ll",
+                "all_reduce_two_shot",
+                "all_reduce_pipelined",
+                "reduce_scatter_ll",
+                "reduce_scatter_pipelined",
+                "reduce_ll",
+                "reduce",
+            ] {
+                let name = format!(".entry weave_{k}_{t}(");
+                assert!(compiled.ptx().contains(&name), "{name} missing from the PTX");
+            }
+        }
+        for k in [
+            "weave_all_gather_ll",
+            "weave_all_gather_pipelined",
+            "weave_broadcast_ll",
+            "weave_broadcast_pipelined",
+            "weave_broadcast_chain",
+            "weave_all_to_all_ll",
+            "weave_all_to_all_pipelined",
+            "weave_all_to_allv",
+            "weave_sendrecv",
+        ] {
+            assert!(compiled.ptx().contains(&format!(".entry {k}(")), "{k} missing from the PTX");
+        }
+    }
+
+    /// A drift between `GpuCollectiveArgs` and its C++ mirror fails the compile.
+    #[test]
+    fn a_wrong_argument_layout_fails_the_compile() {
+        if !crate::compile::nvrtc_available() {
+            assert!(std::env::var_os("CI").is_none(), "NVRTC not found and CI is set");
+            eprintln!("SKIPPED: a_wrong_argument_layout_fails_the_compile: NVRTC not found");
+            return;
+        }
+        let mut fields = GPU_ARGS_LAYOUT.fields.to_vec();
+        fields[2].1 += 8;
+        let wrong = Layout { fields: Box::leak(fields.into_boxed_slice()), ..GPU_ARGS_LAYOUT };
+        let source = crate::source::program_with_checks(
+            &with_host_constants(COLLECTIVES_SOURCE),
+            &crate::layout::layout_checks(&[wrong]),
+        );
+        let r = crate::compile::Compiler::without_cache().compile(&source, "sm_90");
+        assert!(r.is_err(), "a wrong offset compiled");
     }
 }
