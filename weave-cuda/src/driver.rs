@@ -280,3 +280,31 @@ pub(crate) fn host_device_pointer(p: *mut c_void) -> Result<CUdeviceptr> {
     check(unsafe { sys::cuMemHostGetDevicePointer_v2(&mut d, p, 0) }, "cuMemHostGetDevicePointer")?;
     Ok(d)
 }
+
+/// While alive, this thread's stream-capture mode is *relaxed*: setup work that is not stream
+/// work (allocations, module loads, synchronous copies on streams of its own) may run while the
+/// caller's stream captures a CUDA graph, as the first collective captured into a graph needs.
+/// Dropping it restores the thread's previous mode.
+#[derive(Debug)]
+pub struct RelaxedCapture {
+    previous: sys::CUstreamCaptureMode,
+}
+
+impl RelaxedCapture {
+    /// Switches this thread to relaxed capture mode.
+    pub fn enter() -> Result<Self> {
+        let mut mode = sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_RELAXED;
+        // SAFETY: `mode` is a valid, writable mode value; the call only swaps this thread's mode.
+        check(unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
+        Ok(RelaxedCapture { previous: mode })
+    }
+}
+
+impl Drop for RelaxedCapture {
+    fn drop(&mut self) {
+        let mut mode = self.previous;
+        // SAFETY: as in `enter`; restoring a mode the driver gave us cannot fail in a way we
+        // could act on here.
+        let _ = unsafe { sys::cuThreadExchangeStreamCaptureMode(&mut mode) };
+    }
+}

@@ -258,6 +258,8 @@ impl GpuEngine {
     pub(crate) fn channels(&mut self, core: &CoreCommunicator) -> Result<&mut DeviceChannels> {
         self.check()?;
         if self.channels.is_none() {
+            // The first channel call may be captured into a CUDA graph: this setup is no stream work.
+            let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
             let built = DeviceChannels::new(core, &self.ctx, self.device, &self.arch_name);
             self.channels = Some(built.map_err(|e| self.break_with(e))?);
         }
