@@ -8,10 +8,14 @@
 //! peer stores it only after all of them; [`flush`](Connection::flush) asks the peer to answer
 //! once it has applied everything and waits for the answer. A socket that fails marks the
 //! connection lost: every later call is [`Error::PeerLost`].
+//!
+//! Small frames skip the hand-off: when nothing is queued on their stripe, the caller writes
+//! them to the socket itself (under the stripe's socket lock, which the stripe's thread holds
+//! for each frame it writes), saving a thread wake-up on the latency path of small messages.
 
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -33,6 +37,18 @@ enum Job {
     Data { header: FrameHeader, src: RegisteredMemory, offset: usize },
     /// A flag or flush frame and the per-stripe data frame counts it waits for.
     Control { header: FrameHeader, counts: Vec<u64> },
+}
+
+/// Largest data frame a caller writes itself when its stripe has nothing queued.
+const INLINE_MAX_BYTES: usize = 64 << 10;
+
+/// One socket of the connection: its thread's queue, and what the thread and the callers share.
+struct Stripe {
+    queue: Sender<Job>,
+    /// Written by the stripe's thread, one frame per lock, and by callers sending inline.
+    socket: Arc<Mutex<TcpStream>>,
+    /// Jobs handed to the thread and not written yet (decremented under the socket lock).
+    queued: Arc<AtomicUsize>,
 }
 
 /// What the stripes' threads share with the connection.
@@ -63,7 +79,7 @@ struct Order {
 pub struct TcpConnection {
     transport: Transport,
     peer: usize,
-    queues: Vec<Sender<Job>>,
+    stripes: Vec<Stripe>,
     threads: Vec<JoinHandle<()>>,
     order: Mutex<Order>,
     shared: Arc<Shared>,
@@ -74,7 +90,7 @@ pub struct TcpConnection {
 
 impl std::fmt::Debug for TcpConnection {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpConnection").field("peer", &self.peer).field("stripes", &self.queues.len()).finish()
+        f.debug_struct("TcpConnection").field("peer", &self.peer).field("stripes", &self.stripes.len()).finish()
     }
 }
 
@@ -92,7 +108,7 @@ impl TcpConnection {
     /// Opens `dial.stripes` sockets to `peer` at `addr`, presenting its `token`.
     pub(crate) fn open(peer: usize, addr: SocketAddr, token: [u8; 16], dial: Dial) -> Result<Self> {
         let shared = Arc::new(Shared { failure: Mutex::new(None), answered: AtomicU64::new(0) });
-        let (mut queues, mut threads) = (Vec::new(), Vec::new());
+        let (mut stripes, mut threads) = (Vec::new(), Vec::new());
         for stripe in 0..dial.stripes {
             let hello = Handshake {
                 token,
@@ -100,21 +116,22 @@ impl TcpConnection {
                 stripe: stripe as u16,
                 stripes: dial.stripes as u16,
             };
-            let socket = dial_socket(peer, addr, &hello, dial.timeout)?;
+            let socket = Arc::new(Mutex::new(dial_socket(peer, addr, &hello, dial.timeout)?));
+            let queued = Arc::new(AtomicUsize::new(0));
             let (tx, rx) = channel();
-            let shared = shared.clone();
+            let (shared, thread_socket, thread_queued) = (shared.clone(), socket.clone(), queued.clone());
             let t = std::thread::Builder::new()
                 .name(format!("weave-tcp-send-{peer}.{stripe}"))
-                .spawn(move || send_loop(socket, rx, shared, peer))
+                .spawn(move || send_loop(&thread_socket, rx, &shared, &thread_queued, peer))
                 .map_err(|e| Error::io("spawn a tcp sender thread", e))?;
-            queues.push(tx);
+            stripes.push(Stripe { queue: tx, socket, queued });
             threads.push(t);
         }
         Ok(TcpConnection {
             transport: dial.transport,
             peer,
-            order: Mutex::new(Order { sent: vec![0; queues.len()], next_stripe: 0, flushes: 0 }),
-            queues,
+            order: Mutex::new(Order { sent: vec![0; stripes.len()], next_stripe: 0, flushes: 0 }),
+            stripes,
             threads,
             shared,
             inbound: dial.inbound,
@@ -138,7 +155,32 @@ impl TcpConnection {
     }
 
     fn enqueue(&self, stripe: usize, job: Job) -> Result<()> {
-        self.queues[stripe].send(job).map_err(|_| self.lost("tcp send", "the sender thread stopped".into()))
+        let s = &self.stripes[stripe];
+        s.queued.fetch_add(1, Ordering::AcqRel);
+        s.queue.send(job).map_err(|_| self.lost("tcp send", "the sender thread stopped".into()))
+    }
+
+    /// Sends `job` on `stripe`: written here when it is a small data or flag frame and nothing
+    /// is queued before it on the stripe, else handed to the stripe's thread.
+    fn send(&self, stripe: usize, job: Job) -> Result<()> {
+        let small = match &job {
+            Job::Data { header, .. } => header.value as usize <= INLINE_MAX_BYTES,
+            Job::Control { header, .. } => header.kind == FrameKind::Flag,
+        };
+        let s = &self.stripes[stripe];
+        if small && s.queued.load(Ordering::Acquire) == 0 {
+            let mut socket = s.socket.lock().unwrap_or_else(|p| p.into_inner());
+            // The thread decrements under this lock: zero here means all it was given is out.
+            if s.queued.load(Ordering::Acquire) == 0 {
+                return write_job(&mut socket, &job, &self.shared).map_err(|e| {
+                    let why = format!("tcp socket to rank {}: {e}", self.peer);
+                    self.shared.fail(why.clone());
+                    let _ = socket.shutdown(std::net::Shutdown::Both);
+                    self.lost("tcp send", why)
+                });
+            }
+        }
+        self.enqueue(stripe, job)
     }
 
     fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
@@ -176,43 +218,50 @@ fn dial_socket(peer: usize, addr: SocketAddr, hello: &Handshake, timeout: Durati
     Ok(s)
 }
 
-/// A stripe's thread: writes its jobs in order; reads the answer of each flush it sent.
-fn send_loop(mut socket: TcpStream, jobs: Receiver<Job>, shared: Arc<Shared>, peer: usize) {
+/// Writes one job's frame to `socket`; for a flush, also reads the peer's answer.
+fn write_job(socket: &mut TcpStream, job: &Job, shared: &Shared) -> std::io::Result<()> {
+    match job {
+        Job::Data { header, src, offset } => {
+            let len = header.value as usize;
+            // SAFETY: `offset + len` was checked against `src`, a host-mapped registration this
+            // job keeps alive.
+            let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().add(*offset), len) };
+            socket.write_all(&header.encode()).and_then(|_| socket.write_all(bytes))
+        }
+        Job::Control { header, counts } => {
+            let mut frame = header.encode().to_vec();
+            counts.iter().for_each(|c| frame.extend_from_slice(&c.to_le_bytes()));
+            socket.write_all(&frame)?;
+            if header.kind == FrameKind::Flush {
+                let mut answer = [0u8; 8];
+                socket.read_exact(&mut answer)?;
+                shared.answered.fetch_max(u64::from_le_bytes(answer), Ordering::AcqRel);
+            }
+            Ok(())
+        }
+    }
+}
+
+/// A stripe's thread: writes its jobs in order, one frame per hold of the socket lock, and
+/// counts each one out of `queued` before it lets go.
+fn send_loop(socket: &Mutex<TcpStream>, jobs: Receiver<Job>, shared: &Shared, queued: &AtomicUsize, peer: usize) {
     for job in jobs {
-        let r = match &job {
-            Job::Data { header, src, offset } => {
-                let len = header.value as usize;
-                // SAFETY: `offset + len` was checked against `src`, a host-mapped registration
-                // this job keeps alive.
-                let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().add(*offset), len) };
-                socket.write_all(&header.encode()).and_then(|_| socket.write_all(bytes))
-            }
-            Job::Control { header, counts } => {
-                let mut frame = header.encode().to_vec();
-                counts.iter().for_each(|c| frame.extend_from_slice(&c.to_le_bytes()));
-                socket.write_all(&frame).and_then(|_| {
-                    if header.kind != FrameKind::Flush {
-                        return Ok(());
-                    }
-                    let mut answer = [0u8; 8];
-                    socket.read_exact(&mut answer)?;
-                    shared.answered.fetch_max(u64::from_le_bytes(answer), Ordering::AcqRel);
-                    Ok(())
-                })
-            }
-        };
+        let mut s = socket.lock().unwrap_or_else(|p| p.into_inner());
+        let r = write_job(&mut s, &job, shared);
+        queued.fetch_sub(1, Ordering::AcqRel);
         if let Err(e) = r {
             shared.fail(format!("tcp socket to rank {peer}: {e}"));
-            let _ = socket.shutdown(std::net::Shutdown::Both);
+            let _ = s.shutdown(std::net::Shutdown::Both);
             return;
         }
     }
-    let _ = socket.shutdown(std::net::Shutdown::Write);
+    let s = socket.lock().unwrap_or_else(|p| p.into_inner());
+    let _ = s.shutdown(std::net::Shutdown::Write);
 }
 
 impl Drop for TcpConnection {
     fn drop(&mut self) {
-        self.queues.clear(); // the threads finish what is queued, then end
+        self.stripes.clear(); // the threads finish what is queued, then end
         for t in self.threads.drain(..) {
             let _ = t.join();
         }
@@ -248,7 +297,7 @@ impl Connection for TcpConnection {
         while done < len {
             let n = (len - done).min(MAX_FRAME_BYTES);
             let stripe = order.next_stripe;
-            order.next_stripe = (stripe + 1) % self.queues.len();
+            order.next_stripe = (stripe + 1) % self.stripes.len();
             let header = FrameHeader {
                 kind: FrameKind::Data,
                 region: remote.id,
@@ -256,7 +305,7 @@ impl Connection for TcpConnection {
                 value: n as u64,
                 sequence: 0,
             };
-            self.enqueue(stripe, Job::Data { header, src: src.clone(), offset: src_offset + done })?;
+            self.send(stripe, Job::Data { header, src: src.clone(), offset: src_offset + done })?;
             order.sent[stripe] += 1;
             done += n;
         }
@@ -273,7 +322,7 @@ impl Connection for TcpConnection {
         let order = self.order.lock().unwrap_or_else(|p| p.into_inner());
         let header =
             FrameHeader { kind: FrameKind::Flag, region: remote.id, offset: dst_offset as u64, value, sequence: 0 };
-        self.enqueue(0, Job::Control { header, counts: order.sent.clone() })
+        self.send(0, Job::Control { header, counts: order.sent.clone() })
     }
 
     fn flush(&self) -> Result<()> {
