@@ -438,6 +438,16 @@ WEAVE_CHANNEL_STEP void chain(const ChannelArgs& a, uint32_t prev, uint32_t next
   }
 }
 
+// The chain from the root around the ring: the rank before this one (CHANNEL_NO_PEER at the
+// root) and the rank after it (CHANNEL_NO_PEER at the end). Broadcast flows along it, reduce
+// against it.
+WEAVE_DEVICE uint32_t chain_before(const ChannelArgs& a) {
+  return (a.rank + a.world - a.root) % a.world > 0 ? (a.rank + a.world - 1) % a.world : CHANNEL_NO_PEER;
+}
+WEAVE_DEVICE uint32_t chain_after(const ChannelArgs& a) {
+  return (a.rank + a.world - a.root) % a.world + 1 < a.world ? (a.rank + 1) % a.world : CHANNEL_NO_PEER;
+}
+
 // ---- direct ----------------------------------------------------------------------------------
 
 // Which blocks a direct exchange moves (see collectives/src/channel/direct.rs).
@@ -554,7 +564,6 @@ WEAVE_CHANNEL_STEP void run_reducing(const ChannelArgs& a) {
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const bool ring_family = a.algorithm == CHANNEL_RING;
-  const uint32_t pos = (me + n - a.root) % n;
   if (n == 1) {
     // Every collective of one rank is a copy of its input (count elements).
     move(recv, send, a.count * sizeof(T));
@@ -577,8 +586,7 @@ WEAVE_CHANNEL_STEP void run_reducing(const ChannelArgs& a) {
       break;
     case CHANNEL_REDUCE:
       if (ring_family) {
-        chain<Op, T, true>(a, pos + 1 < n ? (me + 1) % n : CHANNEL_NO_PEER, pos > 0 ? (me + n - 1) % n : CHANNEL_NO_PEER,
-                           &sh);
+        chain<Op, T, true>(a, chain_after(a), chain_before(a), &sh);
       } else if (me == a.root) {
         exchange<Op, T, true>(a, WHOLE, WHOLE, CHANNEL_NO_PEER, CHANNEL_ALL_PEERS, 0, &sh);
       } else {
@@ -599,7 +607,6 @@ WEAVE_CHANNEL_STEP void run_moving(const ChannelArgs& a) {
   const T* send = as_ptr<const T>(a.send);
   T* recv = as_ptr<T>(a.recv);
   const bool ring_family = a.algorithm == CHANNEL_RING;
-  const uint32_t pos = (me + n - a.root) % n;
   if (n == 1 && a.collective != CHANNEL_ALL_TO_ALLV && a.collective != CHANNEL_SEND_RECV) {
     move(recv, send, a.count);
     return;
@@ -615,8 +622,7 @@ WEAVE_CHANNEL_STEP void run_moving(const ChannelArgs& a) {
       break;
     case CHANNEL_BROADCAST:
       if (ring_family) {
-        chain<Op, T, false>(a, pos > 0 ? (me + n - 1) % n : CHANNEL_NO_PEER, pos + 1 < n ? (me + 1) % n : CHANNEL_NO_PEER,
-                            &sh);
+        chain<Op, T, false>(a, chain_before(a), chain_after(a), &sh);
       } else if (me == a.root) {
         move(recv, send, a.count);
         exchange<Op, T, false>(a, WHOLE, WHOLE, CHANNEL_ALL_PEERS, CHANNEL_NO_PEER, 0, &sh);
