@@ -11,7 +11,7 @@ use crate::layout::layout_checks;
 use crate::source::program_with_checks;
 
 /// The family's CUDA C++ source (standalone: it includes the weave headers through
-/// [`program`]).
+/// [`ChannelKernel::program`]).
 pub const CHANNEL_SOURCE: &str = include_str!("../cuda/channel.cu");
 
 /// Threads of the one block a channel launch runs.

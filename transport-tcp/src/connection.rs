@@ -172,12 +172,15 @@ impl TcpConnection {
             let mut socket = s.socket.lock().unwrap_or_else(|p| p.into_inner());
             // The thread decrements under this lock: zero here means all it was given is out.
             if s.queued.load(Ordering::Acquire) == 0 {
-                return write_job(&mut socket, &job, &self.shared).map_err(|e| {
-                    let why = format!("tcp socket to rank {}: {e}", self.peer);
-                    self.shared.fail(why.clone());
+                // As when the stripe's thread writes: a failure marks the connection lost for
+                // every later call, but this send counts as handed off — a peer that closed its
+                // side after its last call simply does not read it (a credit returned as it
+                // finishes, say).
+                if let Err(e) = write_job(&mut socket, &job, &self.shared) {
+                    self.shared.fail(format!("tcp socket to rank {}: {e}", self.peer));
                     let _ = socket.shutdown(std::net::Shutdown::Both);
-                    self.lost("tcp send", why)
-                });
+                }
+                return Ok(());
             }
         }
         self.enqueue(stripe, job)
