@@ -19,7 +19,8 @@ pub trait Connection: Send + Sync {
     fn peer(&self) -> usize;
 
     /// Copies `len` bytes from `src[src_offset..]` (local) to `dst[dst_offset..]` (usually the
-    /// peer's). Both ranges are checked: out of range is [`Error::InvalidArgument`].
+    /// peer's). Both ranges are checked (implementations call [`check_write_ranges`]): out of
+    /// range is [`Error::InvalidArgument`].
     fn write(
         &self,
         dst: &RegisteredMemory,
@@ -41,6 +42,20 @@ pub trait Connection: Send + Sync {
     fn check_peer(&self) -> Result<()> {
         Ok(())
     }
+}
+
+/// Checks the two ranges of a [`Connection::write`] of `len` bytes: `dst[dst_offset..]` and
+/// `src[src_offset..]` must lie inside their regions, else [`Error::InvalidArgument`] naming the
+/// region, its owner and its length. Every connection calls it before touching either region.
+pub fn check_write_ranges(
+    dst: &RegisteredMemory,
+    dst_offset: usize,
+    src: &RegisteredMemory,
+    src_offset: usize,
+    len: usize,
+) -> Result<()> {
+    dst.check_range(dst_offset, len)?;
+    src.check_range(src_offset, len)
 }
 
 /// Tells whether a peer is still alive; transports supply one to [`DirectConnection`].
@@ -90,8 +105,7 @@ impl Connection for DirectConnection {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        dst.check_range(dst_offset, len)?;
-        src.check_range(src_offset, len)?;
+        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
         let d = self.mapped(dst, "destination")?;
         let s = self.mapped(src, "source")?;
         if len == 0 {

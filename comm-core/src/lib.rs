@@ -23,6 +23,7 @@ pub mod peer_watch;
 pub mod port_channel;
 pub mod proxy;
 mod registration;
+pub mod same_host;
 pub mod semaphore;
 pub mod spin;
 pub mod topology;

@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use comm_core::connection::Connection;
+use comm_core::connection::{Connection, check_write_ranges};
 use comm_core::error::{Error, Result};
 use comm_core::memory::RegisteredMemory;
 use comm_core::spin::{WaitContext, spin_until};
@@ -128,8 +128,7 @@ impl Connection for CudaIpcConnection {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        dst.check_range(dst_offset, len)?;
-        src.check_range(src_offset, len)?;
+        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
         let d = self.device_addr(dst, dst_offset, "destination")?;
         let s = self.device_addr(src, src_offset, "source")?;
         if len == 0 {

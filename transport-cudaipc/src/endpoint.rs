@@ -8,6 +8,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use comm_core::error::{Error, Result};
+use comm_core::same_host::SameHostEndpoint;
 use comm_core::wire::{Decoder, Encoder};
 
 const MAGIC: [u8; 4] = *b"WVCE";
@@ -114,12 +115,20 @@ impl Endpoint {
         }
         Ok(Endpoint { hostname, boot_id, pid_ns, net_ns, pid, uid, device, pci_bus_id, communicator_id })
     }
+}
+
+impl SameHostEndpoint for Endpoint {
+    const SHARES: &'static str = "GPU memory";
+
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        Endpoint::decode(bytes)
+    }
 
     /// Whether the two ranks can share GPU memory through this transport: same host (hostname
     /// and boot id), same pid and network namespaces (the peer's pid is watched, its FD server
     /// socket is reached by name), same user (the FD server serves only its own uid). The device
     /// does not matter: ranks on one GPU share too. Symmetric.
-    pub(crate) fn can_share_with(&self, other: &Endpoint) -> bool {
+    fn can_share_with(&self, other: &Endpoint) -> bool {
         self.hostname == other.hostname
             && self.boot_id == other.boot_id
             && self.pid_ns == other.pid_ns
@@ -128,7 +137,7 @@ impl Endpoint {
     }
 
     /// Why [`can_share_with`](Self::can_share_with) is false, for error messages.
-    pub(crate) fn difference(&self, other: &Endpoint) -> String {
+    fn difference(&self, other: &Endpoint) -> String {
         if self.hostname != other.hostname || self.boot_id != other.boot_id {
             format!("it runs on host {:?}, this rank on {:?}", other.hostname, self.hostname)
         } else if self.pid_ns != other.pid_ns || self.net_ns != other.net_ns {

@@ -102,6 +102,7 @@ use comm_core::config::LogLevel;
 use comm_core::connection::Connection;
 use comm_core::error::{Error, Result};
 use comm_core::memory::{MemoryKind, MemoryRegion};
+use comm_core::same_host::{SameHostEndpoint, checked_peer_endpoint};
 use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
 use cudarc::driver::CudaContext;
 use nix::unistd::Pid;
@@ -166,12 +167,6 @@ impl TransportFactory for CudaIpcTransport {
 /// Tells backends of one process apart, so a backend exports only what it allocated or
 /// registered.
 static NEXT_BACKEND_ID: AtomicU64 = AtomicU64::new(1);
-
-/// [`TransportBackend::can_reach`] of this transport: a pure function of the two endpoints, so
-/// every rank gives the same answer for `(a, b)` and `(b, a)`.
-fn can_reach(a: &[u8], b: &[u8]) -> Result<bool> {
-    Ok(Endpoint::decode(a)?.can_share_with(&Endpoint::decode(b)?))
-}
 
 /// Checks a job key before it goes into socket names: 1 to 64 ASCII letters, digits or `_`.
 fn check_job_key(job_key: &str) -> Result<()> {
@@ -321,22 +316,10 @@ impl CudaIpcBackend {
         self.gpu.device_status()
     }
 
+    /// `peer`'s endpoint, checked: a rank of this communicator that can share GPU memory with
+    /// this rank.
     fn peer_endpoint(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Endpoint> {
-        if peer >= self.world_size {
-            return Err(Error::invalid(format!("transport cudaipc: peer rank {peer} of {} ranks", self.world_size)));
-        }
-        let theirs = Endpoint::decode(peer_endpoint)?;
-        if !self.endpoint.can_share_with(&theirs) {
-            return Err(Error::transport(
-                crate::NAME,
-                format!(
-                    "rank {peer} cannot share GPU memory with rank {}: {}",
-                    self.rank,
-                    self.endpoint.difference(&theirs)
-                ),
-            ));
-        }
-        Ok(theirs)
+        checked_peer_endpoint(NAME, &self.endpoint, self.rank, self.world_size, peer, peer_endpoint)
     }
 }
 
@@ -350,7 +333,7 @@ impl TransportBackend for CudaIpcBackend {
     }
 
     fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
-        can_reach(a, b)
+        Endpoint::can_reach(a, b)
     }
 
     fn direct_access(&self) -> bool {
@@ -536,15 +519,15 @@ mod tests {
         for x in &all {
             for y in &all {
                 let (ex, ey) = (x.encode(), y.encode());
-                let r = can_reach(&ex, &ey).unwrap();
-                assert_eq!(r, can_reach(&ey, &ex).unwrap(), "asymmetric for {x:?} / {y:?}");
-                assert_eq!(r, can_reach(&ex, &ey).unwrap());
+                let r = Endpoint::can_reach(&ex, &ey).unwrap();
+                assert_eq!(r, Endpoint::can_reach(&ey, &ex).unwrap(), "asymmetric for {x:?} / {y:?}");
+                assert_eq!(r, Endpoint::can_reach(&ex, &ey).unwrap());
             }
         }
         let e = (all[0].encode(), all[1].encode(), all[2].encode());
-        assert!(can_reach(&e.0, &e.1).unwrap());
-        assert!(!can_reach(&e.0, &e.2).unwrap());
-        assert!(matches!(can_reach(&e.0, &e.1[..e.1.len() - 1]), Err(Error::Protocol(_))));
-        assert!(matches!(can_reach(b"garbage", &e.0), Err(Error::Protocol(_))));
+        assert!(Endpoint::can_reach(&e.0, &e.1).unwrap());
+        assert!(!Endpoint::can_reach(&e.0, &e.2).unwrap());
+        assert!(matches!(Endpoint::can_reach(&e.0, &e.1[..e.1.len() - 1]), Err(Error::Protocol(_))));
+        assert!(matches!(Endpoint::can_reach(b"garbage", &e.0), Err(Error::Protocol(_))));
     }
 }

@@ -7,6 +7,7 @@
 use std::os::unix::fs::MetadataExt;
 
 use comm_core::error::{Error, Result};
+use comm_core::same_host::SameHostEndpoint;
 use comm_core::wire::{Decoder, Encoder};
 
 use crate::segment::SHM_DIR;
@@ -101,11 +102,19 @@ impl Endpoint {
         }
         Ok(Endpoint { hostname, boot_id, shm_dev, pid_ns, pid, uid, host })
     }
+}
+
+impl SameHostEndpoint for Endpoint {
+    const SHARES: &'static str = "memory";
+
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        Endpoint::decode(bytes)
+    }
 
     /// Whether the two ranks can share segments: same host (hostname and boot id), same
     /// `/dev/shm` mount, same pid namespace (so the peer's pid means something here), same user
     /// (segments are 0600). Symmetric.
-    pub(crate) fn can_share_with(&self, other: &Endpoint) -> bool {
+    fn can_share_with(&self, other: &Endpoint) -> bool {
         self.hostname == other.hostname
             && self.boot_id == other.boot_id
             && self.shm_dev == other.shm_dev
@@ -115,7 +124,7 @@ impl Endpoint {
     }
 
     /// Why [`can_share_with`](Self::can_share_with) is false, for error messages.
-    pub(crate) fn difference(&self, other: &Endpoint) -> String {
+    fn difference(&self, other: &Endpoint) -> String {
         if self.hostname != other.hostname || self.boot_id != other.boot_id {
             format!("it runs on host {:?}, this rank on {:?}", other.hostname, self.hostname)
         } else if self.shm_dev != other.shm_dev {

@@ -61,6 +61,7 @@ use std::sync::{Arc, OnceLock};
 use comm_core::connection::{Connection, DirectConnection};
 use comm_core::error::{Error, Result};
 use comm_core::memory::{MemoryKind, MemoryRegion};
+use comm_core::same_host::{SameHostEndpoint, checked_peer_endpoint};
 use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
 use nix::unistd::Pid;
 
@@ -143,22 +144,10 @@ impl ShmBackend {
         &self.job_key
     }
 
+    /// `peer`'s endpoint, checked: a rank of this communicator that can share memory with this
+    /// rank.
     fn check_peer(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Endpoint> {
-        if peer >= self.world_size {
-            return Err(Error::invalid(format!("transport shm: peer rank {peer} of {} ranks", self.world_size)));
-        }
-        let theirs = Endpoint::decode(peer_endpoint)?;
-        if !self.endpoint.can_share_with(&theirs) {
-            return Err(Error::transport(
-                crate::NAME,
-                format!(
-                    "rank {peer} cannot share memory with rank {}: {}",
-                    self.rank,
-                    self.endpoint.difference(&theirs)
-                ),
-            ));
-        }
-        Ok(theirs)
+        checked_peer_endpoint(NAME, &self.endpoint, self.rank, self.world_size, peer, peer_endpoint)
     }
 }
 
@@ -172,7 +161,7 @@ impl TransportBackend for ShmBackend {
     }
 
     fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
-        Ok(Endpoint::decode(a)?.can_share_with(&Endpoint::decode(b)?))
+        Endpoint::can_reach(a, b)
     }
 
     fn direct_access(&self) -> bool {

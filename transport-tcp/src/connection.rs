@@ -21,7 +21,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use comm_core::connection::Connection;
+use comm_core::connection::{Connection, check_write_ranges};
 use comm_core::memory::RegisteredMemory;
 use comm_core::spin::{WaitContext, spin_until};
 use comm_core::transport::Transport;
@@ -288,8 +288,7 @@ impl Connection for TcpConnection {
         src_offset: usize,
         len: usize,
     ) -> Result<()> {
-        dst.check_range(dst_offset, len)?;
-        src.check_range(src_offset, len)?;
+        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
         let remote = self.remote(dst)?;
         if !src.is_host_mapped() {
             return Err(Error::invalid(format!("tcp write from {:?}: not host memory mapped here", src.label())));
