@@ -270,7 +270,8 @@ pub(crate) struct CallSpec {
     pub(crate) invalid: bool,
 }
 
-/// Runs one collective through the channel executor.
+/// One collective call with this rank's buffers, for the channel executor or the host one.
+#[derive(Clone, Copy)]
 pub(crate) enum ChannelCall<T> {
     /// All-reduce `count` elements.
     AllReduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
