@@ -32,7 +32,7 @@ pub trait Accumulator: Copy + Default + PartialOrd {
     }
 }
 
-/// Per-type arithmetic behind the kernels: conversions to and from the accumulator, whose
+/// Per-type conversions behind the kernels: to and from the accumulator, whose [`Accumulator`]
 /// arithmetic does the rest.
 pub trait Arith: Copy + Default + PartialOrd + Send + Sync + 'static {
     /// The type sums and products are accumulated in.
@@ -41,31 +41,6 @@ pub trait Arith: Copy + Default + PartialOrd + Send + Sync + 'static {
     fn load(self) -> Self::Acc;
     /// Narrows from the accumulator.
     fn store(acc: Self::Acc) -> Self;
-    /// `a + b` (wrapping for integers).
-    #[inline(always)]
-    fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc {
-        Accumulator::add(a, b)
-    }
-    /// `a * b` (wrapping for integers).
-    #[inline(always)]
-    fn mul(a: Self::Acc, b: Self::Acc) -> Self::Acc {
-        Accumulator::mul(a, b)
-    }
-    /// The smaller of `a` and `b`.
-    #[inline(always)]
-    fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc {
-        Accumulator::min(a, b)
-    }
-    /// The larger of `a` and `b`.
-    #[inline(always)]
-    fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc {
-        Accumulator::max(a, b)
-    }
-    /// `a / n` (truncating for integers).
-    #[inline(always)]
-    fn div(a: Self::Acc, n: usize) -> Self::Acc {
-        Accumulator::div(a, n)
-    }
 }
 
 macro_rules! float_accumulator {
@@ -234,16 +209,16 @@ unsafe fn reduce_blocks<T: Arith, const B: usize>(
                 // SAFETY: as above for every source; the slice is dropped before `out` is written.
                 let s = unsafe { std::slice::from_raw_parts(src.add(done), n) };
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => fold_block(acc, s, T::add),
-                    ReduceOp::Prod => fold_block(acc, s, T::mul),
-                    ReduceOp::Min => fold_block(acc, s, T::min),
-                    ReduceOp::Max => fold_block(acc, s, T::max),
+                    ReduceOp::Sum | ReduceOp::Avg => fold_block(acc, s, Accumulator::add),
+                    ReduceOp::Prod => fold_block(acc, s, Accumulator::mul),
+                    ReduceOp::Min => fold_block(acc, s, Accumulator::min),
+                    ReduceOp::Max => fold_block(acc, s, Accumulator::max),
                 }
             }
         }
         if op == ReduceOp::Avg {
             for a in acc.iter_mut() {
-                *a = T::div(*a, divisor);
+                *a = Accumulator::div(*a, divisor);
             }
         }
         for (j, a) in acc.iter().enumerate() {
