@@ -292,14 +292,8 @@ impl Communicator {
     /// Picks the algorithm, serializes the call, and runs `call` on the executor the plan names
     /// — or, when `validation` failed, takes part in one step that tells every peer, and returns
     /// the local error.
-    fn collective<T: Element>(
-        &self,
-        c: Collective,
-        op: Option<ReduceOp>,
-        bytes: usize,
-        validation: Result<()>,
-        call: ChannelCall<T>,
-    ) -> Result<()> {
+    fn collective<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
+        let (c, op) = call.collective();
         // SAFETY: the user API built `call` from slices whose lengths it checked (the
         // validation); an invalid rank takes part with no data.
         let through_links = |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, call, invalid) };
@@ -352,7 +346,7 @@ impl Communicator {
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
         // The call: both slices hold `count` elements (checked) and are distinct borrows.
         let ch = ChannelCall::AllReduce { send: s, recv: r, count, op };
-        self.collective(Collective::AllReduce, Some(op), Self::bytes::<T>(count), check, ch)
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// [`all_reduce`](Self::all_reduce) with the result written over the input.
@@ -360,7 +354,7 @@ impl Communicator {
         let (p, count) = (buf.as_mut_ptr(), buf.len());
         // The call: the buffer holds `count` elements; input and output are the same range.
         let ch = ChannelCall::AllReduce { send: p, recv: p, count, op };
-        self.collective(Collective::AllReduce, Some(op), Self::bytes::<T>(count), Ok(()), ch)
+        self.collective(Self::bytes::<T>(count), Ok(()), ch)
     }
 
     /// Concatenates every rank's `send` into `recv` (rank r's block at `r * send.len()`).
@@ -370,7 +364,7 @@ impl Communicator {
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
         // The call: send holds count, recv n × count elements (checked); distinct borrows.
         let ch = ChannelCall::AllGather { send: s, recv: r, count };
-        self.collective(Collective::AllGather, None, Self::bytes::<T>(recv.len()), check, ch)
+        self.collective(Self::bytes::<T>(recv.len()), check, ch)
     }
 
     /// All-gather where this rank's contribution is already in its block of `buf`
@@ -384,7 +378,7 @@ impl Communicator {
         // The call: the buffer holds n × count elements; the send block is this rank's block.
         // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
         let ch = ChannelCall::AllGather { send: unsafe { p.add(me * count) }, recv: p, count };
-        self.collective(Collective::AllGather, None, Self::bytes::<T>(buf.len()), check, ch)
+        self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
     /// Reduces every rank's `send` (`world_size` blocks of `recv.len()`) and leaves block
@@ -395,7 +389,7 @@ impl Communicator {
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
         // The call: send holds n × count, recv count elements (checked); distinct borrows.
         let ch = ChannelCall::ReduceScatter { send: s, recv: r, count, op };
-        self.collective(Collective::ReduceScatter, Some(op), Self::bytes::<T>(send.len()), check, ch)
+        self.collective(Self::bytes::<T>(send.len()), check, ch)
     }
 
     /// Reduce-scatter whose result lands in block `rank` of `buf`.
@@ -408,7 +402,7 @@ impl Communicator {
         // The call: the buffer holds n × count elements; the result block is inside it.
         // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
         let ch = ChannelCall::ReduceScatter { send: p, recv: unsafe { p.add(me * count) }, count, op };
-        self.collective(Collective::ReduceScatter, Some(op), Self::bytes::<T>(buf.len()), check, ch)
+        self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
     /// Copies `root`'s `send` into every rank's `recv`. `send` is read on the root only (other
@@ -421,7 +415,7 @@ impl Communicator {
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
         // The call: recv holds count elements; on the root send does too (checked).
         let ch = ChannelCall::Broadcast { send: s, recv: r, count, root };
-        self.collective(Collective::Broadcast, None, Self::bytes::<T>(count), check, ch)
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Broadcast from `root` in place.
@@ -430,7 +424,7 @@ impl Communicator {
         let (p, count) = (buf.as_mut_ptr(), buf.len());
         // The call: the buffer holds count elements.
         let ch = ChannelCall::Broadcast { send: p, recv: p, count, root };
-        self.collective(Collective::Broadcast, None, Self::bytes::<T>(count), check, ch)
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Reduces every rank's `send` into `recv` on `root`. `recv` is written on the root only
@@ -443,7 +437,7 @@ impl Communicator {
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
         // The call: send holds count elements; on the root recv does too (checked).
         let ch = ChannelCall::Reduce { send: s, recv: r, count, op, root };
-        self.collective(Collective::Reduce, Some(op), Self::bytes::<T>(count), check, ch)
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Reduce to `root` in place (the root's `buf` receives the result; others keep theirs).
@@ -452,7 +446,7 @@ impl Communicator {
         let (p, count) = (buf.as_mut_ptr(), buf.len());
         // The call: the buffer holds count elements.
         let ch = ChannelCall::Reduce { send: p, recv: p, count, op, root };
-        self.collective(Collective::Reduce, Some(op), Self::bytes::<T>(count), check, ch)
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Sends block q of `send` to rank q and receives rank p's block for this rank into block p
@@ -464,7 +458,7 @@ impl Communicator {
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len() / n);
         // The call: both slices hold n × count elements (checked); distinct borrows.
         let ch = ChannelCall::AllToAll { send: s, recv: r, count };
-        self.collective(Collective::AllToAll, None, Self::bytes::<T>(send.len()), check, ch)
+        self.collective(Self::bytes::<T>(send.len()), check, ch)
     }
 
     /// All-to-all in place.
@@ -474,7 +468,7 @@ impl Communicator {
         let (p, count) = (buf.as_mut_ptr(), buf.len() / n);
         // The call: the buffer holds n × count elements.
         let ch = ChannelCall::AllToAll { send: p, recv: p, count };
-        self.collective(Collective::AllToAll, None, Self::bytes::<T>(buf.len()), check, ch)
+        self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
     /// All-to-all with per-peer counts and displacements (in elements): `send_counts[q]`
