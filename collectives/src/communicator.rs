@@ -289,23 +289,17 @@ impl Communicator {
         Ok(e)
     }
 
-    /// Picks the algorithm, serializes the call, and runs `f` — or, when `validation` failed,
-    /// takes part in one step that tells every peer, and returns the local error.
-    ///
-    /// `channel` is the same call for the channel executor, which runs it when the plan says so.
-    fn collective<T: Element>(
-        &self,
-        c: Collective,
-        op: Option<ReduceOp>,
-        bytes: usize,
-        validation: Result<()>,
-        channel: ChannelCall<T>,
-        f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
-    ) -> Result<()> {
-        // SAFETY: the user API built `channel` from slices whose lengths it checked (the
+    /// Picks the algorithm, serializes the call, and runs `call` on the executor the plan names
+    /// — or, when `validation` failed, takes part in one step that tells every peer, and returns
+    /// the local error.
+    fn collective<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
+        let (c, op) = call.collective();
+        // SAFETY: the user API built `call` from slices whose lengths it checked (the
         // validation); an invalid rank takes part with no data.
-        let through_links = |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, channel, invalid) };
-        self.run_planned::<T>(c, op, bytes, validation, through_links, f)
+        let through_links = |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, call, invalid) };
+        // SAFETY: as above; the host algorithms run only once the validation passed.
+        let on_host = |e: &mut HostEngine, algo| unsafe { run_on_host(e, algo, call) };
+        self.run_planned::<T>(c, op, bytes, validation, through_links, on_host)
     }
 
     /// [`collective`](Self::collective) with the channel executor's part as a closure
@@ -350,21 +344,17 @@ impl Communicator {
     pub fn all_reduce<T: Element>(&self, send: &[T], recv: &mut [T], op: ReduceOp) -> Result<()> {
         let check = same_len("all_reduce", "send", send.len(), "recv", recv.len());
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
+        // The call: both slices hold `count` elements (checked) and are distinct borrows.
         let ch = ChannelCall::AllReduce { send: s, recv: r, count, op };
-        self.collective(Collective::AllReduce, Some(op), Self::bytes::<T>(count), check, ch, |e, a| {
-            // SAFETY: both slices hold `count` elements (checked) and are distinct borrows.
-            unsafe { host::all_reduce(e, a, s, r, count, op) }
-        })
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// [`all_reduce`](Self::all_reduce) with the result written over the input.
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (p, count) = (buf.as_mut_ptr(), buf.len());
+        // The call: the buffer holds `count` elements; input and output are the same range.
         let ch = ChannelCall::AllReduce { send: p, recv: p, count, op };
-        self.collective(Collective::AllReduce, Some(op), Self::bytes::<T>(count), Ok(()), ch, |e, a| {
-            // SAFETY: the buffer holds `count` elements; input and output are the same range.
-            unsafe { host::all_reduce(e, a, p, p, count, op) }
-        })
+        self.collective(Self::bytes::<T>(count), Ok(()), ch)
     }
 
     /// Concatenates every rank's `send` into `recv` (rank r's block at `r * send.len()`).
@@ -372,11 +362,9 @@ impl Communicator {
         let n = self.world_size();
         let check = same_len("all_gather", "recv", recv.len(), "world_size × send", send.len().saturating_mul(n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
+        // The call: send holds count, recv n × count elements (checked); distinct borrows.
         let ch = ChannelCall::AllGather { send: s, recv: r, count };
-        self.collective(Collective::AllGather, None, Self::bytes::<T>(recv.len()), check, ch, |e, a| {
-            // SAFETY: send holds count, recv n × count elements (checked); distinct borrows.
-            unsafe { host::all_gather(e, a, s, r, count) }
-        })
+        self.collective(Self::bytes::<T>(recv.len()), check, ch)
     }
 
     /// All-gather where this rank's contribution is already in its block of `buf`
@@ -387,12 +375,10 @@ impl Communicator {
         let count = buf.len() / n;
         let p = buf.as_mut_ptr();
         let me = self.rank();
+        // The call: the buffer holds n × count elements; the send block is this rank's block.
         // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
         let ch = ChannelCall::AllGather { send: unsafe { p.add(me * count) }, recv: p, count };
-        self.collective(Collective::AllGather, None, Self::bytes::<T>(buf.len()), check, ch, |e, a| {
-            // SAFETY: the buffer holds n × count elements; the send block is this rank's block.
-            unsafe { host::all_gather(e, a, p.add(me * count), p, count) }
-        })
+        self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
     /// Reduces every rank's `send` (`world_size` blocks of `recv.len()`) and leaves block
@@ -401,11 +387,9 @@ impl Communicator {
         let n = self.world_size();
         let check = same_len("reduce_scatter", "send", send.len(), "world_size × recv", recv.len().saturating_mul(n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
+        // The call: send holds n × count, recv count elements (checked); distinct borrows.
         let ch = ChannelCall::ReduceScatter { send: s, recv: r, count, op };
-        self.collective(Collective::ReduceScatter, Some(op), Self::bytes::<T>(send.len()), check, ch, |e, a| {
-            // SAFETY: send holds n × count, recv count elements (checked); distinct borrows.
-            unsafe { host::reduce_scatter(e, a, s, r, count, op) }
-        })
+        self.collective(Self::bytes::<T>(send.len()), check, ch)
     }
 
     /// Reduce-scatter whose result lands in block `rank` of `buf`.
@@ -415,12 +399,10 @@ impl Communicator {
         let count = buf.len() / n;
         let p = buf.as_mut_ptr();
         let me = self.rank();
+        // The call: the buffer holds n × count elements; the result block is inside it.
         // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
         let ch = ChannelCall::ReduceScatter { send: p, recv: unsafe { p.add(me * count) }, count, op };
-        self.collective(Collective::ReduceScatter, Some(op), Self::bytes::<T>(buf.len()), check, ch, |e, a| {
-            // SAFETY: the buffer holds n × count elements; the result block is inside it.
-            unsafe { host::reduce_scatter(e, a, p, p.add(me * count), count, op) }
-        })
+        self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
     /// Copies `root`'s `send` into every rank's `recv`. `send` is read on the root only (other
@@ -431,22 +413,18 @@ impl Communicator {
             if me == root { same_len("broadcast", "send", send.len(), "recv", recv.len()) } else { Ok(()) }
         });
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
+        // The call: recv holds count elements; on the root send does too (checked).
         let ch = ChannelCall::Broadcast { send: s, recv: r, count, root };
-        self.collective(Collective::Broadcast, None, Self::bytes::<T>(count), check, ch, |e, a| {
-            // SAFETY: recv holds count elements; on the root send does too (checked).
-            unsafe { host::broadcast(e, a, s, r, count, root) }
-        })
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Broadcast from `root` in place.
     pub fn broadcast_in_place<T: Element>(&self, buf: &mut [T], root: usize) -> Result<()> {
         let check = self.check_root("broadcast", root);
         let (p, count) = (buf.as_mut_ptr(), buf.len());
+        // The call: the buffer holds count elements.
         let ch = ChannelCall::Broadcast { send: p, recv: p, count, root };
-        self.collective(Collective::Broadcast, None, Self::bytes::<T>(count), check, ch, |e, a| {
-            // SAFETY: the buffer holds count elements.
-            unsafe { host::broadcast(e, a, p, p, count, root) }
-        })
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Reduces every rank's `send` into `recv` on `root`. `recv` is written on the root only
@@ -457,22 +435,18 @@ impl Communicator {
             .check_root("reduce", root)
             .and_then(|_| if me == root { same_len("reduce", "send", send.len(), "recv", recv.len()) } else { Ok(()) });
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
+        // The call: send holds count elements; on the root recv does too (checked).
         let ch = ChannelCall::Reduce { send: s, recv: r, count, op, root };
-        self.collective(Collective::Reduce, Some(op), Self::bytes::<T>(count), check, ch, |e, a| {
-            // SAFETY: send holds count elements; on the root recv does too (checked).
-            unsafe { host::reduce(e, a, s, r, count, op, root) }
-        })
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Reduce to `root` in place (the root's `buf` receives the result; others keep theirs).
     pub fn reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp, root: usize) -> Result<()> {
         let check = self.check_root("reduce", root);
         let (p, count) = (buf.as_mut_ptr(), buf.len());
+        // The call: the buffer holds count elements.
         let ch = ChannelCall::Reduce { send: p, recv: p, count, op, root };
-        self.collective(Collective::Reduce, Some(op), Self::bytes::<T>(count), check, ch, |e, a| {
-            // SAFETY: the buffer holds count elements.
-            unsafe { host::reduce(e, a, p, p, count, op, root) }
-        })
+        self.collective(Self::bytes::<T>(count), check, ch)
     }
 
     /// Sends block q of `send` to rank q and receives rank p's block for this rank into block p
@@ -482,11 +456,9 @@ impl Communicator {
         let check = same_len("all_to_all", "send", send.len(), "recv", recv.len())
             .and_then(|_| divisible("all_to_all", send.len(), n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len() / n);
+        // The call: both slices hold n × count elements (checked); distinct borrows.
         let ch = ChannelCall::AllToAll { send: s, recv: r, count };
-        self.collective(Collective::AllToAll, None, Self::bytes::<T>(send.len()), check, ch, |e, a| {
-            // SAFETY: both slices hold n × count elements (checked); distinct borrows.
-            unsafe { host::all_to_all(e, a, s, r, count) }
-        })
+        self.collective(Self::bytes::<T>(send.len()), check, ch)
     }
 
     /// All-to-all in place.
@@ -494,11 +466,9 @@ impl Communicator {
         let n = self.world_size();
         let check = divisible("all_to_all_in_place", buf.len(), n);
         let (p, count) = (buf.as_mut_ptr(), buf.len() / n);
+        // The call: the buffer holds n × count elements.
         let ch = ChannelCall::AllToAll { send: p, recv: p, count };
-        self.collective(Collective::AllToAll, None, Self::bytes::<T>(buf.len()), check, ch, |e, a| {
-            // SAFETY: the buffer holds n × count elements.
-            unsafe { host::all_to_all(e, a, p, p, count) }
-        })
+        self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
     /// All-to-all with per-peer counts and displacements (in elements): `send_counts[q]`
@@ -642,6 +612,27 @@ impl<'a> Group<'a> {
         // receive slices are exclusive borrows, so they are disjoint from everything else.
         let r = unsafe { e.p2p.run(&self.ops, timeout) };
         r.map_err(|err| e.poison(err))
+    }
+}
+
+/// Runs `call` with the host algorithm `algo`.
+///
+/// # Safety
+/// `call` as the user API builds it: pointers valid for their counts, receive ranges writable,
+/// and send and receive ranges overlapping only as the host collective allows (in place).
+unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: ChannelCall<T>) -> Result<()> {
+    // SAFETY: (every arm) forwarded from the caller.
+    unsafe {
+        match call {
+            ChannelCall::AllReduce { send, recv, count, op } => host::all_reduce(e, algo, send, recv, count, op),
+            ChannelCall::AllGather { send, recv, count } => host::all_gather(e, algo, send, recv, count),
+            ChannelCall::ReduceScatter { send, recv, count, op } => {
+                host::reduce_scatter(e, algo, send, recv, count, op)
+            }
+            ChannelCall::Broadcast { send, recv, count, root } => host::broadcast(e, algo, send, recv, count, root),
+            ChannelCall::Reduce { send, recv, count, op, root } => host::reduce(e, algo, send, recv, count, op, root),
+            ChannelCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, send, recv, count),
+        }
     }
 }
 

@@ -12,27 +12,85 @@ const BLOCK: usize = 1024;
 /// Elements per block for short reductions: smaller accumulators to initialize per call.
 const SMALL_BLOCKS: [usize; 2] = [64, 256];
 
-/// Per-type arithmetic behind the kernels.
+/// Arithmetic on the type sums and products are accumulated in.
+pub trait Accumulator: Copy + Default + PartialOrd {
+    /// `a + b` (wrapping for integers).
+    fn add(a: Self, b: Self) -> Self;
+    /// `a * b` (wrapping for integers).
+    fn mul(a: Self, b: Self) -> Self;
+    /// `a / n` (truncating for integers).
+    fn div(a: Self, n: usize) -> Self;
+    /// The smaller of `a` and `b`.
+    #[inline(always)]
+    fn min(a: Self, b: Self) -> Self {
+        if b < a { b } else { a }
+    }
+    /// The larger of `a` and `b`.
+    #[inline(always)]
+    fn max(a: Self, b: Self) -> Self {
+        if b > a { b } else { a }
+    }
+}
+
+/// Per-type conversions behind the kernels: to and from the accumulator, whose [`Accumulator`]
+/// arithmetic does the rest.
 pub trait Arith: Copy + Default + PartialOrd + Send + Sync + 'static {
     /// The type sums and products are accumulated in.
-    type Acc: Copy + Default;
+    type Acc: Accumulator;
     /// Widens to the accumulator.
     fn load(self) -> Self::Acc;
     /// Narrows from the accumulator.
     fn store(acc: Self::Acc) -> Self;
-    /// `a + b` (wrapping for integers).
-    fn add(a: Self::Acc, b: Self::Acc) -> Self::Acc;
-    /// `a * b` (wrapping for integers).
-    fn mul(a: Self::Acc, b: Self::Acc) -> Self::Acc;
-    /// The smaller of `a` and `b`.
-    fn min(a: Self::Acc, b: Self::Acc) -> Self::Acc;
-    /// The larger of `a` and `b`.
-    fn max(a: Self::Acc, b: Self::Acc) -> Self::Acc;
-    /// `a / n` (truncating for integers).
-    fn div(a: Self::Acc, n: usize) -> Self::Acc;
 }
 
-macro_rules! float_arith {
+macro_rules! float_accumulator {
+    ($t:ty) => {
+        impl Accumulator for $t {
+            #[inline(always)]
+            fn add(a: $t, b: $t) -> $t {
+                a + b
+            }
+            #[inline(always)]
+            fn mul(a: $t, b: $t) -> $t {
+                a * b
+            }
+            #[inline(always)]
+            fn div(a: $t, n: usize) -> $t {
+                a / n as $t
+            }
+        }
+    };
+}
+float_accumulator!(f32);
+float_accumulator!(f64);
+
+macro_rules! int_accumulator {
+    ($t:ty) => {
+        impl Accumulator for $t {
+            #[inline(always)]
+            fn add(a: $t, b: $t) -> $t {
+                a.wrapping_add(b)
+            }
+            #[inline(always)]
+            fn mul(a: $t, b: $t) -> $t {
+                a.wrapping_mul(b)
+            }
+            #[inline(always)]
+            fn div(a: $t, n: usize) -> $t {
+                (a as i128 / n.max(1) as i128) as $t
+            }
+        }
+    };
+}
+int_accumulator!(i64);
+int_accumulator!(i32);
+int_accumulator!(u64);
+int_accumulator!(u32);
+int_accumulator!(i8);
+int_accumulator!(u8);
+
+/// Types accumulated as themselves.
+macro_rules! own_accumulator {
     ($t:ty) => {
         impl Arith for $t {
             type Acc = $t;
@@ -44,33 +102,20 @@ macro_rules! float_arith {
             fn store(a: $t) -> $t {
                 a
             }
-            #[inline(always)]
-            fn add(a: $t, b: $t) -> $t {
-                a + b
-            }
-            #[inline(always)]
-            fn mul(a: $t, b: $t) -> $t {
-                a * b
-            }
-            #[inline(always)]
-            fn min(a: $t, b: $t) -> $t {
-                if b < a { b } else { a }
-            }
-            #[inline(always)]
-            fn max(a: $t, b: $t) -> $t {
-                if b > a { b } else { a }
-            }
-            #[inline(always)]
-            fn div(a: $t, n: usize) -> $t {
-                a / n as $t
-            }
         }
     };
 }
-float_arith!(f32);
-float_arith!(f64);
+own_accumulator!(f32);
+own_accumulator!(f64);
+own_accumulator!(i64);
+own_accumulator!(i32);
+own_accumulator!(u64);
+own_accumulator!(u32);
+own_accumulator!(i8);
+own_accumulator!(u8);
 
-macro_rules! half_arith {
+/// Half-precision types: accumulated in `f32`, rounded once at the end.
+macro_rules! f32_accumulator {
     ($t:ty) => {
         impl Arith for $t {
             type Acc = f32;
@@ -82,73 +127,11 @@ macro_rules! half_arith {
             fn store(a: f32) -> $t {
                 <$t>::from_f32(a)
             }
-            #[inline(always)]
-            fn add(a: f32, b: f32) -> f32 {
-                a + b
-            }
-            #[inline(always)]
-            fn mul(a: f32, b: f32) -> f32 {
-                a * b
-            }
-            #[inline(always)]
-            fn min(a: f32, b: f32) -> f32 {
-                if b < a { b } else { a }
-            }
-            #[inline(always)]
-            fn max(a: f32, b: f32) -> f32 {
-                if b > a { b } else { a }
-            }
-            #[inline(always)]
-            fn div(a: f32, n: usize) -> f32 {
-                a / n as f32
-            }
         }
     };
 }
-half_arith!(f16);
-half_arith!(bf16);
-
-macro_rules! int_arith {
-    ($t:ty) => {
-        impl Arith for $t {
-            type Acc = $t;
-            #[inline(always)]
-            fn load(self) -> $t {
-                self
-            }
-            #[inline(always)]
-            fn store(a: $t) -> $t {
-                a
-            }
-            #[inline(always)]
-            fn add(a: $t, b: $t) -> $t {
-                a.wrapping_add(b)
-            }
-            #[inline(always)]
-            fn mul(a: $t, b: $t) -> $t {
-                a.wrapping_mul(b)
-            }
-            #[inline(always)]
-            fn min(a: $t, b: $t) -> $t {
-                if b < a { b } else { a }
-            }
-            #[inline(always)]
-            fn max(a: $t, b: $t) -> $t {
-                if b > a { b } else { a }
-            }
-            #[inline(always)]
-            fn div(a: $t, n: usize) -> $t {
-                (a as i128 / n.max(1) as i128) as $t
-            }
-        }
-    };
-}
-int_arith!(i64);
-int_arith!(i32);
-int_arith!(u64);
-int_arith!(u32);
-int_arith!(i8);
-int_arith!(u8);
+f32_accumulator!(f16);
+f32_accumulator!(bf16);
 
 #[inline(always)]
 fn fold_block<T: Arith>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {
@@ -226,16 +209,16 @@ unsafe fn reduce_blocks<T: Arith, const B: usize>(
                 // SAFETY: as above for every source; the slice is dropped before `out` is written.
                 let s = unsafe { std::slice::from_raw_parts(src.add(done), n) };
                 match op {
-                    ReduceOp::Sum | ReduceOp::Avg => fold_block(acc, s, T::add),
-                    ReduceOp::Prod => fold_block(acc, s, T::mul),
-                    ReduceOp::Min => fold_block(acc, s, T::min),
-                    ReduceOp::Max => fold_block(acc, s, T::max),
+                    ReduceOp::Sum | ReduceOp::Avg => fold_block(acc, s, Accumulator::add),
+                    ReduceOp::Prod => fold_block(acc, s, Accumulator::mul),
+                    ReduceOp::Min => fold_block(acc, s, Accumulator::min),
+                    ReduceOp::Max => fold_block(acc, s, Accumulator::max),
                 }
             }
         }
         if op == ReduceOp::Avg {
             for a in acc.iter_mut() {
-                *a = T::div(*a, divisor);
+                *a = Accumulator::div(*a, divisor);
             }
         }
         for (j, a) in acc.iter().enumerate() {

@@ -270,7 +270,8 @@ pub(crate) struct CallSpec {
     pub(crate) invalid: bool,
 }
 
-/// Runs one collective through the channel executor.
+/// One collective call with this rank's buffers, for the channel executor or the host one.
+#[derive(Clone, Copy)]
 pub(crate) enum ChannelCall<T> {
     /// All-reduce `count` elements.
     AllReduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
@@ -322,6 +323,18 @@ struct Buffers<T> {
 }
 
 impl<T> ChannelCall<T> {
+    /// The collective this call runs, and its reduction where it has one.
+    pub(crate) fn collective(&self) -> (Collective, Option<ReduceOp>) {
+        match *self {
+            ChannelCall::AllReduce { op, .. } => (Collective::AllReduce, Some(op)),
+            ChannelCall::AllGather { .. } => (Collective::AllGather, None),
+            ChannelCall::ReduceScatter { op, .. } => (Collective::ReduceScatter, Some(op)),
+            ChannelCall::Broadcast { .. } => (Collective::Broadcast, None),
+            ChannelCall::Reduce { op, .. } => (Collective::Reduce, Some(op)),
+            ChannelCall::AllToAll { .. } => (Collective::AllToAll, None),
+        }
+    }
+
     /// The send and receive buffers.
     fn buffers(&self) -> (*const T, *mut T) {
         match *self {
@@ -337,13 +350,13 @@ impl<T> ChannelCall<T> {
 
 /// The call spec of `c` on this rank (an invalid rank announces count 0).
 fn spec_of<T: Element>(c: &ChannelCall<T>, algorithm: Algorithm, invalid: bool) -> CallSpec {
-    let (collective, op, count, root) = match *c {
-        ChannelCall::AllReduce { count, op, .. } => (Collective::AllReduce, Some(op), count, 0),
-        ChannelCall::AllGather { count, .. } => (Collective::AllGather, None, count, 0),
-        ChannelCall::ReduceScatter { count, op, .. } => (Collective::ReduceScatter, Some(op), count, 0),
-        ChannelCall::Broadcast { count, root, .. } => (Collective::Broadcast, None, count, root),
-        ChannelCall::Reduce { count, op, root, .. } => (Collective::Reduce, Some(op), count, root),
-        ChannelCall::AllToAll { count, .. } => (Collective::AllToAll, None, count, 0),
+    let (collective, op) = c.collective();
+    let (count, root) = match *c {
+        ChannelCall::Broadcast { count, root, .. } | ChannelCall::Reduce { count, root, .. } => (count, root),
+        ChannelCall::AllReduce { count, .. }
+        | ChannelCall::AllGather { count, .. }
+        | ChannelCall::ReduceScatter { count, .. }
+        | ChannelCall::AllToAll { count, .. } => (count, 0),
     };
     CallSpec { collective, algorithm, dtype: T::DTYPE, op, count: if invalid { 0 } else { count }, root, invalid }
 }

@@ -4,7 +4,7 @@
 use comm_core::Result;
 
 use super::workspace::{INLINE_BYTES, Publication};
-use super::{Agree, HostEngine, capacity, copy, scratch, share, signature, with_all_scratch};
+use super::{Agree, HostEngine, capacity, chunks, copy, scratch, share, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
@@ -68,10 +68,7 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         | Algorithm::Direct
         | Algorithm::ChannelRing
         | Algorithm::ChannelDirect => {
-            let steps = count.div_ceil(cap).max(1);
-            for s in 0..steps {
-                let o = s * cap;
-                let k = (count - o).min(cap);
+            for (o, k) in chunks(count, cap) {
                 // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
                 unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
                 e.step("all_reduce", publication, agree)?;
@@ -85,15 +82,12 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         }
         Algorithm::TwoPhase => {
             let half = cap / 2;
-            let steps = count.div_ceil(half).max(1);
             let sz = std::mem::size_of::<T>();
             // Input inside a shared buffer: peers read it where it is (no copy into scratch).
             // They finish reading before the step's second phase, so the caller may reuse it as
             // soon as this returns.
             let shared = e.locate(send.cast(), count * sz);
-            for s in 0..steps {
-                let o = s * half;
-                let k = (count - o).min(half);
+            for (o, k) in chunks(count, half) {
                 let (mine_a, mine_b) = share(k, n, me);
                 let mut p = publication;
                 match shared {
@@ -145,11 +139,8 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             }
         }
         Algorithm::Ring => {
-            let steps = count.div_ceil(cap).max(1);
             let left = (me + n - 1) % n;
-            for s in 0..steps {
-                let o = s * cap;
-                let k = (count - o).min(cap);
+            for (o, k) in chunks(count, cap) {
                 let acc = scratch::<T>(&e.ws, me, 0, k)?;
                 // SAFETY: as in one-shot.
                 unsafe { copy(send.add(o), acc, k) };
@@ -207,10 +198,7 @@ pub(crate) unsafe fn reduce<T: Element>(
     let cap = capacity::<T>(&e.ws);
     let two_phase = algo == Algorithm::TwoPhase;
     let chunk = if two_phase { cap / 2 } else { cap };
-    let steps = count.div_ceil(chunk).max(1);
-    for s in 0..steps {
-        let o = s * chunk;
-        let k = (count - o).min(chunk);
+    for (o, k) in chunks(count, chunk) {
         // SAFETY: o + k <= count; scratch holds `chunk` elements.
         unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
         e.step("reduce", publication, agree)?;

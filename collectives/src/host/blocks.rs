@@ -4,7 +4,7 @@
 use comm_core::{Error, Result};
 
 use super::workspace::Publication;
-use super::{Agree, HostEngine, capacity, copy, scratch, signature, with_all_scratch};
+use super::{Agree, HostEngine, capacity, chunks, copy, scratch, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
@@ -70,11 +70,8 @@ pub(crate) unsafe fn all_gather<T: Element>(
     }
     let ring = algo == Algorithm::Ring;
     let cap = if ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
-    let steps = count.div_ceil(cap.max(1)).max(1);
     let left = (me + n - 1) % n;
-    for s in 0..steps {
-        let o = s * cap;
-        let k = (count - o).min(cap);
+    for (o, k) in chunks(count, cap) {
         let seg = |q: usize| if ring { q * cap } else { 0 };
         // SAFETY: o + k <= count; scratch holds the segment.
         unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, seg(me), k)?, k) };
@@ -119,11 +116,8 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
     let sig = signature(Collective::ReduceScatter, T::DTYPE, Some(op), algo);
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let cap = capacity::<T>(&e.ws) / n;
-    let steps = count.div_ceil(cap.max(1)).max(1);
     let left = (me + n - 1) % n;
-    for s in 0..steps {
-        let o = s * cap;
-        let k = (count - o).min(cap);
+    for (o, k) in chunks(count, cap) {
         for q in 0..n {
             // SAFETY: block q, chunk [o, o+k) of the send buffer; scratch segment q.
             unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };
@@ -174,10 +168,7 @@ pub(crate) unsafe fn broadcast<T: Element>(
     let sig = signature(Collective::Broadcast, T::DTYPE, None, algo);
     let publication = Publication { signature: sig, count: count as u64, root: root as u64, ..Publication::default() };
     let cap = capacity::<T>(&e.ws);
-    let steps = count.div_ceil(cap).max(1);
-    for s in 0..steps {
-        let o = s * cap;
-        let k = (count - o).min(cap);
+    for (o, k) in chunks(count, cap) {
         if me == root {
             // SAFETY: root's send chunk into its scratch.
             unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
@@ -210,10 +201,7 @@ pub(crate) unsafe fn all_to_all<T: Element>(
     let sig = signature(Collective::AllToAll, T::DTYPE, None, algo);
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let cap = capacity::<T>(&e.ws) / n;
-    let steps = count.div_ceil(cap.max(1)).max(1);
-    for s in 0..steps {
-        let o = s * cap;
-        let k = (count - o).min(cap);
+    for (o, k) in chunks(count, cap) {
         for q in 0..n {
             // SAFETY: block for q, chunk [o, o+k).
             unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };

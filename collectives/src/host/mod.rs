@@ -290,6 +290,17 @@ pub(crate) fn capacity<T: Element>(ws: &Workspace) -> usize {
     ws.scratch_bytes() / std::mem::size_of::<T>()
 }
 
+/// The chunks of a pass over `count` elements through a scratch area of `cap` elements, as
+/// (offset, length) in order. At least one, empty when `count` is 0, so that every rank takes
+/// part in a step even with nothing to move.
+pub(crate) fn chunks(count: usize, cap: usize) -> impl Iterator<Item = (usize, usize)> {
+    let steps = count.div_ceil(cap.max(1)).max(1);
+    (0..steps).map(move |s| {
+        let o = s * cap;
+        (o, (count - o).min(cap))
+    })
+}
+
 /// `[a, b)`: the share of `k` elements that `part` of `n` owns.
 pub(crate) fn share(k: usize, n: usize, part: usize) -> (usize, usize) {
     (k * part / n, k * (part + 1) / n)
@@ -332,5 +343,7 @@ mod tests {
                 assert_eq!(next, k);
             }
         }
+        assert_eq!(chunks(0, 5).collect::<Vec<_>>(), [(0, 0)]);
+        assert_eq!(chunks(12, 5).collect::<Vec<_>>(), [(0, 5), (5, 5), (10, 2)]);
     }
 }

@@ -148,47 +148,51 @@ pub fn kernel(c: Collective, algo: Algorithm, world: usize, bytes: usize, caps: 
     }
 }
 
+/// Capabilities of a Hopper GPU with NVLink and direct access to every peer: the device the
+/// selection tests plan for.
+#[cfg(test)]
+pub(crate) const TEST_CAPS: GpuCaps = GpuCaps {
+    arch: Some(90),
+    packet_capacity: 64 << 10,
+    nvlink: true,
+    ll128_max_bytes: 3840 << 10,
+    forced_schedule: None,
+    direct: true,
+};
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    const CAPS: GpuCaps = GpuCaps {
-        arch: Some(90),
-        packet_capacity: 64 << 10,
-        nvlink: true,
-        ll128_max_bytes: 3840 << 10,
-        forced_schedule: None,
-        direct: true,
-    };
-
     #[test]
     fn algorithms_that_do_not_fit_fall_back() {
         let big = (64 << 10) * 8 + 8;
-        assert_eq!(fit(Algorithm::OneShot, Collective::AllReduce, 4, big, &CAPS), Algorithm::TwoShot);
-        assert_eq!(fit(Algorithm::OneShot, Collective::AllReduce, 2, big, &CAPS), Algorithm::TwoPhase);
-        assert_eq!(fit(Algorithm::OneShot, Collective::Broadcast, 2, big, &CAPS), Algorithm::TwoPhase);
-        assert_eq!(fit(Algorithm::OneShot, Collective::AllGather, 2, big, &CAPS), Algorithm::Direct);
-        assert_eq!(fit(Algorithm::OneShot, Collective::AllGather, 2, 8, &CAPS), Algorithm::OneShot);
-        let pcie = GpuCaps { nvlink: false, ..CAPS };
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllReduce, 4, big, &TEST_CAPS), Algorithm::TwoShot);
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllReduce, 2, big, &TEST_CAPS), Algorithm::TwoPhase);
+        assert_eq!(fit(Algorithm::OneShot, Collective::Broadcast, 2, big, &TEST_CAPS), Algorithm::TwoPhase);
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllGather, 2, big, &TEST_CAPS), Algorithm::Direct);
+        assert_eq!(fit(Algorithm::OneShot, Collective::AllGather, 2, 8, &TEST_CAPS), Algorithm::OneShot);
+        let pcie = GpuCaps { nvlink: false, ..TEST_CAPS };
         assert_eq!(fit(Algorithm::TwoShotLl128, Collective::AllReduce, 4, 1 << 20, &pcie), Algorithm::TwoShot);
-        assert_eq!(fit(Algorithm::TwoShotLl128, Collective::AllReduce, 4, 8 << 20, &CAPS), Algorithm::TwoPhase);
+        assert_eq!(fit(Algorithm::TwoShotLl128, Collective::AllReduce, 4, 8 << 20, &TEST_CAPS), Algorithm::TwoPhase);
     }
 
     #[test]
     fn every_device_algorithm_names_a_kernel_and_the_schedule_follows_world_and_size() {
         for c in Collective::ALL {
             for a in Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)) {
-                let k = kernel(c, a, 4, 1 << 20, &CAPS).unwrap();
+                let k = kernel(c, a, 4, 1 << 20, &TEST_CAPS).unwrap();
                 assert!(k.family.starts_with("weave_"), "{c} {a}");
             }
         }
-        let grid = |world, bytes| kernel(Collective::AllReduce, Algorithm::TwoPhase, world, bytes, &CAPS).unwrap().grid;
+        let grid =
+            |world, bytes| kernel(Collective::AllReduce, Algorithm::TwoPhase, world, bytes, &TEST_CAPS).unwrap().grid;
         assert_eq!(grid(2, 64 << 20), Grid::Pipelined { min_steps: 1, overlapped: true });
         assert_eq!(grid(2, 1 << 20), Grid::Pipelined { min_steps: 1, overlapped: false });
         assert_eq!(grid(4, 1 << 30), Grid::Pipelined { min_steps: 1, overlapped: false });
-        let channel = kernel(Collective::AllReduce, Algorithm::ChannelRing, 2, 8, &CAPS).unwrap();
+        let channel = kernel(Collective::AllReduce, Algorithm::ChannelRing, 2, 8, &TEST_CAPS).unwrap();
         assert_eq!((channel.family, channel.typed, channel.grid), (CHANNEL_REDUCING_FAMILY, true, Grid::Channel));
-        let moving = kernel(Collective::SendRecv, Algorithm::ChannelDirect, 20, 8, &CAPS).unwrap();
+        let moving = kernel(Collective::SendRecv, Algorithm::ChannelDirect, 20, 8, &TEST_CAPS).unwrap();
         assert_eq!((moving.family, moving.typed), (CHANNEL_MOVING_KERNEL, false));
     }
 }

@@ -157,14 +157,7 @@ mod tests {
             assert_eq!(p.executor, Executor::HostChannel, "{c}");
         }
         // Device buffers too: the channel kernels.
-        let caps = GpuCaps {
-            arch: Some(90),
-            packet_capacity: 64 << 10,
-            nvlink: true,
-            ll128_max_bytes: 3840 << 10,
-            forced_schedule: None,
-            direct: true,
-        };
+        let caps = device::TEST_CAPS;
         for c in Collective::ALL {
             let d = CallShape { collective: c, memory: MemorySpace::Device, bytes: 8, payload: 8 };
             let p = plan(&t, d, &topo, Some(&caps)).unwrap();
