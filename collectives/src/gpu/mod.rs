@@ -2,8 +2,9 @@
 //!
 //! Each rank owns one device workspace (packets for the one-shot kernel, data slots for the
 //! others, epoch flags), allocated through the CUDA IPC transport and mapped by every peer.
-//! The kernels (`kernels/cuda/collectives.cu`) are compiled once per device architecture with
-//! NVRTC (cached on disk) when the communicator is built. A call validates its arguments,
+//! Each kernel family is compiled once per device architecture with NVRTC (cached on disk) when
+//! a call first needs it: the direct kernels (`kernels::direct`) at the first direct call, each
+//! channel kernel (`kernels::channel`) at the first call that runs it. A call validates its arguments,
 //! checks the device error word of earlier launches, picks the algorithm from the same table as
 //! the host path, and launches one kernel — no host synchronization, so calls can be captured
 //! in a CUDA graph.
@@ -93,7 +94,10 @@ pub(crate) struct GpuEngine {
 /// The direct family: one workspace per rank mapped by every peer, and the collective kernels
 /// that load and store peers' workspaces.
 pub(crate) struct DirectKernels {
-    module: Arc<KernelModule>,
+    /// The compiled program, loaded at the first launch.
+    module: Option<Arc<KernelModule>>,
+    /// The architecture the program is compiled for.
+    arch_name: String,
     functions: HashMap<Kernel, CudaFunction>,
     workspaces: Vec<RegisteredMemory>,
     layout: WorkspaceLayout,
@@ -370,10 +374,9 @@ impl DirectKernels {
         };
         let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
-        let compiled = kernels::compile::Compiler::from_env().compile(&kernels::direct::program(), arch)?;
-        let module = KernelModule::load(ctx, &compiled)?;
         Ok(DirectKernels {
-            module,
+            module: None,
+            arch_name: arch.to_string(),
             functions: HashMap::new(),
             workspaces,
             layout,
@@ -456,8 +459,9 @@ impl DirectKernels {
         (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
     }
 
-    /// Launches `kernel` with `args` on `stream`. The function is looked up by name once per
-    /// communicator; later calls find it by its typed key without building the name.
+    /// Launches `kernel` with `args` on `stream`. The program is compiled and loaded at the first
+    /// launch; each function is looked up by name once per communicator, later calls find it by
+    /// its typed key without building the name.
     ///
     /// # Safety
     /// Every device address in `args` must be valid for what the kernel does with it until the
@@ -471,7 +475,22 @@ impl DirectKernels {
     ) -> Result<()> {
         let f = match self.functions.entry(kernel) {
             Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => e.insert(self.module.function(&kernel.name())?),
+            Entry::Vacant(e) => {
+                let module = match &self.module {
+                    Some(m) => m.clone(),
+                    None => {
+                        // The first direct call may be captured into a CUDA graph: compiling
+                        // and loading is no stream work.
+                        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+                        let program = kernels::direct::program();
+                        let compiled = kernels::compile::Compiler::from_env().compile(&program, &self.arch_name)?;
+                        let m = KernelModule::load(&self.ctx, &compiled)?;
+                        self.module = Some(m.clone());
+                        m
+                    }
+                };
+                e.insert(module.function(&kernel.name())?)
+            }
         };
         if self.overlap_launches {
             // SAFETY: forwarded from the caller.
