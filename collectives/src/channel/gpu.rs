@@ -251,9 +251,6 @@ impl DeviceChannels {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let spec = call.spec;
-        // The first call of a kind may be captured into a CUDA graph: building links and loading
-        // kernels is no stream work, so it may run beside the capture.
-        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
         let algorithm = match spec.algorithm {
             Algorithm::ChannelRing => ChannelAlgorithm::Ring,
             Algorithm::ChannelDirect => ChannelAlgorithm::Direct,
@@ -321,8 +318,6 @@ impl DeviceChannels {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let peers: Vec<usize> = call.send.map(|s| s.2).into_iter().chain(call.recv.map(|r| r.2)).collect();
-        // As in `launch`: setup beside a graph capture.
-        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
         self.connect(core, &peers)?;
         let kernel = ChannelKernel::Moving;
         let f = self.function(kernel)?;

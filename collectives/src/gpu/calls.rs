@@ -115,14 +115,10 @@ impl Communicator {
                 invalid: false,
             };
             let channel_call = DeviceChannelCall { spec, send: call.send, recv: call.recv, aux: call.aux };
-            let status = g.status_handle();
-            let launched = {
-                let channels = g.channels(self.core())?;
-                // SAFETY: forwarded from the caller.
-                unsafe { channels.launch(self.core(), channel_call, &k, status, stream) }
-            };
-            // A failure after links may have been built leaves the ranks out of step.
-            return launched.map_err(|e| if matches!(e, Error::InvalidArgument(_)) { e } else { g.break_with(e) });
+            // SAFETY: forwarded from the caller.
+            return g.on_channels(self.core(), |channels, status| unsafe {
+                channels.launch(self.core(), channel_call, &k, status, stream)
+            });
         }
         let kernel = if k.typed { Kernel::typed(k.family, call.dtype) } else { Kernel::untyped(k.family) };
         let d = g.direct()?;
@@ -342,14 +338,11 @@ impl Communicator {
         let shape = CallShape { collective: Collective::SendRecv, memory: MemorySpace::Device, bytes, payload: bytes };
         let plan = crate::select::plan(self.algorithm_table(), shape, self.core().topology(), Some(&g.caps()))?;
         if plan.executor == Executor::GpuChannel {
-            let status = g.status_handle();
-            let launched = {
-                let channels = g.channels(self.core())?;
-                let call = DeviceSendRecv { send, recv, dtype };
-                // SAFETY: forwarded from the caller.
-                unsafe { channels.sendrecv(self.core(), call, status, stream) }
-            };
-            return launched.map_err(|e| if matches!(e, Error::InvalidArgument(_)) { e } else { g.break_with(e) });
+            let call = DeviceSendRecv { send, recv, dtype };
+            // SAFETY: forwarded from the caller.
+            return g.on_channels(self.core(), |channels, status| unsafe {
+                channels.sendrecv(self.core(), call, status, stream)
+            });
         }
         let family = plan.kernel.map_or("weave_sendrecv", |k| k.family);
         let d = g.direct()?;

@@ -258,16 +258,27 @@ impl GpuEngine {
         })
     }
 
-    /// The channel family, built at its first use.
-    pub(crate) fn channels(&mut self, core: &CoreCommunicator) -> Result<&mut DeviceChannels> {
+    /// Runs `launch` on the channel family (built at its first use) with the status words its
+    /// kernels report into. The setup — building the family, its links, loading its kernels —
+    /// is no stream work and runs in relaxed capture mode, so the first channel call may be
+    /// captured into a CUDA graph. A failure other than a refused argument breaks the engine:
+    /// links may have been built on some ranks only.
+    pub(crate) fn on_channels(
+        &mut self,
+        core: &CoreCommunicator,
+        launch: impl FnOnce(&mut DeviceChannels, comm_core::device::DeviceStatusHandle) -> Result<()>,
+    ) -> Result<()> {
         self.check()?;
+        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
         if self.channels.is_none() {
-            // The first channel call may be captured into a CUDA graph: this setup is no stream work.
-            let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
             let built = DeviceChannels::new(core, &self.ctx, self.device, &self.arch_name);
             self.channels = Some(built.map_err(|e| self.break_with(e))?);
         }
-        self.channels.as_mut().ok_or_else(|| Error::Aborted("the GPU channel family vanished".into()))
+        let status = self.status_handle();
+        let channels =
+            self.channels.as_mut().ok_or_else(|| Error::Aborted("the GPU channel family vanished".into()))?;
+        launch(channels, status)
+            .map_err(|e| if matches!(e, Error::InvalidArgument(_)) { e } else { self.break_with(e) })
     }
 
     /// The status words kernels report into, with this communicator's spin budget.
