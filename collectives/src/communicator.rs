@@ -1,7 +1,9 @@
 //! The user-facing communicator: collectives and point-to-point on host memory.
 
+use std::cell::{RefCell, RefMut};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
 
 use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator as CoreCommunicator;
@@ -98,18 +100,26 @@ struct Lineage {
 ///
 /// Every collective is called by every rank of the communicator in the same order; a rank that
 /// passes different counts, operators or roots gets [`Error::InvalidArgument`] on every rank,
-/// and a lost peer gives an error within the timeout, never a hang. Calls on one communicator
-/// are serialized (it is `Sync`; concurrent calls from several threads run one at a time).
+/// and a lost peer gives an error within the timeout, never a hang.
+///
+/// A communicator is used from one thread at a time, as an NCCL communicator is: it is `Send`
+/// (move it to the thread that makes the calls) but not `Sync`, so a call takes no lock — a
+/// lock's atomic instruction would make the processor wait for the call's stores to peers'
+/// memory, which doubles the cost of a small eager call. Share one between threads inside a
+/// `Mutex`; stop one from another thread with an [`AbortHandle`].
 pub struct Communicator {
     core: CoreCommunicator,
     #[cfg(feature = "cudaipc")]
-    pub(crate) gpu: Option<Mutex<crate::gpu::GpuEngine>>,
+    pub(crate) gpu: Option<RefCell<crate::gpu::GpuEngine>>,
+    /// The GPU engine's status words, for [`AbortHandle`]s.
+    #[cfg(feature = "cudaipc")]
+    gpu_status: Option<Arc<weave_cuda::DeviceStatus>>,
     /// The GPU knobs this communicator was built with (its splits get them too).
     #[cfg(feature = "cudaipc")]
     gpu_config: crate::gpu::GpuConfig,
     /// The direct host executor; `None` where some peer's memory is not mapped here.
-    host: Option<Mutex<HostEngine>>,
-    channel: Mutex<ChannelEngine>,
+    host: Option<RefCell<HostEngine>>,
+    channel: RefCell<ChannelEngine>,
     table: AlgorithmTable,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Config,
@@ -189,15 +199,22 @@ impl Communicator {
         let core = core.build()?;
         let scratch = config.host_scratch_bytes.unwrap_or(DEFAULT_SCRATCH_BYTES);
         // Every rank computes the same topology, so they agree on building the workspace.
-        let host = if core.topology().all_direct() { Some(Mutex::new(HostEngine::new(&core, scratch)?)) } else { None };
-        let channel = Mutex::new(ChannelEngine::new(&core));
+        let host =
+            if core.topology().all_direct() { Some(RefCell::new(HostEngine::new(&core, scratch)?)) } else { None };
+        let channel = RefCell::new(ChannelEngine::new(&core));
         #[cfg(feature = "cudaipc")]
-        let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?.map(Mutex::new);
+        let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?;
+        #[cfg(feature = "cudaipc")]
+        let gpu_status = gpu.as_ref().map(|g| g.status().clone());
+        #[cfg(feature = "cudaipc")]
+        let gpu = gpu.map(RefCell::new);
         let root = lineage.root.unwrap_or(b.bootstrap);
         Ok(Communicator {
             core,
             #[cfg(feature = "cudaipc")]
             gpu,
+            #[cfg(feature = "cudaipc")]
+            gpu_status,
             #[cfg(feature = "cudaipc")]
             gpu_config,
             host,
@@ -259,18 +276,23 @@ impl Communicator {
     }
 
     /// Makes every current and future wait of this communicator fail with [`Error::Aborted`]
-    /// (running GPU kernels of it stop too).
+    /// (running GPU kernels of it stop too). From another thread, use an
+    /// [`abort_handle`](Self::abort_handle).
     pub fn abort(&self) {
-        self.core.abort();
-        #[cfg(feature = "cudaipc")]
-        if let Some(g) = &self.gpu
-            && let Ok(g) = g.lock()
-        {
-            g.abort();
+        self.abort_handle().abort();
+    }
+
+    /// A handle that aborts this communicator from any thread (a watchdog, a signal handler
+    /// thread), as [`abort`](Self::abort) does; it may outlive the communicator.
+    pub fn abort_handle(&self) -> AbortHandle {
+        AbortHandle {
+            flag: self.core.abort_flag().clone(),
+            #[cfg(feature = "cudaipc")]
+            gpu: self.gpu_status.clone(),
         }
     }
 
-    fn engine(&self) -> Result<MutexGuard<'_, HostEngine>> {
+    fn engine(&self) -> Result<RefMut<'_, HostEngine>> {
         let host = self.host.as_ref().ok_or_else(|| {
             Error::Unsupported(
                 "this communicator reaches some peers only through connections, so it has no shared host \
@@ -278,13 +300,13 @@ impl Communicator {
                     .into(),
             )
         })?;
-        let e = host.lock().map_err(|_| Error::Aborted("a thread panicked inside a collective".into()))?;
+        let e = host.try_borrow_mut().map_err(|_| already_in_a_call())?;
         e.check_usable()?;
         Ok(e)
     }
 
-    fn channel_engine(&self) -> Result<MutexGuard<'_, ChannelEngine>> {
-        let e = self.channel.lock().map_err(|_| Error::Aborted("a thread panicked inside a collective".into()))?;
+    fn channel_engine(&self) -> Result<RefMut<'_, ChannelEngine>> {
+        let e = self.channel.try_borrow_mut().map_err(|_| already_in_a_call())?;
         e.check_usable()?;
         Ok(e)
     }
@@ -633,6 +655,38 @@ unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: Cha
             ChannelCall::Reduce { send, recv, count, op, root } => host::reduce(e, algo, send, recv, count, op, root),
             ChannelCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, send, recv, count),
         }
+    }
+}
+
+/// The error of a call made while another call of the same communicator runs on this thread
+/// (from a callback inside it): the first call holds the engine.
+pub(crate) fn already_in_a_call() -> Error {
+    Error::invalid("this communicator is already inside a call on this thread; calls cannot nest")
+}
+
+/// Aborts a [`Communicator`] from any thread: every current and future wait of it fails with
+/// [`Error::Aborted`], and its running GPU kernels stop. Cheap to clone.
+#[derive(Clone)]
+pub struct AbortHandle {
+    flag: Arc<AtomicBool>,
+    #[cfg(feature = "cudaipc")]
+    gpu: Option<Arc<weave_cuda::DeviceStatus>>,
+}
+
+impl AbortHandle {
+    /// Aborts the communicator (idempotent).
+    pub fn abort(&self) {
+        self.flag.store(true, std::sync::atomic::Ordering::Release);
+        #[cfg(feature = "cudaipc")]
+        if let Some(status) = &self.gpu {
+            status.abort();
+        }
+    }
+}
+
+impl std::fmt::Debug for AbortHandle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("AbortHandle").field("aborted", &self.flag.load(std::sync::atomic::Ordering::Acquire)).finish()
     }
 }
 

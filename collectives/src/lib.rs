@@ -30,6 +30,7 @@ mod group;
 mod health;
 mod host;
 pub mod op;
+mod per_rank;
 pub mod reduce;
 pub mod select;
 pub mod split;
@@ -37,7 +38,7 @@ pub use select::table;
 
 pub use buffer::SharedBuffer;
 pub use comm_core as core;
-pub use communicator::{Builder, Communicator, Group, default_transports};
+pub use communicator::{AbortHandle, Builder, Communicator, Group, default_transports};
 pub use dtype::{DataType, Element};
 pub use half::{bf16, f16};
 pub use op::ReduceOp;

@@ -51,6 +51,7 @@ impl MemoryKind {
 pub trait MemoryRegion: Send + Sync + Any {
     /// Address of the first byte in this process (host virtual address, or CUDA device address
     /// for device memory); null when the region is not mapped here (e.g. an RDMA-only import).
+    /// It must not change while the region lives: registrations read it once.
     fn as_ptr(&self) -> *mut u8;
 
     /// Length in bytes.
@@ -171,6 +172,8 @@ struct Registration {
     /// Id of the communicator that registered (local) or imported it; 0 when made by hand.
     communicator: u64,
     region: Arc<dyn MemoryRegion>,
+    /// `region.as_ptr()`, read once (it is stable): accessors on hot paths need no virtual call.
+    address: usize,
     transport: Transport,
     local: bool,
 }
@@ -235,7 +238,10 @@ impl RegisteredMemory {
                 ),
             ));
         }
-        Ok(RegisteredMemory { inner: Arc::new(Registration { descriptor, communicator: 0, region, transport, local }) })
+        let address = region.as_ptr() as usize;
+        Ok(RegisteredMemory {
+            inner: Arc::new(Registration { descriptor, communicator: 0, region, address, transport, local }),
+        })
     }
 
     /// Marks the registration as belonging to communicator `id` (right after construction).
@@ -299,7 +305,7 @@ impl RegisteredMemory {
     /// Address of the first byte in this process; null when not mapped here. Dereferencing it
     /// is `unsafe`: stay within [`len`](Self::len) and synchronize with the other ranks.
     pub fn as_ptr(&self) -> *mut u8 {
-        self.inner.region.as_ptr()
+        self.inner.address as *mut u8
     }
 
     /// True when the memory is host memory mapped into this process.

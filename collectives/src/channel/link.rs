@@ -39,6 +39,7 @@ const FREED: usize = 64;
 const SLOTS_OFFSET: usize = 4096;
 /// Bytes of the header at the start of a slot.
 pub(crate) const HEADER_BYTES: usize = 64;
+const _: () = assert!(8 * Header::WORDS <= HEADER_BYTES);
 
 /// What every message says about the call it belongs to; receivers check it against their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -56,17 +57,42 @@ pub(crate) struct Header {
     pub(crate) tainted: bool,
     /// Payload bytes of this message.
     pub(crate) len: u64,
+    /// The sender's last message of the call to this receiver (set by the eager algorithms,
+    /// whose receivers take messages until they see it, so that a mismatched call still
+    /// leaves the link in step).
+    pub(crate) last: bool,
 }
 
 impl Header {
-    const WORDS: usize = 6;
+    const WORDS: usize = 7;
 
     fn to_words(self) -> [u64; Self::WORDS] {
-        [self.call, self.signature, self.count, self.root, u64::from(self.tainted), self.len]
+        [self.call, self.signature, self.count, self.root, u64::from(self.tainted), self.len, u64::from(self.last)]
     }
 
     fn from_words(w: [u64; Self::WORDS]) -> Self {
-        Header { call: w[0], signature: w[1], count: w[2], root: w[3], tainted: w[4] != 0, len: w[5] }
+        Header { call: w[0], signature: w[1], count: w[2], root: w[3], tainted: w[4] != 0, len: w[5], last: w[6] != 0 }
+    }
+}
+
+/// Maps every page of the first `len` bytes of `mem` (host memory mapped here, checked to hold
+/// them) into this process: by reading a byte of each (shared memory, which a peer may be
+/// writing), or by writing a zero to one (`write`: private memory no one else uses yet).
+fn prefault(mem: &RegisteredMemory, len: usize, write: bool) {
+    const PAGE: usize = 4096;
+    let base = mem.as_ptr();
+    for offset in (0..len).step_by(PAGE) {
+        // SAFETY: offset < len, inside the mapped region (the caller checked). The read is
+        // atomic, so a peer writing the same byte is no data race; the write goes only to
+        // private memory that nothing reads yet.
+        unsafe {
+            let byte = base.add(offset);
+            if write {
+                byte.write_volatile(0);
+            } else {
+                std::sync::atomic::AtomicU8::from_ptr(byte).load(Ordering::Relaxed);
+            }
+        }
     }
 }
 
@@ -74,12 +100,17 @@ impl Header {
 pub(crate) struct Link {
     peer: usize,
     connection: Arc<dyn Connection>,
-    /// This rank's region: the peer's messages arrive here.
-    mine: RegisteredMemory,
+    /// This rank's region: the peer's messages arrive here (read through `mine_base`; held to
+    /// keep it mapped).
+    _mine: RegisteredMemory,
     /// The peer's region: this rank's messages go there.
     theirs: RegisteredMemory,
     /// Private staging of this rank's messages (slot `i` mirrors slot `i` of `theirs`).
     outbox: RegisteredMemory,
+    /// Address of `mine` here, checked to be host memory holding the whole layout.
+    mine_base: usize,
+    /// Address of `outbox` here, checked likewise.
+    outbox_base: usize,
     slots: usize,
     slot_bytes: usize,
     /// Messages posted to the peer.
@@ -108,16 +139,29 @@ impl Link {
         if !outbox.is_host_mapped() {
             return Err(Error::Unsupported(format!("{label}: the outbox is not host memory")));
         }
-        // Checked once here, so the word accessors below cannot fail.
-        mine.atomic_u64(READY)?;
-        mine.atomic_u64(FREED)?;
+        // Checked once here, so that the accessors below work on plain addresses.
+        mine.check_range(0, len)?;
+        outbox.check_range(0, len)?;
+        let (mine_base, outbox_base) = (mine.as_ptr() as usize, outbox.as_ptr() as usize);
+        if !mine_base.is_multiple_of(64) || !outbox_base.is_multiple_of(64) {
+            return Err(Error::Unsupported(format!("{label}: the region or its outbox is not cache-line aligned")));
+        }
+        // The first pass over the slots would otherwise take a page fault per slot on both
+        // sides; small calls feel that.
+        prefault(&mine, len, false);
+        prefault(&outbox, len, true);
+        if theirs.is_host_mapped() && theirs.check_range(0, len).is_ok() {
+            prefault(&theirs, len, false);
+        }
         let connection = core.connection_via(peer, theirs.transport())?;
         Ok(Link {
             peer,
             connection,
-            mine,
+            _mine: mine,
             theirs,
             outbox,
+            mine_base,
+            outbox_base,
             slots,
             slot_bytes,
             posted: 0,
@@ -128,13 +172,23 @@ impl Link {
         })
     }
 
+    /// The peer at the other end.
+    pub(crate) fn peer(&self) -> usize {
+        self.peer
+    }
+
     /// Payload bytes one message carries at most.
     pub(crate) fn payload(&self) -> usize {
         self.slot_bytes - HEADER_BYTES
     }
 
+    /// The control word at `offset` (`READY` or `FREED`) of this rank's region.
     fn word(&self, offset: usize) -> &AtomicU64 {
-        self.mine.atomic_u64(offset).expect("link words were checked when the link was built")
+        // SAFETY: offset is READY or FREED, 8-byte aligned words inside the region, whose
+        // address was checked to be cache-line aligned host memory holding the whole layout;
+        // `mine` keeps it mapped while the link lives. The peer writes these words only
+        // atomically.
+        unsafe { AtomicU64::from_ptr((self.mine_base + offset) as *mut u64) }
     }
 
     fn slot_offset(&self, message: u64) -> usize {
@@ -176,10 +230,9 @@ impl Link {
             self.wait(operation, || word.load(Ordering::Acquire) >= limit)?;
             self.freed = word.load(Ordering::Acquire);
         }
-        let offset = self.slot_offset(self.posted) + HEADER_BYTES;
-        // SAFETY: offset + payload lies inside the outbox (it has the region's layout), which
+        // offset + payload lies inside the outbox (checked to hold the region's layout), which
         // stays mapped while the link lives.
-        Ok(unsafe { self.outbox.as_ptr().add(offset) })
+        Ok((self.outbox_base + self.slot_offset(self.posted) + HEADER_BYTES) as *mut u8)
     }
 
     /// Posts the next message: `header` and the first `header.len` bytes staged in
@@ -193,9 +246,12 @@ impl Link {
             )));
         }
         let offset = self.slot_offset(self.posted);
-        for (i, w) in header.to_words().into_iter().enumerate() {
-            self.outbox.write_bytes(offset + 8 * i, &w.to_le_bytes())?;
-        }
+        let words = header.to_words();
+        // SAFETY: the slot's header lies inside the outbox (checked to hold the layout, 64-byte
+        // aligned), private memory that only this rank writes; the transport reads it only
+        // inside `write` below, or — asynchronously — before the peer frees the slot, which it
+        // must have done before this slot is used again.
+        unsafe { ((self.outbox_base + offset) as *mut [u64; Header::WORDS]).write(words) };
         self.connection.write(&self.theirs, offset, &self.outbox, offset, HEADER_BYTES + len)?;
         self.posted += 1;
         self.connection.update_and_sync(&self.theirs, READY, self.posted)
@@ -213,10 +269,10 @@ impl Link {
         let word = self.word(READY);
         self.wait(operation, || word.load(Ordering::Acquire) >= target)?;
         let offset = self.slot_offset(self.consumed);
-        let mut words = [0u64; Header::WORDS];
-        for (i, w) in words.iter_mut().enumerate() {
-            *w = self.mine.load_u64(offset + 8 * i)?;
-        }
+        // SAFETY: the slot's header lies inside this rank's region (checked to hold the layout,
+        // 64-byte aligned); the peer wrote it before the `ready` store observed above with
+        // acquire ordering and writes the slot again only after this rank releases it.
+        let words = unsafe { ((self.mine_base + offset) as *const [u64; Header::WORDS]).read() };
         let header = Header::from_words(words);
         if header.len > self.payload() as u64 {
             return Err(Error::protocol(format!(
@@ -226,9 +282,9 @@ impl Link {
                 self.payload()
             )));
         }
-        // SAFETY: the payload lies inside this rank's mapped region (slot layout), and the peer
-        // wrote it before the `ready` store observed above with acquire ordering.
-        Ok((header, unsafe { self.mine.as_ptr().add(offset + HEADER_BYTES) }))
+        // The payload lies inside this rank's mapped region (slot layout), and the peer wrote it
+        // before the `ready` store observed above with acquire ordering.
+        Ok((header, (self.mine_base + offset + HEADER_BYTES) as *const u8))
     }
 
     /// Gives the slot of the message last received back to the peer.

@@ -18,6 +18,7 @@
 //! much that they exchange different numbers of messages get a timeout instead.
 
 mod direct;
+mod eager;
 #[cfg(feature = "cudaipc")]
 pub(crate) mod gpu;
 pub(crate) mod link;
@@ -51,6 +52,20 @@ fn payload_for(n: usize) -> usize {
 }
 /// Slots per link direction: messages a sender may have in flight to one peer.
 pub(crate) const SLOTS: usize = 4;
+/// Payload bytes of one eager message: the eager rows cover calls up to this size in one
+/// message per peer.
+const EAGER_PAYLOAD_BYTES: usize = 4 << 10;
+/// Most slots per eager link direction: how far an eager sender may run ahead of a receiver.
+const EAGER_MAX_SLOTS: usize = 64;
+/// Bytes a rank may give its eager links together (each direction's region and outbox).
+const EAGER_BUDGET: usize = 16 << 20;
+
+/// Slots per eager link direction in a world of `n` ranks: the depth that fits the budget
+/// when a root links to every peer, at least [`SLOTS`].
+fn eager_slots_for(n: usize) -> usize {
+    let per_link = EAGER_BUDGET / n.saturating_sub(1).max(1);
+    (per_link / (2 * (EAGER_PAYLOAD_BYTES + link::HEADER_BYTES))).clamp(SLOTS, EAGER_MAX_SLOTS)
+}
 /// Set in a header's signature by a rank whose own arguments were invalid.
 const INVALID_MARK: u64 = 1 << 63;
 
@@ -58,8 +73,10 @@ const INVALID_MARK: u64 = 1 << 63;
 pub(crate) struct ChannelEngine {
     rank: usize,
     world_size: usize,
-    links: Vec<Option<Link>>,
-    payload: usize,
+    /// The links every algorithm but the eager ones runs over: few, large slots.
+    links: Links,
+    /// The links of the eager algorithms: many small slots.
+    eager: Links,
     /// Channel calls made so far (every rank counts them the same way).
     calls: u64,
     health: Health,
@@ -142,8 +159,8 @@ impl ChannelEngine {
         ChannelEngine {
             rank: core.rank(),
             world_size: n,
-            links: (0..n).map(|_| None).collect(),
-            payload: payload_for(n),
+            links: Links::new(n, SLOTS, payload_for(n)),
+            eager: Links::new(n, eager_slots_for(n), EAGER_PAYLOAD_BYTES),
             calls: 0,
             health: Health::default(),
         }
@@ -161,28 +178,21 @@ impl ChannelEngine {
 
     /// Elements of `T` one message carries.
     fn chunk<T: Element>(&self) -> usize {
-        self.payload / std::mem::size_of::<T>()
-    }
-
-    /// Builds the links to `peers` that do not exist yet, in ascending peer order.
-    fn connect(&mut self, core: &CoreCommunicator, peers: &[usize]) -> Result<()> {
-        for p in missing_links(self.rank, peers, &self.links) {
-            self.links[p] = Some(Link::new(core, p, SLOTS, self.payload)?);
-        }
-        Ok(())
+        self.links.payload / std::mem::size_of::<T>()
     }
 
     fn link(&mut self, peer: usize) -> Result<&mut Link> {
-        let n = self.world_size;
-        self.links
-            .get_mut(peer)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| Error::invalid(format!("no channel link to rank {peer} in a {n}-rank communicator")))
+        self.links.get(peer)
     }
 
-    /// Starts a call that talks to `peers`.
+    /// Starts a call that talks to `peers` over the (bulk) links.
     fn begin(&mut self, core: &CoreCommunicator, peers: &[usize], spec: CallSpec) -> Result<Call> {
-        self.connect(core, peers)?;
+        self.links.connect(core, self.rank, peers)?;
+        Ok(self.next_call(spec))
+    }
+
+    /// Counts a new call and makes its header.
+    fn next_call(&mut self, spec: CallSpec) -> Call {
         self.calls += 1;
         let signature = crate::host::signature(spec.collective, spec.dtype, spec.op, spec.algorithm)
             | if spec.invalid { INVALID_MARK } else { 0 };
@@ -196,7 +206,7 @@ impl ChannelEngine {
         // An invalid rank's own error is what it returns; this only keeps it from judging the
         // lengths of the messages it receives against the count 0 it announced.
         let problem = spec.invalid.then(|| Error::invalid("this rank's arguments were invalid"));
-        Ok(Call { header, problem, what: spec.collective.name() })
+        Call { header, problem, what: spec.collective.name() }
     }
 
     /// Waits until `peer` may take another message; returns where to stage it.
@@ -215,11 +225,8 @@ impl ChannelEngine {
     /// # Safety
     /// `src` valid for `len` reads; `len` at most the payload of a message.
     unsafe fn send_bytes(&mut self, call: &Call, peer: usize, src: *const u8, len: usize) -> Result<()> {
-        let dst = self.outbox(peer, call.what)?;
-        // SAFETY: the outbox slot holds a full payload (len fits, by the caller), src is valid
-        // (caller), and the outbox is private memory no one else writes.
-        unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
-        self.post(call, peer, len)
+        // SAFETY: forwarded from the caller.
+        unsafe { stage_and_post(self.links.get(peer)?, call, src, len, false) }
     }
 
     /// Waits for `peer`'s next message of this call and checks its header; returns its payload
@@ -244,6 +251,62 @@ impl ChannelEngine {
     fn release(&mut self, peer: usize) -> Result<()> {
         self.link(peer)?.release()
     }
+}
+
+/// One set of links of this rank, one per peer at most, all alike (slot count and payload).
+struct Links {
+    links: Vec<Option<Link>>,
+    slots: usize,
+    payload: usize,
+}
+
+impl Links {
+    /// No links yet, to any of `n` ranks.
+    fn new(n: usize, slots: usize, payload: usize) -> Self {
+        Links { links: (0..n).map(|_| None).collect(), slots, payload }
+    }
+
+    /// Builds the links to `peers` that do not exist yet, in ascending peer order.
+    fn connect(&mut self, core: &CoreCommunicator, me: usize, peers: &[usize]) -> Result<()> {
+        if peers.iter().all(|&p| p == me || self.links.get(p).is_some_and(Option::is_some)) {
+            return Ok(());
+        }
+        for p in missing_links(me, peers, &self.links) {
+            self.links[p] = Some(Link::new(core, p, self.slots, self.payload)?);
+        }
+        Ok(())
+    }
+
+    /// Builds the links to every other rank that do not exist yet.
+    fn connect_to_all(&mut self, core: &CoreCommunicator, me: usize) -> Result<()> {
+        if self.links.iter().enumerate().all(|(p, l)| p == me || l.is_some()) {
+            return Ok(());
+        }
+        let others: Vec<usize> = (0..self.links.len()).filter(|&p| p != me).collect();
+        self.connect(core, me, &others)
+    }
+
+    /// The link to `peer`, which must have been built.
+    fn get(&mut self, peer: usize) -> Result<&mut Link> {
+        let n = self.links.len();
+        self.links
+            .get_mut(peer)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| Error::invalid(format!("no channel link to rank {peer} in a {n}-rank communicator")))
+    }
+}
+
+/// Waits for credit on `link`, stages `len` bytes at `src` in its outbox and posts them with
+/// `call`'s header (`last`: the sender's last message of the call to this peer).
+///
+/// # Safety
+/// `src` valid for `len` reads; `len` at most the link's payload.
+unsafe fn stage_and_post(link: &mut Link, call: &Call, src: *const u8, len: usize, last: bool) -> Result<()> {
+    let dst = link.outbox(call.what)?;
+    // SAFETY: the outbox slot holds a full payload (len fits, by the caller), src is valid
+    // (caller), and the outbox is private memory no one else writes.
+    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    link.post(Header { last, ..call.header(len) })
 }
 
 /// The peers of `peers` that have no link in `links` yet (this rank and ranks outside the world
@@ -308,6 +371,8 @@ impl ChannelEngine {
             Algorithm::ChannelRing => unsafe { ring::run(self, core, spec, c) },
             // SAFETY: forwarded from the caller.
             Algorithm::ChannelDirect => unsafe { direct::run(self, core, spec, c) },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelEager => unsafe { eager::run(self, core, spec, c) },
             other => Err(Error::invalid(format!("{other} is not a channel algorithm"))),
         };
         r.map_err(|e| self.poison(e))

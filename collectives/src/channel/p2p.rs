@@ -35,7 +35,7 @@ unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]
     let mut peers: Vec<usize> = ops.iter().map(P2pOp::peer).filter(|&p| p != me).collect();
     peers.sort_unstable();
     peers.dedup();
-    e.connect(core, &peers)?;
+    e.links.connect(core, e.rank, &peers)?;
     let mut done = vec![0usize; ops.len()];
     let cell = std::cell::RefCell::new(e);
     let advance = |i: usize| -> Result<(bool, bool)> {

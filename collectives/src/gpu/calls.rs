@@ -11,7 +11,7 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 use super::{GpuCollectiveArgs, Kernel};
 use crate::channel::CallSpec;
 use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
-use crate::communicator::Communicator;
+use crate::communicator::{Communicator, already_in_a_call};
 use crate::dtype::{DataType, Element};
 use crate::op::ReduceOp;
 use crate::select::device::{CountUnit, Grid};
@@ -56,20 +56,20 @@ impl Communicator {
 
     /// The CUDA context of this rank's GPU, when [`has_gpu`](Self::has_gpu).
     pub fn gpu_context(&self) -> Option<Arc<cudarc::driver::CudaContext>> {
-        self.gpu.as_ref().and_then(|g| g.lock().ok().map(|g| g.context().clone()))
+        self.gpu.as_ref().and_then(|g| g.try_borrow().ok().map(|g| g.context().clone()))
     }
 
     /// The capabilities every rank's GPU agreed on, for the plan.
     pub(crate) fn gpu_caps(&self) -> Result<crate::select::device::GpuCaps> {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
-        Ok(gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?.caps())
+        Ok(gpu.try_borrow().map_err(|_| already_in_a_call())?.caps())
     }
 
     /// Errors if an earlier device call failed on the GPU (a peer stopped, a wait timed out).
     /// Call it after synchronizing the stream to learn how the calls before went.
     pub fn check_gpu(&self) -> Result<()> {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
-        gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?.check()
+        gpu.try_borrow_mut().map_err(|_| already_in_a_call())?.check()
     }
 
     /// # Safety
@@ -77,7 +77,7 @@ impl Communicator {
     /// `stream`.
     unsafe fn device_call(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
-        let mut g = gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?;
+        let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
         let n = self.world_size();
         if call.root >= n {
             return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
@@ -319,7 +319,7 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
-        let mut g = gpu.lock().map_err(|_| Error::Aborted("a thread panicked in a GPU call".into()))?;
+        let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
         let (me, n) = (self.rank(), self.world_size());
         for (what, peer) in [("send to", send.map(|s| s.2)), ("receive from", recv.map(|r| r.2))] {
             if let Some(p) = peer

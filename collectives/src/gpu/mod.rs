@@ -243,9 +243,9 @@ impl GpuEngine {
         }
     }
 
-    /// Asks running kernels to stop (they report Aborted).
-    pub(crate) fn abort(&self) {
-        self.status.abort();
+    /// The status words running kernels watch (an abort there stops them).
+    pub(crate) fn status(&self) -> &Arc<DeviceStatus> {
+        &self.status
     }
 
     /// The direct family, or `Err(Unsupported)` where it does not run.

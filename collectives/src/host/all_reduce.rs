@@ -37,6 +37,7 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             | Algorithm::Direct
             | Algorithm::ChannelRing
             | Algorithm::ChannelDirect
+            | Algorithm::ChannelEager
     );
     let bytes = count * std::mem::size_of::<T>();
     if one_shot && bytes <= INLINE_BYTES && n <= 16 {
@@ -67,7 +68,8 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         | Algorithm::TwoShotLl128
         | Algorithm::Direct
         | Algorithm::ChannelRing
-        | Algorithm::ChannelDirect => {
+        | Algorithm::ChannelDirect
+        | Algorithm::ChannelEager => {
             for (o, k) in chunks(count, cap) {
                 // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
                 unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };

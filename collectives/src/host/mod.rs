@@ -263,22 +263,15 @@ pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
 }
 
 /// Calls `f` with every rank's scratch address of elements `[elem, elem + len)` for the
-/// current step, in rank order, without allocating for up to 16 ranks.
+/// current step, in rank order, without allocating for up to 64 ranks.
 pub(crate) fn with_all_scratch<T: Element, R>(
     e: &HostEngine,
     elem: usize,
     len: usize,
     f: impl FnOnce(&[*const T]) -> R,
 ) -> Result<R> {
-    let n = e.ws.world_size();
-    let mut few = [std::ptr::null::<T>(); 16];
-    let mut many = Vec::new();
-    let srcs: &mut [*const T] = if n <= few.len() {
-        &mut few[..n]
-    } else {
-        many.resize(n, std::ptr::null());
-        &mut many
-    };
+    let mut srcs = crate::per_rank::PerRank::new(e.ws.world_size(), std::ptr::null::<T>());
+    let srcs = srcs.as_mut_slice();
     for (r, src) in srcs.iter_mut().enumerate() {
         *src = scratch::<T>(&e.ws, r, elem, len)?;
     }

@@ -106,6 +106,10 @@ pub enum Algorithm {
     /// Channel family: every rank sends every peer what it needs over connections, one hop,
     /// in lockstep by message (also all-to-all(v) and send/recv).
     ChannelDirect,
+    /// Channel family, broadcast and reduce: the ranks that send (the root of a broadcast,
+    /// every other rank of a reduce) post their data into many small per-peer slots and
+    /// return without waiting, so small calls never synchronize.
+    ChannelEager,
 }
 
 /// The two algorithm families: what an algorithm needs from the transports.
@@ -120,7 +124,7 @@ pub enum Family {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 8] = [
+    pub const ALL: [Algorithm; 9] = [
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::TwoShotLl128,
@@ -129,6 +133,7 @@ impl Algorithm {
         Algorithm::Direct,
         Algorithm::ChannelRing,
         Algorithm::ChannelDirect,
+        Algorithm::ChannelEager,
     ];
 
     /// The snake-case name (`one_shot`).
@@ -142,13 +147,14 @@ impl Algorithm {
             Algorithm::Direct => "direct",
             Algorithm::ChannelRing => "channel_ring",
             Algorithm::ChannelDirect => "channel_direct",
+            Algorithm::ChannelEager => "channel_eager",
         }
     }
 
     /// The family this algorithm belongs to.
     pub const fn family(self) -> Family {
         match self {
-            Algorithm::ChannelRing | Algorithm::ChannelDirect => Family::Channel,
+            Algorithm::ChannelRing | Algorithm::ChannelDirect | Algorithm::ChannelEager => Family::Channel,
             _ => Family::Direct,
         }
     }
@@ -259,6 +265,12 @@ pub const CHANNEL_HOST_ROWS: &[Row] = {
         host(AllToAll, (1, ANY), (0, ANY), ChannelDirect),
         host(AllToAllv, (1, ANY), (0, ANY), ChannelDirect),
         host(SendRecv, (1, ANY), (0, ANY), ChannelDirect),
+        // Behind the rows above, so chosen only when asked for (`WEAVE_ALGO=channel_eager`):
+        // eager senders return before any receiver has checked the call, so a mismatch fails
+        // only on the receivers, and a root that differs between ranks goes unnoticed until a
+        // later call (docs/PERF.md, "Eager broadcast and reduce").
+        host(Broadcast, (1, ANY), (0, ANY), ChannelEager),
+        host(Reduce, (1, ANY), (0, ANY), ChannelEager),
     ]
 };
 
@@ -520,7 +532,8 @@ mod tests {
         let host = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_host(c)).collect::<Vec<_>>();
         let device = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)).collect::<Vec<_>>();
         assert_eq!(host(AllReduce), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect]);
-        assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect]);
+        assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect, ChannelEager]);
+        assert_eq!(host(Reduce), [OneShot, TwoPhase, ChannelRing, ChannelDirect, ChannelEager]);
         assert_eq!(host(AllToAllv), [Direct, ChannelDirect]);
         assert_eq!(host(SendRecv), [Direct, ChannelDirect]);
         assert_eq!(device(AllReduce), [OneShot, TwoShot, TwoShotLl128, TwoPhase, ChannelRing, ChannelDirect]);

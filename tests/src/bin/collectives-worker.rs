@@ -62,7 +62,7 @@ fn algorithms() -> Result<String> {
     ];
     let channel_direct: Vec<(Collective, Algorithm)> =
         Collective::ALL.iter().map(|&c| (c, Algorithm::ChannelDirect)).collect();
-    let forced: [(&str, &[(Collective, Algorithm)]); 5] = [
+    let forced: [(&str, &[(Collective, Algorithm)]); 6] = [
         ("one_shot", &[(Collective::AllReduce, Algorithm::OneShot), (Collective::Reduce, Algorithm::OneShot)]),
         ("two_phase", &[(Collective::AllReduce, Algorithm::TwoPhase), (Collective::Reduce, Algorithm::TwoPhase)]),
         (
@@ -75,6 +75,7 @@ fn algorithms() -> Result<String> {
         ),
         ("channel_ring", channel_ring),
         ("channel_direct", &channel_direct),
+        ("channel_eager", &[(Broadcast, Algorithm::ChannelEager), (Reduce, Algorithm::ChannelEager)]),
     ];
     let spec = MatrixSpec {
         dtypes: vec![DataType::F32, DataType::I32, DataType::Bf16],
@@ -91,7 +92,9 @@ fn algorithms() -> Result<String> {
         let comm = b.build()?;
         total += run_matrix(&comm, &spec).map_err(|e| Error::protocol(format!("with {name}: {e}")))?;
     }
-    Ok(format!("{total} calls checked with one_shot, two_phase, ring, channel_ring and channel_direct forced"))
+    Ok(format!(
+        "{total} calls checked with one_shot, two_phase, ring, channel_ring, channel_direct and channel_eager forced"
+    ))
 }
 
 /// 1,000 calls in a row with changing sizes and collectives, to catch stale state.
@@ -224,7 +227,52 @@ fn mismatch() -> Result<String> {
     let mut bad = vec![0u8; 7];
     expect_invalid("all_gather_in_place not divisible", comm.all_gather_in_place(&mut bad))
         .or_else(|e| if 7 % n == 0 { Ok(()) } else { Err(e) })?;
-    Ok(format!("{seen} mismatches reported on every rank; communicator still usable"))
+    if n > 1 {
+        seen += eager_mismatch(&expect_invalid)?;
+    }
+    Ok(format!("{seen} mismatches reported; communicator still usable"))
+}
+
+/// With `channel_eager` forced, a mismatched count fails on the receivers (the senders returned
+/// before anyone checked) and leaves every link in step: the calls after it are right.
+fn eager_mismatch(expect_invalid: &dyn Fn(&str, Result<()>) -> Result<()>) -> Result<usize> {
+    let comm = Communicator::builder(comm_core::bootstrap::from_env()?)
+        .with_algorithm(Collective::Broadcast, Algorithm::ChannelEager)
+        .with_algorithm(Collective::Reduce, Algorithm::ChannelEager)
+        .build()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    // Rank 1's count differs, by more than one message's worth, so the streams differ in length.
+    let count = if me == 1 { 3000 } else { 1000 };
+    let mut buf = vec![7u32; count];
+    let r = comm.broadcast_in_place(&mut buf, 0);
+    if me == 0 {
+        r?
+    } else if me == 1 {
+        expect_invalid("eager broadcast, rank 1's count", r)?
+    } else {
+        r?
+    }
+    let send = vec![1.0f64; count];
+    let mut recv = vec![0.0f64; count];
+    let r = comm.reduce(&send, &mut recv, ReduceOp::Sum, 0);
+    if me == 0 {
+        expect_invalid("eager reduce, rank 1's count", r)?
+    } else {
+        r?
+    }
+    for root in 0..n {
+        let mut data: Vec<u64> = (0..5000).map(|i| if me == root { i * 3 + root as u64 } else { 0 }).collect();
+        comm.broadcast_in_place(&mut data, root)?;
+        if (0..5000).any(|i| data[i] != i as u64 * 3 + root as u64) {
+            return Err(Error::protocol(format!("eager broadcast from {root} after the mismatches is wrong")));
+        }
+        let mut sum = vec![0i32; 4097];
+        comm.reduce(&vec![me as i32 + 1; 4097], &mut sum, ReduceOp::Sum, root)?;
+        if me == root && sum.iter().any(|&v| v != (n * (n + 1) / 2) as i32) {
+            return Err(Error::protocol(format!("eager reduce to {root} after the mismatches is wrong")));
+        }
+    }
+    Ok(2)
 }
 
 /// Send/recv: a ring shift, a group exchanging large messages both ways, a send to self, and a
