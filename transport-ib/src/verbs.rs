@@ -1,0 +1,750 @@
+//! Owned handles on the verbs objects this transport uses: an opened device port, a protection
+//! domain, memory registrations, a completion queue and RC queue pairs.
+//!
+//! `ibverbs` 0.9.2 hands these out as values borrowing each other (`QueuePair<'res>` borrows its
+//! `ProtectionDomain<'ctx>`, which borrows the `Context`), which a backend living for a whole
+//! communicator behind an `Arc` cannot hold; and it lacks RDMA write, atomics and registration of
+//! existing memory. So this module wraps the C API (`ibverbs-sys`, the same project's bindings)
+//! in owned types that keep their parents alive through `Arc`s and free themselves on drop, in
+//! the order verbs requires (queue pairs and registrations before the protection domain, which
+//! goes before the device context).
+//!
+//! Every call that can fail returns an error naming the verb, the device and the errno; "no RDMA
+//! here" (no device list, no device, no active port) is [`Error::Unsupported`].
+
+use std::ffi::CStr;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use comm_core::{Error, Result};
+use ibverbs_sys as ffi;
+
+/// The largest message a work request carries here, whatever the port allows (the port's
+/// `max_msg_sz` is usually 2 GiB or more).
+pub const MAX_WRITE_BYTES: usize = 1 << 30;
+
+/// The calling thread's last OS error (verbs report failures through `errno`).
+fn errno() -> std::io::Error {
+    std::io::Error::last_os_error()
+}
+
+/// An opened device with the port weave uses on it.
+pub struct Port {
+    context: NonNull<ffi::ibv_context>,
+    device: String,
+    port: u8,
+    lid: u16,
+    /// The GID of `gid_index` (all zero where the port needs none: InfiniBand without a GRH).
+    gid: [u8; 16],
+    gid_index: u8,
+    /// Ethernet link layer (RoCE): addresses go by GID, not LID.
+    roce: bool,
+    active_mtu: ffi::ibv_mtu,
+    max_msg_bytes: usize,
+}
+
+// SAFETY: an `ibv_context` may be used from any thread (libibverbs serializes internally where
+// it must); this type only reads its immutable attributes and hands the pointer to verbs.
+unsafe impl Send for Port {}
+// SAFETY: as above.
+unsafe impl Sync for Port {}
+
+impl std::fmt::Debug for Port {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Port")
+            .field("device", &self.device)
+            .field("port", &self.port)
+            .field("lid", &self.lid)
+            .field("roce", &self.roce)
+            .field("gid_index", &self.gid_index)
+            .finish()
+    }
+}
+
+/// Which device and port to open: `WEAVE_IB_HCA` as `name` or `name:port`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct PortChoice {
+    /// Device name (`mlx5_0`, `rxe0`); the first device with an active port when `None`.
+    pub device: Option<String>,
+    /// Port number (from 1); the first active port of the device when `None`.
+    pub port: Option<u8>,
+    /// GID index (RoCE); the first RoCE v2 GID of an IPv4 address, else the first non-zero GID,
+    /// when `None`.
+    pub gid_index: Option<u8>,
+}
+
+impl PortChoice {
+    /// Parses `WEAVE_IB_HCA`'s value: `name` or `name:port`.
+    pub fn parse(hca: &str) -> Result<Self> {
+        let hca = hca.trim();
+        let (device, port) = match hca.split_once(':') {
+            Some((d, p)) => {
+                let port = p.trim().parse::<u8>().ok().filter(|&p| p > 0).ok_or_else(|| {
+                    Error::invalid(format!("WEAVE_IB_HCA={hca:?}: the port after ':' must be a number from 1"))
+                })?;
+                (d.trim(), Some(port))
+            }
+            None => (hca, None),
+        };
+        if device.is_empty() {
+            return Err(Error::invalid(format!("WEAVE_IB_HCA={hca:?} names no device")));
+        }
+        Ok(PortChoice { device: Some(device.to_string()), port, gid_index: None })
+    }
+}
+
+impl Port {
+    /// Opens the device and port `choice` names, or the first active one.
+    pub fn open(choice: &PortChoice) -> Result<Arc<Port>> {
+        let mut count = 0;
+        // SAFETY: plain FFI; `count` receives the number of entries.
+        let list = unsafe { ffi::ibv_get_device_list(&mut count) };
+        if list.is_null() {
+            let e = errno();
+            return Err(Error::Unsupported(format!("no RDMA support here (ibv_get_device_list: {e})")));
+        }
+        // SAFETY: `list` holds `count` device pointers (verbs contract) until it is freed below.
+        let devices = unsafe { std::slice::from_raw_parts(list, usize::try_from(count).unwrap_or(0)) };
+        let result = Self::open_from(devices, choice);
+        // SAFETY: `list` came from ibv_get_device_list; opened contexts stay valid after it is freed.
+        unsafe { ffi::ibv_free_device_list(list) };
+        result
+    }
+
+    fn open_from(devices: &[*mut ffi::ibv_device], choice: &PortChoice) -> Result<Arc<Port>> {
+        if devices.is_empty() {
+            return Err(Error::Unsupported("no RDMA device here (the verbs device list is empty)".into()));
+        }
+        let mut seen = Vec::new();
+        for &device in devices {
+            // SAFETY: a device of the live list; the name is a C string owned by it.
+            let name = unsafe { CStr::from_ptr(ffi::ibv_get_device_name(device)) }.to_string_lossy().into_owned();
+            if choice.device.as_ref().is_some_and(|want| *want != name) {
+                seen.push(name);
+                continue;
+            }
+            match Self::open_device(device, &name, choice)? {
+                Some(port) => return Ok(Arc::new(port)),
+                None => seen.push(format!("{name} (no active port)")),
+            }
+        }
+        Err(Error::Unsupported(match &choice.device {
+            Some(want) => format!("RDMA device {want} (WEAVE_IB_HCA) has no usable port; devices: {}", seen.join(", ")),
+            None => format!("no RDMA device with an active port; devices: {}", seen.join(", ")),
+        }))
+    }
+
+    /// Opens `device` and picks its port; `Ok(None)` when no port is active (or the chosen one
+    /// is not).
+    fn open_device(device: *mut ffi::ibv_device, name: &str, choice: &PortChoice) -> Result<Option<Port>> {
+        // SAFETY: `device` is an entry of the live device list.
+        let context = NonNull::new(unsafe { ffi::ibv_open_device(device) })
+            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_open_device({name}): {}", errno())))?;
+        let close = |e: Error| {
+            // SAFETY: the context was opened above and nothing else refers to it yet.
+            unsafe { ffi::ibv_close_device(context.as_ptr()) };
+            e
+        };
+        // SAFETY: zeroed is a valid `ibv_device_attr` (plain integers and arrays).
+        let mut attr: ffi::ibv_device_attr = unsafe { std::mem::zeroed() };
+        // SAFETY: an open context and a writable attribute struct.
+        let rc = unsafe { ffi::ibv_query_device(context.as_ptr(), &mut attr) };
+        if rc != 0 {
+            return Err(close(Error::transport(crate::NAME, format!("ibv_query_device({name}): errno {rc}"))));
+        }
+        let ports: Vec<u8> = match choice.port {
+            Some(p) if p <= attr.phys_port_cnt => vec![p],
+            Some(p) => {
+                return Err(close(Error::invalid(format!(
+                    "WEAVE_IB_HCA asks for port {p} of {name}, which has {} ports",
+                    attr.phys_port_cnt
+                ))));
+            }
+            None => (1..=attr.phys_port_cnt).collect(),
+        };
+        for port in ports {
+            // SAFETY: zeroed is a valid `ibv_port_attr`.
+            let mut pa: ffi::ibv_port_attr = unsafe { std::mem::zeroed() };
+            // SAFETY: the exported `ibv_query_port` fills the whole current `ibv_port_attr`
+            // through the driver (its parameter type is the old prefix of that struct).
+            let rc =
+                unsafe { ffi::ibv_query_port(context.as_ptr(), port, (&mut pa as *mut ffi::ibv_port_attr).cast()) };
+            if rc != 0 {
+                return Err(close(Error::transport(
+                    crate::NAME,
+                    format!("ibv_query_port({name}, {port}): errno {rc}"),
+                )));
+            }
+            if pa.state != ffi::ibv_port_state::IBV_PORT_ACTIVE {
+                continue;
+            }
+            let roce = u32::from(pa.link_layer) == ffi::IBV_LINK_LAYER_ETHERNET;
+            let (gid_index, gid) = match Self::pick_gid(context, port, pa.gid_tbl_len, roce, choice.gid_index) {
+                Ok(g) => g,
+                Err(e) => return Err(close(e)),
+            };
+            return Ok(Some(Port {
+                context,
+                device: name.to_string(),
+                port,
+                lid: pa.lid,
+                gid,
+                gid_index,
+                roce,
+                active_mtu: pa.active_mtu,
+                max_msg_bytes: (pa.max_msg_sz as usize).clamp(1, MAX_WRITE_BYTES),
+            }));
+        }
+        // SAFETY: nothing refers to the context.
+        unsafe { ffi::ibv_close_device(context.as_ptr()) };
+        Ok(None)
+    }
+
+    /// The GID to address this port by: the index asked for, else (RoCE) the first RoCE v2 GID
+    /// holding an IPv4 address, else the first non-zero GID; index 0 on InfiniBand.
+    fn pick_gid(
+        context: NonNull<ffi::ibv_context>,
+        port: u8,
+        table_len: i32,
+        roce: bool,
+        asked: Option<u8>,
+    ) -> Result<(u8, [u8; 16])> {
+        let query = |index: u8| -> Option<([u8; 16], u32)> {
+            // SAFETY: zeroed is a valid `ibv_gid_entry`.
+            let mut entry: ffi::ibv_gid_entry = unsafe { std::mem::zeroed() };
+            // SAFETY: an open context and a writable entry of the size passed.
+            let rc = unsafe {
+                ffi::_ibv_query_gid_ex(
+                    context.as_ptr(),
+                    u32::from(port),
+                    u32::from(index),
+                    &mut entry,
+                    0,
+                    std::mem::size_of::<ffi::ibv_gid_entry>(),
+                )
+            };
+            // SAFETY: every bit pattern of the union is a valid byte array.
+            let gid = unsafe { entry.gid.raw };
+            (rc == 0).then_some((gid, entry.gid_type))
+        };
+        if let Some(index) = asked {
+            let (gid, _) = query(index).ok_or_else(|| {
+                Error::invalid(format!("GID index {index} (WEAVE_IB_GID_INDEX) does not exist on port {port}"))
+            })?;
+            return Ok((index, gid));
+        }
+        if !roce {
+            return Ok((0, query(0).map(|(g, _)| g).unwrap_or([0; 16])));
+        }
+        let last = u8::try_from(table_len.clamp(0, 256) - 1).unwrap_or(u8::MAX);
+        let gids: Vec<(u8, [u8; 16], u32)> =
+            (0..=last).filter_map(|i| query(i).map(|(g, t)| (i, g, t))).filter(|(_, g, _)| *g != [0; 16]).collect();
+        let ipv4_mapped = |g: &[u8; 16]| g[..10] == [0; 10] && g[10..12] == [0xff, 0xff];
+        gids.iter()
+            .find(|(_, g, t)| *t == ffi::IBV_GID_TYPE_ROCE_V2 && ipv4_mapped(g))
+            .or_else(|| gids.first())
+            .map(|&(i, g, _)| (i, g))
+            .ok_or_else(|| Error::Unsupported(format!("port {port} has no GID (RoCE needs an address on its netdev)")))
+    }
+
+    /// The device name (`mlx5_0`, `rxe0`).
+    pub fn device(&self) -> &str {
+        &self.device
+    }
+
+    /// This port's address for peers.
+    pub fn address(&self) -> PortAddress {
+        PortAddress { lid: self.lid, gid: self.gid, roce: self.roce, mtu: self.active_mtu as u8 }
+    }
+
+    /// The largest message one work request may carry.
+    pub fn max_msg_bytes(&self) -> usize {
+        self.max_msg_bytes
+    }
+}
+
+impl Drop for Port {
+    fn drop(&mut self) {
+        // SAFETY: every child object holds an `Arc<Port>`, so none is alive any more.
+        unsafe { ffi::ibv_close_device(self.context.as_ptr()) };
+    }
+}
+
+/// Where a port is, for a peer's queue pair: LID (InfiniBand) or GID (RoCE), and its MTU.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAddress {
+    /// Local identifier (InfiniBand; 0 on RoCE).
+    pub lid: u16,
+    /// Global identifier (RoCE; all zero on InfiniBand without a GRH).
+    pub gid: [u8; 16],
+    /// Ethernet link layer: addressed by GID.
+    pub roce: bool,
+    /// `ibv_mtu` code (1 = 256 B … 5 = 4096 B).
+    pub mtu: u8,
+}
+
+/// A protection domain: the scope of registrations and queue pairs.
+pub struct ProtectionDomain {
+    port: Arc<Port>,
+    pd: NonNull<ffi::ibv_pd>,
+}
+
+// SAFETY: a protection domain is a handle verbs lets any thread use.
+unsafe impl Send for ProtectionDomain {}
+// SAFETY: as above.
+unsafe impl Sync for ProtectionDomain {}
+
+impl ProtectionDomain {
+    /// Allocates a protection domain on `port`'s device.
+    pub fn new(port: &Arc<Port>) -> Result<Arc<Self>> {
+        // SAFETY: an open context.
+        let pd = NonNull::new(unsafe { ffi::ibv_alloc_pd(port.context.as_ptr()) })
+            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_alloc_pd({}): {}", port.device, errno())))?;
+        Ok(Arc::new(ProtectionDomain { port: port.clone(), pd }))
+    }
+
+    /// The port this domain's device serves.
+    pub fn port(&self) -> &Arc<Port> {
+        &self.port
+    }
+}
+
+impl Drop for ProtectionDomain {
+    fn drop(&mut self) {
+        // SAFETY: registrations and queue pairs hold an `Arc` of this domain: none is alive.
+        unsafe { ffi::ibv_dealloc_pd(self.pd.as_ptr()) };
+    }
+}
+
+/// Memory registered for RDMA: the device may read it (local writes) and peers may write and
+/// update it (remote write and atomic access).
+pub struct Registration {
+    /// Keeps the domain alive while the registration is.
+    _pd: Arc<ProtectionDomain>,
+    mr: NonNull<ffi::ibv_mr>,
+}
+
+// SAFETY: a registration is an immutable handle (keys, address) once made.
+unsafe impl Send for Registration {}
+// SAFETY: as above.
+unsafe impl Sync for Registration {}
+
+impl Registration {
+    /// Registers `len` bytes at `addr`.
+    ///
+    /// # Safety
+    /// `[addr, addr + len)` must stay allocated until the registration is dropped (drop it
+    /// first: verbs must stop using memory before it is freed).
+    pub unsafe fn new(pd: &Arc<ProtectionDomain>, addr: *mut u8, len: usize) -> Result<Self> {
+        let access = ffi::ibv_access_flags::IBV_ACCESS_LOCAL_WRITE
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC;
+        // SAFETY: the range is live memory (caller); verbs pins it for the registration's life.
+        let mr = unsafe { ffi::ibv_reg_mr(pd.pd.as_ptr(), addr.cast(), len.max(1), access.0 as i32) };
+        let mr = NonNull::new(mr).ok_or_else(|| {
+            Error::transport(
+                crate::NAME,
+                format!(
+                    "ibv_reg_mr of {len} bytes on {}: {} (check `ulimit -l`: registered memory is locked)",
+                    pd.port.device,
+                    errno()
+                ),
+            )
+        })?;
+        Ok(Registration { _pd: pd.clone(), mr })
+    }
+
+    /// The key that lets the device read this memory in local work requests.
+    pub fn lkey(&self) -> u32 {
+        // SAFETY: a live registration.
+        unsafe { self.mr.as_ref().lkey }
+    }
+
+    /// The key that lets peers write this memory.
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: a live registration.
+        unsafe { self.mr.as_ref().rkey }
+    }
+}
+
+impl Drop for Registration {
+    fn drop(&mut self) {
+        // SAFETY: the registration is live and dropped once; its memory is still allocated
+        // (the caller's contract on `new`).
+        unsafe { ffi::ibv_dereg_mr(self.mr.as_ptr()) };
+    }
+}
+
+/// A completion queue.
+pub struct CompletionQueue {
+    port: Arc<Port>,
+    cq: NonNull<ffi::ibv_cq>,
+}
+
+// SAFETY: polling is serialized by the owner (a connection's lock); the handle itself may move.
+unsafe impl Send for CompletionQueue {}
+// SAFETY: as above.
+unsafe impl Sync for CompletionQueue {}
+
+impl CompletionQueue {
+    /// A queue of at least `entries` completions.
+    pub fn new(port: &Arc<Port>, entries: i32) -> Result<Self> {
+        // SAFETY: an open context; no channel, no vector.
+        let cq = unsafe {
+            ffi::ibv_create_cq(port.context.as_ptr(), entries, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+        };
+        let cq = NonNull::new(cq)
+            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_create_cq({}): {}", port.device, errno())))?;
+        Ok(CompletionQueue { port: port.clone(), cq })
+    }
+
+    /// Takes the completions that are there (at most `out.len()`), without waiting.
+    pub fn poll(&self, out: &mut [ffi::ibv_wc]) -> Result<usize> {
+        // SAFETY: the context outlives the queue (`port`); `poll_cq` is set by every provider.
+        let poll = unsafe { (*self.port.context.as_ptr()).ops.poll_cq }
+            .ok_or_else(|| Error::transport(crate::NAME, "the verbs provider has no poll_cq"))?;
+        let max = i32::try_from(out.len()).unwrap_or(i32::MAX);
+        // SAFETY: a live queue and room for `max` completions.
+        let n = unsafe { poll(self.cq.as_ptr(), max, out.as_mut_ptr()) };
+        usize::try_from(n).map_err(|_| Error::transport(crate::NAME, format!("ibv_poll_cq failed ({n})")))
+    }
+}
+
+impl Drop for CompletionQueue {
+    fn drop(&mut self) {
+        // SAFETY: queue pairs that use this queue are dropped before it (their owner's order).
+        unsafe { ffi::ibv_destroy_cq(self.cq.as_ptr()) };
+    }
+}
+
+/// A zeroed work completion, to poll into.
+pub fn empty_completion() -> ffi::ibv_wc {
+    // SAFETY: every field of `ibv_wc` is a plain integer.
+    unsafe { std::mem::zeroed() }
+}
+
+/// A reliable-connected queue pair.
+pub struct QueuePair {
+    pd: Arc<ProtectionDomain>,
+    qp: NonNull<ffi::ibv_qp>,
+    /// The first packet sequence number this side sends.
+    psn: u32,
+}
+
+// SAFETY: posting is serialized by the owner (a connection's lock).
+unsafe impl Send for QueuePair {}
+// SAFETY: as above.
+unsafe impl Sync for QueuePair {}
+
+/// What a peer needs to connect its queue pair to this one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QueuePairAddress {
+    /// The port the queue pair lives on.
+    pub port: PortAddress,
+    /// Queue pair number.
+    pub qpn: u32,
+    /// First packet sequence number it sends.
+    pub psn: u32,
+}
+
+impl QueuePair {
+    /// Creates an RC queue pair on `cq` with room for `depth` outstanding sends, moved to INIT.
+    pub fn new(pd: &Arc<ProtectionDomain>, cq: &CompletionQueue, depth: u32, psn: u32) -> Result<Self> {
+        // SAFETY: zeroed is a valid init attribute (null pointers, zero counts).
+        let mut init: ffi::ibv_qp_init_attr = unsafe { std::mem::zeroed() };
+        init.send_cq = cq.cq.as_ptr();
+        init.recv_cq = cq.cq.as_ptr();
+        init.qp_type = ffi::ibv_qp_type::IBV_QPT_RC;
+        init.cap.max_send_wr = depth;
+        init.cap.max_recv_wr = 1;
+        init.cap.max_send_sge = 1;
+        init.cap.max_recv_sge = 1;
+        // SAFETY: a live domain and queue, and a filled attribute struct.
+        let qp = unsafe { ffi::ibv_create_qp(pd.pd.as_ptr(), &mut init) };
+        let device = &pd.port.device;
+        let qp = NonNull::new(qp)
+            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_create_qp({device}): {}", errno())))?;
+        let this = QueuePair { pd: pd.clone(), qp, psn: psn & 0xff_ffff };
+        // SAFETY: zeroed is a valid attribute struct.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_INIT;
+        attr.pkey_index = 0;
+        attr.port_num = pd.port.port;
+        attr.qp_access_flags = (ffi::ibv_access_flags::IBV_ACCESS_REMOTE_WRITE
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_READ
+            | ffi::ibv_access_flags::IBV_ACCESS_REMOTE_ATOMIC)
+            .0;
+        use ffi::ibv_qp_attr_mask as m;
+        this.modify(
+            &mut attr,
+            m::IBV_QP_STATE | m::IBV_QP_PKEY_INDEX | m::IBV_QP_PORT | m::IBV_QP_ACCESS_FLAGS,
+            "INIT",
+        )?;
+        Ok(this)
+    }
+
+    /// This queue pair's address for the peer.
+    pub fn address(&self) -> QueuePairAddress {
+        // SAFETY: a live queue pair.
+        let qpn = unsafe { self.qp.as_ref().qp_num };
+        QueuePairAddress { port: self.pd.port.address(), qpn, psn: self.psn }
+    }
+
+    fn modify(&self, attr: &mut ffi::ibv_qp_attr, mask: ffi::ibv_qp_attr_mask, state: &str) -> Result<()> {
+        // SAFETY: a live queue pair and a filled attribute struct.
+        let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as i32) };
+        if rc != 0 {
+            return Err(Error::transport(
+                crate::NAME,
+                format!(
+                    "ibv_modify_qp to {state} on {}: errno {rc} ({})",
+                    self.pd.port.device,
+                    std::io::Error::from_raw_os_error(rc)
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Connects to the peer's queue pair at `remote`: ready to receive, then to send.
+    pub fn connect(&self, remote: &QueuePairAddress) -> Result<()> {
+        let port = &self.pd.port;
+        if remote.port.roce != port.roce {
+            return Err(Error::Unsupported(format!(
+                "{}: a RoCE port and an InfiniBand port cannot be joined (the peer's is {})",
+                port.device,
+                if remote.port.roce { "RoCE" } else { "InfiniBand" }
+            )));
+        }
+        // SAFETY: zeroed is a valid attribute struct.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTR;
+        attr.path_mtu = ffi::ibv_mtu::from(remote.port.mtu).min(port.active_mtu).max(ffi::IBV_MTU_256);
+        attr.dest_qp_num = remote.qpn;
+        attr.rq_psn = remote.psn;
+        attr.max_dest_rd_atomic = 1;
+        attr.min_rnr_timer = 12;
+        attr.ah_attr.port_num = port.port;
+        attr.ah_attr.dlid = remote.port.lid;
+        if port.roce {
+            attr.ah_attr.is_global = 1;
+            attr.ah_attr.grh.dgid.raw = remote.port.gid;
+            attr.ah_attr.grh.sgid_index = port.gid_index;
+            attr.ah_attr.grh.hop_limit = 64;
+        }
+        use ffi::ibv_qp_attr_mask as m;
+        let rtr = m::IBV_QP_STATE
+            | m::IBV_QP_AV
+            | m::IBV_QP_PATH_MTU
+            | m::IBV_QP_DEST_QPN
+            | m::IBV_QP_RQ_PSN
+            | m::IBV_QP_MAX_DEST_RD_ATOMIC
+            | m::IBV_QP_MIN_RNR_TIMER;
+        self.modify(&mut attr, rtr, "RTR")?;
+        // SAFETY: zeroed is a valid attribute struct.
+        let mut attr: ffi::ibv_qp_attr = unsafe { std::mem::zeroed() };
+        attr.qp_state = ffi::ibv_qp_state::IBV_QPS_RTS;
+        attr.sq_psn = self.psn;
+        attr.timeout = 14;
+        attr.retry_cnt = 7;
+        attr.rnr_retry = 7;
+        attr.max_rd_atomic = 1;
+        let rts = m::IBV_QP_STATE
+            | m::IBV_QP_SQ_PSN
+            | m::IBV_QP_TIMEOUT
+            | m::IBV_QP_RETRY_CNT
+            | m::IBV_QP_RNR_RETRY
+            | m::IBV_QP_MAX_QP_RD_ATOMIC;
+        self.modify(&mut attr, rts, "RTS")
+    }
+
+    /// Posts one work request: an RDMA write of `len` bytes from `local` (registered with
+    /// `lkey`) to `remote` (`rkey`), or, with `add`, an atomic fetch-and-add of `add` on the
+    /// 8-byte word at `remote` whose old value lands at `local`. `signaled` asks for a completion
+    /// carrying `wr_id`.
+    ///
+    /// # Safety
+    /// `local` must stay valid and registered (`lkey`) until the request completes, and the
+    /// remote range must lie inside the peer's registration of `rkey` (the caller checks ranges).
+    pub unsafe fn post(&self, request: WorkRequest) -> Result<()> {
+        let mut sge = ffi::ibv_sge { addr: request.local as u64, length: request.len, lkey: request.lkey };
+        // SAFETY: zeroed is a valid work request (null next, zero flags).
+        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
+        wr.wr_id = request.wr_id;
+        wr.sg_list = &mut sge;
+        wr.num_sge = 1;
+        wr.send_flags = if request.signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+        match request.add {
+            None => {
+                wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                wr.wr.rdma =
+                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: request.remote, rkey: request.rkey };
+            }
+            Some(add) => {
+                wr.opcode = ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                    remote_addr: request.remote,
+                    compare_add: add,
+                    swap: 0,
+                    rkey: request.rkey,
+                };
+            }
+        }
+        let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
+        // SAFETY: the context outlives the queue pair (through `pd`).
+        let post = unsafe { (*self.pd.port.context.as_ptr()).ops.post_send }
+            .ok_or_else(|| Error::transport(crate::NAME, "the verbs provider has no post_send"))?;
+        // SAFETY: a live queue pair in RTS and a well-formed request whose memory is valid
+        // (caller); verbs copies the request before returning.
+        let rc = unsafe { post(self.qp.as_ptr(), &mut wr, &mut bad) };
+        if rc != 0 {
+            return Err(Error::transport(
+                crate::NAME,
+                format!(
+                    "ibv_post_send on {}: errno {rc} ({})",
+                    self.pd.port.device,
+                    std::io::Error::from_raw_os_error(rc)
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
+impl Drop for QueuePair {
+    fn drop(&mut self) {
+        // SAFETY: the queue pair is live and dropped once; its completion queue outlives it (the
+        // owner drops queue pairs first).
+        unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
+    }
+}
+
+/// One work request for [`QueuePair::post`].
+#[derive(Debug, Clone, Copy)]
+pub struct WorkRequest {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Local address (source of a write, target of a fetch-and-add's old value).
+    pub local: *const u8,
+    /// Bytes to write (8 for a fetch-and-add).
+    pub len: u32,
+    /// Key of the registration holding `local`.
+    pub lkey: u32,
+    /// Remote address in the peer's registration.
+    pub remote: u64,
+    /// Key of the peer's registration.
+    pub rkey: u32,
+    /// `Some(delta)`: an atomic fetch-and-add of an 8-byte word instead of a write.
+    pub add: Option<u64>,
+    /// Ask for a completion.
+    pub signaled: bool,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hca_choices_parse_and_bad_ones_say_why() {
+        assert_eq!(
+            PortChoice::parse("mlx5_0:2").unwrap(),
+            PortChoice { device: Some("mlx5_0".into()), port: Some(2), gid_index: None }
+        );
+        assert_eq!(PortChoice::parse(" rxe0 ").unwrap().device.as_deref(), Some("rxe0"));
+        for bad in ["", ":1", "mlx5_0:0", "mlx5_0:x"] {
+            let e = PortChoice::parse(bad).unwrap_err();
+            assert!(matches!(e, Error::InvalidArgument(_)), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_machine_without_rdma_is_unsupported_not_a_panic() {
+        match Port::open(&PortChoice::default()) {
+            // A machine with a verbs device (the SoftRoCE guest) opens it.
+            Ok(port) => assert!(!port.device().is_empty()),
+            Err(e) => assert!(matches!(e, Error::Unsupported(_)), "{e}"),
+        }
+    }
+}
+
+/// Tests that need a verbs device: ignored on machines without one (they would prove nothing
+/// there); `cargo xtask ib-vm` runs them with `--ignored` inside a SoftRoCE guest.
+#[cfg(test)]
+mod device_tests {
+    use super::*;
+
+    /// Polls `cq` until `want` completions arrived, all successful, or ten seconds passed.
+    fn complete(cq: &CompletionQueue, want: usize) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut got = 0;
+        let mut wcs = [empty_completion(); 8];
+        while got < want {
+            let n = cq.poll(&mut wcs).unwrap();
+            for wc in &wcs[..n] {
+                assert!(wc.is_valid(), "completion {} failed: {:?}", wc.wr_id(), wc.error());
+            }
+            got += n;
+            assert!(std::time::Instant::now() < deadline, "{got} of {want} completions after 10 s");
+        }
+    }
+
+    #[test]
+    #[ignore = "needs an RDMA device: cargo xtask ib-vm runs it"]
+    fn two_queue_pairs_write_and_add_into_each_others_memory() {
+        let port = Port::open(&PortChoice::default()).unwrap();
+        let pd = ProtectionDomain::new(&port).unwrap();
+        let cq = CompletionQueue::new(&port, 64).unwrap();
+        let a = QueuePair::new(&pd, &cq, 16, 0x1234).unwrap();
+        let b = QueuePair::new(&pd, &cq, 16, 0x5678).unwrap();
+        a.connect(&b.address()).unwrap();
+        b.connect(&a.address()).unwrap();
+        let len = (1 << 20) + 13;
+        let src: Vec<u8> = (0..len).map(|i| (i * 7 % 251) as u8).collect();
+        let mut dst = vec![0u8; len + 8];
+        let mut old = [0u64; 1];
+        // SAFETY: the vectors outlive the registrations (dropped at the end of the test, after
+        // every request completed).
+        let (rs, rd, ro) = unsafe {
+            (
+                Registration::new(&pd, src.as_ptr().cast_mut(), len).unwrap(),
+                Registration::new(&pd, dst.as_mut_ptr(), len + 8).unwrap(),
+                Registration::new(&pd, old.as_mut_ptr().cast(), 8).unwrap(),
+            )
+        };
+        // An 8-byte aligned word inside the written range (atomics need the alignment).
+        let word = (dst.as_ptr() as u64 + 4096).next_multiple_of(8);
+        let write = WorkRequest {
+            wr_id: 1,
+            local: src.as_ptr(),
+            len: len as u32,
+            lkey: rs.lkey(),
+            remote: dst.as_ptr() as u64,
+            rkey: rd.rkey(),
+            add: None,
+            signaled: true,
+        };
+        let add = WorkRequest {
+            wr_id: 2,
+            local: old.as_ptr().cast(),
+            len: 8,
+            lkey: ro.lkey(),
+            remote: word,
+            rkey: rd.rkey(),
+            add: Some(5),
+            signaled: true,
+        };
+        // SAFETY: every buffer is registered and lives until the completions below.
+        unsafe {
+            a.post(write).unwrap();
+            a.post(add).unwrap();
+        }
+        complete(&cq, 2);
+        let at = (word - dst.as_ptr() as u64) as usize;
+        let before = u64::from_le_bytes(src[at..at + 8].try_into().unwrap());
+        assert_eq!(old[0], before, "fetch-and-add returns the word the write left");
+        let mut expect = src.clone();
+        expect[at..at + 8].copy_from_slice(&before.wrapping_add(5).to_le_bytes());
+        assert!(dst[..len] == expect[..len], "the written bytes differ");
+    }
+}
