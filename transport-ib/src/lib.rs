@@ -1,20 +1,241 @@
 //! # transport-ib
 //!
-//! weave over InfiniBand and RoCE verbs. This step holds the verbs layer ([`verbs`]): a port
-//! chosen by `WEAVE_IB_HCA` (or the first active one), protection domain, registrations of
-//! existing memory, completion queues and RC queue pairs with RDMA write and atomic
-//! fetch-and-add. The transport backend and connection on top of it (endpoints through the
-//! bootstrap, `write` as RDMA writes, `update_and_sync` as a fetch-and-add ordered after the
-//! data) come next.
+//! weave over InfiniBand and RoCE verbs: the transport that carries the channel algorithms
+//! between hosts with RDMA.
 //!
-//! No machine here has an HCA: the tests that need a device are `#[ignore]`d and run inside a
-//! QEMU guest with SoftRoCE (`transport-ib/vm/softroce-guest.sh DIR` runs `DIR/test.sh` there).
-//! A machine without RDMA gets [`Error::Unsupported`](comm_core::Error::Unsupported), never a
-//! panic.
+//! - **Port**: `WEAVE_IB_HCA` (`mlx5_0` or `mlx5_0:1`) picks the device and port, else the first
+//!   active port of the first device that has one; on RoCE the first RoCE v2 GID of an IPv4
+//!   address (`WEAVE_IB_GID_INDEX` overrides). No RDMA here (no device list, no device, no
+//!   active port) is [`Error::Unsupported`]: the communicator then runs without this transport.
+//! - **Endpoint**: one RC queue pair per peer is made when the transport opens, and every rank's
+//!   port address and queue-pair numbers travel in its endpoint, which the communicator
+//!   all-gathers through the bootstrap ([`endpoint`] module): connecting needs no further
+//!   handshake.
+//! - **Memory**: [`IbBackend`] allocates host memory registered for remote write and atomics;
+//!   peers name it by (address, key), checked against the exported length. Memory imported
+//!   through this transport is not mapped here (`direct_access` is false), so the collectives
+//!   run their channel family over it. Device memory is not carried yet.
+//! - **Connection** ([`IbConnection`]): RDMA writes, then an atomic fetch-and-add for
+//!   `update_and_sync`, executed in order by the reliable connection.
+//!
+//! The verbs layer ([`verbs`]) wraps `ibverbs-sys`. No machine here has an HCA: the tests that
+//! need a device are `#[ignore]`d and run inside a QEMU guest with SoftRoCE
+//! (`transport-ib/vm/softroce-guest.sh DIR` runs `DIR/test.sh` there).
 
+mod connection;
+mod endpoint;
+mod region;
 pub mod verbs;
 
+use std::any::Any;
+use std::sync::atomic::AtomicBool;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use comm_core::connection::Connection;
+use comm_core::memory::{MemoryKind, MemoryRegion};
+use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::{Error, Result};
+
+pub use connection::IbConnection;
 pub use verbs::PortChoice;
+
+use connection::{SEND_QUEUE_DEPTH, Wire};
+use endpoint::Endpoint;
+use region::{IbRegion, RemoteRegion, SourceRegistrations};
+use verbs::{CompletionQueue, Port, ProtectionDomain, QueuePair};
 
 /// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
 pub const NAME: &str = "ib";
+
+/// This transport's id, registered on first use.
+///
+/// # Panics
+///
+/// If the process registered [`MAX_TRANSPORTS`](comm_core::transport::MAX_TRANSPORTS) other
+/// transport names before this one.
+pub fn transport() -> Transport {
+    static ID: std::sync::OnceLock<Transport> = std::sync::OnceLock::new();
+    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
+}
+
+/// The IB transport factory: hand it to the communicator builder (the collectives crate's
+/// feature `ib` does, after shared memory, so it carries what shared memory cannot reach).
+#[derive(Debug, Clone, Default)]
+pub struct IbTransport {
+    choice: Option<PortChoice>,
+}
+
+impl IbTransport {
+    /// The transport with the port from the environment (`WEAVE_IB_HCA`, `WEAVE_IB_GID_INDEX`),
+    /// read when a communicator opens it.
+    pub fn new() -> Self {
+        IbTransport { choice: None }
+    }
+
+    /// The transport on the port `choice` names.
+    pub fn with_port(choice: PortChoice) -> Self {
+        IbTransport { choice: Some(choice) }
+    }
+}
+
+/// The port choice `WEAVE_IB_HCA` and `WEAVE_IB_GID_INDEX` make.
+pub fn port_choice_from_env() -> Result<PortChoice> {
+    let mut choice = match std::env::var("WEAVE_IB_HCA") {
+        Ok(v) if !v.trim().is_empty() => PortChoice::parse(&v)?,
+        _ => PortChoice::default(),
+    };
+    if let Ok(v) = std::env::var("WEAVE_IB_GID_INDEX") {
+        let index = v
+            .trim()
+            .parse::<u8>()
+            .map_err(|_| Error::invalid(format!("WEAVE_IB_GID_INDEX={v:?} is not a number from 0 to 255")))?;
+        choice.gid_index = Some(index);
+    }
+    Ok(choice)
+}
+
+impl TransportFactory for IbTransport {
+    fn transport(&self) -> Transport {
+        transport()
+    }
+
+    fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
+        let choice = match &self.choice {
+            Some(c) => c.clone(),
+            None => port_choice_from_env()?,
+        };
+        Ok(Arc::new(IbBackend::open(ctx, &choice)?))
+    }
+}
+
+/// The IB transport serving one communicator.
+pub struct IbBackend {
+    rank: usize,
+    world_size: usize,
+    /// This rank's queue pair for each peer, until the connection to it takes it.
+    wires: Mutex<Vec<Option<Wire>>>,
+    endpoint: Endpoint,
+    sources: Arc<SourceRegistrations>,
+    pd: Arc<ProtectionDomain>,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for IbBackend {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbBackend").field("rank", &self.rank).field("device", &self.pd.port().device()).finish()
+    }
+}
+
+impl IbBackend {
+    /// Opens the port and makes one queue pair per peer.
+    pub fn open(ctx: &TransportContext, choice: &PortChoice) -> Result<Self> {
+        let port = Port::open(choice)?;
+        let pd = ProtectionDomain::new(&port)?;
+        let (n, me) = (ctx.world_size, ctx.rank);
+        let mut wires = Vec::with_capacity(n);
+        let mut queue_pairs = Vec::with_capacity(n);
+        for peer in 0..n {
+            if peer == me {
+                wires.push(None);
+                queue_pairs.push((0, 0));
+                continue;
+            }
+            let cq = CompletionQueue::new(&port, SEND_QUEUE_DEPTH as i32 + 8)?;
+            let psn = first_psn(me, peer, ctx.communicator_id);
+            let qp = QueuePair::new(&pd, &cq, SEND_QUEUE_DEPTH, psn)?;
+            let address = qp.address();
+            queue_pairs.push((address.qpn, address.psn));
+            wires.push(Some(Wire { qp, cq }));
+        }
+        Ok(IbBackend {
+            rank: me,
+            world_size: n,
+            wires: Mutex::new(wires),
+            endpoint: Endpoint { port: port.address(), queue_pairs },
+            sources: Arc::default(),
+            pd,
+            timeout: ctx.config.timeout,
+            abort: ctx.abort.clone(),
+        })
+    }
+}
+
+/// A first packet sequence number that differs between pairs and communicators (24 bits).
+fn first_psn(me: usize, peer: usize, communicator: u64) -> u32 {
+    let mixed = comm_core::wire::digest64(&[
+        &(me as u64).to_le_bytes(),
+        &(peer as u64).to_le_bytes(),
+        &communicator.to_le_bytes(),
+    ]);
+    (mixed & 0xff_ffff) as u32
+}
+
+impl TransportBackend for IbBackend {
+    fn transport(&self) -> Transport {
+        transport()
+    }
+
+    fn local_endpoint(&self) -> Result<Vec<u8>> {
+        Ok(self.endpoint.encode())
+    }
+
+    fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
+        let (a, b) = (Endpoint::decode(a, self.world_size)?, Endpoint::decode(b, self.world_size)?);
+        // One fabric is assumed: a RoCE port and an InfiniBand port never talk.
+        Ok(a.port.roce == b.port.roce)
+    }
+
+    fn direct_access(&self) -> bool {
+        false
+    }
+
+    fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
+        match kind {
+            MemoryKind::Host => Ok(Arc::new(IbRegion::new(&self.pd, len)?)),
+            MemoryKind::Device(_) => {
+                Err(Error::Unsupported("transport ib does not carry device memory yet (dmabuf is not built)".into()))
+            }
+        }
+    }
+
+    fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>> {
+        Ok(region.as_any().downcast_ref::<IbRegion>().map(IbRegion::export))
+    }
+
+    fn import(
+        &self,
+        peer: usize,
+        _peer_endpoint: &[u8],
+        payload: &[u8],
+        len: usize,
+        kind: MemoryKind,
+    ) -> Result<Arc<dyn MemoryRegion>> {
+        if kind != MemoryKind::Host {
+            return Err(Error::Unsupported(format!("rank {peer} exported device memory through ib")));
+        }
+        Ok(Arc::new(RemoteRegion::decode(peer, payload, len)?))
+    }
+
+    fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
+        let theirs = Endpoint::decode(peer_endpoint, self.world_size)?;
+        let remote = theirs.queue_pair_for(self.rank)?;
+        let wire = self
+            .wires
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .get_mut(peer)
+            .and_then(Option::take)
+            .ok_or_else(|| Error::invalid(format!("ib: no queue pair left for rank {peer} (connected twice?)")))?;
+        wire.qp.connect(&remote)?;
+        Ok(Arc::new(IbConnection::new(peer, wire, &self.pd, &self.sources, self.timeout, self.abort.clone())?))
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests;

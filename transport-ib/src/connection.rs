@@ -1,0 +1,284 @@
+//! A connection over one RC queue pair: [`write`](Connection::write) is a train of RDMA writes,
+//! [`update_and_sync`](Connection::update_and_sync) an atomic fetch-and-add behind them,
+//! [`flush`](Connection::flush) a wait for every completion.
+//!
+//! **Ordering.** A reliable connection executes a queue pair's requests at the responder in the
+//! order they were posted, and an atomic executes only once the writes before it were placed:
+//! a flag raised by `update_and_sync` is never seen before the data written ahead of it.
+//!
+//! **Stores as adds.** Verbs have no remote 8-byte store that is ordered like an atomic, so
+//! `update_and_sync(word, v)` adds `v - last` where `last` is the value stored there before
+//! through the same imported region (0 for a word not touched yet: the regions start zeroed).
+//! The words a peer updates (semaphores, flags, link counters) are written only by that peer, so
+//! the sum is `v`.
+//!
+//! **Completions.** Every request asks for one. Before a post finds the send queue full, and in
+//! `flush`, the connection reaps completions, bounded by the communicator's timeout and abort
+//! flag; a failed completion (the peer's queue pair is gone, a bad key) is
+//! [`Error::PeerLost`] naming the peer, for this call and every later one.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use comm_core::config::Deadline;
+use comm_core::connection::{Connection, check_write_ranges};
+use comm_core::memory::RegisteredMemory;
+use comm_core::spin::Backoff;
+use comm_core::transport::Transport;
+use comm_core::{Error, Result};
+
+use crate::region::{IbRegion, RemoteRegion, SourceRegistrations};
+use crate::verbs::{CompletionQueue, ProtectionDomain, QueuePair, WorkRequest, empty_completion};
+
+/// Requests a connection may have in flight (the send queue's depth).
+pub(crate) const SEND_QUEUE_DEPTH: u32 = 128;
+
+/// One queue pair and its completion queue, connected to a peer.
+pub(crate) struct Wire {
+    /// Declared first: destroyed before the completion queue it posts to.
+    pub(crate) qp: QueuePair,
+    pub(crate) cq: CompletionQueue,
+}
+
+struct State {
+    wire: Wire,
+    /// Requests posted whose completion has not been reaped.
+    outstanding: u32,
+    next_wr_id: u64,
+    /// The first failed completion, which breaks the connection for good.
+    failed: Option<String>,
+}
+
+/// A connection to one peer over InfiniBand or RoCE.
+pub struct IbConnection {
+    peer: usize,
+    state: Mutex<State>,
+    pd: Arc<ProtectionDomain>,
+    sources: Arc<SourceRegistrations>,
+    /// Where fetch-and-adds put the old value (8 bytes per request in flight; never read).
+    old_values: IbRegion,
+    max_msg_bytes: usize,
+    timeout: Duration,
+    abort: Arc<AtomicBool>,
+}
+
+impl std::fmt::Debug for IbConnection {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("IbConnection").field("peer", &self.peer).field("device", &self.pd.port().device()).finish()
+    }
+}
+
+impl IbConnection {
+    /// A connection over `wire`, already connected to `peer`'s queue pair.
+    pub(crate) fn new(
+        peer: usize,
+        wire: Wire,
+        pd: &Arc<ProtectionDomain>,
+        sources: &Arc<SourceRegistrations>,
+        timeout: Duration,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Self> {
+        let old_values = IbRegion::new(pd, 8 * SEND_QUEUE_DEPTH as usize)?;
+        Ok(IbConnection {
+            peer,
+            state: Mutex::new(State { wire, outstanding: 0, next_wr_id: 0, failed: None }),
+            pd: pd.clone(),
+            sources: sources.clone(),
+            old_values,
+            max_msg_bytes: pd.port().max_msg_bytes(),
+            timeout,
+            abort,
+        })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn lost(&self, operation: &str, why: &str) -> Error {
+        Error::peer_lost(self.peer, operation, why.to_string())
+    }
+
+    /// The peer's registration that `dst` names, checked to belong to this connection's peer.
+    fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
+        let remote = dst.region().as_any().downcast_ref::<RemoteRegion>().ok_or_else(|| {
+            Error::invalid(format!(
+                "ib connection to rank {}: destination {:?} is not a peer's memory imported through ib",
+                self.peer,
+                dst.label()
+            ))
+        })?;
+        if remote.owner != self.peer {
+            return Err(Error::invalid(format!(
+                "ib connection to rank {}: destination {:?} belongs to rank {}",
+                self.peer,
+                dst.label(),
+                remote.owner
+            )));
+        }
+        Ok(remote)
+    }
+
+    /// Reaps completions until `done(outstanding)` holds; bounded by the timeout and abort flag.
+    fn reap(&self, state: &mut State, operation: &str, done: impl Fn(u32) -> bool) -> Result<()> {
+        let mut deadline: Option<Deadline> = None;
+        let mut backoff = Backoff::new();
+        let mut completions = [empty_completion(); 16];
+        loop {
+            if let Some(why) = &state.failed {
+                return Err(self.lost(operation, why));
+            }
+            if done(state.outstanding) {
+                return Ok(());
+            }
+            let n = state.wire.cq.poll(&mut completions)?;
+            for wc in &completions[..n] {
+                if let Some((status, vendor)) = wc.error() {
+                    // SAFETY: ibv_wc_status_str returns a static C string for any status.
+                    let text = unsafe { std::ffi::CStr::from_ptr(ibverbs_sys::ibv_wc_status_str(status)) };
+                    state.failed.get_or_insert_with(|| {
+                        format!(
+                            "a work request failed on {}: {} (vendor error {vendor})",
+                            self.pd.port().device(),
+                            text.to_string_lossy()
+                        )
+                    });
+                }
+            }
+            state.outstanding = state.outstanding.saturating_sub(n as u32);
+            if n > 0 {
+                backoff.reset();
+                continue;
+            }
+            if self.abort.load(Ordering::Relaxed) {
+                return Err(Error::Aborted(format!("{operation} to rank {} was aborted", self.peer)));
+            }
+            if deadline.get_or_insert_with(|| Deadline::after(self.timeout)).expired() {
+                return Err(Error::timeout(format!("{operation} (ib completions)"), Some(self.peer), self.timeout));
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Posts `request` once the send queue has room.
+    ///
+    /// # Safety
+    /// As [`QueuePair::post`].
+    unsafe fn post(&self, state: &mut State, mut request: WorkRequest, operation: &str) -> Result<()> {
+        self.reap(state, operation, |outstanding| outstanding < SEND_QUEUE_DEPTH)?;
+        request.wr_id = state.next_wr_id;
+        state.next_wr_id = state.next_wr_id.wrapping_add(1);
+        // SAFETY: forwarded from the caller.
+        unsafe { state.wire.qp.post(request)? };
+        state.outstanding += 1;
+        Ok(())
+    }
+}
+
+impl Connection for IbConnection {
+    fn transport(&self) -> Transport {
+        crate::transport()
+    }
+
+    fn peer(&self) -> usize {
+        self.peer
+    }
+
+    fn write(
+        &self,
+        dst: &RegisteredMemory,
+        dst_offset: usize,
+        src: &RegisteredMemory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
+        let remote = self.remote(dst)?;
+        let lkey = self.sources.lkey(&self.pd, src.region())?;
+        if len == 0 {
+            return Ok(());
+        }
+        let mut state = self.lock();
+        let mut done = 0;
+        while done < len {
+            let k = (len - done).min(self.max_msg_bytes);
+            let request = WorkRequest {
+                wr_id: 0,
+                // SAFETY: src_offset + len lies inside `src` (checked above), mapped here.
+                local: unsafe { src.as_ptr().add(src_offset + done) },
+                len: k as u32,
+                lkey,
+                remote: remote.addr + (dst_offset + done) as u64,
+                rkey: remote.rkey,
+                add: None,
+                signaled: true,
+            };
+            // SAFETY: the source lies inside a registration that outlives the request (the
+            // backend keeps source registrations with their regions; the caller keeps the bytes
+            // unchanged until the peer acknowledges them, as every connection requires), and the
+            // remote range lies inside the peer's registration (checked against its length).
+            unsafe { self.post(&mut state, request, "ib write")? };
+            done += k;
+        }
+        Ok(())
+    }
+
+    fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
+        dst.check_range(dst_offset, 8)?;
+        let remote = self.remote(dst)?;
+        let addr = remote.addr + dst_offset as u64;
+        if !addr.is_multiple_of(8) {
+            return Err(Error::invalid(format!(
+                "ib update_and_sync at offset {dst_offset} of {:?}: the word is not 8-byte aligned",
+                dst.label()
+            )));
+        }
+        let mut state = self.lock();
+        let delta = value.wrapping_sub(remote.stored(dst_offset));
+        let slot = (state.next_wr_id % u64::from(SEND_QUEUE_DEPTH)) as usize * 8;
+        let request = WorkRequest {
+            wr_id: 0,
+            // SAFETY: slot + 8 lies inside `old_values` (8 bytes per request in flight).
+            local: unsafe { self.old_values_ptr().add(slot) },
+            len: 8,
+            lkey: self.old_values.lkey(),
+            remote: addr,
+            rkey: remote.rkey,
+            add: Some(delta),
+            signaled: true,
+        };
+        // SAFETY: the old-value slot is registered and lives as long as the connection; the
+        // remote word lies inside the peer's registration (checked) and is 8-byte aligned.
+        unsafe { self.post(&mut state, request, "ib update_and_sync")? };
+        remote.record(dst_offset, value);
+        Ok(())
+    }
+
+    fn flush(&self) -> Result<()> {
+        let mut state = self.lock();
+        self.reap(&mut state, "ib flush", |outstanding| outstanding == 0)
+    }
+
+    fn check_peer(&self) -> Result<()> {
+        match &self.lock().failed {
+            Some(why) => Err(self.lost("ib check", why)),
+            None => Ok(()),
+        }
+    }
+}
+
+impl IbConnection {
+    fn old_values_ptr(&self) -> *mut u8 {
+        use comm_core::memory::MemoryRegion;
+        self.old_values.as_ptr()
+    }
+}
+
+impl Drop for IbConnection {
+    fn drop(&mut self) {
+        // The device may still read sources and write old values: let it finish (bounded)
+        // before the queue pair and the registrations go.
+        let _ = self.flush();
+    }
+}
