@@ -1,0 +1,147 @@
+//! RDMA write bandwidth and latency through weave's IB connection, in the shape of perftest's
+//! `ib_write_bw` and `ib_write_lat`, so the two can be compared on one device
+//! (`transport-ib/vm/bench.sh` runs both in the SoftRoCE guest).
+//!
+//! Two backends in one process, on the default port (`WEAVE_IB_HCA` picks another):
+//! - **bandwidth**: rank 0 writes `iters` messages of each size into rank 1's memory, then
+//!   flushes; MB/s = bytes / time (10^6 bytes, as perftest prints).
+//! - **latency**: ping-pong; each side writes a message and raises a flag in the other's memory
+//!   (`write` + `update_and_sync`), then waits for the flag of the answer in its own memory;
+//!   latency = round trip / 2, the median over `iters` (perftest's `t_typical`).
+//!
+//! usage: write_bench [bw|lat] [SIZE ...]   (sizes in bytes; default 2 B .. 1 MiB ×4 for bw,
+//! 2 B .. 4 KiB ×4 for lat). Prints one line per size: `bw SIZE MBPS` or `lat SIZE USEC`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use comm_core::config::Config;
+use comm_core::memory::{MemoryDescriptor, MemoryKind, RegisteredMemory};
+use comm_core::transport::{TransportBackend, TransportContext};
+use transport_ib::{IbBackend, port_choice_from_env, transport};
+
+fn context(rank: usize) -> TransportContext {
+    TransportContext {
+        rank,
+        world_size: 2,
+        job_key: "ibbench".into(),
+        communicator_id: 1,
+        config: Config { timeout: Duration::from_secs(60), ..Config::default() },
+        abort: Arc::new(AtomicBool::new(false)),
+    }
+}
+
+fn descriptor(owner: usize, len: usize) -> MemoryDescriptor {
+    MemoryDescriptor {
+        owner,
+        seq: 0,
+        digest: MemoryDescriptor::digest_for(0, "bench", MemoryKind::Host),
+        kind: MemoryKind::Host,
+        len,
+        label: "bench".into(),
+        exports: Vec::new(),
+    }
+}
+
+/// `owner`'s region of `len` bytes: as `owner` sees it, and as `viewer` names it.
+fn region(
+    owner: &IbBackend,
+    owner_rank: usize,
+    viewer: &IbBackend,
+    len: usize,
+) -> (RegisteredMemory, RegisteredMemory) {
+    let r = owner.allocate(len, MemoryKind::Host).expect("allocate");
+    let payload = owner.export(&r).expect("export").expect("an ib region");
+    let local = RegisteredMemory::new_local(descriptor(owner_rank, len), r, transport()).expect("local");
+    let ep = owner.local_endpoint().expect("endpoint");
+    let imported = viewer.import(owner_rank, &ep, &payload, len, MemoryKind::Host).expect("import");
+    (local, RegisteredMemory::new_imported(descriptor(owner_rank, len), imported, transport()).expect("imported"))
+}
+
+fn sizes(args: &[String], default: &[usize]) -> Vec<usize> {
+    let given: Vec<usize> = args.iter().filter_map(|a| a.parse().ok()).collect();
+    if given.is_empty() { default.to_vec() } else { given }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let mode = args.first().map_or("bw", String::as_str).to_string();
+    let choice = port_choice_from_env().expect("WEAVE_IB_HCA");
+    let a = IbBackend::open(&context(0), &choice).expect("open rank 0");
+    let b = IbBackend::open(&context(1), &choice).expect("open rank 1");
+    let ab = a.connect(1, &b.local_endpoint().unwrap()).expect("connect 0->1");
+    let ba = b.connect(0, &a.local_endpoint().unwrap()).expect("connect 1->0");
+    match mode.as_str() {
+        "bw" => {
+            let all: Vec<usize> = (1..=20).step_by(2).map(|s| 1usize << s).collect();
+            for size in sizes(&args[1..], &all) {
+                let (_dst_local, dst) = region(&b, 1, &a, size);
+                let (src, _) = region(&a, 0, &b, size);
+                let iters = (64 << 20) / size.max(4096).min(64 << 20);
+                let iters = iters.clamp(100, 5000);
+                ab.write(&dst, 0, &src, 0, size).unwrap();
+                ab.flush().unwrap();
+                let t = Instant::now();
+                for _ in 0..iters {
+                    ab.write(&dst, 0, &src, 0, size).unwrap();
+                }
+                ab.flush().unwrap();
+                let secs = t.elapsed().as_secs_f64();
+                println!("bw {size} {:.2}", (size * iters) as f64 / secs / 1e6);
+            }
+        }
+        "lat" => {
+            let all: Vec<usize> = (1..=12).step_by(2).map(|s| 1usize << s).collect();
+            for size in sizes(&args[1..], &all) {
+                let len = size + 64;
+                let (b_local, b_remote) = region(&b, 1, &a, len);
+                let (a_local, a_remote) = region(&a, 0, &b, len);
+                let (a_src, _) = region(&a, 0, &b, len);
+                let (b_src, _) = region(&b, 1, &a, len);
+                let (warmup, iters) = (200u64, 2000u64);
+                // SAFETY: offset 0 of each local region is an 8-byte aligned word that only the
+                // peer's fetch-and-adds change; read atomically.
+                let flag = |m: &RegisteredMemory| unsafe { &*(m.as_ptr() as *const AtomicU64) };
+                let (a_flag, b_flag) = (flag(&a_local), flag(&b_local));
+                // Waits as weave's own waits do: spin briefly, then yield (the verbs device of
+                // SoftRoCE runs in the kernel on the same CPUs).
+                let wait = |f: &AtomicU64, want: u64| {
+                    let deadline = Instant::now() + Duration::from_secs(60);
+                    let mut backoff = comm_core::spin::Backoff::new();
+                    while f.load(Ordering::Acquire) < want {
+                        assert!(Instant::now() < deadline, "no answer in 60 s");
+                        backoff.snooze();
+                    }
+                };
+                let mut rtts = Vec::with_capacity(iters as usize);
+                std::thread::scope(|s| {
+                    s.spawn(|| {
+                        for i in 1..=warmup + iters {
+                            wait(b_flag, i);
+                            ba.write(&a_remote, 64, &b_src, 64, size).unwrap();
+                            ba.update_and_sync(&a_remote, 0, i).unwrap();
+                        }
+                        ba.flush().unwrap();
+                    });
+                    for i in 1..=warmup + iters {
+                        let t = Instant::now();
+                        ab.write(&b_remote, 64, &a_src, 64, size).unwrap();
+                        ab.update_and_sync(&b_remote, 0, i).unwrap();
+                        wait(a_flag, i);
+                        if i > warmup {
+                            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                        }
+                    }
+                    ab.flush().unwrap();
+                });
+                rtts.sort_by(f64::total_cmp);
+                println!("lat {size} {:.2}", rtts[rtts.len() / 2] / 2.0);
+            }
+        }
+        other => {
+            eprintln!("write_bench: unknown mode {other:?}; use bw or lat");
+            std::process::exit(2);
+        }
+    }
+}
