@@ -78,7 +78,7 @@ fn main() {
             for size in sizes(&args[1..], &all) {
                 let (_dst_local, dst) = region(&b, 1, &a, size);
                 let (src, _) = region(&a, 0, &b, size);
-                let iters = (64 << 20) / size.max(4096).min(64 << 20);
+                let iters = (64 << 20) / size.clamp(4096, 64 << 20);
                 let iters = iters.clamp(100, 5000);
                 ab.write(&dst, 0, &src, 0, size).unwrap();
                 ab.flush().unwrap();
