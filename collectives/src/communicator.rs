@@ -31,6 +31,8 @@ pub fn default_transports() -> Vec<Arc<dyn TransportFactory>> {
     v.push(Arc::new(transport_cudaipc::CudaIpcTransport::new()));
     #[cfg(feature = "shm")]
     v.push(Arc::new(transport_shm::ShmTransport));
+    #[cfg(feature = "ib")]
+    v.push(Arc::new(transport_ib::IbTransport::new()));
     #[cfg(feature = "tcp")]
     v.push(Arc::new(transport_tcp::TcpTransport::new()));
     v

@@ -46,6 +46,8 @@ pub use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
 
 #[cfg(feature = "cudaipc")]
 pub use transport_cudaipc;
+#[cfg(feature = "ib")]
+pub use transport_ib;
 #[cfg(feature = "shm")]
 pub use transport_shm;
 #[cfg(feature = "tcp")]

@@ -10,7 +10,8 @@
 # runs in software emulation (no KVM here), so the guest is slow: correctness, not speed.
 #
 # Work files live in $WEAVE_IB_VM_DIR (default target/ib-vm): the kernel and the initramfs are
-# built once and reused. $WEAVE_IB_VM_TIMEOUT bounds the guest (default 600 s).
+# built once and reused. $WEAVE_IB_VM_TIMEOUT bounds the guest (default 600 s), $WEAVE_IB_VM_MEMORY
+# sizes it (default 4G).
 set -euo pipefail
 
 DIR=${1:?usage: softroce-guest.sh DIR (with DIR/test.sh)}
@@ -20,6 +21,7 @@ HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=${WEAVE_IB_VM_DIR:-$HERE/../../target/ib-vm}
 mkdir -p "$WORK"; WORK=$(cd "$WORK" && pwd)
 TIMEOUT=${WEAVE_IB_VM_TIMEOUT:-600}
+MEMORY=${WEAVE_IB_VM_MEMORY:-4G}
 
 need=()
 for p in qemu-system-x86 busybox-static rdma-core ibverbs-providers ibverbs-utils perftest cpio kmod dash iproute2; do
@@ -96,7 +98,7 @@ fi
 
 LOG=$WORK/guest.log
 set +e
-timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m 2G -nographic -no-reboot \
+timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m "$MEMORY" -nographic -no-reboot \
   -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" -nic none \
   -append "console=ttyS0 quiet panic=-1" \
   -virtfs local,path="$DIR",mount_tag=host,security_model=none,readonly=on \

@@ -1,0 +1,33 @@
+#!/bin/sh
+# Guest side of the collectives-over-IB run (softroce-guest.sh runs it as test.sh from a
+# directory holding collectives-worker built with the feature `ib`): the host correctness
+# matrix with 2 and 4 ranks on rxe0, shared memory and TCP off (WEAVE_TRANSPORTS=ib), so every
+# byte moves by RDMA. Ranks find each other through the torchrun variables on the guest's
+# loopback.
+SCENARIOS=${SCENARIOS:-"matrix"}
+WORLDS=${WORLDS:-"2 4"}
+fail=0
+port=29500
+for n in $WORLDS; do
+  for scenario in $SCENARIOS; do
+    port=$((port + 1))
+    pids=""
+    r=0
+    while [ $r -lt "$n" ]; do
+      RANK=$r LOCAL_RANK=$r WORLD_SIZE=$n LOCAL_WORLD_SIZE=$n MASTER_ADDR=127.0.0.1 MASTER_PORT=$port \
+        WEAVE_TRANSPORTS=ib WEAVE_TIMEOUT=120 ./collectives-worker "$scenario" > "/tmp/$scenario-$n-$r.log" 2>&1 &
+      pids="$pids $!"
+      r=$((r + 1))
+    done
+    ok=0
+    for p in $pids; do wait "$p" || ok=1; done
+    if [ $ok = 0 ]; then
+      echo "PASS $scenario, $n ranks over ib: $(tail -1 /tmp/$scenario-$n-0.log)"
+    else
+      fail=1
+      echo "FAIL $scenario, $n ranks over ib:"
+      tail -3 /tmp/$scenario-$n-*.log
+    fi
+  done
+done
+exit $fail
