@@ -19,7 +19,8 @@
 //! so launcher binaries (`cargo xtask launch`) do not build the rest of weave. Its modules:
 //! [`LaunchSpec`] (what to run), the environment each rank gets, the job of child processes
 //! and its supervision, the output readers ([`Echo`]), cancelling ([`CancelToken`],
-//! [`forward_signals_to`]) and the [`LaunchReport`].
+//! [`forward_signals_to`]), the [`LaunchReport`], and [`parse_size`] for the byte sizes that
+//! launcher and rank programs take on their command lines.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -42,6 +43,7 @@ mod job;
 mod output;
 mod rank_env;
 mod report;
+mod size;
 mod spec;
 
 use std::time::Instant;
@@ -51,6 +53,7 @@ pub use error::{Error, Result};
 pub use output::{Echo, OUTPUT_GRACE};
 pub use rank_env::FOREIGN_RANK_VARS;
 pub use report::{LaunchReport, RankExit, RankReport};
+pub use size::parse_size;
 pub use spec::{DEFAULT_CANCEL_GRACE, LaunchSpec};
 
 /// The signal type of [`CancelToken::cancel`] and [`LaunchReport::cancelled`], re-exported so

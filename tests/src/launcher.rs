@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use weave_launch::{LaunchReport, LaunchSpec, launch};
+use weave_launch::{LaunchReport, LaunchSpec, RankExit, launch};
 
 /// A job of `ranks` copies of `program SCENARIO`, with `WEAVE_TIMEOUT` set to `weave_timeout`
 /// seconds and the whole job bounded by `job_timeout`.
@@ -41,6 +41,25 @@ pub fn run_ok(spec: &LaunchSpec, scenario: &str) -> LaunchReport {
         && report.ranks.iter().all(|r| r.stdout.iter().any(|l| l.starts_with(&format!("OK {scenario} "))));
     assert!(all_ok, "{scenario} with {} ranks failed: {}\n{}", spec.ranks, report.summary(), dump(&report));
     report
+}
+
+/// Checks a job whose last rank was killed with `SIGKILL` in the middle of `scenario`: the victim
+/// died by that signal, and every other rank exited 0 after printing its `OK SCENARIO` line (it
+/// took the dead peer for an error instead of waiting for it). Panics with every rank's output
+/// otherwise.
+pub fn assert_survivors_saw_the_killed_rank(report: &LaunchReport, scenario: &str) {
+    let Some((victim, survivors)) = report.ranks.split_last() else {
+        panic!("{scenario}: the job has no ranks");
+    };
+    assert_eq!(victim.exit, RankExit::Signal(9), "victim must die by SIGKILL\n{}", dump(report));
+    for r in survivors {
+        assert!(
+            r.exit.success() && r.stdout.iter().any(|l| l.starts_with(&format!("OK {scenario}"))),
+            "rank {} did not report the dead peer as an error\n{}",
+            r.rank,
+            dump(report)
+        );
+    }
 }
 
 /// Every rank's captured output, for failure messages.

@@ -4,8 +4,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use weave_launch::RankExit;
-use weave_tests::launcher::{dump, launch_serialized, leftover_segments, random_secret, run_ok, scenario_spec};
+use weave_tests::launcher::{
+    assert_survivors_saw_the_killed_rank, launch_serialized, leftover_segments, random_secret, run_ok, scenario_spec,
+};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_rank-worker");
 
@@ -75,16 +76,7 @@ fn a_rank_killed_during_a_wait_fails_the_others_within_the_timeout_and_leaks_not
         let started = Instant::now();
         let report = launch_serialized(&spec).expect("launch fault-kill");
         let elapsed = started.elapsed();
-        let victim = &report.ranks[n - 1];
-        assert_eq!(victim.exit, RankExit::Signal(9), "victim must die by SIGKILL\n{}", dump(&report));
-        for r in &report.ranks[..n - 1] {
-            assert!(
-                r.exit.success() && r.stdout.iter().any(|l| l.starts_with("OK fault-kill")),
-                "rank {} did not report the dead peer as an error\n{}",
-                r.rank,
-                dump(&report)
-            );
-        }
+        assert_survivors_saw_the_killed_rank(&report, "fault-kill");
         assert!(elapsed < Duration::from_secs_f64(weave_timeout + 20.0), "job took {elapsed:?}");
         let left = leftover_segments(&secret);
         assert!(left.is_empty(), "shared-memory segments left behind: {left:?}");

@@ -110,6 +110,20 @@ static void turn_done(void) {
 
 /* ---- half and bfloat16 ------------------------------------------------------------------ */
 
+/* The float whose IEEE-754 bits are `f`. */
+static float float_from_bits(uint32_t f) {
+    float r;
+    memcpy(&r, &f, 4);
+    return r;
+}
+
+/* The IEEE-754 bits of `x`. */
+static uint32_t float_bits(float x) {
+    uint32_t f;
+    memcpy(&f, &x, 4);
+    return f;
+}
+
 static float half_to_float(uint16_t h) {
     uint32_t sign = (uint32_t)(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff, f;
     if (exp == 0) {
@@ -128,14 +142,11 @@ static float half_to_float(uint16_t h) {
     } else {
         f = sign | ((exp + 127 - 15) << 23) | (mant << 13);
     }
-    float r;
-    memcpy(&r, &f, 4);
-    return r;
+    return float_from_bits(f);
 }
 
 static uint16_t float_to_half(float x) {
-    uint32_t f;
-    memcpy(&f, &x, 4);
+    uint32_t f = float_bits(x);
     uint32_t sign = (f >> 16) & 0x8000, fexp = (f >> 23) & 0xff, mant = f & 0x7fffff;
     int32_t exp = (int32_t)fexp - 127 + 15;
     if (fexp == 0xff) return (uint16_t)(sign | 0x7c00 | (mant ? 0x200 : 0));
@@ -154,15 +165,11 @@ static uint16_t float_to_half(float x) {
 }
 
 static float bf16_to_float(uint16_t b) {
-    uint32_t f = (uint32_t)b << 16;
-    float r;
-    memcpy(&r, &f, 4);
-    return r;
+    return float_from_bits((uint32_t)b << 16);
 }
 
 static uint16_t float_to_bf16(float x) {
-    uint32_t f;
-    memcpy(&f, &x, 4);
+    uint32_t f = float_bits(x);
     if ((f & 0x7fffffff) > 0x7f800000) return (uint16_t)((f >> 16) | 0x40);
     f += 0x7fff + ((f >> 16) & 1);
     return (uint16_t)(f >> 16);

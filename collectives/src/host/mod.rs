@@ -157,26 +157,26 @@ impl HostEngine {
                 return Err(self.poison(e));
             }
             const CALL: u64 = 0xff_ffff; // collective, dtype and op; the algorithm is above
+            // Their call and mine in words, for the messages that name both (only on a mismatch:
+            // describing allocates).
+            let calls = || (describe(theirs.signature), describe(mine.signature));
             if theirs.signature & INVALID_MARK != 0 && mine.signature & INVALID_MARK == 0 {
                 problem = Some(Error::invalid(format!(
                     "rank {p} passed invalid arguments to {what} (its own error says which); this call did nothing"
                 )));
             } else if theirs.signature & CALL != mine.signature & CALL {
-                problem = Some(Error::invalid(format!(
-                    "rank {p} called {} while rank {me} called {}",
-                    describe(theirs.signature),
-                    describe(mine.signature)
-                )));
+                let (their_call, my_call) = calls();
+                problem =
+                    Some(Error::invalid(format!("rank {p} called {their_call} while rank {me} called {my_call}")));
             } else if agree.count && theirs.count != mine.count {
                 problem = Some(Error::invalid(format!(
                     "{what}: rank {p} passed {} elements, rank {me} passed {}; counts must match",
                     theirs.count, mine.count
                 )));
             } else if theirs.signature & !INVALID_MARK != mine.signature & !INVALID_MARK {
+                let (their_call, my_call) = calls();
                 problem = Some(Error::invalid(format!(
-                    "rank {p} runs {} while rank {me} runs {}; set the same WEAVE_ALGO on every rank",
-                    describe(theirs.signature),
-                    describe(mine.signature)
+                    "rank {p} runs {their_call} while rank {me} runs {my_call}; set the same WEAVE_ALGO on every rank"
                 )));
             } else if agree.root && theirs.root != mine.root {
                 problem = Some(Error::invalid(format!(

@@ -48,6 +48,7 @@ use std::time::{Duration, Instant};
 
 use collectives::{Collective, Communicator, DataType, Element, ReduceOp, bf16, f16};
 use comm_core::{Error, Result};
+use weave_tests::matrix::tolerance;
 
 /// The root of broadcast and reduce.
 const ROOT: usize = 0;
@@ -117,23 +118,6 @@ fn main() {
     }
 }
 
-/// Parses a size: digits with an optional `K`, `M` or `G` suffix (powers of 1024, any case,
-/// optionally followed by `B` or `iB`).
-fn parse_size(s: &str) -> Option<usize> {
-    let t = s.trim().to_ascii_lowercase();
-    let t = t.strip_suffix("ib").or_else(|| t.strip_suffix('b')).unwrap_or(&t);
-    let (digits, shift) = match t.as_bytes().last()? {
-        b'k' => (&t[..t.len() - 1], 10),
-        b'm' => (&t[..t.len() - 1], 20),
-        b'g' => (&t[..t.len() - 1], 30),
-        _ => (t, 0),
-    };
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse::<usize>().ok()?.checked_mul(1usize << shift)
-}
-
 fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options, String> {
     let mut o = Options::default();
     let mut args = args.peekable();
@@ -152,6 +136,11 @@ fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options
                 .filter(|&n| n >= min)
                 .ok_or_else(|| format!("{flag} expects a whole number of at least {min}, got {v:?}"))
         };
+        let size = |v: String| -> std::result::Result<usize, String> {
+            weave_launch::parse_size(&v)
+                .and_then(|bytes| usize::try_from(bytes).ok())
+                .ok_or_else(|| format!("{flag}: bad size {v:?}"))
+        };
         match flag.as_str() {
             "--op" => {
                 let v = value("a collective")?;
@@ -159,14 +148,8 @@ fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options
                     .filter(|c| !matches!(c, Collective::AllToAllv | Collective::SendRecv))
                     .ok_or_else(|| format!("unknown collective {v:?}"))?;
             }
-            "-b" | "--minbytes" => {
-                let v = value("a size")?;
-                o.min_bytes = parse_size(&v).ok_or_else(|| format!("{flag}: bad size {v:?}"))?;
-            }
-            "-e" | "--maxbytes" => {
-                let v = value("a size")?;
-                o.max_bytes = parse_size(&v).ok_or_else(|| format!("{flag}: bad size {v:?}"))?;
-            }
+            "-b" | "--minbytes" => o.min_bytes = size(value("a size")?)?,
+            "-e" | "--maxbytes" => o.max_bytes = size(value("a size")?)?,
             "-f" | "--stepfactor" => o.factor = count(value("a factor")?, 2)?,
             "--dtype" => {
                 let v = value("a data type")?;
@@ -408,17 +391,6 @@ impl Case<'_> {
     }
 }
 
-/// Relative tolerance for a floating-point `avg` (the only result that may round).
-fn tolerance(d: DataType) -> f64 {
-    match d {
-        DataType::F64 => 1e-12,
-        DataType::F32 => 1e-6,
-        DataType::F16 => 1e-3,
-        DataType::Bf16 => 8e-3,
-        _ => 0.0,
-    }
-}
-
 /// The number of elements of `got` that differ from `want` (exactly, or beyond the relative
 /// tolerance `tol`).
 fn count_wrong<T: Element>(got: &[T], want: &[T], tol: Option<f64>) -> u64 {
@@ -629,13 +601,9 @@ mod tests {
 
     #[test]
     fn sizes_and_arguments_parse() {
-        assert_eq!(parse_size("8"), Some(8));
-        assert_eq!(parse_size("64K"), Some(64 << 10));
-        assert_eq!(parse_size("64m"), Some(64 << 20));
-        assert_eq!(parse_size("1GiB"), Some(1 << 30));
-        assert_eq!(parse_size("2KB"), Some(2048));
+        // The size syntax itself is tested with `weave_launch::parse_size`.
         for bad in ["", "K", "-8", "1.5M", "8X", "99999999999999999999G"] {
-            assert_eq!(parse_size(bad), None, "{bad}");
+            assert!(parse(&["-b", bad]).is_err(), "{bad}");
         }
         let o =
             parse(&["--op", "all_gather", "-b", "1K", "--maxbytes=4K", "-f", "4", "--dtype=bf16", "--check"]).unwrap();

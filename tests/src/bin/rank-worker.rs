@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 
 use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator;
-use comm_core::memory::MemoryDescriptor;
+use comm_core::memory::{MemoryDescriptor, RegisteredMemory};
 use comm_core::{Error, Result};
 use weave_tests::{Pattern, expect_eq, peers, shm_communicator, verify_pattern, worker};
 
@@ -83,18 +83,27 @@ fn slot_len() -> usize {
     CASES.iter().map(|(len, off)| len + off).max().unwrap_or(0)
 }
 
+/// Registers the data scenarios' buffer as `label` (one slot of [`slot_len`] bytes per rank),
+/// exchanges it, and builds a channel to every peer with `channel(buffer, peer's buffer)`.
+fn slotted_channels<C>(
+    comm: &Communicator,
+    label: &str,
+    channel: impl Fn(&RegisteredMemory, &RegisteredMemory) -> Result<C>,
+) -> Result<(RegisteredMemory, Vec<C>)> {
+    let buf = comm.register_host(slot_len() * comm.world_size(), label)?;
+    let all = comm.exchange(&buf)?;
+    let channels =
+        peers(comm.bootstrap().as_ref()).into_iter().map(|p| channel(&buf, &all[p])).collect::<Result<_>>()?;
+    Ok((buf, channels))
+}
+
 /// Memory channels between every pair: random data at every size and offset, put + signal,
 /// wait, verify.
 fn memory_channel() -> Result<String> {
     let comm = shm_communicator()?;
     let (me, n) = (comm.rank(), comm.world_size());
     let slot = slot_len();
-    let buf = comm.register_host(slot * n, "memory-channel")?;
-    let all = comm.exchange(&buf)?;
-    let channels = peers(comm.bootstrap().as_ref())
-        .into_iter()
-        .map(|p| comm.memory_channel(&buf, &all[p]))
-        .collect::<Result<Vec<_>>>()?;
+    let (buf, channels) = slotted_channels(&comm, "memory-channel", |buf, peer| comm.memory_channel(buf, peer))?;
     let mut moved = 0;
     for (case, &(len, offset)) in CASES.iter().enumerate() {
         for ch in &channels {
@@ -121,13 +130,8 @@ fn port_channel() -> Result<String> {
     let comm = shm_communicator()?;
     let (me, n) = (comm.rank(), comm.world_size());
     let slot = slot_len();
-    let buf = comm.register_host(slot * n, "port-channel")?;
-    let all = comm.exchange(&buf)?;
     let proxy = comm.proxy()?;
-    let channels = peers(comm.bootstrap().as_ref())
-        .into_iter()
-        .map(|p| comm.port_channel(&proxy, &buf, &all[p]))
-        .collect::<Result<Vec<_>>>()?;
+    let (buf, channels) = slotted_channels(&comm, "port-channel", |buf, peer| comm.port_channel(&proxy, buf, peer))?;
     let started_on = std::sync::Arc::new(std::sync::Mutex::new(None));
     let record = started_on.clone();
     proxy.start(move || {
