@@ -75,13 +75,13 @@ fn parse(mut args: Args) -> Result<Option<BundleArgs>, UsageError> {
 
 /// One executable cargo built, from a `compiler-artifact` JSON line.
 #[derive(Debug, Clone, PartialEq)]
-struct Artifact {
+pub(crate) struct Artifact {
     /// Target name (`kernels`, `gpu_primitives`, `rank-worker`).
-    name: String,
+    pub(crate) name: String,
     /// Absolute path of the executable.
-    executable: PathBuf,
+    pub(crate) executable: PathBuf,
     /// A test harness (unit or integration tests), as opposed to a plain binary.
-    is_test: bool,
+    pub(crate) is_test: bool,
 }
 
 /// The JSON string value that follows `key` (e.g. `"executable":`) in `line`, unescaped.
@@ -150,7 +150,7 @@ fn parse_artifact(line: &str) -> Option<Artifact> {
 }
 
 /// Runs cargo with `args` and JSON messages; returns the executable artifacts.
-fn cargo_artifacts(args: &[String]) -> Result<Vec<Artifact>, String> {
+pub(crate) fn cargo_artifacts(args: &[String]) -> Result<Vec<Artifact>, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(&cargo)
         .args(args)
@@ -195,7 +195,7 @@ fn bundle_name(a: &Artifact, taken: &mut BTreeSet<String>) -> String {
 }
 
 /// Single-quotes `s` for a POSIX shell.
-fn shell_quote(s: &str) -> String {
+pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
@@ -365,7 +365,7 @@ fn set_executable(_path: &Path) -> Result<(), String> {
 }
 
 /// The workspace root: the parent of xtask's manifest directory.
-fn workspace_root() -> Result<PathBuf, String> {
+pub(crate) fn workspace_root() -> Result<PathBuf, String> {
     let manifest = PathBuf::from(env!("CARGO_MANIFEST_DIR"));
     manifest.parent().map(Path::to_path_buf).ok_or_else(|| "xtask has no parent directory".to_string())
 }

@@ -8,6 +8,7 @@ mod bench_cmd;
 mod bench_table;
 mod bench_turns;
 mod gpu_bundle_cmd;
+mod ib_vm_cmd;
 mod json;
 mod launch_cmd;
 mod plot;
@@ -33,6 +34,7 @@ const COMMANDS: &[Command] = &[
         usage: gpu_bundle_cmd::USAGE,
         run: gpu_bundle_cmd::run,
     },
+    Command { name: "ib-vm", summary: ib_vm_cmd::SUMMARY, usage: ib_vm_cmd::USAGE, run: ib_vm_cmd::run },
     Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run },
     Command {
         name: "multinode",

@@ -10,15 +10,19 @@ pub(crate) const SUMMARY: &str = "run every test (add --long for the full collec
 
 /// The help text of `cargo xtask test`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask test [--long] [--release] [-- CARGO-TEST-ARGS...]
+usage: cargo xtask test [--long] [--release] [--no-ib] [-- CARGO-TEST-ARGS...]
 
 Runs `cargo test --workspace`: unit tests, the multi-process tests (which launch ranks through
 the same launcher as `cargo xtask launch`), doc tests, and a compile of every example. GPU
 tests report that they did not run when no GPU is present; they never count as passed there.
+Then the InfiniBand tests in a SoftRoCE guest (`cargo xtask ib-vm`: the transport's device
+tests and the host matrix over verbs with 2 ranks, about 5 minutes), wherever QEMU is installed
+or apt-get can install it; with CI set they must run.
 
 options:
   --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
   --release    build with optimizations
+  --no-ib      leave out the InfiniBand guest (it reports that it did not run)
   -h, --help   print this help
 ";
 
@@ -26,12 +30,14 @@ options:
 pub(crate) fn run(mut args: Args) -> ExitCode {
     let mut long = false;
     let mut release = false;
+    let mut ib = true;
     let mut extra = Vec::new();
     loop {
         match args.next() {
             Ok(None) => break,
             Ok(Some(Arg::Flag(f))) if f == "--long" => long = true,
             Ok(Some(Arg::Flag(f))) if f == "--release" => release = true,
+            Ok(Some(Arg::Flag(f))) if f == "--no-ib" => ib = false,
             Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
                 print!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -55,19 +61,39 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
         cmd.arg("--release");
     }
     if !extra.is_empty() {
-        cmd.arg("--").args(extra);
+        cmd.arg("--").args(&extra);
     }
     if long {
         cmd.env("WEAVE_TEST_LONG", "1");
     }
     match cmd.status() {
-        Ok(s) if s.success() => ExitCode::SUCCESS,
+        Ok(s) if s.success() => ib_guest(ib && extra.is_empty()),
         Ok(s) => {
             eprintln!("cargo xtask test: cargo test failed ({s})");
             ExitCode::from(1)
         }
         Err(e) => {
             eprintln!("cargo xtask test: could not run cargo: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// The InfiniBand guest, when asked for and possible (always under CI).
+fn ib_guest(wanted: bool) -> ExitCode {
+    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false");
+    if !wanted {
+        println!("cargo xtask test: the InfiniBand guest tests did not run (--no-ib, or cargo test filters given)");
+        return ExitCode::SUCCESS;
+    }
+    if !ci && !crate::ib_vm_cmd::guest_possible() {
+        println!("cargo xtask test: the InfiniBand guest tests did not run (no qemu-system-x86_64, no apt-get)");
+        return ExitCode::SUCCESS;
+    }
+    match crate::ib_vm_cmd::stage_and_run(&[2], false, &[]) {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("cargo xtask test: the InfiniBand guest: {e}");
             ExitCode::from(1)
         }
     }

@@ -1,0 +1,145 @@
+//! `cargo xtask ib-vm`: the InfiniBand tests on a real verbs device — SoftRoCE in a QEMU guest,
+//! since no machine here has an HCA.
+//!
+//! Builds the transport's test binary and a `collectives-worker` with the feature `ib`, stages
+//! them with the guest scripts of `transport-ib/vm/` in `target/ib-vm/run`, and boots one guest
+//! with `transport-ib/vm/softroce-guest.sh`, which runs there: the transport's tests with the
+//! device tests included, then the host correctness matrix over verbs alone for each world
+//! size asked for (and, with `--bench`, the micro bench against perftest). The exit status is
+//! the guest's.
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+use crate::args::{Arg, Args};
+use crate::gpu_bundle_cmd::{cargo_artifacts, shell_quote, workspace_root};
+
+/// One line for the command list of `cargo xtask help`.
+pub(crate) const SUMMARY: &str = "run the InfiniBand tests in a QEMU guest with SoftRoCE";
+
+/// The help text of `cargo xtask ib-vm`.
+pub(crate) const USAGE: &str = "\
+usage: cargo xtask ib-vm [--ranks N,...] [--bench] [-- TEST-FILTERS...]
+
+Runs the InfiniBand transport on a real verbs device: SoftRoCE (rdma_rxe) in a QEMU guest
+(software emulation, no KVM needed), set up on first use (Debian packages, the Debian 12
+generic kernel unpacked into target/ib-vm; about a minute). In the guest: transport-ib's tests
+including those that need a device (TEST-FILTERS narrow them), then the host correctness matrix
+over verbs alone (WEAVE_TRANSPORTS=ib) with each world size of --ranks (default 2). Exits with
+the guest's status.
+
+options:
+  --ranks N,...  world sizes of the matrix over ib (default 2; 0 skips it)
+  --bench        also run the micro bench against perftest's ib_write_bw / ib_write_lat
+  -h, --help     print this help
+";
+
+/// Runs the command.
+pub(crate) fn run(mut args: Args) -> ExitCode {
+    let mut ranks = vec![2usize];
+    let mut bench = false;
+    let mut filters = Vec::new();
+    loop {
+        match args.next() {
+            Ok(None) => break,
+            Ok(Some(Arg::Flag(f))) if f == "--bench" => bench = true,
+            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
+                print!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            Ok(Some(Arg::Flag(f))) if f == "--ranks" => {
+                let parsed = args.value("--ranks").ok().and_then(|v| {
+                    let v = v.to_string_lossy().into_owned();
+                    v.split(',').map(|s| s.trim().parse::<usize>().ok()).collect::<Option<Vec<usize>>>()
+                });
+                match parsed {
+                    Some(list) => ranks = list.into_iter().filter(|&n| n > 0).collect(),
+                    None => return usage_error("--ranks takes world sizes separated by commas, e.g. 2,4"),
+                }
+            }
+            Ok(Some(Arg::Flag(f))) => return usage_error(&format!("unknown option {f:?}")),
+            Ok(Some(Arg::Positional(p))) => filters.push(p.to_string_lossy().into_owned()),
+            Ok(Some(Arg::Separator)) => {}
+            Err(e) => return usage_error(&e.to_string()),
+        }
+    }
+    match stage_and_run(&ranks, bench, &filters) {
+        Ok(status) => status,
+        Err(e) => {
+            eprintln!("cargo xtask ib-vm: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn usage_error(message: &str) -> ExitCode {
+    eprintln!("error: {message}\nrun `cargo xtask help ib-vm` for usage");
+    ExitCode::from(2)
+}
+
+/// Runs the guest with `ranks` world sizes of the matrix; `Ok(status)` is the guest's.
+pub(crate) fn stage_and_run(ranks: &[usize], bench: bool, filters: &[String]) -> Result<ExitCode, String> {
+    let root = workspace_root()?;
+    let vm = root.join("transport-ib/vm");
+    let run = root.join("target/ib-vm/run");
+    let _ = std::fs::remove_dir_all(&run);
+    std::fs::create_dir_all(&run).map_err(|e| format!("create {}: {e}", run.display()))?;
+
+    let tests = cargo_artifacts(&strings(&["test", "-p", "transport-ib", "--no-run"]))?
+        .into_iter()
+        .find(|a| a.is_test && a.name == "transport_ib")
+        .ok_or("cargo built no test binary for transport-ib")?;
+    copy(&tests.executable, &run.join("ib-tests"))?;
+    let worker =
+        cargo_artifacts(&strings(&["build", "-p", "weave-tests", "--features", "ib", "--bin", "collectives-worker"]))?
+            .into_iter()
+            .find(|a| a.name == "collectives-worker")
+            .ok_or("cargo built no collectives-worker")?;
+    copy(&worker.executable, &run.join("collectives-worker"))?;
+    copy(&vm.join("matrix.sh"), &run.join("matrix.sh"))?;
+    let mut script = String::from("#!/bin/sh\n# Written by cargo xtask ib-vm.\n");
+    script.push_str(&format!(
+        "./ib-tests --include-ignored --test-threads=1 {} || exit 1\n",
+        filters.iter().map(|f| shell_quote(f)).collect::<Vec<_>>().join(" ")
+    ));
+    if !ranks.is_empty() {
+        let worlds: Vec<String> = ranks.iter().map(ToString::to_string).collect();
+        script.push_str(&format!("WORLDS='{}' sh ./matrix.sh || exit 1\n", worlds.join(" ")));
+    }
+    if bench {
+        let example =
+            cargo_artifacts(&strings(&["build", "--release", "-p", "transport-ib", "--example", "write_bench"]))?
+                .into_iter()
+                .find(|a| a.name == "write_bench")
+                .ok_or("cargo built no write_bench")?;
+        copy(&example.executable, &run.join("write_bench"))?;
+        copy(&vm.join("bench.sh"), &run.join("bench.sh"))?;
+        script.push_str("sh ./bench.sh || exit 1\n");
+    }
+    std::fs::write(run.join("test.sh"), script).map_err(|e| format!("write test.sh: {e}"))?;
+    let status = Command::new(vm.join("softroce-guest.sh"))
+        .arg(&run)
+        .status()
+        .map_err(|e| format!("run softroce-guest.sh: {e}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+        None => ExitCode::from(1),
+    })
+}
+
+/// Whether this machine can run the guest (QEMU is installed, or can be: Debian's apt-get).
+pub(crate) fn guest_possible() -> bool {
+    let on_path = |name: &str| {
+        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
+    };
+    on_path("qemu-system-x86_64") || on_path("apt-get")
+}
+
+fn strings(parts: &[&str]) -> Vec<String> {
+    parts.iter().map(ToString::to_string).collect()
+}
+
+fn copy(from: &Path, to: &Path) -> Result<(), String> {
+    std::fs::copy(from, to).map(drop).map_err(|e| format!("copy {} to {}: {e}", from.display(), to.display()))
+}
