@@ -76,6 +76,32 @@ pub trait MemoryRegion: Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// A region of host memory (kind [`MemoryKind::Host`]) with nothing to seal: implementing this
+/// implements [`MemoryRegion`], so a transport's plain host region states only where its bytes are.
+pub trait HostRegion: Send + Sync + Any {
+    /// Address of the first byte in this process, or null when the region is not mapped here
+    /// (a peer's region written through messages); [`MemoryRegion::as_ptr`].
+    fn host_base(&self) -> *mut u8;
+
+    /// Length in bytes; [`MemoryRegion::len`].
+    fn host_len(&self) -> usize;
+}
+
+impl<R: HostRegion> MemoryRegion for R {
+    fn as_ptr(&self) -> *mut u8 {
+        self.host_base()
+    }
+    fn len(&self) -> usize {
+        self.host_len()
+    }
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// The serialized form of a registration, sent to peers.
 ///
 /// Wire format (little-endian): magic `WVMR`, version, owner rank `u32`, sequence `u64`, digest
@@ -414,18 +440,12 @@ impl Drop for HeapRegion {
     }
 }
 
-impl MemoryRegion for HeapRegion {
-    fn as_ptr(&self) -> *mut u8 {
+impl HostRegion for HeapRegion {
+    fn host_base(&self) -> *mut u8 {
         self.ptr
     }
-    fn len(&self) -> usize {
+    fn host_len(&self) -> usize {
         self.len
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
