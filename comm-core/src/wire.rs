@@ -255,26 +255,14 @@ mod tests {
     }
 
     #[test]
-    fn every_truncation_is_an_error() {
+    fn every_truncation_and_damaged_message_is_an_error() {
         let msg = Encoder::new(MAGIC, 1).u64(5).str("abc").finish();
-        for cut in 0..msg.len() {
-            let r = Decoder::new(&msg[..cut], MAGIC, 1, "test").and_then(|mut d| {
-                d.u64()?;
-                d.str()?;
-                d.finish()
-            });
-            assert!(matches!(r, Err(Error::Protocol(_))), "cut at {cut} gave {r:?}");
-        }
-    }
-
-    #[test]
-    fn damaged_messages_are_refused() {
-        let msg = Encoder::new(MAGIC, 1).u64(5).finish();
         let damaged = damaged_messages(&msg);
-        assert_eq!(damaged.len(), msg.len() + 1 + HEADER_LEN);
+        assert_eq!(damaged.len(), msg.len() + 1 + HEADER_LEN, "every prefix, one extension, each header byte");
         for bad in damaged {
             let r = Decoder::new(&bad, MAGIC, 1, "test").and_then(|mut d| {
                 d.u64()?;
+                d.str()?;
                 d.finish()
             });
             assert!(matches!(r, Err(Error::Protocol(_))), "{bad:02x?} gave {r:?}");
