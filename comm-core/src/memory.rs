@@ -172,17 +172,9 @@ impl MemoryDescriptor {
             )));
         }
         let label = d.str()?.to_string();
-        let n = d.u8()?;
-        let mut exports = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            let t = Transport::decode(&mut d, "memory descriptor")?;
-            let payload = d.bytes()?;
-            let Some(t) = t else { continue };
-            if exports.iter().any(|(x, _)| *x == t) {
-                return Err(Error::protocol(format!("memory descriptor: transport {t} exported twice")));
-            }
-            exports.push((t, payload.to_vec()));
-        }
+        let exports = Transport::decode_entries(&mut d, "memory descriptor", |t| {
+            format!("memory descriptor: transport {t} exported twice")
+        })?;
         d.finish()?;
         Ok(MemoryDescriptor { owner, seq, digest, kind, len, label, exports })
     }
