@@ -217,6 +217,17 @@ pub fn parse_hex<const N: usize>(s: &str) -> Result<[u8; N]> {
     Ok(out)
 }
 
+/// `N` random bytes from `/dev/urandom`, for secrets and tokens that messages carry; a failed
+/// read is [`Error::Io`] of `operation` (what was being read, and why).
+pub fn random_bytes<const N: usize>(operation: &str) -> Result<[u8; N]> {
+    use std::io::Read;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Error::io(operation, e))?;
+    Ok(bytes)
+}
+
 /// Bytes of the header [`Encoder::new`] writes: the magic and the version.
 const HEADER_LEN: usize = 4 + 2;
 

@@ -1,7 +1,6 @@
 //! The identity of one job: where its root listens and the secret every connection must show.
 
 use std::fmt;
-use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
 use std::str::FromStr;
 
@@ -40,7 +39,7 @@ pub struct UniqueId {
 impl UniqueId {
     /// A new id for a root at `addr`, with a fresh random secret from `/dev/urandom`.
     pub fn new(addr: SocketAddr) -> Result<Self> {
-        Ok(UniqueId { addr, secret: random_secret()? })
+        Ok(UniqueId { addr, secret: wire::random_bytes("read 16 bytes from /dev/urandom")? })
     }
 
     /// An id with a given secret (for launchers that derive or pass the secret themselves).
@@ -134,15 +133,6 @@ impl FromStr for UniqueId {
         })?;
         Ok(UniqueId { addr, secret })
     }
-}
-
-/// 16 random bytes from `/dev/urandom`.
-fn random_secret() -> Result<[u8; 16]> {
-    let mut secret = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut secret))
-        .map_err(|e| Error::io("read 16 bytes from /dev/urandom", e))?;
-    Ok(secret)
 }
 
 /// Appends a socket address: family (`4` or `6`), address bytes, (IPv6: flow info and scope
