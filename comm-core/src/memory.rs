@@ -132,6 +132,28 @@ const DESCRIPTOR_MAGIC: [u8; 4] = *b"WVMR";
 const DESCRIPTOR_VERSION: u16 = 2;
 
 impl MemoryDescriptor {
+    /// The descriptor of registration step `seq` of rank `owner`: `len` bytes of `kind` memory
+    /// labelled `label`, exported through `exports`, with the digest of
+    /// [`digest_for`](Self::digest_for).
+    pub fn new(
+        owner: usize,
+        seq: u64,
+        label: &str,
+        kind: MemoryKind,
+        len: usize,
+        exports: Vec<(Transport, Vec<u8>)>,
+    ) -> Self {
+        MemoryDescriptor {
+            owner,
+            seq,
+            digest: MemoryDescriptor::digest_for(seq, label, kind),
+            kind,
+            len,
+            label: label.to_string(),
+            exports,
+        }
+    }
+
     /// The digest every rank computes for registration step `seq` with this label and kind.
     /// Only host versus device enters it: each rank registers memory of its own GPU, so device
     /// ordinals legitimately differ between ranks.
@@ -239,7 +261,8 @@ impl RegisteredMemory {
         Self::new(descriptor, region, transport, false)
     }
 
-    fn new(
+    /// [`new_local`](Self::new_local) when `local`, else [`new_imported`](Self::new_imported).
+    pub fn new(
         descriptor: MemoryDescriptor,
         region: Arc<dyn MemoryRegion>,
         transport: Transport,
@@ -446,15 +469,8 @@ mod tests {
     use super::*;
 
     fn descriptor(len: usize) -> MemoryDescriptor {
-        MemoryDescriptor {
-            owner: 3,
-            seq: 9,
-            digest: MemoryDescriptor::digest_for(9, "buf", MemoryKind::Host),
-            kind: MemoryKind::Host,
-            len,
-            label: "buf".into(),
-            exports: vec![(named("mem-test-a"), vec![1, 2, 3]), (named("mem-test-b"), vec![])],
-        }
+        let exports = vec![(named("mem-test-a"), vec![1, 2, 3]), (named("mem-test-b"), vec![])];
+        MemoryDescriptor::new(3, 9, "buf", MemoryKind::Host, len, exports)
     }
 
     fn named(name: &str) -> Transport {
