@@ -199,17 +199,9 @@ fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
         return Err(Error::protocol(format!("endpoint table from rank {from}: host identity of {} bytes", host.len())));
     }
     let host = host.to_string();
-    let n = d.u8()?;
-    let mut out = Vec::with_capacity(n as usize);
-    for _ in 0..n {
-        let t = Transport::decode(&mut d, "endpoint table")?;
-        let endpoint = d.bytes()?;
-        let Some(t) = t else { continue };
-        if out.iter().any(|(x, _)| *x == t) {
-            return Err(Error::protocol(format!("endpoint table from rank {from} names transport {t} twice")));
-        }
-        out.push((t, endpoint.to_vec()));
-    }
+    let out = Transport::decode_entries(&mut d, "endpoint table", |t| {
+        format!("endpoint table from rank {from} names transport {t} twice")
+    })?;
     d.finish()?;
     Ok((host, out))
 }

@@ -144,9 +144,12 @@ pub struct Layout {
     pub fields: &'static [(&'static str, usize)],
 }
 
-macro_rules! layout {
-    ($t:ty, $name:literal, [$($f:ident),*]) => {
-        Layout {
+/// The [`Layout`] of the Rust type `$t`, whose C++ mirror is `weave::$name`, listing the fields
+/// `[$f, ...]` in declaration order: `device_layout!(Ll8Packet, "LL8Packet", [data, flag])`.
+#[macro_export]
+macro_rules! device_layout {
+    ($t:ty, $name:literal, [$($f:ident),* $(,)?]) => {
+        $crate::device::Layout {
             name: $name,
             size: std::mem::size_of::<$t>(),
             align: std::mem::align_of::<$t>(),
@@ -157,17 +160,17 @@ macro_rules! layout {
 
 /// Every device-visible layout comm-core defines.
 pub const LAYOUTS: &[Layout] = &[
-    layout!(DeviceSemaphoreHandle, "DeviceSemaphoreHandle", [inbound, remote_inbound, expected_inbound]),
-    layout!(
+    device_layout!(DeviceSemaphoreHandle, "DeviceSemaphoreHandle", [inbound, remote_inbound, expected_inbound]),
+    device_layout!(
         MemoryChannelDeviceHandle,
         "MemoryChannelDeviceHandle",
         [semaphore, dst, src, remote_packets, local_packets]
     ),
-    layout!(DeviceStatusHandle, "DeviceStatusHandle", [error, abort, timeout_cycles]),
-    layout!(Ll8Packet, "LL8Packet", [data, flag]),
-    layout!(Ll16Packet, "LL16Packet", [data1, flag1, data2, flag2]),
-    layout!(crate::fifo::FifoDeviceHandle, "FifoDeviceHandle", [triggers, head, tail, capacity]),
-    layout!(
+    device_layout!(DeviceStatusHandle, "DeviceStatusHandle", [error, abort, timeout_cycles]),
+    device_layout!(Ll8Packet, "LL8Packet", [data, flag]),
+    device_layout!(Ll16Packet, "LL16Packet", [data1, flag1, data2, flag2]),
+    device_layout!(crate::fifo::FifoDeviceHandle, "FifoDeviceHandle", [triggers, head, tail, capacity]),
+    device_layout!(
         crate::port_channel::PortChannelDeviceHandle,
         "PortChannelDeviceHandle",
         [fifo, inbound_token, expected_inbound_token, semaphore_id, dst, src]

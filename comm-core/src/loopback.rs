@@ -14,7 +14,7 @@ use crate::bootstrap::Bootstrap;
 use crate::config::Deadline;
 use crate::connection::{Connection, DirectConnection};
 use crate::error::{Error, Result};
-use crate::memory::{HeapRegion, MemoryKind, MemoryRegion};
+use crate::memory::{HeapRegion, HostRegion, MemoryKind, MemoryRegion};
 use crate::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
 use crate::wire::{Decoder, Encoder};
 
@@ -90,18 +90,12 @@ impl Drop for LoopbackRegion {
     }
 }
 
-impl MemoryRegion for LoopbackRegion {
-    fn as_ptr(&self) -> *mut u8 {
+impl HostRegion for LoopbackRegion {
+    fn host_base(&self) -> *mut u8 {
         self.heap.as_ptr()
     }
-    fn len(&self) -> usize {
+    fn host_len(&self) -> usize {
         self.heap.len()
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

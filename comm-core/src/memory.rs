@@ -76,6 +76,32 @@ pub trait MemoryRegion: Send + Sync + Any {
     fn as_any(&self) -> &dyn Any;
 }
 
+/// A region of host memory (kind [`MemoryKind::Host`]) with nothing to seal: implementing this
+/// implements [`MemoryRegion`], so a transport's plain host region states only where its bytes are.
+pub trait HostRegion: Send + Sync + Any {
+    /// Address of the first byte in this process, or null when the region is not mapped here
+    /// (a peer's region written through messages); [`MemoryRegion::as_ptr`].
+    fn host_base(&self) -> *mut u8;
+
+    /// Length in bytes; [`MemoryRegion::len`].
+    fn host_len(&self) -> usize;
+}
+
+impl<R: HostRegion> MemoryRegion for R {
+    fn as_ptr(&self) -> *mut u8 {
+        self.host_base()
+    }
+    fn len(&self) -> usize {
+        self.host_len()
+    }
+    fn kind(&self) -> MemoryKind {
+        MemoryKind::Host
+    }
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
 /// The serialized form of a registration, sent to peers.
 ///
 /// Wire format (little-endian): magic `WVMR`, version, owner rank `u32`, sequence `u64`, digest
@@ -106,6 +132,28 @@ const DESCRIPTOR_MAGIC: [u8; 4] = *b"WVMR";
 const DESCRIPTOR_VERSION: u16 = 2;
 
 impl MemoryDescriptor {
+    /// The descriptor of registration step `seq` of rank `owner`: `len` bytes of `kind` memory
+    /// labelled `label`, exported through `exports`, with the digest of
+    /// [`digest_for`](Self::digest_for).
+    pub fn new(
+        owner: usize,
+        seq: u64,
+        label: &str,
+        kind: MemoryKind,
+        len: usize,
+        exports: Vec<(Transport, Vec<u8>)>,
+    ) -> Self {
+        MemoryDescriptor {
+            owner,
+            seq,
+            digest: MemoryDescriptor::digest_for(seq, label, kind),
+            kind,
+            len,
+            label: label.to_string(),
+            exports,
+        }
+    }
+
     /// The digest every rank computes for registration step `seq` with this label and kind.
     /// Only host versus device enters it: each rank registers memory of its own GPU, so device
     /// ordinals legitimately differ between ranks.
@@ -146,17 +194,9 @@ impl MemoryDescriptor {
             )));
         }
         let label = d.str()?.to_string();
-        let n = d.u8()?;
-        let mut exports = Vec::with_capacity(n as usize);
-        for _ in 0..n {
-            let t = Transport::decode(&mut d, "memory descriptor")?;
-            let payload = d.bytes()?;
-            let Some(t) = t else { continue };
-            if exports.iter().any(|(x, _)| *x == t) {
-                return Err(Error::protocol(format!("memory descriptor: transport {t} exported twice")));
-            }
-            exports.push((t, payload.to_vec()));
-        }
+        let exports = Transport::decode_entries(&mut d, "memory descriptor", |t| {
+            format!("memory descriptor: transport {t} exported twice")
+        })?;
         d.finish()?;
         Ok(MemoryDescriptor { owner, seq, digest, kind, len, label, exports })
     }
@@ -221,7 +261,8 @@ impl RegisteredMemory {
         Self::new(descriptor, region, transport, false)
     }
 
-    fn new(
+    /// [`new_local`](Self::new_local) when `local`, else [`new_imported`](Self::new_imported).
+    pub fn new(
         descriptor: MemoryDescriptor,
         region: Arc<dyn MemoryRegion>,
         transport: Transport,
@@ -414,18 +455,12 @@ impl Drop for HeapRegion {
     }
 }
 
-impl MemoryRegion for HeapRegion {
-    fn as_ptr(&self) -> *mut u8 {
+impl HostRegion for HeapRegion {
+    fn host_base(&self) -> *mut u8 {
         self.ptr
     }
-    fn len(&self) -> usize {
+    fn host_len(&self) -> usize {
         self.len
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -434,15 +469,8 @@ mod tests {
     use super::*;
 
     fn descriptor(len: usize) -> MemoryDescriptor {
-        MemoryDescriptor {
-            owner: 3,
-            seq: 9,
-            digest: MemoryDescriptor::digest_for(9, "buf", MemoryKind::Host),
-            kind: MemoryKind::Host,
-            len,
-            label: "buf".into(),
-            exports: vec![(named("mem-test-a"), vec![1, 2, 3]), (named("mem-test-b"), vec![])],
-        }
+        let exports = vec![(named("mem-test-a"), vec![1, 2, 3]), (named("mem-test-b"), vec![])];
+        MemoryDescriptor::new(3, 9, "buf", MemoryKind::Host, len, exports)
     }
 
     fn named(name: &str) -> Transport {

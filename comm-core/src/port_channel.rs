@@ -328,6 +328,13 @@ mod tests {
         }
     }
 
+    /// A [`pair`] of ranks joined by `len`-byte buffers, with both proxies started.
+    fn started_pair(len: usize) -> [Side; 2] {
+        let sides = pair(len);
+        start(&sides);
+        sides
+    }
+
     fn check_put(a: &Side, b: &Side, ch_a: &PortChannel, ch_b: &PortChannel, dst: usize, src: usize, len: usize) {
         let data = random_bytes(len, (dst * 31 + src * 7 + len) as u64);
         a.data.write_bytes(src, &data).unwrap();
@@ -341,8 +348,7 @@ mod tests {
 
     #[test]
     fn put_signal_wait_delivers_data() {
-        let sides = pair(4 * MIB);
-        start(&sides);
+        let sides = started_pair(4 * MIB);
         let [a, b] = &sides;
         let (ch_a, ch_b) = (channel(a), channel(b));
         for (dst, src, len) in [(1, 4095, 1), (4095, 1, 4095), (MIB + 3, 3, MIB + 3), (0, 0, 4 * MIB)] {
@@ -363,8 +369,7 @@ mod tests {
 
     #[test]
     fn large_puts_are_split() {
-        let sides = pair(2 * MIB);
-        start(&sides);
+        let sides = started_pair(2 * MIB);
         let [a, b] = &sides;
         let ch_a = channel(a).with_max_chunk(1000);
         let ch_b = channel(b);
@@ -384,8 +389,7 @@ mod tests {
 
     #[test]
     fn zero_length_puts() {
-        let sides = pair(64);
-        start(&sides);
+        let sides = started_pair(64);
         let [a, b] = &sides;
         let (ch_a, ch_b) = (channel(a), channel(b));
         let head = a.proxy.fifo().head();
@@ -399,8 +403,7 @@ mod tests {
 
     #[test]
     fn out_of_range_put_is_refused_without_pushing() {
-        let sides = pair(4096);
-        start(&sides);
+        let sides = started_pair(4096);
         let [a, _b] = &sides;
         let ch = channel(a);
         let head = a.proxy.fifo().head();
@@ -415,8 +418,7 @@ mod tests {
 
     #[test]
     fn failing_trigger_is_reported_by_the_next_flush() {
-        let sides = pair(4096);
-        start(&sides);
+        let sides = started_pair(4096);
         let [a, _b] = &sides;
         let ch = channel(a);
         let bad = Trigger::new(TriggerFields {

@@ -497,21 +497,8 @@ pub(crate) mod test_support {
         label: &str,
         local: bool,
     ) -> RegisteredMemory {
-        let descriptor = MemoryDescriptor {
-            owner,
-            seq,
-            digest: MemoryDescriptor::digest_for(seq, label, MemoryKind::Host),
-            kind: MemoryKind::Host,
-            len: region.len(),
-            label: label.into(),
-            exports: Vec::new(),
-        };
-        let r = Arc::clone(region);
-        if local {
-            RegisteredMemory::new_local(descriptor, r, transport()).unwrap()
-        } else {
-            RegisteredMemory::new_imported(descriptor, r, transport()).unwrap()
-        }
+        let descriptor = MemoryDescriptor::new(owner, seq, label, MemoryKind::Host, region.len(), Vec::new());
+        RegisteredMemory::new(descriptor, Arc::clone(region), transport(), local).unwrap()
     }
 
     /// Ranks 0 and 1, each with a `data_len`-byte buffer, a token, a semaphore towards the

@@ -100,15 +100,7 @@ impl Communicator {
                 exports.push((b.transport(), payload));
             }
         }
-        Ok(MemoryDescriptor {
-            owner: self.rank(),
-            seq,
-            digest: MemoryDescriptor::digest_for(seq, label, kind),
-            kind,
-            len,
-            label: label.to_string(),
-            exports,
-        })
+        Ok(MemoryDescriptor::new(self.rank(), seq, label, kind, len, exports))
     }
 
     /// Collective and ordered: allocates `len` bytes of `kind` memory that peers can import,

@@ -96,6 +96,30 @@ impl Transport {
         Ok(std::str::from_utf8(bytes).ok().and_then(Transport::lookup))
     }
 
+    /// Reads a `u8` count, then that many entries of a transport name (see
+    /// [`encode`](Self::encode)) and a byte string, as a memory descriptor's exports or a rank's
+    /// endpoint table hold them. Entries of transports this process never registered are left
+    /// out; a transport named twice is [`Error::Protocol`] with the message `named_twice(t)`.
+    /// `what` names the message in errors.
+    pub(crate) fn decode_entries(
+        d: &mut Decoder<'_>,
+        what: &str,
+        named_twice: impl Fn(Transport) -> String,
+    ) -> Result<Vec<(Transport, Vec<u8>)>> {
+        let n = d.u8()?;
+        let mut entries: Vec<(Transport, Vec<u8>)> = Vec::with_capacity(n as usize);
+        for _ in 0..n {
+            let t = Transport::decode(d, what)?;
+            let bytes = d.bytes()?;
+            let Some(t) = t else { continue };
+            if entries.iter().any(|(x, _)| *x == t) {
+                return Err(Error::protocol(named_twice(t)));
+            }
+            entries.push((t, bytes.to_vec()));
+        }
+        Ok(entries)
+    }
+
     fn from_index(index: usize) -> Transport {
         // The registry holds at most MAX_TRANSPORTS (64) names, so every index fits a u8.
         const _: () = assert!(MAX_TRANSPORTS <= 256);

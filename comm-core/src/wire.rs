@@ -217,6 +217,35 @@ pub fn parse_hex<const N: usize>(s: &str) -> Result<[u8; N]> {
     Ok(out)
 }
 
+/// `N` random bytes from `/dev/urandom`, for secrets and tokens that messages carry; a failed
+/// read is [`Error::Io`] of `operation` (what was being read, and why).
+pub fn random_bytes<const N: usize>(operation: &str) -> Result<[u8; N]> {
+    use std::io::Read;
+    let mut bytes = [0u8; N];
+    std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut bytes))
+        .map_err(|e| Error::io(operation, e))?;
+    Ok(bytes)
+}
+
+/// Bytes of the header [`Encoder::new`] writes: the magic and the version.
+const HEADER_LEN: usize = 4 + 2;
+
+/// Damaged copies of `bytes`, a valid message in this module's format, that its decoder must
+/// refuse (as [`Error::Protocol`], which [`Decoder`] gives): every strict prefix, the message
+/// with one byte appended, and the message with each byte of its magic and version changed. The
+/// tests of each wire format check them all.
+pub fn damaged_messages(bytes: &[u8]) -> Vec<Vec<u8>> {
+    let prefixes = (0..bytes.len()).map(|cut| bytes[..cut].to_vec());
+    let extended = std::iter::once([bytes, &[0]].concat());
+    let bad_header = (0..HEADER_LEN.min(bytes.len())).map(|i| {
+        let mut bad = bytes.to_vec();
+        bad[i] ^= 0x5a;
+        bad
+    });
+    prefixes.chain(extended).chain(bad_header).collect()
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,15 +266,17 @@ mod tests {
     }
 
     #[test]
-    fn every_truncation_is_an_error() {
+    fn every_truncation_and_damaged_message_is_an_error() {
         let msg = Encoder::new(MAGIC, 1).u64(5).str("abc").finish();
-        for cut in 0..msg.len() {
-            let r = Decoder::new(&msg[..cut], MAGIC, 1, "test").and_then(|mut d| {
+        let damaged = damaged_messages(&msg);
+        assert_eq!(damaged.len(), msg.len() + 1 + HEADER_LEN, "every prefix, one extension, each header byte");
+        for bad in damaged {
+            let r = Decoder::new(&bad, MAGIC, 1, "test").and_then(|mut d| {
                 d.u64()?;
                 d.str()?;
                 d.finish()
             });
-            assert!(matches!(r, Err(Error::Protocol(_))), "cut at {cut} gave {r:?}");
+            assert!(matches!(r, Err(Error::Protocol(_))), "{bad:02x?} gave {r:?}");
         }
     }
 

@@ -676,23 +676,8 @@ WEAVE_CHANNEL_STEP void run_moving(const ChannelArgs& a) {
 // The reducing entry points pick the operator at run time (averages sum, then divide).
 template <typename T>
 WEAVE_DEVICE void dispatch(const ChannelArgs& a) {
-  switch (a.op) {
-    case OP_SUM:
-    case OP_AVG:
-      run_reducing<Sum, T>(a);
-      break;
-    case OP_PROD:
-      run_reducing<Prod, T>(a);
-      break;
-    case OP_MIN:
-      run_reducing<Min, T>(a);
-      break;
-    case OP_MAX:
-      run_reducing<Max, T>(a);
-      break;
-    default:
-      if (threadIdx.x == 0) report_error(a.status, DeviceError::BadArgument);
-  }
+  const bool known = with_reduce_op(a.op, [&](auto op) { run_reducing<decltype(op), T>(a); });
+  if (!known && threadIdx.x == 0) report_error(a.status, DeviceError::BadArgument);
 }
 
 }  // namespace chan

@@ -223,6 +223,15 @@ WEAVE_DEVICE bool packet_epoch(const GpuCollectiveArgs& a, uint64_t& epoch) {
   return true;
 }
 
+// packet_epoch, with what this epoch's LL16 packets use: the flag they carry (E + 1, never 0)
+// and the parity of the packet buffers (alternating per epoch).
+WEAVE_DEVICE bool packet_epoch(const GpuCollectiveArgs& a, uint64_t& epoch, uint32_t& flag, uint32_t& parity) {
+  if (!packet_epoch(a, epoch)) return false;
+  flag = uint32_t(epoch + 1);
+  parity = uint32_t(epoch + 1) & 1;
+  return true;
+}
+
 // End of a packet kernel: this block advances its counters to E + 1 (after every thread of the
 // block read E), one counter per thread.
 WEAVE_DEVICE void packet_finish(const GpuCollectiveArgs& a, uint64_t epoch) {
@@ -230,6 +239,13 @@ WEAVE_DEVICE void packet_finish(const GpuCollectiveArgs& a, uint64_t epoch) {
   __syncthreads();
   const uint32_t j = blockIdx.x + threadIdx.x * gridDim.x;
   if (j < PACKET_MAX_BLOCKS) packet_epochs(a)[j] = epoch + 1;
+}
+
+// Ends a packet kernel whose call does not fit its buffers (the host never launches one):
+// BadArgument reported once, the epoch advanced all the same. Every thread of the block calls it.
+WEAVE_DEVICE void packet_refuse(const GpuCollectiveArgs& a, uint64_t epoch) {
+  if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
+  packet_finish(a, epoch);
 }
 
 // Loads the 8-byte word `w` of a byte range of length `bytes` (zero-padded past the end).
@@ -279,6 +295,19 @@ WEAVE_DEVICE uint64_t combine_in_rank_order(const GpuCollectiveArgs& a, uint64_t
   return acc;
 }
 
+// Word `w` of this rank's result: the peers' words, read as LL16 packets (peer i's at at(i)),
+// combined in rank order with word `w` of `own` (a range of `bytes` bytes), divided by the rank
+// count for an average, into `acc`. False when a read gave up (its error reported).
+template <typename Op, typename T, typename At>
+WEAVE_DEVICE bool reduce_ll16_word(const GpuCollectiveArgs& a, const At& at, uint32_t flag, const char* own, uint64_t w,
+                                   uint64_t bytes, uint64_t& acc) {
+  uint64_t theirs[MAX_PEERS];
+  if (!read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs)) return false;
+  acc = combine_in_rank_order<Op, T>(a, load_word(own, w, bytes), theirs);
+  if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
+  return true;
+}
+
 // [begin, end) of part `part` of `elems` elements split `parts` ways at multiples of `align`.
 WEAVE_DEVICE void split(uint64_t elems, uint32_t parts, uint32_t part, uint64_t align, uint64_t& begin, uint64_t& end) {
   const uint64_t units = (elems + align - 1) / align;
@@ -286,6 +315,18 @@ WEAVE_DEVICE void split(uint64_t elems, uint32_t parts, uint32_t part, uint64_t 
   end = units * (part + 1) / parts * align;
   if (begin > elems) begin = elems;
   if (end > elems) end = elems;
+}
+
+// Calls body(q, b, e) for every peer q, in order from the rank after this one, with [b, e) its
+// word share of `words` words split over the ranks (the two-shot all-reduces' scatter).
+template <typename Body>
+WEAVE_DEVICE void for_each_peer_share(const GpuCollectiveArgs& a, uint64_t words, const Body& body) {
+  for (uint32_t k = 1; k < a.world; ++k) {
+    const uint32_t q = (a.rank + k) % a.world;
+    uint64_t b, e;
+    split(words, a.world, q, 1, b, e);
+    body(q, b, e);
+  }
 }
 
 // The words [begin[i], end[i]) of peer i's share when `words` words are split over the ranks
@@ -310,9 +351,8 @@ WEAVE_DEVICE void peer_shares(const GpuCollectiveArgs& a, uint64_t words, uint64
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
   uint64_t epoch;
-  if (!packet_epoch(a, epoch)) return;
-  const uint32_t flag = uint32_t(epoch + 1);
-  const uint32_t parity = uint32_t(epoch + 1) & 1;
+  uint32_t flag, parity;
+  if (!packet_epoch(a, epoch, flag, parity)) return;
   const uint64_t bytes = a.count * sizeof(T);
   const uint64_t words = (bytes + 7) / 8;
   const char* send = as_ptr<const char>(a.send);
@@ -328,11 +368,9 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
       }
     }
     for (uint64_t w = t; w < words; w += nt) {
-      uint64_t theirs[MAX_PEERS];
       auto at = [&](uint32_t i) { return packets(a.rank, peer_rank(a, i)) + w; };
-      if (!read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs)) break;
-      uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, w, bytes), theirs);
-      if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
+      uint64_t acc;
+      if (!reduce_ll16_word<Op, T>(a, at, flag, send, w, bytes, acc)) break;
       store_word(recv, w, bytes, acc);
     }
   } else if (t == 0) {
@@ -349,9 +387,8 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
   uint64_t epoch;
-  if (!packet_epoch(a, epoch)) return;
-  const uint32_t flag = uint32_t(epoch + 1);
-  const uint32_t parity = uint32_t(epoch + 1) & 1;
+  uint32_t flag, parity;
+  if (!packet_epoch(a, epoch, flag, parity)) return;
   const uint64_t bytes = a.count * sizeof(T);
   const uint64_t words = (bytes + 7) / 8;
   const uint64_t half = a.packet_capacity / 2;
@@ -362,26 +399,20 @@ WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
   uint64_t mb, me_end;
   split(words, a.world, a.rank, 1, mb, me_end);
   if ((words + a.world - 1) / a.world > half) {
-    if (t == 0) report_error(a.status, DeviceError::BadArgument);
-    packet_finish(a, epoch);
+    packet_refuse(a, epoch);
     return;
   }
   // 1. Scatter: share q of the input to rank q.
-  for (uint32_t k = 1; k < a.world; ++k) {
-    const uint32_t q = (a.rank + k) % a.world;
-    uint64_t b, e;
-    split(words, a.world, q, 1, b, e);
+  for_each_peer_share(a, words, [&](uint32_t q, uint64_t b, uint64_t e) {
     for (uint64_t i = t; i < e - b; i += nt) write_ll16(packets(q, a.rank) + i, load_word(send, b + i, bytes), flag);
-  }
+  });
   // 2. Reduce the own share; keep it and send it to every rank.
   bool ok = true;
   for (uint64_t i = t; i < me_end - mb; i += nt) {
-    uint64_t theirs[MAX_PEERS];
     auto at = [&](uint32_t j) { return packets(a.rank, peer_rank(a, j)) + i; };
-    ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs);
+    uint64_t acc;
+    ok = reduce_ll16_word<Op, T>(a, at, flag, send, mb + i, bytes, acc);
     if (!ok) break;
-    uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(send, mb + i, bytes), theirs);
-    if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
     store_word(recv, mb + i, bytes, acc);
     for (uint32_t k = 1; k < a.world; ++k) {
       write_ll16(packets((a.rank + k) % a.world, a.rank) + half + i, acc, flag);
@@ -439,15 +470,11 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
   uint64_t mb, me_end;
   split(words, a.world, a.rank, 1, mb, me_end);
   if (lines_of((words + a.world - 1) / a.world) > half) {
-    if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
-    packet_finish(a, epoch);
+    packet_refuse(a, epoch);
     return;
   }
   // 1. Scatter: share q of the input to rank q.
-  for (uint32_t k = 1; k < a.world; ++k) {
-    const uint32_t q = (a.rank + k) % a.world;
-    uint64_t b, e;
-    split(words, a.world, q, 1, b, e);
+  for_each_peer_share(a, words, [&](uint32_t q, uint64_t b, uint64_t e) {
     for (uint64_t first = uint64_t(warp) * LL128_LINES_PER_WARP; first < lines_of(e - b);
          first += uint64_t(warps) * LL128_LINES_PER_WARP) {
       const uint64_t line = first + group;
@@ -456,7 +483,7 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
       if (word_in(b, e, line, j1, w)) v1 = load_word(send, w, bytes);
       write_ll128(line_at(q, a.rank, 0, line), line < lines_of(e - b), v0, v1, flag);
     }
-  }
+  });
   // 2. Reduce the own share; keep it and send it to every rank.
   bool ok = true;
   for (uint64_t first = uint64_t(warp) * LL128_LINES_PER_WARP; ok && first < lines_of(me_end - mb);

@@ -228,23 +228,8 @@ WEAVE_DEVICE void sendrecv(const GpuCollectiveArgs& a) {
 // Runs Kernel<Op, T> with the operator chosen at run time.
 template <template <typename, typename> class K, typename T>
 WEAVE_DEVICE void dispatch(const GpuCollectiveArgs& a) {
-  switch (a.op) {
-    case OP_SUM:
-    case OP_AVG:
-      K<Sum, T>::run(a);
-      break;
-    case OP_PROD:
-      K<Prod, T>::run(a);
-      break;
-    case OP_MIN:
-      K<Min, T>::run(a);
-      break;
-    case OP_MAX:
-      K<Max, T>::run(a);
-      break;
-    default:
-      if (global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
-  }
+  const bool known = with_reduce_op(a.op, [&](auto op) { K<decltype(op), T>::run(a); });
+  if (!known && global_thread() == 0) report_error(a.status, DeviceError::BadArgument);
 }
 
 WEAVE_REDUCING_BODY(AllReduceLL, all_reduce_ll<Op, T>)

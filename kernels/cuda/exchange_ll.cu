@@ -27,9 +27,8 @@ template <typename Op, typename T, uint32_t KIND>
 WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
   constexpr bool REDUCING = KIND == XCHG_REDUCE_SCATTER || KIND == XCHG_REDUCE;
   uint64_t epoch;
-  if (!packet_epoch(a, epoch)) return;
-  const uint32_t flag = uint32_t(epoch + 1);
-  const uint32_t parity = uint32_t(epoch + 1) & 1;
+  uint32_t flag, parity;
+  if (!packet_epoch(a, epoch, flag, parity)) return;
   // Bytes of one block (count is elements for the reducing kinds, bytes for the others).
   const uint64_t bytes = REDUCING ? a.count * sizeof(T) : a.count;
   const uint64_t words = (bytes + 7) / 8;
@@ -38,8 +37,7 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
   const uint32_t t = global_thread(), nt = global_threads();
   auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); };
   if (words > a.packet_capacity) {
-    if (t == 0) report_error(a.status, DeviceError::BadArgument);
-    packet_finish(a, epoch);
+    packet_refuse(a, epoch);
     return;
   }
   // What this rank sends to rank q (nullptr: one empty packet).
@@ -110,12 +108,10 @@ WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
       // 2. Combine the own block with every peer's, word by word, in rank order.
       const char* own = KIND == XCHG_REDUCE_SCATTER ? send + uint64_t(a.rank) * bytes : send;
       for (uint64_t w = t; w < words && ok; w += nt) {
-        uint64_t theirs[MAX_PEERS];
         auto at = [&](uint32_t i) { return packets(a.rank, peer_rank(a, i)) + w; };
-        ok = read_ll16_each<MAX_PEERS>(at, every_peer(a), flag, a.status, theirs);
+        uint64_t acc;
+        ok = reduce_ll16_word<Op, T>(a, at, flag, own, w, bytes, acc);
         if (!ok) break;
-        uint64_t acc = combine_in_rank_order<Op, T>(a, load_word(own, w, bytes), theirs);
-        if (a.op == OP_AVG) acc = divide_lanes<T>(acc, a.world);
         store_word(recv, w, bytes, acc);
       }
     } else if (t == 0) {

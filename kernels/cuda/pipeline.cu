@@ -175,6 +175,20 @@ WEAVE_DEVICE PipeWalk pipe_walk(const GpuCollectiveArgs& a, uint64_t count, uint
   return {*pipe_steps(a), tile, pipe_block_tiles((count + tile - 1) / tile)};
 }
 
+// Tile t (from 1) of a block's walk over `count` elements: its step, and the elements
+// [base, base + elems) it covers (pipe_tile).
+struct PipeTile {
+  uint64_t step;
+  uint64_t base;
+  uint64_t elems;
+};
+WEAVE_DEVICE PipeTile pipe_walk_tile(const PipeWalk& w, uint64_t t, uint64_t count) {
+  PipeTile at;
+  at.step = w.first + t;
+  pipe_tile(t, w.tile, count, at.base, at.elems);
+  return at;
+}
+
 // Ends a block's walk: its step counter moves past the steps it used (the next kernel's start).
 WEAVE_DEVICE void pipe_walk_end(const GpuCollectiveArgs& a, const PipeWalk& w) {
   if (threadIdx.x == 0) *pipe_steps(a) = w.first + w.mine;
@@ -243,12 +257,9 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   const uint32_t avg = a.op == OP_AVG ? n : 0;
   if (!pipe_grid_fits(a)) return;
   const PipeWalk walk = pipe_walk(a, a.count, pipe_share<T>(a, a.count, n) * n);
-  const uint64_t first = walk.first, tile = walk.tile;
   // Tile t's shares to their owners' inboxes (after the room for its results, too).
   auto push = [&](uint64_t t) -> bool {
-    const uint64_t step = first + t;
-    uint64_t base, elems;
-    pipe_tile(t, tile, a.count, base, elems);
+    const auto [step, base, elems] = pipe_walk_tile(walk, t, a.count);
     if (!pipe_await_room(a, step, peers)) return false;
     for (uint32_t k = 1; k < n; ++k) {
       const uint32_t q = (me + k) % n;
@@ -260,9 +271,7 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   };
   // Tile t's own share, combined, kept, and pushed into every rank's results.
   auto reduce = [&](uint64_t t) -> bool {
-    const uint64_t step = first + t;
-    uint64_t base, elems;
-    pipe_tile(t, tile, a.count, base, elems);
+    const auto [step, base, elems] = pipe_walk_tile(walk, t, a.count);
     if (!pipe_await(a, INBOX_READY, step, peers)) return false;
     uint64_t b, e;
     split(elems, n, me, 16, b, e);
@@ -278,9 +287,7 @@ WEAVE_DEVICE void two_round(const GpuCollectiveArgs& a) {
   };
   // Tile t: every other rank's share from the own results slots.
   auto drain = [&](uint64_t t) -> bool {
-    const uint64_t step = first + t;
-    uint64_t base, elems;
-    pipe_tile(t, tile, a.count, base, elems);
+    const auto [step, base, elems] = pipe_walk_tile(walk, t, a.count);
     if (!pipe_await(a, RESULTS_READY, step, peers)) return false;
     for (uint32_t k = 1; k < n; ++k) {
       const uint32_t p = (me + k) % n;
@@ -318,9 +325,7 @@ WEAVE_DEVICE void broadcast_relay(const GpuCollectiveArgs& a) {
   const uint64_t first = walk.first, tile = walk.tile, mine = walk.mine;
   if (me == root) {
     for (uint64_t t = 1; t <= mine; ++t) {
-      const uint64_t step = first + t;
-      uint64_t base, elems;
-      pipe_tile(t, tile, a.count, base, elems);
+      const auto [step, base, elems] = pipe_walk_tile(walk, t, a.count);
       if (!pipe_await_room(a, step, peers)) return;
       for (uint32_t j = 0; j < relays; ++j) {
         uint64_t b, e;
@@ -387,12 +392,9 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
     return KIND == ROUND_ALL_GATHER ? send : send + uint64_t(q) * a.count;
   };
   const PipeWalk walk = pipe_walk(a, a.count, pipe_share<T>(a, a.count, 1));
-  const uint64_t first = walk.first, tile = walk.tile;
   // Tile t to every peer (and the own block to its place).
   auto push = [&](uint64_t t) -> bool {
-    const uint64_t step = first + t;
-    uint64_t base, elems;
-    pipe_tile(t, tile, a.count, base, elems);
+    const auto [step, base, elems] = pipe_walk_tile(walk, t, a.count);
     if (!pipe_await_room(a, step, peers)) return false;
     for (uint32_t k = 1; k < n; ++k) {
       const uint32_t q = (me + k) % n;
@@ -407,9 +409,7 @@ WEAVE_DEVICE void one_round(const GpuCollectiveArgs& a) {
   };
   // Tile t from the inbox.
   auto drain = [&](uint64_t t) -> bool {
-    const uint64_t step = first + t;
-    uint64_t base, elems;
-    pipe_tile(t, tile, a.count, base, elems);
+    const auto [step, base, elems] = pipe_walk_tile(walk, t, a.count);
     if (!pipe_await(a, INBOX_READY, step, peers)) return false;
     if (KIND == ROUND_REDUCE_SCATTER) {
       const T* srcs[8];
@@ -442,11 +442,9 @@ WEAVE_DEVICE void broadcast_chain(const GpuCollectiveArgs& a) {
   char* recv = as_ptr<char>(a.recv);
   if (!pipe_grid_fits(a)) return;
   const PipeWalk walk = pipe_walk(a, a.count, pipe_share<uint8_t>(a, a.count, 1));
-  const uint64_t first = walk.first, tile = walk.tile, mine = walk.mine;
+  const uint64_t mine = walk.mine;
   for (uint64_t t = 1; t <= mine; ++t) {
-    const uint64_t step = first + t;
-    uint64_t base, bytes;
-    pipe_tile(t, tile, a.count, base, bytes);
+    const auto [step, base, bytes] = pipe_walk_tile(walk, t, a.count);
     if (!first_link && !pipe_await(a, INBOX_READY, step, 1u << prev)) return;
     if (!last_link && !pipe_await_room(a, step, 1u << next)) return;
     const char* from = first_link ? send + base : pipe_slot(a, me, step, PIPE_INBOX, prev);

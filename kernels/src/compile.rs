@@ -499,7 +499,7 @@ pub fn key_hex(key: u128) -> String {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::source;
     use comm_core::device::Layout;

@@ -5,22 +5,30 @@
 //! and compiler messages point into the right file and line. [`program`] puts that include in
 //! front of a kernel's source and appends the generated layout checks ([`crate::layout`]).
 
+/// `(include name, contents)` of each named file of `kernels/cuda/weave/`, embedded: the include
+/// name is the file's name under `weave/`, so each header is named once.
+macro_rules! weave_headers {
+    ($($file:literal),* $(,)?) => {
+        &[$((concat!("weave/", $file), include_str!(concat!("../cuda/weave/", $file)))),*]
+    };
+}
+
 /// Every device header, as `(include name, contents)`. [`crate::compile()`] registers all of
 /// them with every NVRTC program.
-pub const HEADERS: &[(&str, &str)] = &[
-    ("weave/types.cuh", include_str!("../cuda/weave/types.cuh")),
-    ("weave/handles.cuh", include_str!("../cuda/weave/handles.cuh")),
-    ("weave/atomics.cuh", include_str!("../cuda/weave/atomics.cuh")),
-    ("weave/status.cuh", include_str!("../cuda/weave/status.cuh")),
-    ("weave/semaphore.cuh", include_str!("../cuda/weave/semaphore.cuh")),
-    ("weave/copy.cuh", include_str!("../cuda/weave/copy.cuh")),
-    ("weave/packet.cuh", include_str!("../cuda/weave/packet.cuh")),
-    ("weave/fifo.cuh", include_str!("../cuda/weave/fifo.cuh")),
-    ("weave/memory_channel.cuh", include_str!("../cuda/weave/memory_channel.cuh")),
-    ("weave/port_channel.cuh", include_str!("../cuda/weave/port_channel.cuh")),
-    ("weave/dtype.cuh", include_str!("../cuda/weave/dtype.cuh")),
-    ("weave/reduce.cuh", include_str!("../cuda/weave/reduce.cuh")),
-    ("weave/weave.cuh", include_str!("../cuda/weave/weave.cuh")),
+pub const HEADERS: &[(&str, &str)] = weave_headers![
+    "types.cuh",
+    "handles.cuh",
+    "atomics.cuh",
+    "status.cuh",
+    "semaphore.cuh",
+    "copy.cuh",
+    "packet.cuh",
+    "fifo.cuh",
+    "memory_channel.cuh",
+    "port_channel.cuh",
+    "dtype.cuh",
+    "reduce.cuh",
+    "weave.cuh"
 ];
 
 /// The test kernels for every primitive (`kernels/cuda/primitives_test.cu`); compile them with

@@ -61,20 +61,8 @@ fn backend(rank: usize, world_size: usize, job: &str) -> CudaIpcBackend {
 }
 
 fn registered(region: Arc<dyn MemoryRegion>, owner: usize, local: bool, kind: MemoryKind) -> RegisteredMemory {
-    let d = MemoryDescriptor {
-        owner,
-        seq: 0,
-        digest: MemoryDescriptor::digest_for(0, "buf", kind),
-        kind,
-        len: region.len(),
-        label: "buf".into(),
-        exports: vec![],
-    };
-    if local {
-        RegisteredMemory::new_local(d, region, transport_cudaipc::transport()).unwrap()
-    } else {
-        RegisteredMemory::new_imported(d, region, transport_cudaipc::transport()).unwrap()
-    }
+    let d = MemoryDescriptor::new(owner, 0, "buf", kind, region.len(), vec![]);
+    RegisteredMemory::new(d, region, transport_cudaipc::transport(), local).unwrap()
 }
 
 fn bind(ctx: &CudaContext) {
@@ -390,23 +378,19 @@ fn device_status_and_handle_builders() {
         (sem.inbound, sem.remote_inbound, sem.expected_inbound),
         (ptr_of(&tokens), ptr_of(&remote_tokens) + 64, ptr_of(&tokens) + 8)
     );
-    assert!(matches!(
-        device_semaphore((&tokens, 4), (&remote_tokens, 0), (&tokens, 8)),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        device_semaphore((&tokens, 0), (&remote_tokens, 4092), (&tokens, 8)),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(device_semaphore((&tokens, 0), (&tokens, 16), (&tokens, 8)), Err(Error::InvalidArgument(_))));
-    assert!(matches!(
-        device_semaphore((&remote_tokens, 0), (&remote_tokens, 16), (&tokens, 8)),
-        Err(Error::InvalidArgument(_))
-    ));
-    assert!(matches!(
-        device_semaphore((&tokens, 0), (&remote_tokens, 0), (&tokens, 0)),
-        Err(Error::InvalidArgument(_))
-    ));
+    // (inbound, remote inbound, expected): misaligned, out of range, a local "remote", an
+    // imported inbound, and inbound and expected on one word.
+    let refused = [
+        ((&tokens, 4), (&remote_tokens, 0), (&tokens, 8)),
+        ((&tokens, 0), (&remote_tokens, 4092), (&tokens, 8)),
+        ((&tokens, 0), (&tokens, 16), (&tokens, 8)),
+        ((&remote_tokens, 0), (&remote_tokens, 16), (&tokens, 8)),
+        ((&tokens, 0), (&remote_tokens, 0), (&tokens, 0)),
+    ];
+    for (i, (inbound, remote_inbound, expected)) in refused.into_iter().enumerate() {
+        let r = device_semaphore(inbound, remote_inbound, expected);
+        assert!(matches!(r, Err(Error::InvalidArgument(_))), "case {i}: {r:?}");
+    }
 
     let ch = memory_channel_handle(sem, (&remote_buf, 4096), (&buf, 0), None).unwrap();
     assert_eq!((ch.dst, ch.src, ch.remote_packets, ch.local_packets), (ptr_of(&remote_buf) + 4096, ptr_of(&buf), 0, 0));

@@ -281,21 +281,8 @@ mod tests {
     }
 
     fn registered(region: Arc<dyn MemoryRegion>, owner: usize, local: bool) -> RegisteredMemory {
-        let len = region.len();
-        let d = MemoryDescriptor {
-            owner,
-            seq: 0,
-            digest: MemoryDescriptor::digest_for(0, "buf", MemoryKind::Host),
-            kind: MemoryKind::Host,
-            len,
-            label: "buf".into(),
-            exports: vec![],
-        };
-        if local {
-            RegisteredMemory::new_local(d, region, transport()).unwrap()
-        } else {
-            RegisteredMemory::new_imported(d, region, transport()).unwrap()
-        }
+        let d = MemoryDescriptor::new(owner, 0, "buf", MemoryKind::Host, region.len(), vec![]);
+        RegisteredMemory::new(d, region, transport(), local).unwrap()
     }
 
     fn shm(region: &Arc<dyn MemoryRegion>) -> &ShmRegion {

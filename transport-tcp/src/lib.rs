@@ -26,7 +26,6 @@ mod region;
 pub mod wire;
 
 use std::any::Any;
-use std::io::Read;
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
@@ -110,7 +109,7 @@ impl TcpBackend {
     /// Starts listening for this communicator's peers.
     pub fn open(ctx: &TransportContext, config: TcpConfig) -> Result<Self> {
         let ip = endpoint::listen_ip(config.interface.as_deref(), config.master_addr.as_deref())?;
-        let token = random_token()?;
+        let token = comm_core::wire::random_bytes("read /dev/urandom for the tcp token")?;
         let regions = Arc::new(Regions::default());
         let listener = Listener::start(ip, token, regions.clone(), ctx.config.timeout)?;
         Ok(TcpBackend {
@@ -128,15 +127,6 @@ impl TcpBackend {
     pub fn listen_addr(&self) -> std::net::SocketAddr {
         self.listener.addr()
     }
-}
-
-/// 16 random bytes from `/dev/urandom`.
-fn random_token() -> Result<[u8; 16]> {
-    let mut token = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut token))
-        .map_err(|e| Error::io("read /dev/urandom for the tcp token", e))?;
-    Ok(token)
 }
 
 impl TransportBackend for TcpBackend {

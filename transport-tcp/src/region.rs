@@ -1,12 +1,11 @@
 //! Memory of the TCP transport: local regions peers write into (found by id, never by address)
 //! and the handles that name a peer's region.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, Weak};
 
-use comm_core::memory::{HeapRegion, MemoryKind, MemoryRegion};
+use comm_core::memory::{HeapRegion, HostRegion, MemoryRegion};
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
@@ -26,18 +25,12 @@ impl TcpRegion {
     }
 }
 
-impl MemoryRegion for TcpRegion {
-    fn as_ptr(&self) -> *mut u8 {
+impl HostRegion for TcpRegion {
+    fn host_base(&self) -> *mut u8 {
         self.memory.as_ptr()
     }
-    fn len(&self) -> usize {
+    fn host_len(&self) -> usize {
         self.memory.len()
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
@@ -49,18 +42,12 @@ pub(crate) struct RemoteRegion {
     len: usize,
 }
 
-impl MemoryRegion for RemoteRegion {
-    fn as_ptr(&self) -> *mut u8 {
+impl HostRegion for RemoteRegion {
+    fn host_base(&self) -> *mut u8 {
         std::ptr::null_mut()
     }
-    fn len(&self) -> usize {
+    fn host_len(&self) -> usize {
         self.len
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -31,15 +31,7 @@ fn backend(rank: usize, timeout: Duration) -> TcpBackend {
 }
 
 fn descriptor(owner: usize, len: usize) -> MemoryDescriptor {
-    MemoryDescriptor {
-        owner,
-        seq: 0,
-        digest: MemoryDescriptor::digest_for(0, "t", MemoryKind::Host),
-        kind: MemoryKind::Host,
-        len,
-        label: "t".into(),
-        exports: Vec::new(),
-    }
+    MemoryDescriptor::new(owner, 0, "t", MemoryKind::Host, len, Vec::new())
 }
 
 /// Rank 1's region of `len` bytes as rank 1 sees it and as rank 0 names it.

@@ -162,20 +162,8 @@ mod tests {
 
     fn heap(owner: usize, local: bool, kind: MemoryKind) -> RegisteredMemory {
         let region: Arc<dyn MemoryRegion> = Arc::new(HeapRegion::new(256).unwrap());
-        let d = MemoryDescriptor {
-            owner,
-            seq: 0,
-            digest: MemoryDescriptor::digest_for(0, "m", kind),
-            kind,
-            len: 256,
-            label: "m".into(),
-            exports: vec![],
-        };
-        if local {
-            RegisteredMemory::new_local(d, region, transport()).unwrap()
-        } else {
-            RegisteredMemory::new_imported(d, region, transport()).unwrap()
-        }
+        let d = MemoryDescriptor::new(owner, 0, "m", kind, 256, vec![]);
+        RegisteredMemory::new(d, region, transport(), local).unwrap()
     }
 
     #[test]

@@ -1,7 +1,6 @@
 //! The identity of one job: where its root listens and the secret every connection must show.
 
 use std::fmt;
-use std::io::Read;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, TcpListener};
 use std::str::FromStr;
 
@@ -40,7 +39,7 @@ pub struct UniqueId {
 impl UniqueId {
     /// A new id for a root at `addr`, with a fresh random secret from `/dev/urandom`.
     pub fn new(addr: SocketAddr) -> Result<Self> {
-        Ok(UniqueId { addr, secret: random_secret()? })
+        Ok(UniqueId { addr, secret: wire::random_bytes("read 16 bytes from /dev/urandom")? })
     }
 
     /// An id with a given secret (for launchers that derive or pass the secret themselves).
@@ -136,15 +135,6 @@ impl FromStr for UniqueId {
     }
 }
 
-/// 16 random bytes from `/dev/urandom`.
-fn random_secret() -> Result<[u8; 16]> {
-    let mut secret = [0u8; 16];
-    std::fs::File::open("/dev/urandom")
-        .and_then(|mut f| f.read_exact(&mut secret))
-        .map_err(|e| Error::io("read 16 bytes from /dev/urandom", e))?;
-    Ok(secret)
-}
-
 /// Appends a socket address: family (`4` or `6`), address bytes, (IPv6: flow info and scope
 /// id), port.
 pub(crate) fn encode_socket_addr(enc: &mut Encoder, addr: &SocketAddr) {
@@ -235,18 +225,9 @@ mod tests {
     #[test]
     fn truncated_and_corrupted_bytes_are_protocol_errors() {
         let bytes = sample().to_bytes();
-        for cut in 0..bytes.len() {
-            assert!(matches!(UniqueId::from_bytes(&bytes[..cut]), Err(Error::Protocol(_))), "cut at {cut}");
+        for bad in wire::damaged_messages(&bytes) {
+            assert!(matches!(UniqueId::from_bytes(&bad), Err(Error::Protocol(_))), "{bad:02x?}");
         }
-        let mut trailing = bytes.clone();
-        trailing.push(0);
-        assert!(matches!(UniqueId::from_bytes(&trailing), Err(Error::Protocol(_))));
-        let mut bad_magic = bytes.clone();
-        bad_magic[0] ^= 0xff;
-        assert!(matches!(UniqueId::from_bytes(&bad_magic), Err(Error::Protocol(_))));
-        let mut bad_version = bytes.clone();
-        bad_version[4] ^= 0xff;
-        assert!(matches!(UniqueId::from_bytes(&bad_version), Err(Error::Protocol(_))));
         let mut bad_family = bytes;
         bad_family[6] = 5;
         assert!(matches!(UniqueId::from_bytes(&bad_family), Err(Error::Protocol(_))));

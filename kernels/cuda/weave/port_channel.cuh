@@ -12,6 +12,7 @@
 #include "weave/atomics.cuh"
 #include "weave/fifo.cuh"
 #include "weave/handles.cuh"
+#include "weave/semaphore.cuh"
 #include "weave/status.cuh"
 #include "weave/types.cuh"
 
@@ -104,20 +105,13 @@ struct PortChannel {
       report_error(status, DeviceError::BadArgument);
       return false;
     }
-    const uint64_t expected = atomic_fetch_add_relaxed_gpu(as_ptr<uint64_t>(handle.expected_inbound_token), 1) + 1;
-    const uint64_t* inbound = as_ptr<const uint64_t>(handle.inbound_token);
-    return spin_until([&] { return atomic_load_acquire_sys(inbound) >= expected; }, status,
-                      DeviceError::SemaphoreTimeout);
+    return wait_counter(handle.inbound_token, handle.expected_inbound_token, status);
   }
 
   // Consumes the peer's next signal if it has arrived; never blocks (false without tokens).
   WEAVE_DEVICE bool poll() const {
     if (handle.inbound_token == 0 || handle.expected_inbound_token == 0) return false;
-    uint64_t* expected = as_ptr<uint64_t>(handle.expected_inbound_token);
-    const uint64_t next = atomic_load_relaxed_gpu(expected) + 1;
-    if (atomic_load_acquire_sys(as_ptr<const uint64_t>(handle.inbound_token)) < next) return false;
-    atomic_store_relaxed_gpu(expected, next);
-    return true;
+    return poll_counter(handle.inbound_token, handle.expected_inbound_token);
   }
 };
 

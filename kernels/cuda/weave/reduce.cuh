@@ -13,6 +13,21 @@ namespace weave {
 // maximum, and average (a sum divided by the number of ranks at the end).
 enum Op : uint32_t { OP_SUM = 0, OP_PROD = 1, OP_MIN = 2, OP_MAX = 3, OP_AVG = 4 };
 
+// Calls run(Operator{}) with the operator type that the code `op` names (OP_AVG: Sum, the caller
+// divides) and returns true; returns false, calling nothing, for a code that names none. The
+// reducing entry points pick their operator at run time through it.
+template <typename Run>
+WEAVE_DEVICE bool with_reduce_op(uint32_t op, const Run& run) {
+  switch (op) {
+    case OP_SUM:
+    case OP_AVG: run(Sum{}); return true;
+    case OP_PROD: run(Prod{}); return true;
+    case OP_MIN: run(Min{}); return true;
+    case OP_MAX: run(Max{}); return true;
+    default: return false;
+  }
+}
+
 // Sources reduce_to combines at most per call on its vectorized path.
 constexpr uint32_t REDUCE_MAX_SOURCES = 8;
 

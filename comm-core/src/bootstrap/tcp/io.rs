@@ -183,36 +183,46 @@ pub(super) fn is_transient(e: &io::Error) -> bool {
 }
 
 fn read_exact_until(stream: &mut TcpStream, buf: &mut [u8], deadline: &Deadline) -> Result<(), IoFailure> {
-    let mut filled = 0;
-    while filled < buf.len() {
-        let remaining = deadline.remaining();
-        if remaining.is_zero() {
-            return Err(IoFailure::TimedOut);
-        }
-        stream.set_read_timeout(Some(remaining)).map_err(|e| IoFailure::Closed(e.to_string()))?;
-        match stream.read(&mut buf[filled..]) {
-            Ok(0) => return Err(IoFailure::Closed("the connection was closed".to_string())),
-            Ok(n) => filled += n,
-            Err(e) if is_transient(&e) => {}
-            Err(e) => return Err(IoFailure::Closed(e.to_string())),
-        }
-    }
-    Ok(())
+    let len = buf.len();
+    let read = |mut s: &TcpStream, filled: usize| s.read(&mut buf[filled..]);
+    transfer_until(stream, len, deadline, TcpStream::set_read_timeout, "the connection was closed", read)
 }
 
 /// Writes all of `bytes`, or fails once `deadline` has passed.
 pub(super) fn write_all_until(stream: &TcpStream, bytes: &[u8], deadline: &Deadline) -> Result<(), IoFailure> {
-    let mut written = 0;
-    let mut stream = stream;
-    while written < bytes.len() {
+    let write = |mut s: &TcpStream, written: usize| s.write(&bytes[written..]);
+    transfer_until(
+        stream,
+        bytes.len(),
+        deadline,
+        TcpStream::set_write_timeout,
+        "the connection accepts no more data",
+        write,
+    )
+}
+
+/// Moves `len` bytes through `stream` by calling `step(stream, done)`, which reads or writes
+/// some of the bytes after the first `done` and says how many it moved, until all are moved or
+/// `deadline` passes. Each step is bounded by the time left, through `set_timeout`; a step that
+/// moves nothing means the other side is gone (`ended` says how), transient errors are retried.
+fn transfer_until(
+    stream: &TcpStream,
+    len: usize,
+    deadline: &Deadline,
+    set_timeout: fn(&TcpStream, Option<Duration>) -> io::Result<()>,
+    ended: &str,
+    mut step: impl FnMut(&TcpStream, usize) -> io::Result<usize>,
+) -> Result<(), IoFailure> {
+    let mut done = 0;
+    while done < len {
         let remaining = deadline.remaining();
         if remaining.is_zero() {
             return Err(IoFailure::TimedOut);
         }
-        stream.set_write_timeout(Some(remaining)).map_err(|e| IoFailure::Closed(e.to_string()))?;
-        match stream.write(&bytes[written..]) {
-            Ok(0) => return Err(IoFailure::Closed("the connection accepts no more data".to_string())),
-            Ok(n) => written += n,
+        set_timeout(stream, Some(remaining)).map_err(|e| IoFailure::Closed(e.to_string()))?;
+        match step(stream, done) {
+            Ok(0) => return Err(IoFailure::Closed(ended.to_string())),
+            Ok(n) => done += n,
             Err(e) if is_transient(&e) => {}
             Err(e) => return Err(IoFailure::Closed(e.to_string())),
         }
