@@ -58,6 +58,26 @@ pub fn check_write_ranges(
     src.check_range(src_offset, len)
 }
 
+/// The region of `dst` as `R`, the handle type a network transport's `import` makes for a peer's
+/// memory, checked to belong to `peer`: a connection writes only into its own peer's memory
+/// imported through its own transport. Otherwise [`Error::InvalidArgument`] naming both.
+pub fn peer_region<'a, R: std::any::Any>(dst: &'a RegisteredMemory, peer: usize, transport: &str) -> Result<&'a R> {
+    let region = dst.region().as_any().downcast_ref::<R>().ok_or_else(|| {
+        Error::invalid(format!(
+            "{transport} connection to rank {peer}: {:?} is not a peer's {transport} region",
+            dst.label()
+        ))
+    })?;
+    if dst.owner() != peer {
+        return Err(Error::invalid(format!(
+            "{transport} connection to rank {peer}: {:?} belongs to rank {}",
+            dst.label(),
+            dst.owner()
+        )));
+    }
+    Ok(region)
+}
+
 /// Tells whether a peer is still alive; transports supply one to [`DirectConnection`].
 pub type PeerCheck = Box<dyn Fn() -> Result<()> + Send + Sync>;
 

@@ -26,6 +26,7 @@ mod registration;
 pub mod same_host;
 pub mod semaphore;
 pub mod spin;
+pub mod testing;
 pub mod topology;
 pub mod transport;
 pub mod wire;

@@ -95,7 +95,7 @@ mod region;
 use std::any::Any;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use comm_core::config::LogLevel;
@@ -119,16 +119,7 @@ pub use crate::region::import_cache_entries;
 /// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
 pub const NAME: &str = "cudaipc";
 
-/// This transport's id, registered on first use.
-///
-/// # Panics
-///
-/// If the process registered [`MAX_TRANSPORTS`](comm_core::transport::MAX_TRANSPORTS) other
-/// transport names before this one.
-pub fn transport() -> Transport {
-    static ID: OnceLock<Transport> = OnceLock::new();
-    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
-}
+comm_core::transport_id!(NAME);
 
 /// The CUDA IPC transport (id [`transport()`], name [`NAME`]): give it to
 /// `Communicator::builder().with_transport(...)`.

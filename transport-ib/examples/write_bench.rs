@@ -12,36 +12,15 @@
 //! usage: write_bench [bw|lat] [SIZE ...]   (sizes in bytes; default 2 B .. 1 MiB ×4 for bw,
 //! 2 B .. 4 KiB ×4 for lat). Prints one line per size: `bw SIZE MBPS` or `lat SIZE USEC`.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use comm_core::config::Config;
-use comm_core::memory::{MemoryDescriptor, MemoryKind, RegisteredMemory};
+use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::transport::{TransportBackend, TransportContext};
 use transport_ib::{IbBackend, port_choice_from_env, transport};
 
 fn context(rank: usize) -> TransportContext {
-    TransportContext {
-        rank,
-        world_size: 2,
-        job_key: "ibbench".into(),
-        communicator_id: 1,
-        config: Config { timeout: Duration::from_secs(60), ..Config::default() },
-        abort: Arc::new(AtomicBool::new(false)),
-    }
-}
-
-fn descriptor(owner: usize, len: usize) -> MemoryDescriptor {
-    MemoryDescriptor {
-        owner,
-        seq: 0,
-        digest: MemoryDescriptor::digest_for(0, "bench", MemoryKind::Host),
-        kind: MemoryKind::Host,
-        len,
-        label: "bench".into(),
-        exports: Vec::new(),
-    }
+    comm_core::testing::context(rank, "ibbench", Duration::from_secs(60))
 }
 
 /// `owner`'s region of `len` bytes: as `owner` sees it, and as `viewer` names it.
@@ -53,10 +32,15 @@ fn region(
 ) -> (RegisteredMemory, RegisteredMemory) {
     let r = owner.allocate(len, MemoryKind::Host).expect("allocate");
     let payload = owner.export(&r).expect("export").expect("an ib region");
-    let local = RegisteredMemory::new_local(descriptor(owner_rank, len), r, transport()).expect("local");
+    let local =
+        RegisteredMemory::new_local(comm_core::testing::descriptor(owner_rank, len), r, transport()).expect("local");
     let ep = owner.local_endpoint().expect("endpoint");
     let imported = viewer.import(owner_rank, &ep, &payload, len, MemoryKind::Host).expect("import");
-    (local, RegisteredMemory::new_imported(descriptor(owner_rank, len), imported, transport()).expect("imported"))
+    (
+        local,
+        RegisteredMemory::new_imported(comm_core::testing::descriptor(owner_rank, len), imported, transport())
+            .expect("imported"),
+    )
 }
 
 fn sizes(args: &[String], default: &[usize]) -> Vec<usize> {

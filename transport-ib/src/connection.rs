@@ -102,22 +102,7 @@ impl IbConnection {
 
     /// The peer's registration that `dst` names, checked to belong to this connection's peer.
     fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
-        let remote = dst.region().as_any().downcast_ref::<RemoteRegion>().ok_or_else(|| {
-            Error::invalid(format!(
-                "ib connection to rank {}: destination {:?} is not a peer's memory imported through ib",
-                self.peer,
-                dst.label()
-            ))
-        })?;
-        if remote.owner != self.peer {
-            return Err(Error::invalid(format!(
-                "ib connection to rank {}: destination {:?} belongs to rank {}",
-                self.peer,
-                dst.label(),
-                remote.owner
-            )));
-        }
-        Ok(remote)
+        comm_core::connection::peer_region(dst, self.peer, crate::NAME)
     }
 
     /// Reaps completions until `done(outstanding)` holds; bounded by the timeout and abort flag.

@@ -48,16 +48,7 @@ use verbs::{CompletionQueue, Port, ProtectionDomain, QueuePair};
 /// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
 pub const NAME: &str = "ib";
 
-/// This transport's id, registered on first use.
-///
-/// # Panics
-///
-/// If the process registered [`MAX_TRANSPORTS`](comm_core::transport::MAX_TRANSPORTS) other
-/// transport names before this one.
-pub fn transport() -> Transport {
-    static ID: std::sync::OnceLock<Transport> = std::sync::OnceLock::new();
-    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
-}
+comm_core::transport_id!(NAME);
 
 /// The IB transport factory: hand it to the communicator builder (the collectives crate's
 /// feature `ib` does, after shared memory, so it carries what shared memory cannot reach).

@@ -2,11 +2,10 @@
 //! handles that name a peer's registration, and on-demand registrations of other host memory a
 //! connection sends from.
 
-use std::any::Any;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
-use comm_core::memory::{HeapRegion, MemoryKind, MemoryRegion};
+use comm_core::memory::{HeapRegion, HostRegion, MemoryKind, MemoryRegion};
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
@@ -44,26 +43,19 @@ impl IbRegion {
     }
 }
 
-impl MemoryRegion for IbRegion {
-    fn as_ptr(&self) -> *mut u8 {
+impl HostRegion for IbRegion {
+    fn host_base(&self) -> *mut u8 {
         self.memory.as_ptr()
     }
-    fn len(&self) -> usize {
+    fn host_len(&self) -> usize {
         self.memory.len()
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 
-/// A peer's registered memory as this rank names it: its address in the peer and its key. Not
-/// mapped here.
+/// A peer's registered memory as this rank names it: its address in the peer and its key (its
+/// owner is the registration's). Not mapped here.
 #[derive(Debug)]
 pub(crate) struct RemoteRegion {
-    pub(crate) owner: usize,
     pub(crate) addr: u64,
     pub(crate) rkey: u32,
     len: usize,
@@ -86,7 +78,7 @@ impl RemoteRegion {
         if addr.checked_add(len as u64).is_none() {
             return Err(Error::protocol(format!("rank {owner} exported an ib region that wraps the address space")));
         }
-        Ok(RemoteRegion { owner, addr, rkey, len, stored: Mutex::default() })
+        Ok(RemoteRegion { addr, rkey, len, stored: Mutex::default() })
     }
 
     /// The value last stored at the word at `offset` through this handle (0 at first: regions
@@ -101,18 +93,12 @@ impl RemoteRegion {
     }
 }
 
-impl MemoryRegion for RemoteRegion {
-    fn as_ptr(&self) -> *mut u8 {
+impl HostRegion for RemoteRegion {
+    fn host_base(&self) -> *mut u8 {
         std::ptr::null_mut()
     }
-    fn len(&self) -> usize {
+    fn host_len(&self) -> usize {
         self.len
-    }
-    fn kind(&self) -> MemoryKind {
-        MemoryKind::Host
-    }
-    fn as_any(&self) -> &dyn Any {
-        self
     }
 }
 

@@ -55,8 +55,8 @@ mod endpoint;
 mod segment;
 
 use std::any::Any;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
 
 use comm_core::connection::{Connection, DirectConnection};
 use comm_core::error::{Error, Result};
@@ -74,16 +74,7 @@ pub use crate::segment::{SHM_DIR, ShmRegion, job_segments, remove_job_segments};
 /// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
 pub const NAME: &str = "shm";
 
-/// This transport's id, registered on first use.
-///
-/// # Panics
-///
-/// If the process registered [`MAX_TRANSPORTS`](comm_core::transport::MAX_TRANSPORTS) other
-/// transport names before this one.
-pub fn transport() -> Transport {
-    static ID: OnceLock<Transport> = OnceLock::new();
-    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
-}
+comm_core::transport_id!(NAME);
 
 /// The shared-memory transport (id [`transport()`], name [`NAME`]): give it to
 /// `Communicator::builder().with_transport(...)`.

@@ -187,22 +187,7 @@ impl TcpConnection {
     }
 
     fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
-        let remote = dst.region().as_any().downcast_ref::<RemoteRegion>().ok_or_else(|| {
-            Error::invalid(format!(
-                "tcp connection to rank {}: {:?} is not a peer's tcp region",
-                self.peer,
-                dst.label()
-            ))
-        })?;
-        if remote.owner != self.peer {
-            return Err(Error::invalid(format!(
-                "tcp connection to rank {}: {:?} belongs to rank {}",
-                self.peer,
-                dst.label(),
-                remote.owner
-            )));
-        }
-        Ok(remote)
+        comm_core::connection::peer_region(dst, self.peer, crate::NAME)
     }
 }
 

@@ -44,16 +44,7 @@ use region::{Regions, TcpRegion};
 /// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
 pub const NAME: &str = "tcp";
 
-/// This transport's id, registered on first use.
-///
-/// # Panics
-///
-/// If the process registered [`MAX_TRANSPORTS`](comm_core::transport::MAX_TRANSPORTS) other
-/// transport names before this one.
-pub fn transport() -> Transport {
-    static ID: std::sync::OnceLock<Transport> = std::sync::OnceLock::new();
-    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
-}
+comm_core::transport_id!(NAME);
 
 /// The TCP transport factory: hand it to the communicator builder (the collectives crate's
 /// feature `tcp` does, after shared memory, so it carries what shared memory cannot reach).

@@ -34,10 +34,10 @@ impl HostRegion for TcpRegion {
     }
 }
 
-/// A peer's region as this rank names it: (owner, id, length). Not mapped here.
+/// A peer's region as this rank names it: (id, length); its owner is the registration's. Not
+/// mapped here.
 #[derive(Debug)]
 pub(crate) struct RemoteRegion {
-    pub(crate) owner: usize,
     pub(crate) id: u64,
     len: usize,
 }
@@ -88,7 +88,7 @@ pub(crate) fn decode_export(owner: usize, payload: &[u8], len: usize) -> Result<
     if id == 0 {
         return Err(Error::protocol(format!("rank {owner} exported a tcp region with id 0")));
     }
-    Ok(RemoteRegion { owner, id, len })
+    Ok(RemoteRegion { id, len })
 }
 
 #[cfg(test)]
@@ -111,7 +111,7 @@ mod tests {
     #[test]
     fn exports_round_trip_and_garbage_is_refused() {
         let r = decode_export(2, &encode_export(42), 64).unwrap();
-        assert_eq!((r.owner, r.id, r.len()), (2, 42, 64));
+        assert_eq!((r.id, r.len()), (42, 64));
         assert!(r.as_ptr().is_null());
         assert!(decode_export(2, &encode_export(0), 64).is_err());
         let bytes = encode_export(42);

@@ -4,60 +4,22 @@
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 use std::time::{Duration, Instant};
 
 use comm_core::Error;
-use comm_core::config::Config;
 use comm_core::connection::Connection;
-use comm_core::memory::{MemoryDescriptor, MemoryKind, RegisteredMemory};
-use comm_core::transport::{TransportBackend, TransportContext};
+use comm_core::memory::MemoryKind;
+use comm_core::testing::{patterned_source, remote_region, same_bytes};
+use comm_core::transport::TransportBackend;
 
 use crate::endpoint::Endpoint;
 use crate::wire::{FrameHeader, FrameKind, Handshake, MAX_FRAME_BYTES};
-use crate::{TcpBackend, TcpConfig, transport};
+use crate::{TcpBackend, TcpConfig};
 
 fn backend(rank: usize, timeout: Duration) -> TcpBackend {
-    let ctx = TransportContext {
-        rank,
-        world_size: 2,
-        job_key: "tcptest".into(),
-        communicator_id: 1,
-        config: Config { timeout, ..Config::default() },
-        abort: Arc::new(AtomicBool::new(false)),
-    };
+    let ctx = comm_core::testing::context(rank, "tcptest", timeout);
     let config = TcpConfig { sockets: 3, interface: Some("lo".into()), master_addr: None };
     TcpBackend::open(&ctx, config).unwrap()
-}
-
-fn descriptor(owner: usize, len: usize) -> MemoryDescriptor {
-    MemoryDescriptor::new(owner, 0, "t", MemoryKind::Host, len, Vec::new())
-}
-
-/// Rank 1's region of `len` bytes as rank 1 sees it and as rank 0 names it.
-fn remote_region(owner: &TcpBackend, viewer: &TcpBackend, len: usize) -> (RegisteredMemory, RegisteredMemory) {
-    let region = owner.allocate(len, MemoryKind::Host).unwrap();
-    let payload = owner.export(&region).unwrap().expect("exported");
-    let local = RegisteredMemory::new_local(descriptor(1, len), region, transport()).unwrap();
-    let imported = viewer.import(1, &owner.local_endpoint().unwrap(), &payload, len, MemoryKind::Host).unwrap();
-    (local, RegisteredMemory::new_imported(descriptor(1, len), imported, transport()).unwrap())
-}
-
-fn source(b: &TcpBackend, len: usize, seed: u8) -> RegisteredMemory {
-    let region = b.allocate(len, MemoryKind::Host).unwrap();
-    // SAFETY: a fresh, private region of `len` bytes.
-    let bytes = unsafe { std::slice::from_raw_parts_mut(region.as_ptr(), len) };
-    for (i, v) in bytes.iter_mut().enumerate() {
-        *v = (i as u8).wrapping_mul(31).wrapping_add(seed);
-    }
-    RegisteredMemory::new_local(descriptor(0, len), region, transport()).unwrap()
-}
-
-fn same(a: &RegisteredMemory, a_off: usize, b: &RegisteredMemory, b_off: usize, len: usize) -> bool {
-    // SAFETY: both are local host regions holding the ranges (checked by the callers' sizes).
-    unsafe {
-        std::slice::from_raw_parts(a.as_ptr().add(a_off), len) == std::slice::from_raw_parts(b.as_ptr().add(b_off), len)
-    }
 }
 
 fn pair() -> (TcpBackend, TcpBackend, Arc<dyn Connection>) {
@@ -70,8 +32,8 @@ fn pair() -> (TcpBackend, TcpBackend, Arc<dyn Connection>) {
 fn large_writes_arrive_intact_and_the_flag_lands_after_them() {
     let (a, b, conn) = pair();
     for len in [(256 << 20) - 16, (256 << 20) + 16, (1 << 30) + 3] {
-        let src = source(&a, len, len as u8);
-        let (theirs, remote) = remote_region(&b, &a, len + 64);
+        let src = patterned_source(&a, len, len as u8).unwrap();
+        let (theirs, remote) = remote_region(&b, &a, len + 64).unwrap();
         let flag_at = len.next_multiple_of(8);
         conn.write(&remote, 0, &src, 0, len).unwrap();
         conn.update_and_sync(&remote, flag_at, 7).unwrap();
@@ -80,7 +42,7 @@ fn large_writes_arrive_intact_and_the_flag_lands_after_them() {
             assert!(started.elapsed() < Duration::from_secs(60), "flag of {len} B never came");
             std::thread::yield_now();
         }
-        assert!(same(&theirs, 0, &src, 0, len), "{len} bytes differ");
+        assert!(same_bytes(&theirs, 0, &src, 0, len).unwrap(), "{len} bytes differ");
         conn.flush().unwrap();
     }
 }
@@ -89,13 +51,13 @@ fn large_writes_arrive_intact_and_the_flag_lands_after_them() {
 fn frame_edges_and_offsets_are_exact() {
     let (a, b, conn) = pair();
     let total = 4 * MAX_FRAME_BYTES + 64;
-    let src = source(&a, total, 9);
-    let (theirs, remote) = remote_region(&b, &a, total);
+    let src = patterned_source(&a, total, 9).unwrap();
+    let (theirs, remote) = remote_region(&b, &a, total).unwrap();
     for (len, dst) in [(MAX_FRAME_BYTES - 1, 1), (MAX_FRAME_BYTES, 7), (MAX_FRAME_BYTES + 1, 3), (1, total - 1), (0, 0)]
     {
         conn.write(&remote, dst, &src, 5, len).unwrap();
         conn.flush().unwrap();
-        assert!(same(&theirs, dst, &src, 5, len), "{len} bytes at {dst}");
+        assert!(same_bytes(&theirs, dst, &src, 5, len).unwrap(), "{len} bytes at {dst}");
     }
     // Ranges are checked before anything is sent.
     assert!(matches!(conn.write(&remote, total - 1, &src, 0, 2), Err(Error::InvalidArgument(_))));
@@ -178,8 +140,8 @@ fn garbage_truncated_oversized_and_out_of_range_frames_mark_the_peer_lost() {
 fn a_peer_that_dies_mid_transfer_is_peer_lost_not_a_hang() {
     let (a, b, conn) = pair();
     let len = 256 << 20;
-    let src = source(&a, len, 1);
-    let (_theirs, remote) = remote_region(&b, &a, len);
+    let src = patterned_source(&a, len, 1).unwrap();
+    let (_theirs, remote) = remote_region(&b, &a, len).unwrap();
     conn.write(&remote, 0, &src, 0, len).unwrap();
     drop(b); // its listener and sockets go away while the data is in flight
     let started = Instant::now();

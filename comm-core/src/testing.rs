@@ -1,0 +1,71 @@
+//! Helpers for testing a transport backend inside one process: memory one backend owns and
+//! another imports, patterned sources, byte comparison. Transport crates use them in their unit
+//! tests; they are ordinary library code (no panics: every failure is an error).
+
+use crate::error::{Error, Result};
+use crate::memory::{MemoryDescriptor, MemoryKind, RegisteredMemory};
+use crate::transport::TransportBackend;
+
+/// A descriptor of `len` bytes of host memory owned by `owner` (label `t`, sequence 0).
+pub fn descriptor(owner: usize, len: usize) -> MemoryDescriptor {
+    MemoryDescriptor::new(owner, 0, "t", MemoryKind::Host, len, Vec::new())
+}
+
+/// `len` bytes of host memory that `owner` (rank 1) allocates and `viewer` (rank 0) imports:
+/// (rank 1's registration, rank 0's handle on it).
+pub fn remote_region(
+    owner: &dyn TransportBackend,
+    viewer: &dyn TransportBackend,
+    len: usize,
+) -> Result<(RegisteredMemory, RegisteredMemory)> {
+    let region = owner.allocate(len, MemoryKind::Host)?;
+    let payload = owner
+        .export(&region)?
+        .ok_or_else(|| Error::invalid(format!("transport {} did not export its own region", owner.transport())))?;
+    let local = RegisteredMemory::new_local(descriptor(1, len), region, owner.transport())?;
+    let imported = viewer.import(1, &owner.local_endpoint()?, &payload, len, MemoryKind::Host)?;
+    Ok((local, RegisteredMemory::new_imported(descriptor(1, len), imported, viewer.transport())?))
+}
+
+/// `len` bytes of rank 0's host memory from `backend`, holding a pattern that `seed` shifts.
+pub fn patterned_source(backend: &dyn TransportBackend, len: usize, seed: u8) -> Result<RegisteredMemory> {
+    let region = backend.allocate(len, MemoryKind::Host)?;
+    if region.as_ptr().is_null() || region.len() < len {
+        return Err(Error::invalid(format!("transport {} allocated memory not mapped here", backend.transport())));
+    }
+    // SAFETY: a fresh, private region of at least `len` bytes mapped here (checked).
+    let bytes = unsafe { std::slice::from_raw_parts_mut(region.as_ptr(), len) };
+    for (i, v) in bytes.iter_mut().enumerate() {
+        *v = (i as u8).wrapping_mul(31).wrapping_add(seed);
+    }
+    RegisteredMemory::new_local(descriptor(0, len), region, backend.transport())
+}
+
+/// Whether `len` bytes at `a_off` of `a` equal those at `b_off` of `b` (both host memory mapped
+/// here; the ranges are checked).
+pub fn same_bytes(a: &RegisteredMemory, a_off: usize, b: &RegisteredMemory, b_off: usize, len: usize) -> Result<bool> {
+    a.check_range(a_off, len)?;
+    b.check_range(b_off, len)?;
+    if !a.is_host_mapped() || !b.is_host_mapped() {
+        return Err(Error::invalid("same_bytes compares host memory mapped into this process only"));
+    }
+    // SAFETY: both ranges lie inside host memory mapped here (checked); the tests read them only
+    // after the writes they check were flushed.
+    let (x, y) = unsafe {
+        (std::slice::from_raw_parts(a.as_ptr().add(a_off), len), std::slice::from_raw_parts(b.as_ptr().add(b_off), len))
+    };
+    Ok(x == y)
+}
+
+/// The context a backend of rank `rank` in a world of two gets from a communicator with
+/// `timeout` (job key `job_key`, communicator 1, not aborted).
+pub fn context(rank: usize, job_key: &str, timeout: std::time::Duration) -> crate::transport::TransportContext {
+    crate::transport::TransportContext {
+        rank,
+        world_size: 2,
+        job_key: job_key.into(),
+        communicator_id: 1,
+        config: crate::config::Config { timeout, ..crate::config::Config::default() },
+        abort: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+    }
+}
