@@ -9,7 +9,7 @@
 //!   active port) is [`Error::Unsupported`]: the communicator then runs without this transport.
 //! - **Endpoint**: one RC queue pair per peer is made when the transport opens, and every rank's
 //!   port address and queue-pair numbers travel in its endpoint, which the communicator
-//!   all-gathers through the bootstrap ([`endpoint`] module): connecting needs no further
+//!   all-gathers through the bootstrap (module `endpoint`): connecting needs no further
 //!   handshake.
 //! - **Memory**: [`IbBackend`] allocates host memory registered for remote write and atomics;
 //!   peers name it by (address, key), checked against the exported length. Memory imported
