@@ -48,13 +48,20 @@ pub enum ChannelKernel {
     Reducing(&'static str),
 }
 
+impl std::fmt::Display for ChannelKernel {
+    /// The entry point's name.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ChannelKernel::Moving => f.write_str(BYTES_KERNEL),
+            ChannelKernel::Reducing(t) => write!(f, "{REDUCING_KERNEL_PREFIX}_{t}"),
+        }
+    }
+}
+
 impl ChannelKernel {
     /// The entry point's name.
     pub fn name(self) -> String {
-        match self {
-            ChannelKernel::Moving => BYTES_KERNEL.to_string(),
-            ChannelKernel::Reducing(t) => format!("{REDUCING_KERNEL_PREFIX}_{t}"),
-        }
+        self.to_string()
     }
 
     /// The NVRTC program that defines this kernel alone: headers, the block size, the family's

@@ -1,11 +1,21 @@
 //! The direct kernel family (`cuda/collectives.cu`, `data_movement.cu`, `exchange_ll.cu`,
 //! `pipeline.cu`): the argument block every direct collective kernel takes by value (mirrored by
 //! `weave::GpuCollectiveArgs` and checked in every compile), the byte layout of a rank's
-//! workspace that peers map, the launch constants, and the program. The GPU engine that maps
-//! the workspaces and launches lives in `collectives` (`gpu/`).
+//! workspace that peers map, the launch constants, the program, and [`DirectLauncher`], which
+//! compiles the program at the first launch and launches its kernels. The GPU engine that maps
+//! the workspaces and fills the argument blocks lives in `collectives` (`gpu/`).
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+
+use comm_core::Result;
 use comm_core::device::{DeviceStatusHandle, Layout};
 use comm_core::device_layout;
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
+
+use crate::launch::{LaunchShape, launch_with_args};
+use crate::module::KernelModule;
 
 /// Most ranks a GPU communicator supports (one host's GPUs).
 pub const MAX_GPU_RANKS: usize = 8;
@@ -214,6 +224,109 @@ pub const PACKET_MAX_BLOCKS: u32 = 64;
 pub fn program() -> String {
     let checks = crate::layout::static_checks() + &crate::layout::layout_checks(&[GPU_ARGS_LAYOUT]);
     crate::source::program_with_checks(&with_host_constants(COLLECTIVES_SOURCE), &checks)
+}
+
+/// A kernel of the direct program: a family (`weave_all_reduce_ll`) and, for the reducing
+/// families, the element type its name ends with (`weave_all_reduce_ll_f32`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DirectKernel {
+    family: &'static str,
+    element: Option<&'static str>,
+}
+
+impl DirectKernel {
+    /// A data-movement kernel, named by its family alone.
+    pub const fn untyped(family: &'static str) -> Self {
+        DirectKernel { family, element: None }
+    }
+
+    /// A reducing kernel instantiated for the element type named `element` (`f32`, `bf16`).
+    pub const fn typed(family: &'static str, element: &'static str) -> Self {
+        DirectKernel { family, element: Some(element) }
+    }
+
+    /// The kernel's name in the program.
+    pub fn name(&self) -> String {
+        self.to_string()
+    }
+}
+
+impl std::fmt::Display for DirectKernel {
+    /// The kernel's name in the program.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.element {
+            Some(t) => write!(f, "{}_{t}", self.family),
+            None => f.write_str(self.family),
+        }
+    }
+}
+
+/// Launches the direct kernels on one GPU: compiles and loads the program at the first launch
+/// (in relaxed capture mode, so that first call may be captured into a CUDA graph) and looks
+/// each function up by name once, later launches find it by its key.
+pub struct DirectLauncher {
+    ctx: Arc<CudaContext>,
+    /// `sm_90` and the like: the architecture the program is compiled for.
+    arch: String,
+    module: Option<Arc<KernelModule>>,
+    functions: HashMap<DirectKernel, CudaFunction>,
+    /// Launch each kernel overlapped with its predecessor (sm_90 and later: the kernels wait for
+    /// it in their first instruction).
+    overlapped: bool,
+}
+
+impl std::fmt::Debug for DirectLauncher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("DirectLauncher")
+            .field("arch", &self.arch)
+            .field("loaded", &self.module.is_some())
+            .field("functions", &self.functions.len())
+            .field("overlapped", &self.overlapped)
+            .finish()
+    }
+}
+
+impl DirectLauncher {
+    /// A launcher for `ctx`'s GPU of architecture `arch`; nothing is compiled yet.
+    pub fn new(ctx: &Arc<CudaContext>, arch: &str, overlapped: bool) -> Self {
+        DirectLauncher { ctx: ctx.clone(), arch: arch.to_string(), module: None, functions: HashMap::new(), overlapped }
+    }
+
+    /// Launches `kernel(args)` on `stream` with `blocks` blocks of [`BLOCK_THREADS`].
+    ///
+    /// # Safety
+    /// Every device address in `args` must be valid for what the kernel does with it until the
+    /// kernel completes on `stream`.
+    pub unsafe fn launch(
+        &mut self,
+        kernel: DirectKernel,
+        args: &GpuCollectiveArgs,
+        blocks: u32,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let f = match self.functions.entry(kernel) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                let module = match &self.module {
+                    Some(m) => m.clone(),
+                    None => {
+                        // Compiling and loading is no stream work: allowed while capturing.
+                        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+                        let compiled = crate::compile::Compiler::from_env().compile(&program(), &self.arch)?;
+                        let m = KernelModule::load(&self.ctx, &compiled)?;
+                        self.module = Some(m.clone());
+                        m
+                    }
+                };
+                e.insert(module.function(&kernel.name())?)
+            }
+        };
+        let shape = LaunchShape { blocks, threads: BLOCK_THREADS, overlapped: self.overlapped };
+        // SAFETY: every direct kernel takes exactly one GpuCollectiveArgs (its layout is checked
+        // in every compile) and waits for its predecessor first; the caller guarantees the
+        // addresses inside `args`.
+        unsafe { launch_with_args(f, args, shape, stream, &kernel) }
+    }
 }
 
 /// The kernels' source preceded by the constants the host sizes things with: the block size

@@ -23,7 +23,7 @@ use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::proxy::ProxyService;
 use comm_core::semaphore::{HostSemaphore, Token};
 use comm_core::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use kernels::channel::{
     CHANNEL_THREADS, ChannelAlgorithm, ChannelArgs, ChannelCollective, ChannelKernel, ChannelLink, FREED_OFFSET,
     HEADER_BYTES, NO_PEER, READY_OFFSET, SLOTS_OFFSET,
@@ -361,14 +361,10 @@ impl DeviceChannels {
         args: ChannelArgs,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let cfg = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (CHANNEL_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut launch = stream.launch_builder(f);
-        launch.arg(&args);
+        let shape = kernels::launch::LaunchShape { blocks: 1, threads: CHANNEL_THREADS, overlapped: false };
         // SAFETY: the kernel's one parameter is exactly ChannelArgs (layout checked at compile
         // time); the caller guarantees the addresses inside it.
-        unsafe { launch.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| Error::Cuda { operation: format!("launch {}", kernel.name()), message: e.to_string() })
+        unsafe { kernels::launch::launch_with_args(f, &args, shape, stream, kernel) }
     }
 }
 

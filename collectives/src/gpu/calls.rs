@@ -8,7 +8,7 @@ use comm_core::config::LogLevel;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{GpuCollectiveArgs, Kernel};
+use super::{DirectKernel, GpuCollectiveArgs};
 use crate::channel::CallSpec;
 use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
 use crate::communicator::{Communicator, already_in_a_call};
@@ -120,7 +120,11 @@ impl Communicator {
                 channels.launch(self.core(), channel_call, &k, status, stream)
             });
         }
-        let kernel = if k.typed { Kernel::typed(k.family, call.dtype) } else { Kernel::untyped(k.family) };
+        let kernel = if k.typed {
+            DirectKernel::typed(k.family, call.dtype.rust_name())
+        } else {
+            DirectKernel::untyped(k.family)
+        };
         let d = g.direct()?;
         let count = match k.count {
             CountUnit::Elements => call.count,
@@ -361,7 +365,7 @@ impl Communicator {
         }
         let blocks = d.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { d.launch(Kernel::untyped(family), args, blocks, stream) }
+        unsafe { d.launch(DirectKernel::untyped(family), args, blocks, stream) }
     }
 
     /// Typed all-reduce over cudarc buffers (`send` and `recv` of equal length).

@@ -6,33 +6,29 @@
 //! a call first needs it: the direct kernels (`kernels::direct`) at the first direct call, each
 //! channel kernel (`kernels::channel`) at the first call that runs it. A call validates its arguments,
 //! checks the device error word of earlier launches, picks the algorithm from the same table as
-//! the host path, and launches one kernel — no host synchronization, so calls can be captured
-//! in a CUDA graph.
+//! the host path, and launches one kernel through `kernels` (`DirectLauncher`,
+//! `launch_with_args`) — no host synchronization, so calls can be captured in a CUDA graph.
 
 mod calls;
 pub mod config;
 mod watch;
 
-use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::dtype::DataType;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::config::LogLevel;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::{Error, Result};
-use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
-use kernels::module::KernelModule;
+use cudarc::driver::{CudaContext, CudaStream};
 use transport_cudaipc::CudaIpcBackend;
 use weave_cuda::DeviceStatus;
 
 use crate::channel::gpu::DeviceChannels;
 pub use config::GpuConfig;
 pub use kernels::direct::{
-    BLOCK_THREADS, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS, PIPE_MAX_BLOCKS,
-    WorkspaceLayout,
+    BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
+    PIPE_MAX_BLOCKS, WorkspaceLayout,
 };
 
 /// LL16 packets per (writer, parity) unless `WEAVE_GPU_PACKETS` says otherwise: packet
@@ -94,19 +90,13 @@ pub(crate) struct GpuEngine {
 /// The direct family: one workspace per rank mapped by every peer, and the collective kernels
 /// that load and store peers' workspaces.
 pub(crate) struct DirectKernels {
-    /// The compiled program, loaded at the first launch.
-    module: Option<Arc<KernelModule>>,
-    /// The architecture the program is compiled for.
-    arch_name: String,
-    functions: HashMap<Kernel, CudaFunction>,
+    /// Compiles the program at the first launch and launches its kernels.
+    launcher: DirectLauncher,
     workspaces: Vec<RegisteredMemory>,
     layout: WorkspaceLayout,
     max_blocks: u32,
     pipeline_blocks: u32,
     arch: Option<u32>,
-    /// Launch as programmatic dependents of the previous kernel on the stream (sm_90+, the
-    /// kernels then start with griddepcontrol.wait; `WEAVE_GPU_OVERLAP`).
-    overlap_launches: bool,
     /// Least tiles per block of the pipelined kernels, agreed by every rank (`aux[0]`).
     pipeline_steps: u32,
     /// The pipelined kernels' schedule when forced (`WEAVE_GPU_SCHEDULE`), else `None`.
@@ -114,7 +104,6 @@ pub(crate) struct DirectKernels {
     /// Every pair of ranks' GPUs is joined by NVLink (so LL128 lines may be used), as every
     /// rank found.
     nvlink: bool,
-    ctx: Arc<CudaContext>,
     rank: usize,
     timeout: Duration,
     status: Arc<DeviceStatus>,
@@ -386,19 +375,17 @@ impl DirectKernels {
         let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
         Ok(DirectKernels {
-            module: None,
-            arch_name: arch.to_string(),
-            functions: HashMap::new(),
+            // Launch as programmatic dependents of the previous kernel on the stream (sm_90+,
+            // the kernels then start with griddepcontrol.wait; `WEAVE_GPU_OVERLAP`).
+            launcher: DirectLauncher::new(ctx, arch, overlap_launches),
             workspaces,
             layout,
             max_blocks,
             pipeline_blocks,
             arch: arch_number,
-            overlap_launches,
             pipeline_steps,
             overlapped_schedule: gpu.overlapped_schedule,
             nvlink,
-            ctx: ctx.clone(),
             rank: core.rank(),
             timeout: core.config().timeout,
             status: status.clone(),
@@ -470,122 +457,19 @@ impl DirectKernels {
         (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
     }
 
-    /// Launches `kernel` with `args` on `stream`. The program is compiled and loaded at the first
-    /// launch; each function is looked up by name once per communicator, later calls find it by
-    /// its typed key without building the name.
+    /// Launches `kernel` with `args` on `stream` (see [`DirectLauncher`]).
     ///
     /// # Safety
     /// Every device address in `args` must be valid for what the kernel does with it until the
     /// kernel completes on `stream`.
     pub(crate) unsafe fn launch(
         &mut self,
-        kernel: Kernel,
+        kernel: DirectKernel,
         args: GpuCollectiveArgs,
         blocks: u32,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let f = match self.functions.entry(kernel) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => {
-                let module = match &self.module {
-                    Some(m) => m.clone(),
-                    None => {
-                        // The first direct call may be captured into a CUDA graph: compiling
-                        // and loading is no stream work.
-                        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
-                        let program = kernels::direct::program();
-                        let compiled = kernels::compile::Compiler::from_env().compile(&program, &self.arch_name)?;
-                        let m = KernelModule::load(&self.ctx, &compiled)?;
-                        self.module = Some(m.clone());
-                        m
-                    }
-                };
-                e.insert(module.function(&kernel.name())?)
-            }
-        };
-        if self.overlap_launches {
-            // SAFETY: forwarded from the caller.
-            return unsafe { launch_overlapped(&self.ctx, f, &args, blocks, stream) }
-                .map_err(|e| Error::Cuda { operation: format!("launch {} (overlapped)", kernel.name()), message: e });
-        }
-        let cfg =
-            LaunchConfig { grid_dim: (blocks.max(1), 1, 1), block_dim: (BLOCK_THREADS, 1, 1), shared_mem_bytes: 0 };
-        let mut launch = stream.launch_builder(f);
-        launch.arg(&args);
-        // SAFETY: the kernel's parameter is exactly GpuCollectiveArgs (layout checked at
-        // compile time); the caller guarantees the addresses inside it.
-        unsafe { launch.launch(cfg) }
-            .map(|_| ())
-            .map_err(|e| Error::Cuda { operation: format!("launch {}", kernel.name()), message: e.to_string() })
-    }
-}
-
-/// Launches `f(args)` on `stream` with programmatic stream serialization: the GPU may start it
-/// while the kernel before it on the stream still runs (every collective kernel waits for its
-/// predecessor in its first instruction, `await_previous_kernels` in collectives.cu).
-///
-/// # Safety
-/// `f` must take exactly one `GpuCollectiveArgs` parameter and begin with that wait; the
-/// addresses in `args` must be valid as for [`GpuEngine::launch`].
-unsafe fn launch_overlapped(
-    ctx: &Arc<CudaContext>,
-    f: &CudaFunction,
-    args: &GpuCollectiveArgs,
-    blocks: u32,
-    stream: &Arc<CudaStream>,
-) -> std::result::Result<(), String> {
-    use cudarc::driver::sys;
-    ctx.bind_to_thread().map_err(|e| e.to_string())?;
-    let mut attribute = sys::CUlaunchAttribute {
-        id: sys::CUlaunchAttributeID::CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION,
-        pad: [0; 4],
-        value: sys::CUlaunchAttributeValue { pad: [0; 64] },
-    };
-    attribute.value.programmaticStreamSerializationAllowed = 1;
-    let config = sys::CUlaunchConfig {
-        gridDimX: blocks.max(1),
-        gridDimY: 1,
-        gridDimZ: 1,
-        blockDimX: BLOCK_THREADS,
-        blockDimY: 1,
-        blockDimZ: 1,
-        sharedMemBytes: 0,
-        hStream: stream.cu_stream(),
-        attrs: &mut attribute,
-        numAttrs: 1,
-    };
-    let mut params = [std::ptr::from_ref(args).cast_mut().cast::<std::ffi::c_void>()];
-    // SAFETY: config and params outlive the call (the driver copies the parameter block);
-    // the caller guarantees the kernel's signature and the addresses inside `args`.
-    unsafe { sys::cuLaunchKernelEx(&config, f.cu_function(), params.as_mut_ptr(), std::ptr::null_mut()) }
-        .result()
-        .map_err(|e| e.to_string())
-}
-
-/// A kernel of the collectives program: a family (`weave_all_reduce_ll`) and, for the reducing
-/// families, the element type its name ends with (`weave_all_reduce_ll_f32`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub(crate) struct Kernel {
-    family: &'static str,
-    dtype: Option<DataType>,
-}
-
-impl Kernel {
-    /// A data-movement kernel, named by its family alone.
-    pub(crate) const fn untyped(family: &'static str) -> Self {
-        Kernel { family, dtype: None }
-    }
-
-    /// A reducing kernel instantiated for `dtype`.
-    pub(crate) const fn typed(family: &'static str, dtype: DataType) -> Self {
-        Kernel { family, dtype: Some(dtype) }
-    }
-
-    /// The kernel's name in the program.
-    pub(crate) fn name(&self) -> String {
-        match self.dtype {
-            Some(t) => format!("{}_{}", self.family, t.rust_name()),
-            None => self.family.to_string(),
-        }
+        // SAFETY: forwarded from the caller.
+        unsafe { self.launcher.launch(kernel, &args, blocks, stream) }
     }
 }
