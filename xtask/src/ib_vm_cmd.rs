@@ -128,12 +128,20 @@ pub(crate) fn stage_and_run(ranks: &[usize], bench: bool, filters: &[String]) ->
     })
 }
 
-/// Whether this machine can run the guest (QEMU is installed, or can be: Debian's apt-get).
+/// Whether this machine can run the guest: QEMU is installed, or can be (Debian's apt-get, run
+/// as root).
 pub(crate) fn guest_possible() -> bool {
     let on_path = |name: &str| {
         std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
     };
-    on_path("qemu-system-x86_64") || on_path("apt-get")
+    on_path("qemu-system-x86_64") || (on_path("apt-get") && running_as_root())
+}
+
+/// Whether this process runs as root (its real uid in `/proc/self/status` is 0).
+fn running_as_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").ok().is_some_and(|s| {
+        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().next()) == Some("0")
+    })
 }
 
 fn strings(parts: &[&str]) -> Vec<String> {

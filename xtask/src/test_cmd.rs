@@ -17,7 +17,7 @@ the same launcher as `cargo xtask launch`), doc tests, and a compile of every ex
 tests report that they did not run when no GPU is present; they never count as passed there.
 Then the InfiniBand tests in a SoftRoCE guest (`cargo xtask ib-vm`: the transport's device
 tests and the host matrix over verbs with 2 ranks, about 5 minutes), wherever QEMU is installed
-or apt-get can install it; with CI set they must run.
+or apt-get can install it (as root); with CI set they must run.
 
 options:
   --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
@@ -87,7 +87,10 @@ fn ib_guest(wanted: bool) -> ExitCode {
         return ExitCode::SUCCESS;
     }
     if !ci && !crate::ib_vm_cmd::guest_possible() {
-        println!("cargo xtask test: the InfiniBand guest tests did not run (no qemu-system-x86_64, no apt-get)");
+        println!(
+            "cargo xtask test: the InfiniBand guest tests did not run (no qemu-system-x86_64, and no apt-get run as \
+             root to install it)"
+        );
         return ExitCode::SUCCESS;
     }
     match crate::ib_vm_cmd::stage_and_run(&[2], false, &[]) {
