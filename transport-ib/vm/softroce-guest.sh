@@ -3,6 +3,10 @@
 # dummy netdev), and exits with the script's status.
 #
 #   softroce-guest.sh DIR            one guest, 2 vCPUs, rxe0 on dummy0 (10.77.0.1)
+#   softroce-guest.sh --pair DIR     two guests, 1 vCPU each, joined by a virtual wire (UDP on
+#                                    127.0.0.1); rxe0 on eth0: 10.77.0.1 (guest 0), 10.77.0.2
+#                                    (guest 1); DIR/test.sh runs in both and finds its guest
+#                                    number in $WEAVE_GUEST; the status is the worse of the two
 #
 # DIR is shared read-only with the guest at /host (9p). Binaries built on this machine run there:
 # the initramfs carries this machine's glibc and libibverbs with the rxe provider. The guest
@@ -14,7 +18,9 @@
 # sizes it (default 4G).
 set -euo pipefail
 
-DIR=${1:?usage: softroce-guest.sh DIR (with DIR/test.sh)}
+PAIR=0
+if [ "${1:-}" = --pair ]; then PAIR=1; shift; fi
+DIR=${1:?usage: softroce-guest.sh [--pair] DIR (with DIR/test.sh)}
 DIR=$(cd "$DIR" && pwd)
 [ -f "$DIR/test.sh" ] || { echo "softroce-guest: $DIR/test.sh does not exist" >&2; exit 2; }
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -55,7 +61,7 @@ if [ ! -s "$INITRD" ] || [ "$0" -nt "$INITRD" ]; then
   mkdir -p "$R"/{bin,sbin,etc/libibverbs.d,proc,sys,dev,tmp,host,lib64,usr/lib/x86_64-linux-gnu/libibverbs}
   cp /usr/bin/busybox "$R/bin/"
   for applet in $(busybox --list); do [ -e "$R/bin/$applet" ] || ln -s busybox "$R/bin/$applet"; done
-  for m in crc32_generic crc32_pclmul rdma_rxe rdma_ucm dummy 9p 9pnet_virtio virtio_pci; do
+  for m in crc32_generic crc32_pclmul rdma_rxe rdma_ucm dummy 9p 9pnet_virtio virtio_pci virtio_net; do
     modprobe -d "$KROOT" -S "$KVER" --show-depends "$m" | awk '$1 == "insmod" { print $2 }'
   done | sort -u | while read -r ko; do
     rel=${ko#"$KROOT"/lib/modules/$KVER/}
@@ -82,10 +88,15 @@ if [ ! -s "$INITRD" ] || [ "$0" -nt "$INITRD" ]; then
 export PATH=/sbin:/bin HOME=/tmp
 mount -t proc proc /proc; mount -t sysfs sys /sys; mount -t devtmpfs dev /dev; mount -t tmpfs tmp /tmp
 mkdir -p /dev/shm; mount -t tmpfs shm /dev/shm
-for m in virtio_pci 9pnet_virtio 9p dummy crc32_generic crc32_pclmul rdma_rxe rdma_ucm; do modprobe $m; done
+for m in virtio_pci virtio_net 9pnet_virtio 9p dummy crc32_generic crc32_pclmul rdma_rxe rdma_ucm; do modprobe $m; done
 mount -t 9p -o trans=virtio,version=9p2000.L,msize=512000 host /host
-ip link set lo up; ip link add dummy0 type dummy; ip addr add 10.77.0.1/24 dev dummy0; ip link set dummy0 up
-rdma link add rxe0 type rxe netdev dummy0
+arg() { sed -n "s/.*$1=\([^ ]*\).*/\1/p" /proc/cmdline; }
+export WEAVE_GUEST=$(arg weave_guest)
+NETDEV=$(arg weave_netdev)
+ip link set lo up
+[ "$NETDEV" = dummy0 ] && ip link add dummy0 type dummy
+ip addr add "$(arg weave_ip)" dev "$NETDEV"; ip link set "$NETDEV" up
+rdma link add rxe0 type rxe netdev "$NETDEV"
 ulimit -l unlimited
 echo "=== guest ready: $(ibv_devinfo -l 2>&1 | tr '\n' ' ')"
 cd /host && sh /host/test.sh
@@ -96,20 +107,47 @@ INIT
   (cd "$R" && find . | cpio -o -H newc --quiet | gzip -1 > "$INITRD.tmp") && mv "$INITRD.tmp" "$INITRD"
 fi
 
-LOG=$WORK/guest.log
+# guest NAME KERNEL-ARGS QEMU-ARGS...: boots one guest, its console in $WORK/NAME.log.
+guest() {
+  local name=$1 args=$2
+  shift 2
+  timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -m "$MEMORY" -nographic -no-reboot \
+    -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" \
+    -append "console=ttyS0 quiet panic=-1 $args" \
+    -virtfs local,path="$DIR",mount_tag=host,security_model=none,readonly=on \
+    "$@" </dev/null >"$WORK/$name.log" 2>&1
+}
+# status NAME: the guest's test status, or nothing.
+status() { tr -d '\r' <"$WORK/$1.log" | sed -n 's/^=== TEST_EXIT=\([0-9]*\)$/\1/p' | tail -1; }
+# report NAME: the guest's output after it came up, and its status (99 when it gave none).
+report() {
+  tr -d '\r' <"$WORK/$1.log" | sed -n '/=== guest ready/,$p' | sed "s/^/[$1] /"
+  local s
+  s=$(status "$1")
+  if [ -z "$s" ]; then
+    echo "softroce-guest: guest $1 gave no exit status (log: $WORK/$1.log)" >&2
+    tail -20 "$WORK/$1.log" >&2
+    return 99
+  fi
+  return "$s"
+}
+
 set +e
-timeout "$TIMEOUT" qemu-system-x86_64 -accel tcg,thread=multi -cpu max -smp 2 -m "$MEMORY" -nographic -no-reboot \
-  -kernel "$KROOT/boot/vmlinuz-$KVER" -initrd "$INITRD" -nic none \
-  -append "console=ttyS0 quiet panic=-1" \
-  -virtfs local,path="$DIR",mount_tag=host,security_model=none,readonly=on \
-  </dev/null >"$LOG" 2>&1
-qemu=$?
-set -e
-tr -d '\r' <"$LOG" | sed -n '/^=== guest ready/,$p'
-status=$(tr -d '\r' <"$LOG" | sed -n 's/^=== TEST_EXIT=\([0-9]*\)$/\1/p' | tail -1)
-if [ -z "$status" ]; then
-  echo "softroce-guest: the guest gave no exit status (qemu exited $qemu; log: $LOG)" >&2
-  tail -20 "$LOG" >&2
-  exit 99
+if [ $PAIR = 0 ]; then
+  guest guest "weave_guest=0 weave_netdev=dummy0 weave_ip=10.77.0.1/24" -smp 2 -nic none
+  report guest
+  exit $?
 fi
-exit "$status"
+port=$((20000 + $$ % 20000))
+wire() { # wire LOCAL-PORT REMOTE-PORT MAC-BYTE
+  echo "-netdev dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=$1,remote.type=inet,remote.host=127.0.0.1,remote.port=$2 -device virtio-net-pci,netdev=n0,mac=52:54:00:00:77:$3"
+}
+# shellcheck disable=SC2046
+guest guest0 "weave_guest=0 weave_netdev=eth0 weave_ip=10.77.0.1/24" -smp 1 $(wire $port $((port + 1)) 01) & g0=$!
+# shellcheck disable=SC2046
+guest guest1 "weave_guest=1 weave_netdev=eth0 weave_ip=10.77.0.2/24" -smp 1 $(wire $((port + 1)) $port 02) & g1=$!
+wait $g0; wait $g1
+report guest0; s0=$?
+report guest1; s1=$?
+[ $s0 -ge $s1 ] && exit $s0
+exit $s1

@@ -5,8 +5,9 @@
 //! them with the guest scripts of `transport-ib/vm/` in `target/ib-vm/run`, and boots one guest
 //! with `transport-ib/vm/softroce-guest.sh`, which runs there: the transport's tests with the
 //! device tests included, then the host correctness matrix over verbs alone for each world
-//! size asked for (and, with `--bench`, the micro bench against perftest). The exit status is
-//! the guest's.
+//! size asked for (and, with `--bench`, the micro bench against perftest). With `--nodes 2`
+//! also two guests joined by a virtual wire, one rank each: the same matrix across them. The
+//! exit status is the guests' worst.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -19,17 +20,19 @@ pub(crate) const SUMMARY: &str = "run the InfiniBand tests in a QEMU guest with 
 
 /// The help text of `cargo xtask ib-vm`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask ib-vm [--ranks N,...] [--bench] [-- TEST-FILTERS...]
+usage: cargo xtask ib-vm [--ranks N,...] [--nodes 1|2] [--bench] [-- TEST-FILTERS...]
 
 Runs the InfiniBand transport on a real verbs device: SoftRoCE (rdma_rxe) in a QEMU guest
 (software emulation, no KVM needed), set up on first use (Debian packages, the Debian 12
 generic kernel unpacked into target/ib-vm; about a minute). In the guest: transport-ib's tests
 including those that need a device (TEST-FILTERS narrow them), then the host correctness matrix
 over verbs alone (WEAVE_TRANSPORTS=ib) with each world size of --ranks (default 2). Exits with
-the guest's status.
+the guest's status. With --nodes 2, then two guests (one vCPU each) joined by a virtual wire
+(UDP on 127.0.0.1), rxe0 on each one's eth0, run the matrix with one rank per guest.
 
 options:
   --ranks N,...  world sizes of the matrix over ib (default 2; 0 skips it)
+  --nodes N      1 (default) or 2: also the two-guest run
   --bench        also run the micro bench against perftest's ib_write_bw / ib_write_lat
   -h, --help     print this help
 ";
@@ -37,6 +40,7 @@ options:
 /// Runs the command.
 pub(crate) fn run(mut args: Args) -> ExitCode {
     let mut ranks = vec![2usize];
+    let mut nodes = 1usize;
     let mut bench = false;
     let mut filters = Vec::new();
     loop {
@@ -46,6 +50,12 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
                 print!("{USAGE}");
                 return ExitCode::SUCCESS;
+            }
+            Ok(Some(Arg::Flag(f))) if f == "--nodes" => {
+                match args.value("--nodes").ok().and_then(|v| v.to_str()?.parse().ok()) {
+                    Some(n @ (1 | 2)) => nodes = n,
+                    _ => return usage_error("--nodes takes 1 or 2"),
+                }
             }
             Ok(Some(Arg::Flag(f))) if f == "--ranks" => {
                 let parsed = args.value("--ranks").ok().and_then(|v| {
@@ -63,13 +73,45 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             Err(e) => return usage_error(&e.to_string()),
         }
     }
-    match stage_and_run(&ranks, bench, &filters) {
+    let result = stage_and_run(&ranks, bench, &filters)
+        .and_then(|status| if nodes == 2 && status == ExitCode::SUCCESS { stage_and_run_pair() } else { Ok(status) });
+    match result {
         Ok(status) => status,
         Err(e) => {
             eprintln!("cargo xtask ib-vm: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// The matrix across two guests, one rank each; `Ok(status)` is the worse guest's.
+pub(crate) fn stage_and_run_pair() -> Result<ExitCode, String> {
+    let root = workspace_root()?;
+    let vm = root.join("transport-ib/vm");
+    let run = root.join("target/ib-vm/pair");
+    let _ = std::fs::remove_dir_all(&run);
+    std::fs::create_dir_all(&run).map_err(|e| format!("create {}: {e}", run.display()))?;
+    let worker =
+        cargo_artifacts(&strings(&["build", "-p", "weave-tests", "--features", "ib", "--bin", "collectives-worker"]))?
+            .into_iter()
+            .find(|a| a.name == "collectives-worker")
+            .ok_or("cargo built no collectives-worker")?;
+    copy(&worker.executable, &run.join("collectives-worker"))?;
+    let script = "#!/bin/sh\n# Written by cargo xtask ib-vm --nodes 2: rank $WEAVE_GUEST of 2, one per guest.\n\
+        RANK=$WEAVE_GUEST LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 \\\n  \
+        WEAVE_TRANSPORTS=ib WEAVE_TIMEOUT=120 ./collectives-worker matrix\n";
+    std::fs::write(run.join("test.sh"), script).map_err(|e| format!("write test.sh: {e}"))?;
+    guest_status(Command::new(vm.join("softroce-guest.sh")).arg("--pair").arg(&run))
+}
+
+/// Runs the guest script; its exit status as ours.
+fn guest_status(command: &mut Command) -> Result<ExitCode, String> {
+    let status = command.status().map_err(|e| format!("run softroce-guest.sh: {e}"))?;
+    Ok(match status.code() {
+        Some(0) => ExitCode::SUCCESS,
+        Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
+        None => ExitCode::from(1),
+    })
 }
 
 fn usage_error(message: &str) -> ExitCode {
@@ -117,15 +159,7 @@ pub(crate) fn stage_and_run(ranks: &[usize], bench: bool, filters: &[String]) ->
         script.push_str("sh ./bench.sh || exit 1\n");
     }
     std::fs::write(run.join("test.sh"), script).map_err(|e| format!("write test.sh: {e}"))?;
-    let status = Command::new(vm.join("softroce-guest.sh"))
-        .arg(&run)
-        .status()
-        .map_err(|e| format!("run softroce-guest.sh: {e}"))?;
-    Ok(match status.code() {
-        Some(0) => ExitCode::SUCCESS,
-        Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
-        None => ExitCode::from(1),
-    })
+    guest_status(Command::new(vm.join("softroce-guest.sh")).arg(&run))
 }
 
 /// Whether this machine can run the guest: QEMU is installed, or can be (Debian's apt-get, run

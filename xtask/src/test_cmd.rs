@@ -15,8 +15,9 @@ usage: cargo xtask test [--long] [--release] [--no-ib] [-- CARGO-TEST-ARGS...]
 Runs `cargo test --workspace`: unit tests, the multi-process tests (which launch ranks through
 the same launcher as `cargo xtask launch`), doc tests, and a compile of every example. GPU
 tests report that they did not run when no GPU is present; they never count as passed there.
-Then the InfiniBand tests in a SoftRoCE guest (`cargo xtask ib-vm`: the transport's device
-tests and the host matrix over verbs with 2 ranks, about 5 minutes), wherever QEMU is installed
+Then the InfiniBand tests in SoftRoCE guests (`cargo xtask ib-vm --nodes 2`: the transport's
+device tests and the host matrix over verbs with 2 ranks in one guest, then across two guests;
+about 8 minutes), wherever QEMU is installed
 or apt-get can install it (as root); with CI set they must run.
 
 options:
@@ -93,7 +94,9 @@ fn ib_guest(wanted: bool) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    match crate::ib_vm_cmd::stage_and_run(&[2], false, &[]) {
+    let single = crate::ib_vm_cmd::stage_and_run(&[2], false, &[]);
+    let both = single.and_then(|s| if s == ExitCode::SUCCESS { crate::ib_vm_cmd::stage_and_run_pair() } else { Ok(s) });
+    match both {
         Ok(status) => status,
         Err(e) => {
             eprintln!("cargo xtask test: the InfiniBand guest: {e}");
