@@ -91,17 +91,22 @@ pub(crate) fn stage_and_run_pair() -> Result<ExitCode, String> {
     let run = root.join("target/ib-vm/pair");
     let _ = std::fs::remove_dir_all(&run);
     std::fs::create_dir_all(&run).map_err(|e| format!("create {}: {e}", run.display()))?;
-    let worker =
-        cargo_artifacts(&strings(&["build", "-p", "weave-tests", "--features", "ib", "--bin", "collectives-worker"]))?
-            .into_iter()
-            .find(|a| a.name == "collectives-worker")
-            .ok_or("cargo built no collectives-worker")?;
-    copy(&worker.executable, &run.join("collectives-worker"))?;
+    stage_ib_worker(&run)?;
     let script = "#!/bin/sh\n# Written by cargo xtask ib-vm --nodes 2: rank $WEAVE_GUEST of 2, one per guest.\n\
         RANK=$WEAVE_GUEST LOCAL_RANK=0 WORLD_SIZE=2 LOCAL_WORLD_SIZE=1 MASTER_ADDR=10.77.0.1 MASTER_PORT=29500 \\\n  \
         WEAVE_TRANSPORTS=ib WEAVE_TIMEOUT=120 ./collectives-worker matrix\n";
     std::fs::write(run.join("test.sh"), script).map_err(|e| format!("write test.sh: {e}"))?;
     guest_status(Command::new(vm.join("softroce-guest.sh")).arg("--pair").arg(&run))
+}
+
+/// Builds `collectives-worker` with the feature `ib` and copies it into `run`.
+fn stage_ib_worker(run: &Path) -> Result<(), String> {
+    let worker =
+        cargo_artifacts(&strings(&["build", "-p", "weave-tests", "--features", "ib", "--bin", "collectives-worker"]))?
+            .into_iter()
+            .find(|a| a.name == "collectives-worker")
+            .ok_or("cargo built no collectives-worker")?;
+    copy(&worker.executable, &run.join("collectives-worker"))
 }
 
 /// Runs the guest script; its exit status as ours.
@@ -132,12 +137,7 @@ pub(crate) fn stage_and_run(ranks: &[usize], bench: bool, filters: &[String]) ->
         .find(|a| a.is_test && a.name == "transport_ib")
         .ok_or("cargo built no test binary for transport-ib")?;
     copy(&tests.executable, &run.join("ib-tests"))?;
-    let worker =
-        cargo_artifacts(&strings(&["build", "-p", "weave-tests", "--features", "ib", "--bin", "collectives-worker"]))?
-            .into_iter()
-            .find(|a| a.name == "collectives-worker")
-            .ok_or("cargo built no collectives-worker")?;
-    copy(&worker.executable, &run.join("collectives-worker"))?;
+    stage_ib_worker(&run)?;
     copy(&vm.join("matrix.sh"), &run.join("matrix.sh"))?;
     let mut script = String::from("#!/bin/sh\n# Written by cargo xtask ib-vm.\n");
     script.push_str(&format!(

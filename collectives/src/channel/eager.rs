@@ -150,11 +150,8 @@ fn take_all<T: Element>(
         if call.problem.is_none() {
             let part = expect_piece::<T>(call, peer, me, c, count, header.len, header.last)?;
             use_piece(payload.cast(), part);
-        } else if c > drain_bound(header.count) {
-            return Err(Error::protocol(format!(
-                "{}: rank {peer} sent more messages than its count of {} elements needs",
-                call.what, header.count
-            )));
+        } else {
+            check_drain(call, peer, c, header.count)?;
         }
         link.release()?;
         if header.last {
@@ -188,10 +185,18 @@ fn expect_piece<T>(
     Ok((a, k))
 }
 
-/// The most messages a mismatched sender may send in one call (its count at 8 bytes an element,
-/// the largest type), past which its stream is a protocol error rather than a long drain.
-fn drain_bound(count: u64) -> usize {
-    usize::try_from(count.saturating_mul(8)).unwrap_or(usize::MAX).div_ceil(EAGER_PAYLOAD_BYTES)
+/// While draining a mismatched call: message `c` of `peer`, whose header announced `count`
+/// elements, is a protocol error once past the most messages such a count takes (at 8 bytes an
+/// element, the largest type) — a stream that long is a broken peer, not a long drain.
+fn check_drain(call: &Call, peer: usize, c: usize, count: u64) -> Result<()> {
+    let bound = usize::try_from(count.saturating_mul(8)).unwrap_or(usize::MAX).div_ceil(EAGER_PAYLOAD_BYTES);
+    if c > bound {
+        return Err(Error::protocol(format!(
+            "{}: rank {peer} sent more messages than its count of {count} elements needs",
+            call.what
+        )));
+    }
+    Ok(())
 }
 
 /// The root of a reduce: message `c` from every peer, combined with this rank's piece `c` in
@@ -234,12 +239,7 @@ unsafe fn reduce_at_root<T: Element>(
                 held[p] = payload.cast();
             } else {
                 link.release()?;
-                if c > drain_bound(header.count) {
-                    return Err(Error::protocol(format!(
-                        "{}: rank {p} sent more messages than its count of {} elements needs",
-                        call.what, header.count
-                    )));
-                }
+                check_drain(call, p, c, header.count)?;
             }
         }
         if let (None, Some((a, k))) = (&call.problem, part) {
