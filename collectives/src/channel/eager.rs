@@ -5,6 +5,10 @@
 //! rank that is ahead of it, so back-to-back calls overlap instead of synchronizing: what small
 //! broadcasts and reduces want, where one synchronizing step costs more than the data.
 //!
+//! The host table runs broadcasts and reduces of up to one message (4 KiB) this way in worlds
+//! of up to 8 ranks, where every peer is mapped and across nodes alike; over shared memory a
+//! message of up to 24 bytes is one cache line for the receiver (see [`super::link`]).
+//!
 //! The eager links are a set of their own (many slots of [`EAGER_PAYLOAD_BYTES`]), built on
 //! first use: the root links to every rank, every other rank to the root. Larger calls (when
 //! `WEAVE_ALGO` forces this algorithm) go as a stream of slot-sized messages.
@@ -13,7 +17,11 @@
 //! take messages until they see that mark, so a mismatched call (count, type, operator,
 //! invalid arguments) fails on the receivers with [`Error::InvalidArgument`] and still leaves
 //! every link in step. The senders hear of nothing: they returned already, as an MPI eager send
-//! does. A root that differs between ranks pairs the wrong ranks and ends in a timeout.
+//! does. A root that differs between ranks pairs the wrong ranks: a receiver waiting for a
+//! rank that does not send ends in a timeout naming it, and messages nobody took fail the
+//! next call that meets them with a protocol error. Counts so different that one rank's call
+//! runs eagerly and another's does not (across 4 KiB) end in a timeout, as in the other
+//! channel algorithms when ranks exchange different numbers of messages.
 
 use comm_core::communicator::Communicator as Core;
 use comm_core::{Error, Result};

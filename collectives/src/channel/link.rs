@@ -1,25 +1,38 @@
 //! A link: the two-way message path between this rank and one peer that every channel
-//! algorithm runs over, built only from a [`Connection`] (write, update-and-sync).
+//! algorithm runs over, built only from a [`Connection`] (write, update-and-sync) — or, where
+//! the peer's region is mapped here, from plain stores into it.
 //!
 //! Each side owns one region that the other side writes into:
 //!
 //! | offset | size | what |
 //! |---|---|---|
-//! | 0 | 8 | `ready`: messages the peer has posted into this region (monotonic) |
+//! | 0 | 8 | `ready`: messages the peer has posted into this region (monotonic; staged posting) |
 //! | 64 | 8 | `freed`: messages of *this* rank the peer has consumed (monotonic) |
-//! | 4096 + i·S | S | slot `i` of `SLOTS`: a 64-byte [`Header`], then up to `S - 64` bytes of payload |
+//! | 4096 + i·S | S | slot `i` of `SLOTS`: a 40-byte header, then up to `S - 40` bytes of payload |
+//!
+//! The header is five words: the message's sequence number, then the call number, the call's
+//! signature, its count, and root, payload length and marks packed into one word (see
+//! [`Header`]). A payload of up to 24 bytes shares the slot's first cache line with its header.
 //!
 //! Message `m` (counted from 1) travels in slot `(m - 1) % SLOTS`. To post it, the sender waits
-//! for a credit (`freed ≥ m - SLOTS`: the peer is done with the slot's previous message), stages
-//! header and payload in the same slot of its private outbox, writes them into the peer's region
-//! through the connection and then stores `ready = m` with update-and-sync, which the
-//! connection orders after the write. The receiver waits for `ready ≥ m` on its own region,
-//! checks the header (never trusting a length from the wire), uses the payload in place, and
-//! releases the slot by storing `freed` into the sender's region. Every wait polls only local
-//! memory and is bounded by the timeout, the abort flag and the peer's health.
+//! for a credit (`freed ≥ m - SLOTS`: the peer is done with the slot's previous message), then
+//! posts it one of two ways, fixed per link (see [`Posting`]):
+//! - **direct**, when the peer's region is mapped here (shared memory): payload and header go
+//!   straight into the peer's slot, the sequence word last with release ordering; the receiver
+//!   polls that word, so a small message costs the receiver one cache line;
+//! - **staged**, otherwise: header and payload are staged in the same slot of a private outbox
+//!   and written into the peer's region through the connection, then `ready = m` is stored with
+//!   update-and-sync, which the connection orders after the write; the receiver polls `ready`.
 //!
-//! The outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only after
-//! the peer freed `m` — so an asynchronous transport has finished reading it by then.
+//! Either way the receiver checks the header (never trusting a length from the wire), uses the
+//! payload in place, and releases the slot by storing `freed` into the sender's region. Every
+//! wait polls only local memory and is bounded by the timeout, the abort flag and the peer's
+//! health. Both ends choose the same posting (the peer's region is mapped on both sides or on
+//! neither); a staged sequence word carries [`STAGED_MARK`], so ends that disagree fail with a
+//! protocol error instead of reading a message before it is whole.
+//!
+//! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
+//! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -37,9 +50,19 @@ const READY: usize = 0;
 const FREED: usize = 64;
 /// Offset of slot 0.
 const SLOTS_OFFSET: usize = 4096;
+/// Words of the header at the start of a slot.
+const HEADER_WORDS: usize = 5;
 /// Bytes of the header at the start of a slot.
-pub(crate) const HEADER_BYTES: usize = 64;
-const _: () = assert!(8 * Header::WORDS <= HEADER_BYTES);
+pub(crate) const HEADER_BYTES: usize = 8 * HEADER_WORDS;
+/// Set in the sequence word of a staged message (see the module doc).
+const STAGED_MARK: u64 = 1 << 63;
+/// Payload bytes a slot may hold at most: the length field of the packed header word.
+const MAX_SLOT_PAYLOAD: usize = (1 << LEN_BITS) - 1;
+/// Bits of the packed header word: root (0..32), payload length (32..56), marks (56, 57).
+const LEN_SHIFT: u32 = 32;
+const LEN_BITS: u32 = 24;
+const TAINTED_BIT: u64 = 1 << 56;
+const LAST_BIT: u64 = 1 << 57;
 
 /// What every message says about the call it belongs to; receivers check it against their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -51,7 +74,7 @@ pub(crate) struct Header {
     pub(crate) signature: u64,
     /// Element count as the collective defines it (per pair for all-to-all-v).
     pub(crate) count: u64,
-    /// Root rank, or 0.
+    /// Root rank, or 0 (at most `u32::MAX`: larger roots are sent as that).
     pub(crate) root: u64,
     /// Set when the sender (or a rank upstream of it) found a mismatch in this call.
     pub(crate) tainted: bool,
@@ -64,14 +87,26 @@ pub(crate) struct Header {
 }
 
 impl Header {
-    const WORDS: usize = 7;
-
-    fn to_words(self) -> [u64; Self::WORDS] {
-        [self.call, self.signature, self.count, self.root, u64::from(self.tainted), self.len, u64::from(self.last)]
+    /// The header words after the sequence word; `len` must fit the length field.
+    fn to_words(self) -> [u64; HEADER_WORDS - 1] {
+        let packed = self.root.min(u64::from(u32::MAX))
+            | (self.len << LEN_SHIFT)
+            | if self.tainted { TAINTED_BIT } else { 0 }
+            | if self.last { LAST_BIT } else { 0 };
+        [self.call, self.signature, self.count, packed]
     }
 
-    fn from_words(w: [u64; Self::WORDS]) -> Self {
-        Header { call: w[0], signature: w[1], count: w[2], root: w[3], tainted: w[4] != 0, len: w[5], last: w[6] != 0 }
+    fn from_words(w: [u64; HEADER_WORDS - 1]) -> Self {
+        let packed = w[3];
+        Header {
+            call: w[0],
+            signature: w[1],
+            count: w[2],
+            root: packed & u64::from(u32::MAX),
+            tainted: packed & TAINTED_BIT != 0,
+            len: (packed >> LEN_SHIFT) & ((1 << LEN_BITS) - 1),
+            last: packed & LAST_BIT != 0,
+        }
     }
 }
 
@@ -96,6 +131,16 @@ fn prefault(mem: &RegisteredMemory, len: usize, write: bool) {
     }
 }
 
+/// How this rank's messages reach the peer's region (see the module doc).
+enum Posting {
+    /// The peer's region is mapped here, at this address (checked to hold the whole layout,
+    /// cache-line aligned): messages are stored straight into its slots.
+    Direct { theirs_base: usize },
+    /// Messages are staged in a private outbox (at `outbox_base`, checked likewise) and
+    /// written through the connection.
+    Staged { outbox: RegisteredMemory, outbox_base: usize },
+}
+
 /// The message path between this rank and one peer.
 pub(crate) struct Link {
     peer: usize,
@@ -105,12 +150,9 @@ pub(crate) struct Link {
     _mine: RegisteredMemory,
     /// The peer's region: this rank's messages go there.
     theirs: RegisteredMemory,
-    /// Private staging of this rank's messages (slot `i` mirrors slot `i` of `theirs`).
-    outbox: RegisteredMemory,
+    posting: Posting,
     /// Address of `mine` here, checked to be host memory holding the whole layout.
     mine_base: usize,
-    /// Address of `outbox` here, checked likewise.
-    outbox_base: usize,
     slots: usize,
     slot_bytes: usize,
     /// Messages posted to the peer.
@@ -123,45 +165,57 @@ pub(crate) struct Link {
     abort: Arc<AtomicBool>,
 }
 
+/// Checks that `mem` is host memory mapped here, holding `len` bytes at a cache-line aligned
+/// address; returns the address.
+fn mapped_base(mem: &RegisteredMemory, len: usize, what: &str, label: &str) -> Result<usize> {
+    if !mem.is_host_mapped() {
+        return Err(Error::Unsupported(format!("{label}: {what} is not host memory mapped in this process")));
+    }
+    mem.check_range(0, len)?;
+    let base = mem.as_ptr() as usize;
+    if !base.is_multiple_of(64) {
+        return Err(Error::Unsupported(format!("{label}: {what} is not cache-line aligned")));
+    }
+    Ok(base)
+}
+
 impl Link {
     /// Pairwise: builds the link with `peer` (both ranks call it, in the same order relative to
     /// their other pairwise setups with each other), `slots` slots of `payload` bytes each way.
     pub(crate) fn new(core: &CoreCommunicator, peer: usize, slots: usize, payload: usize) -> Result<Self> {
-        let slot_bytes = (HEADER_BYTES + payload).next_multiple_of(64);
-        let len = SLOTS_OFFSET + slots * slot_bytes;
         let label =
             format!("weave channel link {}<->{} ({slots} x {payload} B)", core.rank().min(peer), core.rank().max(peer));
+        if payload > MAX_SLOT_PAYLOAD {
+            return Err(Error::invalid(format!("{label}: a slot holds at most {MAX_SLOT_PAYLOAD} payload bytes")));
+        }
+        let slot_bytes = (HEADER_BYTES + payload).next_multiple_of(64);
+        let len = SLOTS_OFFSET + slots * slot_bytes;
         let (mine, theirs) = core.exchange_pair(peer, len, &label)?;
-        if !mine.is_host_mapped() {
-            return Err(Error::Unsupported(format!("{label}: this rank's region is not host memory")));
-        }
-        let outbox = core.register_private(len, MemoryKind::Host, &format!("{label} outbox"))?;
-        if !outbox.is_host_mapped() {
-            return Err(Error::Unsupported(format!("{label}: the outbox is not host memory")));
-        }
         // Checked once here, so that the accessors below work on plain addresses.
-        mine.check_range(0, len)?;
-        outbox.check_range(0, len)?;
-        let (mine_base, outbox_base) = (mine.as_ptr() as usize, outbox.as_ptr() as usize);
-        if !mine_base.is_multiple_of(64) || !outbox_base.is_multiple_of(64) {
-            return Err(Error::Unsupported(format!("{label}: the region or its outbox is not cache-line aligned")));
-        }
+        let mine_base = mapped_base(&mine, len, "this rank's region", &label)?;
         // The first pass over the slots would otherwise take a page fault per slot on both
         // sides; small calls feel that.
         prefault(&mine, len, false);
-        prefault(&outbox, len, true);
-        if theirs.is_host_mapped() && theirs.check_range(0, len).is_ok() {
-            prefault(&theirs, len, false);
-        }
+        let posting = match mapped_base(&theirs, len, "the peer's region", &label) {
+            Ok(theirs_base) => {
+                prefault(&theirs, len, false);
+                Posting::Direct { theirs_base }
+            }
+            Err(_) => {
+                let outbox = core.register_private(len, MemoryKind::Host, &format!("{label} outbox"))?;
+                let outbox_base = mapped_base(&outbox, len, "the outbox", &label)?;
+                prefault(&outbox, len, true);
+                Posting::Staged { outbox, outbox_base }
+            }
+        };
         let connection = core.connection_via(peer, theirs.transport())?;
         Ok(Link {
             peer,
             connection,
             _mine: mine,
             theirs,
-            outbox,
+            posting,
             mine_base,
-            outbox_base,
             slots,
             slot_bytes,
             posted: 0,
@@ -182,13 +236,24 @@ impl Link {
         self.slot_bytes - HEADER_BYTES
     }
 
+    /// The word at `offset` of the region at `base` (this rank's or, posting directly, the
+    /// peer's).
+    ///
+    /// # Safety
+    /// `base` is `mine_base` or a direct posting's `theirs_base`, and `offset` an 8-byte
+    /// aligned word inside the layout.
+    unsafe fn word_at(&self, base: usize, offset: usize) -> &AtomicU64 {
+        // SAFETY: the caller names a word inside a region checked to be cache-line aligned
+        // host memory holding the whole layout, which the link keeps mapped while it lives
+        // (the reference borrows the link). Both sides write the control and sequence words
+        // only atomically.
+        unsafe { AtomicU64::from_ptr((base + offset) as *mut u64) }
+    }
+
     /// The control word at `offset` (`READY` or `FREED`) of this rank's region.
     fn word(&self, offset: usize) -> &AtomicU64 {
-        // SAFETY: offset is READY or FREED, 8-byte aligned words inside the region, whose
-        // address was checked to be cache-line aligned host memory holding the whole layout;
-        // `mine` keeps it mapped while the link lives. The peer writes these words only
-        // atomically.
-        unsafe { AtomicU64::from_ptr((self.mine_base + offset) as *mut u64) }
+        // SAFETY: mine_base, and READY or FREED lie inside the layout.
+        unsafe { self.word_at(self.mine_base, offset) }
     }
 
     fn slot_offset(&self, message: u64) -> usize {
@@ -221,8 +286,9 @@ impl Link {
         self.posted < self.freed + self.slots as u64
     }
 
-    /// Waits until the next message may be posted, then returns its payload area in the outbox
-    /// (valid for [`payload`](Self::payload) bytes until [`post`](Self::post)).
+    /// Waits until the next message may be posted, then returns where to put its payload
+    /// (valid for [`payload`](Self::payload) bytes until [`post`](Self::post)): the peer's
+    /// slot itself when posting directly, else the outbox.
     pub(crate) fn outbox(&mut self, operation: &str) -> Result<*mut u8> {
         if !self.has_credit() {
             let limit = self.posted + 1 - self.slots as u64;
@@ -230,13 +296,17 @@ impl Link {
             self.wait(operation, || word.load(Ordering::Acquire) >= limit)?;
             self.freed = word.load(Ordering::Acquire);
         }
-        // offset + payload lies inside the outbox (checked to hold the region's layout), which
-        // stays mapped while the link lives.
-        Ok((self.outbox_base + self.slot_offset(self.posted) + HEADER_BYTES) as *mut u8)
+        let base = match &self.posting {
+            Posting::Direct { theirs_base } => *theirs_base,
+            Posting::Staged { outbox_base, .. } => *outbox_base,
+        };
+        // offset + payload lies inside the region (checked to hold the layout), which stays
+        // mapped while the link lives; the peer is done with the slot (the credit above).
+        Ok((base + self.slot_offset(self.posted) + HEADER_BYTES) as *mut u8)
     }
 
-    /// Posts the next message: `header` and the first `header.len` bytes staged in
-    /// [`outbox`](Self::outbox). Call only after `outbox` returned for this message.
+    /// Posts the next message: `header` and the first `header.len` bytes put where
+    /// [`outbox`](Self::outbox) said. Call only after `outbox` returned for this message.
     pub(crate) fn post(&mut self, header: Header) -> Result<()> {
         let len = usize::try_from(header.len).unwrap_or(usize::MAX);
         if len > self.payload() {
@@ -246,33 +316,82 @@ impl Link {
             )));
         }
         let offset = self.slot_offset(self.posted);
-        let words = header.to_words();
-        // SAFETY: the slot's header lies inside the outbox (checked to hold the layout, 64-byte
-        // aligned), private memory that only this rank writes; the transport reads it only
-        // inside `write` below, or — asynchronously — before the peer frees the slot, which it
-        // must have done before this slot is used again.
-        unsafe { ((self.outbox_base + offset) as *mut [u64; Header::WORDS]).write(words) };
-        self.connection.write(&self.theirs, offset, &self.outbox, offset, HEADER_BYTES + len)?;
-        self.posted += 1;
-        self.connection.update_and_sync(&self.theirs, READY, self.posted)
+        let sequence = self.posted + 1;
+        match &self.posting {
+            Posting::Direct { theirs_base } => {
+                // SAFETY: the slot's header lies inside the peer's region (checked to hold the
+                // layout, 64-byte aligned, mapped while the link lives); the peer reads it only
+                // after the sequence word stored below and has freed the slot's previous
+                // message (the credit `outbox` waited for).
+                unsafe {
+                    let words = (theirs_base + offset + 8) as *mut [u64; HEADER_WORDS - 1];
+                    words.write(header.to_words());
+                    self.word_at(*theirs_base, offset).store(sequence, Ordering::Release);
+                }
+                self.posted = sequence;
+                Ok(())
+            }
+            Posting::Staged { outbox, outbox_base } => {
+                // SAFETY: the slot's header lies inside the outbox (checked to hold the layout,
+                // 64-byte aligned), private memory that only this rank writes; the transport
+                // reads it only inside `write` below, or — asynchronously — before the peer
+                // frees the slot, which it must have done before this slot is used again.
+                unsafe {
+                    let slot = (outbox_base + offset) as *mut u64;
+                    slot.write(sequence | STAGED_MARK);
+                    (slot.add(1) as *mut [u64; HEADER_WORDS - 1]).write(header.to_words());
+                }
+                self.connection.write(&self.theirs, offset, outbox, offset, HEADER_BYTES + len)?;
+                self.posted = sequence;
+                self.connection.update_and_sync(&self.theirs, READY, self.posted)
+            }
+        }
+    }
+
+    /// The sequence word the peer's next message carries, and the word to poll for it (the
+    /// slot's sequence word posting directly, `ready` staged), with the value it reaches.
+    fn next_arrival(&self) -> (u64, &AtomicU64, u64) {
+        let target = self.consumed + 1;
+        match self.posting {
+            Posting::Direct { .. } => {
+                // SAFETY: mine_base, and the slot's first word lies inside the layout.
+                let word = unsafe { self.word_at(self.mine_base, self.slot_offset(self.consumed)) };
+                (target, word, target)
+            }
+            Posting::Staged { .. } => (target | STAGED_MARK, self.word(READY), target),
+        }
     }
 
     /// Whether the peer's next message has arrived.
     pub(crate) fn has_message(&self) -> bool {
-        self.word(READY).load(Ordering::Acquire) > self.consumed
+        let (_, word, target) = self.next_arrival();
+        word.load(Ordering::Acquire) & !STAGED_MARK >= target
     }
 
     /// Waits for the peer's next message; returns its header and payload (valid until
-    /// [`release`](Self::release)). A header whose length exceeds the slot is a protocol error.
+    /// [`release`](Self::release)). A header whose length exceeds the slot, or a sequence word
+    /// other than the one expected, is a protocol error.
     pub(crate) fn receive(&mut self, operation: &str) -> Result<(Header, *const u8)> {
-        let target = self.consumed + 1;
-        let word = self.word(READY);
-        self.wait(operation, || word.load(Ordering::Acquire) >= target)?;
+        let (sequence, word, target) = self.next_arrival();
+        self.wait(operation, || word.load(Ordering::Acquire) & !STAGED_MARK >= target)?;
         let offset = self.slot_offset(self.consumed);
         // SAFETY: the slot's header lies inside this rank's region (checked to hold the layout,
-        // 64-byte aligned); the peer wrote it before the `ready` store observed above with
-        // acquire ordering and writes the slot again only after this rank releases it.
-        let words = unsafe { ((self.mine_base + offset) as *const [u64; Header::WORDS]).read() };
+        // 64-byte aligned); the peer wrote it before the store observed above with acquire
+        // ordering and writes the slot again only after this rank releases it.
+        let (found, words) = unsafe {
+            let slot = (self.mine_base + offset) as *const u64;
+            (
+                self.word_at(self.mine_base, offset).load(Ordering::Acquire),
+                (slot.add(1) as *const [u64; HEADER_WORDS - 1]).read(),
+            )
+        };
+        if found != sequence {
+            return Err(Error::protocol(format!(
+                "rank {} posted message {:#x} where message {sequence:#x} was due (a lost or repeated message, or \
+                 two ends that disagree on whether they post directly)",
+                self.peer, found
+            )));
+        }
         let header = Header::from_words(words);
         if header.len > self.payload() as u64 {
             return Err(Error::protocol(format!(
@@ -283,13 +402,20 @@ impl Link {
             )));
         }
         // The payload lies inside this rank's mapped region (slot layout), and the peer wrote it
-        // before the `ready` store observed above with acquire ordering.
+        // before the store observed above with acquire ordering.
         Ok((header, (self.mine_base + offset + HEADER_BYTES) as *const u8))
     }
 
     /// Gives the slot of the message last received back to the peer.
     pub(crate) fn release(&mut self) -> Result<()> {
         self.consumed += 1;
-        self.connection.update_and_sync(&self.theirs, FREED, self.consumed)
+        match self.posting {
+            Posting::Direct { theirs_base } => {
+                // SAFETY: a direct posting's theirs_base, and FREED lies inside the layout.
+                unsafe { self.word_at(theirs_base, FREED) }.store(self.consumed, Ordering::Release);
+                Ok(())
+            }
+            Posting::Staged { .. } => self.connection.update_and_sync(&self.theirs, FREED, self.consumed),
+        }
     }
 }

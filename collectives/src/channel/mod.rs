@@ -200,7 +200,7 @@ impl ChannelEngine {
             call: self.calls,
             signature,
             count: spec.count as u64,
-            root: spec.root as u64,
+            root: (spec.root as u64).min(u64::from(u32::MAX)),
             ..Header::default()
         };
         // An invalid rank's own error is what it returns; this only keeps it from judging the

@@ -206,6 +206,12 @@ pub struct Row {
 }
 
 const ANY: usize = usize::MAX;
+/// Broadcasts and reduces below this many bytes run eagerly (`channel_eager`) on host memory,
+/// even where every peer is mapped: the senders return without waiting for a receiver, as in
+/// MPI's eager protocol, so back-to-back calls overlap. The price: a mismatched call fails
+/// only on the ranks that receive, and a root that differs between ranks surfaces at a later
+/// call or as a timeout (see `channel::eager`).
+const EAGER_BYTES: usize = 4097;
 
 const fn host(c: Collective, ranks: (usize, usize), bytes: (usize, usize), a: Algorithm) -> Row {
     Row {
@@ -235,7 +241,9 @@ pub const HOST_ROWS: &[Row] = {
         host(AllGather, (64, ANY), (0, ANY), Ring),
         host(ReduceScatter, (1, 64), (0, ANY), Direct),
         host(ReduceScatter, (64, ANY), (0, ANY), Ring),
+        host(Broadcast, (1, 9), (0, EAGER_BYTES), ChannelEager),
         host(Broadcast, (1, ANY), (0, ANY), Direct),
+        host(Reduce, (1, 9), (0, EAGER_BYTES), ChannelEager),
         host(Reduce, (1, 9), (0, 64 << 10), OneShot),
         host(Reduce, (1, ANY), (0, ANY), TwoPhase),
         host(AllToAll, (1, ANY), (0, ANY), Direct),
@@ -258,17 +266,16 @@ pub const CHANNEL_HOST_ROWS: &[Row] = {
         host(AllGather, (1, ANY), (0, ANY), ChannelRing),
         host(ReduceScatter, (1, 9), (0, 256 * K), ChannelDirect),
         host(ReduceScatter, (1, ANY), (0, ANY), ChannelRing),
+        host(Broadcast, (1, 9), (0, EAGER_BYTES), ChannelEager),
         host(Broadcast, (1, 9), (0, 64 * K), ChannelDirect),
         host(Broadcast, (1, ANY), (0, ANY), ChannelRing),
+        host(Reduce, (1, 9), (0, EAGER_BYTES), ChannelEager),
         host(Reduce, (1, 9), (0, 64 * K), ChannelDirect),
         host(Reduce, (1, ANY), (0, ANY), ChannelRing),
         host(AllToAll, (1, ANY), (0, ANY), ChannelDirect),
         host(AllToAllv, (1, ANY), (0, ANY), ChannelDirect),
         host(SendRecv, (1, ANY), (0, ANY), ChannelDirect),
-        // Behind the rows above, so chosen only when asked for (`WEAVE_ALGO=channel_eager`):
-        // eager senders return before any receiver has checked the call, so a mismatch fails
-        // only on the receivers, and a root that differs between ranks goes unnoticed until a
-        // later call (docs/PERF.md, "Eager broadcast and reduce").
+        // Forced (`WEAVE_ALGO=channel_eager`) for calls of any size.
         host(Broadcast, (1, ANY), (0, ANY), ChannelEager),
         host(Reduce, (1, ANY), (0, ANY), ChannelEager),
     ]
@@ -614,13 +621,14 @@ mod tests {
         let mut t = AlgorithmTable::default();
         t.apply_overrides("ring").unwrap();
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 8).unwrap(), Algorithm::Ring);
-        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 2, 8).unwrap(), Algorithm::Direct);
+        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 2, 8).unwrap(), Algorithm::ChannelEager);
+        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 2, 1 << 20).unwrap(), Algorithm::Direct);
         t.apply_overrides("all-reduce=one_shot").unwrap();
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 1 << 30).unwrap(), Algorithm::OneShot);
         assert!(t.apply_overrides("all_to_allv=ring").is_err());
         t.apply_overrides("broadcast=ring").unwrap();
         assert_eq!(t.select(Collective::Broadcast, MemorySpace::Device, 4, 8).unwrap(), Algorithm::Ring);
-        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 4, 8).unwrap(), Algorithm::Direct);
+        assert_eq!(t.select(Collective::Broadcast, MemorySpace::Host, 4, 8).unwrap(), Algorithm::ChannelEager);
         assert!(t.apply_overrides("all_reduce=fast").is_err());
         assert!(t.apply_overrides("gather=direct").is_err());
     }

@@ -203,7 +203,9 @@ fn mismatch() -> Result<String> {
         let send = vec![1.0f32; count];
         let mut recv = vec![0.0f32; count];
         expect_invalid("different counts", comm.all_reduce(&send, &mut recv, ReduceOp::Sum))?;
-        let mut buf = vec![0u8; 64];
+        // Above the eager rows' sizes: a synchronized broadcast, where every rank hears of it
+        // (small ones run eagerly; `eager_mismatch` checks those).
+        let mut buf = vec![0u8; 64 << 10];
         expect_invalid("different roots", comm.broadcast_in_place(&mut buf, me % n))?;
         seen += 2;
     }
@@ -233,8 +235,9 @@ fn mismatch() -> Result<String> {
     Ok(format!("{seen} mismatches reported; communicator still usable"))
 }
 
-/// With `channel_eager` forced, a mismatched count fails on the receivers (the senders returned
-/// before anyone checked) and leaves every link in step: the calls after it are right.
+/// With `channel_eager` forced (as it runs by default for small calls), a mismatched count
+/// fails on the receivers (the senders returned before anyone checked) and leaves every link
+/// in step: the calls after it are right, small ones included.
 fn eager_mismatch(expect_invalid: &dyn Fn(&str, Result<()>) -> Result<()>) -> Result<usize> {
     let comm = Communicator::builder(comm_core::bootstrap::from_env()?)
         .with_algorithm(Collective::Broadcast, Algorithm::ChannelEager)
@@ -265,6 +268,11 @@ fn eager_mismatch(expect_invalid: &dyn Fn(&str, Result<()>) -> Result<()>) -> Re
         comm.broadcast_in_place(&mut data, root)?;
         if (0..5000).any(|i| data[i] != i as u64 * 3 + root as u64) {
             return Err(Error::protocol(format!("eager broadcast from {root} after the mismatches is wrong")));
+        }
+        let mut small = [if me == root { root as u8 + 40 } else { 0 }; 3];
+        comm.broadcast_in_place(&mut small, root)?;
+        if small != [root as u8 + 40; 3] {
+            return Err(Error::protocol(format!("small eager broadcast from {root} after the mismatches is wrong")));
         }
         let mut sum = vec![0i32; 4097];
         comm.reduce(&vec![me as i32 + 1; 4097], &mut sum, ReduceOp::Sum, root)?;
