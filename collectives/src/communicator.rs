@@ -1,6 +1,6 @@
 //! The user-facing communicator: collectives and point-to-point on host memory.
 
-use std::cell::{RefCell, RefMut};
+use std::cell::{Cell, RefCell, RefMut};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -123,6 +123,9 @@ pub struct Communicator {
     host: Option<RefCell<HostEngine>>,
     channel: RefCell<ChannelEngine>,
     table: AlgorithmTable,
+    /// The plan of the last host call, and its shape: back-to-back calls of one shape (the
+    /// common loop) skip the table.
+    last_host_plan: Cell<Option<(CallShape, Plan)>>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Config,
     root: Arc<dyn Bootstrap>,
@@ -222,6 +225,7 @@ impl Communicator {
             host,
             channel,
             table,
+            last_host_plan: Cell::new(None),
             factories,
             config,
             root,
@@ -342,7 +346,15 @@ impl Communicator {
         if bytes == 0 && validation.is_ok() && c != Collective::AllToAllv {
             return Ok(());
         }
-        let plan = self.plan(CallShape::host(c, bytes))?;
+        let shape = CallShape::host(c, bytes);
+        let plan = match self.last_host_plan.get() {
+            Some((last, plan)) if last == shape => plan,
+            _ => {
+                let plan = self.plan(shape)?;
+                self.last_host_plan.set(Some((shape, plan)));
+                plan
+            }
+        };
         let algo = plan.algorithm;
         if self.config.logs(LogLevel::Info) {
             eprintln!("weave[{}]: {c} of {bytes} B on {} ranks -> {algo}", self.rank(), self.world_size());

@@ -87,6 +87,17 @@ pub(crate) struct Header {
 }
 
 impl Header {
+    /// Whether this header (a peer's) says the same call as `mine`, with nothing to report:
+    /// same call number, signature, count and root, neither side invalid, not tainted.
+    #[inline]
+    pub(crate) fn agrees_with(&self, mine: &Header) -> bool {
+        self.call == mine.call
+            && self.signature == mine.signature
+            && self.count == mine.count
+            && self.root == mine.root
+            && !self.tainted
+    }
+
     /// The header words after the sequence word; `len` must fit the length field.
     fn to_words(self) -> [u64; HEADER_WORDS - 1] {
         let packed = self.root.min(u64::from(u32::MAX))
@@ -181,8 +192,10 @@ fn mapped_base(mem: &RegisteredMemory, len: usize, what: &str, label: &str) -> R
 
 impl Link {
     /// Pairwise: builds the link with `peer` (both ranks call it, in the same order relative to
-    /// their other pairwise setups with each other), `slots` slots of `payload` bytes each way.
+    /// their other pairwise setups with each other), `slots` slots of `payload` bytes each way
+    /// (rounded down to a power of two, at least one, so a message finds its slot by a mask).
     pub(crate) fn new(core: &CoreCommunicator, peer: usize, slots: usize, payload: usize) -> Result<Self> {
+        let slots = 1usize << slots.max(1).ilog2();
         let label =
             format!("weave channel link {}<->{} ({slots} x {payload} B)", core.rank().min(peer), core.rank().max(peer));
         if payload > MAX_SLOT_PAYLOAD {
@@ -251,13 +264,16 @@ impl Link {
     }
 
     /// The control word at `offset` (`READY` or `FREED`) of this rank's region.
+    #[inline]
     fn word(&self, offset: usize) -> &AtomicU64 {
         // SAFETY: mine_base, and READY or FREED lie inside the layout.
         unsafe { self.word_at(self.mine_base, offset) }
     }
 
+    /// Offset of the slot of message `message + 1` (slots are a power of two).
+    #[inline]
     fn slot_offset(&self, message: u64) -> usize {
-        SLOTS_OFFSET + (message % self.slots as u64) as usize * self.slot_bytes
+        SLOTS_OFFSET + (message as usize & (self.slots - 1)) * self.slot_bytes
     }
 
     fn wait(&self, operation: &str, ready: impl FnMut() -> bool) -> Result<()> {
@@ -278,6 +294,7 @@ impl Link {
     }
 
     /// Whether the next message may be posted now (the peer freed its slot).
+    #[inline]
     pub(crate) fn has_credit(&mut self) -> bool {
         if self.posted < self.freed + self.slots as u64 {
             return true;
@@ -289,6 +306,7 @@ impl Link {
     /// Waits until the next message may be posted, then returns where to put its payload
     /// (valid for [`payload`](Self::payload) bytes until [`post`](Self::post)): the peer's
     /// slot itself when posting directly, else the outbox.
+    #[inline]
     pub(crate) fn outbox(&mut self, operation: &str) -> Result<*mut u8> {
         if !self.has_credit() {
             let limit = self.posted + 1 - self.slots as u64;
@@ -307,6 +325,7 @@ impl Link {
 
     /// Posts the next message: `header` and the first `header.len` bytes put where
     /// [`outbox`](Self::outbox) said. Call only after `outbox` returned for this message.
+    #[inline]
     pub(crate) fn post(&mut self, header: Header) -> Result<()> {
         let len = usize::try_from(header.len).unwrap_or(usize::MAX);
         if len > self.payload() {
@@ -350,6 +369,7 @@ impl Link {
 
     /// The sequence word the peer's next message carries, and the word to poll for it (the
     /// slot's sequence word posting directly, `ready` staged), with the value it reaches.
+    #[inline]
     fn next_arrival(&self) -> (u64, &AtomicU64, u64) {
         let target = self.consumed + 1;
         match self.posting {
@@ -368,12 +388,22 @@ impl Link {
         word.load(Ordering::Acquire) & !STAGED_MARK >= target
     }
 
+    /// Waits until the peer's next message has arrived.
+    #[inline(never)]
+    fn wait_for_message(&self, operation: &str) -> Result<()> {
+        let (_, word, target) = self.next_arrival();
+        self.wait(operation, || word.load(Ordering::Acquire) & !STAGED_MARK >= target)
+    }
+
     /// Waits for the peer's next message; returns its header and payload (valid until
     /// [`release`](Self::release)). A header whose length exceeds the slot, or a sequence word
     /// other than the one expected, is a protocol error.
+    #[inline]
     pub(crate) fn receive(&mut self, operation: &str) -> Result<(Header, *const u8)> {
-        let (sequence, word, target) = self.next_arrival();
-        self.wait(operation, || word.load(Ordering::Acquire) & !STAGED_MARK >= target)?;
+        if !self.has_message() {
+            self.wait_for_message(operation)?;
+        }
+        let (sequence, _, _) = self.next_arrival();
         let offset = self.slot_offset(self.consumed);
         // SAFETY: the slot's header lies inside this rank's region (checked to hold the layout,
         // 64-byte aligned); the peer wrote it before the store observed above with acquire
@@ -407,6 +437,7 @@ impl Link {
     }
 
     /// Gives the slot of the message last received back to the peer.
+    #[inline]
     pub(crate) fn release(&mut self) -> Result<()> {
         self.consumed += 1;
         match self.posting {

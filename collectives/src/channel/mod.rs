@@ -106,7 +106,7 @@ impl Call {
                 theirs.call, self.header.call
             )));
         }
-        if self.problem.is_some() {
+        if self.problem.is_some() || theirs.agrees_with(&self.header) {
             return Ok(());
         }
         let mine = &self.header;
@@ -256,6 +256,8 @@ impl ChannelEngine {
 /// One set of links of this rank, one per peer at most, all alike (slot count and payload).
 struct Links {
     links: Vec<Option<Link>>,
+    /// Every link of the set is built (so [`connect`](Self::connect) has nothing to look at).
+    complete: bool,
     slots: usize,
     payload: usize,
 }
@@ -263,23 +265,24 @@ struct Links {
 impl Links {
     /// No links yet, to any of `n` ranks.
     fn new(n: usize, slots: usize, payload: usize) -> Self {
-        Links { links: (0..n).map(|_| None).collect(), slots, payload }
+        Links { links: (0..n).map(|_| None).collect(), complete: n == 1, slots, payload }
     }
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
     fn connect(&mut self, core: &CoreCommunicator, me: usize, peers: &[usize]) -> Result<()> {
-        if peers.iter().all(|&p| p == me || self.links.get(p).is_some_and(Option::is_some)) {
+        if self.complete || peers.iter().all(|&p| p == me || self.links.get(p).is_some_and(Option::is_some)) {
             return Ok(());
         }
         for p in missing_links(me, peers, &self.links) {
             self.links[p] = Some(Link::new(core, p, self.slots, self.payload)?);
         }
+        self.complete = self.links.iter().enumerate().all(|(p, l)| p == me || l.is_some());
         Ok(())
     }
 
     /// Builds the links to every other rank that do not exist yet.
     fn connect_to_all(&mut self, core: &CoreCommunicator, me: usize) -> Result<()> {
-        if self.links.iter().enumerate().all(|(p, l)| p == me || l.is_some()) {
+        if self.complete {
             return Ok(());
         }
         let others: Vec<usize> = (0..self.links.len()).filter(|&p| p != me).collect();
@@ -287,6 +290,7 @@ impl Links {
     }
 
     /// The link to `peer`, which must have been built.
+    #[inline]
     fn get(&mut self, peer: usize) -> Result<&mut Link> {
         let n = self.links.len();
         self.links
@@ -428,12 +432,14 @@ fn spec_of<T: Element>(c: &ChannelCall<T>, algorithm: Algorithm, invalid: bool) 
 
 /// Messages a block of `elems` elements takes at `chunk` elements a message (at least one:
 /// an empty block still sends its header, so every rank hears from every sender).
+#[inline]
 fn pieces(elems: usize, chunk: usize) -> usize {
     elems.div_ceil(chunk).max(1)
 }
 
 /// Message `c` of a block of `elems` elements: its first element and length, or `None` past
 /// the block's last message.
+#[inline]
 fn piece(c: usize, elems: usize, chunk: usize) -> Option<(usize, usize)> {
     if c >= pieces(elems, chunk) {
         return None;

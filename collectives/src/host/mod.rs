@@ -31,10 +31,12 @@ const INVALID_MARK: u64 = 1 << 63;
 
 /// Packs what every rank must agree on into one word.
 pub(crate) fn signature(c: Collective, dtype: DataType, op: Option<ReduceOp>, algo: Algorithm) -> u64 {
-    let ci = Collective::ALL.iter().position(|x| *x == c).unwrap_or(0) as u64 + 1;
-    let di = DataType::ALL.iter().position(|x| *x == dtype).unwrap_or(0) as u64 + 1;
-    let oi = op.and_then(|o| ReduceOp::ALL.iter().position(|x| *x == o)).map_or(0, |i| i as u64 + 1);
-    let ai = Algorithm::ALL.iter().position(|x| *x == algo).unwrap_or(0) as u64 + 1;
+    // Each enum lists its variants in `ALL` in declaration order (tested below), so the
+    // discriminant is the position `describe` looks up.
+    let ci = c as u64 + 1;
+    let di = dtype as u64 + 1;
+    let oi = op.map_or(0, |o| o as u64 + 1);
+    let ai = algo as u64 + 1;
     ci | di << 8 | oi << 16 | ai << 24
 }
 
@@ -319,6 +321,18 @@ pub(crate) unsafe fn copy<T: Element>(src: *const T, dst: *mut T, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn signatures_number_every_variant_by_its_place_in_all() {
+        assert!(Collective::ALL.iter().enumerate().all(|(i, &c)| c as usize == i));
+        assert!(DataType::ALL.iter().enumerate().all(|(i, &d)| d as usize == i));
+        assert!(ReduceOp::ALL.iter().enumerate().all(|(i, &o)| o as usize == i));
+        assert!(Algorithm::ALL.iter().enumerate().all(|(i, &a)| a as usize == i));
+        for (i, &a) in Algorithm::ALL.iter().enumerate() {
+            let s = signature(Collective::Reduce, DataType::U8, None, a);
+            assert!(describe(s).ends_with(&format!("algorithm {})", Algorithm::ALL[i].name())), "{}", describe(s));
+        }
+    }
 
     #[test]
     fn signatures_describe_themselves_and_shares_cover_everything() {
