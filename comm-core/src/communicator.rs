@@ -284,12 +284,12 @@ impl Communicator {
 
     /// This rank.
     pub fn rank(&self) -> usize {
-        self.bootstrap.rank()
+        self.topology.rank()
     }
 
     /// Number of ranks.
     pub fn world_size(&self) -> usize {
-        self.bootstrap.world_size()
+        self.topology.world_size()
     }
 
     /// The bootstrap, for small control messages.

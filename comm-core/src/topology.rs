@@ -39,6 +39,8 @@ pub struct Topology {
     nodes: Vec<Vec<usize>>,
     /// How every rank is reached from this one (empty for this rank).
     reach: Vec<PeerReach>,
+    /// Every peer's memory is mapped here by some transport.
+    all_direct: bool,
 }
 
 impl Topology {
@@ -60,7 +62,8 @@ impl Topology {
             node_of.push(node);
             nodes[node].push(r);
         }
-        Topology { rank, node_of, nodes, reach }
+        let all_direct = reach.iter().enumerate().all(|(p, r)| p == rank || r.direct_access());
+        Topology { rank, node_of, nodes, reach, all_direct }
     }
 
     /// A topology where every rank is on one node and reached by `transport` (tests, and
@@ -116,7 +119,7 @@ impl Topology {
     /// Whether every peer's memory is mapped here by some transport: what the direct
     /// algorithm family needs.
     pub fn all_direct(&self) -> bool {
-        self.reach.iter().enumerate().all(|(p, r)| p == self.rank || r.direct_access())
+        self.all_direct
     }
 }
 
