@@ -1,6 +1,6 @@
 //! The user-facing communicator: collectives and point-to-point on host memory.
 
-use std::cell::{Cell, RefCell, RefMut};
+use std::cell::{Cell, OnceCell, RefCell, RefMut};
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -16,6 +16,7 @@ use crate::buffer::SharedBuffer;
 use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
 use crate::dtype::Element;
 use crate::group::P2pOp;
+use crate::hierarchy::Hierarchy;
 use crate::host::workspace::DEFAULT_SCRATCH_BYTES;
 use crate::host::{self, AllToAllv, HostEngine};
 use crate::op::ReduceOp;
@@ -126,6 +127,8 @@ pub struct Communicator {
     /// The plan of the last host call, and its shape: back-to-back calls of one shape (the
     /// common loop) skip the table.
     last_host_plan: Cell<Option<(CallShape, Plan)>>,
+    /// The node and rail sub-communicators of hierarchical calls (built at the first).
+    hierarchy: OnceCell<Box<Hierarchy>>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Config,
     root: Arc<dyn Bootstrap>,
@@ -226,6 +229,7 @@ impl Communicator {
             channel,
             table,
             last_host_plan: Cell::new(None),
+            hierarchy: OnceCell::new(),
             factories,
             config,
             root,
@@ -321,17 +325,56 @@ impl Communicator {
     /// — or, when `validation` failed, takes part in one step that tells every peer, and returns
     /// the local error.
     fn collective<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
+        // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count while
+        // the others pass zero gets a timeout naming the peer instead of a mismatch error).
+        if bytes == 0 && validation.is_ok() {
+            return Ok(());
+        }
+        self.step(bytes, validation, call)
+    }
+
+    /// [`collective`](Self::collective) even when it moves nothing (the ranks still exchange
+    /// what they called): one step of a hierarchical call.
+    pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
         let (c, op) = call.collective();
         // SAFETY: the user API built `call` from slices whose lengths it checked (the
         // validation); an invalid rank takes part with no data.
         let through_links = |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, call, invalid) };
         // SAFETY: as above; the host algorithms run only once the validation passed.
         let on_host = |e: &mut HostEngine, algo| unsafe { run_on_host(e, algo, call) };
-        self.run_planned::<T>(c, op, bytes, validation, through_links, on_host)
+        // SAFETY: as above.
+        let in_steps = |h: &Hierarchy, validation| unsafe { h.run(call, validation) };
+        self.run_planned::<T>(c, op, bytes, validation, through_links, on_host, in_steps)
     }
 
-    /// [`collective`](Self::collective) with the channel executor's part as a closure
-    /// (`engine, algorithm, this rank's arguments invalid`).
+    /// The node and rail sub-communicators of hierarchical calls, split at the first one.
+    fn hierarchy(&self) -> Result<&Hierarchy> {
+        if let Some(h) = self.hierarchy.get() {
+            return Ok(h);
+        }
+        let grid = self.core.topology().node_grid().ok_or_else(|| {
+            Error::Unsupported("the hierarchical algorithm needs nodes of equal size holding consecutive ranks".into())
+        })?;
+        let built = Hierarchy::new(self, grid)?;
+        Ok(self.hierarchy.get_or_init(|| Box::new(built)))
+    }
+
+    /// Collective: the sub-communicator of the ranks passing `color`, ordered by `key`, for the
+    /// steps of hierarchical calls: as [`split`](Self::split), with a table that cannot choose
+    /// the hierarchical algorithm again.
+    pub(crate) fn split_for_steps(&self, color: usize, key: usize) -> Result<Option<Communicator>> {
+        let color = u32::try_from(color).map_err(|_| Error::invalid(format!("split color {color} is too large")))?;
+        let sub = self.split(Some(color), key as i64)?;
+        Ok(sub.map(|mut c| {
+            c.table.clear_overrides_of(Algorithm::Hierarchical);
+            c
+        }))
+    }
+
+    /// [`collective`](Self::collective) with each executor's part as a closure: the channel
+    /// executor's (`engine, algorithm, this rank's arguments invalid`), the host one's and the
+    /// hierarchical one's (`hierarchy, this rank's validation`).
+    #[allow(clippy::too_many_arguments)]
     fn run_planned<T: Element>(
         &self,
         c: Collective,
@@ -340,12 +383,8 @@ impl Communicator {
         validation: Result<()>,
         through_links: impl FnOnce(&mut ChannelEngine, Algorithm, bool) -> Result<()>,
         f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
+        in_steps: impl FnOnce(&Hierarchy, Result<()>) -> Result<()>,
     ) -> Result<()> {
-        // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count while
-        // the others pass zero gets a timeout naming the peer instead of a mismatch error).
-        if bytes == 0 && validation.is_ok() && c != Collective::AllToAllv {
-            return Ok(());
-        }
         let shape = CallShape::host(c, bytes);
         let plan = match self.last_host_plan.get() {
             Some((last, plan)) if last == shape => plan,
@@ -358,6 +397,9 @@ impl Communicator {
         let algo = plan.algorithm;
         if self.config.logs(LogLevel::Info) {
             eprintln!("weave[{}]: {c} of {bytes} B on {} ranks -> {algo}", self.rank(), self.world_size());
+        }
+        if plan.executor == Executor::Hierarchical {
+            return in_steps(self.hierarchy()?, validation);
         }
         if plan.executor == Executor::HostChannel {
             let mut e = self.channel_engine()?;
@@ -529,12 +571,16 @@ impl Communicator {
             // SAFETY: as below; an invalid rank moves no data.
             unsafe { crate::channel::all_to_allv(e, &self.core, s, r, v, invalid) }
         };
-        self.run_planned::<T>(Collective::AllToAllv, None, bytes, check, through_links, |e, a| {
+        let on_host = |e: &mut HostEngine, a| {
             let v = AllToAllv { send_counts, send_displs, recv_counts, recv_displs };
             // SAFETY: every block lies inside its slice and receive blocks do not overlap
             // (checked); send and recv are distinct borrows.
             unsafe { host::all_to_allv(e, a, s, r, v) }
-        })
+        };
+        let in_steps = |_: &Hierarchy, _| {
+            Err(Error::Unsupported("all_to_allv has no hierarchical algorithm; the plan never picks one".into()))
+        };
+        self.run_planned::<T>(Collective::AllToAllv, None, bytes, check, through_links, on_host, in_steps)
     }
 
     /// Sends `data` to `peer` (which must call [`recv`](Self::recv) with the same length).

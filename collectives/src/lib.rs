@@ -28,6 +28,7 @@ pub mod dtype;
 pub mod gpu;
 mod group;
 mod health;
+mod hierarchy;
 mod host;
 pub mod op;
 mod per_rank;

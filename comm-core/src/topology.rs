@@ -41,6 +41,31 @@ pub struct Topology {
     reach: Vec<PeerReach>,
     /// Every peer's memory is mapped here by some transport.
     all_direct: bool,
+    /// The nodes as a grid, where they form one.
+    grid: Option<NodeGrid>,
+}
+
+/// Nodes that all hold the same number of ranks, in blocks of consecutive ranks: node `k`
+/// holds ranks `k·L … k·L + L − 1` (as launchers place them). Rank `r` is then local rank
+/// `r % L` of node `r / L`, and the ranks with one local rank, one per node, form a *rail*.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NodeGrid {
+    /// Number of nodes.
+    pub nodes: usize,
+    /// Ranks on every node (`L`).
+    pub ranks_per_node: usize,
+}
+
+impl NodeGrid {
+    /// The node of `rank`.
+    pub fn node_of(&self, rank: usize) -> usize {
+        rank / self.ranks_per_node
+    }
+
+    /// The local rank of `rank` on its node (and the rail it belongs to).
+    pub fn local_of(&self, rank: usize) -> usize {
+        rank % self.ranks_per_node
+    }
 }
 
 impl Topology {
@@ -63,7 +88,13 @@ impl Topology {
             nodes[node].push(r);
         }
         let all_direct = reach.iter().enumerate().all(|(p, r)| p == rank || r.direct_access());
-        Topology { rank, node_of, nodes, reach, all_direct }
+        let per_node = nodes.first().map_or(0, Vec::len);
+        let grid = nodes
+            .iter()
+            .enumerate()
+            .all(|(k, ranks)| ranks.len() == per_node && ranks.iter().enumerate().all(|(i, &r)| r == k * per_node + i))
+            .then_some(NodeGrid { nodes: nodes.len(), ranks_per_node: per_node });
+        Topology { rank, node_of, nodes, reach, all_direct, grid }
     }
 
     /// A topology where every rank is on one node and reached by `transport` (tests, and
@@ -116,6 +147,12 @@ impl Topology {
         self.reach.get(peer)
     }
 
+    /// The nodes as a grid ([`NodeGrid`]), where every node holds the same number of
+    /// consecutive ranks; `None` otherwise.
+    pub fn node_grid(&self) -> Option<NodeGrid> {
+        self.grid
+    }
+
     /// Whether every peer's memory is mapped here by some transport: what the direct
     /// algorithm family needs.
     pub fn all_direct(&self) -> bool {
@@ -126,6 +163,20 @@ impl Topology {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn nodes_of_equal_consecutive_blocks_form_a_grid() {
+        let topo = |names: &[&str]| {
+            let hosts: Vec<String> = names.iter().map(|s| s.to_string()).collect();
+            Topology::new(0, &hosts, (0..names.len()).map(|_| PeerReach::default()).collect())
+        };
+        let g = topo(&["a", "a", "b", "b", "c", "c"]).node_grid().unwrap();
+        assert_eq!(g, NodeGrid { nodes: 3, ranks_per_node: 2 });
+        assert_eq!((g.node_of(3), g.local_of(3)), (1, 1));
+        assert_eq!(topo(&["a", "b", "c"]).node_grid(), Some(NodeGrid { nodes: 3, ranks_per_node: 1 }));
+        assert_eq!(topo(&["a", "b", "a", "b"]).node_grid(), None, "interleaved nodes");
+        assert_eq!(topo(&["a", "a", "b"]).node_grid(), None, "unequal nodes");
+    }
 
     #[test]
     fn nodes_follow_host_identities_in_rank_order() {

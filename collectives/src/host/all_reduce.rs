@@ -61,15 +61,16 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         return Ok(());
     }
     match algo {
-        // The two-shots are GPU algorithms and the channel family runs in `channel`; the plan
-        // never sends them here.
+        // The two-shots are GPU algorithms, the channel family runs in `channel` and the
+        // hierarchical steps in `hierarchy`; the plan never sends them here.
         Algorithm::OneShot
         | Algorithm::TwoShot
         | Algorithm::TwoShotLl128
         | Algorithm::Direct
         | Algorithm::ChannelRing
         | Algorithm::ChannelDirect
-        | Algorithm::ChannelEager => {
+        | Algorithm::ChannelEager
+        | Algorithm::Hierarchical => {
             for (o, k) in chunks(count, cap) {
                 // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
                 unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };

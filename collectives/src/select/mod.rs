@@ -46,6 +46,9 @@ pub enum Executor {
     /// One kernel on the user's stream pushing triggers; the proxy drives the links over
     /// connections (any number of GPUs).
     GpuChannel,
+    /// The calling thread, running the call as steps over sub-communicators of its node and
+    /// of its rail across nodes (see `crate::hierarchy`).
+    Hierarchical,
 }
 
 /// How one call runs.
@@ -69,7 +72,15 @@ pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: O
         (MemorySpace::Device, Some(caps)) => caps.direct,
         _ => topology.all_direct(),
     };
-    let families: &[Family] = if direct_runs { &[Family::Direct, Family::Channel] } else { &[Family::Channel] };
+    // Steps over node and rail sub-communicators need several nodes of several ranks each.
+    let hierarchical_runs =
+        call.memory == MemorySpace::Host && topology.node_grid().is_some_and(|g| g.nodes > 1 && g.ranks_per_node > 1);
+    let families: &[Family] = match (hierarchical_runs, direct_runs) {
+        (true, true) => &[Family::Hierarchical, Family::Direct, Family::Channel],
+        (true, false) => &[Family::Hierarchical, Family::Channel],
+        (false, true) => &[Family::Direct, Family::Channel],
+        (false, false) => &[Family::Channel],
+    };
     let world = topology.world_size();
     let arch = gpu.and_then(|g| g.arch);
     let algorithm = table.select_among(call.collective, call.memory, world, call.bytes, arch, families)?;
@@ -78,6 +89,7 @@ pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: O
         (MemorySpace::Host, Family::Channel, _) => {
             Ok(Plan { algorithm, executor: Executor::HostChannel, kernel: None })
         }
+        (_, Family::Hierarchical, _) => Ok(Plan { algorithm, executor: Executor::Hierarchical, kernel: None }),
         (MemorySpace::Device, Family::Channel, Some(caps)) => {
             let kernel = device::kernel(call.collective, algorithm, world, call.bytes, caps)?;
             Ok(Plan { algorithm, executor: Executor::GpuChannel, kernel: Some(kernel) })

@@ -110,9 +110,14 @@ pub enum Algorithm {
     /// every other rank of a reduce) post their data into many small per-peer slots and
     /// return without waiting, so small calls never synchronize.
     ChannelEager,
+    /// Across nodes: the collective as steps inside each node and across nodes over
+    /// sub-communicators (all-reduce = reduce-scatter in the node, all-reduce of each shard
+    /// across nodes, all-gather in the node), so that every byte crosses the network once.
+    /// Each step runs whatever its sub-communicator's table picks.
+    Hierarchical,
 }
 
-/// The two algorithm families: what an algorithm needs from the transports.
+/// The algorithm families: what an algorithm needs from the transports and the topology.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Family {
     /// Loads and stores into peers' memory mapped here (shared memory, NVLink): every peer
@@ -120,11 +125,15 @@ pub enum Family {
     Direct,
     /// Messages through connections (write, update-and-sync): any transport.
     Channel,
+    /// Steps over sub-communicators of the nodes and of the rails across them: a job of
+    /// several nodes that form a grid ([`comm_core::topology::NodeGrid`]) with more than one
+    /// rank per node.
+    Hierarchical,
 }
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 9] = [
+    pub const ALL: [Algorithm; 10] = [
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::TwoShotLl128,
@@ -134,6 +143,7 @@ impl Algorithm {
         Algorithm::ChannelRing,
         Algorithm::ChannelDirect,
         Algorithm::ChannelEager,
+        Algorithm::Hierarchical,
     ];
 
     /// The snake-case name (`one_shot`).
@@ -148,6 +158,7 @@ impl Algorithm {
             Algorithm::ChannelRing => "channel_ring",
             Algorithm::ChannelDirect => "channel_direct",
             Algorithm::ChannelEager => "channel_eager",
+            Algorithm::Hierarchical => "hierarchical",
         }
     }
 
@@ -155,6 +166,7 @@ impl Algorithm {
     pub const fn family(self) -> Family {
         match self {
             Algorithm::ChannelRing | Algorithm::ChannelDirect | Algorithm::ChannelEager => Family::Channel,
+            Algorithm::Hierarchical => Family::Hierarchical,
             _ => Family::Direct,
         }
     }
@@ -173,7 +185,11 @@ impl Algorithm {
     /// Whether the host path implements this algorithm for `c`: some host row (of either
     /// family) names it.
     pub fn runs_on_host(self, c: Collective) -> bool {
-        HOST_ROWS.iter().chain(CHANNEL_HOST_ROWS).any(|r| r.collective == c && r.algorithm == self)
+        HIERARCHICAL_HOST_ROWS
+            .iter()
+            .chain(HOST_ROWS)
+            .chain(CHANNEL_HOST_ROWS)
+            .any(|r| r.collective == c && r.algorithm == self)
     }
 }
 
@@ -225,6 +241,24 @@ const fn host(c: Collective, ranks: (usize, usize), bytes: (usize, usize), a: Al
         algorithm: a,
     }
 }
+
+/// The host rows for jobs of several nodes in a grid (first in the table, so they win where
+/// the topology lets them run): every collective whose data can be split into a part inside
+/// each node and a part across nodes. All-to-all(v) and send/recv already cross the network
+/// once per byte over the channel rows.
+pub const HIERARCHICAL_HOST_ROWS: &[Row] = {
+    use Algorithm::*;
+    use Collective::*;
+    &[
+        // Below 64 KiB one flat hop beats three steps.
+        host(AllReduce, (1, ANY), (64 << 10, ANY), Hierarchical),
+        host(AllGather, (1, ANY), (64 << 10, ANY), Hierarchical),
+        host(ReduceScatter, (1, ANY), (64 << 10, ANY), Hierarchical),
+        // The root's data crosses the network once per node instead of once per rank.
+        host(Broadcast, (1, ANY), (0, ANY), Hierarchical),
+        host(Reduce, (1, ANY), (0, ANY), Hierarchical),
+    ]
+};
 
 /// The host rows, tuned on a 2-core x86 machine (see docs/PERF.md). "Bytes" is the size of the
 /// largest buffer of the call (the receive buffer of an all-gather, the send buffer of a
@@ -379,8 +413,9 @@ pub struct AlgorithmTable {
 impl Default for AlgorithmTable {
     fn default() -> Self {
         AlgorithmTable {
-            rows: HOST_ROWS
+            rows: HIERARCHICAL_HOST_ROWS
                 .iter()
+                .chain(HOST_ROWS)
                 .chain(DEVICE_ROWS)
                 .chain(CHANNEL_HOST_ROWS)
                 .chain(CHANNEL_DEVICE_ROWS)
@@ -407,6 +442,11 @@ impl AlgorithmTable {
     pub fn set_override(&mut self, collective: Option<Collective>, algorithm: Algorithm) {
         self.overrides.retain(|(c, _)| *c != collective);
         self.overrides.push((collective, algorithm));
+    }
+
+    /// Drops the overrides that force `algorithm` (for a sub-communicator that cannot run it).
+    pub fn clear_overrides_of(&mut self, algorithm: Algorithm) {
+        self.overrides.retain(|(_, a)| *a != algorithm);
     }
 
     /// Restricts the rows to one family (`WEAVE_ALGO=channel`), where that family runs.
@@ -452,8 +492,9 @@ impl AlgorithmTable {
         Ok(())
     }
 
-    /// The algorithm for this call when every family may run: an override that applies, else
-    /// the first matching row that is not tied to a GPU architecture.
+    /// The algorithm for this call on one node where every peer is mapped (the direct and
+    /// channel families may run): an override that applies, else the first matching row that
+    /// is not tied to a GPU architecture.
     pub fn select(&self, c: Collective, memory: MemorySpace, ranks: usize, bytes: usize) -> Result<Algorithm> {
         self.select_for(c, memory, ranks, bytes, None)
     }
@@ -538,9 +579,9 @@ mod tests {
         use Collective::*;
         let host = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_host(c)).collect::<Vec<_>>();
         let device = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)).collect::<Vec<_>>();
-        assert_eq!(host(AllReduce), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect]);
-        assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect, ChannelEager]);
-        assert_eq!(host(Reduce), [OneShot, TwoPhase, ChannelRing, ChannelDirect, ChannelEager]);
+        assert_eq!(host(AllReduce), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect, Hierarchical]);
+        assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect, ChannelEager, Hierarchical]);
+        assert_eq!(host(Reduce), [OneShot, TwoPhase, ChannelRing, ChannelDirect, ChannelEager, Hierarchical]);
         assert_eq!(host(AllToAllv), [Direct, ChannelDirect]);
         assert_eq!(host(SendRecv), [Direct, ChannelDirect]);
         assert_eq!(device(AllReduce), [OneShot, TwoShot, TwoShotLl128, TwoPhase, ChannelRing, ChannelDirect]);

@@ -448,9 +448,62 @@ fn nodes() -> Result<String> {
     if nodes != n / per_node.max(1) || topo.all_direct() != (nodes == 1) {
         return Err(Error::protocol(format!("{n} ranks in {nodes} nodes, all direct: {}", topo.all_direct())));
     }
+    let grid = nodes > 1 && per_node > 1;
+    let large = comm.algorithm_for(Collective::AllReduce, 1 << 20)?;
+    if grid != (large == Algorithm::Hierarchical) {
+        return Err(Error::protocol(format!("{nodes} nodes of {per_node} ranks run a 1 MiB all_reduce with {large}")));
+    }
     let spec = MatrixSpec { large: Some(((1 << 20) + 5, vec![(DataType::F32, ReduceOp::Sum)])), ..MatrixSpec::ci() };
-    let checked = run_matrix(&comm, &spec)?;
+    let mut checked = run_matrix(&comm, &spec)?;
+    if grid {
+        checked += hierarchical_everywhere(&spec)?;
+    }
     let reach = |p: usize| topo.reach(p).and_then(|r| r.preferred()).map_or("-", |t| t.name());
     let peers: Vec<String> = (0..n).filter(|&p| p != comm.rank()).map(|p| format!("{p}:{}", reach(p))).collect();
-    Ok(format!("{checked} calls checked on {nodes} nodes (peers {})", peers.join(" ")))
+    Ok(format!("{checked} calls checked on {nodes} nodes, 1 MiB all_reduce {large} (peers {})", peers.join(" ")))
+}
+
+/// Across nodes of several ranks: the matrix with the hierarchical algorithm forced at every
+/// size, then mismatched counts (by one element, and by less than the ranks per node) and an
+/// invalid root fail on every rank, and the communicator still works.
+fn hierarchical_everywhere(spec: &MatrixSpec) -> Result<usize> {
+    use Collective::*;
+    let mut b = Communicator::builder(comm_core::bootstrap::from_env()?);
+    for c in [AllReduce, AllGather, ReduceScatter, Broadcast, Reduce] {
+        b = b.with_algorithm(c, Algorithm::Hierarchical);
+    }
+    let comm = b.build()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let mut checked = run_matrix(&comm, spec)?;
+    let expect_invalid = |what: &str, r: Result<()>| match r {
+        Err(Error::InvalidArgument(_)) => Ok(()),
+        other => Err(Error::protocol(format!("hierarchical {what}: expected InvalidArgument, got {other:?}"))),
+    };
+    for extra in [me, me % 2] {
+        let count = 100 + extra;
+        let mut buf = vec![1.0f32; count];
+        expect_invalid("all_reduce of different counts", comm.all_reduce_in_place(&mut buf, ReduceOp::Sum))?;
+    }
+    let count = 10 + me % 2;
+    let mut recv = vec![0u32; count * n];
+    expect_invalid("all_gather of different counts", comm.all_gather(&vec![1u32; count], &mut recv))?;
+    // A small broadcast runs eagerly in every step: the invalid rank fails, and the ranks its
+    // steps receive from may or may not hear of it, but none waits.
+    let mut buf = vec![0u8; 64];
+    let root = if me == n - 1 { n } else { 0 };
+    let r = comm.broadcast_in_place(&mut buf, root);
+    if me == n - 1 {
+        expect_invalid("broadcast from an invalid root on one rank", r)?;
+    } else if let Err(e) = r
+        && !matches!(e, Error::InvalidArgument(_))
+    {
+        return Err(Error::protocol(format!("hierarchical broadcast beside an invalid rank: {e}")));
+    }
+    let mut ok = vec![me as i64; 1000];
+    comm.all_reduce_in_place(&mut ok, ReduceOp::Sum)?;
+    if ok.iter().any(|&v| v != (n * (n - 1) / 2) as i64) {
+        return Err(Error::protocol("hierarchical all_reduce after the mismatches is wrong"));
+    }
+    checked += 5;
+    Ok(checked)
 }

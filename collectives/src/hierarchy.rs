@@ -1,0 +1,370 @@
+//! The hierarchical executor: a collective of a job that spans several nodes, run as steps
+//! inside each node and across nodes, so that every byte crosses the network once.
+//!
+//! The nodes must form a grid ([`NodeGrid`]: the same number `L` of consecutive ranks on every
+//! node, as launchers place them). Two sub-communicators carry the steps, both split from the
+//! communicator at its first hierarchical call: the **node** (the `L` ranks of this rank's
+//! node, ordered by local rank, where shared memory reaches every peer) and the **rail** (the
+//! ranks of this rank's local rank on every node, ordered by node, reached over the network).
+//! Each step is an ordinary collective of its sub-communicator, so it runs whatever that
+//! communicator's table picks for it (direct or eager inside a node, channel algorithms across).
+//!
+//! | collective | inside the node | across nodes (the rail) | inside the node |
+//! |---|---|---|---|
+//! | all-reduce | reduce-scatter into this rank's shard | all-reduce of the shard | all-gather of the shards |
+//! | all-gather | | all-gather of this rank's block | all-gather, then blocks reordered |
+//! | reduce-scatter | blocks reordered, reduce-scatter | reduce-scatter | |
+//! | broadcast | | broadcast on the root's rail | broadcast from the root's local rank |
+//! | reduce | reduce to the root's local rank | reduce on the root's rail | |
+//!
+//! An all-reduce also runs its last `count % L` elements as an all-reduce in the node and then
+//! across the rail (steps of no elements included, see below). `Avg` sums through the steps
+//! and divides once at the end, as the flat algorithms do.
+//!
+//! Every step a rank runs is one its peers in that step run too, whatever the counts: steps
+//! go even with no elements (they still exchange their headers), so ranks whose counts differ
+//! meet in a step that reports it rather than one rank waiting in a step the others skipped.
+//!
+//! **Agreement.** A step that finds a mismatch (or a rank whose own arguments were invalid)
+//! makes the rank take part in its later steps as an invalid rank, so the error travels on to
+//! every rank those steps reach: in an all-reduce, all-gather and reduce-scatter that is every
+//! rank. A broadcast or reduce tells the ranks its steps receive at, as its flat algorithms
+//! do (small steps run eagerly, whose senders hear of nothing).
+
+use std::cell::RefCell;
+
+use comm_core::topology::NodeGrid;
+use comm_core::{Error, Result};
+
+use crate::channel::ChannelCall;
+use crate::communicator::Communicator;
+use crate::dtype::Element;
+use crate::op::ReduceOp;
+use crate::reduce::reduce_raw;
+
+/// The sub-communicators and staging of a communicator's hierarchical calls.
+pub(crate) struct Hierarchy {
+    grid: NodeGrid,
+    /// This rank's node index.
+    node: usize,
+    /// This rank's local rank on its node (and its rail).
+    local: usize,
+    /// The ranks of this rank's node, by local rank.
+    intra: Communicator,
+    /// The ranks with this rank's local rank on every node, by node.
+    rail: Communicator,
+    /// Staging for the steps that reorder blocks or hold a node's partial result, kept
+    /// between calls (words, so that every element type is aligned in it).
+    scratch: RefCell<Vec<u64>>,
+}
+
+impl Hierarchy {
+    /// Collective over `parent`: splits it into its nodes and rails (every rank of `parent`
+    /// calls this at the same call). `grid` is the parent's node grid.
+    pub(crate) fn new(parent: &Communicator, grid: NodeGrid) -> Result<Self> {
+        let me = parent.rank();
+        let (node, local) = (grid.node_of(me), grid.local_of(me));
+        let missing = |what: &str| Error::protocol(format!("rank {me} got no {what} communicator from its split"));
+        let intra = parent.split_for_steps(node, local)?.ok_or_else(|| missing("node"))?;
+        let rail = parent.split_for_steps(local, node)?.ok_or_else(|| missing("rail"))?;
+        let (l, n) = (grid.ranks_per_node, grid.nodes);
+        if intra.world_size() != l || rail.world_size() != n || intra.rank() != local || rail.rank() != node {
+            return Err(Error::protocol(format!(
+                "rank {me}: the node and rail communicators have {} and {} ranks (rank {} and {}) where the node grid \
+                 says {l} and {n} (rank {local} and {node})",
+                intra.world_size(),
+                rail.world_size(),
+                intra.rank(),
+                rail.rank()
+            )));
+        }
+        Ok(Hierarchy { grid, node, local, intra, rail, scratch: RefCell::new(Vec::new()) })
+    }
+
+    /// Runs `call` as steps (see the module doc); `validation` is this rank's own check of its
+    /// arguments, whose error it returns after taking part in every step without data.
+    ///
+    /// # Safety
+    /// `call` as the user API builds it: pointers valid for their counts where this rank reads
+    /// or writes them, receive ranges writable and identical to or disjoint from send ranges.
+    pub(crate) unsafe fn run<T: Element>(&self, call: ChannelCall<T>, validation: Result<()>) -> Result<()> {
+        let mut steps = Steps { problem: validation.err() };
+        // SAFETY: (every arm) forwarded from the caller.
+        unsafe {
+            match call {
+                ChannelCall::AllReduce { send, recv, count, op } => {
+                    self.all_reduce(&mut steps, send, recv, count, op)?
+                }
+                ChannelCall::AllGather { send, recv, count } => self.all_gather(&mut steps, send, recv, count)?,
+                ChannelCall::ReduceScatter { send, recv, count, op } => {
+                    self.reduce_scatter(&mut steps, send, recv, count, op)?
+                }
+                ChannelCall::Broadcast { send, recv, count, root } => {
+                    self.broadcast(&mut steps, send, recv, count, root)?
+                }
+                ChannelCall::Reduce { send, recv, count, op, root } => {
+                    self.reduce(&mut steps, send, recv, count, op, root)?
+                }
+                ChannelCall::AllToAll { .. } => {
+                    return Err(Error::Unsupported(
+                        "all_to_all has no hierarchical algorithm (its channel rows already cross the network once \
+                         per byte)"
+                            .into(),
+                    ));
+                }
+            }
+        }
+        steps.finish()
+    }
+
+    /// # Safety
+    /// As [`run`](Self::run) for an all-reduce of `count` elements.
+    unsafe fn all_reduce<T: Element>(
+        &self,
+        steps: &mut Steps,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let l = self.grid.ranks_per_node;
+        let shard = count / l;
+        let main = shard * l;
+        let tail = count - main;
+        let step_op = summing(op);
+        let size = std::mem::size_of::<T>();
+        // Every step runs even when it has no elements: (shard, tail) differs between any two
+        // counts, so a mismatched count fails some step on every rank instead of leaving one
+        // rank waiting in a step the others skipped.
+        // SAFETY: local * shard + shard <= main <= count: inside recv.
+        let mine = unsafe { recv.add(self.local * shard) };
+        let rs = ChannelCall::ReduceScatter { send, recv: mine, count: shard, op: step_op };
+        steps.run(&self.intra, main * size, rs)?;
+        let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: shard, op: step_op };
+        steps.run(&self.rail, shard * size, ar)?;
+        // SAFETY: the shard holds the sum over every rank.
+        unsafe { self.finish_avg(steps, op, mine, shard) };
+        steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
+        // SAFETY: main + tail = count: inside both buffers.
+        let (s, r) = unsafe { (send.add(main), recv.add(main)) };
+        steps.run(&self.intra, tail * size, ChannelCall::AllReduce { send: s, recv: r, count: tail, op: step_op })?;
+        steps.run(&self.rail, tail * size, ChannelCall::AllReduce { send: r, recv: r, count: tail, op: step_op })?;
+        // SAFETY: the tail holds the sum over every rank.
+        unsafe { self.finish_avg(steps, op, r, tail) };
+        Ok(())
+    }
+
+    /// # Safety
+    /// As [`run`](Self::run) for an all-gather of `count` elements per rank.
+    unsafe fn all_gather<T: Element>(
+        &self,
+        steps: &mut Steps,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+    ) -> Result<()> {
+        let (l, nodes) = (self.grid.ranks_per_node, self.grid.nodes);
+        let n = l * nodes;
+        let size = std::mem::size_of::<T>();
+        let mut scratch = self.scratch.borrow_mut();
+        // Across the rail, this rank's block from every node ([node]); then inside the node,
+        // those of every local rank ([local][node]); then reordered into rank order.
+        let (across, inside) = staging::<T>(&mut scratch, nodes * count, n * count)?;
+        steps.run(&self.rail, nodes * count * size, ChannelCall::AllGather { send, recv: across, count })?;
+        steps.run(
+            &self.intra,
+            n * count * size,
+            ChannelCall::AllGather { send: across, recv: inside, count: nodes * count },
+        )?;
+        if steps.ok() {
+            for local in 0..l {
+                for node in 0..nodes {
+                    // SAFETY: block (local, node) of the staging and block node·L + local of
+                    // recv each hold `count` elements of n·count; the two do not overlap.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            inside.add((local * nodes + node) * count),
+                            recv.add((node * l + local) * count),
+                            count,
+                        )
+                    };
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// # Safety
+    /// As [`run`](Self::run) for a reduce-scatter into `count` elements per rank.
+    unsafe fn reduce_scatter<T: Element>(
+        &self,
+        steps: &mut Steps,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+        op: ReduceOp,
+    ) -> Result<()> {
+        let (l, nodes) = (self.grid.ranks_per_node, self.grid.nodes);
+        let n = l * nodes;
+        let size = std::mem::size_of::<T>();
+        let step_op = summing(op);
+        let mut scratch = self.scratch.borrow_mut();
+        let (by_local, node_sums) = staging::<T>(&mut scratch, n * count, nodes * count)?;
+        if steps.ok() {
+            // The input reordered to [local][node], so that the node step hands each local rank
+            // the blocks of its rail.
+            for local in 0..l {
+                for node in 0..nodes {
+                    // SAFETY: block node·L + local of send and block (local, node) of the
+                    // staging each hold `count` elements; the staging is private.
+                    unsafe {
+                        std::ptr::copy_nonoverlapping(
+                            send.add((node * l + local) * count),
+                            by_local.add((local * nodes + node) * count),
+                            count,
+                        )
+                    };
+                }
+            }
+        }
+        let inside = ChannelCall::ReduceScatter { send: by_local, recv: node_sums, count: nodes * count, op: step_op };
+        steps.run(&self.intra, n * count * size, inside)?;
+        let across = ChannelCall::ReduceScatter { send: node_sums, recv, count, op: step_op };
+        steps.run(&self.rail, nodes * count * size, across)?;
+        // SAFETY: recv holds the sum over every rank.
+        unsafe { self.finish_avg(steps, op, recv, count) };
+        Ok(())
+    }
+
+    /// # Safety
+    /// As [`run`](Self::run) for a broadcast of `count` elements from `root`.
+    unsafe fn broadcast<T: Element>(
+        &self,
+        steps: &mut Steps,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+        root: usize,
+    ) -> Result<()> {
+        let (root_node, root_local) = (self.grid.node_of(root), self.grid.local_of(root));
+        let bytes = count * std::mem::size_of::<T>();
+        if self.local == root_local {
+            steps.run(&self.rail, bytes, ChannelCall::Broadcast { send, recv, count, root: root_node })?;
+        }
+        steps.run(&self.intra, bytes, ChannelCall::Broadcast { send: recv, recv, count, root: root_local })
+    }
+
+    /// # Safety
+    /// As [`run`](Self::run) for a reduce of `count` elements to `root`.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn reduce<T: Element>(
+        &self,
+        steps: &mut Steps,
+        send: *const T,
+        recv: *mut T,
+        count: usize,
+        op: ReduceOp,
+        root: usize,
+    ) -> Result<()> {
+        let (root_node, root_local) = (self.grid.node_of(root), self.grid.local_of(root));
+        let bytes = count * std::mem::size_of::<T>();
+        let step_op = summing(op);
+        if self.local != root_local {
+            return steps.run(
+                &self.intra,
+                bytes,
+                ChannelCall::Reduce { send, recv, count, op: step_op, root: root_local },
+            );
+        }
+        // The node's partial result: in recv on the root, in the staging on the other ranks of
+        // its rail.
+        let mut scratch = self.scratch.borrow_mut();
+        let partial = if self.node == root_node { recv } else { staging::<T>(&mut scratch, count, 0)?.0 };
+        steps.run(
+            &self.intra,
+            bytes,
+            ChannelCall::Reduce { send, recv: partial, count, op: step_op, root: root_local },
+        )?;
+        let across = ChannelCall::Reduce { send: partial, recv: partial, count, op: step_op, root: root_node };
+        steps.run(&self.rail, bytes, across)?;
+        if self.node == root_node {
+            // SAFETY: the root's recv holds the sum over every rank.
+            unsafe { self.finish_avg(steps, op, recv, count) };
+        }
+        Ok(())
+    }
+
+    /// Divides `len` elements at `data`, which hold a sum over every rank, by the rank count
+    /// when the call's operator is `Avg` (and every step so far went well).
+    ///
+    /// # Safety
+    /// `data` valid for `len` reads and writes.
+    unsafe fn finish_avg<T: Element>(&self, steps: &Steps, op: ReduceOp, data: *mut T, len: usize) {
+        if op == ReduceOp::Avg && steps.ok() {
+            let n = self.grid.nodes * self.grid.ranks_per_node;
+            // SAFETY: one source, the output itself (exact aliasing is allowed), len elements.
+            unsafe { reduce_raw(ReduceOp::Avg, n, data, &[data.cast_const()], len) };
+        }
+    }
+}
+
+/// The operator of the steps: `Avg` sums, and the last step divides.
+fn summing(op: ReduceOp) -> ReduceOp {
+    if op == ReduceOp::Avg { ReduceOp::Sum } else { op }
+}
+
+/// Two staging areas of `a` and `b` elements of `T` in `scratch` (grown as needed, aligned for
+/// every element type), valid until `scratch` is next borrowed.
+fn staging<T: Element>(scratch: &mut Vec<u64>, a: usize, b: usize) -> Result<(*mut T, *mut T)> {
+    let words = |elems: usize| {
+        elems.checked_mul(std::mem::size_of::<T>()).map(|bytes| bytes.div_ceil(8)).ok_or_else(|| {
+            Error::invalid(format!("a hierarchical call of {elems} elements overflows the staging size"))
+        })
+    };
+    let (wa, wb) = (words(a)?, words(b)?);
+    let total = wa.checked_add(wb).ok_or_else(|| Error::invalid("hierarchical staging overflows"))?;
+    if scratch.len() < total {
+        scratch.try_reserve_exact(total - scratch.len()).map_err(|e| {
+            Error::Unsupported(format!("cannot allocate {} bytes of hierarchical staging: {e}", total * 8))
+        })?;
+        scratch.resize(total, 0);
+    }
+    let base = scratch.as_mut_ptr();
+    // SAFETY: wa <= total words: inside the vector.
+    Ok((base.cast::<T>(), unsafe { base.add(wa) }.cast::<T>()))
+}
+
+/// The steps of one hierarchical call on this rank: the first problem it found or was told of.
+struct Steps {
+    problem: Option<Error>,
+}
+
+impl Steps {
+    /// Whether no step (and not this rank's own check) has found a problem.
+    fn ok(&self) -> bool {
+        self.problem.is_none()
+    }
+
+    /// Runs one step on `comm`, `bytes` as its table measures the call. A mismatch it reports
+    /// (or an earlier one) makes this rank take part without data, so every rank of `comm`
+    /// hears of it; other errors (a lost peer, a timeout) end the call.
+    fn run<T: Element>(&mut self, comm: &Communicator, bytes: usize, call: ChannelCall<T>) -> Result<()> {
+        let validation = match self.problem {
+            Some(_) => Err(Error::invalid("an earlier step of this hierarchical call failed")),
+            None => Ok(()),
+        };
+        match comm.step(bytes, validation, call) {
+            Ok(()) => Ok(()),
+            Err(e @ Error::InvalidArgument(_)) => {
+                self.problem.get_or_insert(e);
+                Ok(())
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// The call's result: its first problem, if any.
+    fn finish(self) -> Result<()> {
+        self.problem.map_or(Ok(()), Err)
+    }
+}
