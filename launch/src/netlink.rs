@@ -1,0 +1,696 @@
+//! A small rtnetlink client: the few requests that wire namespace nodes together (a bridge,
+//! veth pairs, link state, IPv4 addresses, `tbf` qdiscs), sent over a raw `NETLINK_ROUTE`
+//! socket. GPU hosts often have no `ip` or `tc` binary, so the launcher speaks the protocol
+//! itself.
+//!
+//! ## Protocol
+//!
+//! A request is one netlink message: a 16-byte header (`nlmsghdr`: total length, type, flags,
+//! sequence number, port id 0), a fixed family header (`ifinfomsg`, `ifaddrmsg` or `tcmsg`),
+//! then attributes. An attribute is `{u16 length, u16 type}` followed by its payload, padded
+//! to 4 bytes; the length counts header and payload but not the padding. A nested attribute's
+//! payload is more attributes. Everything is in the host's byte order.
+//!
+//! Every request carries `NLM_F_ACK`, so the kernel answers each with an `NLMSG_ERROR`
+//! message whose first field is 0 (done) or a negative errno; a `GET` request gets its reply
+//! first, then that acknowledgement. With `NETLINK_EXT_ACK` the kernel adds a text explaining
+//! a refusal, which goes into the error. Replies are read with a receive timeout, so a request
+//! never waits forever, and every length in a reply is checked before it is used.
+//!
+//! A netlink socket acts on the network namespace it was created in, so
+//! [`RouteSocket::open_in`] creates it on a short-lived thread that first enters the target
+//! namespace with `setns` (which moves only that thread); the socket keeps the namespace after
+//! the thread ends. Links created through it never appear in the caller's namespace.
+
+use std::ffi::c_void;
+use std::net::Ipv4Addr;
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::time::Duration;
+
+use nix::errno::Errno;
+use nix::sched::CloneFlags;
+
+use crate::error::{Error, Result};
+
+// Message types and flags (linux/netlink.h, linux/rtnetlink.h).
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_ACK: u16 = 0x4;
+const NLM_F_EXCL: u16 = 0x200;
+const NLM_F_CREATE: u16 = 0x400;
+/// In an `NLMSG_ERROR` reply: extended-ack attributes follow the echoed request header.
+const NLM_F_ACK_TLVS: u16 = 0x200;
+/// The extended-ack attribute holding the kernel's message text.
+const NLMSGERR_ATTR_MSG: u16 = 1;
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
+const RTM_NEWADDR: u16 = 20;
+const RTM_NEWQDISC: u16 = 36;
+
+// Link attributes (linux/if_link.h, linux/veth.h).
+const IFLA_IFNAME: u16 = 3;
+const IFLA_MASTER: u16 = 10;
+const IFLA_LINKINFO: u16 = 18;
+const IFLA_NET_NS_FD: u16 = 28;
+const IFLA_INFO_KIND: u16 = 1;
+const IFLA_INFO_DATA: u16 = 2;
+const VETH_INFO_PEER: u16 = 1;
+const IFF_UP: u32 = 0x1;
+
+// Address attributes (linux/if_addr.h).
+const IFA_ADDRESS: u16 = 1;
+const IFA_LOCAL: u16 = 2;
+const IFA_BROADCAST: u16 = 4;
+const AF_INET: u8 = 2;
+
+// Traffic control (linux/rtnetlink.h, linux/pkt_sched.h).
+const TCA_KIND: u16 = 1;
+const TCA_OPTIONS: u16 = 2;
+const TCA_TBF_PARMS: u16 = 1;
+const TCA_TBF_RATE64: u16 = 4;
+const TCA_TBF_BURST: u16 = 6;
+/// `tcm_parent` of a root qdisc.
+const TC_H_ROOT: u32 = 0xFFFF_FFFF;
+/// Handle `1:` of the qdisc we add.
+const TBF_HANDLE: u32 = 0x0001_0000;
+/// `tc_ratespec.linklayer`: Ethernet (so the kernel does not look for a rate table).
+const TC_LINKLAYER_ETHERNET: u8 = 1;
+/// The kernel's scheduler clock: one tick is 64 ns (`PSCHED_SHIFT`).
+const PSCHED_SHIFT: u32 = 6;
+
+/// How long a request waits for the kernel's answer.
+const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// One netlink request under construction: header, family header, attributes.
+#[derive(Debug, Clone)]
+pub(crate) struct Message {
+    buf: Vec<u8>,
+}
+
+impl Message {
+    /// A request of type `ty` with `NLM_F_REQUEST | NLM_F_ACK` and `flags`; its length and
+    /// sequence number are filled in by [`Message::finish`].
+    fn new(ty: u16, flags: u16) -> Self {
+        let mut buf = Vec::with_capacity(128);
+        buf.extend_from_slice(&0u32.to_ne_bytes());
+        buf.extend_from_slice(&ty.to_ne_bytes());
+        buf.extend_from_slice(&(NLM_F_REQUEST | NLM_F_ACK | flags).to_ne_bytes());
+        buf.extend_from_slice(&[0; 8]);
+        Message { buf }
+    }
+
+    /// Appends `bytes` and pads to 4 bytes.
+    fn push(&mut self, bytes: &[u8]) -> &mut Self {
+        self.buf.extend_from_slice(bytes);
+        self.buf.resize(self.buf.len().next_multiple_of(4), 0);
+        self
+    }
+
+    /// Appends an attribute. Payloads here are a few bytes, far below the 64 KiB limit.
+    fn attr(&mut self, ty: u16, payload: &[u8]) -> &mut Self {
+        let len = u16::try_from(4 + payload.len()).unwrap_or(u16::MAX);
+        self.buf.extend_from_slice(&len.to_ne_bytes());
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        self.push(payload)
+    }
+
+    fn attr_u32(&mut self, ty: u16, v: u32) -> &mut Self {
+        self.attr(ty, &v.to_ne_bytes())
+    }
+
+    /// A NUL-terminated string attribute.
+    fn attr_str(&mut self, ty: u16, s: &str) -> &mut Self {
+        let mut payload = s.as_bytes().to_vec();
+        payload.push(0);
+        self.attr(ty, &payload)
+    }
+
+    /// A nested attribute whose payload `inner` appends.
+    fn nest(&mut self, ty: u16, inner: impl FnOnce(&mut Self)) -> &mut Self {
+        let start = self.buf.len();
+        self.buf.extend_from_slice(&[0, 0]);
+        self.buf.extend_from_slice(&ty.to_ne_bytes());
+        inner(self);
+        let len = u16::try_from(self.buf.len() - start).unwrap_or(u16::MAX);
+        self.buf[start..start + 2].copy_from_slice(&len.to_ne_bytes());
+        self
+    }
+
+    /// The bytes to send, with the total length and sequence number `seq` set.
+    fn finish(mut self, seq: u32) -> Vec<u8> {
+        let len = u32::try_from(self.buf.len()).unwrap_or(u32::MAX);
+        self.buf[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.buf[8..12].copy_from_slice(&seq.to_ne_bytes());
+        self.buf
+    }
+}
+
+/// `struct ifinfomsg`: family `AF_UNSPEC`, the link `index` (0: none), `flags` under `change`.
+fn ifinfomsg(index: u32, flags: u32, change: u32) -> [u8; 16] {
+    let mut b = [0u8; 16];
+    b[4..8].copy_from_slice(&index.to_ne_bytes());
+    b[8..12].copy_from_slice(&flags.to_ne_bytes());
+    b[12..16].copy_from_slice(&change.to_ne_bytes());
+    b
+}
+
+/// Token-bucket shaping of one link's egress: the parameters of a `tbf` qdisc.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Tbf {
+    /// Long-run rate, bytes per second.
+    pub(crate) rate: u64,
+    /// Bucket size, bytes: how much may leave at line speed after an idle spell.
+    pub(crate) burst: u32,
+    /// Queue length, bytes: what waits for tokens before packets are dropped.
+    pub(crate) limit: u32,
+}
+
+impl Tbf {
+    /// The shaping the launcher uses for `rate` bytes per second: a bucket of 4 ms worth of
+    /// data (at least 64 KiB, so a full-size GSO packet fits) and a queue of 50 ms worth plus
+    /// the bucket, as `tc … tbf latency 50ms` computes it.
+    pub(crate) fn for_rate(rate: u64) -> Tbf {
+        let clamp = |v: u64| u32::try_from(v).unwrap_or(u32::MAX);
+        let burst = clamp((rate / 250).max(64 << 10)).min(u32::MAX / 2);
+        let limit = clamp((rate / 20).saturating_add(u64::from(burst)));
+        Tbf { rate, burst, limit }
+    }
+
+    /// `struct tc_tbf_qopt`: rate and (unused) peak rate as `tc_ratespec`s, then limit, buffer
+    /// (the bucket in scheduler ticks; the kernel prefers `TCA_TBF_BURST`) and mtu (peak only).
+    fn qopt(&self) -> [u8; 36] {
+        let mut b = [0u8; 36];
+        // tc_ratespec: cell_log u8, linklayer u8, overhead u16, cell_align i16, mpu u16, rate u32.
+        b[1] = TC_LINKLAYER_ETHERNET;
+        b[8..12].copy_from_slice(&u32::try_from(self.rate).unwrap_or(u32::MAX).to_ne_bytes());
+        b[13] = TC_LINKLAYER_ETHERNET;
+        b[24..28].copy_from_slice(&self.limit.to_ne_bytes());
+        let burst_ns = u128::from(self.burst) * 1_000_000_000 / u128::from(self.rate.max(1));
+        let ticks = u32::try_from(burst_ns >> PSCHED_SHIFT).unwrap_or(u32::MAX);
+        b[28..32].copy_from_slice(&ticks.to_ne_bytes());
+        b
+    }
+}
+
+/// `RTM_NEWLINK` creating a bridge `name`.
+fn new_bridge(name: &str) -> Message {
+    let mut m = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
+    m.push(&ifinfomsg(0, 0, 0)).attr_str(IFLA_IFNAME, name).nest(IFLA_LINKINFO, |m| {
+        m.attr_str(IFLA_INFO_KIND, "bridge");
+    });
+    m
+}
+
+/// `RTM_NEWLINK` creating a veth pair: `name` here, `peer` in the network namespace `peer_ns`.
+fn new_veth(name: &str, peer: &str, peer_ns: RawFd) -> Message {
+    let mut m = Message::new(RTM_NEWLINK, NLM_F_CREATE | NLM_F_EXCL);
+    m.push(&ifinfomsg(0, 0, 0)).attr_str(IFLA_IFNAME, name).nest(IFLA_LINKINFO, |m| {
+        m.attr_str(IFLA_INFO_KIND, "veth").nest(IFLA_INFO_DATA, |m| {
+            m.nest(VETH_INFO_PEER, |m| {
+                m.push(&ifinfomsg(0, 0, 0))
+                    .attr_str(IFLA_IFNAME, peer)
+                    .attr_u32(IFLA_NET_NS_FD, u32::try_from(peer_ns).unwrap_or(u32::MAX));
+            });
+        });
+    });
+    m
+}
+
+/// `RTM_GETLINK` for the link named `name`.
+fn get_link(name: &str) -> Message {
+    let mut m = Message::new(RTM_GETLINK, 0);
+    m.push(&ifinfomsg(0, 0, 0)).attr_str(IFLA_IFNAME, name);
+    m
+}
+
+/// `RTM_NEWLINK` changing link `index`: up (`IFF_UP`) when `up`, and enslaved to `master`.
+fn set_link(index: u32, up: bool, master: Option<u32>) -> Message {
+    let mut m = Message::new(RTM_NEWLINK, 0);
+    let (flags, change) = if up { (IFF_UP, IFF_UP) } else { (0, 0) };
+    m.push(&ifinfomsg(index, flags, change));
+    if let Some(master) = master {
+        m.attr_u32(IFLA_MASTER, master);
+    }
+    m
+}
+
+/// `RTM_NEWADDR` adding `addr/prefix` (with its broadcast address) to link `index`.
+fn new_ipv4(index: u32, addr: Ipv4Addr, prefix: u8) -> Message {
+    let mut m = Message::new(RTM_NEWADDR, NLM_F_CREATE | NLM_F_EXCL);
+    // ifaddrmsg: family, prefix length, flags, scope (universe), index.
+    let mut hdr = [AF_INET, prefix, 0, 0, 0, 0, 0, 0];
+    hdr[4..8].copy_from_slice(&index.to_ne_bytes());
+    let host_mask = u32::MAX.checked_shr(u32::from(prefix)).unwrap_or(0);
+    let broadcast = Ipv4Addr::from(u32::from(addr) | host_mask);
+    m.push(&hdr)
+        .attr(IFA_LOCAL, &addr.octets())
+        .attr(IFA_ADDRESS, &addr.octets())
+        .attr(IFA_BROADCAST, &broadcast.octets());
+    m
+}
+
+/// `RTM_NEWQDISC` adding `tbf` as the root qdisc (handle `1:`) of link `index`.
+fn new_tbf(index: u32, tbf: &Tbf) -> Message {
+    let mut m = Message::new(RTM_NEWQDISC, NLM_F_CREATE | NLM_F_EXCL);
+    // tcmsg: family, pad, pad, ifindex, handle, parent, info.
+    let mut hdr = [0u8; 20];
+    hdr[4..8].copy_from_slice(&index.to_ne_bytes());
+    hdr[8..12].copy_from_slice(&TBF_HANDLE.to_ne_bytes());
+    hdr[12..16].copy_from_slice(&TC_H_ROOT.to_ne_bytes());
+    m.push(&hdr).attr_str(TCA_KIND, "tbf").nest(TCA_OPTIONS, |m| {
+        m.attr(TCA_TBF_PARMS, &tbf.qopt());
+        if tbf.rate > u64::from(u32::MAX) {
+            m.attr(TCA_TBF_RATE64, &tbf.rate.to_ne_bytes());
+        }
+        m.attr_u32(TCA_TBF_BURST, tbf.burst);
+    });
+    m
+}
+
+/// What the kernel answered to one request.
+#[derive(Debug, PartialEq, Eq)]
+enum Answer {
+    /// Not complete yet: no acknowledgement for our sequence number in this datagram. Holds
+    /// the payload of a reply message, if one came.
+    Pending(Option<Vec<u8>>),
+    /// Acknowledged; the reply's payload (after its `nlmsghdr`) if the request had one.
+    Done(Option<Vec<u8>>),
+    /// Refused with this errno and, with extended acks, the kernel's explanation.
+    Refused(i32, Option<String>),
+}
+
+fn ne_u16(b: &[u8], at: usize) -> Option<u16> {
+    Some(u16::from_ne_bytes(b.get(at..at + 2)?.try_into().ok()?))
+}
+
+fn ne_u32(b: &[u8], at: usize) -> Option<u32> {
+    Some(u32::from_ne_bytes(b.get(at..at + 4)?.try_into().ok()?))
+}
+
+/// Reads one received datagram of possibly several messages, looking for the answer to
+/// sequence number `seq`; `reply` is what an earlier datagram brought. Messages of other
+/// sequence numbers are skipped. `None` for a malformed datagram.
+fn parse_answer(datagram: &[u8], seq: u32, mut reply: Option<Vec<u8>>) -> Option<Answer> {
+    let mut at = 0;
+    while at + 16 <= datagram.len() {
+        let len = usize::try_from(ne_u32(datagram, at)?).ok()?;
+        let ty = ne_u16(datagram, at + 4)?;
+        let flags = ne_u16(datagram, at + 6)?;
+        let msg_seq = ne_u32(datagram, at + 8)?;
+        let msg = datagram.get(at..at.checked_add(len)?)?;
+        if len < 16 {
+            return None;
+        }
+        if msg_seq == seq {
+            let payload = &msg[16..];
+            match ty {
+                NLMSG_ERROR => {
+                    let errno = i32::from_ne_bytes(payload.get(0..4)?.try_into().ok()?);
+                    if errno == 0 {
+                        return Some(Answer::Done(reply));
+                    }
+                    let text = (flags & NLM_F_ACK_TLVS != 0).then(|| ext_ack_message(payload)).flatten();
+                    return Some(Answer::Refused(errno.checked_neg().unwrap_or(i32::MAX), text));
+                }
+                NLMSG_DONE => return Some(Answer::Done(reply)),
+                _ => reply = Some(payload.to_vec()),
+            }
+        }
+        at = at.checked_add(len.next_multiple_of(4))?;
+    }
+    Some(Answer::Pending(reply))
+}
+
+/// The `NLMSGERR_ATTR_MSG` text of an `NLMSG_ERROR` payload: errno, the echoed request header
+/// (only the header: the socket sets `NETLINK_CAP_ACK`), then attributes.
+fn ext_ack_message(payload: &[u8]) -> Option<String> {
+    let echoed_len = 16;
+    let mut at = 4 + echoed_len;
+    while at + 4 <= payload.len() {
+        let len = usize::from(ne_u16(payload, at)?);
+        let ty = ne_u16(payload, at + 2)?;
+        let body = payload.get(at + 4..at.checked_add(len)?)?;
+        if len < 4 {
+            return None;
+        }
+        if ty & 0x3fff == NLMSGERR_ATTR_MSG {
+            let text = body.split(|&b| b == 0).next().unwrap_or(body);
+            return Some(String::from_utf8_lossy(text).trim().to_string()).filter(|t| !t.is_empty());
+        }
+        at = at.checked_add(len.next_multiple_of(4))?;
+    }
+    None
+}
+
+/// An error for a request the kernel refused: the operation, then the errno by name, its
+/// description and the kernel's explanation where it gave one.
+fn refused(what: &str, errno: i32, text: Option<String>) -> Error {
+    let e = Errno::from_raw(errno);
+    let kind = std::io::Error::from_raw_os_error(errno).kind();
+    let because = text.map(|t| format!("; the kernel says: {t}")).unwrap_or_default();
+    Error::io(what, std::io::Error::new(kind, format!("{e:?} ({}, errno {errno}){because}", e.desc())))
+}
+
+/// A `NETLINK_ROUTE` socket acting on one network namespace.
+#[derive(Debug)]
+pub(crate) struct RouteSocket {
+    fd: OwnedFd,
+    seq: u32,
+    /// The namespace, for error messages ("the switch namespace").
+    place: String,
+}
+
+impl RouteSocket {
+    /// A socket in the network namespace `netns` (an open `/proc/PID/ns/net`), created on a
+    /// thread of its own that enters it (see the module documentation). `place` names the
+    /// namespace in errors.
+    pub(crate) fn open_in(netns: BorrowedFd<'_>, place: &str) -> Result<Self> {
+        std::thread::scope(|s| {
+            std::thread::Builder::new()
+                .name("weave-netlink".into())
+                .spawn_scoped(s, move || {
+                    nix::sched::setns(netns, CloneFlags::CLONE_NEWNET)
+                        .map_err(|e| Error::errno(format!("enter {place} (setns CLONE_NEWNET)"), e))?;
+                    RouteSocket::open(place)
+                })
+                .map_err(|e| Error::io(format!("start a thread to open a netlink socket in {place}"), e))?
+                .join()
+                .map_err(|_| Error::invalid(format!("the thread opening a netlink socket in {place} panicked")))?
+        })
+    }
+
+    /// A socket in the calling thread's network namespace, with a receive timeout and
+    /// extended acknowledgements.
+    fn open(place: &str) -> Result<Self> {
+        let what = |op: &str| format!("{op} for a NETLINK_ROUTE socket in {place}");
+        // SAFETY: plain system call with constant arguments; the result is checked.
+        let raw = unsafe { libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE) };
+        if raw < 0 {
+            return Err(Error::io(what("socket(AF_NETLINK)"), std::io::Error::last_os_error()));
+        }
+        // SAFETY: `raw` is a descriptor we just opened and own.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let timeout = nix::sys::time::TimeVal::new(
+            REPLY_TIMEOUT.as_secs().try_into().unwrap_or(5),
+            REPLY_TIMEOUT.subsec_micros().into(),
+        );
+        nix::sys::socket::setsockopt(&fd, nix::sys::socket::sockopt::ReceiveTimeout, &timeout)
+            .map_err(|e| Error::errno(what("setsockopt(SO_RCVTIMEO)"), e))?;
+        for opt in [libc::NETLINK_EXT_ACK, libc::NETLINK_CAP_ACK] {
+            let one: libc::c_int = 1;
+            // SAFETY: `fd` is open; the option value is a c_int that outlives the call, and its
+            // size is passed. Failure only means older kernels without extended acks.
+            unsafe {
+                libc::setsockopt(
+                    fd.as_raw_fd(),
+                    libc::SOL_NETLINK,
+                    opt,
+                    (&raw const one).cast::<c_void>(),
+                    size_of::<libc::c_int>() as libc::socklen_t,
+                );
+            }
+        }
+        Ok(RouteSocket { fd, seq: 0, place: place.to_string() })
+    }
+
+    /// Sends `msg` and waits for its acknowledgement; returns the reply payload of a `GET`.
+    /// `what` describes the request for errors ("create bridge br0").
+    fn request(&mut self, what: &str, msg: Message) -> Result<Option<Vec<u8>>> {
+        self.seq = self.seq.wrapping_add(1);
+        let what = format!("netlink: {what} in {}", self.place);
+        let bytes = msg.finish(self.seq);
+        // SAFETY: `fd` is open; the buffer is valid for `bytes.len()` bytes during the call.
+        let sent = unsafe { libc::send(self.fd.as_raw_fd(), bytes.as_ptr().cast::<c_void>(), bytes.len(), 0) };
+        if sent < 0 {
+            return Err(Error::io(format!("{what} (send)"), std::io::Error::last_os_error()));
+        }
+        let mut reply = None;
+        let mut buf = vec![0u8; 32 << 10];
+        loop {
+            // SAFETY: `fd` is open; `buf` is valid and writable for `buf.len()` bytes.
+            let n = unsafe { libc::recv(self.fd.as_raw_fd(), buf.as_mut_ptr().cast::<c_void>(), buf.len(), 0) };
+            if n < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                let op = if e.kind() == std::io::ErrorKind::WouldBlock {
+                    format!("{what} (no answer from the kernel within {REPLY_TIMEOUT:?})")
+                } else {
+                    format!("{what} (receive the answer)")
+                };
+                return Err(Error::io(op, e));
+            }
+            let datagram = buf.get(..usize::try_from(n).unwrap_or(0)).unwrap_or_default();
+            match parse_answer(datagram, self.seq, reply) {
+                Some(Answer::Done(r)) => return Ok(r),
+                Some(Answer::Refused(errno, text)) => return Err(refused(&what, errno, text)),
+                Some(Answer::Pending(r)) => reply = r,
+                None => {
+                    return Err(Error::io(
+                        format!("{what} (read the answer)"),
+                        std::io::Error::new(
+                            std::io::ErrorKind::InvalidData,
+                            "malformed netlink message from the kernel",
+                        ),
+                    ));
+                }
+            }
+        }
+    }
+
+    /// Creates a bridge named `name`.
+    pub(crate) fn create_bridge(&mut self, name: &str) -> Result<()> {
+        self.request(&format!("create bridge {name} (RTM_NEWLINK)"), new_bridge(name)).map(drop)
+    }
+
+    /// Creates a veth pair: `name` in this namespace, `peer` in the network namespace `peer_ns`.
+    pub(crate) fn create_veth(
+        &mut self,
+        name: &str,
+        peer: &str,
+        peer_ns: BorrowedFd<'_>,
+        peer_place: &str,
+    ) -> Result<()> {
+        let what = format!("create veth pair {name} <-> {peer} in {peer_place} (RTM_NEWLINK)");
+        self.request(&what, new_veth(name, peer, peer_ns.as_raw_fd())).map(drop)
+    }
+
+    /// The index of the link named `name`.
+    pub(crate) fn link_index(&mut self, name: &str) -> Result<u32> {
+        let what = format!("look up link {name} (RTM_GETLINK)");
+        let reply = self.request(&what, get_link(name))?;
+        // The reply is an RTM_NEWLINK message: ifinfomsg (index at offset 4), attributes.
+        reply.as_deref().and_then(|r| ne_u32(r, 4)).filter(|&i| i != 0).ok_or_else(|| {
+            Error::io(
+                format!("netlink: {what} in {}", self.place),
+                std::io::Error::new(std::io::ErrorKind::InvalidData, "the kernel's reply holds no link index"),
+            )
+        })
+    }
+
+    /// Sets link `index` (named `name` in errors) up.
+    pub(crate) fn set_up(&mut self, index: u32, name: &str) -> Result<()> {
+        self.request(&format!("set link {name} up (RTM_NEWLINK)"), set_link(index, true, None)).map(drop)
+    }
+
+    /// Enslaves link `index` (named `name`) to the bridge `master`.
+    pub(crate) fn set_master(&mut self, index: u32, name: &str, master: u32) -> Result<()> {
+        let what = format!("enslave link {name} to bridge index {master} (RTM_NEWLINK IFLA_MASTER)");
+        self.request(&what, set_link(index, false, Some(master))).map(drop)
+    }
+
+    /// Adds `addr/prefix` to link `index` (named `name`).
+    pub(crate) fn add_ipv4(&mut self, index: u32, name: &str, addr: Ipv4Addr, prefix: u8) -> Result<()> {
+        self.request(&format!("add address {addr}/{prefix} to {name} (RTM_NEWADDR)"), new_ipv4(index, addr, prefix))
+            .map(drop)
+    }
+
+    /// Shapes the egress of link `index` (named `name`) with a root `tbf` qdisc.
+    pub(crate) fn add_tbf(&mut self, index: u32, name: &str, tbf: &Tbf) -> Result<()> {
+        let what = format!(
+            "add a tbf qdisc (rate {} bytes/s, burst {}, limit {}) on {name} (RTM_NEWQDISC)",
+            tbf.rate, tbf.burst, tbf.limit
+        );
+        self.request(&what, new_tbf(index, tbf)).map(drop)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Builds the bytes of a message by hand, independent of [`Message`].
+    struct Bytes(Vec<u8>);
+    impl Bytes {
+        fn u8s(mut self, b: &[u8]) -> Self {
+            self.0.extend_from_slice(b);
+            self
+        }
+        fn u16(self, v: u16) -> Self {
+            self.u8s(&v.to_ne_bytes())
+        }
+        fn u32(self, v: u32) -> Self {
+            self.u8s(&v.to_ne_bytes())
+        }
+    }
+
+    fn b() -> Bytes {
+        Bytes(Vec::new())
+    }
+
+    #[test]
+    fn a_veth_request_nests_the_peer_with_its_namespace() {
+        let got = new_veth("node0", "eth0", 7).finish(9);
+        let peer = b()
+            .u16(4 + 16 + 12 + 8)
+            .u16(VETH_INFO_PEER)
+            .u8s(&[0; 16])
+            .u16(9)
+            .u16(IFLA_IFNAME)
+            .u8s(b"eth0\0\0\0\0")
+            .u16(8)
+            .u16(IFLA_NET_NS_FD)
+            .u32(7);
+        let data = b().u16(4 + peer.0.len() as u16).u16(IFLA_INFO_DATA).u8s(&peer.0);
+        let info = b().u16(9).u16(IFLA_INFO_KIND).u8s(b"veth\0\0\0\0").u8s(&data.0);
+        let body = b()
+            .u8s(&[0; 16])
+            .u16(10)
+            .u16(IFLA_IFNAME)
+            .u8s(b"node0\0\0\0")
+            .u16(4 + info.0.len() as u16)
+            .u16(IFLA_LINKINFO)
+            .u8s(&info.0);
+        let want = b()
+            .u32(16 + body.0.len() as u32)
+            .u16(RTM_NEWLINK)
+            .u16(NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+            .u32(9)
+            .u32(0)
+            .u8s(&body.0);
+        assert_eq!(got, want.0);
+        assert_eq!(got.len() % 4, 0);
+    }
+
+    #[test]
+    fn link_changes_addresses_and_bridges_encode_their_fields() {
+        let up = set_link(5, true, Some(3)).finish(1);
+        let want = b()
+            .u32(16 + 16 + 8)
+            .u16(RTM_NEWLINK)
+            .u16(NLM_F_REQUEST | NLM_F_ACK)
+            .u32(1)
+            .u32(0)
+            .u8s(&[0, 0, 0, 0])
+            .u32(5)
+            .u32(IFF_UP)
+            .u32(IFF_UP)
+            .u16(8)
+            .u16(IFLA_MASTER)
+            .u32(3);
+        assert_eq!(up, want.0);
+
+        let addr = new_ipv4(4, Ipv4Addr::new(10, 57, 0, 2), 24).finish(2);
+        let want = b()
+            .u32(16 + 8 + 3 * 8)
+            .u16(RTM_NEWADDR)
+            .u16(NLM_F_REQUEST | NLM_F_ACK | NLM_F_CREATE | NLM_F_EXCL)
+            .u32(2)
+            .u32(0)
+            .u8s(&[AF_INET, 24, 0, 0])
+            .u32(4)
+            .u16(8)
+            .u16(IFA_LOCAL)
+            .u8s(&[10, 57, 0, 2])
+            .u16(8)
+            .u16(IFA_ADDRESS)
+            .u8s(&[10, 57, 0, 2])
+            .u16(8)
+            .u16(IFA_BROADCAST)
+            .u8s(&[10, 57, 0, 255]);
+        assert_eq!(addr, want.0);
+
+        let br = new_bridge("br0").finish(3);
+        assert_eq!(&br[32..40], b().u16(8).u16(IFLA_IFNAME).u8s(b"br0\0").0.as_slice());
+        assert_eq!(&br[40..56], b().u16(16).u16(IFLA_LINKINFO).u16(11).u16(IFLA_INFO_KIND).u8s(b"bridge\0\0").0);
+        assert_eq!(br.len(), 56);
+    }
+
+    #[test]
+    fn a_tbf_request_carries_rate_burst_and_64_bit_rates() {
+        let tbf = Tbf::for_rate(125_000_000);
+        assert_eq!((tbf.burst, tbf.limit), (500_000, 6_250_000 + 500_000));
+        let small = Tbf::for_rate(1000);
+        assert_eq!(small.burst, 64 << 10);
+        let msg = new_tbf(6, &tbf).finish(4);
+        // nlmsghdr, tcmsg, TCA_KIND "tbf", TCA_OPTIONS { PARMS (36), BURST }.
+        assert_eq!(msg.len(), 16 + 20 + 8 + 4 + 40 + 8);
+        assert_eq!(&msg[16..36], b().u32(0).u32(6).u32(TBF_HANDLE).u32(TC_H_ROOT).u32(0).0);
+        assert_eq!(&msg[36..44], b().u16(8).u16(TCA_KIND).u8s(b"tbf\0").0);
+        assert_eq!(&msg[44..48], b().u16(52).u16(TCA_OPTIONS).0);
+        assert_eq!(&msg[48..52], b().u16(40).u16(TCA_TBF_PARMS).0);
+        let qopt = &msg[52..88];
+        assert_eq!(qopt[1], TC_LINKLAYER_ETHERNET);
+        assert_eq!(ne_u32(qopt, 8), Some(125_000_000));
+        assert_eq!(ne_u32(qopt, 24), Some(tbf.limit));
+        // 500 kB at 125 MB/s is 4 ms: 62,500 ticks of 64 ns.
+        assert_eq!(ne_u32(qopt, 28), Some(62_500));
+        assert_eq!(&msg[88..96], b().u16(8).u16(TCA_TBF_BURST).u32(500_000).0);
+
+        let fast = Tbf::for_rate(10 * 1_250_000_000);
+        let msg = new_tbf(6, &fast).finish(5);
+        assert_eq!(ne_u32(&msg, 52 + 8), Some(u32::MAX), "the 32-bit rate saturates");
+        assert_eq!(&msg[88..100], b().u16(12).u16(TCA_TBF_RATE64).u8s(&12_500_000_000u64.to_ne_bytes()).0);
+    }
+
+    /// An NLMSG_ERROR message answering `seq` with `errno` (0: ack), with an extended-ack text.
+    fn error_msg(seq: u32, errno: i32, text: Option<&str>) -> Vec<u8> {
+        let mut tlv = Vec::new();
+        if let Some(t) = text {
+            let payload = [t.as_bytes(), b"\0"].concat();
+            tlv = b().u16(4 + payload.len() as u16).u16(NLMSGERR_ATTR_MSG).u8s(&payload).0;
+            tlv.resize(tlv.len().next_multiple_of(4), 0);
+        }
+        let flags = if text.is_some() { NLM_F_ACK_TLVS } else { 0 };
+        let len = 16 + 4 + 16 + tlv.len() as u32;
+        b().u32(len).u16(NLMSG_ERROR).u16(flags).u32(seq).u32(0).u32(errno as u32).u8s(&[0; 16]).u8s(&tlv).0
+    }
+
+    #[test]
+    fn answers_are_acks_refusals_or_replies_and_garbage_is_refused() {
+        assert_eq!(parse_answer(&error_msg(7, 0, None), 7, None), Some(Answer::Done(None)));
+        assert_eq!(parse_answer(&error_msg(7, -17, None), 7, None), Some(Answer::Refused(17, None)));
+        assert_eq!(
+            parse_answer(&error_msg(7, -22, Some("Invalid burst")), 7, None),
+            Some(Answer::Refused(22, Some("Invalid burst".into())))
+        );
+        // Another sequence number is skipped.
+        assert_eq!(parse_answer(&error_msg(6, -1, None), 7, None), Some(Answer::Pending(None)));
+        // A reply, then its ack in the same datagram.
+        let link = b().u32(16 + 16).u16(RTM_NEWLINK).u16(0).u32(7).u32(0).u8s(&ifinfomsg(42, 0, 0)).0;
+        let both = [link.clone(), error_msg(7, 0, None)].concat();
+        let Some(Answer::Done(Some(reply))) = parse_answer(&both, 7, None) else { panic!() };
+        assert_eq!(ne_u32(&reply, 4), Some(42));
+        assert_eq!(parse_answer(&link, 7, None), Some(Answer::Pending(Some(ifinfomsg(42, 0, 0).to_vec()))));
+        // Truncated or lying lengths never panic.
+        let ack = error_msg(7, -1, Some("x"));
+        for cut in 0..ack.len() {
+            let _ = parse_answer(&ack[..cut], 7, None);
+        }
+        let mut lying = ack.clone();
+        lying[0..4].copy_from_slice(&1000u32.to_ne_bytes());
+        assert_eq!(parse_answer(&lying, 7, None), None);
+        lying[0..4].copy_from_slice(&3u32.to_ne_bytes());
+        assert_eq!(parse_answer(&lying, 7, None), None);
+    }
+
+    #[test]
+    fn refusals_name_the_operation_and_the_errno() {
+        let e = refused("netlink: create bridge br0 in the switch namespace", 1, Some("denied".into()));
+        let s = e.to_string();
+        assert!(s.starts_with("netlink: create bridge br0 in the switch namespace failed: EPERM"), "{s}");
+        assert!(s.contains("errno 1") && s.contains("the kernel says: denied"), "{s}");
+    }
+}
