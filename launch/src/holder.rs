@@ -36,7 +36,7 @@ pub(crate) enum HolderKind<'a> {
     /// A network namespace only (the switch holding the bridge).
     Net,
     /// A node: network, UTS (with this hostname) and mount namespaces, with all mounts made
-    /// private and a fresh tmpfs on `/dev/shm`.
+    /// private, a fresh tmpfs on `/dev/shm` and a sysfs of its own on `/sys`.
     Node {
         /// The node's hostname.
         hostname: &'a str,
@@ -214,6 +214,10 @@ fn holder_main(parent: Pid, flags: CloneFlags, hostname: Option<&CStr>, status: 
         if let Err(e) = nix::mount::mount(Some(c"tmpfs"), c"/dev/shm", Some(c"tmpfs"), flags, Some(c"mode=1777")) {
             fail(Step::MountShm, e);
         }
+        // A sysfs of the new network namespace, so /sys/class/net lists the node's interfaces
+        // (as `ip netns exec` does). Best effort: where it cannot be mounted, /sys keeps
+        // showing the host's interfaces, which misleads tools but breaks nothing.
+        let _ = nix::mount::mount(Some(c"sysfs"), c"/sys", Some(c"sysfs"), flags | MsFlags::MS_NOEXEC, none);
     }
     report(Step::Ready, 0);
     drop(status);

@@ -72,7 +72,7 @@ fn namespace_nodes_have_their_own_hostname_network_and_shm() {
     let script = r#"
         echo "$RANK $(cat /proc/sys/kernel/hostname) $GROUP_RANK $LOCAL_RANK $LOCAL_WORLD_SIZE $MASTER_ADDR $MASTER_PORT ${WEAVE_HOST_ID-none} $(pwd)"
         touch /dev/shm/r$RANK; sleep 0.7; echo $(ls -A /dev/shm)
-        echo $(tail -n +3 /proc/net/dev | cut -d: -f1)
+        echo $(tail -n +3 /proc/net/dev | cut -d: -f1) / $(ls /sys/class/net)
         echo $(grep -o '10\.57\.0\.[0-9]*' /proc/net/fib_trie | sort -u)
         sleep 0.5"#;
     let spec = sh(4, 2, script);
@@ -96,7 +96,7 @@ fn namespace_nodes_have_their_own_hostname_network_and_shm() {
         );
         assert_eq!(out[0], want, "hostname, variables, no WEAVE_HOST_ID, the launcher's directory");
         assert_eq!(out[1], format!("r{} r{}", node * 2, node * 2 + 1), "its node's /dev/shm, and only that");
-        assert_eq!(out[2], "lo eth0");
+        assert_eq!(out[2], "lo eth0 / eth0 lo");
         let own = node_address(node).to_string();
         let other = node_address(1 - node).to_string();
         let addrs: Vec<&str> = out[3].split(' ').collect();

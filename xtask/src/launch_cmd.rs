@@ -42,6 +42,7 @@ options:
       --rate RATE              shape each node's link to RATE in each direction (tc units:
                                10gbit, 100mbit, 1gbps = 8gbit); needs namespaces
       --posed                  posed nodes even where namespaces can be made
+      --master-addr ADDR       with --posed: MASTER_ADDR (default 127.0.0.1)
   -t, --timeout SECS           kill every rank after SECS seconds
   -h, --help                   print this help
 ";
