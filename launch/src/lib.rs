@@ -15,11 +15,18 @@
 //! `SIGKILL` cannot be caught or ignored, so a stuck or signal-ignoring rank cannot make
 //! [`launch`] wait forever.
 //!
-//! The crate needs only std and nix: it starts processes and knows nothing of communicators,
+//! With [`LaunchSpec::namespace_nodes`] the ranks run as several nodes on this host, each node
+//! a network, UTS and mount namespace with its own address, hostname and `/dev/shm`, its links
+//! optionally shaped to a [`Rate`] (root only; see [`NamespaceNodes`] and
+//! [`namespace_nodes_available`]). [`LaunchSpec::posed_nodes`] is the fallback without root:
+//! one network stack for all, the nodes told apart by `WEAVE_HOST_ID`.
+//!
+//! The crate needs only std, nix and libc: it starts processes and knows nothing of communicators,
 //! so launcher binaries (`cargo xtask launch`) do not build the rest of weave. Its modules:
 //! [`LaunchSpec`] (what to run), the environment each rank gets, the job of child processes
 //! and its supervision, the output readers ([`Echo`]), cancelling ([`CancelToken`],
-//! [`forward_signals_to`]), the [`LaunchReport`], and [`parse_size`] for the byte sizes that
+//! [`forward_signals_to`]), the [`LaunchReport`], namespace nodes (their holder processes, the
+//! rtnetlink client that wires them, [`Rate`]), and [`parse_size`] for the byte sizes that
 //! launcher and rank programs take on their command lines.
 //!
 //! ```no_run

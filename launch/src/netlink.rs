@@ -687,6 +687,30 @@ mod tests {
     }
 
     #[test]
+    #[ignore = "needs root (a network namespace): cargo xtask test runs it as root"]
+    fn kernel_refusals_in_a_namespace_name_the_operation_and_the_errno() {
+        use crate::holder::{Holder, HolderKind};
+        use std::os::fd::AsFd;
+        let holder = Holder::spawn(HolderKind::Net, "a test namespace")
+            .unwrap_or_else(|e| panic!("this test needs root to make a network namespace: {e}"));
+        let net = std::fs::File::open(format!("/proc/{}/ns/net", holder.pid())).unwrap();
+        let mut s = RouteSocket::open_in(net.as_fd(), "the test namespace").unwrap();
+        s.create_bridge("br0").unwrap();
+        let bridge = s.link_index("br0").unwrap();
+        s.set_up(bridge, "br0").unwrap();
+        let e = s.create_bridge("br0").unwrap_err().to_string();
+        assert!(e.starts_with("netlink: create bridge br0 (RTM_NEWLINK) in the test namespace failed: EEXIST"), "{e}");
+        let e = s.link_index("nope0").unwrap_err().to_string();
+        assert!(e.contains("look up link nope0") && e.contains("ENODEV"), "{e}");
+        let tbf = Tbf::for_rate(125_000_000);
+        s.add_tbf(bridge, "br0", &tbf).unwrap();
+        let e = s.add_tbf(bridge, "br0", &tbf).unwrap_err().to_string();
+        assert!(e.contains("add a tbf qdisc") && e.contains("EEXIST"), "{e}");
+        let e = s.set_master(bridge, "br0", 9999).unwrap_err().to_string();
+        assert!(e.contains("enslave link br0") && e.contains("errno"), "{e}");
+    }
+
+    #[test]
     fn refusals_name_the_operation_and_the_errno() {
         let e = refused("netlink: create bridge br0 in the switch namespace", 1, Some("denied".into()));
         let s = e.to_string();

@@ -110,9 +110,10 @@ fn namespace_tests(wanted: bool, release: bool) -> ExitCode {
         println!("cargo xtask test: the namespace-node tests did not run (they need root: {e})");
         return ExitCode::SUCCESS;
     }
-    for (package, test) in [("weave-launch", "netns"), ("weave-tests", "collectives")] {
+    for target in [&["-p", "weave-launch"][..], &["-p", "weave-tests", "--test", "collectives"]] {
+        let package = target[1];
         let mut cmd = Command::new(cargo());
-        cmd.args(["test", "-p", package, "--test", test]);
+        cmd.arg("test").args(target);
         if release {
             cmd.arg("--release");
         }
