@@ -30,7 +30,7 @@ r = node x RANKS_PER_NODE + i share node `node`, and each rank gets the variable
 Each node is a set of Linux namespaces: its own network stack (eth0 with 10.57.0.<node+1>/24 on
 a bridge, and lo), its own hostname (weave-node<node>) and its own /dev/shm, so shared memory
 and CUDA IPC stay inside a node and TCP carries the rest, as between machines. MASTER_ADDR is
-node 0's address, MASTER_PORT 29500. The namespaces are held by processes only, so nothing is
+node 0's address, MASTER_PORT 29500; the nodes reach each other, not the outside. The namespaces are held by processes only, so nothing is
 left behind however the job ends, even when the launcher is killed. This needs root (or
 CAP_SYS_ADMIN and CAP_NET_ADMIN); without it, multinode falls back to posed nodes: the ranks
 share this host's network, hostname and /dev/shm and are told apart by WEAVE_HOST_ID (one line
