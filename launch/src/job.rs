@@ -20,6 +20,7 @@ use nix::unistd::Pid;
 
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
+use crate::netns::Entry;
 use crate::output::{Readers, Stream};
 use crate::rank_env::set_rank_env;
 use crate::report::{RankExit, RankReport};
@@ -84,17 +85,28 @@ impl Job {
 
     /// Starts `rank` of `spec` with its environment, in its own process group, and the reader
     /// threads of its output pipes.
-    pub(crate) fn spawn_rank(&mut self, spec: &LaunchSpec, rank: usize, secret: &str, master_port: u16) -> Result<()> {
+    /// `master` is the job's `MASTER_ADDR` and `MASTER_PORT`; `node`, for a namespace node,
+    /// how the rank enters it.
+    pub(crate) fn spawn_rank(
+        &mut self,
+        spec: &LaunchSpec,
+        rank: usize,
+        secret: &str,
+        master: (&str, u16),
+        node: Option<Entry>,
+    ) -> Result<()> {
         let n = spec.ranks;
         let mut cmd = Command::new(&spec.program);
         cmd.args(&spec.args).stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).process_group(0);
-        set_rank_env(&mut cmd, spec, rank, secret, master_port);
+        set_rank_env(&mut cmd, spec, rank, secret, master, node.is_some());
         // The calling thread may block signals (see `forward_signals_to`), and a blocked mask
         // survives fork and exec: reset it so the ranks can be stopped by the signals we forward.
         let pin = if spec.bind_cores { cpu_for_rank(rank) } else { None };
+        let in_node = node.is_some();
         // SAFETY: the closure runs in the forked child before exec; it only calls `sigemptyset`,
-        // `sigprocmask` and `sched_setaffinity`, which are async-signal-safe system calls, and
-        // it neither allocates nor locks (the CPU set was built before the fork).
+        // `sigprocmask`, `sched_setaffinity` and what `Entry::enter` calls (`setns`, `chdir`,
+        // `prctl`, `getppid`), which are async-signal-safe system calls, and it neither
+        // allocates nor locks (the CPU set and the entry were built before the fork).
         unsafe {
             cmd.pre_exec(move || {
                 signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
@@ -102,13 +114,21 @@ impl Job {
                 if let Some(set) = &pin {
                     nix::sched::sched_setaffinity(Pid::from_raw(0), set).map_err(std::io::Error::from)?;
                 }
+                if let Some(entry) = &node {
+                    entry.enter()?;
+                }
                 Ok(())
             });
         }
         let mut child = cmd.spawn().map_err(|e| {
+            let node = if in_node {
+                format!(" in namespace node {} (entering it needs root)", rank / spec.ranks_per_node().max(1))
+            } else {
+                String::new()
+            };
             Error::io(
                 format!(
-                    "start rank {rank} of {n} as {:?} (check the program path, that it is executable, and PATH)",
+                    "start rank {rank} of {n} as {:?}{node} (check the program path, that it is executable, and PATH)",
                     spec.program
                 ),
                 e,

@@ -15,11 +15,18 @@
 //! `SIGKILL` cannot be caught or ignored, so a stuck or signal-ignoring rank cannot make
 //! [`launch`] wait forever.
 //!
-//! The crate needs only std and nix: it starts processes and knows nothing of communicators,
+//! With [`LaunchSpec::namespace_nodes`] the ranks run as several nodes on this host, each node
+//! a network, UTS and mount namespace with its own address, hostname and `/dev/shm`, its links
+//! optionally shaped to a [`Rate`] (root only; see [`NamespaceNodes`] and
+//! [`namespace_nodes_available`]). [`LaunchSpec::posed_nodes`] is the fallback without root:
+//! one network stack for all, the nodes told apart by `WEAVE_HOST_ID`.
+//!
+//! The crate needs only std, nix and libc: it starts processes and knows nothing of communicators,
 //! so launcher binaries (`cargo xtask launch`) do not build the rest of weave. Its modules:
 //! [`LaunchSpec`] (what to run), the environment each rank gets, the job of child processes
 //! and its supervision, the output readers ([`Echo`]), cancelling ([`CancelToken`],
-//! [`forward_signals_to`]), the [`LaunchReport`], and [`parse_size`] for the byte sizes that
+//! [`forward_signals_to`]), the [`LaunchReport`], namespace nodes (their holder processes, the
+//! rtnetlink client that wires them, [`Rate`]), and [`parse_size`] for the byte sizes that
 //! launcher and rank programs take on their command lines.
 //!
 //! ```no_run
@@ -39,9 +46,13 @@
 
 mod cancel;
 mod error;
+mod holder;
 mod job;
+mod netlink;
+mod netns;
 mod output;
 mod rank_env;
+mod rate;
 mod report;
 mod size;
 mod spec;
@@ -50,8 +61,13 @@ use std::time::Instant;
 
 pub use cancel::{CancelToken, forward_signals_to};
 pub use error::{Error, Result};
+pub use netns::{
+    MAX_NAMESPACE_NODES, NAMESPACE_MASTER_PORT, NamespaceNodes, namespace_holders, namespace_nodes_available,
+    node_address, node_hostname,
+};
 pub use output::{Echo, OUTPUT_GRACE};
 pub use rank_env::FOREIGN_RANK_VARS;
+pub use rate::{MIN_RATE_BYTES_PER_SEC, Rate, RateError};
 pub use report::{LaunchReport, RankExit, RankReport};
 pub use size::parse_size;
 pub use spec::{DEFAULT_CANCEL_GRACE, LaunchSpec};
@@ -61,29 +77,45 @@ pub use spec::{DEFAULT_CANCEL_GRACE, LaunchSpec};
 pub use nix::sys::signal::Signal;
 
 use job::Job;
+use netns::Fabric;
 
 /// Starts `spec.ranks` copies of `spec.program`, waits until all exit (or one fails, or the
 /// timeout passes, or the job is cancelled), and reports how each ended.
 ///
+/// With [`LaunchSpec::namespace_nodes`], the nodes' namespaces are made first (see
+/// [`NamespaceNodes`]) and taken down once every rank has been reaped.
+///
 /// Returns `Err` only when the job could not be started: a bad spec
-/// ([`Error::InvalidArgument`]), no free port, no randomness for the secret, or a rank that
-/// could not be spawned ([`Error::Io`] naming the program) — in which case the ranks already
-/// started are killed and reaped first. Failures of the ranks themselves are in the report.
+/// ([`Error::InvalidArgument`]), no free port, no randomness for the secret, namespaces that
+/// could not be made, or a rank that could not be spawned ([`Error::Io`] naming the program)
+/// — in which case the ranks already started are killed and reaped first. Failures of the
+/// ranks themselves are in the report.
 pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport> {
     let start = Instant::now();
     spec.validate()?;
     let secret = rank_env::secret_from_env()?;
-    let master_port = match spec.master_port {
-        Some(p) => p,
-        None => rank_env::free_port(&spec.master_addr)?,
+    let fabric = spec.namespace_nodes.as_ref().map(Fabric::build).transpose()?;
+    let master_addr = match fabric {
+        Some(_) => node_address(0).to_string(),
+        None => spec.master_addr.clone(),
     };
+    let master_port = match (spec.master_port, &fabric) {
+        (Some(p), _) => p,
+        (None, Some(_)) => NAMESPACE_MASTER_PORT,
+        (None, None) => rank_env::free_port(&master_addr)?,
+    };
+    let per_node = spec.ranks_per_node().max(1);
+    // Declared after `fabric`, so dropped (ranks killed and reaped) before it on every path.
     let mut job = Job::new();
     for rank in 0..spec.ranks {
+        let entry = fabric.as_ref().map(|f| f.entry(rank / per_node)).transpose()?;
         // On error, dropping `job` kills and reaps the ranks already started.
-        job.spawn_rank(spec, rank, &secret, master_port)?;
+        job.spawn_rank(spec, rank, &secret, (&master_addr, master_port), entry)?;
     }
     let outcome = job.supervise(spec, start);
     job.kill_and_reap();
+    let namespaces = fabric.as_ref().map(Fabric::ids).unwrap_or_default();
+    drop(fabric);
     let elapsed = start.elapsed();
     let ranks = job.reports();
     Ok(LaunchReport {
@@ -92,6 +124,7 @@ pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport> {
         cancelled: outcome.cancelled,
         first_failure: outcome.first_failure,
         master_port,
+        namespaces,
         elapsed,
     })
 }

@@ -25,14 +25,25 @@ pub const FOREIGN_RANK_VARS: &[&str] = &[
 ];
 
 /// Gives `cmd` the environment of `rank`: ours without [`FOREIGN_RANK_VARS`], then
-/// [`LaunchSpec::env`], then the launcher's variables (which win over both).
-pub(crate) fn set_rank_env(cmd: &mut Command, spec: &LaunchSpec, rank: usize, secret: &str, master_port: u16) {
+/// [`LaunchSpec::env`], then the launcher's variables (which win over both). `master` is the
+/// job's `MASTER_ADDR` and `MASTER_PORT`. A rank of a namespace node (`in_namespace`) gets no
+/// `WEAVE_HOST_ID` (not even ours): its hostname tells its node apart.
+pub(crate) fn set_rank_env(
+    cmd: &mut Command,
+    spec: &LaunchSpec,
+    rank: usize,
+    secret: &str,
+    (master_addr, master_port): (&str, u16),
+    in_namespace: bool,
+) {
     let n = spec.ranks;
     let per_node = spec.ranks_per_node().max(1);
     for var in FOREIGN_RANK_VARS {
         cmd.env_remove(var);
     }
-    if spec.posed_nodes.is_some() {
+    if in_namespace {
+        cmd.env_remove("WEAVE_HOST_ID").env("GROUP_RANK", (rank / per_node).to_string());
+    } else if spec.posed_nodes.is_some() {
         // The job's port names the posed nodes, so two jobs on one host never share one.
         cmd.env("GROUP_RANK", (rank / per_node).to_string())
             .env("WEAVE_HOST_ID", format!("posed-{master_port}-node-{}", rank / per_node));
@@ -42,7 +53,7 @@ pub(crate) fn set_rank_env(cmd: &mut Command, spec: &LaunchSpec, rank: usize, se
         .env("WORLD_SIZE", n.to_string())
         .env("LOCAL_RANK", (rank % per_node).to_string())
         .env("LOCAL_WORLD_SIZE", per_node.to_string())
-        .env("MASTER_ADDR", &spec.master_addr)
+        .env("MASTER_ADDR", master_addr)
         .env("MASTER_PORT", master_port.to_string())
         .env("WEAVE_SECRET", secret);
 }

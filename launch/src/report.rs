@@ -86,6 +86,11 @@ pub struct LaunchReport {
     pub first_failure: Option<usize>,
     /// The `MASTER_PORT` the ranks were given.
     pub master_port: u16,
+    /// The namespaces made for [`LaunchSpec::namespace_nodes`](crate::LaunchSpec::namespace_nodes),
+    /// as `/proc/PID/ns/*` links name them (`net:[4026532283]`): the switch's network
+    /// namespace, then each node's network, UTS and mount namespaces. Empty for other jobs.
+    /// [`namespace_holders`](crate::namespace_holders) tells whether anything still holds them.
+    pub namespaces: Vec<String>,
     /// Time from the start of [`launch`](crate::launch) until every rank was reaped.
     pub elapsed: Duration,
 }

@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use crate::cancel::CancelToken;
 use crate::error::{Error, Result};
+use crate::netns::{MAX_NAMESPACE_NODES, NamespaceNodes};
 use crate::output::Echo;
+use crate::rate::Rate;
 
 /// Default time a rank gets to exit after a cancel request forwarded its signal, before the
 /// launcher sends `SIGKILL`.
@@ -56,6 +58,14 @@ pub struct LaunchSpec {
     /// `GROUP_RANK` and a `WEAVE_HOST_ID` of its own node, so shared memory and CUDA IPC stay
     /// inside a node and a network transport carries the rest. `None`: one node.
     pub posed_nodes: Option<usize>,
+    /// Run the ranks as nodes that are Linux namespaces on this host, each with its own network
+    /// stack, hostname and `/dev/shm` (see [`NamespaceNodes`]), optionally with shaped links:
+    /// consecutive ranks share a node, each rank gets its node's `LOCAL_RANK`,
+    /// `LOCAL_WORLD_SIZE` and `GROUP_RANK`, `MASTER_ADDR` is node 0's address
+    /// ([`node_address`](crate::node_address)), and `master_addr` is not used. Needs root
+    /// (see [`namespace_nodes_available`](crate::namespace_nodes_available)). Excludes
+    /// `posed_nodes`. `None`: the ranks run in this process's namespaces.
+    pub namespace_nodes: Option<NamespaceNodes>,
 }
 
 impl LaunchSpec {
@@ -77,6 +87,7 @@ impl LaunchSpec {
             keep_going: false,
             bind_cores: false,
             posed_nodes: None,
+            namespace_nodes: None,
         }
     }
 
@@ -164,11 +175,26 @@ impl LaunchSpec {
         self
     }
 
-    /// Ranks per node: all of them, or the posed nodes' share.
+    /// Splits the ranks into `nodes` namespace nodes, their links shaped to `rate` when given
+    /// (see [`LaunchSpec::namespace_nodes`]).
+    pub fn namespace_nodes(mut self, nodes: usize, rate: Option<Rate>) -> Self {
+        self.namespace_nodes = Some(NamespaceNodes { nodes, rate });
+        self
+    }
+
+    /// Number of nodes: posed or namespace nodes, else 1.
+    pub fn nodes(&self) -> usize {
+        match (self.posed_nodes, self.namespace_nodes) {
+            (Some(nodes), _) | (None, Some(NamespaceNodes { nodes, .. })) => nodes,
+            (None, None) => 1,
+        }
+    }
+
+    /// Ranks per node: all of them, or the posed or namespace nodes' share.
     pub fn ranks_per_node(&self) -> usize {
-        match self.posed_nodes {
-            Some(nodes) if nodes > 0 => self.ranks / nodes,
-            _ => self.ranks,
+        match self.nodes() {
+            0 => self.ranks,
+            nodes => self.ranks / nodes,
         }
     }
 
@@ -185,6 +211,18 @@ impl LaunchSpec {
                 "{} ranks do not split into {nodes} posed nodes of equal size",
                 self.ranks
             )));
+        }
+        if let Some(NamespaceNodes { nodes, .. }) = self.namespace_nodes {
+            if self.posed_nodes.is_some() {
+                return Err(Error::invalid("LaunchSpec sets both posed_nodes and namespace_nodes; choose one"));
+            }
+            if nodes == 0 || nodes > MAX_NAMESPACE_NODES || !self.ranks.is_multiple_of(nodes) {
+                return Err(Error::invalid(format!(
+                    "{} ranks do not split into {nodes} namespace nodes of equal size (1 to {MAX_NAMESPACE_NODES} \
+                     nodes)",
+                    self.ranks
+                )));
+            }
         }
         if self.program.as_os_str().is_empty() {
             return Err(Error::invalid("LaunchSpec.program is empty; name the program every rank runs"));

@@ -96,3 +96,107 @@ fn every_collective_across_posed_nodes_over_tcp_2x2_and_3x1() {
         assert!(report.ranks.iter().all(|r| r.stdout.iter().any(|l| l.contains(&format!("on {nodes} nodes")))));
     }
 }
+
+// Namespace nodes: each node a network, UTS and mount namespace (own hostname and /dev/shm,
+// eth0 on a bridge). They need root, so they are ignored; `cargo xtask test` runs them as root
+// (`--ignored namespace`), and run without root they fail saying why.
+
+const BENCH: &str = env!("CARGO_BIN_EXE_bench-worker");
+
+/// Panics with the reason unless namespace nodes can be made here.
+fn require_namespaces() {
+    if let Err(e) = weave_launch::namespace_nodes_available(None) {
+        panic!("namespace nodes cannot be made here, so this test cannot run (it needs root): {e}");
+    }
+}
+
+/// Panics unless, within 5 s, nothing holds the job's namespaces and the host's /dev/shm has no
+/// segment of the job with `secret`.
+fn assert_nothing_left(report: &weave_launch::LaunchReport, secret: &str) {
+    assert!(!report.namespaces.is_empty(), "the job made no namespaces");
+    let end = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let held = weave_launch::namespace_holders(&report.namespaces);
+        if held.is_empty() {
+            break;
+        }
+        assert!(std::time::Instant::now() < end, "namespaces still held after the job:\n{}", held.join("\n"));
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let left = leftover_segments(secret);
+    assert!(left.is_empty(), "shared-memory segments in the host's /dev/shm: {left:?}");
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
+fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
+    require_namespaces();
+    for (nodes, per_node) in [(2, 2), (3, 1)] {
+        let secret = random_secret();
+        let spec = scenario_spec(Path::new(WORKER), "nodes", nodes * per_node, 30.0, Duration::from_secs(600))
+            .namespace_nodes(nodes, None)
+            .env("WEAVE_SECRET", &secret);
+        let report = run_ok(&spec, "nodes");
+        for r in &report.ranks {
+            let line = r.stdout.iter().find(|l| l.starts_with("OK nodes")).expect("OK line");
+            assert!(line.contains(&format!("on {nodes} nodes")), "{line}");
+            // Shared memory inside a node (its own /dev/shm), TCP between nodes.
+            for p in (0..nodes * per_node).filter(|&p| p != r.rank) {
+                let want = if p / per_node == r.rank / per_node { "shm" } else { "tcp" };
+                assert!(line.contains(&format!(" {p}:{want}")), "rank {} peer {p} not over {want}: {line}", r.rank);
+            }
+        }
+        assert_nothing_left(&report, &secret);
+    }
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
+fn a_rank_killed_across_namespace_nodes_fails_the_others_and_leaks_nothing() {
+    require_namespaces();
+    for (nodes, per_node) in [(2, 1), (2, 2)] {
+        let secret = random_secret();
+        let spec = scenario_spec(Path::new(WORKER), "channel-kill", nodes * per_node, 10.0, Duration::from_secs(60))
+            .arg("shm")
+            .namespace_nodes(nodes, None)
+            .env("WEAVE_SECRET", &secret)
+            .keep_going(true);
+        let report = launch_serialized(&spec).expect("launch channel-kill");
+        assert_survivors_saw_the_killed_rank(&report, "channel-kill");
+        assert_nothing_left(&report, &secret);
+    }
+}
+
+/// The bus bandwidth (GB/s) of a 32 MiB all-reduce between two namespace nodes of one rank.
+fn all_reduce_busbw(rate: Option<weave_launch::Rate>) -> f64 {
+    let args = ["--op", "all_reduce", "-b", "32M", "-e", "32M", "--warmup", "1", "--iters", "3"];
+    let spec = weave_launch::LaunchSpec::new(2, BENCH)
+        .args(args)
+        .timeout(Duration::from_secs(120))
+        .env("WEAVE_TIMEOUT", "60")
+        .capture(true)
+        .namespace_nodes(2, rate);
+    let report = launch_serialized(&spec).expect("launch bench-worker");
+    assert!(report.success(), "{}\n{}", report.summary(), weave_tests::launcher::dump(&report));
+    let line = report.ranks[0].stdout.iter().find(|l| l.contains("\"busbw\":")).expect("a result line");
+    let value = line.split("\"busbw\":").nth(1).and_then(|v| v.split([',', '}']).next()).expect("busbw");
+    value.parse().unwrap_or_else(|e| panic!("busbw in {line}: {e}"))
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
+fn namespace_links_shaped_to_1gbit_carry_at_most_1gbit() {
+    require_namespaces();
+    let rate: weave_launch::Rate = "1gbit".parse().unwrap();
+    let line_rate = rate.bytes_per_sec() as f64 / 1e9;
+    let free = all_reduce_busbw(None);
+    let shaped = all_reduce_busbw(Some(rate));
+    println!("all_reduce 32 MiB across 2 namespace nodes: {free:.3} GB/s unshaped, {shaped:.3} GB/s at {rate}");
+    // Two ranks: each sends the whole buffer once over its link, so busbw is the link's payload rate.
+    assert!(
+        free > 2.0 * line_rate,
+        "unshaped links carry only {free:.3} GB/s, too little to tell shaping at {line_rate} GB/s from none"
+    );
+    assert!(shaped <= 1.02 * line_rate, "shaped to {rate} ({line_rate} GB/s) yet carried {shaped:.3} GB/s");
+    assert!(shaped >= 0.6 * line_rate, "shaped to {rate} ({line_rate} GB/s) but carried only {shaped:.3} GB/s");
+}

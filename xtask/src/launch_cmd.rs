@@ -5,7 +5,10 @@ use std::ffi::OsString;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use weave_launch::{CancelToken, LaunchSpec, forward_signals_to, launch};
+use weave_launch::{
+    CancelToken, LaunchSpec, MAX_NAMESPACE_NODES, NAMESPACE_MASTER_PORT, Rate, forward_signals_to, launch,
+    namespace_nodes_available, node_address, node_hostname,
+};
 
 use crate::args::{Arg, Args, UsageError};
 
@@ -13,22 +16,33 @@ use crate::args::{Arg, Args, UsageError};
 pub(crate) const SUMMARY: &str = "run N ranks of a program on this host";
 
 /// One line for the command list of `cargo xtask help` (`multinode`).
-pub(crate) const MULTINODE_SUMMARY: &str = "run a program as ranks of several posed nodes on this host";
+pub(crate) const MULTINODE_SUMMARY: &str = "run a program as ranks of several nodes (network namespaces) on this host";
 
 /// The help text of `cargo xtask multinode`.
 pub(crate) const MULTINODE_USAGE: &str = "\
-usage: cargo xtask multinode -N NODES -n RANKS_PER_NODE [--timeout SECS] [--] CMD [ARGS...]
+usage: cargo xtask multinode -N NODES -n RANKS_PER_NODE [--rate RATE | --posed] [--timeout SECS]
+                             [--] CMD [ARGS...]
 
-Runs NODES x RANKS_PER_NODE ranks of CMD on this host as a job of NODES posed nodes: ranks
-r = node x RANKS_PER_NODE + i share node `node`; each rank gets the variables torchrun sets
-(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT) and
-WEAVE_HOST_ID naming its node, so shared memory and CUDA IPC stay inside a node and TCP carries
-the rest. The nodes share this host's network stack, hostname and /dev/shm (network namespaces
-per node, with --rate shaping, are not built yet). Otherwise as `cargo xtask launch`.
+Runs NODES x RANKS_PER_NODE ranks of CMD on this host as a job of NODES nodes: ranks
+r = node x RANKS_PER_NODE + i share node `node`, and each rank gets the variables torchrun sets
+(RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR, MASTER_PORT).
+
+Each node is a set of Linux namespaces: its own network stack (eth0 with 10.57.0.<node+1>/24 on
+a bridge, and lo), its own hostname (weave-node<node>) and its own /dev/shm, so shared memory
+and CUDA IPC stay inside a node and TCP carries the rest, as between machines. MASTER_ADDR is
+node 0's address, MASTER_PORT 29500; the nodes reach each other, not the outside. The namespaces are held by processes only, so nothing is
+left behind however the job ends, even when the launcher is killed. This needs root (or
+CAP_SYS_ADMIN and CAP_NET_ADMIN); without it, multinode falls back to posed nodes: the ranks
+share this host's network, hostname and /dev/shm and are told apart by WEAVE_HOST_ID (one line
+on stderr says so). Stderr always names the mode that ran. Otherwise as `cargo xtask launch`.
 
 options:
-  -N, --nodes NODES            posed nodes (required, at least 1)
+  -N, --nodes NODES            nodes (required, 1 to 250)
   -n, --ranks-per-node R       ranks per node (required, at least 1)
+      --rate RATE              shape each node's link to RATE in each direction (tc units:
+                               10gbit, 100mbit, 1gbps = 8gbit); needs namespaces
+      --posed                  posed nodes even where namespaces can be made
+      --master-addr ADDR       with --posed: MASTER_ADDR (default 127.0.0.1)
   -t, --timeout SECS           kill every rank after SECS seconds
   -h, --help                   print this help
 ";
@@ -57,8 +71,12 @@ exit status: 0 when every rank exited 0; 1 otherwise (a summary goes to stderr);
 #[derive(Debug, PartialEq)]
 struct LaunchArgs {
     ranks: usize,
-    /// Posed nodes (`multinode`).
+    /// Nodes (`multinode`).
     nodes: Option<usize>,
+    /// `--rate`: shape the nodes' links (`multinode`).
+    rate: Option<Rate>,
+    /// `--posed`: posed nodes even where namespaces can be made (`multinode`).
+    posed: bool,
     timeout: Option<Duration>,
     master_addr: Option<String>,
     command: Vec<OsString>,
@@ -80,6 +98,8 @@ enum Mode {
 
 fn parse_as(args: &mut Args, mode: Mode) -> Result<Parsed, UsageError> {
     let mut nodes = None;
+    let mut rate = None;
+    let mut posed = false;
     let mut ranks = None;
     let mut timeout = None;
     let mut master_addr = None;
@@ -89,18 +109,17 @@ fn parse_as(args: &mut Args, mode: Mode) -> Result<Parsed, UsageError> {
             Arg::Flag(f) if f == "-h" || f == "--help" => return Ok(Parsed::Help),
             Arg::Flag(f) if mode == Mode::Multinode && (f == "-N" || f == "--nodes") => {
                 let n: usize = args.parse(&f, "a number of nodes")?;
-                if n == 0 {
-                    return Err(UsageError(format!("{f} must be at least 1")));
+                if n == 0 || n > MAX_NAMESPACE_NODES {
+                    return Err(UsageError(format!("{f} must be at least 1 and at most {MAX_NAMESPACE_NODES}")));
                 }
                 nodes = Some(n);
             }
             Arg::Flag(f) if mode == Mode::Multinode && f == "--rate" => {
-                return Err(UsageError(
-                    "--rate needs a network namespace per node, which is not built yet (posed nodes share this \
-                     host's network)"
-                        .into(),
-                ));
+                let v = args.value(&f)?;
+                let text = v.to_str().ok_or_else(|| UsageError(format!("{f} must be UTF-8, got {v:?}")))?;
+                rate = Some(text.parse::<Rate>().map_err(|e| UsageError(format!("{f}: {e}")))?);
             }
+            Arg::Flag(f) if mode == Mode::Multinode && f == "--posed" => posed = true,
             Arg::Flag(f) if f == "-n" || f == "--ranks" || (mode == Mode::Multinode && f == "--ranks-per-node") => {
                 let n: usize = args.parse(&f, "a number of ranks")?;
                 if n == 0 {
@@ -147,7 +166,17 @@ fn parse_as(args: &mut Args, mode: Mode) -> Result<Parsed, UsageError> {
         }
         (Mode::Multinode, None) => return Err(UsageError("give the number of nodes with -N NODES".into())),
     };
-    Ok(Parsed::Run(LaunchArgs { ranks, nodes, timeout, master_addr, command }))
+    if posed && rate.is_some() {
+        return Err(UsageError(
+            "--rate shapes the links of network namespaces, and --posed nodes have none; drop one of them".into(),
+        ));
+    }
+    if mode == Mode::Multinode && master_addr.is_some() && !posed {
+        return Err(UsageError(
+            "--master-addr is node 0's address in network namespaces; give it only with --posed".into(),
+        ));
+    }
+    Ok(Parsed::Run(LaunchArgs { ranks, nodes, rate, posed, timeout, master_addr, command }))
 }
 
 /// Runs `cargo xtask launch` with the arguments after the subcommand name.
@@ -182,7 +211,15 @@ fn run_as(mut args: Args, mode: Mode) -> ExitCode {
     let program = command.next().unwrap_or_default();
     let mut spec = LaunchSpec::new(parsed.ranks, program).args(command).echo(true).cancel_token(token);
     spec.timeout = parsed.timeout;
-    spec.posed_nodes = parsed.nodes;
+    if let Some(nodes) = parsed.nodes {
+        match choose_nodes(nodes, parsed.ranks / nodes, parsed.rate, parsed.posed) {
+            Ok(NodeMode::Namespaces) => {
+                spec.namespace_nodes = Some(weave_launch::NamespaceNodes { nodes, rate: parsed.rate })
+            }
+            Ok(NodeMode::Posed) => spec.posed_nodes = Some(nodes),
+            Err(e) => return crate::usage_error(&e, name),
+        }
+    }
     if let Some(addr) = parsed.master_addr {
         spec = spec.master_addr(addr);
     }
@@ -195,6 +232,52 @@ fn run_as(mut args: Args, mode: Mode) -> ExitCode {
         Err(e) => {
             eprintln!("error: {e}");
             ExitCode::FAILURE
+        }
+    }
+}
+
+/// How `multinode` makes its nodes.
+#[derive(Debug, PartialEq)]
+enum NodeMode {
+    Namespaces,
+    Posed,
+}
+
+/// Namespaces where they can be made, else posed nodes (an error with `--rate`); prints the
+/// mode to stderr.
+fn choose_nodes(nodes: usize, per_node: usize, rate: Option<Rate>, posed: bool) -> Result<NodeMode, UsageError> {
+    let job = format!("{nodes} node(s) x {per_node} rank(s)");
+    let posed_line = |why: &str| {
+        eprintln!(
+            "multinode: {job} as posed nodes ({why}): the ranks share this host's network, hostname and /dev/shm and \
+             are told apart by WEAVE_HOST_ID"
+        )
+    };
+    if posed {
+        posed_line("--posed");
+        return Ok(NodeMode::Posed);
+    }
+    match namespace_nodes_available(rate) {
+        Ok(()) => {
+            let last = nodes - 1;
+            let shaped = rate.map(|r| format!(", each link shaped to {r} each way")).unwrap_or_default();
+            eprintln!(
+                "multinode: {job} as network namespaces: hostnames {}..{}, addresses {}..{} on a bridge{shaped}, \
+                 MASTER_ADDR {}:{NAMESPACE_MASTER_PORT}",
+                node_hostname(0),
+                node_hostname(last),
+                node_address(0),
+                node_address(last),
+                node_address(0),
+            );
+            Ok(NodeMode::Namespaces)
+        }
+        Err(e) if rate.is_some() => Err(UsageError(format!(
+            "--rate needs a network namespace per node, and none can be made here ({e}); run as root, or drop --rate"
+        ))),
+        Err(e) => {
+            posed_line(&format!("network namespaces cannot be made here: {e}"));
+            Ok(NodeMode::Posed)
         }
     }
 }
@@ -212,6 +295,8 @@ mod tests {
         let want = LaunchArgs {
             ranks: 4,
             nodes: None,
+            rate: None,
+            posed: false,
             timeout: Some(Duration::from_millis(1500)),
             master_addr: Some("10.0.0.1".into()),
             command: vec!["prog".into(), "-n".into(), "--x".into()],
@@ -231,7 +316,17 @@ mod tests {
         let err = |line: &[&str]| parse_as(&mut Args::new(line.iter().copied()), Mode::Multinode).unwrap_err().0;
         assert!(err(&["-n", "2", "x"]).contains("-N NODES"));
         assert!(err(&["-N", "0", "-n", "2", "x"]).contains("at least 1"));
-        assert!(err(&["-N", "2", "-n", "2", "--rate", "10gbit", "x"]).contains("not built yet"));
+        let line = ["-N", "2", "-n", "1", "--rate=10gbit", "x"];
+        let Parsed::Run(p) = parse_as(&mut Args::new(line.iter().copied()), Mode::Multinode).unwrap() else { panic!() };
+        assert_eq!((p.rate.map(Rate::bytes_per_sec), p.posed), (Some(1_250_000_000), false));
+        let line = ["-N", "2", "-n", "1", "--posed", "--master-addr", "127.0.0.2", "x"];
+        let Parsed::Run(p) = parse_as(&mut Args::new(line.iter().copied()), Mode::Multinode).unwrap() else { panic!() };
+        assert!(p.posed && p.rate.is_none());
+        assert!(err(&["-N", "2", "-n", "2", "--rate", "10gigabit", "x"]).contains("unknown unit"));
+        assert!(err(&["-N", "2", "-n", "2", "--rate", "10gbit", "--posed", "x"]).contains("drop one"));
+        assert!(err(&["-N", "2", "-n", "2", "--master-addr", "10.0.0.1", "x"]).contains("only with --posed"));
+        assert!(err(&["-N", "251", "-n", "1", "x"]).contains("at most 250"));
+        assert!(parse_line(&["--rate", "1gbit", "-n", "2", "x"]).unwrap_err().0.contains("unknown option --rate"));
         assert!(parse_line(&["-N", "2", "-n", "2", "x"]).unwrap_err().0.contains("unknown option -N"));
     }
 

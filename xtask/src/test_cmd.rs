@@ -10,11 +10,15 @@ pub(crate) const SUMMARY: &str = "run every test (add --long for the full collec
 
 /// The help text of `cargo xtask test`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask test [--long] [--release] [--no-ib] [-- CARGO-TEST-ARGS...]
+usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [-- CARGO-TEST-ARGS...]
 
 Runs `cargo test --workspace`: unit tests, the multi-process tests (which launch ranks through
 the same launcher as `cargo xtask launch`), doc tests, and a compile of every example. GPU
 tests report that they did not run when no GPU is present; they never count as passed there.
+Then the namespace-node tests (ignored by plain `cargo test`: they need root to make network
+namespaces; about 30 s): the launcher's nodes, nothing left behind after a killed rank or a
+killed launcher, the collectives matrix across namespace nodes 2x2 and 3x1, and --rate shaping;
+wherever namespaces can be made; with CI set they must run.
 Then the InfiniBand tests in SoftRoCE guests (`cargo xtask ib-vm --nodes 2`: the transport's
 device tests and the host matrix over verbs with 2 ranks in one guest, then across two guests;
 about 8 minutes), wherever QEMU is installed
@@ -23,6 +27,7 @@ or apt-get can install it (as root); with CI set they must run.
 options:
   --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
   --release    build with optimizations
+  --no-netns   leave out the namespace-node tests (they report that they did not run)
   --no-ib      leave out the InfiniBand guest (it reports that it did not run)
   -h, --help   print this help
 ";
@@ -32,6 +37,7 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
     let mut long = false;
     let mut release = false;
     let mut ib = true;
+    let mut netns = true;
     let mut extra = Vec::new();
     loop {
         match args.next() {
@@ -39,6 +45,7 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             Ok(Some(Arg::Flag(f))) if f == "--long" => long = true,
             Ok(Some(Arg::Flag(f))) if f == "--release" => release = true,
             Ok(Some(Arg::Flag(f))) if f == "--no-ib" => ib = false,
+            Ok(Some(Arg::Flag(f))) if f == "--no-netns" => netns = false,
             Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
                 print!("{USAGE}");
                 return ExitCode::SUCCESS;
@@ -55,8 +62,7 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             }
         }
     }
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let mut cmd = Command::new(cargo);
+    let mut cmd = Command::new(cargo());
     cmd.args(["test", "--workspace"]);
     if release {
         cmd.arg("--release");
@@ -68,7 +74,10 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
         cmd.env("WEAVE_TEST_LONG", "1");
     }
     match cmd.status() {
-        Ok(s) if s.success() => ib_guest(ib && extra.is_empty()),
+        Ok(s) if s.success() => match namespace_tests(netns && extra.is_empty(), release) {
+            code if code == ExitCode::SUCCESS => ib_guest(ib && extra.is_empty()),
+            code => code,
+        },
         Ok(s) => {
             eprintln!("cargo xtask test: cargo test failed ({s})");
             ExitCode::from(1)
@@ -80,14 +89,57 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
     }
 }
 
+fn cargo() -> std::ffi::OsString {
+    std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into())
+}
+
+fn ci() -> bool {
+    std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false")
+}
+
+/// The `#[ignore]`d namespace-node tests (their names hold `namespace`), when asked for and
+/// possible (always under CI, where they fail if namespaces cannot be made).
+fn namespace_tests(wanted: bool, release: bool) -> ExitCode {
+    if !wanted {
+        println!("cargo xtask test: the namespace-node tests did not run (--no-netns, or cargo test filters given)");
+        return ExitCode::SUCCESS;
+    }
+    if let Err(e) = weave_launch::namespace_nodes_available(None)
+        && !ci()
+    {
+        println!("cargo xtask test: the namespace-node tests did not run (they need root: {e})");
+        return ExitCode::SUCCESS;
+    }
+    for target in [&["-p", "weave-launch"][..], &["-p", "weave-tests", "--test", "collectives"]] {
+        let package = target[1];
+        let mut cmd = Command::new(cargo());
+        cmd.arg("test").args(target);
+        if release {
+            cmd.arg("--release");
+        }
+        cmd.args(["--", "--ignored", "namespace"]);
+        match cmd.status() {
+            Ok(s) if s.success() => {}
+            Ok(s) => {
+                eprintln!("cargo xtask test: the namespace-node tests of {package} failed ({s})");
+                return ExitCode::from(1);
+            }
+            Err(e) => {
+                eprintln!("cargo xtask test: could not run cargo: {e}");
+                return ExitCode::from(1);
+            }
+        }
+    }
+    ExitCode::SUCCESS
+}
+
 /// The InfiniBand guest, when asked for and possible (always under CI).
 fn ib_guest(wanted: bool) -> ExitCode {
-    let ci = std::env::var_os("CI").is_some_and(|v| !v.is_empty() && v != "0" && v != "false");
     if !wanted {
         println!("cargo xtask test: the InfiniBand guest tests did not run (--no-ib, or cargo test filters given)");
         return ExitCode::SUCCESS;
     }
-    if !ci && !crate::ib_vm_cmd::guest_possible() {
+    if !ci() && !crate::ib_vm_cmd::guest_possible() {
         println!(
             "cargo xtask test: the InfiniBand guest tests did not run (no qemu-system-x86_64, and no apt-get run as \
              root to install it)"
