@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use comm_core::connection::{Connection, check_write_ranges};
+use comm_core::connection::{CheckedWrite, Connection};
 use comm_core::error::{Error, Result};
 use comm_core::memory::RegisteredMemory;
 use comm_core::spin::{WaitContext, spin_until};
@@ -120,22 +120,14 @@ impl Connection for CudaIpcConnection {
         self.peer
     }
 
-    fn write(
-        &self,
-        dst: &RegisteredMemory,
-        dst_offset: usize,
-        src: &RegisteredMemory,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
-        let d = self.device_addr(dst, dst_offset, "destination")?;
-        let s = self.device_addr(src, src_offset, "source")?;
-        if len == 0 {
+    fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
+        let d = self.device_addr(write.dst, write.dst_offset, "destination")?;
+        let s = self.device_addr(write.src, write.src_offset, "source")?;
+        if write.len == 0 {
             return Ok(());
         }
         bind(&self.ctx)?;
-        cu::memcpy_dtod_async(d, s, len, self.stream)
+        cu::memcpy_dtod_async(d, s, write.len, self.stream)
     }
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
