@@ -197,10 +197,10 @@ impl TransportBackend for ShmBackend {
         let theirs = self.check_peer(peer, peer_endpoint)?;
         let p = Payload::decode(payload)?;
         check_peer_name(&p.name, &self.job_key, peer)?;
-        if p.pid != theirs.pid {
+        if p.pid != theirs.process.pid {
             return Err(Error::protocol(format!(
                 "shm export payload from rank {peer}: owner pid {} but the rank's endpoint says pid {}",
-                p.pid, theirs.pid
+                p.pid, theirs.process.pid
             )));
         }
         if p.len != len {
@@ -215,7 +215,7 @@ impl TransportBackend for ShmBackend {
     fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
         let theirs = self.check_peer(peer, peer_endpoint)?;
         // Endpoint::decode accepted only pids in 1..=i32::MAX.
-        let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("shm endpoint: bad pid"))?;
+        let pid = i32::try_from(theirs.process.pid).map_err(|_| Error::protocol("shm endpoint: bad pid"))?;
         let watch = PeerWatch::new(peer, Pid::from_raw(pid), "shm peer check");
         Ok(Arc::new(DirectConnection::new(transport(), peer, Box::new(move || watch.check()))))
     }
@@ -496,7 +496,7 @@ mod tests {
         assert!(matches!(b.import(0, &ep_a[..5], &good, 4096, MemoryKind::Host), Err(Error::Protocol(_))));
         assert!(matches!(b.import(3, &ep_a, &good, 4096, MemoryKind::Host), Err(Error::InvalidArgument(_))));
         let mut elsewhere = Endpoint::decode(&ep_a).unwrap();
-        elsewhere.boot_id.push('x');
+        elsewhere.process.boot_id.push('x');
         assert!(matches!(
             b.import(0, &elsewhere.encode(), &good, 4096, MemoryKind::Host),
             Err(Error::Transport { .. })
@@ -530,12 +530,12 @@ mod tests {
         let a = job.backend(0);
         let ep = a.local_endpoint().unwrap();
         let mut other_pid = Endpoint::decode(&ep).unwrap();
-        other_pid.pid = 1;
+        other_pid.process.pid = 1;
         let other_pid = other_pid.encode();
         assert!(a.can_reach(&ep, &other_pid).unwrap());
         assert!(a.can_reach(&other_pid, &ep).unwrap());
         let mut elsewhere = Endpoint::decode(&ep).unwrap();
-        elsewhere.hostname.push_str(".other");
+        elsewhere.process.hostname.push_str(".other");
         let elsewhere = elsewhere.encode();
         assert!(!a.can_reach(&ep, &elsewhere).unwrap());
         assert!(!a.can_reach(&elsewhere, &ep).unwrap());
@@ -553,7 +553,7 @@ mod tests {
         let child_pid = child.id();
         child.wait().unwrap();
         let mut dead = Endpoint::decode(&a.local_endpoint().unwrap()).unwrap();
-        dead.pid = child_pid;
+        dead.process.pid = child_pid;
         let conn = a.connect(1, &dead.encode()).unwrap();
         let r = conn.check_peer();
         assert!(matches!(&r, Err(Error::PeerLost { peer: 1, .. })), "{r:?}");
