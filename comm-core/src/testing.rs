@@ -4,7 +4,7 @@
 
 use crate::error::{Error, Result};
 use crate::memory::{MemoryDescriptor, MemoryKind, RegisteredMemory};
-use crate::transport::TransportBackend;
+use crate::transport::{PeerExport, TransportBackend};
 
 /// A descriptor of `len` bytes of host memory owned by `owner` (label `t`, sequence 0).
 pub fn descriptor(owner: usize, len: usize) -> MemoryDescriptor {
@@ -23,7 +23,9 @@ pub fn remote_region(
         .export(&region)?
         .ok_or_else(|| Error::invalid(format!("transport {} did not export its own region", owner.transport())))?;
     let local = RegisteredMemory::new_local(descriptor(1, len), region, owner.transport())?;
-    let imported = viewer.import(1, &owner.local_endpoint()?, &payload, len, MemoryKind::Host)?;
+    let peer_endpoint = owner.local_endpoint()?;
+    let export = PeerExport { peer: 1, peer_endpoint: &peer_endpoint, payload: &payload, len, kind: MemoryKind::Host };
+    let imported = viewer.import(export)?;
     Ok((local, RegisteredMemory::new_imported(descriptor(1, len), imported, viewer.transport())?))
 }
 

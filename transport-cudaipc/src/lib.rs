@@ -103,7 +103,7 @@ use comm_core::connection::Connection;
 use comm_core::error::{Error, Result};
 use comm_core::memory::{MemoryKind, MemoryRegion};
 use comm_core::same_host::{SameHostEndpoint, checked_peer_endpoint};
-use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};
 use cudarc::driver::CudaContext;
 use nix::unistd::Pid;
 use weave_cuda::{CudaDevice, DeviceRegion, DeviceStatus, driver};
@@ -367,14 +367,8 @@ impl TransportBackend for CudaIpcBackend {
         Ok(Some(Payload { pid: self.endpoint.process.pid, instance: region::process_instance(), export }.encode()))
     }
 
-    fn import(
-        &self,
-        peer: usize,
-        peer_endpoint: &[u8],
-        payload: &[u8],
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Arc<dyn MemoryRegion>> {
+    fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>> {
+        let PeerExport { peer, peer_endpoint, payload, len, kind } = export;
         if kind == MemoryKind::Host {
             return Err(Error::Unsupported("transport cudaipc imports device memory only".into()));
         }
