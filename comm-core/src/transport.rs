@@ -210,16 +210,7 @@ pub struct TransportContext {
     pub abort: Arc<AtomicBool>,
 }
 
-impl std::fmt::Debug for TransportContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransportContext")
-            .field("rank", &self.rank)
-            .field("world_size", &self.world_size)
-            .field("job_key", &self.job_key)
-            .field("communicator_id", &self.communicator_id)
-            .finish_non_exhaustive()
-    }
-}
+crate::debug_fields!(TransportContext { rank, world_size, job_key, communicator_id });
 
 /// Defines `pub fn transport() -> Transport` for a transport crate: the id of the name `$name`
 /// (the crate's `NAME`), registered on first use and the same on every later call.
