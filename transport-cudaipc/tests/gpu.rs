@@ -686,27 +686,8 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     if !driver_available() || device_count().unwrap_or(0) == 0 {
-        for (name, _) in &selected {
-            println!("test {name} ... SKIPPED");
-        }
-        println!("SKIPPED: no CUDA driver/device: the transport-cudaipc GPU tests did not run");
-        println!("gpu: 0 passed, 0 failed, {} skipped", selected.len());
-        return std::process::ExitCode::SUCCESS;
+        let names = selected.iter().map(|(name, _)| *name);
+        return comm_core::testing::report_skipped(names, "transport-cudaipc GPU", "no CUDA driver/device");
     }
-    let (mut passed, mut failed) = (0, Vec::new());
-    for (name, test) in &selected {
-        let started = Instant::now();
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                passed += 1;
-                println!("test {name} ... ok ({:.2?})", started.elapsed());
-            }
-            Err(_) => {
-                failed.push(*name);
-                println!("test {name} ... FAILED");
-            }
-        }
-    }
-    println!("gpu: {passed} passed, {} failed", failed.len());
-    if failed.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+    comm_core::testing::run_named_tests(selected, |test| test())
 }
