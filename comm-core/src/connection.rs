@@ -1,9 +1,11 @@
 //! Connections: how one rank moves bytes into a peer's registered memory.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::memory::RegisteredMemory;
+use crate::spin::{WaitContext, spin_until};
 use crate::transport::Transport;
 
 /// A one-way data path from this rank to one peer, built by a transport.
@@ -102,6 +104,21 @@ pub fn peer_region<'a, R: std::any::Any>(dst: &'a RegisteredMemory, peer: usize,
         )));
     }
     Ok(region)
+}
+
+/// Spins until `done()` holds for `connection` (a flush, say, named `operation` in errors):
+/// bounded by `timeout`, stopped by `abort`, and ended once the connection's
+/// [`check_peer`](Connection::check_peer) fails; every error names the operation and the peer.
+pub fn spin_until_peer(
+    connection: &dyn Connection,
+    operation: &str,
+    timeout: Duration,
+    abort: &AtomicBool,
+    done: impl FnMut() -> bool,
+) -> Result<()> {
+    let check = || connection.check_peer();
+    let wait = WaitContext { operation, peer: Some(connection.peer()), timeout, abort, check_peer: &check };
+    spin_until(&wait, done)
 }
 
 /// Tells whether a peer is still alive; transports supply one to [`DirectConnection`].

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use comm_core::connection::{CheckedWrite, Connection};
+use comm_core::connection::{CheckedWrite, Connection, spin_until_peer};
 use comm_core::error::{Error, Result};
 use comm_core::memory::RegisteredMemory;
-use comm_core::spin::{WaitContext, spin_until};
 use comm_core::transport::Transport;
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
@@ -166,16 +165,8 @@ impl Connection for CudaIpcConnection {
     fn flush(&self) -> Result<()> {
         bind(&self.ctx)?;
         let operation = format!("cudaipc copies to rank {} (stream flush)", self.peer);
-        let check = || self.check_peer();
-        let wait = WaitContext {
-            operation: &operation,
-            peer: Some(self.peer),
-            timeout: self.timeout,
-            abort: &self.abort,
-            check_peer: &check,
-        };
         let mut failure = None;
-        spin_until(&wait, || match cu::stream_query(self.stream) {
+        spin_until_peer(self, &operation, self.timeout, &self.abort, || match cu::stream_query(self.stream) {
             Ok(done) => done,
             Err(e) => {
                 failure = Some(e);

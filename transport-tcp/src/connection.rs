@@ -21,9 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use comm_core::connection::{CheckedWrite, Connection};
+use comm_core::connection::{CheckedWrite, Connection, spin_until_peer};
 use comm_core::memory::RegisteredMemory;
-use comm_core::spin::{WaitContext, spin_until};
 use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 
@@ -315,15 +314,9 @@ impl Connection for TcpConnection {
             order.flushes
         };
         let operation = format!("tcp flush to rank {}", self.peer);
-        let check = || self.check_peer();
-        let ctx = WaitContext {
-            operation: &operation,
-            peer: Some(self.peer),
-            timeout: self.timeout,
-            abort: &self.abort,
-            check_peer: &check,
-        };
-        spin_until(&ctx, || self.shared.answered.load(Ordering::Acquire) >= sequence)
+        spin_until_peer(self, &operation, self.timeout, &self.abort, || {
+            self.shared.answered.load(Ordering::Acquire) >= sequence
+        })
     }
 
     fn check_peer(&self) -> Result<()> {
