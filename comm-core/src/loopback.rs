@@ -46,16 +46,7 @@ fn process_nonce() -> u64 {
 /// The name the loopback transport registers.
 pub const NAME: &str = "loopback";
 
-/// The loopback transport's id, registered on first use.
-///
-/// # Panics
-///
-/// If the process registered [`MAX_TRANSPORTS`](crate::transport::MAX_TRANSPORTS) other
-/// transport names before this one.
-pub fn transport() -> Transport {
-    static ID: OnceLock<Transport> = OnceLock::new();
-    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
-}
+crate::transport_id!(NAME);
 
 /// The loopback transport factory: hand it to the communicator builder in in-process tests.
 #[derive(Debug, Default, Clone, Copy)]
