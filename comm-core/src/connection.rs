@@ -1,9 +1,11 @@
 //! Connections: how one rank moves bytes into a peer's registered memory.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::memory::RegisteredMemory;
+use crate::spin::{WaitContext, spin_until};
 use crate::transport::Transport;
 
 /// A one-way data path from this rank to one peer, built by a transport.
@@ -19,8 +21,8 @@ pub trait Connection: Send + Sync {
     fn peer(&self) -> usize;
 
     /// Copies `len` bytes from `src[src_offset..]` (local) to `dst[dst_offset..]` (usually the
-    /// peer's). Both ranges are checked (implementations call [`check_write_ranges`]): out of
-    /// range is [`Error::InvalidArgument`].
+    /// peer's). Both ranges are checked first ([`CheckedWrite::new`]): out of range is
+    /// [`Error::InvalidArgument`]. Transports implement [`write_checked`](Self::write_checked).
     fn write(
         &self,
         dst: &RegisteredMemory,
@@ -28,7 +30,12 @@ pub trait Connection: Send + Sync {
         src: &RegisteredMemory,
         src_offset: usize,
         len: usize,
-    ) -> Result<()>;
+    ) -> Result<()> {
+        self.write_checked(CheckedWrite::new(dst, dst_offset, src, src_offset, len)?)
+    }
+
+    /// Does a [`write`](Self::write) whose ranges were checked: the transport's own copy.
+    fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()>;
 
     /// Stores `value` into the 8-byte word at `dst[dst_offset]`, visible to the peer only after
     /// every earlier write of this connection (release ordering). Used for semaphores and flags.
@@ -44,18 +51,39 @@ pub trait Connection: Send + Sync {
     }
 }
 
-/// Checks the two ranges of a [`Connection::write`] of `len` bytes: `dst[dst_offset..]` and
-/// `src[src_offset..]` must lie inside their regions, else [`Error::InvalidArgument`] naming the
-/// region, its owner and its length. Every connection calls it before touching either region.
-pub fn check_write_ranges(
-    dst: &RegisteredMemory,
-    dst_offset: usize,
-    src: &RegisteredMemory,
-    src_offset: usize,
-    len: usize,
-) -> Result<()> {
-    dst.check_range(dst_offset, len)?;
-    src.check_range(src_offset, len)
+/// The arguments of one [`Connection::write`] after its two ranges were checked: what a
+/// transport's [`Connection::write_checked`] receives. Only [`new`](Self::new) makes one (the
+/// type is `non_exhaustive`), so a transport never sees a range outside its region.
+#[derive(Debug, Clone, Copy)]
+#[non_exhaustive]
+pub struct CheckedWrite<'a> {
+    /// Where the bytes go (usually the peer's memory).
+    pub dst: &'a RegisteredMemory,
+    /// Offset in `dst` of the first byte written.
+    pub dst_offset: usize,
+    /// Where the bytes come from (this rank's memory).
+    pub src: &'a RegisteredMemory,
+    /// Offset in `src` of the first byte read.
+    pub src_offset: usize,
+    /// Bytes to copy.
+    pub len: usize,
+}
+
+impl<'a> CheckedWrite<'a> {
+    /// A write of `len` bytes from `src[src_offset..]` to `dst[dst_offset..]` once both ranges
+    /// lie inside their regions, else [`Error::InvalidArgument`] naming the region, its owner
+    /// and its length.
+    pub fn new(
+        dst: &'a RegisteredMemory,
+        dst_offset: usize,
+        src: &'a RegisteredMemory,
+        src_offset: usize,
+        len: usize,
+    ) -> Result<Self> {
+        dst.check_range(dst_offset, len)?;
+        src.check_range(src_offset, len)?;
+        Ok(CheckedWrite { dst, dst_offset, src, src_offset, len })
+    }
 }
 
 /// The region of `dst` as `R`, the handle type a network transport's `import` makes for a peer's
@@ -76,6 +104,21 @@ pub fn peer_region<'a, R: std::any::Any>(dst: &'a RegisteredMemory, peer: usize,
         )));
     }
     Ok(region)
+}
+
+/// Spins until `done()` holds for `connection` (a flush, say, named `operation` in errors):
+/// bounded by `timeout`, stopped by `abort`, and ended once the connection's
+/// [`check_peer`](Connection::check_peer) fails; every error names the operation and the peer.
+pub fn spin_until_peer(
+    connection: &dyn Connection,
+    operation: &str,
+    timeout: Duration,
+    abort: &AtomicBool,
+    done: impl FnMut() -> bool,
+) -> Result<()> {
+    let check = || connection.check_peer();
+    let wait = WaitContext { operation, peer: Some(connection.peer()), timeout, abort, check_peer: &check };
+    spin_until(&wait, done)
 }
 
 /// Tells whether a peer is still alive; transports supply one to [`DirectConnection`].
@@ -117,24 +160,16 @@ impl Connection for DirectConnection {
         self.peer
     }
 
-    fn write(
-        &self,
-        dst: &RegisteredMemory,
-        dst_offset: usize,
-        src: &RegisteredMemory,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
-        let d = self.mapped(dst, "destination")?;
-        let s = self.mapped(src, "source")?;
-        if len == 0 {
+    fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
+        let d = self.mapped(write.dst, "destination")?;
+        let s = self.mapped(write.src, "source")?;
+        if write.len == 0 {
             return Ok(());
         }
         // SAFETY: both ranges were checked to lie inside their mapped regions, which stay mapped
-        // while `dst` and `src` are borrowed. `ptr::copy` allows overlap (a rank may copy within
+        // while `write` borrows them. `ptr::copy` allows overlap (a rank may copy within
         // one buffer). Concurrent access by other processes is ordered by semaphores.
-        unsafe { std::ptr::copy(s.add(src_offset), d.add(dst_offset), len) };
+        unsafe { std::ptr::copy(s.add(write.src_offset), d.add(write.dst_offset), write.len) };
         Ok(())
     }
 

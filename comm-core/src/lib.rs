@@ -12,6 +12,7 @@ pub mod bootstrap;
 pub mod communicator;
 pub mod config;
 pub mod connection;
+mod debug_fields;
 pub mod device;
 pub mod error;
 pub mod fifo;

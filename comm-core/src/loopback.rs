@@ -15,7 +15,7 @@ use crate::config::Deadline;
 use crate::connection::{Connection, DirectConnection};
 use crate::error::{Error, Result};
 use crate::memory::{HeapRegion, HostRegion, MemoryKind, MemoryRegion};
-use crate::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use crate::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};
 use crate::wire::{Decoder, Encoder};
 
 const ENDPOINT_MAGIC: [u8; 4] = *b"WVLE";
@@ -46,16 +46,7 @@ fn process_nonce() -> u64 {
 /// The name the loopback transport registers.
 pub const NAME: &str = "loopback";
 
-/// The loopback transport's id, registered on first use.
-///
-/// # Panics
-///
-/// If the process registered [`MAX_TRANSPORTS`](crate::transport::MAX_TRANSPORTS) other
-/// transport names before this one.
-pub fn transport() -> Transport {
-    static ID: OnceLock<Transport> = OnceLock::new();
-    *ID.get_or_init(|| Transport::named(NAME).unwrap_or_else(|e| panic!("{e}")))
-}
+crate::transport_id!(NAME);
 
 /// The loopback transport factory: hand it to the communicator builder in in-process tests.
 #[derive(Debug, Default, Clone, Copy)]
@@ -138,14 +129,8 @@ impl TransportBackend for LoopbackBackend {
         Ok(Some(Encoder::new(EXPORT_MAGIC, WIRE_VERSION).u64(r.key).finish()))
     }
 
-    fn import(
-        &self,
-        peer: usize,
-        peer_endpoint: &[u8],
-        payload: &[u8],
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Arc<dyn MemoryRegion>> {
+    fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>> {
+        let PeerExport { peer, peer_endpoint, payload, len, kind } = export;
         let (pid, nonce) = decode_endpoint(peer_endpoint)?;
         if pid != std::process::id() || nonce != process_nonce() {
             return Err(Error::transport(NAME, format!("rank {peer} is in another process")));
@@ -324,14 +309,17 @@ mod tests {
         let other = Encoder::new(ENDPOINT_MAGIC, WIRE_VERSION).u32(std::process::id() + 1).u64(1).finish();
         assert!(!b.can_reach(&ep, &other).unwrap());
         assert!(b.can_reach(&ep, &b"junk"[..]).is_err());
+        let import = |peer_endpoint: &[u8], payload: &[u8], len: usize| {
+            b.import(PeerExport { peer: 1, peer_endpoint, payload, len, kind: MemoryKind::Host })
+        };
         let payload = Encoder::new(EXPORT_MAGIC, WIRE_VERSION).u64(u64::MAX).finish();
-        assert!(b.import(1, &ep, &payload, 8, MemoryKind::Host).is_err());
-        assert!(b.import(1, &other, &payload, 8, MemoryKind::Host).is_err());
+        assert!(import(&ep, &payload, 8).is_err());
+        assert!(import(&other, &payload, 8).is_err());
         let region = b.allocate(100, MemoryKind::Host).unwrap();
         let payload = b.export(&region).unwrap().unwrap();
-        let imported = b.import(1, &ep, &payload, 100, MemoryKind::Host).unwrap();
+        let imported = import(&ep, &payload, 100).unwrap();
         assert_eq!(imported.as_ptr(), region.as_ptr());
-        assert!(b.import(1, &ep, &payload, 101, MemoryKind::Host).is_err());
-        assert!(b.import(1, &ep, &payload[..payload.len() - 1], 100, MemoryKind::Host).is_err());
+        assert!(import(&ep, &payload, 101).is_err());
+        assert!(import(&ep, &payload[..payload.len() - 1], 100).is_err());
     }
 }

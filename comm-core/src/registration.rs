@@ -21,7 +21,7 @@ use crate::communicator::{Communicator, WIRE_VERSION};
 use crate::error::{Error, Result};
 use crate::memory::{MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
 use crate::semaphore::{HostSemaphore, Token};
-use crate::transport::{Transport, TransportBackend};
+use crate::transport::{PeerExport, Transport, TransportBackend};
 use crate::wire::{Decoder, Encoder};
 
 /// Tag of a pairwise memory exchange (token pools, [`Communicator::exchange_pair`]).
@@ -135,7 +135,7 @@ impl Communicator {
             )));
         };
         let t = backend.transport();
-        let region = backend.import(peer, ep, payload, d.len, d.kind)?;
+        let region = backend.import(PeerExport { peer, peer_endpoint: ep, payload, len: d.len, kind: d.kind })?;
         Ok(RegisteredMemory::new_imported(d, region, t)?.in_communicator(self.id))
     }
 

@@ -13,10 +13,9 @@ use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
-use crate::connection::Connection;
+use crate::connection::{Connection, spin_until_peer};
 use crate::error::{Error, Result};
 use crate::memory::RegisteredMemory;
-use crate::spin::{WaitContext, spin_until};
 
 /// One 8-byte token inside registered memory.
 #[derive(Debug, Clone)]
@@ -155,17 +154,10 @@ impl HostSemaphore {
             )));
         };
         let target = self.expected.fetch_add(1, Ordering::AcqRel) + 1;
-        let conn = &self.connection;
-        let check = || conn.check_peer();
         let op = format!("semaphore signal #{target}");
-        let ctx = WaitContext {
-            operation: &op,
-            peer: Some(conn.peer()),
-            timeout: self.timeout,
-            abort: &self.abort,
-            check_peer: &check,
-        };
-        let r = spin_until(&ctx, || word.load(Ordering::Acquire) >= target);
+        let r = spin_until_peer(self.connection.as_ref(), &op, self.timeout, &self.abort, || {
+            word.load(Ordering::Acquire) >= target
+        });
         if r.is_err() {
             // Leave the count as it was, so a caller that handles the error sees a consistent state.
             self.expected.fetch_sub(1, Ordering::AcqRel);

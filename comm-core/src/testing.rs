@@ -1,10 +1,18 @@
 //! Helpers for testing a transport backend inside one process: memory one backend owns and
 //! another imports, patterned sources, byte comparison. Transport crates use them in their unit
 //! tests; they are ordinary library code (no panics: every failure is an error).
+//!
+//! Also the reporting of the custom (`harness = false`) test binaries that need a GPU:
+//! [`report_skipped`] where the machine lacks one (a GPU test never counts as passed there) and
+//! [`run_named_tests`] where it has one, both in libtest's line format.
+
+use std::panic::AssertUnwindSafe;
+use std::process::ExitCode;
+use std::time::Instant;
 
 use crate::error::{Error, Result};
 use crate::memory::{MemoryDescriptor, MemoryKind, RegisteredMemory};
-use crate::transport::TransportBackend;
+use crate::transport::{PeerExport, TransportBackend};
 
 /// A descriptor of `len` bytes of host memory owned by `owner` (label `t`, sequence 0).
 pub fn descriptor(owner: usize, len: usize) -> MemoryDescriptor {
@@ -23,7 +31,9 @@ pub fn remote_region(
         .export(&region)?
         .ok_or_else(|| Error::invalid(format!("transport {} did not export its own region", owner.transport())))?;
     let local = RegisteredMemory::new_local(descriptor(1, len), region, owner.transport())?;
-    let imported = viewer.import(1, &owner.local_endpoint()?, &payload, len, MemoryKind::Host)?;
+    let peer_endpoint = owner.local_endpoint()?;
+    let export = PeerExport { peer: 1, peer_endpoint: &peer_endpoint, payload: &payload, len, kind: MemoryKind::Host };
+    let imported = viewer.import(export)?;
     Ok((local, RegisteredMemory::new_imported(descriptor(1, len), imported, viewer.transport())?))
 }
 
@@ -68,4 +78,39 @@ pub fn context(rank: usize, job_key: &str, timeout: std::time::Duration) -> crat
         config: crate::config::Config { timeout, ..crate::config::Config::default() },
         abort: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
     }
+}
+
+/// Reports every test of `names` as skipped, then why (`SKIPPED: {why}: the {suite} tests did
+/// not run`) and a summary of 0 passed, and returns success: what a custom harness prints on a
+/// machine without what its tests need.
+pub fn report_skipped<'a>(names: impl IntoIterator<Item = &'a str>, suite: &str, why: &str) -> ExitCode {
+    let mut skipped = 0;
+    for name in names {
+        println!("test {name} ... SKIPPED");
+        skipped += 1;
+    }
+    println!("SKIPPED: {why}: the {suite} tests did not run");
+    println!("gpu: 0 passed, 0 failed, {skipped} skipped");
+    ExitCode::SUCCESS
+}
+
+/// Runs each named test through `run`, catching its panic: prints `test {name} ... ok ({time})`
+/// or `test {name} ... FAILED` for each and a summary, and returns failure if any test failed.
+pub fn run_named_tests<'a, T: 'a>(tests: impl IntoIterator<Item = &'a (&'a str, T)>, run: impl Fn(&T)) -> ExitCode {
+    let (mut passed, mut failed) = (0, 0);
+    for (name, test) in tests {
+        let started = Instant::now();
+        match std::panic::catch_unwind(AssertUnwindSafe(|| run(test))) {
+            Ok(()) => {
+                passed += 1;
+                println!("test {name} ... ok ({:.2?})", started.elapsed());
+            }
+            Err(_) => {
+                failed += 1;
+                println!("test {name} ... FAILED");
+            }
+        }
+    }
+    println!("gpu: {passed} passed, {failed} failed");
+    if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

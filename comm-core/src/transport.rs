@@ -210,16 +210,7 @@ pub struct TransportContext {
     pub abort: Arc<AtomicBool>,
 }
 
-impl std::fmt::Debug for TransportContext {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TransportContext")
-            .field("rank", &self.rank)
-            .field("world_size", &self.world_size)
-            .field("job_key", &self.job_key)
-            .field("communicator_id", &self.communicator_id)
-            .finish_non_exhaustive()
-    }
-}
+crate::debug_fields!(TransportContext { rank, world_size, job_key, communicator_id });
 
 /// Defines `pub fn transport() -> Transport` for a transport crate: the id of the name `$name`
 /// (the crate's `NAME`), registered on first use and the same on every later call.
@@ -243,6 +234,35 @@ macro_rules! transport_id {
             *ID.get_or_init(|| $crate::transport::Transport::named($name).unwrap_or_else(|e| panic!("{e}")))
         }
     };
+}
+
+/// A region a peer exported through a transport, as [`TransportBackend::import`] receives it.
+#[derive(Debug, Clone, Copy)]
+pub struct PeerExport<'a> {
+    /// The rank that owns the memory.
+    pub peer: usize,
+    /// That rank's endpoint for this transport (its [`TransportBackend::local_endpoint`]).
+    pub peer_endpoint: &'a [u8],
+    /// What that rank's [`TransportBackend::export`] gave for the region.
+    pub payload: &'a [u8],
+    /// Length of the region in bytes, from the checked descriptor.
+    pub len: usize,
+    /// Kind of the memory, from the checked descriptor.
+    pub kind: MemoryKind,
+}
+
+impl PeerExport<'_> {
+    /// `Err(Unsupported)` unless the export is host memory: the check of a transport (named
+    /// `transport`) that carries host memory only.
+    pub fn require_host(&self, transport: &str) -> Result<()> {
+        if self.kind == MemoryKind::Host {
+            return Ok(());
+        }
+        Err(Error::Unsupported(format!(
+            "rank {} exported {:?} memory through transport {transport}, which imports host memory only",
+            self.peer, self.kind
+        )))
+    }
 }
 
 /// The user-facing half of a transport: a value handed to the communicator builder, which
@@ -287,16 +307,9 @@ pub trait TransportBackend: Send + Sync {
     /// export that region (it was allocated elsewhere, or is the wrong kind).
     fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>>;
 
-    /// Maps the region `peer` exported (`payload` from its [`export`](Self::export)). `len` and
-    /// `kind` come from the checked descriptor; the result must be exactly that long.
-    fn import(
-        &self,
-        peer: usize,
-        peer_endpoint: &[u8],
-        payload: &[u8],
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Arc<dyn MemoryRegion>>;
+    /// Maps the region a peer exported through this transport; the result must be exactly
+    /// [`export.len`](PeerExport::len) long.
+    fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>>;
 
     /// Builds a connection to `peer`. Both sides call it, in the same order relative to other
     /// connection setups with that peer.

@@ -104,6 +104,11 @@ impl<'a> Decoder<'a> {
         Ok(d)
     }
 
+    /// What the message is, as errors about it name it.
+    pub fn what(&self) -> &'static str {
+        self.what
+    }
+
     fn take(&mut self, n: usize) -> Result<&'a [u8]> {
         let left = self.buf.len() - self.pos;
         if n > left {

@@ -30,23 +30,13 @@
 
 namespace weave {
 
-// Collective codes (collectives::gpu's ChannelArgs::collective).
-enum ChannelCollective : uint32_t {
-  CHANNEL_ALL_REDUCE = 0,
-  CHANNEL_ALL_GATHER = 1,
-  CHANNEL_REDUCE_SCATTER = 2,
-  CHANNEL_BROADCAST = 3,
-  CHANNEL_REDUCE = 4,
-  CHANNEL_ALL_TO_ALL = 5,
-  CHANNEL_ALL_TO_ALLV = 6,
-  CHANNEL_SEND_RECV = 7,
-};
+// The collective codes (enum ChannelCollective: CHANNEL_ALL_REDUCE, CHANNEL_ALL_GATHER,
+// CHANNEL_REDUCE_SCATTER, CHANNEL_BROADCAST, CHANNEL_REDUCE, CHANNEL_ALL_TO_ALL,
+// CHANNEL_ALL_TO_ALLV, CHANNEL_SEND_RECV), the algorithm codes (enum ChannelAlgorithm:
+// CHANNEL_RING, CHANNEL_DIRECT) and CHANNEL_NO_PEER, the rank number that names no peer
+// (send/receive without one side), are declared in front of this file from their Rust
+// definitions (kernels::channel::code_declarations).
 
-// Algorithm codes (ChannelArgs::algorithm).
-enum ChannelAlgorithm : uint32_t { CHANNEL_RING = 0, CHANNEL_DIRECT = 1 };
-
-// A rank number that names no peer (send/receive without one side).
-constexpr uint32_t CHANNEL_NO_PEER = 0xffffffffu;
 // A rank number that names every peer (direct exchanges).
 constexpr uint32_t CHANNEL_ALL_PEERS = 0xfffffffeu;
 

@@ -7,6 +7,7 @@ use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
+use comm_core::testing::{report_skipped, run_named_tests};
 use weave_tests::launcher::{assert_survivors_saw_the_killed_rank, dump, launch_serialized, run_ok, scenario_spec};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_gpu-worker");
@@ -222,30 +223,10 @@ fn main() -> ExitCode {
                 Ok(n) => format!("{n} GPU(s); these tests need 2 (or 1 with WEAVE_TEST_SHARE_GPU=1)"),
                 Err(e) => e,
             };
-            for (name, _) in &selected {
-                println!("test {name} ... SKIPPED");
-            }
-            println!("SKIPPED: {why}: the weave GPU tests did not run");
-            println!("gpu: 0 passed, 0 failed, {} skipped", selected.len());
-            return ExitCode::SUCCESS;
+            return report_skipped(selected.iter().map(|(name, _)| *name), "weave GPU", &why);
         }
     };
     println!("weave GPU tests on {gpus} GPUs (worlds {:?})", worlds(gpus));
     warm_kernel_cache();
-    let (mut passed, mut failed) = (0, Vec::new());
-    for (name, test) in &selected {
-        let started = Instant::now();
-        match std::panic::catch_unwind(|| test(gpus)) {
-            Ok(()) => {
-                passed += 1;
-                println!("test {name} ... ok ({:.1?})", started.elapsed());
-            }
-            Err(_) => {
-                failed.push(*name);
-                println!("test {name} ... FAILED");
-            }
-        }
-    }
-    println!("gpu: {passed} passed, {} failed", failed.len());
-    if failed.is_empty() { ExitCode::SUCCESS } else { ExitCode::FAILURE }
+    run_named_tests(selected, |test| test(gpus))
 }

@@ -5,10 +5,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use comm_core::connection::{Connection, check_write_ranges};
+use comm_core::connection::{CheckedWrite, Connection, spin_until_peer};
 use comm_core::error::{Error, Result};
 use comm_core::memory::RegisteredMemory;
-use comm_core::spin::{WaitContext, spin_until};
 use comm_core::transport::Transport;
 use cudarc::driver::CudaContext;
 use cudarc::driver::sys::CUstream;
@@ -120,22 +119,14 @@ impl Connection for CudaIpcConnection {
         self.peer
     }
 
-    fn write(
-        &self,
-        dst: &RegisteredMemory,
-        dst_offset: usize,
-        src: &RegisteredMemory,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
-        let d = self.device_addr(dst, dst_offset, "destination")?;
-        let s = self.device_addr(src, src_offset, "source")?;
-        if len == 0 {
+    fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
+        let d = self.device_addr(write.dst, write.dst_offset, "destination")?;
+        let s = self.device_addr(write.src, write.src_offset, "source")?;
+        if write.len == 0 {
             return Ok(());
         }
         bind(&self.ctx)?;
-        cu::memcpy_dtod_async(d, s, len, self.stream)
+        cu::memcpy_dtod_async(d, s, write.len, self.stream)
     }
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
@@ -174,16 +165,8 @@ impl Connection for CudaIpcConnection {
     fn flush(&self) -> Result<()> {
         bind(&self.ctx)?;
         let operation = format!("cudaipc copies to rank {} (stream flush)", self.peer);
-        let check = || self.check_peer();
-        let wait = WaitContext {
-            operation: &operation,
-            peer: Some(self.peer),
-            timeout: self.timeout,
-            abort: &self.abort,
-            check_peer: &check,
-        };
         let mut failure = None;
-        spin_until(&wait, || match cu::stream_query(self.stream) {
+        spin_until_peer(self, &operation, self.timeout, &self.abort, || match cu::stream_query(self.stream) {
             Ok(done) => done,
             Err(e) => {
                 failure = Some(e);

@@ -91,11 +91,7 @@ pub(crate) struct FdServer {
     thread: Option<JoinHandle<()>>,
 }
 
-impl std::fmt::Debug for FdServer {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("FdServer").field("name", &self.name).finish_non_exhaustive()
-    }
-}
+comm_core::debug_fields!(FdServer { name });
 
 struct Served {
     ctx: Arc<CudaContext>,

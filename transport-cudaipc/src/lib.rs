@@ -103,7 +103,7 @@ use comm_core::connection::Connection;
 use comm_core::error::{Error, Result};
 use comm_core::memory::{MemoryKind, MemoryRegion};
 use comm_core::same_host::{SameHostEndpoint, checked_peer_endpoint};
-use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};
 use cudarc::driver::CudaContext;
 use nix::unistd::Pid;
 use weave_cuda::{CudaDevice, DeviceRegion, DeviceStatus, driver};
@@ -364,26 +364,20 @@ impl TransportBackend for CudaIpcBackend {
             // Imported memory is not re-exported: peers import it from its owner.
             return Ok(None);
         };
-        Ok(Some(Payload { pid: self.endpoint.pid, instance: region::process_instance(), export }.encode()))
+        Ok(Some(Payload { pid: self.endpoint.process.pid, instance: region::process_instance(), export }.encode()))
     }
 
-    fn import(
-        &self,
-        peer: usize,
-        peer_endpoint: &[u8],
-        payload: &[u8],
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Arc<dyn MemoryRegion>> {
+    fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>> {
+        let PeerExport { peer, peer_endpoint, payload, len, kind } = export;
         if kind == MemoryKind::Host {
             return Err(Error::Unsupported("transport cudaipc imports device memory only".into()));
         }
         let theirs = self.peer_endpoint(peer, peer_endpoint)?;
         let p = Payload::decode(payload)?;
-        if p.pid != theirs.pid {
+        if p.pid != theirs.process.pid {
             return Err(Error::protocol(format!(
                 "cudaipc export payload from rank {peer}: owner pid {} but the rank's endpoint says pid {}",
-                p.pid, theirs.pid
+                p.pid, theirs.process.pid
             )));
         }
         self.gpu.bind()?;
@@ -397,7 +391,7 @@ impl TransportBackend for CudaIpcBackend {
                 }
                 let size = usize::try_from(size).map_err(|_| Error::protocol("allocation size does not fit usize"))?;
                 let name = socket_name(&self.job_key, peer, theirs.communicator_id);
-                let source = FdSource { name: &name, peer, pid: theirs.pid, timeout: self.timeout };
+                let source = FdSource { name: &name, peer, pid: theirs.process.pid, timeout: self.timeout };
                 region::import_vmm(ctx, device, (p.pid, p.instance, id), size, len, kind, || {
                     source.fetch(id, size as u64)
                 })?
@@ -409,7 +403,7 @@ impl TransportBackend for CudaIpcBackend {
                          {base_size} bytes"
                     )));
                 }
-                if p.pid == self.endpoint.pid && p.instance == region::process_instance() {
+                if p.pid == self.endpoint.process.pid && p.instance == region::process_instance() {
                     region::same_process(device, base, base_size as usize, offset as usize, len, kind)?
                 } else {
                     region::import_ipc(ctx, device, (p.pid, p.instance), &handle, offset as usize, len, kind)?
@@ -422,7 +416,7 @@ impl TransportBackend for CudaIpcBackend {
     fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
         let theirs = self.peer_endpoint(peer, peer_endpoint)?;
         // Endpoint::decode accepted only pids in 1..=i32::MAX.
-        let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("cudaipc endpoint: bad pid"))?;
+        let pid = i32::try_from(theirs.process.pid).map_err(|_| Error::protocol("cudaipc endpoint: bad pid"))?;
         let watch = PeerWatch::new(peer, Pid::from_raw(pid), "cudaipc peer check");
         let conn = CudaIpcConnection::new(
             self.gpu.context().clone(),
@@ -499,13 +493,13 @@ mod tests {
     fn can_reach_is_symmetric_deterministic_and_rejects_garbage() {
         let a = Endpoint::local(0, "0000:18:00.0".into(), 1, None).unwrap();
         let mut same_host = a.clone();
-        same_host.pid = a.pid.wrapping_add(1).max(1);
+        same_host.process.pid = a.process.pid.wrapping_add(1).max(1);
         same_host.device = 1;
         same_host.communicator_id = 5;
         let mut other_host = a.clone();
-        other_host.boot_id.push('x');
+        other_host.process.boot_id.push('x');
         let mut other_user = a.clone();
-        other_user.uid ^= 1;
+        other_user.process.uid ^= 1;
         let all = [a, same_host, other_host, other_user];
         for x in &all {
             for y in &all {

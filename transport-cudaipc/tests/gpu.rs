@@ -17,7 +17,7 @@ use comm_core::config::Config;
 use comm_core::device::DeviceError;
 use comm_core::error::Error;
 use comm_core::memory::{HeapRegion, MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
-use comm_core::transport::{TransportBackend, TransportContext, TransportFactory};
+use comm_core::transport::{PeerExport, TransportBackend, TransportContext, TransportFactory};
 use cudarc::driver::{PushKernelArg, sys};
 use transport_cudaipc::{CudaIpcBackend, CudaIpcTransport, import_cache_entries};
 use weave_cuda::{
@@ -106,6 +106,18 @@ fn ptr_of(m: &RegisteredMemory) -> u64 {
     m.as_ptr() as u64
 }
 
+/// `backend`'s import of what `peer` (endpoint `peer_endpoint`) exported as `payload`.
+fn import_from(
+    backend: &CudaIpcBackend,
+    peer: usize,
+    peer_endpoint: &[u8],
+    payload: &[u8],
+    len: usize,
+    kind: MemoryKind,
+) -> comm_core::Result<Arc<dyn MemoryRegion>> {
+    backend.import(PeerExport { peer, peer_endpoint, payload, len, kind })
+}
+
 fn device_kind(b: &CudaIpcBackend) -> MemoryKind {
     MemoryKind::Device(b.device_ordinal())
 }
@@ -165,11 +177,11 @@ fn vmm_allocate_export_import_write_and_read_back() {
     assert!(b1.export(&owned).unwrap().is_none());
 
     let before = import_cache_entries();
-    let imported = b1.import(0, &ep0, &payload, len, k0).unwrap();
+    let imported = import_from(&b1, 0, &ep0, &payload, len, k0).unwrap();
     assert_eq!((imported.len(), imported.kind()), (len, k0));
     assert!(imported.as_any().downcast_ref::<DeviceRegion>().unwrap().is_imported());
     // A second import of the same allocation shares the mapping.
-    let again = b1.import(0, &ep0, &payload, 4096, k0).unwrap();
+    let again = import_from(&b1, 0, &ep0, &payload, 4096, k0).unwrap();
     assert_eq!(again.as_ptr(), imported.as_ptr());
     assert_eq!(import_cache_entries(), before + 1);
     drop(again);
@@ -177,12 +189,12 @@ fn vmm_allocate_export_import_write_and_read_back() {
     assert!(b1.export(&imported).unwrap().is_none());
 
     // Garbage and lies in payloads are protocol errors.
-    assert!(matches!(b1.import(0, &ep0, &payload, len + (4 << 20), k0), Err(Error::Protocol(_))));
-    assert!(matches!(b1.import(0, &ep0, &payload[..payload.len() - 1], len, k0), Err(Error::Protocol(_))));
-    assert!(matches!(b1.import(0, &ep0, b"garbage", len, k0), Err(Error::Protocol(_))));
-    assert!(matches!(b1.import(0, &b"junk"[..], &payload, len, k0), Err(Error::Protocol(_))));
-    assert!(matches!(b1.import(0, &ep0, &payload, len, MemoryKind::Host), Err(Error::Unsupported(_))));
-    assert!(matches!(b1.import(5, &ep0, &payload, len, k0), Err(Error::InvalidArgument(_))));
+    assert!(matches!(import_from(&b1, 0, &ep0, &payload, len + (4 << 20), k0), Err(Error::Protocol(_))));
+    assert!(matches!(import_from(&b1, 0, &ep0, &payload[..payload.len() - 1], len, k0), Err(Error::Protocol(_))));
+    assert!(matches!(import_from(&b1, 0, &ep0, b"garbage", len, k0), Err(Error::Protocol(_))));
+    assert!(matches!(import_from(&b1, 0, &b"junk"[..], &payload, len, k0), Err(Error::Protocol(_))));
+    assert!(matches!(import_from(&b1, 0, &ep0, &payload, len, MemoryKind::Host), Err(Error::Unsupported(_))));
+    assert!(matches!(import_from(&b1, 5, &ep0, &payload, len, k0), Err(Error::InvalidArgument(_))));
 
     // Rank 1 writes into rank 0's memory through its connection, then raises a flag.
     let on_owner = registered(owned.clone(), 0, true, k0);
@@ -192,7 +204,7 @@ fn vmm_allocate_export_import_write_and_read_back() {
     write_device(b1.context(), ptr_of(&src), &data);
     let flag_owned = b0.allocate(64, k0).unwrap();
     let flag_payload = b0.export(&flag_owned).unwrap().unwrap();
-    let flag = registered(b1.import(0, &ep0, &flag_payload, 64, k0).unwrap(), 0, false, k0);
+    let flag = registered(import_from(&b1, 0, &ep0, &flag_payload, 64, k0).unwrap(), 0, false, k0);
     let conn = b1.connect(0, &ep0).unwrap();
     assert_eq!((conn.transport(), conn.peer()), (transport_cudaipc::transport(), 0));
     conn.write(&on_peer, 0, &src, 0, len).unwrap();
@@ -224,7 +236,7 @@ fn vmm_allocate_export_import_write_and_read_back() {
     let gone = b0.allocate(4096, k0).unwrap();
     let gone_payload = b0.export(&gone).unwrap().unwrap();
     drop(gone);
-    let r = b1.import(0, &ep0, &gone_payload, 4096, k0);
+    let r = import_from(&b1, 0, &ep0, &gone_payload, 4096, k0);
     assert!(matches!(&r, Err(Error::Transport { message, .. }) if message.contains("not exported")), "{:?}", r.err());
 
     drop((imported, on_peer, flag, conn));
@@ -248,9 +260,9 @@ fn legacy_ipc_path_on_a_cumemalloc_buffer() {
     assert!(matches!(b0.register_device_memory(0, 16), Err(Error::InvalidArgument(_))));
     let payload = b0.export(&user).unwrap().expect("registered memory is exported");
     // Same process: the handle cannot be opened here, the memory is used in place.
-    let imported = b1.import(0, &ep0, &payload, len, k0).unwrap();
+    let imported = import_from(&b1, 0, &ep0, &payload, len, k0).unwrap();
     assert_eq!(imported.as_ptr(), user.as_ptr());
-    assert!(matches!(b1.import(0, &ep0, &payload, (1 << 20) - offset + 1, k0), Err(Error::Protocol(_))));
+    assert!(matches!(import_from(&b1, 0, &ep0, &payload, (1 << 20) - offset + 1, k0), Err(Error::Protocol(_))));
 
     let src = registered(b1.allocate(len, k1).unwrap(), 1, true, k1);
     let data = pattern(len, 3);
@@ -313,7 +325,7 @@ fn ten_thousand_cycles_leak_neither_memory_nor_descriptors() {
     let cycle = || {
         let owned = b0.allocate(64 * 1024, k0).unwrap();
         let payload = b0.export(&owned).unwrap().unwrap();
-        let imported = b1.import(0, &ep0, &payload, 64 * 1024, k0).unwrap();
+        let imported = import_from(&b1, 0, &ep0, &payload, 64 * 1024, k0).unwrap();
         drop(imported);
         drop(owned);
     };
@@ -365,7 +377,7 @@ fn device_status_and_handle_builders() {
     let import = |len: usize| {
         let owned = b0.allocate(len, k0).unwrap();
         let payload = b0.export(&owned).unwrap().unwrap();
-        let imported = b1.import(0, &ep0, &payload, len, k0).unwrap();
+        let imported = import_from(&b1, 0, &ep0, &payload, len, k0).unwrap();
         (registered(owned, 0, true, k0), registered(imported, 0, false, k0))
     };
     let (_owner_tokens, remote_tokens) = import(4096);
@@ -489,7 +501,7 @@ fn cross_process_import_of_both_export_kinds() {
         let conn = b1.connect(0, &ep0).unwrap();
         let src = registered(b1.allocate(len, k1).unwrap(), 1, true, k1);
         for (payload, seed) in [(&vmm, 1u8), (&legacy, 2u8)] {
-            let imported = registered(b1.import(0, &ep0, payload, len, k0).unwrap(), 0, false, k0);
+            let imported = registered(import_from(&b1, 0, &ep0, payload, len, k0).unwrap(), 0, false, k0);
             assert!(read_device(b1.context(), ptr_of(&imported), len) == pattern(len, seed), "child reads seed {seed}");
             write_device(b1.context(), ptr_of(&src), &pattern(len, seed + 10));
             conn.write(&imported, 0, &src, 0, len).unwrap();
@@ -560,7 +572,7 @@ fn a_dead_owner_is_peer_lost_for_imports_and_connections() {
     let (ep0, payload, k0) = (unhex(&lines[0]), unhex(&lines[1]), MemoryKind::Device(lines[2].parse().unwrap()));
     let b1 = backend(1, 2, &job);
     let started = Instant::now();
-    let r = b1.import(0, &ep0, &payload, 4096, k0);
+    let r = import_from(&b1, 0, &ep0, &payload, 4096, k0);
     assert!(matches!(r, Err(Error::PeerLost { peer: 0, .. })), "{:?}", r.err());
     let conn = b1.connect(0, &ep0).unwrap();
     assert!(matches!(conn.check_peer(), Err(Error::PeerLost { peer: 0, .. })));
@@ -596,7 +608,7 @@ fn a_kernel_stores_into_imported_memory_through_the_handles() {
     let import = |len: usize| {
         let owned = b0.allocate(len, k0).unwrap();
         let payload = b0.export(&owned).unwrap().unwrap();
-        let imported = b1.import(0, &ep0, &payload, len, k0).unwrap();
+        let imported = import_from(&b1, 0, &ep0, &payload, len, k0).unwrap();
         (registered(owned, 0, true, k0), registered(imported, 0, false, k0))
     };
     let (owner_buf, remote_buf) = import(len);
@@ -674,27 +686,8 @@ fn main() -> std::process::ExitCode {
         return std::process::ExitCode::SUCCESS;
     }
     if !driver_available() || device_count().unwrap_or(0) == 0 {
-        for (name, _) in &selected {
-            println!("test {name} ... SKIPPED");
-        }
-        println!("SKIPPED: no CUDA driver/device: the transport-cudaipc GPU tests did not run");
-        println!("gpu: 0 passed, 0 failed, {} skipped", selected.len());
-        return std::process::ExitCode::SUCCESS;
+        let names = selected.iter().map(|(name, _)| *name);
+        return comm_core::testing::report_skipped(names, "transport-cudaipc GPU", "no CUDA driver/device");
     }
-    let (mut passed, mut failed) = (0, Vec::new());
-    for (name, test) in &selected {
-        let started = Instant::now();
-        match std::panic::catch_unwind(test) {
-            Ok(()) => {
-                passed += 1;
-                println!("test {name} ... ok ({:.2?})", started.elapsed());
-            }
-            Err(_) => {
-                failed.push(*name);
-                println!("test {name} ... FAILED");
-            }
-        }
-    }
-    println!("gpu: {passed} passed, {} failed", failed.len());
-    if failed.is_empty() { std::process::ExitCode::SUCCESS } else { std::process::ExitCode::FAILURE }
+    comm_core::testing::run_named_tests(selected, |test| test())
 }

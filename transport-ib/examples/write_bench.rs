@@ -16,7 +16,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use comm_core::memory::{MemoryKind, RegisteredMemory};
-use comm_core::transport::{TransportBackend, TransportContext};
+use comm_core::transport::{PeerExport, TransportBackend, TransportContext};
 use transport_ib::{IbBackend, port_choice_from_env, transport};
 
 fn context(rank: usize) -> TransportContext {
@@ -35,7 +35,8 @@ fn region(
     let local =
         RegisteredMemory::new_local(comm_core::testing::descriptor(owner_rank, len), r, transport()).expect("local");
     let ep = owner.local_endpoint().expect("endpoint");
-    let imported = viewer.import(owner_rank, &ep, &payload, len, MemoryKind::Host).expect("import");
+    let export = PeerExport { peer: owner_rank, peer_endpoint: &ep, payload: &payload, len, kind: MemoryKind::Host };
+    let imported = viewer.import(export).expect("import");
     (
         local,
         RegisteredMemory::new_imported(comm_core::testing::descriptor(owner_rank, len), imported, transport())

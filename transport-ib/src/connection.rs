@@ -22,7 +22,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use comm_core::config::Deadline;
-use comm_core::connection::{Connection, check_write_ranges};
+use comm_core::connection::{CheckedWrite, Connection};
 use comm_core::memory::RegisteredMemory;
 use comm_core::spin::Backoff;
 use comm_core::transport::Transport;
@@ -170,31 +170,23 @@ impl Connection for IbConnection {
         self.peer
     }
 
-    fn write(
-        &self,
-        dst: &RegisteredMemory,
-        dst_offset: usize,
-        src: &RegisteredMemory,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
-        let remote = self.remote(dst)?;
-        let lkey = self.sources.lkey(&self.pd, src.region())?;
-        if len == 0 {
+    fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
+        let remote = self.remote(write.dst)?;
+        let lkey = self.sources.lkey(&self.pd, write.src.region())?;
+        if write.len == 0 {
             return Ok(());
         }
         let mut state = self.lock();
         let mut done = 0;
-        while done < len {
-            let k = (len - done).min(self.max_msg_bytes);
+        while done < write.len {
+            let k = (write.len - done).min(self.max_msg_bytes);
             let request = WorkRequest {
                 wr_id: 0,
-                // SAFETY: src_offset + len lies inside `src` (checked above), mapped here.
-                local: unsafe { src.as_ptr().add(src_offset + done) },
+                // SAFETY: the source range lies inside `write.src` (checked), mapped here.
+                local: unsafe { write.src.as_ptr().add(write.src_offset + done) },
                 len: k as u32,
                 lkey,
-                remote: remote.addr + (dst_offset + done) as u64,
+                remote: remote.addr + (write.dst_offset + done) as u64,
                 rkey: remote.rkey,
                 add: None,
                 signaled: true,

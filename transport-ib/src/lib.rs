@@ -34,7 +34,7 @@ use std::time::Duration;
 
 use comm_core::connection::Connection;
 use comm_core::memory::{MemoryKind, MemoryRegion};
-use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};
 use comm_core::{Error, Result};
 
 pub use connection::IbConnection;
@@ -195,18 +195,9 @@ impl TransportBackend for IbBackend {
         Ok(region.as_any().downcast_ref::<IbRegion>().map(IbRegion::export))
     }
 
-    fn import(
-        &self,
-        peer: usize,
-        _peer_endpoint: &[u8],
-        payload: &[u8],
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Arc<dyn MemoryRegion>> {
-        if kind != MemoryKind::Host {
-            return Err(Error::Unsupported(format!("rank {peer} exported device memory through ib")));
-        }
-        Ok(Arc::new(RemoteRegion::decode(peer, payload, len)?))
+    fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>> {
+        export.require_host(NAME)?;
+        Ok(Arc::new(RemoteRegion::decode(export.peer, export.payload, export.len)?))
     }
 
     fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {

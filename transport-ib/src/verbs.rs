@@ -49,17 +49,7 @@ unsafe impl Send for Port {}
 // SAFETY: as above.
 unsafe impl Sync for Port {}
 
-impl std::fmt::Debug for Port {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Port")
-            .field("device", &self.device)
-            .field("port", &self.port)
-            .field("lid", &self.lid)
-            .field("roce", &self.roce)
-            .field("gid_index", &self.gid_index)
-            .finish()
-    }
-}
+comm_core::debug_fields!(Port { device, port, lid, roce, gid_index });
 
 /// Which device and port to open: `WEAVE_IB_HCA` as `name` or `name:port`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]

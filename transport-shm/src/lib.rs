@@ -62,7 +62,7 @@ use comm_core::connection::{Connection, DirectConnection};
 use comm_core::error::{Error, Result};
 use comm_core::memory::{MemoryKind, MemoryRegion};
 use comm_core::same_host::{SameHostEndpoint, checked_peer_endpoint};
-use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};
 use nix::unistd::Pid;
 
 use crate::endpoint::Endpoint;
@@ -183,24 +183,16 @@ impl TransportBackend for ShmBackend {
         Ok(Some(shm.export_payload().encode()))
     }
 
-    fn import(
-        &self,
-        peer: usize,
-        peer_endpoint: &[u8],
-        payload: &[u8],
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Arc<dyn MemoryRegion>> {
-        if kind != MemoryKind::Host {
-            return Err(Error::Unsupported(format!("transport shm imports host memory only, not {kind:?}")));
-        }
+    fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>> {
+        export.require_host(NAME)?;
+        let PeerExport { peer, peer_endpoint, payload, len, .. } = export;
         let theirs = self.check_peer(peer, peer_endpoint)?;
         let p = Payload::decode(payload)?;
         check_peer_name(&p.name, &self.job_key, peer)?;
-        if p.pid != theirs.pid {
+        if p.pid != theirs.process.pid {
             return Err(Error::protocol(format!(
                 "shm export payload from rank {peer}: owner pid {} but the rank's endpoint says pid {}",
-                p.pid, theirs.pid
+                p.pid, theirs.process.pid
             )));
         }
         if p.len != len {
@@ -215,7 +207,7 @@ impl TransportBackend for ShmBackend {
     fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
         let theirs = self.check_peer(peer, peer_endpoint)?;
         // Endpoint::decode accepted only pids in 1..=i32::MAX.
-        let pid = i32::try_from(theirs.pid).map_err(|_| Error::protocol("shm endpoint: bad pid"))?;
+        let pid = i32::try_from(theirs.process.pid).map_err(|_| Error::protocol("shm endpoint: bad pid"))?;
         let watch = PeerWatch::new(peer, Pid::from_raw(pid), "shm peer check");
         Ok(Arc::new(DirectConnection::new(transport(), peer, Box::new(move || watch.check()))))
     }
@@ -284,7 +276,15 @@ mod tests {
     fn share(a: &ShmBackend, b: &ShmBackend, len: usize) -> (Arc<dyn MemoryRegion>, Arc<dyn MemoryRegion>) {
         let owned = a.allocate(len, MemoryKind::Host).unwrap();
         let payload = a.export(&owned).unwrap().expect("shm exports its own regions");
-        let imported = b.import(a.rank(), &a.local_endpoint().unwrap(), &payload, len, MemoryKind::Host).unwrap();
+        let peer_endpoint = a.local_endpoint().unwrap();
+        let export = PeerExport {
+            peer: a.rank(),
+            peer_endpoint: &peer_endpoint,
+            payload: &payload,
+            len,
+            kind: MemoryKind::Host,
+        };
+        let imported = b.import(export).unwrap();
         (owned, imported)
     }
 
@@ -385,7 +385,14 @@ mod tests {
         // A sealed region cannot be exported again, and a late importer finds nothing.
         assert!(matches!(a.export(&owned), Err(Error::InvalidArgument(_))));
         let late = Payload { name, len: 100, pid: std::process::id() }.encode();
-        let r = b.import(0, &a.local_endpoint().unwrap(), &late, 100, MemoryKind::Host);
+        let peer_endpoint = a.local_endpoint().unwrap();
+        let r = b.import(PeerExport {
+            peer: 0,
+            peer_endpoint: &peer_endpoint,
+            payload: &late,
+            len: 100,
+            kind: MemoryKind::Host,
+        });
         assert!(matches!(r, Err(Error::Io { .. })), "{:?}", r.as_ref().err());
     }
 
@@ -441,7 +448,9 @@ mod tests {
         let good = a.export(&owned).unwrap().unwrap();
         let name = shm(&owned).name().to_string();
         let pid = std::process::id();
-        let import = |payload: &[u8], len: usize| b.import(0, &ep_a, payload, len, MemoryKind::Host);
+        let good_export =
+            PeerExport { peer: 0, peer_endpoint: &ep_a, payload: &good, len: 4096, kind: MemoryKind::Host };
+        let import = |payload: &[u8], len: usize| b.import(PeerExport { payload, len, ..good_export });
 
         // The untouched payload works.
         import(&good, 4096).unwrap();
@@ -459,7 +468,8 @@ mod tests {
         let p = c.export(&of_c).unwrap().unwrap();
         assert!(matches!(import(&p, 8), Err(Error::Protocol(_))));
         // ...while as rank 2's it is fine.
-        b.import(2, &c.local_endpoint().unwrap(), &p, 8, MemoryKind::Host).unwrap();
+        let ep_c = c.local_endpoint().unwrap();
+        b.import(PeerExport { peer: 2, peer_endpoint: &ep_c, payload: &p, len: 8, ..good_export }).unwrap();
 
         // A well-formed name that does not exist.
         let missing = Payload { name: format!("/weave-{}-r0-c7-999999999", job.key), len: 8, pid }.encode();
@@ -492,13 +502,16 @@ mod tests {
         // Wrong owner pid, wrong kind, bad endpoint, bad rank.
         let wrong_pid = Payload { name: name.clone(), len: 4096, pid: pid + 1 }.encode();
         assert!(matches!(import(&wrong_pid, 4096), Err(Error::Protocol(_))));
-        assert!(matches!(b.import(0, &ep_a, &good, 4096, MemoryKind::Device(0)), Err(Error::Unsupported(_))));
-        assert!(matches!(b.import(0, &ep_a[..5], &good, 4096, MemoryKind::Host), Err(Error::Protocol(_))));
-        assert!(matches!(b.import(3, &ep_a, &good, 4096, MemoryKind::Host), Err(Error::InvalidArgument(_))));
-        let mut elsewhere = Endpoint::decode(&ep_a).unwrap();
-        elsewhere.boot_id.push('x');
         assert!(matches!(
-            b.import(0, &elsewhere.encode(), &good, 4096, MemoryKind::Host),
+            b.import(PeerExport { kind: MemoryKind::Device(0), ..good_export }),
+            Err(Error::Unsupported(_))
+        ));
+        assert!(matches!(b.import(PeerExport { peer_endpoint: &ep_a[..5], ..good_export }), Err(Error::Protocol(_))));
+        assert!(matches!(b.import(PeerExport { peer: 3, ..good_export }), Err(Error::InvalidArgument(_))));
+        let mut elsewhere = Endpoint::decode(&ep_a).unwrap();
+        elsewhere.process.boot_id.push('x');
+        assert!(matches!(
+            b.import(PeerExport { peer_endpoint: &elsewhere.encode(), ..good_export }),
             Err(Error::Transport { .. })
         ));
     }
@@ -530,12 +543,12 @@ mod tests {
         let a = job.backend(0);
         let ep = a.local_endpoint().unwrap();
         let mut other_pid = Endpoint::decode(&ep).unwrap();
-        other_pid.pid = 1;
+        other_pid.process.pid = 1;
         let other_pid = other_pid.encode();
         assert!(a.can_reach(&ep, &other_pid).unwrap());
         assert!(a.can_reach(&other_pid, &ep).unwrap());
         let mut elsewhere = Endpoint::decode(&ep).unwrap();
-        elsewhere.hostname.push_str(".other");
+        elsewhere.process.hostname.push_str(".other");
         let elsewhere = elsewhere.encode();
         assert!(!a.can_reach(&ep, &elsewhere).unwrap());
         assert!(!a.can_reach(&elsewhere, &ep).unwrap());
@@ -553,7 +566,7 @@ mod tests {
         let child_pid = child.id();
         child.wait().unwrap();
         let mut dead = Endpoint::decode(&a.local_endpoint().unwrap()).unwrap();
-        dead.pid = child_pid;
+        dead.process.pid = child_pid;
         let conn = a.connect(1, &dead.encode()).unwrap();
         let r = conn.check_peer();
         assert!(matches!(&r, Err(Error::PeerLost { peer: 1, .. })), "{r:?}");

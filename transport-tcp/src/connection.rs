@@ -21,9 +21,8 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use comm_core::connection::{Connection, check_write_ranges};
+use comm_core::connection::{CheckedWrite, Connection, spin_until_peer};
 use comm_core::memory::RegisteredMemory;
-use comm_core::spin::{WaitContext, spin_until};
 use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 
@@ -265,34 +264,26 @@ impl Connection for TcpConnection {
         self.peer
     }
 
-    fn write(
-        &self,
-        dst: &RegisteredMemory,
-        dst_offset: usize,
-        src: &RegisteredMemory,
-        src_offset: usize,
-        len: usize,
-    ) -> Result<()> {
-        check_write_ranges(dst, dst_offset, src, src_offset, len)?;
-        let remote = self.remote(dst)?;
-        if !src.is_host_mapped() {
-            return Err(Error::invalid(format!("tcp write from {:?}: not host memory mapped here", src.label())));
+    fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
+        let remote = self.remote(write.dst)?;
+        if !write.src.is_host_mapped() {
+            return Err(Error::invalid(format!("tcp write from {:?}: not host memory mapped here", write.src.label())));
         }
         self.check_sending()?;
         let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
         let mut done = 0;
-        while done < len {
-            let n = (len - done).min(MAX_FRAME_BYTES);
+        while done < write.len {
+            let n = (write.len - done).min(MAX_FRAME_BYTES);
             let stripe = order.next_stripe;
             order.next_stripe = (stripe + 1) % self.stripes.len();
             let header = FrameHeader {
                 kind: FrameKind::Data,
                 region: remote.id,
-                offset: (dst_offset + done) as u64,
+                offset: (write.dst_offset + done) as u64,
                 value: n as u64,
                 sequence: 0,
             };
-            self.send(stripe, Job::Data { header, src: src.clone(), offset: src_offset + done })?;
+            self.send(stripe, Job::Data { header, src: write.src.clone(), offset: write.src_offset + done })?;
             order.sent[stripe] += 1;
             done += n;
         }
@@ -323,15 +314,9 @@ impl Connection for TcpConnection {
             order.flushes
         };
         let operation = format!("tcp flush to rank {}", self.peer);
-        let check = || self.check_peer();
-        let ctx = WaitContext {
-            operation: &operation,
-            peer: Some(self.peer),
-            timeout: self.timeout,
-            abort: &self.abort,
-            check_peer: &check,
-        };
-        spin_until(&ctx, || self.shared.answered.load(Ordering::Acquire) >= sequence)
+        spin_until_peer(self, &operation, self.timeout, &self.abort, || {
+            self.shared.answered.load(Ordering::Acquire) >= sequence
+        })
     }
 
     fn check_peer(&self) -> Result<()> {

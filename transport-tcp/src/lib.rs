@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use comm_core::connection::Connection;
 use comm_core::memory::{MemoryKind, MemoryRegion};
-use comm_core::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use comm_core::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};
 use comm_core::{Error, Result};
 
 pub use config::TcpConfig;
@@ -155,18 +155,9 @@ impl TransportBackend for TcpBackend {
         Ok(ours.then(|| region::encode_export(mine.id())))
     }
 
-    fn import(
-        &self,
-        peer: usize,
-        _peer_endpoint: &[u8],
-        payload: &[u8],
-        len: usize,
-        kind: MemoryKind,
-    ) -> Result<Arc<dyn MemoryRegion>> {
-        if kind != MemoryKind::Host {
-            return Err(Error::Unsupported(format!("rank {peer} exported device memory through tcp")));
-        }
-        Ok(Arc::new(region::decode_export(peer, payload, len)?))
+    fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>> {
+        export.require_host(NAME)?;
+        Ok(Arc::new(region::decode_export(export.peer, export.payload, export.len)?))
     }
 
     fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {

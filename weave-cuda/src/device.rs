@@ -25,16 +25,7 @@ pub struct CudaDevice {
     pci_bus_id: String,
 }
 
-impl std::fmt::Debug for CudaDevice {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaDevice")
-            .field("ordinal", &self.ordinal)
-            .field("pci_bus_id", &self.pci_bus_id)
-            .field("rdma_capable", &self.rdma_capable)
-            .field("granularity", &self.granularity)
-            .finish_non_exhaustive()
-    }
-}
+comm_core::debug_fields!(CudaDevice { ordinal, pci_bus_id, rdma_capable, granularity });
 
 impl CudaDevice {
     /// Opens device `ordinal` (as this process numbers its visible devices): loads and checks

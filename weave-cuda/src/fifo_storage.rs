@@ -17,15 +17,10 @@ const COUNTER_STRIDE: usize = 64;
 
 /// [`FifoStorage`] over one block of [`PinnedHostMemory`]: `capacity` slots of 16 bytes, then
 /// the head counter, then the tail counter, each on its own cache line.
+#[derive(Debug)]
 pub struct PinnedFifoStorage {
     memory: PinnedHostMemory,
     capacity: u32,
-}
-
-impl std::fmt::Debug for PinnedFifoStorage {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PinnedFifoStorage").field("capacity", &self.capacity).field("memory", &self.memory).finish()
-    }
 }
 
 impl PinnedFifoStorage {

@@ -326,18 +326,7 @@ impl Drop for TcpBootstrap {
     }
 }
 
-impl std::fmt::Debug for TcpBootstrap {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("TcpBootstrap")
-            .field("rank", &self.rank)
-            .field("world_size", &self.world_size)
-            .field("local_rank", &self.local_rank)
-            .field("local_world_size", &self.local_world_size)
-            .field("job_key", &self.job_key)
-            .field("timeout", &self.timeout)
-            .finish_non_exhaustive()
-    }
-}
+crate::debug_fields!(TcpBootstrap { rank, world_size, local_rank, local_world_size, job_key, timeout });
 
 /// `tag 5`, or the name of a reserved tag.
 fn describe_tag(tag: u64) -> String {
