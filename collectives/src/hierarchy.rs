@@ -93,17 +93,19 @@ impl Hierarchy {
         unsafe {
             match call {
                 ChannelCall::AllReduce { send, recv, count, op } => {
-                    self.all_reduce(&mut steps, send, recv, count, op)?
+                    self.all_reduce(&mut steps, Part { send, recv, count }, op)?
                 }
-                ChannelCall::AllGather { send, recv, count } => self.all_gather(&mut steps, send, recv, count)?,
+                ChannelCall::AllGather { send, recv, count } => {
+                    self.all_gather(&mut steps, Part { send, recv, count })?
+                }
                 ChannelCall::ReduceScatter { send, recv, count, op } => {
-                    self.reduce_scatter(&mut steps, send, recv, count, op)?
+                    self.reduce_scatter(&mut steps, Part { send, recv, count }, op)?
                 }
                 ChannelCall::Broadcast { send, recv, count, root } => {
-                    self.broadcast(&mut steps, send, recv, count, root)?
+                    self.broadcast(&mut steps, Part { send, recv, count }, root)?
                 }
                 ChannelCall::Reduce { send, recv, count, op, root } => {
-                    self.reduce(&mut steps, send, recv, count, op, root)?
+                    self.reduce(&mut steps, Part { send, recv, count }, op, root)?
                 }
                 ChannelCall::AllToAll { .. } => {
                     return Err(Error::Unsupported(
@@ -119,14 +121,8 @@ impl Hierarchy {
 
     /// # Safety
     /// As [`run`](Self::run) for an all-reduce of `count` elements.
-    unsafe fn all_reduce<T: Element>(
-        &self,
-        steps: &mut Steps,
-        send: *const T,
-        recv: *mut T,
-        count: usize,
-        op: ReduceOp,
-    ) -> Result<()> {
+    unsafe fn all_reduce<T: Element>(&self, steps: &mut Steps, part: Part<T>, op: ReduceOp) -> Result<()> {
+        let Part { send, recv, count } = part;
         let l = self.grid.ranks_per_node;
         let shard = count / l;
         let main = shard * l;
@@ -156,13 +152,8 @@ impl Hierarchy {
 
     /// # Safety
     /// As [`run`](Self::run) for an all-gather of `count` elements per rank.
-    unsafe fn all_gather<T: Element>(
-        &self,
-        steps: &mut Steps,
-        send: *const T,
-        recv: *mut T,
-        count: usize,
-    ) -> Result<()> {
+    unsafe fn all_gather<T: Element>(&self, steps: &mut Steps, part: Part<T>) -> Result<()> {
+        let Part { send, recv, count } = part;
         let (l, nodes) = (self.grid.ranks_per_node, self.grid.nodes);
         let n = l * nodes;
         let size = std::mem::size_of::<T>();
@@ -177,33 +168,16 @@ impl Hierarchy {
             ChannelCall::AllGather { send: across, recv: inside, count: nodes * count },
         )?;
         if steps.ok() {
-            for local in 0..l {
-                for node in 0..nodes {
-                    // SAFETY: block (local, node) of the staging and block node·L + local of
-                    // recv each hold `count` elements of n·count; the two do not overlap.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            inside.add((local * nodes + node) * count),
-                            recv.add((node * l + local) * count),
-                            count,
-                        )
-                    };
-                }
-            }
+            // SAFETY: the staging and recv each hold n·count elements; the staging is private.
+            unsafe { transpose_blocks(inside, recv, l, nodes, count) };
         }
         Ok(())
     }
 
     /// # Safety
     /// As [`run`](Self::run) for a reduce-scatter into `count` elements per rank.
-    unsafe fn reduce_scatter<T: Element>(
-        &self,
-        steps: &mut Steps,
-        send: *const T,
-        recv: *mut T,
-        count: usize,
-        op: ReduceOp,
-    ) -> Result<()> {
+    unsafe fn reduce_scatter<T: Element>(&self, steps: &mut Steps, part: Part<T>, op: ReduceOp) -> Result<()> {
+        let Part { send, recv, count } = part;
         let (l, nodes) = (self.grid.ranks_per_node, self.grid.nodes);
         let n = l * nodes;
         let size = std::mem::size_of::<T>();
@@ -213,19 +187,8 @@ impl Hierarchy {
         if steps.ok() {
             // The input reordered to [local][node], so that the node step hands each local rank
             // the blocks of its rail.
-            for local in 0..l {
-                for node in 0..nodes {
-                    // SAFETY: block node·L + local of send and block (local, node) of the
-                    // staging each hold `count` elements; the staging is private.
-                    unsafe {
-                        std::ptr::copy_nonoverlapping(
-                            send.add((node * l + local) * count),
-                            by_local.add((local * nodes + node) * count),
-                            count,
-                        )
-                    };
-                }
-            }
+            // SAFETY: send and the staging each hold n·count elements; the staging is private.
+            unsafe { transpose_blocks(send, by_local, nodes, l, count) };
         }
         let inside = ChannelCall::ReduceScatter { send: by_local, recv: node_sums, count: nodes * count, op: step_op };
         steps.run(&self.intra, n * count * size, inside)?;
@@ -238,14 +201,8 @@ impl Hierarchy {
 
     /// # Safety
     /// As [`run`](Self::run) for a broadcast of `count` elements from `root`.
-    unsafe fn broadcast<T: Element>(
-        &self,
-        steps: &mut Steps,
-        send: *const T,
-        recv: *mut T,
-        count: usize,
-        root: usize,
-    ) -> Result<()> {
+    unsafe fn broadcast<T: Element>(&self, steps: &mut Steps, part: Part<T>, root: usize) -> Result<()> {
+        let Part { send, recv, count } = part;
         let (root_node, root_local) = (self.grid.node_of(root), self.grid.local_of(root));
         let bytes = count * std::mem::size_of::<T>();
         if self.local == root_local {
@@ -256,16 +213,8 @@ impl Hierarchy {
 
     /// # Safety
     /// As [`run`](Self::run) for a reduce of `count` elements to `root`.
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn reduce<T: Element>(
-        &self,
-        steps: &mut Steps,
-        send: *const T,
-        recv: *mut T,
-        count: usize,
-        op: ReduceOp,
-        root: usize,
-    ) -> Result<()> {
+    unsafe fn reduce<T: Element>(&self, steps: &mut Steps, part: Part<T>, op: ReduceOp, root: usize) -> Result<()> {
+        let Part { send, recv, count } = part;
         let (root_node, root_local) = (self.grid.node_of(root), self.grid.local_of(root));
         let bytes = count * std::mem::size_of::<T>();
         let step_op = summing(op);
@@ -304,6 +253,30 @@ impl Hierarchy {
             let n = self.grid.nodes * self.grid.ranks_per_node;
             // SAFETY: one source, the output itself (exact aliasing is allowed), len elements.
             unsafe { reduce_raw(ReduceOp::Avg, n, data, &[data.cast_const()], len) };
+        }
+    }
+}
+
+/// This rank's buffers of a call and its element count, as the collective defines it.
+#[derive(Clone, Copy)]
+struct Part<T> {
+    send: *const T,
+    recv: *mut T,
+    count: usize,
+}
+
+/// Copies the `rows × cols` blocks of `count` elements at `src` (row-major: block (r, c) at
+/// `(r·cols + c)·count`) to `dst` in column-major order (block (r, c) at `(c·rows + r)·count`).
+///
+/// # Safety
+/// `src` valid for `rows·cols·count` reads, `dst` for as many writes, the two disjoint.
+unsafe fn transpose_blocks<T>(src: *const T, dst: *mut T, rows: usize, cols: usize, count: usize) {
+    for r in 0..rows {
+        for c in 0..cols {
+            // SAFETY: both blocks lie inside their rows·cols·count elements (caller).
+            unsafe {
+                std::ptr::copy_nonoverlapping(src.add((r * cols + c) * count), dst.add((c * rows + r) * count), count)
+            };
         }
     }
 }

@@ -9,27 +9,27 @@
 use std::fmt;
 use std::str::FromStr;
 
-/// The units tc accepts, with their value in bits per second.
-const UNITS: &[(&str, f64)] = &[
-    ("bit", 1.0),
-    ("kbit", 1e3),
-    ("mbit", 1e6),
-    ("gbit", 1e9),
-    ("tbit", 1e12),
-    ("kibit", 1024.0),
-    ("mibit", 1024.0 * 1024.0),
-    ("gibit", 1024.0 * 1024.0 * 1024.0),
-    ("tibit", 1024.0 * 1024.0 * 1024.0 * 1024.0),
-    ("bps", 8.0),
-    ("kbps", 8e3),
-    ("mbps", 8e6),
-    ("gbps", 8e9),
-    ("tbps", 8e12),
-    ("kibps", 8.0 * 1024.0),
-    ("mibps", 8.0 * 1024.0 * 1024.0),
-    ("gibps", 8.0 * 1024.0 * 1024.0 * 1024.0),
-    ("tibps", 8.0 * 1024.0 * 1024.0 * 1024.0 * 1024.0),
+/// The prefixes of tc's units, with their factor.
+const PREFIXES: &[(&str, f64)] = &[
+    ("", 1.0),
+    ("k", 1e3),
+    ("m", 1e6),
+    ("g", 1e9),
+    ("t", 1e12),
+    ("ki", 1024.0),
+    ("mi", 1024.0 * 1024.0),
+    ("gi", 1024.0 * 1024.0 * 1024.0),
+    ("ti", 1024.0 * 1024.0 * 1024.0 * 1024.0),
 ];
+
+/// The value in bits per second of one of tc's units: a prefix of [`PREFIXES`] then `bit`
+/// (bits) or `bps` (bytes), without regard to case.
+fn unit_scale(unit: &str) -> Option<f64> {
+    let unit = unit.to_ascii_lowercase();
+    let (prefix, bits) =
+        if let Some(p) = unit.strip_suffix("bit") { (p, 1.0) } else { (unit.strip_suffix("bps")?, 8.0) };
+    PREFIXES.iter().find(|(name, _)| *name == prefix).map(|&(_, factor)| factor * bits)
+}
 
 /// Lowest rate accepted: 8 kbit/s (1000 bytes per second). Below it a token bucket of one
 /// packet takes over a second to fill, and no job would finish.
@@ -109,10 +109,7 @@ impl FromStr for Rate {
         let scale = if unit.is_empty() {
             1.0
         } else {
-            UNITS
-                .iter()
-                .find(|(name, _)| name.eq_ignore_ascii_case(unit))
-                .map(|&(_, scale)| scale)
+            unit_scale(unit)
                 .ok_or_else(|| RateError(format!("rate {s:?}: unknown unit {unit:?}; expected {expected}")))?
         };
         let bytes = value * scale / 8.0;
