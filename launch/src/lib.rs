@@ -67,7 +67,7 @@ pub use netns::{
     MAX_NAMESPACE_NODES, NAMESPACE_MASTER_PORT, NamespaceNodes, namespace_holders, namespace_nodes_available,
     node_address, node_hostname,
 };
-pub use nodes::{NodeFabric, exec_in_node};
+pub use nodes::{NodeFabric, run_in_node};
 pub use output::{Echo, OUTPUT_GRACE};
 pub use rank_env::FOREIGN_RANK_VARS;
 pub use rate::{MIN_RATE_BYTES_PER_SEC, Rate, RateError};

@@ -187,7 +187,7 @@ impl Fabric {
 impl Drop for Fabric {
     /// Kills every process still inside the fabric's namespaces before the holders go: what a
     /// rank started outside its process group, or what another program placed in a node (an
-    /// MPI daemon started through [`exec_in_node`](crate::exec_in_node)), would otherwise keep
+    /// MPI daemon started through [`run_in_node`](crate::run_in_node)), would otherwise keep
     /// a namespace alive after the job.
     fn drop(&mut self) {
         let holders: Vec<Pid> = self.holders.iter().map(Holder::pid).collect();

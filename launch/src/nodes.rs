@@ -1,7 +1,7 @@
 //! Namespace nodes that outlive one job: a [`NodeFabric`] is made once, and several jobs —
 //! ranks through [`launch_on`](crate::launch_on), any program through
 //! [`NodeFabric::enter_on_spawn`], and processes that other programs start through
-//! [`exec_in_node`] — run on the same nodes at the same time. `cargo xtask bench --nodes`
+//! [`run_in_node`] — run on the same nodes at the same time. `cargo xtask bench --nodes`
 //! runs weave's ranks and Open MPI's on one fabric this way, so both cross the same links.
 //!
 //! Dropping the fabric kills every process still inside its namespaces, then the holders, so
@@ -10,16 +10,20 @@
 use std::ffi::{OsStr, OsString};
 use std::os::unix::process::CommandExt;
 use std::process::Command;
+use std::time::{Duration, Instant};
 
+use nix::errno::Errno;
 use nix::sched::CloneFlags;
 use nix::sys::signal::{SigSet, SigmaskHow, Signal};
+use nix::sys::wait::{WaitPidFlag, WaitStatus, waitpid};
+use nix::unistd::Pid;
 
 use crate::error::{Error, Result};
 use crate::netns::{Fabric, MAX_NAMESPACE_NODES, NamespaceNodes};
 
 /// Namespace nodes shared by several jobs: made once, then [`launch_on`](crate::launch_on)
 /// runs ranks on them and [`NodeFabric::enter_on_spawn`] any other program, at the same time;
-/// [`exec_in_node`] puts a process that another program starts onto one. Dropping it kills
+/// [`run_in_node`] puts a process that another program starts onto one. Dropping it kills
 /// every process still inside, then the namespaces end. Needs root (or CAP_SYS_ADMIN and
 /// CAP_NET_ADMIN), as [`NamespaceNodes`] do.
 #[derive(Debug)]
@@ -53,7 +57,7 @@ impl NodeFabric {
     }
 
     /// The process id of `node`'s holder: `/proc/PID/ns/{net,uts,mnt}` are the node's
-    /// namespaces, which [`exec_in_node`] enters. `None` for a node the fabric does not have.
+    /// namespaces, which [`run_in_node`] enters. `None` for a node the fabric does not have.
     pub fn holder_pid(&self, node: usize) -> Option<u32> {
         self.fabric.holder_pid(node).and_then(|p| u32::try_from(p.as_raw()).ok())
     }
@@ -83,24 +87,104 @@ impl NodeFabric {
     }
 }
 
-/// Replaces this process with `program args…` inside the node whose holder is `holder_pid`
-/// (see [`NodeFabric::holder_pid`]): enters its network, UTS and mount namespaces, returns to
-/// the current directory, unblocks every signal, and asks for `SIGKILL` when this process's
-/// parent ends. It is how a program that another program starts — an MPI daemon started
-/// through an `ssh`-like agent — gets onto a node. Call it from a single-threaded process
-/// (the kernel refuses to move a threaded process into a mount namespace). Returns only on
-/// failure, with the step that failed.
-pub fn exec_in_node(holder_pid: u32, program: &OsStr, args: &[OsString]) -> Error {
-    match enter_holder_namespaces(holder_pid) {
-        Ok(()) => {
-            let e = Command::new(program).args(args).exec();
-            Error::io(format!("run {program:?} in the node of holder {holder_pid}"), e)
+/// How often [`run_in_node`] looks at its parent and its children.
+const SUPERVISE_POLL: Duration = Duration::from_millis(50);
+/// How long [`run_in_node`] goes on killing its descendants after its parent ended.
+const ORPHAN_KILL_BOUND: Duration = Duration::from_secs(5);
+
+/// Runs `program args…` inside the node whose holder is `holder_pid` (see
+/// [`NodeFabric::holder_pid`]) and waits for it, as `ssh HOST CMD` does on a real node: it is
+/// how a program that another program starts — an MPI daemon started through an `ssh`-like
+/// agent — gets onto a node. This process enters the node's network, UTS and mount
+/// namespaces (so call it from a single-threaded process: the kernel refuses to move a
+/// threaded one into a mount namespace), returns to its directory, unblocks every signal, and
+/// becomes a child subreaper, so that everything `program` starts stays its descendant. When
+/// this process's parent ends before `program` does (the launcher was killed, even with
+/// `SIGKILL`), it kills every descendant: a node's links vanish with its launcher, and a
+/// daemon cut off that way would never hear that its peers are gone.
+///
+/// Returns `program`'s exit code (128 + the signal when a signal ended it) once it and every
+/// process it left behind have ended; an error names the step that failed.
+pub fn run_in_node(holder_pid: u32, program: &OsStr, args: &[OsString]) -> Result<i32> {
+    let parent = nix::unistd::getppid();
+    enter_holder_namespaces(holder_pid)?;
+    nix::sys::prctl::set_child_subreaper(true).map_err(|e| Error::errno("become a child subreaper", e))?;
+    let child = Command::new(program)
+        .args(args)
+        .spawn()
+        .map_err(|e| Error::io(format!("run {program:?} in the node of holder {holder_pid}"), e))?;
+    let child = Pid::from_raw(i32::try_from(child.id()).unwrap_or(i32::MAX));
+    let mut code = None;
+    loop {
+        // Reaps the child and every orphan handed to us; ECHILD: none is left.
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::Exited(pid, c)) if pid == child => code = Some(c),
+                Ok(WaitStatus::Signaled(pid, sig, _)) if pid == child => code = Some(128 + sig as i32),
+                Ok(WaitStatus::StillAlive) => break,
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(Errno::ECHILD) => return Ok(code.unwrap_or(1)),
+                Err(e) => return Err(Error::errno("wait for the processes started in the node", e)),
+            }
         }
-        Err(e) => e,
+        if nix::unistd::getppid() != parent {
+            kill_descendants();
+            return Err(Error::invalid(format!(
+                "the parent of {program:?} ended first; everything it started in the node was killed"
+            )));
+        }
+        std::thread::sleep(SUPERVISE_POLL);
     }
 }
 
-/// Enters the namespaces of `holder_pid` and prepares this process for `exec` there.
+/// Kills every descendant of this process, reaping them as they end, until none is left or
+/// [`ORPHAN_KILL_BOUND`] has passed.
+fn kill_descendants() {
+    let me = nix::unistd::getpid();
+    let end = Instant::now() + ORPHAN_KILL_BOUND;
+    while Instant::now() < end {
+        for pid in descendants(me) {
+            // A descendant reaped by its own parent since the scan could have had its pid
+            // reused, but only within this subtree's lifetime of a few milliseconds; orphans
+            // are ours to reap, so their pids stay theirs until we do.
+            let _ = nix::sys::signal::kill(pid, Signal::SIGKILL);
+        }
+        loop {
+            match waitpid(Pid::from_raw(-1), Some(WaitPidFlag::WNOHANG)) {
+                Ok(WaitStatus::StillAlive) => break,
+                Err(Errno::ECHILD) => return,
+                Ok(_) | Err(Errno::EINTR) => {}
+                Err(_) => return,
+            }
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Every process below `root`, from the parent ids in `/proc/PID/stat`.
+fn descendants(root: Pid) -> Vec<Pid> {
+    let parent_of = |pid: i32| -> Option<i32> {
+        let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+        // `pid (comm) state ppid …`; comm may hold spaces and parentheses.
+        stat.rsplit_once(')')?.1.split_whitespace().nth(1)?.parse().ok()
+    };
+    let procs = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    let pairs: Vec<(i32, i32)> = procs
+        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
+        .filter_map(|p| Some((p, parent_of(p)?)))
+        .collect();
+    let mut found = vec![root.as_raw()];
+    let mut i = 0;
+    while i < found.len() {
+        let p = found[i];
+        found.extend(pairs.iter().filter(|&&(_, pp)| pp == p).map(|&(c, _)| c));
+        i += 1;
+    }
+    found.into_iter().skip(1).map(Pid::from_raw).collect()
+}
+
+/// Enters the namespaces of `holder_pid`, returns to the current directory there, and
+/// unblocks every signal.
 fn enter_holder_namespaces(holder_pid: u32) -> Result<()> {
     let cwd = std::env::current_dir().map_err(|e| Error::io("read the current directory", e))?;
     for (kind, flag) in
@@ -116,10 +200,5 @@ fn enter_holder_namespaces(holder_pid: u32) -> Result<()> {
         .map_err(|e| Error::io(format!("return to {} inside the node", cwd.display()), e))?;
     nix::sys::signal::sigprocmask(SigmaskHow::SIG_SETMASK, Some(&SigSet::empty()), None)
         .map_err(|e| Error::errno("unblock signals", e))?;
-    let parent = nix::unistd::getppid();
-    nix::sys::prctl::set_pdeathsig(Signal::SIGKILL).map_err(|e| Error::errno("set PR_SET_PDEATHSIG", e))?;
-    if nix::unistd::getppid() != parent {
-        return Err(Error::invalid("the parent process ended before the node was entered"));
-    }
     Ok(())
 }

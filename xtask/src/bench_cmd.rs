@@ -131,9 +131,10 @@ with --mca btl self,vader,tcp (self,sm,tcp from Open MPI 5), btl_tcp_if_include 
 oob_tcp_if_include eth0, --bind-to none (so no --bind: each node's daemon would bind as if it
 had the host alone), and --mca mpi_yield_when_idle 1 when the ranks of all nodes outnumber
 this host's CPUs (as mpirun does by itself on one host); --mpi-args come after these. Consecutive ranks share a node in both jobs.
-Without root the command fails: posed nodes cannot hold Open MPI, so it would not compare like
-with like (`cargo xtask multinode --posed` runs weave alone that way). Whatever the outcome,
-the nodes and every process in them are gone when the command ends.
+Without root the command fails: on posed nodes Open MPI would see one host and use shared
+memory throughout, so it would not compare like with like (`cargo xtask multinode --posed`
+runs weave alone that way). Whatever the outcome, the nodes and every process in them are gone
+when the command ends.
 
 exit status: 0 when every run finished with no wrong element; 1 when a run failed, MPI is
 missing for --vs-mpi, or any #wrong (weave or MPI) is above 0; 2 on a usage error.
@@ -1042,9 +1043,15 @@ fn bench_on(
         };
         (joined(weave), mpi.map(joined), driven)
     });
-    let rows = rows?;
-    let mpi_rows = mpi_rows.transpose()?.unwrap_or_default();
-    driven?;
+    // Every failure, the turn driver's first: it names the job that ended first, whose own
+    // error is the cause and the other job's the consequence.
+    let (rows, mpi_rows) = match (rows, mpi_rows.transpose(), driven) {
+        (Ok(rows), Ok(mpi_rows), Ok(())) => (rows, mpi_rows.unwrap_or_default()),
+        (rows, mpi_rows, driven) => {
+            let errors = [driven.err(), mpi_rows.err(), rows.err()];
+            return Err(errors.into_iter().flatten().collect::<Vec<_>>().join("\nerror: "));
+        }
+    };
 
     let joined: Vec<(Row, Option<Row>)> = rows
         .into_iter()

@@ -7,8 +7,9 @@
 //! self,vader,tcp`, `btl_tcp_if_include eth0`, `oob_tcp_if_include eth0`), and an `ssh`-like
 //! agent written here (`--mca plm_rsh_agent`): mpirun calls it as `agent [options] HOST CMD…`
 //! to start its daemon on another node, and the agent runs `cargo xtask node-exec`, which
-//! enters the namespaces of HOST's node from Rust ([`weave_launch::exec_in_node`]) and runs
-//! `sh -c CMD` there. With a rate, every node's link is shaped for both jobs alike.
+//! enters the namespaces of HOST's node from Rust ([`weave_launch::run_in_node`]) and runs
+//! `sh -c CMD` there, killing what it started if mpirun ends first (even when xtask is killed
+//! with `SIGKILL`, which takes the nodes' links along before any peer could notice). With a rate, every node's link is shaped for both jobs alike.
 //!
 //! Nothing is left behind: dropping [`BenchNodes`] deletes the hostfile and the agent and
 //! drops the fabric, which kills whatever is still inside the nodes (mpirun's daemons
@@ -19,7 +20,7 @@ use std::ffi::OsString;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use weave_launch::{NamespaceNodes, NodeFabric, Rate, exec_in_node, namespace_holders, node_address, node_hostname};
+use weave_launch::{NamespaceNodes, NodeFabric, Rate, namespace_holders, node_address, node_hostname, run_in_node};
 
 use crate::args::{Arg, Args, UsageError};
 
@@ -40,11 +41,12 @@ impl BenchNodes {
             format!(
                 "bench --nodes runs weave and Open MPI on network-namespace nodes, and none can be made here \
                  ({e}).\nRun it as root (or with CAP_SYS_ADMIN and CAP_NET_ADMIN). It does not fall back to posed \
-                 nodes: Open MPI cannot run on them, so the two libraries would not cross the same links; for weave \
-                 alone on posed nodes use `cargo xtask multinode --posed`."
+                 nodes: Open MPI would see one host and use shared memory between all ranks, so the two libraries \
+                 would not cross the same links; for weave alone on posed nodes use `cargo xtask multinode --posed`."
             )
         })?;
         std::fs::create_dir_all(dir).map_err(|e| format!("cannot create {}: {e}", dir.display()))?;
+        remove_stale_files(dir);
         let me = std::process::id();
         let n = BenchNodes {
             fabric,
@@ -115,10 +117,28 @@ impl Drop for BenchNodes {
     }
 }
 
+/// Deletes the per-run files (`mpi-hosts-PID`, `mpi-node-agent-PID.sh`, `turns-PID.sock`) that
+/// runs killed with `SIGKILL` left in `dir`: those whose process is gone.
+fn remove_stale_files(dir: &Path) {
+    for entry in std::fs::read_dir(dir).into_iter().flatten().flatten() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let pid = ["mpi-hosts-", "mpi-node-agent-", "turns-"]
+            .iter()
+            .find_map(|prefix| name.strip_prefix(prefix))
+            .map(|rest| rest.trim_end_matches(".sh").trim_end_matches(".sock"))
+            .and_then(|pid| pid.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !Path::new(&format!("/proc/{pid}")).exists()) {
+            let _ = std::fs::remove_file(entry.path());
+        }
+    }
+}
+
 /// mpirun's options for Open MPI `major` across namespace nodes: root, more ranks than
 /// cores, no binding (each node's daemon would bind as if it had the host to itself), ranks
 /// filled node by node as weave's are, shared memory in a node and TCP on `eth0` across, and
-/// daemons started through `agent` one by one from node 0. `oversubscribed` (the ranks of all
+/// daemons started through `agent` (in a tree, the default: with `plm_rsh_no_tree_spawn`
+/// mpirun would add `--daemonize`, and a daemon that left its agent survives a killed
+/// xtask, its ranks spinning on). `oversubscribed` (the ranks of all
 /// nodes outnumber the host's CPUs) adds `--mca mpi_yield_when_idle 1`, which mpirun sets by
 /// itself on one host with more ranks than cores but cannot see here, as each node's slots
 /// hold its ranks: without it the waiting ranks spin and starve the ones with work (8 B
@@ -144,9 +164,6 @@ pub(crate) fn mpirun_node_args(major: u32, hostfile: &Path, agent: &Path, oversu
         "--mca",
         "oob_tcp_if_include",
         "eth0",
-        "--mca",
-        "plm_rsh_no_tree_spawn",
-        "1",
     ]
     .iter()
     .map(OsString::from)
@@ -191,7 +208,8 @@ usage: cargo xtask node-exec --node HOST=PID [--node HOST=PID ...] -- [SSH-OPTIO
 What `cargo xtask bench --nodes` gives mpirun as its ssh (`--mca plm_rsh_agent`): runs
 `sh -c 'CMD...'` (the words joined by spaces, as ssh does) inside the network, UTS and mount
 namespaces of the node named HOST, whose holder process is PID. ssh options before HOST are
-skipped. The command gets SIGKILL when its parent (mpirun) ends. Needs root.
+skipped. It waits for the command and everything it started, and exits with the command's
+status; if its parent (mpirun) ends first, it kills all of them. Needs root.
 
 options:
   --node HOST=PID   a node: its address or hostname, and its holder's process id
@@ -264,9 +282,13 @@ pub(crate) fn run_node_exec(mut args: Args) -> ExitCode {
         }
         Err(e) => return crate::usage_error(&e, "node-exec"),
     };
-    let e = exec_in_node(parsed.holder_pid, "/bin/sh".as_ref(), &["-c".into(), parsed.command.into()]);
-    eprintln!("error: node-exec: {e}");
-    ExitCode::FAILURE
+    match run_in_node(parsed.holder_pid, "/bin/sh".as_ref(), &["-c".into(), parsed.command.into()]) {
+        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
+        Err(e) => {
+            eprintln!("error: node-exec: {e}");
+            ExitCode::FAILURE
+        }
+    }
 }
 
 #[cfg(test)]
@@ -301,7 +323,7 @@ mod tests {
         assert!(joined.contains("--mca btl self,vader,tcp --mca btl_tcp_if_include eth0"), "{joined}");
         assert!(joined.contains("--mca oob_tcp_if_include eth0"), "{joined}");
         assert!(joined.ends_with("--mca plm_rsh_agent /t/agent.sh --hostfile /t/hosts"), "{joined}");
-        assert!(joined.contains("--bind-to none") && !joined.contains("yield"));
+        assert!(joined.contains("--bind-to none") && !joined.contains("yield") && !joined.contains("tree_spawn"));
         let five = mpirun_node_args(5, Path::new("h"), Path::new("a"), true);
         assert!(five.iter().any(|a| a == "self,sm,tcp") && five.iter().any(|a| a == "mpi_yield_when_idle"));
         let script = agent_script(Path::new("/x/it's/xtask"), &[7, 9]);
