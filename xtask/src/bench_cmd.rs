@@ -130,7 +130,8 @@ daemon on every other node through `cargo xtask node-exec` as its ssh (--mca plm
 with --mca btl self,vader,tcp (self,sm,tcp from Open MPI 5), btl_tcp_if_include and
 oob_tcp_if_include eth0, --bind-to none (so no --bind: each node's daemon would bind as if it
 had the host alone), and --mca mpi_yield_when_idle 1 when the ranks of all nodes outnumber
-this host's CPUs (as mpirun does by itself on one host); --mpi-args come after these. Consecutive ranks share a node in both jobs.
+this host's CPUs (as mpirun does by itself on one host); --mpi-args come after these.
+Consecutive ranks share a node in both jobs.
 Without root the command fails: on posed nodes Open MPI would see one host and use shared
 memory throughout, so it would not compare like with like (`cargo xtask multinode --posed`
 runs weave alone that way). Whatever the outcome, the nodes and every process in them are gone
@@ -948,10 +949,11 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
         None => None,
     };
     let code = bench_on(a, &root, &target, token, nodes.as_ref());
-    let left = nodes.map(BenchNodes::finish).transpose();
-    let code = code?;
-    left?;
-    Ok(code)
+    match (code, nodes.map(BenchNodes::finish).transpose()) {
+        (Ok(code), Ok(_)) => Ok(code),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+        (Err(e), Err(left)) => Err(format!("{e}\nerror: {left}")),
+    }
 }
 
 /// [`bench`] for host memory, on `nodes` when given.
