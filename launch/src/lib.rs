@@ -18,7 +18,8 @@
 //! With [`LaunchSpec::namespace_nodes`] the ranks run as several nodes on this host, each node
 //! a network, UTS and mount namespace with its own address, hostname and `/dev/shm`, its links
 //! optionally shaped to a [`Rate`] (root only; see [`NamespaceNodes`] and
-//! [`namespace_nodes_available`]). [`LaunchSpec::posed_nodes`] is the fallback without root:
+//! [`namespace_nodes_available`]); a [`NodeFabric`] holds such nodes for several jobs at once
+//! ([`launch_on`]). [`LaunchSpec::posed_nodes`] is the fallback without root:
 //! one network stack for all, the nodes told apart by `WEAVE_HOST_ID`.
 //!
 //! The crate needs only std, nix and libc: it starts processes and knows nothing of communicators,
@@ -50,6 +51,7 @@ mod holder;
 mod job;
 mod netlink;
 mod netns;
+mod nodes;
 mod output;
 mod rank_env;
 mod rate;
@@ -65,6 +67,7 @@ pub use netns::{
     MAX_NAMESPACE_NODES, NAMESPACE_MASTER_PORT, NamespaceNodes, namespace_holders, namespace_nodes_available,
     node_address, node_hostname,
 };
+pub use nodes::{NodeFabric, run_in_node};
 pub use output::{Echo, OUTPUT_GRACE};
 pub use rank_env::FOREIGN_RANK_VARS;
 pub use rate::{MIN_RATE_BYTES_PER_SEC, Rate, RateError};
@@ -93,38 +96,75 @@ use netns::Fabric;
 pub fn launch(spec: &LaunchSpec) -> Result<LaunchReport> {
     let start = Instant::now();
     spec.validate()?;
-    let secret = rank_env::secret_from_env()?;
     let fabric = spec.namespace_nodes.as_ref().map(Fabric::build).transpose()?;
+    let (mut job, outcome, master_port) = run_job(spec, fabric.as_ref(), start)?;
+    let namespaces = fabric.as_ref().map(Fabric::ids).unwrap_or_default();
+    // Kills what the ranks left inside the nodes, so their output pipes close too.
+    drop(fabric);
+    Ok(report(&mut job, outcome, master_port, namespaces, start))
+}
+
+/// Like [`launch`], on the nodes of `nodes` instead of namespaces of its own: rank `r` runs on
+/// node `r / (spec.ranks / nodes)`, and the nodes stay up when the job ends, for the other
+/// jobs on them. `spec.namespace_nodes` must be `None` or `nodes`' options, and
+/// `spec.posed_nodes` `None`. The report's `namespaces` are the fabric's.
+pub fn launch_on(spec: &LaunchSpec, nodes: &NodeFabric) -> Result<LaunchReport> {
+    let start = Instant::now();
+    if spec.namespace_nodes.is_some_and(|n| n != nodes.options()) {
+        return Err(Error::invalid(format!(
+            "LaunchSpec.namespace_nodes is {:?}, but the job runs on a fabric of {:?}; leave it None",
+            spec.namespace_nodes,
+            nodes.options()
+        )));
+    }
+    let mut spec = spec.clone();
+    spec.namespace_nodes = Some(nodes.options());
+    spec.validate()?;
+    let (mut job, outcome, master_port) = run_job(&spec, Some(nodes.fabric()), start)?;
+    Ok(report(&mut job, outcome, master_port, nodes.namespaces(), start))
+}
+
+/// Starts the ranks of `spec` (on `fabric`'s nodes when given) and supervises them; returns
+/// the job with every rank reaped.
+fn run_job(spec: &LaunchSpec, fabric: Option<&Fabric>, start: Instant) -> Result<(Job, job::Outcome, u16)> {
+    let secret = rank_env::secret_from_env()?;
     let master_addr = match fabric {
         Some(_) => node_address(0).to_string(),
         None => spec.master_addr.clone(),
     };
-    let master_port = match (spec.master_port, &fabric) {
+    let master_port = match (spec.master_port, fabric) {
         (Some(p), _) => p,
         (None, Some(_)) => NAMESPACE_MASTER_PORT,
         (None, None) => rank_env::free_port(&master_addr)?,
     };
     let per_node = spec.ranks_per_node().max(1);
-    // Declared after `fabric`, so dropped (ranks killed and reaped) before it on every path.
     let mut job = Job::new();
     for rank in 0..spec.ranks {
-        let entry = fabric.as_ref().map(|f| f.entry(rank / per_node)).transpose()?;
+        let entry = fabric.map(|f| f.entry(rank / per_node)).transpose()?;
         // On error, dropping `job` kills and reaps the ranks already started.
         job.spawn_rank(spec, rank, &secret, (&master_addr, master_port), entry)?;
     }
     let outcome = job.supervise(spec, start);
     job.kill_and_reap();
-    let namespaces = fabric.as_ref().map(Fabric::ids).unwrap_or_default();
-    drop(fabric);
+    Ok((job, outcome, master_port))
+}
+
+/// The report of a job whose ranks have all been reaped.
+fn report(
+    job: &mut Job,
+    outcome: job::Outcome,
+    master_port: u16,
+    namespaces: Vec<String>,
+    start: Instant,
+) -> LaunchReport {
     let elapsed = start.elapsed();
-    let ranks = job.reports();
-    Ok(LaunchReport {
-        ranks,
+    LaunchReport {
+        ranks: job.reports(),
         timed_out: outcome.timed_out,
         cancelled: outcome.cancelled,
         first_failure: outcome.first_failure,
         master_port,
         namespaces,
         elapsed,
-    })
+    }
 }

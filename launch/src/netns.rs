@@ -26,7 +26,7 @@
 use std::ffi::CString;
 use std::fs::File;
 use std::net::Ipv4Addr;
-use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
 use std::os::unix::ffi::OsStrExt;
 
 use nix::sched::CloneFlags;
@@ -160,7 +160,14 @@ impl Fabric {
         self.ids.clone()
     }
 
-    /// What a rank of `node` needs to enter it; `None` for a node this fabric does not have.
+    /// The process id of `node`'s holder, whose `/proc/PID/ns/*` links are the node's
+    /// namespaces; `None` for a node this fabric does not have.
+    pub(crate) fn holder_pid(&self, node: usize) -> Option<Pid> {
+        // holders[0] holds the switch.
+        self.holders.get(node + 1).map(Holder::pid)
+    }
+
+    /// What a rank of `node` needs to enter it; an error for a node this fabric does not have.
     pub(crate) fn entry(&self, node: usize) -> Result<Entry> {
         let ns = self.nodes.get(node).ok_or_else(|| Error::invalid(format!("no namespace node {node}")))?;
         let cwd = std::env::current_dir()
@@ -174,6 +181,17 @@ impl Fabric {
             cwd,
             launcher: nix::unistd::getpid(),
         })
+    }
+}
+
+impl Drop for Fabric {
+    /// Kills every process still inside the fabric's namespaces before the holders go: what a
+    /// rank started outside its process group, or what another program placed in a node (an
+    /// MPI daemon started through [`run_in_node`](crate::run_in_node)), would otherwise keep
+    /// a namespace alive after the job.
+    fn drop(&mut self) {
+        let holders: Vec<Pid> = self.holders.iter().map(Holder::pid).collect();
+        kill_processes_in(&self.ids, &holders);
     }
 }
 
@@ -221,6 +239,70 @@ impl Entry {
 /// `unshare(CLONE_NEWNET | …)` with `EPERM` when not root.
 pub fn namespace_nodes_available(rate: Option<Rate>) -> Result<()> {
     Fabric::build(&NamespaceNodes { nodes: 1, rate }).map(drop)
+}
+
+/// Every process in one of `namespaces`, as `/proc` shows them. A process that has exited (a
+/// zombie) is in none.
+fn processes_in(namespaces: &[String]) -> Vec<Pid> {
+    let procs = std::fs::read_dir("/proc").into_iter().flatten().flatten();
+    let pids = procs.filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok()).map(Pid::from_raw);
+    pids.filter(|&p| is_inside(p, namespaces)).collect()
+}
+
+/// Whether process `pid` is in one of `namespaces` (network, UTS or mount).
+fn is_inside(pid: Pid, namespaces: &[String]) -> bool {
+    ["net", "uts", "mnt"].iter().any(|kind| {
+        std::fs::read_link(format!("/proc/{pid}/ns/{kind}"))
+            .is_ok_and(|t| namespaces.iter().any(|id| t.as_os_str() == id.as_str()))
+    })
+}
+
+/// Passes over `/proc` at most this many times to kill what is inside a fabric's namespaces
+/// (a process may fork while the previous pass kills its parent).
+const SWEEP_PASSES: usize = 50;
+/// Pause between two passes.
+const SWEEP_PAUSE: std::time::Duration = std::time::Duration::from_millis(10);
+
+/// Sends `SIGKILL` to every process in `namespaces` but `spare`, pass after pass until none is
+/// left or [`SWEEP_PASSES`] passes are done (bounded: it never waits for a process that will
+/// not die). Each process is signalled through a pidfd opened while it is seen in one of our
+/// namespaces, so a pid reused meanwhile by another process is never signalled.
+fn kill_processes_in(namespaces: &[String], spare: &[Pid]) {
+    for _ in 0..SWEEP_PASSES {
+        let inside: Vec<Pid> = processes_in(namespaces).into_iter().filter(|p| !spare.contains(p)).collect();
+        if inside.is_empty() {
+            return;
+        }
+        for pid in inside {
+            kill_if_inside(pid, namespaces);
+        }
+        std::thread::sleep(SWEEP_PAUSE);
+    }
+}
+
+/// Kills `pid` if, once a pidfd pins it, it is still in one of `namespaces`.
+fn kill_if_inside(pid: Pid, namespaces: &[String]) {
+    // SAFETY: pidfd_open takes a pid and flags and returns a new descriptor or -1; no memory
+    // is passed.
+    let fd = unsafe { libc::syscall(libc::SYS_pidfd_open, pid.as_raw(), 0) };
+    let Ok(fd) = RawFd::try_from(fd) else { return };
+    if fd < 0 {
+        return; // Gone already (ESRCH), or a kernel before 5.3: nothing safe to do.
+    }
+    // SAFETY: `fd` was just returned by pidfd_open and is owned by nothing else.
+    let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+    if is_inside(pid, namespaces) {
+        // SAFETY: pidfd_send_signal takes the pidfd, a signal number, a null siginfo and flags 0.
+        unsafe {
+            libc::syscall(
+                libc::SYS_pidfd_send_signal,
+                fd.as_raw_fd(),
+                libc::SIGKILL,
+                std::ptr::null::<libc::siginfo_t>(),
+                0,
+            );
+        }
+    }
 }
 
 /// What still holds any of `namespaces` (as [`LaunchReport::namespaces`](crate::LaunchReport::namespaces)

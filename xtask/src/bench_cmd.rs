@@ -16,11 +16,15 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use weave_launch::{CancelToken, LaunchSpec, forward_signals_to, launch, parse_size};
+use weave_launch::{
+    CancelToken, LaunchSpec, MAX_NAMESPACE_NODES, NodeFabric, OUTPUT_GRACE, Rate, forward_signals_to, launch,
+    launch_on, parse_size,
+};
 
 use crate::plot::{Series, busbw_svg};
 
 use crate::args::{Arg, Args, UsageError};
+use crate::bench_nodes::BenchNodes;
 use crate::bench_table::{DTYPES, Op, REDOPS, Row, Table, dtype_name};
 use crate::bench_turns::{Job, Turns};
 
@@ -32,7 +36,7 @@ pub(crate) const USAGE: &str = "\
 usage: cargo xtask bench [--op OP] [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T]
                          [--redop OP] [--iters N] [--warmup N] [--rounds K] [--check | --no-check]
                          [--inplace] [--json FILE] [--vs-mpi] [--mpi-args ARGS] [--no-build] [--[no-]bind]
-                         [--timeout SECS]
+                         [--timeout SECS] [-N NODES [--rate RATE]]
 
 Runs one weave collective on N ranks of this host (shared memory) over a range of sizes and
 prints the nccl-tests table: size, count, type, redop, time, algbw, busbw, #wrong, plus the
@@ -48,7 +52,11 @@ options:
                        all_to_all (broadcast and reduce use root 0)
   -n, --ranks N        number of ranks (default 2: the smallest multi-rank job, one rank
                        per core on a 2-core machine; ranks beyond the cores make both
-                       libraries wait for the scheduler)
+                       libraries wait for the scheduler); with --nodes, ranks per node
+  -N, --nodes NODES    run on NODES simulated nodes of this host, -n ranks each (1 to 250;
+                       see across nodes below; needs root)
+      --rate RATE      with --nodes: shape each node's link to RATE in each direction, for
+                       weave and Open MPI alike (tc units: 10gbit, 100mbit, 1gbps = 8gbit)
   -b, --minbytes SIZE  smallest size (default 8)
   -e, --maxbytes SIZE  largest size (default 64M); sizes are bytes with an optional K, M or G
                        suffix (powers of 1024): 8, 64K, 64M, 1G
@@ -113,6 +121,21 @@ library. Ratios are from one run on the same machine: time ratio mpi/weave and b
 weave/mpi, both above 1 when weave is faster. MPI's avg is MPI_SUM then a division (timed);
 its half/bfloat16 reductions use user-defined operators; its out-of-place broadcast adds a
 memcpy on the root.
+
+across nodes (--nodes): the nodes are network namespaces, as `cargo xtask multinode` makes
+them (own eth0 10.57.0.<node+1>/24 on a bridge, hostname, /dev/shm), made once for both
+libraries. weave's ranks run on them as multinode runs them (shared memory in a node, TCP
+across). Open MPI's mpirun runs in node 0 with a hostfile of the node addresses and starts its
+daemon on every other node through `cargo xtask node-exec` as its ssh (--mca plm_rsh_agent),
+with --mca btl self,vader,tcp (self,sm,tcp from Open MPI 5), btl_tcp_if_include and
+oob_tcp_if_include eth0, --bind-to none (so no --bind: each node's daemon would bind as if it
+had the host alone), and --mca mpi_yield_when_idle 1 when the ranks of all nodes outnumber
+this host's CPUs (as mpirun does by itself on one host); --mpi-args come after these.
+Consecutive ranks share a node in both jobs.
+Without root the command fails: on posed nodes Open MPI would see one host and use shared
+memory throughout, so it would not compare like with like (`cargo xtask multinode --posed`
+runs weave alone that way). Whatever the outcome, the nodes and every process in them are gone
+when the command ends.
 
 exit status: 0 when every run finished with no wrong element; 1 when a run failed, MPI is
 missing for --vs-mpi, or any #wrong (weave or MPI) is above 0; 2 on a usage error.
@@ -186,6 +209,10 @@ struct BenchArgs {
     graph: bool,
     /// Write a busbw-against-size SVG plot here.
     plot: Option<PathBuf>,
+    /// `--nodes`: run on this many namespace nodes of `ranks` ranks each.
+    nodes: Option<usize>,
+    /// `--rate`: shape the nodes' links (with `nodes` only).
+    rate: Option<Rate>,
     /// Draw the plot from this saved gpu-bench output instead of running.
     plot_from: Option<PathBuf>,
     timeout: Duration,
@@ -215,6 +242,8 @@ impl Default for BenchArgs {
             device_chosen: false,
             plot: None,
             plot_from: None,
+            nodes: None,
+            rate: None,
             vs_nccl: false,
             graph: false,
             timeout: Duration::from_secs(600),
@@ -225,8 +254,15 @@ impl Default for BenchArgs {
 impl BenchArgs {
     /// Whether ranks are pinned one per CPU (weave through the launcher, Open MPI with
     /// `--bind-to core`): by default when they fit the CPUs this process may use.
+    /// Never across nodes: each node's Open MPI daemon would bind as if it had the host alone.
     fn bind(&self) -> bool {
-        self.bind.unwrap_or_else(|| self.ranks <= std::thread::available_parallelism().map_or(1, |n| n.get()))
+        self.nodes.is_none()
+            && self.bind.unwrap_or_else(|| self.ranks <= std::thread::available_parallelism().map_or(1, |n| n.get()))
+    }
+
+    /// Ranks of the job: `ranks`, times `nodes` across nodes.
+    fn total_ranks(&self) -> usize {
+        self.ranks * self.nodes.unwrap_or(1)
     }
 
     /// The arguments both bench programs take.
@@ -362,6 +398,17 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
             "--plot" => a.plot = Some(PathBuf::from(args.value(&f)?)),
             "--plot-from" => a.plot_from = Some(PathBuf::from(args.value(&f)?)),
             "-G" | "--graph" => a.graph = true,
+            "-N" | "--nodes" => {
+                let n = count(args, 1)?;
+                if n > MAX_NAMESPACE_NODES as u64 {
+                    return Err(UsageError(format!("{f} must be at most {MAX_NAMESPACE_NODES}, got {n}")));
+                }
+                a.nodes = Some(n as usize);
+            }
+            "--rate" => {
+                let v = text_value(args, &f)?;
+                a.rate = Some(v.parse::<Rate>().map_err(|e| UsageError(format!("{f}: {e}")))?);
+            }
             "--bind" => a.bind = Some(true),
             "--no-bind" => a.bind = Some(false),
             "-t" | "--timeout" => {
@@ -382,6 +429,24 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
     }
     if a.min_bytes > a.max_bytes {
         return Err(UsageError(format!("-b ({}) is larger than -e ({})", a.min_bytes, a.max_bytes)));
+    }
+    if a.rate.is_some() && a.nodes.is_none() {
+        return Err(UsageError("--rate shapes the links between nodes; give --nodes too".into()));
+    }
+    if let Some(nodes) = a.nodes {
+        if a.gpu || a.vs_nccl || a.graph {
+            return Err(UsageError("--nodes benchmarks host memory; drop --gpu, --vs-nccl and --graph".into()));
+        }
+        if a.bind == Some(true) {
+            return Err(UsageError(
+                "--bind cannot be used with --nodes: each node's Open MPI daemon would bind its ranks as if it had \
+                 the host alone"
+                    .into(),
+            ));
+        }
+        if nodes.checked_mul(a.ranks).is_none_or(|n| n > 1 << 20) {
+            return Err(UsageError(format!("{nodes} nodes x {} ranks is too many ranks", a.ranks)));
+        }
     }
     if a.iters > i32::MAX as u64 {
         return Err(UsageError(format!("--iters must be at most {}", i32::MAX)));
@@ -672,6 +737,7 @@ fn run_mpi(
     turns: &Path,
     live: Arc<Mutex<LiveTable>>,
     token: &CancelToken,
+    nodes: Option<&BenchNodes>,
 ) -> Result<Vec<Row>, String> {
     let version = Command::new(mpirun)
         .arg("--version")
@@ -682,8 +748,24 @@ fn run_mpi(
     if major.is_none() {
         eprintln!("bench: {} is not Open MPI; running it with -np and --mpi-args only", mpirun.display());
     }
-    let mut cmd = Command::new(mpirun);
-    cmd.args(mpirun_defaults(major, a.bind())).arg("-np").arg(a.ranks.to_string()).args(&a.mpi_args).arg(bin);
+    let mut cmd = match (nodes, major) {
+        (Some(nodes), Some(major)) => {
+            let cpus = std::thread::available_parallelism().map_or(1, |n| n.get());
+            nodes.mpirun(mpirun, major, a.total_ranks() > cpus)?
+        }
+        (Some(_), None) => {
+            return Err(format!(
+                "bench --nodes places Open MPI on the nodes with its own options, and {} is not Open MPI",
+                mpirun.display()
+            ));
+        }
+        (None, _) => {
+            let mut cmd = Command::new(mpirun);
+            cmd.args(mpirun_defaults(major, a.bind()));
+            cmd
+        }
+    };
+    cmd.arg("-np").arg(a.total_ranks().to_string()).args(&a.mpi_args).arg(bin);
     cmd.args(a.program_args()).arg("--turns").arg(turns);
     cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::inherit());
     eprintln!("bench: running the Open MPI baseline: {}", describe(&cmd));
@@ -693,7 +775,10 @@ fn run_mpi(
         let _ = child.wait();
         return Err("mpirun's output could not be read".into());
     };
-    let reader = std::thread::spawn(move || {
+    // Not joined but waited for at most OUTPUT_GRACE after mpirun ends: a daemon it started
+    // on another node could hold the pipe open after it.
+    let (done, all_lines) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
         let mut lines = Vec::new();
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
             if let Ok(row) = Row::from_json(line.trim()) {
@@ -701,7 +786,7 @@ fn run_mpi(
             }
             lines.push(line);
         }
-        lines
+        let _ = done.send(lines);
     });
     let start = Instant::now();
     let status = loop {
@@ -722,7 +807,9 @@ fn run_mpi(
         }
         std::thread::sleep(Duration::from_millis(20));
     }?;
-    let lines = reader.join().map_err(|_| "the thread reading mpirun's output panicked".to_string())?;
+    let lines = all_lines.recv_timeout(OUTPUT_GRACE).map_err(|_| {
+        format!("mpirun ended ({status}), but its output was still open {OUTPUT_GRACE:?} later or its reader failed")
+    })?;
     if !status.success() {
         return Err(format!("the Open MPI baseline failed ({status})"));
     }
@@ -822,8 +909,9 @@ fn run_weave(
     turns: &Path,
     live: Arc<Mutex<LiveTable>>,
     token: &CancelToken,
+    nodes: Option<&NodeFabric>,
 ) -> Result<Vec<Row>, String> {
-    let spec = LaunchSpec::new(a.ranks, worker)
+    let spec = LaunchSpec::new(a.total_ranks(), worker)
         .args(a.program_args())
         .arg("--turns")
         .arg(turns)
@@ -832,7 +920,11 @@ fn run_weave(
         .echo_to(live)
         .timeout(a.timeout)
         .cancel_token(token.clone());
-    let report = launch(&spec).map_err(|e| format!("cannot start the bench ranks: {e}"))?;
+    let report = match nodes {
+        Some(fabric) => launch_on(&spec, fabric),
+        None => launch(&spec),
+    }
+    .map_err(|e| format!("cannot start the bench ranks: {e}"))?;
     if !report.success() {
         return Err(format!("the weave benchmark failed:\n{}", report.summary()));
     }
@@ -847,13 +939,35 @@ fn run_weave(
 fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     let root = workspace_root();
     let target = target_dir(&root);
-    if a.gpu || (!a.device_chosen && gpu_count().is_some_and(|n| n >= 2)) {
+    if a.gpu || (!a.device_chosen && a.nodes.is_none() && gpu_count().is_some_and(|n| n >= 2)) {
         return bench_gpu(a, &root, &target, token);
     }
+    // First, so that a host without namespaces fails before any build; on the main thread,
+    // which the nodes' holder processes die with.
+    let nodes = match a.nodes {
+        Some(n) => Some(BenchNodes::make(n, a.ranks, a.rate, &target.join("weave-bench"))?),
+        None => None,
+    };
+    let code = bench_on(a, &root, &target, token, nodes.as_ref());
+    match (code, nodes.map(BenchNodes::finish).transpose()) {
+        (Ok(code), Ok(_)) => Ok(code),
+        (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
+        (Err(e), Err(left)) => Err(format!("{e}\nerror: {left}")),
+    }
+}
+
+/// [`bench`] for host memory, on `nodes` when given.
+fn bench_on(
+    a: &BenchArgs,
+    root: &Path,
+    target: &Path,
+    token: &CancelToken,
+    nodes: Option<&BenchNodes>,
+) -> Result<ExitCode, String> {
     // Find MPI before spending time on a build.
     let mpi_tools = if a.vs_mpi { Some(mpi_tools()?) } else { None };
     if a.build {
-        build_worker(&root)?;
+        build_worker(root)?;
     }
     let worker = target.join("release").join("bench-worker");
     if !worker.is_file() {
@@ -865,10 +979,13 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     };
 
     let table = Table { vs_mpi: a.vs_mpi };
+    let placement = match nodes {
+        Some(n) => n.describe(),
+        None => format!("{} ranks (shared memory)", a.ranks),
+    };
     println!(
-        "# weave bench: {} on {} ranks (shared memory), {}{}, {}{}",
+        "# weave bench: {} on {placement}, {}{}, {}{}",
         a.op.name(),
-        a.ranks,
         a.dtype,
         if a.op.reduces() { format!(" {}", a.redop) } else { String::new() },
         if a.inplace { "in place" } else { "out of place" },
@@ -889,22 +1006,22 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     // Both jobs start now and wait for their turns.
     let weave_ended = Arc::new(AtomicBool::new(false));
     let mpi_ended = Arc::new(AtomicBool::new(false));
-    let mut jobs = vec![Job::new("weave", a.ranks, weave_ended.clone())];
+    let mut jobs = vec![Job::new("weave", a.total_ranks(), weave_ended.clone())];
     if mpi_bin.is_some() {
-        jobs.push(Job::new("mpi", a.ranks, mpi_ended.clone()));
+        jobs.push(Job::new("mpi", a.total_ranks(), mpi_ended.clone()));
     }
     let mut turns = Turns::listen(&target.join("weave-bench"), jobs, a.timeout, token.clone())?;
     let socket = turns.path().to_path_buf();
     let (rows, mpi_rows, driven) = std::thread::scope(|scope| {
         let weave = scope.spawn(|| {
-            let r = run_weave(a, &worker, &socket, live.clone(), token);
+            let r = run_weave(a, &worker, &socket, live.clone(), token, nodes.map(BenchNodes::fabric));
             weave_ended.store(true, Ordering::Release);
             r
         });
         let mpi = mpi_tools.as_ref().zip(mpi_bin.as_ref()).map(|((_, mpirun), bin)| {
             let (socket, live) = (&socket, live.clone());
             scope.spawn(move || {
-                let r = run_mpi(a, mpirun, bin, socket, live, token);
+                let r = run_mpi(a, mpirun, bin, socket, live, token, nodes);
                 mpi_ended.store(true, Ordering::Release);
                 r
             })
@@ -928,9 +1045,15 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
         };
         (joined(weave), mpi.map(joined), driven)
     });
-    let rows = rows?;
-    let mpi_rows = mpi_rows.transpose()?.unwrap_or_default();
-    driven?;
+    // Every failure, the turn driver's first: it names the job that ended first, whose own
+    // error is the cause and the other job's the consequence.
+    let (rows, mpi_rows) = match (rows, mpi_rows.transpose(), driven) {
+        (Ok(rows), Ok(mpi_rows), Ok(())) => (rows, mpi_rows.unwrap_or_default()),
+        (rows, mpi_rows, driven) => {
+            let errors = [driven.err(), mpi_rows.err(), rows.err()];
+            return Err(errors.into_iter().flatten().collect::<Vec<_>>().join("\nerror: "));
+        }
+    };
 
     let joined: Vec<(Row, Option<Row>)> = rows
         .into_iter()
@@ -949,7 +1072,11 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
             let points = joined.iter().filter_map(|(_, m)| m.as_ref().map(|m| (m.bytes as f64, m.busbw()))).collect();
             series.push(Series { name: "Open MPI".into(), points });
         }
-        write_plot(path, &format!("{} on {} ranks (host memory)", a.op.name(), a.ranks), &series)?;
+        let title = match a.nodes {
+            Some(n) => format!("{} on {n} nodes x {} ranks (host memory)", a.op.name(), a.ranks),
+            None => format!("{} on {} ranks (host memory)", a.op.name(), a.ranks),
+        };
+        write_plot(path, &title, &series)?;
     }
     if let Some(path) = &a.json {
         let mut text = String::new();
@@ -1067,6 +1194,28 @@ mod tests {
         assert_eq!(args[..4], ["--op", "all_gather", "-b", "1024"]);
         assert!(args.contains(&"--inplace".to_string()) && !args.contains(&"--check".to_string()));
         assert_eq!(parse_line(&["--op", "reduce", "--help"]).unwrap(), Parsed::Help);
+    }
+
+    #[test]
+    fn nodes_and_rate() {
+        let Parsed::Run(a) = parse_line(&["--nodes", "2", "-n", "3", "--rate=10gbit", "--vs-mpi"]).unwrap() else {
+            panic!()
+        };
+        assert_eq!((a.nodes, a.ranks, a.total_ranks()), (Some(2), 3, 6));
+        assert_eq!(a.rate.map(Rate::bytes_per_sec), Some(1_250_000_000));
+        assert!(!a.bind(), "never bound across nodes");
+        let Parsed::Run(a) = parse_line(&["-N1", "--no-bind"]).unwrap() else { panic!() };
+        assert_eq!((a.nodes, a.total_ranks(), a.rate), (Some(1), 2, None));
+        let Parsed::Run(d) = parse_line(&["-n", "3"]).unwrap() else { panic!() };
+        assert_eq!((d.nodes, d.total_ranks()), (None, 3));
+        let err = |line: &[&str]| parse_line(line).unwrap_err().0;
+        assert!(err(&["--rate", "1gbit"]).contains("give --nodes too"));
+        assert!(err(&["-N", "2", "--rate", "fast"]).contains("--rate"));
+        assert!(err(&["-N", "0"]).contains("at least 1"));
+        assert!(err(&["-N", "251"]).contains("at most 250"));
+        assert!(err(&["-N", "2", "--bind"]).contains("--bind cannot be used with --nodes"));
+        assert!(err(&["-N", "2", "--gpu"]).contains("host memory"));
+        assert!(err(&["-N", "200", "-n", "10000"]).contains("too many ranks"));
     }
 
     #[test]

@@ -5,6 +5,7 @@
 
 mod args;
 mod bench_cmd;
+mod bench_nodes;
 mod bench_table;
 mod bench_turns;
 mod gpu_bundle_cmd;
@@ -44,6 +45,12 @@ const COMMANDS: &[Command] = &[
     },
     Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
     Command { name: "bench", summary: bench_cmd::SUMMARY, usage: bench_cmd::USAGE, run: bench_cmd::run },
+    Command {
+        name: "node-exec",
+        summary: bench_nodes::NODE_EXEC_SUMMARY,
+        usage: bench_nodes::NODE_EXEC_USAGE,
+        run: bench_nodes::run_node_exec,
+    },
 ];
 
 fn usage() -> String {

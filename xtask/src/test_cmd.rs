@@ -17,8 +17,9 @@ the same launcher as `cargo xtask launch`), doc tests, and a compile of every ex
 tests report that they did not run when no GPU is present; they never count as passed there.
 Then the namespace-node tests (ignored by plain `cargo test`: they need root to make network
 namespaces; about 30 s): the launcher's nodes, nothing left behind after a killed rank or a
-killed launcher, the collectives matrix across namespace nodes 2x2 and 3x1, and --rate shaping;
-wherever namespaces can be made; with CI set they must run.
+killed launcher, a node fabric shared by several jobs, `cargo xtask node-exec` (mpirun's agent
+of bench --nodes), the collectives matrix across namespace nodes 2x2 and 3x1, and --rate
+shaping; wherever namespaces can be made; with CI set they must run.
 Then the InfiniBand tests in SoftRoCE guests (`cargo xtask ib-vm --nodes 2`: the transport's
 device tests and the host matrix over verbs with 2 ranks in one guest, then across two guests;
 about 8 minutes), wherever QEMU is installed
@@ -110,7 +111,12 @@ fn namespace_tests(wanted: bool, release: bool) -> ExitCode {
         println!("cargo xtask test: the namespace-node tests did not run (they need root: {e})");
         return ExitCode::SUCCESS;
     }
-    for target in [&["-p", "weave-launch"][..], &["-p", "weave-tests", "--test", "collectives"]] {
+    let targets = [
+        &["-p", "weave-launch"][..],
+        &["-p", "xtask", "--test", "node_exec"],
+        &["-p", "weave-tests", "--test", "collectives"],
+    ];
+    for target in targets {
         let package = target[1];
         let mut cmd = Command::new(cargo());
         cmd.arg("test").args(target);
