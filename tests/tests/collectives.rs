@@ -167,6 +167,44 @@ fn a_rank_killed_across_namespace_nodes_fails_the_others_and_leaks_nothing() {
     }
 }
 
+#[test]
+#[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
+fn twenty_kills_at_random_points_across_2x2_namespace_nodes_fail_every_survivor_within_the_timeout() {
+    require_namespaces();
+    const WEAVE_TIMEOUT_S: f64 = 10.0;
+    let mut after_ms = Vec::new();
+    for trial in 0..20u64 {
+        // A spread of points: 0–390 ms into the loop, in a scrambled order.
+        let delay = (trial * 7 % 20) * 20;
+        let secret = random_secret();
+        let spec = scenario_spec(Path::new(WORKER), "node-kill", 4, WEAVE_TIMEOUT_S, Duration::from_secs(60))
+            .arg(delay.to_string())
+            .namespace_nodes(2, None)
+            .env("WEAVE_SECRET", &secret)
+            .keep_going(true);
+        let report = launch_serialized(&spec).expect("launch node-kill");
+        assert_survivors_saw_the_killed_rank(&report, "node-kill");
+        for r in &report.ranks[..3] {
+            let line = r.stdout.iter().find(|l| l.starts_with("OK node-kill")).expect("an OK line");
+            let ms: u64 = line
+                .split("failed ")
+                .nth(1)
+                .and_then(|t| t.split(' ').next())
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_else(|| panic!("no time in {line:?}"));
+            assert!((ms as f64) < WEAVE_TIMEOUT_S * 1000.0, "trial {trial}: rank {} failed only after {ms} ms", r.rank);
+            after_ms.push(ms);
+        }
+        assert_nothing_left(&report, &secret);
+    }
+    after_ms.sort_unstable();
+    println!(
+        "2x2 namespace nodes, 20 kills: survivors failed {} ms (median) / {} ms (max) after the kill",
+        after_ms[after_ms.len() / 2],
+        after_ms[after_ms.len() - 1]
+    );
+}
+
 /// The bus bandwidth (GB/s) of a 32 MiB all-reduce between two namespace nodes of one rank.
 fn all_reduce_busbw(rate: Option<weave_launch::Rate>) -> f64 {
     let args = ["--op", "all_reduce", "-b", "32M", "-e", "32M", "--warmup", "1", "--iters", "3"];

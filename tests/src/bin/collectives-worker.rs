@@ -17,6 +17,7 @@ fn main() {
         "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
         "channel-kill" => channel_kill(arg),
         "nodes" => nodes(),
+        "node-kill" => node_kill(arg),
         "p2p-channel" => comm_core::bootstrap::from_env()
             .and_then(|b| {
                 Communicator::builder(b).with_algorithm(Collective::SendRecv, Algorithm::ChannelDirect).build()
@@ -432,6 +433,42 @@ fn channel_kill(over: &str) -> Result<String> {
         }
     }
     Err(Error::protocol("10,000 all-reduces went through with a killed peer"))
+}
+
+/// A job across nodes whose last rank SIGKILLs itself `arg` milliseconds into a loop of
+/// collectives with the default plans (hierarchical ones across nodes of several ranks): every
+/// other rank must fail with `PeerLost` or a timeout, and says how long after the kill.
+fn node_kill(delay_ms: &str) -> Result<String> {
+    let delay: u64 = delay_ms.parse().map_err(|_| Error::invalid(format!("node-kill: bad delay {delay_ms:?}")))?;
+    let comm = Communicator::from_env()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let send = vec![1.0f32; 1 << 20];
+    let mut recv = vec![0.0f32; 1 << 20];
+    let mut gathered = vec![0.0f32; 4096 * n];
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?; // every link and sub-communicator is up
+    comm.core().bootstrap().barrier()?;
+    let started = std::time::Instant::now();
+    if me == n - 1 {
+        std::thread::sleep(std::time::Duration::from_millis(delay));
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).map_err(|e| Error::errno("raise SIGKILL", e))?;
+        return Err(Error::protocol("SIGKILL returned"));
+    }
+    for i in 0.. {
+        let r = match i % 3 {
+            0 => comm.all_reduce(&send, &mut recv, ReduceOp::Sum),
+            1 => comm.all_gather(&send[..4096], &mut gathered),
+            _ => comm.broadcast_in_place(&mut recv[..1000], i % n),
+        };
+        match r {
+            Ok(()) => continue,
+            Err(e @ (Error::PeerLost { .. } | Error::Timeout { .. })) => {
+                let after = started.elapsed().saturating_sub(std::time::Duration::from_millis(delay));
+                return Ok(format!("failed {} ms after the kill: {e}", after.as_millis()));
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    Err(Error::protocol("the collectives loop ended"))
 }
 
 /// The correctness matrix on a job of posed nodes (`cargo xtask multinode`, or a launcher's
