@@ -430,13 +430,15 @@ unsafe impl Send for HeapRegion {}
 // SAFETY: see Send: shared access goes through raw pointers with explicit synchronization.
 unsafe impl Sync for HeapRegion {}
 
-const HEAP_ALIGN: usize = 64;
+/// Pages: a heap region owns whole pages, so that it can be page-locked for a GPU
+/// (`cuMemHostRegister`) without touching a neighbour's memory.
+const HEAP_PAGE: usize = 4096;
 
 impl HeapRegion {
-    /// Allocates `len` zeroed bytes (at least one cache line, so the pointer is never dangling).
+    /// Allocates `len` zeroed bytes in whole pages of their own (at least one, so the pointer
+    /// is never dangling).
     pub fn new(len: usize) -> Result<Self> {
-        let layout = std::alloc::Layout::from_size_align(len.max(HEAP_ALIGN), HEAP_ALIGN)
-            .map_err(|_| Error::invalid(format!("cannot allocate {len} bytes")))?;
+        let layout = Self::layout(len)?;
         // SAFETY: the layout has non-zero size.
         let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
         if ptr.is_null() {
@@ -444,14 +446,21 @@ impl HeapRegion {
         }
         Ok(HeapRegion { ptr, len })
     }
+
+    fn layout(len: usize) -> Result<std::alloc::Layout> {
+        let size = len.max(1).checked_next_multiple_of(HEAP_PAGE);
+        size.and_then(|size| std::alloc::Layout::from_size_align(size, HEAP_PAGE).ok())
+            .ok_or_else(|| Error::invalid(format!("cannot allocate {len} bytes")))
+    }
 }
 
 impl Drop for HeapRegion {
     fn drop(&mut self) {
-        let layout = std::alloc::Layout::from_size_align(self.len.max(HEAP_ALIGN), HEAP_ALIGN)
-            .expect("layout was valid at allocation");
-        // SAFETY: ptr came from alloc_zeroed with this same layout and is freed once.
-        unsafe { std::alloc::dealloc(self.ptr, layout) };
+        // The layout was valid at allocation, so it is now.
+        if let Ok(layout) = Self::layout(self.len) {
+            // SAFETY: ptr came from alloc_zeroed with this same layout and is freed once.
+            unsafe { std::alloc::dealloc(self.ptr, layout) };
+        }
     }
 }
 

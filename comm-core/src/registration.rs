@@ -227,6 +227,12 @@ impl Communicator {
         self.exchange_pair_of(peer, len, MemoryKind::Host, label)
     }
 
+    /// Whether some transport that reaches `peer` allocates `kind` memory for a pairwise region
+    /// ([`exchange_pair_of`](Self::exchange_pair_of)); both ranks of a pair get the same answer.
+    pub fn pair_allocates(&self, peer: usize, kind: MemoryKind) -> Result<bool> {
+        Ok(self.routes_to(peer)?.iter().any(|(backend, _)| backend.allocates(kind)))
+    }
+
     /// [`exchange_pair`](Self::exchange_pair) for memory of any `kind` (device memory for GPU
     /// links): allocated by the first transport that reaches `peer` and allocates that kind.
     pub fn exchange_pair_of(

@@ -296,6 +296,14 @@ pub trait TransportBackend: Send + Sync {
     /// memory channels can load and store it directly.
     fn direct_access(&self) -> bool;
 
+    /// Whether [`allocate`](Self::allocate) gives memory of `kind` (host memory, by default):
+    /// what a caller asks before choosing where a pairwise region lives (GPU channel links
+    /// put their inboxes in host memory the GPU maps when no transport to the peer carries
+    /// device memory).
+    fn allocates(&self, kind: MemoryKind) -> bool {
+        kind == MemoryKind::Host
+    }
+
     /// Allocates `len` bytes of `kind` memory that peers can import through this transport.
     /// Transports that cannot own memory return [`Error::Unsupported`].
     fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {

@@ -163,6 +163,7 @@ const TESTS: &[GpuTest] = &[
     ("a_thousand_device_calls_with_changing_sizes", stale_state),
     ("device_send_recv", p2p),
     ("sixteen_ranks_run_every_device_collective_over_channels", sixteen_ranks),
+    ("device_collectives_across_posed_nodes_over_tcp", across_posed_nodes),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];
@@ -188,6 +189,19 @@ fn gpu_count() -> Result<usize, String> {
         return Err("no CUDA driver".into());
     }
     weave_cuda::device_count().map_err(|e| e.to_string())
+}
+
+/// Device calls across nodes posed on this host (`WEAVE_HOST_ID` per node, so CUDA IPC and
+/// shared memory stay inside a node and TCP carries the rest): the channel family with links
+/// through host memory the GPUs map, 2 nodes of 1 rank and 2 nodes of 2.
+fn across_posed_nodes(_gpus: usize) {
+    for (nodes, per_node) in [(2, 1), (2, 2)] {
+        let spec = scenario_spec(worker(), "wide", nodes * per_node, 60.0, Duration::from_secs(480)).posed_nodes(nodes);
+        let report = run_ok(&spec, "wide");
+        if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+            println!("    [{nodes} posed nodes x {per_node}, rank 0] {line}");
+        }
+    }
 }
 
 fn main() -> ExitCode {

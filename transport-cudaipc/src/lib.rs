@@ -331,6 +331,10 @@ impl TransportBackend for CudaIpcBackend {
         true
     }
 
+    fn allocates(&self, kind: MemoryKind) -> bool {
+        matches!(kind, MemoryKind::Device(_))
+    }
+
     fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
         match kind {
             MemoryKind::Device(d) if d == self.gpu.ordinal() => Ok(Arc::new(self.gpu.allocate(len, self.id)?)),

@@ -273,6 +273,19 @@ pub(crate) fn host_free(p: *mut c_void) -> Result<()> {
     check(unsafe { sys::cuMemFreeHost(p) }, "cuMemFreeHost")
 }
 
+/// `cuMemHostRegister`: page-locks `size` bytes at `p` and maps them for the device.
+pub(crate) fn host_register(p: *mut c_void, size: usize, flags: u32) -> Result<()> {
+    // SAFETY: the caller passes memory it owns for `size` bytes and keeps alive until
+    // `host_unregister`; the caller bound a context.
+    check(unsafe { sys::cuMemHostRegister_v2(p, size, flags) }, "cuMemHostRegister")
+}
+
+/// `cuMemHostUnregister`.
+pub(crate) fn host_unregister(p: *mut c_void) -> Result<()> {
+    // SAFETY: `p` was registered by `host_register` and is unregistered once.
+    check(unsafe { sys::cuMemHostUnregister(p) }, "cuMemHostUnregister")
+}
+
 /// `cuMemHostGetDevicePointer`: the device address of mapped pinned host memory.
 pub(crate) fn host_device_pointer(p: *mut c_void) -> Result<CUdeviceptr> {
     let mut d: CUdeviceptr = 0;

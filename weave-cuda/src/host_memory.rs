@@ -79,3 +79,69 @@ impl Drop for PinnedHostMemory {
         let _ = driver::host_free(self.host);
     }
 }
+
+/// Host memory that something else owns (a network transport's receive region, say), page-locked
+/// and mapped for kernels while this value lives (`cuMemHostRegister` with `DEVICEMAP |
+/// PORTABLE`): kernels reach the bytes at [`device_ptr`](Self::device_ptr) without copies.
+/// Drop it before the memory is freed.
+pub struct HostRegistration {
+    ctx: Arc<CudaContext>,
+    host: *mut c_void,
+    device_ptr: u64,
+    len: usize,
+}
+
+// SAFETY: the registration only records addresses; the memory belongs to the caller, and the
+// CUDA calls made with them are thread-safe once a context is bound.
+unsafe impl Send for HostRegistration {}
+// SAFETY: see Send: `&self` methods only return addresses.
+unsafe impl Sync for HostRegistration {}
+
+impl std::fmt::Debug for HostRegistration {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HostRegistration")
+            .field("host", &self.host)
+            .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
+            .field("len", &self.len)
+            .finish()
+    }
+}
+
+impl HostRegistration {
+    /// Registers `len` bytes at `host` for `ctx`'s device (and every context of this process).
+    ///
+    /// # Safety
+    /// `host` is valid for `len` bytes of host memory that stays allocated until this value
+    /// is dropped, and no other registration covers any of its pages.
+    pub unsafe fn new(ctx: &Arc<CudaContext>, host: *mut u8, len: usize) -> Result<Self> {
+        bind(ctx)?;
+        let host = host.cast::<c_void>();
+        driver::host_register(host, len, sys::CU_MEMHOSTREGISTER_DEVICEMAP | sys::CU_MEMHOSTREGISTER_PORTABLE)?;
+        // Registered from here: dropped (unregistered) on the error path below.
+        let mut registration = HostRegistration { ctx: ctx.clone(), host, device_ptr: 0, len };
+        registration.device_ptr = driver::host_device_pointer(host)?;
+        Ok(registration)
+    }
+
+    /// The device address of the first byte.
+    pub fn device_ptr(&self) -> u64 {
+        self.device_ptr
+    }
+
+    /// Size in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// True for a registration of zero bytes.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+impl Drop for HostRegistration {
+    fn drop(&mut self) {
+        let _ = self.ctx.bind_to_thread();
+        let _ = driver::host_unregister(self.host);
+    }
+}

@@ -64,8 +64,11 @@ pub(crate) struct DeviceSendRecv {
     pub(crate) dtype: DataType,
 }
 
-/// The memories of one built link, kept alive as long as the proxy may name them.
+/// The memories of one built link, kept alive as long as the proxy may name them. Host
+/// memory the GPU maps (links to peers that no device-memory transport reaches) is unmapped
+/// first: fields drop in order.
 struct DeviceLink {
+    _mapped: Vec<weave_cuda::HostRegistration>,
     _inbox: RegisteredMemory,
     _peer_region: RegisteredMemory,
     _outbox: RegisteredMemory,
@@ -151,9 +154,27 @@ impl DeviceChannels {
         let len = SLOTS_OFFSET + SLOTS * slot_bytes;
         let (lo, hi) = (self.rank.min(peer), self.rank.max(peer));
         let label = format!("weave gpu channel link {lo}<->{hi} ({SLOTS} x {} B)", self.payload);
-        let kind = MemoryKind::Device(self.device);
+        // Device memory where a transport to the peer carries it (CUDA IPC); else host memory
+        // the GPU maps, which a network transport writes and the kernels read over the bus.
+        let device = MemoryKind::Device(self.device);
+        let kind = if core.pair_allocates(peer, device)? { device } else { MemoryKind::Host };
         let (inbox, peer_region) = core.exchange_pair_of(peer, len, kind, &label)?;
         let outbox = core.register_private(len, kind, &format!("{label} outbox"))?;
+        let mut mapped = Vec::new();
+        let (inbox_address, outbox_address) = if kind == device {
+            (inbox.as_ptr() as u64, outbox.as_ptr() as u64)
+        } else {
+            for (memory, what) in [(&inbox, "inbox"), (&outbox, "outbox")] {
+                memory.check_range(0, len)?;
+                if !memory.is_host_mapped() {
+                    return Err(Error::Unsupported(format!("{label}: the {what} is not host memory mapped here")));
+                }
+                // SAFETY: the registration holds `len` bytes of host memory mapped here (checked),
+                // which this link keeps alive past the CUDA registration (field order).
+                mapped.push(unsafe { weave_cuda::HostRegistration::new(&self.ctx, memory.as_ptr(), len)? });
+            }
+            (mapped[0].device_ptr(), mapped[1].device_ptr())
+        };
         let connection = core.connection_via(peer, peer_region.transport())?;
         let abort = core.abort_flag().clone();
         let signal = |offset: usize| -> Result<Arc<HostSemaphore>> {
@@ -165,8 +186,8 @@ impl DeviceChannels {
         let outbox_memory = self.proxy.add_memory(outbox.clone())?;
         let peer_memory = self.proxy.add_memory(peer_region.clone())?;
         let entry = ChannelLink {
-            inbox: inbox.as_ptr() as u64,
-            outbox: outbox.as_ptr() as u64,
+            inbox: inbox_address,
+            outbox: outbox_address,
             posted: 0,
             consumed: 0,
             data_semaphore: data_semaphore.0,
@@ -185,7 +206,8 @@ impl DeviceChannels {
             operation: format!("write the link table entry of rank {peer}"),
             message: e.to_string(),
         })?;
-        self.links[peer] = Some(DeviceLink { _inbox: inbox, _peer_region: peer_region, _outbox: outbox });
+        self.links[peer] =
+            Some(DeviceLink { _mapped: mapped, _inbox: inbox, _peer_region: peer_region, _outbox: outbox });
         Ok(())
     }
 

@@ -120,31 +120,26 @@ impl std::fmt::Debug for GpuEngine {
 }
 
 impl GpuEngine {
-    /// Collective: builds the GPU state when every rank has a CUDA device whose peers are all
-    /// reached through CUDA IPC, else `None` on every rank (with the reason logged at info
-    /// level); the direct kernels only where every rank can run them (at most 8 GPUs). `gpu`
-    /// holds the tuning knobs.
+    /// Collective: builds the GPU state when every rank has a CUDA device, else `None` on every
+    /// rank (with the reason logged at info level); the direct kernels only where every rank
+    /// can run them (every peer reached through CUDA IPC, at most 8 GPUs) — elsewhere device
+    /// calls run the channel family, whose links to GPUs of other nodes go through host memory
+    /// the GPU maps. `gpu` holds the tuning knobs.
     pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig) -> Result<Option<Self>> {
         let backend =
             core.backend(transport_cudaipc::transport()).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
         let world = core.world_size();
-        // Both families reach the peers' GPUs through CUDA IPC: every peer must be reached by it
-        // (one node; posed nodes count).
+        // The direct family loads and stores the peers' GPU memory through CUDA IPC: every peer
+        // must be reached by it (one node; posed nodes split it). Every rank computes the same.
         let cudaipc = transport_cudaipc::transport();
         let topology = core.topology();
         let every_peer = (0..world)
             .filter(|&p| p != core.rank())
             .all(|p| topology.reach(p).is_some_and(|r| r.transports.iter().any(|&(t, _)| t == cudaipc)));
-        let usable = u8::from(backend.is_some() && every_peer);
-        let all = core.bootstrap().all_gather(&[usable])?;
+        let all = core.bootstrap().all_gather(&[u8::from(backend.is_some())])?;
         if all.iter().any(|v| v.first() != Some(&1)) {
             if core.config().logs(LogLevel::Info) {
-                let why = if backend.is_none() {
-                    "not every rank has a CUDA device"
-                } else {
-                    "some GPUs are on other nodes (device buffers across nodes are not supported yet)"
-                };
-                eprintln!("weave[{}]: GPU collectives off: {why}", core.rank());
+                eprintln!("weave[{}]: GPU collectives off: not every rank has a CUDA device", core.rank());
             }
             return Ok(None);
         }
@@ -157,16 +152,20 @@ impl GpuEngine {
         let status = Arc::new(device.device_status()?);
         let mut peers = Vec::with_capacity(world);
         for p in (0..world).filter(|&p| p != core.rank()) {
-            peers.push(core.connection_via(p, cudaipc)?);
+            peers.push(core.connection(p)?);
         }
         let watch = watch::GpuPeerWatch::start(peers, status.clone())?;
-        let direct = if world <= MAX_GPU_RANKS {
+        let direct = if world <= MAX_GPU_RANKS && every_peer {
             Some(DirectKernels::new(core, gpu, &ctx, device, &arch, &status)?)
         } else {
             if core.config().logs(LogLevel::Info) {
+                let why = if every_peer {
+                    format!("more than {MAX_GPU_RANKS} GPUs")
+                } else {
+                    "some GPUs are on other nodes".into()
+                };
                 eprintln!(
-                    "weave[{}]: direct GPU kernels off (more than {MAX_GPU_RANKS} GPUs): device calls run the channel \
-                     family",
+                    "weave[{}]: direct GPU kernels off ({why}): device calls run the channel family",
                     core.rank()
                 );
             }
