@@ -32,8 +32,8 @@ fn main() -> Result<(), Box<dyn Error>> {
     let mut gathered = stream.alloc_zeros::<f32>(n * 1024)?;
     comm.all_gather_device(&shard, &mut gathered, &stream)?;
 
-    // Broadcast rank 0's parameters; the other ranks send nothing.
-    let params = if me == 0 { stream.clone_htod(&[0.5f32; 256])? } else { stream.null()? };
+    // Broadcast rank 0's parameters (only the root's send is read).
+    let params = stream.clone_htod(&[if me == 0 { 0.5f32 } else { -1.0 }; 256])?;
     let mut mine = stream.alloc_zeros::<f32>(256)?;
     comm.broadcast_device(&params, &mut mine, 0, &stream)?;
 

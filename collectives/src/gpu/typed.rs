@@ -225,11 +225,12 @@ impl Communicator {
     }
 
     /// Copies `root`'s `send` into every rank's `recv`. `send` is read on the root only, where it
-    /// must be as long as `recv`; other ranks may pass any buffer (an empty one).
+    /// must be as long as `recv`; other ranks may pass any buffer (its length is not checked).
     ///
     /// ```no_run
     /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-    /// let weights = if comm.rank() == 0 { stream.clone_htod(&[0.25f32; 64])? } else { stream.null()? };
+    /// // Only the root's send is read: the others pass any buffer.
+    /// let weights = stream.clone_htod(&[0.25f32; 64])?;
     /// let mut mine = stream.alloc_zeros::<f32>(64)?;
     /// comm.broadcast_device(&weights, &mut mine, 0, stream)?;
     /// # Ok(()) }
@@ -276,12 +277,12 @@ impl Communicator {
     }
 
     /// Reduces every rank's `send` into `recv` on `root`. `recv` is written on the root only,
-    /// where it must be as long as `send`; other ranks may pass any buffer (an empty one).
+    /// where it must be as long as `send`; other ranks may pass any buffer (its length is not checked).
     ///
     /// ```no_run
     /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
     /// let loss = stream.clone_htod(&[0.125f32])?;
-    /// let mut total = stream.alloc_zeros::<f32>(if comm.rank() == 0 { 1 } else { 0 })?;
+    /// let mut total = stream.alloc_zeros::<f32>(1)?; // written on rank 0 only
     /// comm.reduce_device(&loss, &mut total, ReduceOp::Sum, 0, stream)?;
     /// # Ok(()) }
     /// ```

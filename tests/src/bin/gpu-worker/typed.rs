@@ -34,12 +34,14 @@ pub(super) fn typed() -> Result<String> {
     Ok(format!("{checked} typed device calls checked"))
 }
 
+/// A buffer holding `v` (callers never upload nothing: a zero-byte allocation may fail).
 fn up<T: Typed>(g: &Gpu, v: &[T]) -> Result<CudaSlice<T>> {
-    if v.is_empty() { g.stream.null() } else { g.stream.clone_htod(v) }.map_err(cuda("upload"))
+    g.stream.clone_htod(v).map_err(cuda("upload"))
 }
 
+/// `len` zeros (at least one element: empty buffers are views of these).
 fn zeros<T: Typed>(g: &Gpu, len: usize) -> Result<CudaSlice<T>> {
-    if len == 0 { g.stream.null() } else { g.stream.alloc_zeros(len) }.map_err(cuda("alloc"))
+    g.stream.alloc_zeros(len.max(1)).map_err(cuda("alloc"))
 }
 
 /// Waits for the stream, checks the GPU path, and downloads `buf`.
@@ -74,10 +76,10 @@ fn collectives_of<T: Typed>(g: &Gpu, count: usize, op: ReduceOp) -> Result<usize
     let whole = down(g, &buf)?;
     compare(&tag("reduce_scatter_device_in_place"), &whole[me * count..(me + 1) * count], |i| all(me * count + i))?;
 
-    // Reduce to a moving root; the other ranks pass an empty recv, and keep their input.
+    // Reduce to a moving root; the other ranks pass a one-element recv, and keep their input.
     let root = count % n;
     let send = mine(count)?;
-    let mut recv = zeros::<T>(g, if me == root { count } else { 0 })?;
+    let mut recv = zeros::<T>(g, if me == root { count } else { 1 })?;
     g.comm.reduce_device(&send, &mut recv, op, root, s)?;
     if me == root {
         compare(&tag("reduce_device"), &down(g, &recv)?, all)?;
@@ -102,9 +104,9 @@ fn collectives_of<T: Typed>(g: &Gpu, count: usize, op: ReduceOp) -> Result<usize
     g.comm.all_gather_device_in_place(&mut buf, s)?;
     compare(&tag("all_gather_device_in_place"), &down(g, &buf)?, |j| own(j / count, j % count))?;
 
-    // Broadcast from a moving root; the other ranks pass an empty send.
+    // Broadcast from a moving root; the other ranks pass a one-element send.
     let root = (count / 2) % n;
-    let send = if me == root { mine(count)? } else { zeros::<T>(g, 0)? };
+    let send = if me == root { mine(count)? } else { zeros::<T>(g, 1)? };
     let mut recv = zeros::<T>(g, count)?;
     g.comm.broadcast_device(&send, &mut recv, root, s)?;
     compare(&tag("broadcast_device"), &down(g, &recv)?, |i| own(root, i))?;
@@ -180,10 +182,10 @@ fn point_to_point(g: &Gpu, count: usize) -> Result<usize> {
     let tag = |c: &str| format!("{c} of {count} i32 on {n} ranks (rank {me})");
     // Ring shift between the middle thirds of two buffers; the outer thirds must stay zero.
     let (next, prev) = ((me + 1) % n, (me + n - 1) % n);
-    let mut staged = vec![0i32; 3 * count];
+    let mut staged = vec![0i32; 3 * count + 1];
     staged[count..2 * count].iter_mut().enumerate().for_each(|(i, v)| *v = value(me, next, i));
     let big = up(g, &staged)?;
-    let mut out = zeros::<i32>(g, 3 * count.max(1))?;
+    let mut out = zeros::<i32>(g, 3 * count + 1)?;
     {
         let from = big.slice(count..2 * count);
         let mut into = out.slice_mut(count..2 * count);
@@ -191,33 +193,37 @@ fn point_to_point(g: &Gpu, count: usize) -> Result<usize> {
         group.send(&from, next).recv(&mut into, prev);
         group.run()?;
     }
-    let got = down(g, &out)?;
     let want = |j: usize| if (count..2 * count).contains(&j) { f64::from(value(prev, me, j - count)) } else { 0.0 };
-    compare(&tag("ring shift through views"), &got[..3 * count], want)?;
-    // n − 1 steps, each a send and the receive it waits for.
-    let sends: Vec<CudaSlice<i32>> = (1..n)
-        .map(|k| up(g, &(0..count).map(|i| value(me, (me + k) % n, i)).collect::<Vec<_>>()))
-        .collect::<Result<_>>()?;
+    compare(&tag("ring shift through views"), &down(g, &out)?, want)?;
+    // n − 1 steps, each a send and the receive it waits for (views of `count` elements).
+    let message = |to: usize| up(g, &(0..count.max(1)).map(|i| value(me, to, i)).collect::<Vec<_>>());
+    let sends: Vec<CudaSlice<i32>> = (1..n).map(|k| message((me + k) % n)).collect::<Result<_>>()?;
     let mut recvs: Vec<CudaSlice<i32>> = (1..n).map(|_| zeros::<i32>(g, count)).collect::<Result<_>>()?;
-    let mut group = g.comm.device_group(&g.stream);
-    for (k, (send, recv)) in sends.iter().zip(recvs.iter_mut()).enumerate() {
-        group.send(send, (me + k + 1) % n).recv(recv, (me + n - k - 1) % n);
+    {
+        let send_views: Vec<_> = sends.iter().map(|b| b.slice(0..count)).collect();
+        let mut recv_views: Vec<_> = recvs.iter_mut().map(|b| b.slice_mut(0..count)).collect();
+        let mut group = g.comm.device_group(&g.stream);
+        for (k, (send, recv)) in send_views.iter().zip(recv_views.iter_mut()).enumerate() {
+            group.send(send, (me + k + 1) % n).recv(recv, (me + n - k - 1) % n);
+        }
+        group.run()?;
     }
-    group.run()?;
     for (k, recv) in recvs.iter().enumerate() {
         let from = (me + n - k - 1) % n;
-        compare(&tag(&format!("group step {k}")), &down(g, recv)?, |i| f64::from(value(from, me, i)))?;
+        compare(&tag(&format!("group step {k}")), &down(g, recv)?[..count], |i| f64::from(value(from, me, i)))?;
     }
-    // Rank 0 to every other rank, one call each.
+    // Rank 0 to every other rank, one call each (the buffer dropped at once: cudarc frees it
+    // after the send, in stream order).
     if me == 0 {
         for q in 1..n {
-            g.comm.send_device(&up(g, &(0..count).map(|i| value(0, q, i)).collect::<Vec<_>>())?, q, &g.stream)?;
+            let buf = up(g, &(0..count.max(1)).map(|i| value(0, q, i)).collect::<Vec<_>>())?;
+            g.comm.send_device(&buf.slice(0..count), q, &g.stream)?;
         }
         g.sync()?;
     } else {
         let mut buf = zeros::<i32>(g, count)?;
-        g.comm.recv_device(&mut buf, 0, &g.stream)?;
-        compare(&tag("send_device / recv_device"), &down(g, &buf)?, |i| f64::from(value(0, me, i)))?;
+        g.comm.recv_device(&mut buf.slice_mut(0..count), 0, &g.stream)?;
+        compare(&tag("send_device / recv_device"), &down(g, &buf)?[..count], |i| f64::from(value(0, me, i)))?;
     }
     Ok(n + 1)
 }
