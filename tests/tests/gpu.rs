@@ -77,15 +77,25 @@ fn stale_state(gpus: usize) {
     scenario("stale-state", gpus, Duration::from_secs(600));
 }
 
-fn p2p(gpus: usize) {
-    scenario("p2p", gpus, Duration::from_secs(300));
+/// `name` with the algorithms the table picks, then with the channel family forced.
+fn with_both_families(name: &'static str, gpus: usize, timeout: Duration) {
+    scenario(name, gpus, timeout);
     for n in worlds(gpus) {
-        let spec = scenario_spec(worker(), "p2p", n, 20.0, Duration::from_secs(300)).env("WEAVE_ALGO", "channel");
-        let report = run_ok(&spec, "p2p");
+        let spec = scenario_spec(worker(), name, n, 20.0, timeout).env("WEAVE_ALGO", "channel");
+        let report = run_ok(&spec, name);
         if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
             println!("    [{n} GPUs, channel family, rank 0] {line}");
         }
     }
+}
+
+fn p2p(gpus: usize) {
+    with_both_families("p2p", gpus, Duration::from_secs(300));
+}
+
+/// Every safe typed call on cudarc buffers (`gpu-worker typed`), on both kernel families.
+fn typed(gpus: usize) {
+    with_both_families("typed", gpus, Duration::from_secs(300));
 }
 
 /// Sixteen ranks (sharing the host's GPUs, rank r on GPU r % count): beyond the direct kernels'
@@ -162,6 +172,7 @@ const TESTS: &[GpuTest] = &[
     ("cuda_graph_capture_and_replay", graph),
     ("a_thousand_device_calls_with_changing_sizes", stale_state),
     ("device_send_recv", p2p),
+    ("typed_device_calls_on_cudarc_buffers", typed),
     ("sixteen_ranks_run_every_device_collective_over_channels", sixteen_ranks),
     ("device_collectives_across_posed_nodes_over_tcp", across_posed_nodes),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),

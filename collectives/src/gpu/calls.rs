@@ -1,18 +1,19 @@
 //! The device-buffer collectives of [`Communicator`]: raw device-address calls (for any CUDA
-//! framework) and typed wrappers over cudarc buffers. Every call is stream-ordered on the given
-//! stream and returns without waiting for the GPU.
+//! framework; the typed calls over cudarc buffers in `typed.rs` and `device_group.rs` build on
+//! them). Every call is stream-ordered on the given stream and returns without waiting for the
+//! GPU.
 
 use std::sync::Arc;
 
 use comm_core::config::LogLevel;
 use comm_core::{Error, Result};
-use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+use cudarc::driver::CudaStream;
 
 use super::{DirectKernel, GpuCollectiveArgs};
 use crate::channel::CallSpec;
 use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
 use crate::communicator::{Communicator, already_in_a_call};
-use crate::dtype::{DataType, Element};
+use crate::dtype::DataType;
 use crate::op::ReduceOp;
 use crate::select::device::{CountUnit, Grid};
 use crate::select::{CallShape, Executor};
@@ -367,54 +368,10 @@ impl Communicator {
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { d.launch(DirectKernel::untyped(family), args, blocks, stream) }
     }
-
-    /// Typed all-reduce over cudarc buffers (`send` and `recv` of equal length).
-    pub fn all_reduce_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        op: ReduceOp,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        if send.len() != recv.len() {
-            return Err(Error::invalid(format!(
-                "all_reduce_device: send has {} elements, recv {}",
-                send.len(),
-                recv.len()
-            )));
-        }
-        let count = send.len();
-        let (s, _s_guard) = send.device_ptr(stream);
-        let (r, _r_guard) = recv.device_ptr_mut(stream);
-        // SAFETY: both buffers hold `count` elements and stay borrowed (their guards alive)
-        // until the launch is enqueued; cudarc's event tracking orders later uses after it.
-        unsafe { self.all_reduce_device_raw(s, r, count, T::DTYPE, op, stream) }
-    }
-
-    /// Typed all-gather over cudarc buffers (`recv` holds `world × send.len()`).
-    pub fn all_gather_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
-        &self,
-        send: &S,
-        recv: &mut R,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        let n = self.world_size();
-        if recv.len() != send.len() * n {
-            return Err(Error::invalid(format!(
-                "all_gather_device: recv has {} elements, expected world_size × {}",
-                recv.len(),
-                send.len()
-            )));
-        }
-        let count = send.len();
-        let (s, _s_guard) = send.device_ptr(stream);
-        let (r, _r_guard) = recv.device_ptr_mut(stream);
-        // SAFETY: sizes checked above; guards alive until enqueued.
-        unsafe { self.all_gather_device_raw(s, r, count, T::DTYPE, stream) }
-    }
 }
 
-fn no_gpu() -> Error {
+/// The error of a device call on a communicator without a GPU path.
+pub(super) fn no_gpu() -> Error {
     Error::Unsupported(
         "this communicator has no GPU path: build with the `cudaipc` feature and give every rank a CUDA device".into(),
     )

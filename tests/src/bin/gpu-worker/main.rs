@@ -1,7 +1,10 @@
 //! One rank of a weave GPU test: `gpu-worker SCENARIO`, launched once per GPU by the GPU test
 //! target. Prints `OK SCENARIO …` and exits 0 on success; prints the error and exits 1.
-//! Scenarios: `precompile` (fills the kernel cache, no GPU needed), `matrix`, `graph`,
-//! `stale-state`, `fault-kill`.
+//! Scenarios: `precompile` (fills the kernel cache, no GPU needed), `matrix`, `forced`, `wide`,
+//! `graph`, `stale-state`, `fault-kill`, `kill-trial`, `p2p`, `typed` (the safe calls on cudarc
+//! buffers, `typed.rs`).
+
+mod typed;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,6 +26,7 @@ fn main() {
         "fault-kill" => fault_kill(),
         "kill-trial" => kill_trial(arg),
         "p2p" => p2p(),
+        "typed" => typed::typed(),
         other => Err(worker::unknown_scenario(other)),
     })
 }

@@ -1,0 +1,142 @@
+//! Safe typed point-to-point calls on cudarc buffers: [`Communicator::send_device`],
+//! [`Communicator::recv_device`] and groups of them ([`DeviceGroup`]), over
+//! [`sendrecv_device_raw`](Communicator::sendrecv_device_raw).
+
+use std::sync::Arc;
+
+use comm_core::Result;
+use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
+
+use super::checks;
+use crate::communicator::Communicator;
+use crate::dtype::Element;
+
+impl Communicator {
+    /// Sends `buf` to `peer` on `stream` (which must call [`recv_device`](Self::recv_device),
+    /// or a group's `recv`, with the same length).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let activations = stream.alloc_zeros::<f32>(4096)?;
+    /// comm.send_device(&activations, (comm.rank() + 1) % comm.world_size(), stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn send_device<T: Element, S: DevicePtr<T>>(
+        &self,
+        buf: &S,
+        peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let mut g = self.device_group(stream);
+        g.send(buf, peer);
+        g.run()
+    }
+
+    /// Receives exactly `buf.len()` elements from `peer` into `buf`, on `stream` (a length other
+    /// than the sender's is a device error, [`check_gpu`](Self::check_gpu)).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut activations = stream.alloc_zeros::<f32>(4096)?;
+    /// let n = comm.world_size();
+    /// comm.recv_device(&mut activations, (comm.rank() + n - 1) % n, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn recv_device<T: Element, R: DevicePtrMut<T>>(
+        &self,
+        buf: &mut R,
+        peer: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let mut g = self.device_group(stream);
+        g.recv(buf, peer);
+        g.run()
+    }
+
+    /// Starts a group of device sends and receives of `T` on `stream` (see [`DeviceGroup`]).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// // A ring shift: one kernel sends to the next rank and receives from the previous one.
+    /// let (me, n) = (comm.rank(), comm.world_size());
+    /// let mine = stream.clone_htod(&[me as i32; 256])?;
+    /// let mut theirs = stream.alloc_zeros::<i32>(256)?;
+    /// let mut g = comm.device_group(stream);
+    /// g.send(&mine, (me + 1) % n).recv(&mut theirs, (me + n - 1) % n);
+    /// g.run()?;
+    /// # Ok(()) }
+    /// ```
+    pub fn device_group<'a, T: Element>(&'a self, stream: &'a Arc<CudaStream>) -> DeviceGroup<'a, T> {
+        DeviceGroup { comm: self, stream, sends: Vec::new(), recvs: Vec::new() }
+    }
+}
+
+/// Device sends and receives of `T` on one stream, built by [`Communicator::device_group`];
+/// nothing is checked or launched until [`run`](Self::run).
+///
+/// One device point-to-point kernel progresses at most one send and one receive together, so a
+/// group runs as steps: step i is one kernel with the group's i-th send and i-th receive (in the
+/// order they were added), and the steps follow each other on the stream. Each pair of ranks
+/// matches its messages in order. A large send completes only as its receiver takes the data, so
+/// ranks whose steps wait on each other in a cycle (a ring where every rank sends in a step of
+/// its own before it receives) time out after `WEAVE_TIMEOUT` with a device error: put a send and
+/// the receive it waits for in the same step, as in a ring shift (step k: send to `rank + k`,
+/// receive from `rank − k`).
+pub struct DeviceGroup<'a, T: Element> {
+    comm: &'a Communicator,
+    stream: &'a Arc<CudaStream>,
+    sends: Vec<(&'a dyn DevicePtr<T>, usize)>,
+    recvs: Vec<(&'a mut dyn DevicePtrMut<T>, usize)>,
+}
+
+impl<'a, T: Element> DeviceGroup<'a, T> {
+    /// Adds a send of `buf` to `peer`.
+    pub fn send<S: DevicePtr<T> + 'a>(&mut self, buf: &'a S, peer: usize) -> &mut Self {
+        self.sends.push((buf, peer));
+        self
+    }
+
+    /// Adds a receive of exactly `buf.len()` elements from `peer` into `buf`.
+    pub fn recv<R: DevicePtrMut<T> + 'a>(&mut self, buf: &'a mut R, peer: usize) -> &mut Self {
+        self.recvs.push((buf, peer));
+        self
+    }
+
+    /// Checks every peer, then enqueues the group's steps on the stream (one kernel per step;
+    /// nothing waits for the GPU). A failed check launches nothing; a failure while enqueueing
+    /// leaves the steps before it enqueued (the communicator's GPU path is then unusable, as
+    /// after any failed launch).
+    pub fn run(self) -> Result<()> {
+        const CALL: &str = "device group";
+        let (me, n) = (self.comm.rank(), self.comm.world_size());
+        for &(_, to) in &self.sends {
+            checks::peer(CALL, "send to", to, me, n)?;
+        }
+        for (_, from) in &self.recvs {
+            checks::peer(CALL, "receive from", *from, me, n)?;
+        }
+        let mut sends = self.sends.into_iter();
+        let mut recvs = self.recvs.into_iter();
+        loop {
+            let (send, recv) = (sends.next(), recvs.next());
+            if send.is_none() && recv.is_none() {
+                return Ok(());
+            }
+            let mut buffers = self.comm.device_buffers(CALL, self.stream)?;
+            let send = match send {
+                Some((buf, to)) => Some((buffers.read("a send buffer", buf)?, buf.len(), to)),
+                None => None,
+            };
+            let recv = match recv {
+                Some((buf, from)) => {
+                    let len = buf.len();
+                    Some((buffers.write("a receive buffer", buf)?, len, from))
+                }
+                None => None,
+            };
+            // SAFETY: each address comes with its buffer's length in elements of T, the buffers
+            // are on this GPU and guarded until `buffers` drops after the launch.
+            unsafe { self.comm.sendrecv_device_raw(send, recv, T::DTYPE, self.stream)? };
+        }
+    }
+}
