@@ -48,7 +48,10 @@ fn caller_device() -> Result<Option<u32>, Fail> {
     match cuda::current_device() {
         Ok(d) => Ok(Some(d)),
         Err(_) if cpu_mode() => Ok(None),
-        Err(e) => Err(Fail::from(e).context("find the caller's CUDA device (weave's libnccl needs a GPU)")),
+        Err(e) => Err(Fail::new(
+            NcclResult::UNHANDLED_CUDA_ERROR,
+            format!("find the caller's CUDA device (weave's libnccl needs a GPU): {e}"),
+        )),
     }
 }
 

@@ -6,7 +6,7 @@
 //! `ncclCommDestroy` or `ncclCommAbort` never frees the object under a running call.
 //!
 //! The weave [`Communicator`] inside is used by one thread at a time (it is `Send`, not
-//! `Sync`): calls lock [`NcclComm::state`]. What must not wait for a running call takes no
+//! `Sync`): calls lock the handle's state. What must not wait for a running call takes no
 //! lock: `ncclCommAbort` goes through a cloned [`AbortHandle`], and `ncclCommGetAsyncError`
 //! falls back to the cached error when the lock is busy.
 
