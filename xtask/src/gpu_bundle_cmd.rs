@@ -27,6 +27,9 @@ named with --bin, and copies them into .gpu-bundle/ (emptied first) with run.sh,
   - prints one line per binary and `GPU bundle: N passed, M failed, K skipped` (a binary
     that printed `SKIPPED: no CUDA device` counts as skipped); exits non-zero unless every
     binary passed.
+It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh and
+torch_check.py (run nccl/run-gpu-checks.sh there; with NCCL_TESTS_SRC=<nccl-tests checkout or
+git dir> the nccl-tests source goes into nccl/nccl-tests/ and the script builds it).
 Binaries are stripped of debug info (strip --strip-debug) unless --no-strip; the bundle's
 total size is printed and must stay under 64 MiB (the device tool's limit).
 
@@ -333,6 +336,7 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
             links.push((name, a.executable.to_string_lossy().into_owned()));
         }
     }
+    total += bundle_nccl(&root, &dir, args.strip)?;
     let script = dir.join("run.sh");
     fs::write(&script, run_script(&tests, &links)).map_err(|e| format!("writing {}: {e}", script.display()))?;
     set_executable(&script)?;
@@ -351,6 +355,48 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
         println!("gpu-bundle: warning: the bundle is close to the {} limit", human(SIZE_LIMIT));
     }
     Ok(())
+}
+
+/// Builds weave's libnccl.so.2 (`cargo xtask nccl`) and copies it with its GPU-host checks
+/// into `<bundle>/nccl/`; with `NCCL_TESTS_SRC` set (a checkout, or a git directory whose
+/// HEAD is exported), the nccl-tests source too. Returns the bytes added.
+fn bundle_nccl(root: &Path, dir: &Path, strip: bool) -> Result<u64, String> {
+    let lib = crate::nccl_cmd::build()?;
+    let out = dir.join("nccl");
+    fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
+    let dst = out.join("libnccl.so.2");
+    fs::copy(&lib, &dst).map_err(|e| format!("copying {}: {e}", lib.display()))?;
+    if strip {
+        let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
+    }
+    for f in ["run-gpu-checks.sh", "torch_check.py"] {
+        fs::copy(root.join("nccl").join(f), out.join(f)).map_err(|e| format!("copying nccl/{f}: {e}"))?;
+    }
+    set_executable(&out.join("run-gpu-checks.sh"))?;
+    if let Some(src) = std::env::var_os("NCCL_TESTS_SRC").map(PathBuf::from) {
+        let tests = out.join("nccl-tests");
+        fs::create_dir_all(&tests).map_err(|e| format!("creating {}: {e}", tests.display()))?;
+        let script = "if git -C \"$1\" rev-parse HEAD >/dev/null 2>&1; then git -C \"$1\" archive HEAD | tar -x -C \"$2\"; \
+                      else tar --exclude=.git -C \"$1\" -cf - . | tar -x -C \"$2\"; fi";
+        let ok = Command::new("sh").args(["-c", script, "sh"]).arg(&src).arg(&tests).status();
+        if !matches!(ok, Ok(s) if s.success()) {
+            return Err(format!("could not copy the nccl-tests source from {}", src.display()));
+        }
+        println!("  nccl-tests source from {}", src.display());
+    }
+    let size = dir_size(&out);
+    println!("  nccl     nccl/ (libnccl.so.2, run-gpu-checks.sh, torch_check.py; {})", human(size));
+    Ok(size)
+}
+
+fn dir_size(p: &Path) -> u64 {
+    match fs::metadata(p) {
+        Ok(m) if m.is_dir() => {
+            fs::read_dir(p).map(|rd| rd.filter_map(|e| e.ok()).map(|e| dir_size(&e.path())).sum()).unwrap_or(0)
+        }
+        Ok(m) => m.len(),
+        Err(_) => 0,
+    }
 }
 
 #[cfg(unix)]

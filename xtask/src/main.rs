@@ -12,6 +12,7 @@ mod gpu_bundle_cmd;
 mod ib_vm_cmd;
 mod json;
 mod launch_cmd;
+mod nccl_cmd;
 mod plot;
 mod test_cmd;
 
@@ -43,6 +44,7 @@ const COMMANDS: &[Command] = &[
         usage: launch_cmd::MULTINODE_USAGE,
         run: launch_cmd::run_multinode,
     },
+    Command { name: "nccl", summary: nccl_cmd::SUMMARY, usage: nccl_cmd::USAGE, run: nccl_cmd::run },
     Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
     Command { name: "bench", summary: bench_cmd::SUMMARY, usage: bench_cmd::USAGE, run: bench_cmd::run },
     Command {

@@ -1,0 +1,106 @@
+#!/usr/bin/env bash
+# Checks weave's libnccl.so.2 on a GPU host (2+ GPUs), from the directory holding it (the
+# gpu bundle's nccl/ folder: libnccl.so.2, torch_check.py, this script). Prints one
+# "PASS|FAIL|SKIP <program>" line per program and exits non-zero if any failed.
+#
+#   ./run-gpu-checks.sh                 # symbols, torch (weave vs NCCL), dead peer, nccl-tests
+#   OUT=/some/dir ./run-gpu-checks.sh   # logs go to $OUT (default /tmp/weave-nccl-checks)
+#
+# nccl-tests: built here from source when NCCL_TESTS_SRC (default ./nccl-tests) holds it,
+# with `make MPI=0 NCCL_HOME=${NCCL_HOME:-/usr}` (nvcc needed), then every binary runs
+# 8 B..1 GiB with -g 2 -c 1 (eager, then -G 1 graph) on weave (LD_LIBRARY_PATH) and on the
+# system NCCL, printing one line each. Env: WEAVE_TIMEOUT bounds weave's waits (the dead-peer
+# check uses WEAVE_TIMEOUT=20s). Weave runs set NCCL_DEBUG=INFO and must show weave-nccl's
+# init line (proof the preload took effect).
+set -u
+HERE=$(cd "$(dirname "$0")" && pwd)
+LIB="$HERE/libnccl.so.2"
+OUT=${OUT:-/tmp/weave-nccl-checks}
+mkdir -p "$OUT"
+PY=${PYTHON:-python3}
+TORCHRUN=${TORCHRUN:-torchrun}
+failed=0
+line() { echo "$1 $2${3:+ ($3)}"; echo "$1 $2${3:+ ($3)}" >>"$OUT/summary.txt"; [ "$1" = FAIL ] && failed=$((failed + 1)); return 0; }
+: >"$OUT/summary.txt"
+
+# 1. The library itself.
+if [ ! -f "$LIB" ]; then echo "no $LIB: run from the bundle's nccl/ folder"; exit 2; fi
+missing=""
+for s in ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount \
+  ncclCommCuDevice ncclCommDeregister ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommInitAll \
+  ncclCommInitRank ncclCommInitRankConfig ncclCommInitRankScalable ncclCommRegister ncclCommShrink ncclCommSplit \
+  ncclCommUserRank ncclCommWindowDeregister ncclCommWindowRegister ncclDevCommCreate ncclDevCommDestroy ncclGather \
+  ncclGetErrorString ncclGetLastError ncclGetUniqueId ncclGetVersion ncclGroupEnd ncclGroupSimulateEnd \
+  ncclGroupStart ncclMemAlloc ncclMemFree ncclRecv ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce \
+  ncclReduceScatter ncclScatter ncclSend; do
+  nm -D --defined-only "$LIB" | awk '{print $3}' | grep -qx "$s" || missing="$missing $s"
+done
+if [ -z "$missing" ] && readelf -d "$LIB" | grep -q 'SONAME.*\[libnccl.so.2\]'; then line PASS symbols-and-soname
+else line FAIL symbols-and-soname "missing:$missing"; fi
+
+# 2. torch.distributed: the same script on NCCL and on weave, results compared.
+NPROC=2
+if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)" 2>/dev/null; then
+  line SKIP torch "needs python3 with torch and 2 GPUs"
+else
+  timeout 600 $TORCHRUN --nproc-per-node $NPROC "$HERE/torch_check.py" "$OUT/nccl" >"$OUT/torch-nccl.log" 2>&1
+  rc_n=$?
+  NCCL_DEBUG=INFO LD_PRELOAD="$LIB" timeout 600 $TORCHRUN --nproc-per-node $NPROC "$HERE/torch_check.py" "$OUT/weave" \
+    >"$OUT/torch-weave.log" 2>&1
+  rc_w=$?
+  [ $rc_n -eq 0 ] && line PASS torch-on-nccl || line FAIL torch-on-nccl "exit $rc_n, $OUT/torch-nccl.log"
+  grep -q "weave-nccl" "$OUT/torch-weave.log" || { rc_w=99; echo "weave's library was not loaded" >>"$OUT/torch-weave.log"; }
+  [ $rc_w -eq 0 ] && line PASS torch-on-weave || line FAIL torch-on-weave "exit $rc_w, $OUT/torch-weave.log"
+  if [ $rc_n -eq 0 ] && [ $rc_w -eq 0 ]; then
+    if $PY "$HERE/torch_check.py" --compare "$OUT/weave" "$OUT/nccl" >"$OUT/torch-compare.log" 2>&1; then
+      line PASS torch-weave-equals-nccl
+    else line FAIL torch-weave-equals-nccl "$(grep -c FAIL "$OUT/torch-compare.log") differ, $OUT/torch-compare.log"; fi
+  else line FAIL torch-weave-equals-nccl "a run failed"; fi
+  # A dead peer gives an error, not a hang (the whole job must end well inside 180 s).
+  start=$SECONDS
+  WEAVE_TIMEOUT=20s NCCL_DEBUG=WARN LD_PRELOAD="$LIB" timeout 180 $TORCHRUN --nproc-per-node 2 \
+    "$HERE/torch_check.py" --kill-peer >"$OUT/torch-kill-peer.log" 2>&1
+  rc=$?
+  took=$((SECONDS - start))
+  if [ $rc -ne 124 ] && grep -q "rank 0 got an error\|Watchdog\|ncclRemoteError\|remote process exited" "$OUT/torch-kill-peer.log"; then
+    line PASS torch-dead-peer-errors "${took}s"
+  else line FAIL torch-dead-peer-errors "exit $rc after ${took}s, $OUT/torch-kill-peer.log"; fi
+fi
+
+# 3. nccl-tests, when its source is here.
+SRC=${NCCL_TESTS_SRC:-$HERE/nccl-tests}
+if [ ! -f "$SRC/Makefile" ]; then
+  line SKIP nccl-tests "no source in $SRC (set NCCL_TESTS_SRC)"
+elif ! command -v nvcc >/dev/null 2>&1; then
+  line SKIP nccl-tests "no nvcc"
+else
+  BUILD="$OUT/nccl-tests-build"
+  rm -rf "$BUILD" && cp -r "$SRC" "$BUILD"
+  if make -C "$BUILD" -j 16 MPI=0 NCCL_HOME="${NCCL_HOME:-/usr}" >"$OUT/nccl-tests-make.log" 2>&1; then
+    line PASS nccl-tests-build
+    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv scatter gather hypercube; do
+      bin="$BUILD/build/${t}_perf"
+      [ -x "$bin" ] || { line FAIL "nccl-tests-$t" "no $bin"; continue; }
+      for mode in eager graph; do
+        extra=""; [ $mode = graph ] && extra="-G 1"
+        for lib in weave nccl; do
+          log="$OUT/nccl-tests-$t-$mode-$lib.log"
+          if [ $lib = weave ]; then
+            NCCL_DEBUG=INFO LD_LIBRARY_PATH="$HERE:${LD_LIBRARY_PATH:-}" timeout 600 "$bin" -b 8 -e 1G -f 2 -g 2 -c 1 $extra >"$log" 2>&1
+          else
+            timeout 600 "$bin" -b 8 -e 1G -f 2 -g 2 -c 1 $extra >"$log" 2>&1
+          fi
+          rc=$?
+          if [ $lib = weave ] && ! grep -q "weave-nccl" "$log"; then
+            line FAIL "nccl-tests-$t-$mode-$lib" "weave's library was not loaded, $log"
+          elif [ $rc -eq 0 ] && grep -q "Out of bounds values : 0 OK" "$log"; then
+            line PASS "nccl-tests-$t-$mode-$lib" "$(grep 'Avg bus bandwidth' "$log" | sed 's/.*: *//') GB/s avg busbw"
+          else line FAIL "nccl-tests-$t-$mode-$lib" "exit $rc, $log"; fi
+        done
+      done
+    done
+  else line FAIL nccl-tests-build "$OUT/nccl-tests-make.log"; fi
+fi
+
+echo "weave libnccl checks: $failed failed (details in $OUT)"
+[ $failed -eq 0 ]

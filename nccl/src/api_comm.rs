@@ -1,0 +1,511 @@
+//! Exported: version, unique id, communicator life (init, split, finalize, destroy, abort),
+//! queries, and error reporting.
+//!
+//! Init takes the CUDA device current on the calling thread (as NCCL does: `cudaSetDevice`
+//! first), connects the ranks through weave's TCP bootstrap at the address in the unique id,
+//! and builds a weave communicator with the CUDA IPC, shared-memory and TCP transports. It
+//! fails (on every rank alike) when weave's GPU path is off — some rank has no GPU, or the
+//! GPUs are on different hosts (weave's device collectives need every GPU on one host today).
+//!
+//! `WEAVE_NCCL_ALLOW_CPU=1` is a testing knob: ranks without a GPU then get a host-only
+//! communicator (device -1) whose init, split, queries and teardown work and whose collectives
+//! return `ncclInvalidUsage`.
+
+use std::ffi::{c_char, c_int};
+use std::sync::Arc;
+
+use collectives::Communicator;
+use collectives::transport_cudaipc::CudaIpcTransport;
+use collectives::transport_shm::ShmTransport;
+use collectives::transport_tcp::TcpTransport;
+use comm_core::bootstrap::{TcpBootstrap, UniqueId};
+
+use crate::abi::{self, CONFIG_UNDEF_INT, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId, SPLIT_NOCOLOR};
+use crate::cuda;
+use crate::error::{self, CallResult, DebugLevel, Fail, guard, log};
+use crate::group;
+use crate::handle::{self, Live, NcclComm, State};
+use crate::unique_id;
+
+/// What one rank's init needs.
+#[derive(Debug, Clone)]
+struct InitArgs {
+    id: UniqueId,
+    rank: usize,
+    nranks: usize,
+    device: Option<u32>,
+    blocking: bool,
+    name: String,
+}
+
+fn cpu_mode() -> bool {
+    std::env::var("WEAVE_NCCL_ALLOW_CPU").is_ok_and(|v| v == "1")
+}
+
+/// The device for a new communicator: the caller's current one (`None` in the CPU test mode
+/// when there is no GPU).
+fn caller_device() -> Result<Option<u32>, Fail> {
+    match cuda::current_device() {
+        Ok(d) => Ok(Some(d)),
+        Err(_) if cpu_mode() => Ok(None),
+        Err(e) => Err(Fail::new(
+            NcclResult::UNHANDLED_CUDA_ERROR,
+            format!("find the caller's CUDA device (weave's libnccl needs a GPU): {e}"),
+        )),
+    }
+}
+
+/// Builds the weave communicator of one rank (collective over the ranks of `a.id`).
+fn build(a: &InitArgs) -> Result<Communicator, Fail> {
+    let _saved = cuda::SavedContext::save();
+    let config = comm_core::config::Config::from_env()?;
+    let boot = TcpBootstrap::new(&a.id, a.rank, a.nranks, config.timeout)?;
+    let mut b = Communicator::builder(boot).with_config(config);
+    if let Some(d) = a.device {
+        b = b.with_transport(CudaIpcTransport::on_device(d));
+    }
+    let comm = b.with_transport(ShmTransport).with_transport(TcpTransport::new()).build()?;
+    if a.device.is_some() && !comm.has_gpu() {
+        return Err(Fail::usage(
+            "weave's GPU path is off for this communicator on every rank: every rank needs a CUDA device and all \
+             of them must be on one host (run with WEAVE_LOG=info to see why)",
+        ));
+    }
+    log(
+        DebugLevel::Info,
+        &format!("init {}: rank {} of {} on device {:?} ({})", a.name, a.rank, a.nranks, a.device, a.id.job_key()),
+    );
+    Ok(comm)
+}
+
+/// Makes the handle of one rank: built now (blocking, outside a group) or in the background.
+fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
+    let background = !a.blocking || group::in_group();
+    let device = a.device.map_or(-1, |d| d as i32);
+    let state = if background {
+        let args = a.clone();
+        let h = std::thread::Builder::new()
+            .name(format!("weave-nccl-init-{}", a.rank))
+            .spawn(move || build(&args))
+            .map_err(|e| Fail::new(NcclResult::SYSTEM_ERROR, format!("start the init thread: {e}")))?;
+        State::Initializing(h)
+    } else {
+        State::Ready(Box::new(Live { comm: build(&a)?, last_stream: usize::MAX }))
+    };
+    let p = handle::register(NcclComm::new(a.rank, a.nranks, device, a.blocking, state))?;
+    // SAFETY: `out` was checked non-null by the caller and points at an ncclComm_t.
+    unsafe { *out = p };
+    if group::in_group() {
+        group::add_init(handle::lookup(p)?);
+        return Ok(());
+    }
+    if !a.blocking {
+        return Err(Fail::new(NcclResult::IN_PROGRESS, "init runs in the background"));
+    }
+    Ok(())
+}
+
+/// Reads the fields of `config` this library uses: (blocking, name). NULL means defaults.
+///
+/// # Safety
+/// `config` is NULL or points at an `ncclConfig_t` of at least its `size` bytes.
+unsafe fn read_config(config: *const NcclConfig, inherit_blocking: bool) -> Result<(bool, String), Fail> {
+    if config.is_null() {
+        return Ok((inherit_blocking, String::new()));
+    }
+    // SAFETY: the first 16 bytes (size, magic, version) exist in every ncclConfig_t.
+    let (size, magic) = unsafe { ((*config).size, (*config).magic) };
+    if magic != abi::API_MAGIC {
+        return Err(Fail::invalid(format!(
+            "config has magic {magic:#x}, not {:#x}: initialize it with NCCL_CONFIG_INITIALIZER",
+            abi::API_MAGIC
+        )));
+    }
+    let has = |end: usize| size >= end;
+    // SAFETY: each field is read only when the program's struct (its `size`) contains it.
+    let blocking = if has(20) { unsafe { (*config).blocking } } else { CONFIG_UNDEF_INT };
+    // SAFETY: as above; commName is a C string or NULL.
+    let name_ptr = if has(56) { unsafe { (*config).commName } } else { std::ptr::null() };
+    let name = if name_ptr.is_null() {
+        String::new()
+    } else {
+        // SAFETY: a non-null commName is a NUL-terminated string the program owns.
+        unsafe { std::ffi::CStr::from_ptr(name_ptr) }.to_string_lossy().into_owned()
+    };
+    let blocking = match blocking {
+        CONFIG_UNDEF_INT => inherit_blocking,
+        0 => false,
+        1 => true,
+        other => return Err(Fail::invalid(format!("config.blocking is {other}; it must be 0 or 1"))),
+    };
+    Ok((blocking, name))
+}
+
+fn check_out<T>(p: *mut T, what: &str) -> CallResult {
+    if p.is_null() { Err(Fail::invalid(format!("{what} is NULL"))) } else { Ok(()) }
+}
+
+/// Checks `nranks` and `rank` and decodes the id.
+fn rank_args(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Result<(UniqueId, usize, usize), Fail> {
+    let n = usize::try_from(nranks)
+        .ok()
+        .filter(|&n| n >= 1)
+        .ok_or_else(|| Fail::invalid(format!("nranks is {nranks}; it must be at least 1")))?;
+    let r = crate::coll::check_rank("rank", rank, n)?;
+    Ok((unique_id::decode(id)?, r, n))
+}
+
+/// `ncclGetVersion`: writes the version code (22803: this library stands in for NCCL 2.28.3).
+///
+/// # Safety
+/// `version` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetVersion(version: *mut c_int) -> NcclResult {
+    guard("ncclGetVersion", || {
+        check_out(version, "version")?;
+        // SAFETY: checked non-null; the caller passes a writable int.
+        unsafe { *version = abi::version_code() };
+        Ok(())
+    })
+}
+
+/// `ncclGetUniqueId`: a fresh bootstrap address and secret (see [`crate::unique_id`]).
+///
+/// # Safety
+/// `unique_id` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGetUniqueId(unique_id: *mut NcclUniqueId) -> NcclResult {
+    guard("ncclGetUniqueId", || {
+        check_out(unique_id, "uniqueId")?;
+        let id = unique_id::encode(&unique_id::fresh()?)?;
+        // SAFETY: checked non-null; the caller passes a writable ncclUniqueId.
+        unsafe { *unique_id = id };
+        Ok(())
+    })
+}
+
+/// `ncclCommInitRank`: blocking init of rank `rank` of `nranks` on the current device.
+///
+/// # Safety
+/// `comm` is NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRank(
+    comm: *mut NcclCommPtr,
+    nranks: c_int,
+    comm_id: NcclUniqueId,
+    rank: c_int,
+) -> NcclResult {
+    // SAFETY: forwarded; a NULL config means the defaults.
+    unsafe { ncclCommInitRankConfig(comm, nranks, comm_id, rank, std::ptr::null_mut()) }
+}
+
+/// `ncclCommInitRankConfig`: init with a config; `config->blocking == 0` returns
+/// `ncclInProgress` at once and finishes in the background (poll `ncclCommGetAsyncError`).
+///
+/// # Safety
+/// `comm` is NULL or writable; `config` is NULL or an initialized `ncclConfig_t`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRankConfig(
+    comm: *mut NcclCommPtr,
+    nranks: c_int,
+    comm_id: NcclUniqueId,
+    rank: c_int,
+    config: *mut NcclConfig,
+) -> NcclResult {
+    guard("ncclCommInitRankConfig", || {
+        check_out(comm, "comm")?;
+        // SAFETY: checked non-null.
+        unsafe { *comm = std::ptr::null_mut() };
+        // SAFETY: the caller passes NULL or an initialized config.
+        let (blocking, name) = unsafe { read_config(config, true) }?;
+        let (id, rank, nranks) = rank_args(nranks, &comm_id, rank)?;
+        let device = caller_device()?;
+        init(comm, InitArgs { id, rank, nranks, device, blocking, name })
+    })
+}
+
+/// `ncclCommInitRankScalable`: as `ncclCommInitRankConfig` with the first of the `n_id` ids
+/// (weave's bootstrap has one root; the other ids are not needed).
+///
+/// # Safety
+/// `comm` writable; `comm_ids` holds `n_id` ids; `config` as for `ncclCommInitRankConfig`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitRankScalable(
+    comm: *mut NcclCommPtr,
+    nranks: c_int,
+    rank: c_int,
+    n_id: c_int,
+    comm_ids: *mut NcclUniqueId,
+    config: *mut NcclConfig,
+) -> NcclResult {
+    let first = guard("ncclCommInitRankScalable", || {
+        if comm_ids.is_null() || n_id < 1 {
+            return Err(Fail::invalid(format!("commIds is {comm_ids:p} with nId {n_id}; at least one id is needed")));
+        }
+        Ok(())
+    });
+    if first != NcclResult::SUCCESS {
+        return first;
+    }
+    // SAFETY: `comm_ids` is non-null and holds at least one id (checked above).
+    let id = unsafe { *comm_ids };
+    // SAFETY: forwarded.
+    unsafe { ncclCommInitRankConfig(comm, nranks, id, rank, config) }
+}
+
+/// `ncclCommInitAll`: `ndev` communicators of this process, rank i on `devlist[i]` (or device
+/// i), built on one thread each over a loopback bootstrap.
+///
+/// # Safety
+/// `comms` holds `ndev` writable handles; `devlist` is NULL or holds `ndev` ints.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, devlist: *const c_int) -> NcclResult {
+    guard("ncclCommInitAll", || {
+        check_out(comms, "comms")?;
+        let n = usize::try_from(ndev)
+            .ok()
+            .filter(|&n| n >= 1)
+            .ok_or_else(|| Fail::invalid(format!("ndev is {ndev}; it must be at least 1")))?;
+        let mut devices = Vec::with_capacity(n);
+        for i in 0..n {
+            // SAFETY: `devlist` holds `ndev` ints when non-null.
+            let d = if devlist.is_null() { i as c_int } else { unsafe { *devlist.add(i) } };
+            devices.push(u32::try_from(d).map_err(|_| Fail::invalid(format!("devlist[{i}] is {d}")))?);
+        }
+        let id = UniqueId::on_free_port(std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST))?;
+        let built: Vec<Result<Communicator, Fail>> = std::thread::scope(|s| {
+            let hs: Vec<_> = devices
+                .iter()
+                .enumerate()
+                .map(|(rank, &d)| {
+                    let a = InitArgs {
+                        id: id.clone(),
+                        rank,
+                        nranks: n,
+                        device: Some(d),
+                        blocking: true,
+                        name: "initall".into(),
+                    };
+                    s.spawn(move || build(&a))
+                })
+                .collect();
+            hs.into_iter()
+                .map(|h| {
+                    h.join().unwrap_or_else(|_| Err(Fail::new(NcclResult::INTERNAL_ERROR, "init thread panicked")))
+                })
+                .collect()
+        });
+        let mut ok = Vec::with_capacity(n);
+        for r in built {
+            ok.push(r.map_err(|f| f.context("ncclCommInitAll (several GPUs of one process)"))?);
+        }
+        for (rank, comm) in ok.into_iter().enumerate() {
+            let live = State::Ready(Box::new(Live { comm, last_stream: usize::MAX }));
+            let p = handle::register(NcclComm::new(rank, n, devices[rank] as i32, true, live))?;
+            // SAFETY: `comms` holds `ndev` writable handles.
+            unsafe { *comms.add(rank) = p };
+        }
+        Ok(())
+    })
+}
+
+/// `ncclCommSplit`: ranks passing the same `color` form a communicator ordered by `key`;
+/// `NCCL_SPLIT_NOCOLOR` (-1) takes part and gets NULL. Blocking (also with a non-blocking
+/// config, which NCCL allows).
+///
+/// # Safety
+/// `newcomm` writable; `config` NULL or initialized.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommSplit(
+    comm: NcclCommPtr,
+    color: c_int,
+    key: c_int,
+    newcomm: *mut NcclCommPtr,
+    config: *mut NcclConfig,
+) -> NcclResult {
+    guard("ncclCommSplit", || {
+        check_out(newcomm, "newcomm")?;
+        // SAFETY: checked non-null.
+        unsafe { *newcomm = std::ptr::null_mut() };
+        let parent = handle::lookup(comm)?;
+        // SAFETY: NULL or initialized, as the caller guarantees.
+        let (blocking, name) = unsafe { read_config(config, parent.blocking) }?;
+        let color = match color {
+            SPLIT_NOCOLOR => None,
+            c if c >= 0 => Some(c as u32),
+            c => return Err(Fail::invalid(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR (-1)"))),
+        };
+        let child = parent.with_live(|live| Ok(live.comm.split(color, i64::from(key))?))?;
+        let Some(child) = child else { return Ok(()) };
+        log(DebugLevel::Info, &format!("split {name}: rank {} of {}", child.rank(), child.world_size()));
+        let (rank, n) = (child.rank(), child.world_size());
+        let state = State::Ready(Box::new(Live { comm: child, last_stream: usize::MAX }));
+        let p = handle::register(NcclComm::new(rank, n, parent.device, blocking, state))?;
+        // SAFETY: checked non-null.
+        unsafe { *newcomm = p };
+        Ok(())
+    })
+}
+
+/// Tears down the communicator of `c` (after `abort` when aborting): waits for a background
+/// init, then for the GPU work of the context, then drops the weave communicator.
+fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
+    if abort && let Some(h) = c.abort_handle() {
+        h.abort();
+    }
+    let g = c.lock()?;
+    let mut g = c.settle(g, true);
+    if abort && let Some(h) = c.abort_handle() {
+        h.abort();
+    }
+    let state = std::mem::replace(&mut *g, State::Gone);
+    drop(g);
+    if let State::Ready(live) = state {
+        if let Some(ctx) = live.comm.gpu_context() {
+            let r = cuda::synchronize_context(&ctx);
+            if let Err(e) = r
+                && !abort
+            {
+                drop(live);
+                return Err(Fail::from(e).context("wait for the communicator's GPU work before destroying it"));
+            }
+        }
+        drop(live);
+    }
+    Ok(())
+}
+
+/// `ncclCommFinalize`: waits until the communicator's GPU work is done (blocking; returns
+/// `ncclSuccess`, never `ncclInProgress`).
+///
+/// # Safety
+/// `comm` is any value (checked against the live handles).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommFinalize(comm: NcclCommPtr) -> NcclResult {
+    guard("ncclCommFinalize", || {
+        let c = handle::lookup(comm)?;
+        c.with_live(|live| match live.comm.gpu_context() {
+            Some(ctx) => Ok(cuda::synchronize_context(&ctx)?),
+            None => Ok(()),
+        })
+    })
+}
+
+/// `ncclCommDestroy`: frees the communicator after its GPU work is done.
+///
+/// # Safety
+/// `comm` is any value (checked against the live handles).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommDestroy(comm: NcclCommPtr) -> NcclResult {
+    guard("ncclCommDestroy", || teardown(&handle::unregister(comm)?, false))
+}
+
+/// `ncclCommAbort`: stops the communicator's waits and kernels (usable from another thread
+/// while a call runs; that call returns an error), then frees it.
+///
+/// # Safety
+/// `comm` is any value (checked against the live handles).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommAbort(comm: NcclCommPtr) -> NcclResult {
+    guard("ncclCommAbort", || teardown(&handle::unregister(comm)?, true))
+}
+
+/// `ncclCommGetAsyncError`: `ncclInProgress` while a background init runs; the first error
+/// that broke the communicator (a dead peer is `ncclRemoteError`, found by weave's peer watch
+/// when a kernel stops waiting for it, within `WEAVE_TIMEOUT` at most); else `ncclSuccess`.
+/// Never waits: when another thread is inside a call, the last known state is reported.
+///
+/// # Safety
+/// `async_error` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommGetAsyncError(comm: NcclCommPtr, async_error: *mut NcclResult) -> NcclResult {
+    guard("ncclCommGetAsyncError", || {
+        check_out(async_error, "asyncError")?;
+        let c = handle::lookup(comm)?;
+        let code = async_state(&c);
+        // SAFETY: checked non-null.
+        unsafe { *async_error = code };
+        Ok(())
+    })
+}
+
+fn async_state(c: &NcclComm) -> NcclResult {
+    if let Some(f) = c.async_error() {
+        return f.code;
+    }
+    let Some(g) = c.try_lock() else { return NcclResult::SUCCESS };
+    let g = c.settle(g, false);
+    match &*g {
+        State::Initializing(_) => NcclResult::IN_PROGRESS,
+        State::Failed(f) => f.code,
+        State::Gone => NcclResult::INVALID_USAGE,
+        State::Ready(live) => match live.comm.has_gpu().then(|| live.comm.check_gpu()) {
+            Some(Err(e)) => {
+                let f = Fail::from(e);
+                c.record_async(&f);
+                error::set_last_error(&f.message);
+                f.code
+            }
+            _ => NcclResult::SUCCESS,
+        },
+    }
+}
+
+fn query(name: &'static str, comm: NcclCommPtr, out: *mut c_int, f: impl FnOnce(&NcclComm) -> c_int) -> NcclResult {
+    guard(name, || {
+        check_out(out, "output pointer")?;
+        let c = handle::lookup(comm)?;
+        // SAFETY: checked non-null.
+        unsafe { *out = f(&c) };
+        Ok(())
+    })
+}
+
+/// `ncclCommCount`: ranks of the communicator.
+///
+/// # Safety
+/// `count` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommCount(comm: NcclCommPtr, count: *mut c_int) -> NcclResult {
+    query("ncclCommCount", comm, count, |c| c.nranks as c_int)
+}
+
+/// `ncclCommCuDevice`: the CUDA device of this rank (-1 in the CPU test mode).
+///
+/// # Safety
+/// `device` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommCuDevice(comm: NcclCommPtr, device: *mut c_int) -> NcclResult {
+    query("ncclCommCuDevice", comm, device, |c| c.device)
+}
+
+/// `ncclCommUserRank`: this rank.
+///
+/// # Safety
+/// `rank` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommUserRank(comm: NcclCommPtr, rank: *mut c_int) -> NcclResult {
+    query("ncclCommUserRank", comm, rank, |c| c.rank as c_int)
+}
+
+/// `ncclGetErrorString`: a static description of `result`.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGetErrorString(result: NcclResult) -> *const c_char {
+    error::error_cstr(result).as_ptr()
+}
+
+/// `ncclGetLastError`: the message of the last failure (of `comm` when it has one, else of
+/// the process); valid until this thread calls it again. Empty when nothing failed.
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclGetLastError(comm: NcclCommPtr) -> *const c_char {
+    let own = std::panic::catch_unwind(|| {
+        if comm.is_null() { None } else { handle::lookup(comm).ok().and_then(|c| c.async_error()).map(|f| f.message) }
+    })
+    .ok()
+    .flatten();
+    error::last_error_ptr(own)
+}
+
+/// `ncclResetDebugInit` (deprecated in NCCL): nothing to reset (`NCCL_DEBUG` is read once).
+#[unsafe(no_mangle)]
+pub extern "C" fn ncclResetDebugInit() {}

@@ -1,0 +1,226 @@
+//! Exported: memory, pre-multiplied-sum operators, and the calls this library refuses.
+//!
+//! | symbol | behaviour |
+//! |---|---|
+//! | `ncclMemAlloc` / `ncclMemFree` | `cuMemAlloc` / `cuMemFree` in the current context |
+//! | `ncclCommRegister` / `ncclCommDeregister` | accepted, do nothing: registration is an optimization NCCL programs may skip, and weave's kernels copy through their own workspace |
+//! | `ncclRedOpCreatePreMulSum` / `ncclRedOpDestroy` | work (see [`crate::premul`]) |
+//! | `ncclCommWindowRegister` / `ncclCommWindowDeregister` | `ncclInvalidUsage`: symmetric windows need NCCL's device API, which weave does not provide |
+//! | `ncclDevCommCreate` / `ncclDevCommDestroy` | `ncclInvalidUsage`: no device API |
+//! | `ncclCommShrink` | `ncclInvalidUsage`: weave's split needs every rank of the parent, and shrink's excluded ranks do not call |
+//! | `ncclGroupSimulateEnd` | `ncclInvalidUsage`: no cost model; closes the group level and drops its calls |
+//!
+//! Each refusal is logged once at `NCCL_DEBUG=WARN`.
+
+use std::ffi::{c_int, c_void};
+
+use crate::abi::{NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, NcclScalarResidence, NcclSimInfo};
+use crate::coll::data_type;
+use crate::cuda;
+use crate::error::{Fail, guard, warn_once};
+use crate::group;
+use crate::handle;
+use crate::premul::{PreMul, Scalar};
+
+fn refuse(symbol: &'static str, why: &str) -> NcclResult {
+    warn_once(symbol, why);
+    guard(symbol, || Err(Fail::usage(why.to_string())))
+}
+
+/// `ncclMemAlloc`: device memory of `size` bytes in the current context.
+///
+/// # Safety
+/// `ptr` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> NcclResult {
+    guard("ncclMemAlloc", || {
+        if ptr.is_null() {
+            return Err(Fail::invalid("ptr is NULL"));
+        }
+        let p = cuda::mem_alloc(size)?;
+        // SAFETY: checked non-null.
+        unsafe { *ptr = p };
+        Ok(())
+    })
+}
+
+/// `ncclMemFree`: frees what `ncclMemAlloc` returned (NULL is a no-op).
+///
+/// # Safety
+/// `ptr` is NULL or from `ncclMemAlloc`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
+    guard("ncclMemFree", || if ptr.is_null() { Ok(()) } else { Ok(cuda::mem_free(ptr)?) })
+}
+
+/// `ncclCommRegister`: accepted without effect; `*handle` gets a non-NULL token.
+///
+/// # Safety
+/// `handle` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommRegister(
+    comm: NcclCommPtr,
+    buff: *mut c_void,
+    _size: usize,
+    reg_handle: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclCommRegister", || {
+        handle::lookup(comm)?;
+        if reg_handle.is_null() {
+            return Err(Fail::invalid("handle is NULL"));
+        }
+        // SAFETY: checked non-null.
+        unsafe { *reg_handle = if buff.is_null() { std::ptr::dangling_mut::<c_void>() } else { buff } };
+        Ok(())
+    })
+}
+
+/// `ncclCommDeregister`: accepted without effect.
+///
+/// # Safety
+/// Any arguments (the comm is checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommDeregister(comm: NcclCommPtr, _reg_handle: *mut c_void) -> NcclResult {
+    guard("ncclCommDeregister", || handle::lookup(comm).map(|_| ()))
+}
+
+/// `ncclCommWindowRegister`: refused (`ncclInvalidUsage`).
+///
+/// # Safety
+/// Any arguments (nothing is read).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommWindowRegister(
+    _comm: NcclCommPtr,
+    _buff: *mut c_void,
+    _size: usize,
+    _win: *mut *mut c_void,
+    _win_flags: c_int,
+) -> NcclResult {
+    refuse("ncclCommWindowRegister", "symmetric memory windows are not supported by weave's libnccl (no device API)")
+}
+
+/// `ncclCommWindowDeregister`: refused (`ncclInvalidUsage`).
+///
+/// # Safety
+/// Any arguments (nothing is read).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommWindowDeregister(_comm: NcclCommPtr, _win: *mut c_void) -> NcclResult {
+    refuse("ncclCommWindowDeregister", "symmetric memory windows are not supported by weave's libnccl")
+}
+
+/// `ncclDevCommCreate`: refused (`ncclInvalidUsage`).
+///
+/// # Safety
+/// Any arguments (nothing is read).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclDevCommCreate(_comm: NcclCommPtr, _reqs: *const c_void, _out: *mut c_void) -> NcclResult {
+    refuse("ncclDevCommCreate", "NCCL's device API (ncclDevComm) is not provided by weave's libnccl")
+}
+
+/// `ncclDevCommDestroy`: refused (`ncclInvalidUsage`).
+///
+/// # Safety
+/// Any arguments (nothing is read).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclDevCommDestroy(_comm: NcclCommPtr, _dev_comm: *const c_void) -> NcclResult {
+    refuse("ncclDevCommDestroy", "NCCL's device API (ncclDevComm) is not provided by weave's libnccl")
+}
+
+/// `ncclCommShrink`: refused (`ncclInvalidUsage`); `*newcomm` is set to NULL.
+///
+/// # Safety
+/// `newcomm` NULL or writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommShrink(
+    _comm: NcclCommPtr,
+    _exclude: *mut c_int,
+    _exclude_count: c_int,
+    newcomm: *mut NcclCommPtr,
+    _config: *mut NcclConfig,
+    _flags: c_int,
+) -> NcclResult {
+    if !newcomm.is_null() {
+        // SAFETY: non-null, writable as the caller guarantees.
+        unsafe { *newcomm = std::ptr::null_mut() };
+    }
+    refuse(
+        "ncclCommShrink",
+        "shrinking is not supported by weave's libnccl (weave's split needs every rank of the parent); make a new \
+         communicator with ncclCommInitRank instead",
+    )
+}
+
+/// `ncclGroupSimulateEnd`: refused (`ncclInvalidUsage`); closes the group level, dropping its
+/// calls.
+///
+/// # Safety
+/// Any arguments (nothing is read).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGroupSimulateEnd(_sim_info: *mut NcclSimInfo) -> NcclResult {
+    let closed = guard("ncclGroupSimulateEnd", group::discard);
+    if closed != NcclResult::SUCCESS {
+        return closed;
+    }
+    refuse("ncclGroupSimulateEnd", "weave's libnccl has no cost model; the group's calls were dropped")
+}
+
+/// Reads a host scalar of `dtype` as its bytes, zero-extended to 8.
+///
+/// # Safety
+/// `p` points at one readable element of `dtype`.
+unsafe fn host_scalar(p: *const c_void, size: usize) -> u64 {
+    let mut bytes = [0u8; 8];
+    // SAFETY: `p` holds `size` (≤ 8) readable bytes as the caller guarantees.
+    unsafe { std::ptr::copy_nonoverlapping(p.cast::<u8>(), bytes.as_mut_ptr(), size) };
+    u64::from_le_bytes(bytes)
+}
+
+/// `ncclRedOpCreatePreMulSum`: an operator that multiplies each rank's input by `scalar`,
+/// then sums (see [`crate::premul`]).
+///
+/// # Safety
+/// `op` writable; `scalar` one element of `datatype` in host memory (`ncclScalarHostImmediate`)
+/// or device memory that stays valid while the operator is used (`ncclScalarDevice`).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
+    op: *mut NcclRedOp,
+    scalar: *mut c_void,
+    datatype: NcclDataType,
+    residence: NcclScalarResidence,
+    comm: NcclCommPtr,
+) -> NcclResult {
+    guard("ncclRedOpCreatePreMulSum", || {
+        if op.is_null() || scalar.is_null() {
+            return Err(Fail::invalid(format!("op ({op:p}) and scalar ({scalar:p}) must not be NULL")));
+        }
+        let c = handle::lookup(comm)?;
+        let dtype = data_type(datatype, true)?;
+        let scalar = match residence {
+            // SAFETY: a host scalar holds one element of `dtype` (size ≤ 8).
+            NcclScalarResidence::HOST_IMMEDIATE => Scalar::Host(unsafe { host_scalar(scalar, dtype.size()) }),
+            NcclScalarResidence::DEVICE => Scalar::Device(scalar as u64),
+            other => return Err(Fail::invalid(format!("scalar residence {} is neither 0 nor 1", other.0))),
+        };
+        let mut table = c.premul.lock().map_err(|_| Fail::new(NcclResult::INTERNAL_ERROR, "premul table poisoned"))?;
+        let made = table.create(PreMul { dtype, scalar })?;
+        // SAFETY: checked non-null.
+        unsafe { *op = made };
+        Ok(())
+    })
+}
+
+/// `ncclRedOpDestroy`: destroys an operator of `ncclRedOpCreatePreMulSum`.
+///
+/// # Safety
+/// Any arguments (the comm is checked).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRedOpDestroy(op: NcclRedOp, comm: NcclCommPtr) -> NcclResult {
+    guard("ncclRedOpDestroy", || {
+        let c = handle::lookup(comm)?;
+        if op.0 < NcclRedOp::NUM_OPS.0 {
+            return Err(Fail::invalid(format!("operator {} is built in and cannot be destroyed", op.0)));
+        }
+        let mut table = c.premul.lock().map_err(|_| Fail::new(NcclResult::INTERNAL_ERROR, "premul table poisoned"))?;
+        table.destroy(op)
+    })
+}

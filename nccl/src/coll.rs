@@ -1,0 +1,305 @@
+//! One NCCL call as weave runs it: data types and operators translated, arguments checked
+//! (NCCL's in-place rules included), and the call enqueued with weave's `*_device_raw` calls.
+//!
+//! Data types: every NCCL type weave has (int8, uint8, int32, uint32, int64, uint64, half,
+//! float, double, bfloat16) works everywhere. The FP8 types (`ncclFloat8e4m3`,
+//! `ncclFloat8e5m2`) are moved as bytes by the calls that do not reduce (all-gather,
+//! broadcast, all-to-all, gather, scatter, send/recv) and refused with `ncclInvalidArgument` by
+//! the reducing ones (weave has no FP8 arithmetic).
+
+use std::sync::Arc;
+
+use collectives::{Communicator, DataType, ReduceOp};
+use cudarc::driver::CudaStream;
+
+use crate::abi::{NcclDataType, NcclRedOp, NcclResult};
+use crate::cuda;
+use crate::error::Fail;
+use crate::handle::NcclComm;
+use crate::premul::{self, PreMul};
+
+/// The reduction of a call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reduction {
+    /// A built-in operator.
+    Plain(ReduceOp),
+    /// Scale by a scalar, then sum.
+    PreMul(PreMul),
+}
+
+/// One call, with device addresses and element counts as NCCL passes them.
+///
+/// Fields: `send`, `recv`, `buf` are device addresses; `count` counts elements of `dtype`
+/// (per rank where NCCL's signature says so); `bytes` counts bytes; `root` and `peer` are
+/// ranks of the communicator; `op` is the reduction.
+#[allow(missing_docs, reason = "the fields are described once above")]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Call {
+    /// `ncclAllReduce`.
+    AllReduce { send: u64, recv: u64, count: usize, dtype: DataType, op: Reduction },
+    /// `ncclAllGather` (`count` per rank).
+    AllGather { send: u64, recv: u64, count: usize, dtype: DataType },
+    /// `ncclReduceScatter` (`count` per rank).
+    ReduceScatter { send: u64, recv: u64, count: usize, dtype: DataType, op: Reduction },
+    /// `ncclBroadcast` / `ncclBcast`.
+    Broadcast { send: u64, recv: u64, count: usize, dtype: DataType, root: usize },
+    /// `ncclReduce`.
+    Reduce { send: u64, recv: u64, count: usize, dtype: DataType, op: Reduction, root: usize },
+    /// `ncclAlltoAll` (`count` per pair of ranks).
+    AllToAll { send: u64, recv: u64, count: usize, dtype: DataType },
+    /// `ncclSend` (and the sends of gather and scatter).
+    Send { buf: u64, bytes: usize, peer: usize },
+    /// `ncclRecv` (and the receives of gather and scatter).
+    Recv { buf: u64, bytes: usize, peer: usize },
+}
+
+impl Call {
+    /// True for point-to-point calls.
+    pub fn is_p2p(&self) -> bool {
+        matches!(self, Call::Send { .. } | Call::Recv { .. })
+    }
+
+    /// True when the call moves nothing (count 0): NCCL returns success at once.
+    pub fn is_empty(&self) -> bool {
+        match *self {
+            Call::AllReduce { count, .. }
+            | Call::AllGather { count, .. }
+            | Call::ReduceScatter { count, .. }
+            | Call::Broadcast { count, .. }
+            | Call::Reduce { count, .. }
+            | Call::AllToAll { count, .. } => count == 0,
+            Call::Send { bytes, .. } | Call::Recv { bytes, .. } => bytes == 0,
+        }
+    }
+}
+
+/// weave's type for NCCL's `dt`; FP8 moves as bytes unless the call reduces.
+pub fn data_type(dt: NcclDataType, reduces: bool) -> Result<DataType, Fail> {
+    Ok(match dt {
+        NcclDataType::INT8 => DataType::I8,
+        NcclDataType::UINT8 => DataType::U8,
+        NcclDataType::INT32 => DataType::I32,
+        NcclDataType::UINT32 => DataType::U32,
+        NcclDataType::INT64 => DataType::I64,
+        NcclDataType::UINT64 => DataType::U64,
+        NcclDataType::FLOAT16 => DataType::F16,
+        NcclDataType::FLOAT32 => DataType::F32,
+        NcclDataType::FLOAT64 => DataType::F64,
+        NcclDataType::BFLOAT16 => DataType::Bf16,
+        NcclDataType::FLOAT8_E4M3 | NcclDataType::FLOAT8_E5M2 if !reduces => DataType::U8,
+        NcclDataType::FLOAT8_E4M3 | NcclDataType::FLOAT8_E5M2 => {
+            return Err(Fail::invalid(format!(
+                "data type {} (FP8) cannot be reduced: weave has no FP8 arithmetic (moving FP8 works: all-gather, \
+                 broadcast, all-to-all, send/recv)",
+                dt.0
+            )));
+        }
+        _ => {
+            return Err(Fail::invalid(format!(
+                "data type {} is not an ncclDataType_t of NCCL 2.28 (0..{})",
+                dt.0,
+                NcclDataType::NUM_TYPES.0 - 1
+            )));
+        }
+    })
+}
+
+/// The reduction for operator `op` of a call on `dtype` over `comm`.
+pub fn reduction(op: NcclRedOp, dtype: DataType, comm: &NcclComm) -> Result<Reduction, Fail> {
+    Ok(Reduction::Plain(match op {
+        NcclRedOp::SUM => ReduceOp::Sum,
+        NcclRedOp::PROD => ReduceOp::Prod,
+        NcclRedOp::MAX => ReduceOp::Max,
+        NcclRedOp::MIN => ReduceOp::Min,
+        NcclRedOp::AVG => ReduceOp::Avg,
+        _ => {
+            let table =
+                comm.premul.lock().map_err(|_| Fail::new(NcclResult::INTERNAL_ERROR, "premul table poisoned"))?;
+            let p = table.get(op).ok_or_else(|| {
+                Fail::invalid(format!(
+                    "operator {} is neither built in (0..4) nor a live ncclRedOpCreatePreMulSum operator of this \
+                     communicator",
+                    op.0
+                ))
+            })?;
+            if p.dtype != dtype {
+                return Err(Fail::invalid(format!(
+                    "operator {} was created for {} but the call passes {}",
+                    op.0,
+                    p.dtype.name(),
+                    dtype.name()
+                )));
+            }
+            return Ok(Reduction::PreMul(p));
+        }
+    }))
+}
+
+/// Checks a root or peer rank against a world of `n`.
+pub fn check_rank(what: &str, rank: i32, n: usize) -> Result<usize, Fail> {
+    usize::try_from(rank)
+        .ok()
+        .filter(|&r| r < n)
+        .ok_or_else(|| Fail::invalid(format!("{what} {rank} is not a rank of this {n}-rank communicator")))
+}
+
+/// Checks that a buffer needed for a call with data is not NULL.
+pub fn check_buffer(what: &str, p: u64, count: usize) -> Result<(), Fail> {
+    if p == 0 && count > 0 {
+        return Err(Fail::invalid(format!("{what} is NULL but the count is {count}")));
+    }
+    Ok(())
+}
+
+/// `count × size` without overflow.
+pub fn bytes_of(count: usize, dtype: DataType, ranks: usize) -> Result<usize, Fail> {
+    count
+        .checked_mul(dtype.size())
+        .and_then(|b| b.checked_mul(ranks))
+        .ok_or_else(|| Fail::invalid(format!("count {count} × {ranks} rank(s) overflows the address space")))
+}
+
+fn weave(e: comm_core::Error) -> Fail {
+    Fail::from(e)
+}
+
+/// Enqueues `call` on `stream` (a collective; point-to-point goes through the group schedule).
+///
+/// # Safety
+/// The addresses in `call` must be device memory valid as NCCL's rules for the call say, until
+/// the call completes on `stream`.
+pub unsafe fn run(comm: &Communicator, call: Call, stream: &Arc<CudaStream>) -> Result<(), Fail> {
+    if call.is_empty() {
+        return Ok(());
+    }
+    let n = comm.world_size();
+    let s = stream.cu_stream() as usize;
+    // SAFETY: (every arm) forwarded from the caller; the pre-multiplied paths scale into
+    // memory they own or into the receive buffer the call writes anyway.
+    unsafe {
+        match call {
+            Call::AllReduce { send, recv, count, dtype, op: Reduction::Plain(op) } => {
+                comm.all_reduce_device_raw(send, recv, count, dtype, op, stream).map_err(weave)
+            }
+            Call::AllReduce { send, recv, count, dtype, op: Reduction::PreMul(p) } => {
+                premul::scale(p, send, recv, count, stream)?;
+                comm.all_reduce_device_raw(recv, recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
+            }
+            Call::AllGather { send, recv, count, dtype } => {
+                comm.all_gather_device_raw(send, recv, count, dtype, stream).map_err(weave)
+            }
+            Call::ReduceScatter { send, recv, count, dtype, op: Reduction::Plain(op) } => {
+                comm.reduce_scatter_device_raw(send, recv, count, dtype, op, stream).map_err(weave)
+            }
+            Call::ReduceScatter { send, recv, count, dtype, op: Reduction::PreMul(p) } => {
+                let total = count * n;
+                let tmp = cuda::mem_alloc_async(total * dtype.size(), s)?;
+                let r = premul::scale(p, send, tmp, total, stream).and_then(|_| {
+                    comm.reduce_scatter_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
+                });
+                cuda::mem_free_async(tmp, s)?;
+                r
+            }
+            Call::Broadcast { send, recv, count, dtype, root } => {
+                comm.broadcast_device_raw(send, recv, count, dtype, root, stream).map_err(weave)
+            }
+            Call::Reduce { send, recv, count, dtype, op: Reduction::Plain(op), root } => {
+                comm.reduce_device_raw(send, recv, count, dtype, op, root, stream).map_err(weave)
+            }
+            Call::Reduce { send, recv, count, dtype, op: Reduction::PreMul(p), root } => {
+                let tmp = cuda::mem_alloc_async(count * dtype.size(), s)?;
+                let r = premul::scale(p, send, tmp, count, stream).and_then(|_| {
+                    comm.reduce_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, root, stream).map_err(weave)
+                });
+                cuda::mem_free_async(tmp, s)?;
+                r
+            }
+            Call::AllToAll { send, recv, count, dtype } => {
+                comm.all_to_all_device_raw(send, recv, count, dtype, stream).map_err(weave)
+            }
+            Call::Send { .. } | Call::Recv { .. } => run_p2p(comm, &[call], stream),
+        }
+    }
+}
+
+/// Runs the sends and receives of one group on `stream` without deadlock.
+///
+/// The schedule (every rank follows it): sends to self pair, in order, with receives from
+/// self (a device copy). Then for d = 1..n, step d pairs this rank's sends to `me + d` with
+/// its receives from `me - d` (mod n), the k-th of each in the k-th kernel of the step
+/// (weave's `sendrecv_device_raw` progresses both sides in one kernel). Rank `me + d`'s step d
+/// receives from `me` in the same order, so the k-th kernel of step d on every rank waits only
+/// for kernels (d, k) of its two partners, each of which comes after (d', k') < (d, k) there:
+/// by induction every kernel completes, whatever order the program queued the calls in.
+///
+/// # Safety
+/// As [`run`] for every call.
+pub unsafe fn run_p2p(comm: &Communicator, calls: &[Call], stream: &Arc<CudaStream>) -> Result<(), Fail> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let mut sends: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
+    let mut recvs: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
+    for c in calls {
+        match *c {
+            Call::Send { buf, bytes, peer } if peer < n => sends[peer].push((buf, bytes)),
+            Call::Recv { buf, bytes, peer } if peer < n => recvs[peer].push((buf, bytes)),
+            Call::Send { peer, .. } | Call::Recv { peer, .. } => {
+                return Err(Fail::invalid(format!("peer {peer} is not a rank of this {n}-rank communicator")));
+            }
+            _ => {}
+        }
+    }
+    if sends[me].len() != recvs[me].len() {
+        return Err(Fail::invalid(format!(
+            "the group sends {} message(s) to this rank itself but receives {}; they must pair up",
+            sends[me].len(),
+            recvs[me].len()
+        )));
+    }
+    for (&(src, a), &(dst, b)) in sends[me].iter().zip(&recvs[me]) {
+        if a != b {
+            return Err(Fail::invalid(format!("a send to self of {a} bytes meets a receive of {b} bytes")));
+        }
+        // SAFETY: forwarded from the caller.
+        unsafe { cuda::copy_async(dst, src, a, stream.cu_stream() as usize)? };
+    }
+    for d in 1..n {
+        let (to, from) = ((me + d) % n, (me + n - d) % n);
+        let (s, r) = (&sends[to], &recvs[from]);
+        for k in 0..s.len().max(r.len()) {
+            let send = s.get(k).filter(|x| x.1 > 0).map(|&(p, b)| (p, b, to));
+            let recv = r.get(k).filter(|x| x.1 > 0).map(|&(p, b)| (p, b, from));
+            if send.is_none() && recv.is_none() {
+                continue;
+            }
+            // SAFETY: forwarded from the caller; counts are bytes of U8.
+            unsafe { comm.sendrecv_device_raw(send, recv, DataType::U8, stream) }.map_err(weave)?;
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_types_map_and_fp8_moves_but_never_reduces() {
+        assert_eq!(data_type(NcclDataType::BFLOAT16, true).unwrap(), DataType::Bf16);
+        assert_eq!(data_type(NcclDataType::UINT8, true).unwrap(), DataType::U8);
+        assert_eq!(data_type(NcclDataType::FLOAT8_E4M3, false).unwrap(), DataType::U8);
+        let e = data_type(NcclDataType::FLOAT8_E5M2, true).unwrap_err();
+        assert_eq!(e.code, NcclResult::INVALID_ARGUMENT);
+        assert_eq!(data_type(NcclDataType(12), false).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+        assert_eq!(data_type(NcclDataType(-3), false).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn ranks_and_buffers_are_checked() {
+        assert_eq!(check_rank("root", 1, 2).unwrap(), 1);
+        assert!(check_rank("root", 2, 2).is_err());
+        assert!(check_rank("peer", -1, 2).is_err());
+        assert!(check_buffer("sendbuff", 0, 1).is_err());
+        check_buffer("sendbuff", 0, 0).unwrap();
+        assert!(bytes_of(usize::MAX / 2, DataType::F32, 1).is_err());
+    }
+}

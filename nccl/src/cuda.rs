@@ -1,0 +1,150 @@
+//! The few CUDA driver calls the shim makes itself: which device the caller selected, memory
+//! for `ncclMemAlloc`, device-to-device copies for sends to self, and events that order work
+//! of one communicator across the caller's streams.
+
+use std::ffi::c_void;
+
+use comm_core::Result;
+use cudarc::driver::sys::{self, CUcontext, CUdeviceptr, CUstream};
+use weave_cuda::driver::{check, ensure_driver};
+
+/// The device of the caller's current context, as the CUDA runtime's `cudaGetDevice` reports
+/// it: the current context's device, or device 0 when the thread has none yet (the runtime
+/// would make device 0's primary context current at its first call).
+pub fn current_device() -> Result<u32> {
+    ensure_driver()?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one context handle; the driver is initialized (ensure_driver).
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    if ctx.is_null() {
+        return Ok(0);
+    }
+    let mut dev: sys::CUdevice = 0;
+    // SAFETY: writes one device ordinal for the current (non-null) context.
+    check(unsafe { sys::cuCtxGetDevice(&mut dev) }, "cuCtxGetDevice")?;
+    Ok(dev as u32)
+}
+
+/// The thread's current context, to put back after weave bound its own.
+pub struct SavedContext(CUcontext);
+
+impl SavedContext {
+    /// Remembers the current context (none when the driver is absent).
+    pub fn save() -> Self {
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        if weave_cuda::driver_available() {
+            // SAFETY: writes one context handle (or fails harmlessly before cuInit).
+            let _ = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        }
+        SavedContext(ctx)
+    }
+}
+
+impl Drop for SavedContext {
+    fn drop(&mut self) {
+        if !self.0.is_null() {
+            // SAFETY: the context was current on this thread moments ago and is still alive
+            // (primary contexts live as long as the process retains them).
+            let _ = unsafe { sys::cuCtxSetCurrent(self.0) };
+        }
+    }
+}
+
+/// Makes device `ordinal`'s primary context current on this thread when none is (what the
+/// runtime does at a thread's first call).
+pub fn ensure_context() -> Result<()> {
+    ensure_driver()?;
+    let mut ctx: CUcontext = std::ptr::null_mut();
+    // SAFETY: writes one context handle.
+    check(unsafe { sys::cuCtxGetCurrent(&mut ctx) }, "cuCtxGetCurrent")?;
+    if ctx.is_null() {
+        weave_cuda::CudaContext::new(0)
+            .and_then(|c| c.bind_to_thread())
+            .map_err(|e| weave_cuda::driver::from_driver("make device 0's primary context current", e))?;
+    }
+    Ok(())
+}
+
+/// `cuMemAlloc` in the current context.
+pub fn mem_alloc(bytes: usize) -> Result<*mut c_void> {
+    ensure_context()?;
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: writes one device address; a context is current.
+    check(unsafe { sys::cuMemAlloc_v2(&mut p, bytes.max(1)) }, "cuMemAlloc")?;
+    Ok(p as *mut c_void)
+}
+
+/// `cuMemFree`.
+pub fn mem_free(p: *mut c_void) -> Result<()> {
+    ensure_context()?;
+    // SAFETY: the caller passes an address from `mem_alloc`; the driver checks it.
+    check(unsafe { sys::cuMemFree_v2(p as CUdeviceptr) }, "cuMemFree")
+}
+
+/// Streams are passed as the integer value of their `CUstream` handle.
+///
+/// Stream-ordered allocation (`cuMemAllocAsync`, capturable into a graph).
+pub fn mem_alloc_async(bytes: usize, stream: usize) -> Result<u64> {
+    let stream = stream as CUstream;
+    let mut p: CUdeviceptr = 0;
+    // SAFETY: writes one device address; `stream` is the caller's live stream.
+    check(unsafe { sys::cuMemAllocAsync(&mut p, bytes.max(1), stream) }, "cuMemAllocAsync")?;
+    Ok(p)
+}
+
+/// Stream-ordered free of a [`mem_alloc_async`] address.
+pub fn mem_free_async(p: u64, stream: usize) -> Result<()> {
+    let stream = stream as CUstream;
+    // SAFETY: `p` came from mem_alloc_async; work using it was enqueued on `stream` before.
+    check(unsafe { sys::cuMemFreeAsync(p, stream) }, "cuMemFreeAsync")
+}
+
+/// Device-to-device copy of `bytes` on `stream`.
+///
+/// # Safety
+/// Both ranges must be device memory valid for `bytes` until the copy completes.
+pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: usize) -> Result<()> {
+    let stream = stream as CUstream;
+    if bytes == 0 || dst == src {
+        return Ok(());
+    }
+    // SAFETY: forwarded from the caller.
+    check(unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) }, "cuMemcpyAsync (send to self)")
+}
+
+/// Makes `waiter` wait for the work enqueued on `on` so far (`cuEventRecord` +
+/// `cuStreamWaitEvent`; both are allowed during stream capture).
+pub fn order_after(waiter: usize, on: usize) -> Result<()> {
+    if waiter == on {
+        return Ok(());
+    }
+    let mut ev: sys::CUevent = std::ptr::null_mut();
+    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+    // SAFETY: writes one event handle.
+    check(unsafe { sys::cuEventCreate(&mut ev, flags) }, "cuEventCreate")?;
+    let (waiter, on) = (waiter as CUstream, on as CUstream);
+    // SAFETY: `ev` is live; both streams are the caller's live streams.
+    let mut r = unsafe { sys::cuEventRecord(ev, on) };
+    if r == sys::CUresult::CUDA_SUCCESS {
+        // SAFETY: as above; the event was recorded.
+        r = unsafe { sys::cuStreamWaitEvent(waiter, ev, 0) };
+    }
+    // SAFETY: destroying a recorded event is allowed; the driver frees it once it completes.
+    unsafe { sys::cuEventDestroy_v2(ev) };
+    check(r, "cuEventRecord/cuStreamWaitEvent (ordering the communicator's streams)")
+}
+
+/// Waits for all work of the current context (bounded: weave's kernels give up after
+/// `WEAVE_TIMEOUT` or on abort).
+pub fn synchronize_context(ctx: &weave_cuda::CudaContext) -> Result<()> {
+    ctx.synchronize().map_err(|e| weave_cuda::driver::from_driver("cuCtxSynchronize", e))
+}
+
+/// Whether `stream` is being captured into a CUDA graph.
+pub fn is_capturing(stream: usize) -> Result<bool> {
+    let stream = stream as CUstream;
+    let mut status = sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE;
+    // SAFETY: writes one status value; `stream` is the caller's live stream.
+    check(unsafe { sys::cuStreamIsCapturing(stream, &mut status) }, "cuStreamIsCapturing")?;
+    Ok(status != sys::CUstreamCaptureStatus::CU_STREAM_CAPTURE_STATUS_NONE)
+}

@@ -1,0 +1,219 @@
+//! `ncclGroupStart` / `ncclGroupEnd`, and the ordering of one communicator's calls.
+//!
+//! Inside a group (groups nest; only the outermost `ncclGroupEnd` acts) calls are checked and
+//! queued per thread; inits started inside it run in the background. At the outermost end:
+//!
+//! 1. the inits of the group are waited for (a non-blocking one makes the end return
+//!    `ncclInProgress`);
+//! 2. the queued calls are split by communicator; one communicator runs on this thread, several
+//!    run on one thread each (so a process driving several GPUs cannot block itself on a
+//!    collective setup step that waits for its other ranks);
+//! 3. per communicator, on the first call's stream (which first waits for every other stream
+//!    of the group and for the communicator's previous stream): the collectives in the order
+//!    they were queued, then the sends and receives through [`coll::run_p2p`]'s deadlock-free
+//!    schedule; then every other stream of the group waits for that stream.
+//!
+//! Every rank runs its collectives in the same order, and a group's point-to-point calls after
+//! them on every rank, so the order between the two kinds inside one group cannot deadlock.
+//! A call that fails its checks while queued is returned at once and again by
+//! `ncclGroupEnd`, which then runs nothing (as NCCL does).
+
+use std::cell::RefCell;
+use std::sync::Arc;
+
+use crate::abi::NcclResult;
+use crate::coll::{self, Call};
+use crate::cuda;
+use crate::error::Fail;
+use crate::handle::{NcclComm, State};
+
+/// One communicator's calls of a group, with their streams.
+type Batch = (Arc<NcclComm>, Vec<(Call, usize)>);
+
+/// A queued call.
+struct Queued {
+    comm: Arc<NcclComm>,
+    call: Call,
+    stream: usize,
+}
+
+#[derive(Default)]
+struct GroupState {
+    depth: usize,
+    calls: Vec<Queued>,
+    inits: Vec<Arc<NcclComm>>,
+    error: Option<Fail>,
+}
+
+thread_local! {
+    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
+}
+
+/// True inside `ncclGroupStart` … `ncclGroupEnd` on this thread.
+pub fn in_group() -> bool {
+    GROUP.with(|g| g.borrow().depth > 0)
+}
+
+/// `ncclGroupStart`.
+pub fn start() {
+    GROUP.with(|g| g.borrow_mut().depth += 1);
+}
+
+/// Remembers an init started inside the group.
+pub fn add_init(comm: Arc<NcclComm>) {
+    GROUP.with(|g| g.borrow_mut().inits.push(comm));
+}
+
+/// Remembers a failure of a call queued in the group (returned again by `ncclGroupEnd`).
+pub fn record_error(fail: &Fail) {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth > 0 && g.error.is_none() {
+            g.error = Some(fail.clone());
+        }
+    });
+}
+
+/// Runs `calls` now as one batch (so the sends and receives among them progress together),
+/// or queues them when a group is open.
+pub fn submit(comm: Arc<NcclComm>, calls: &[Call], stream: usize) -> Result<(), Fail> {
+    let queued = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return false;
+        }
+        g.calls.extend(calls.iter().map(|&call| Queued { comm: comm.clone(), call, stream }));
+        true
+    });
+    let batch: Vec<(Call, usize)> = calls.iter().filter(|c| !c.is_empty()).map(|&c| (c, stream)).collect();
+    if queued || batch.is_empty() {
+        return Ok(());
+    }
+    run_batch(&comm, &batch)
+}
+
+/// Closes one group level without running it (`ncclGroupSimulateEnd`): the calls are dropped.
+pub fn discard() -> Result<(), Fail> {
+    GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Fail::usage("no group is open (call ncclGroupStart first)"));
+        }
+        g.depth -= 1;
+        if g.depth == 0 {
+            *g = GroupState::default();
+        }
+        Ok(())
+    })
+}
+
+/// `ncclGroupEnd`.
+pub fn end() -> Result<(), Fail> {
+    let taken = GROUP.with(|g| {
+        let mut g = g.borrow_mut();
+        if g.depth == 0 {
+            return Err(Fail::usage("ncclGroupEnd without a matching ncclGroupStart"));
+        }
+        g.depth -= 1;
+        if g.depth > 0 {
+            return Ok(None);
+        }
+        Ok(Some(std::mem::take(&mut *g)))
+    })?;
+    let Some(group) = taken else { return Ok(()) };
+    let mut in_progress = false;
+    let mut first_error: Option<Fail> = group.error;
+    for c in &group.inits {
+        let g = c.lock()?;
+        let g = c.settle(g, c.blocking);
+        match &*g {
+            State::Initializing(_) => in_progress = true,
+            State::Failed(f) => {
+                first_error.get_or_insert_with(|| f.clone());
+            }
+            _ => {}
+        }
+    }
+    if let Some(e) = first_error {
+        return Err(e);
+    }
+    // Split by communicator, keeping each one's order.
+    let mut batches: Vec<Batch> = Vec::new();
+    for q in group.calls.into_iter().filter(|q| !q.call.is_empty()) {
+        match batches.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &q.comm)) {
+            Some((_, v)) => v.push((q.call, q.stream)),
+            None => batches.push((q.comm, vec![(q.call, q.stream)])),
+        }
+    }
+    let result = match batches.len() {
+        0 => Ok(()),
+        1 => run_batch(&batches[0].0, &batches[0].1),
+        _ => std::thread::scope(|scope| {
+            let handles: Vec<_> =
+                batches.iter().map(|(comm, calls)| scope.spawn(move || run_batch(comm, calls))).collect();
+            let mut first = Ok(());
+            for h in handles {
+                let r = h.join().unwrap_or_else(|_| {
+                    Err(Fail::new(NcclResult::INTERNAL_ERROR, "a group worker thread panicked; please report it"))
+                });
+                if first.is_ok() {
+                    first = r;
+                }
+            }
+            first
+        }),
+    };
+    result?;
+    if in_progress { Err(Fail::new(NcclResult::IN_PROGRESS, "init still running")) } else { Ok(()) }
+}
+
+/// Runs one communicator's calls (see the module docs for the order).
+fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
+    comm.with_live(|live| {
+        let ctx = live.comm.gpu_context().ok_or_else(|| {
+            Fail::usage(
+                "this communicator has no GPU path (every rank needs a CUDA device reachable through CUDA IPC; \
+                 device buffers across hosts are not supported yet)",
+            )
+        })?;
+        ctx.bind_to_thread().map_err(|e| Fail::from(weave_cuda::driver::from_driver("bind the GPU context", e)))?;
+        let exec = calls[0].1;
+        let mut others: Vec<usize> = Vec::new();
+        for &(_, s) in calls {
+            if s != exec && !others.contains(&s) {
+                others.push(s);
+            }
+        }
+        let last = live.last_stream;
+        // A captured stream may not wait for work outside the capture: the previous stream is
+        // ordered only outside capture (a captured graph is ordered by its launch stream).
+        if last != usize::MAX && last != exec && !others.contains(&last) && !cuda::is_capturing(exec)? {
+            cuda::order_after(exec, last)?;
+        }
+        for &s in &others {
+            cuda::order_after(exec, s)?;
+        }
+        // SAFETY: `exec` is the caller's stream (a live CUstream of this context, or the legacy
+        // or per-thread default stream); the wrapper does not own it.
+        let stream = unsafe { ctx.wrap_borrowed_stream(exec as _) };
+        let mut p2p = Vec::new();
+        for &(call, _) in calls {
+            if call.is_p2p() {
+                p2p.push(call);
+            } else {
+                // SAFETY: the call's buffers were checked as NCCL's rules require; the program
+                // keeps them valid until the stream reaches the call, as NCCL requires.
+                unsafe { coll::run(&live.comm, call, &stream)? };
+            }
+        }
+        if !p2p.is_empty() {
+            // SAFETY: as above.
+            unsafe { coll::run_p2p(&live.comm, &p2p, &stream)? };
+        }
+        for &s in &others {
+            cuda::order_after(s, exec)?;
+        }
+        live.last_stream = exec;
+        Ok(())
+    })
+}

@@ -1,0 +1,35 @@
+//! # weave-nccl: `libnccl.so.2` from weave
+//!
+//! A shared library with NCCL 2.28's C ABI whose every collective runs on weave, so programs
+//! built against NCCL (PyTorch, nccl-tests) run on weave unchanged: `LD_PRELOAD` it, or put
+//! its directory first on `LD_LIBRARY_PATH`. `cargo xtask nccl` builds it to
+//! `target/nccl/libnccl.so.2` (SONAME `libnccl.so.2`); `nccl/include/nccl.h` declares what it
+//! exports.
+//!
+//! - Version: `ncclGetVersion` reports 22803 (NCCL 2.28.3), see [`abi::NCCL_VERSION`].
+//! - Types and values: [`abi`] (`ncclConfig_t` as 2.28 lays it out, 80 bytes).
+//! - Unique id: weave's bootstrap address and secret in the 128 bytes ([`unique_id`]).
+//! - Init, split, finalize, destroy, abort, queries: [`api_comm`].
+//! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (data types weave
+//!   lacks: FP8 is moved but never reduced).
+//! - Pre-multiplied sums: [`premul`]. Refused calls and their codes: [`api_misc`].
+//! - Errors: [`error`] (weave error → `ncclResult_t`; `NCCL_DEBUG=WARN|INFO` prints on
+//!   stderr). Every exported function checks its pointers and catches panics.
+//!
+//! Environment: `NCCL_DEBUG`, `NCCL_COMM_ID` (root address of `ncclGetUniqueId`), weave's
+//! `WEAVE_*` (`WEAVE_TIMEOUT` bounds every wait), and `WEAVE_NCCL_ALLOW_CPU=1` (tests only:
+//! host-only communicators without a GPU).
+
+#![allow(non_snake_case, reason = "exported C symbols carry NCCL's names")]
+
+pub mod abi;
+pub mod api_coll;
+pub mod api_comm;
+pub mod api_misc;
+pub mod coll;
+pub mod cuda;
+pub mod error;
+pub mod group;
+pub mod handle;
+pub mod premul;
+pub mod unique_id;

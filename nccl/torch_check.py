@@ -1,0 +1,164 @@
+"""torch.distributed check for weave's libnccl.so.2 (run by nccl/run-gpu-checks.sh).
+
+Launched with `torchrun --nproc-per-node 2 torch_check.py OUTFILE`: runs every call below on
+the NCCL backend and saves the results (rank 0 and rank 1 each write OUTFILE.rank<r>.pt).
+run-gpu-checks.sh runs it once under LD_PRELOAD=libnccl.so.2 (weave) and once without (NCCL)
+and compares the two with `torch_check.py --compare A B`: integer and max/min results
+bitwise, float sums within tolerance. Exit status 0 when every call returned.
+"""
+import os
+import sys
+
+import torch
+import torch.distributed as dist
+
+
+def run(out):
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda")
+    dist.init_process_group("nccl", device_id=dev)
+    res = {}
+    g = torch.Generator(device="cpu").manual_seed(1234 + rank)
+
+    def rand(*shape, dtype=torch.float32):
+        return torch.randn(*shape, generator=g).to(dtype).to(dev)
+
+    for name, op in [("sum", dist.ReduceOp.SUM), ("avg", dist.ReduceOp.AVG), ("max", dist.ReduceOp.MAX)]:
+        for dt in [torch.float32, torch.bfloat16, torch.float16]:
+            t = rand(4099, dtype=dt)
+            dist.all_reduce(t, op=op)
+            res[f"all_reduce_{name}_{dt}"] = t.cpu()
+        ti = torch.arange(1000, device=dev, dtype=torch.int64) * (rank + 1)
+        if name != "avg":
+            dist.all_reduce(ti, op=op)
+            res[f"all_reduce_{name}_int64"] = ti.cpu()
+    big = rand(1 << 22)
+    dist.all_reduce(big)
+    res["all_reduce_sum_16MiB"] = big.cpu()
+    empty = torch.empty(0, device=dev)
+    dist.all_reduce(empty)
+    res["all_reduce_empty"] = empty.cpu()
+    # premul sum (used by FSDP / gradient scaling): a float scalar per rank.
+    t = rand(1000)
+    make_premul = getattr(dist, "_make_nccl_premul_sum", None)
+    if make_premul is not None:
+        dist.all_reduce(t, op=make_premul(0.5 + rank))
+        res["all_reduce_premul_sum"] = t.cpu()
+
+    src = rand(1000)
+    ag = torch.empty(world * 1000, device=dev)
+    dist.all_gather_into_tensor(ag, src)
+    res["all_gather_into_tensor"] = ag.cpu()
+
+    rs_in = rand(world * 1000)
+    rs = torch.empty(1000, device=dev)
+    dist.reduce_scatter_tensor(rs, rs_in)
+    res["reduce_scatter_tensor"] = rs.cpu()
+
+    b = rand(3000) if rank == 1 else torch.zeros(3000, device=dev)
+    dist.broadcast(b, src=1)
+    res["broadcast"] = b.cpu()
+
+    a2a_in = rand(world * 500)
+    a2a = torch.empty(world * 500, device=dev)
+    dist.all_to_all_single(a2a, a2a_in)
+    res["all_to_all_single_even"] = a2a.cpu()
+    # uneven: rank r sends (q + 1) * (r + 1) * 10 elements to rank q
+    send_splits = [(q + 1) * (rank + 1) * 10 for q in range(world)]
+    recv_splits = [(rank + 1) * (p + 1) * 10 for p in range(world)]
+    u_in = rand(sum(send_splits))
+    u_out = torch.empty(sum(recv_splits), device=dev)
+    dist.all_to_all_single(u_out, u_in, output_split_sizes=recv_splits, input_split_sizes=send_splits)
+    res["all_to_all_single_uneven"] = u_out.cpu()
+
+    peer = (rank + 1) % world
+    prev = (rank - 1) % world
+    s1, s2 = rand(777), rand(12345)
+    r1, r2 = torch.empty(777, device=dev), torch.empty(12345, device=dev)
+    ops = [
+        dist.P2POp(dist.isend, s1, peer),
+        dist.P2POp(dist.irecv, r1, prev),
+        dist.P2POp(dist.irecv, r2, prev),
+        dist.P2POp(dist.isend, s2, peer),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    res["batch_isend_irecv_a"] = r1.cpu()
+    res["batch_isend_irecv_b"] = r2.cpu()
+
+    dist.barrier()
+    sub = dist.new_group([0, 1])
+    t = torch.full((100,), float(rank + 1), device=dev)
+    dist.all_reduce(t, group=sub)
+    res["new_group_all_reduce"] = t.cpu()
+    only0 = dist.new_group([0])
+    if rank == 0:
+        t = torch.full((10,), 3.0, device=dev)
+        dist.all_reduce(t, group=only0)
+        res["new_group_single_rank"] = t.cpu()
+    dist.barrier()
+    torch.cuda.synchronize()
+    dist.destroy_process_group()
+    torch.save(res, f"{out}.rank{rank}.pt")
+    print(f"torch_check rank {rank}: {len(res)} results saved")
+
+
+def kill_peer():
+    """Rank 1 dies after init; rank 0's all_reduce must fail (not hang): the caller times it."""
+    rank = int(os.environ["RANK"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
+    dev = torch.device("cuda")
+    dist.init_process_group("nccl", device_id=dev)
+    t = torch.ones(1 << 20, device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    if rank == 1:
+        os.kill(os.getpid(), 9)
+    try:
+        for _ in range(100):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()
+        work = dist.all_reduce(t, async_op=True)
+        work.wait()
+        torch.cuda.synchronize()
+        print("torch_check kill-peer: rank 0 saw no error")
+        sys.exit(1)
+    except Exception as e:  # noqa: BLE001 - any error is the expected outcome
+        print(f"torch_check kill-peer: rank 0 got an error: {type(e).__name__}: {e}")
+        sys.exit(0)
+
+
+def compare(a, b):
+    bad = 0
+    for rank in (0, 1):
+        x = torch.load(f"{a}.rank{rank}.pt")
+        y = torch.load(f"{b}.rank{rank}.pt")
+        for k in sorted(set(x) | set(y)):
+            if k not in x or k not in y:
+                print(f"FAIL rank {rank} {k}: missing in one run")
+                bad += 1
+                continue
+            u, v = x[k], y[k]
+            exact = (not u.is_floating_point()) or "_max_" in k or "gather" in k or "broadcast" in k \
+                or "to_all" in k or "isend" in k
+            if u.shape != v.shape or u.dtype != v.dtype:
+                ok = False
+            elif exact:
+                ok = torch.equal(u, v)
+            else:
+                tol = 1e-2 if u.dtype in (torch.float16, torch.bfloat16) else 1e-5
+                ok = torch.allclose(u.float(), v.float(), rtol=tol, atol=tol)
+            print(f"{'pass' if ok else 'FAIL'} rank {rank} {k}")
+            bad += 0 if ok else 1
+    print(f"torch_check compare: {'PASS' if bad == 0 else f'FAIL ({bad} differ)'}")
+    return 0 if bad == 0 else 1
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 2 and sys.argv[1] == "--kill-peer":
+        kill_peer()
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        sys.exit(compare(sys.argv[2], sys.argv[3]))
+    run(sys.argv[1] if len(sys.argv) > 1 else "/tmp/torch_check")
