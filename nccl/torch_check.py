@@ -16,8 +16,9 @@ import torch.distributed as dist
 def run(out):
     rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dev = torch.device("cuda")
+    # Ranks share the GPUs when there are fewer (weave allows it; NCCL refuses two ranks per GPU).
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group("nccl", device_id=dev)
     res = {}
     g = torch.Generator(device="cpu").manual_seed(1234 + rank)
@@ -108,8 +109,9 @@ def run(out):
 def kill_peer():
     """Rank 1 dies after init; rank 0's all_reduce must fail (not hang): the caller times it."""
     rank = int(os.environ["RANK"])
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)))
-    dev = torch.device("cuda")
+    # Ranks share the GPUs when there are fewer (weave allows it; NCCL refuses two ranks per GPU).
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group("nccl", device_id=dev)
     t = torch.ones(1 << 20, device=dev)
     dist.all_reduce(t)

@@ -4,7 +4,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
-//! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed) | `60` |
+//! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed; or with a unit: `20s`, `500ms`, `2min`) | `60` |
 //! | `WEAVE_TRANSPORTS` | comma list of transport names to use (e.g. `shm`; preference stays the builder's order), see [`TransportSet`] | every transport given to the builder |
 //! | `WEAVE_HOST_ID` | this rank's host identity: ranks with equal ids form one node (lets one machine pose as several nodes) | `hostname/boot-id` |
 //! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
@@ -180,9 +180,20 @@ pub fn host_id_from_env() -> Result<Option<String>> {
     }
 }
 
+/// Seconds (fractions allowed), optionally with a unit: `s`, `ms` or `min` (`20`, `20s`,
+/// `500ms`, `2min`).
 fn parse_timeout(v: &str) -> Result<Duration> {
-    let secs: f64 =
-        v.trim().parse().map_err(|_| Error::invalid(format!("WEAVE_TIMEOUT={v:?} is not a number of seconds")))?;
+    let t = v.trim();
+    let (number, scale) = if let Some(n) = t.strip_suffix("ms") {
+        (n, 1e-3)
+    } else if let Some(n) = t.strip_suffix("min") {
+        (n, 60.0)
+    } else {
+        (t.strip_suffix('s').unwrap_or(t), 1.0)
+    };
+    let secs = number.trim().parse::<f64>().map(|n| n * scale).map_err(|_| {
+        Error::invalid(format!("WEAVE_TIMEOUT={v:?} is not a number of seconds (e.g. 60, 2.5, 20s, 500ms, 2min)"))
+    })?;
     if !(secs.is_finite() && secs > 0.0 && secs <= 1e7) {
         return Err(Error::invalid(format!("WEAVE_TIMEOUT={v:?} must be between 0 and 1e7 seconds")));
     }
@@ -258,6 +269,11 @@ mod tests {
     #[test]
     fn parses_timeouts_and_levels() {
         assert_eq!(parse_timeout("2.5").unwrap(), Duration::from_millis(2500));
+        assert_eq!(parse_timeout(" 20s").unwrap(), Duration::from_secs(20));
+        assert_eq!(parse_timeout("500ms").unwrap(), Duration::from_millis(500));
+        assert_eq!(parse_timeout("2min").unwrap(), Duration::from_secs(120));
+        assert!(parse_timeout("20h").is_err());
+        assert!(parse_timeout("ms").is_err());
         assert!(parse_timeout("-1").is_err());
         assert!(parse_timeout("abc").is_err());
         assert!(parse_timeout("inf").is_err());
