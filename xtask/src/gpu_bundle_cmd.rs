@@ -302,8 +302,10 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
     }
     let mut seen = BTreeSet::new();
     artifacts.retain(|a| seen.insert(a.executable.clone()));
-    // Plain binaries first, so they keep their own names (tests of the same name get `-tests`).
-    artifacts.sort_by_key(|a| a.is_test);
+    // Plain binaries first, so they keep their own names (tests of the same name get `-tests`);
+    // then by name and path, so that targets of one name in several packages get the same
+    // bundle names build after build (cargo reports artifacts in the order they finish).
+    artifacts.sort_by(|a, b| (a.is_test, &a.name, &a.executable).cmp(&(b.is_test, &b.name, &b.executable)));
     if artifacts.is_empty() {
         return Err("nothing to bundle".into());
     }
