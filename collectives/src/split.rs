@@ -72,6 +72,10 @@ impl Bootstrap for SubBootstrap {
     fn rank(&self) -> usize {
         self.rank
     }
+
+    fn peer_lost(&self, peer: usize) -> Option<String> {
+        self.root.peer_lost(self.member(peer).ok()?)
+    }
     fn world_size(&self) -> usize {
         self.members.len()
     }

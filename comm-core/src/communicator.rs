@@ -27,7 +27,7 @@ use crate::port_channel::PortChannel;
 use crate::proxy::ProxyService;
 use crate::registration::PeerTokens;
 use crate::topology::{PeerReach, Topology};
-use crate::transport::{Transport, TransportBackend, TransportContext, TransportFactory};
+use crate::transport::{PeerLiveness, Transport, TransportBackend, TransportContext, TransportFactory};
 use crate::wire::{Decoder, Encoder};
 
 /// Magic of the endpoint table every rank contributes at build time.
@@ -89,6 +89,7 @@ impl CommunicatorBuilder {
             communicator_id: id,
             config: config.clone(),
             abort: abort.clone(),
+            liveness: PeerLiveness::of(bootstrap.clone()),
         };
         let allowed = |t: Transport| config.transports.as_ref().is_none_or(|set| set.contains(t));
         let mut backends: Vec<Arc<dyn TransportBackend>> = Vec::new();

@@ -77,6 +77,7 @@ pub fn context(rank: usize, job_key: &str, timeout: std::time::Duration) -> crat
         communicator_id: 1,
         config: crate::config::Config { timeout, ..crate::config::Config::default() },
         abort: std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false)),
+        liveness: crate::transport::PeerLiveness::default(),
     }
 }
 

@@ -208,6 +208,32 @@ pub struct TransportContext {
     pub config: Config,
     /// Set when the communicator aborts; long operations check it.
     pub abort: Arc<AtomicBool>,
+    /// Whether a peer process is known to be gone (from the bootstrap's links).
+    pub liveness: PeerLiveness,
+}
+
+/// Tells whether a peer process is known to be gone, from the communicator's bootstrap (see
+/// [`Bootstrap::peer_lost`](crate::bootstrap::Bootstrap::peer_lost)); transports whose own
+/// signals of a lost peer are slow ask it while they wait. Knows nothing by default.
+#[derive(Clone, Default)]
+pub struct PeerLiveness(Option<Arc<dyn crate::bootstrap::Bootstrap>>);
+
+impl PeerLiveness {
+    /// Liveness as `bootstrap` sees it.
+    pub fn of(bootstrap: Arc<dyn crate::bootstrap::Bootstrap>) -> Self {
+        PeerLiveness(Some(bootstrap))
+    }
+
+    /// Why `peer` is known to be gone, or `None`.
+    pub fn lost(&self, peer: usize) -> Option<String> {
+        self.0.as_ref()?.peer_lost(peer)
+    }
+}
+
+impl std::fmt::Debug for PeerLiveness {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(if self.0.is_some() { "PeerLiveness(bootstrap)" } else { "PeerLiveness(none)" })
+    }
 }
 
 crate::debug_fields!(TransportContext { rank, world_size, job_key, communicator_id });

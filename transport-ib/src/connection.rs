@@ -25,7 +25,7 @@ use comm_core::config::Deadline;
 use comm_core::connection::{CheckedWrite, Connection};
 use comm_core::memory::RegisteredMemory;
 use comm_core::spin::Backoff;
-use comm_core::transport::Transport;
+use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
 use crate::region::{IbRegion, RemoteRegion, SourceRegistrations};
@@ -59,8 +59,17 @@ pub struct IbConnection {
     /// Where fetch-and-adds put the old value (8 bytes per request in flight; never read).
     old_values: IbRegion,
     max_msg_bytes: usize,
-    timeout: Duration,
-    abort: Arc<AtomicBool>,
+    bounds: Bounds,
+}
+
+/// What bounds a connection's waits: the communicator's timeout and abort flag, and what its
+/// bootstrap knows of the peer's liveness (rxe and some fabrics let writes to a vanished queue
+/// pair go unanswered instead of failing them, so that is often the first sign).
+#[derive(Debug, Clone)]
+pub(crate) struct Bounds {
+    pub(crate) timeout: Duration,
+    pub(crate) abort: Arc<AtomicBool>,
+    pub(crate) liveness: PeerLiveness,
 }
 
 impl std::fmt::Debug for IbConnection {
@@ -76,8 +85,7 @@ impl IbConnection {
         wire: Wire,
         pd: &Arc<ProtectionDomain>,
         sources: &Arc<SourceRegistrations>,
-        timeout: Duration,
-        abort: Arc<AtomicBool>,
+        bounds: Bounds,
     ) -> Result<Self> {
         let old_values = IbRegion::new(pd, 8 * SEND_QUEUE_DEPTH as usize)?;
         Ok(IbConnection {
@@ -87,8 +95,7 @@ impl IbConnection {
             sources: sources.clone(),
             old_values,
             max_msg_bytes: pd.port().max_msg_bytes(),
-            timeout,
-            abort,
+            bounds,
         })
     }
 
@@ -136,11 +143,15 @@ impl IbConnection {
                 backoff.reset();
                 continue;
             }
-            if self.abort.load(Ordering::Relaxed) {
+            if self.bounds.abort.load(Ordering::Relaxed) {
                 return Err(Error::Aborted(format!("{operation} to rank {} was aborted", self.peer)));
             }
-            if deadline.get_or_insert_with(|| Deadline::after(self.timeout)).expired() {
-                return Err(Error::timeout(format!("{operation} (ib completions)"), Some(self.peer), self.timeout));
+            if let Some(why) = self.bounds.liveness.lost(self.peer) {
+                return Err(self.lost(operation, &format!("its bootstrap link ended ({why})")));
+            }
+            let timeout = self.bounds.timeout;
+            if deadline.get_or_insert_with(|| Deadline::after(timeout)).expired() {
+                return Err(Error::timeout(format!("{operation} (ib completions)"), Some(self.peer), timeout));
             }
             backoff.snooze();
         }
@@ -238,8 +249,11 @@ impl Connection for IbConnection {
     }
 
     fn check_peer(&self) -> Result<()> {
-        match &self.lock().failed {
-            Some(why) => Err(self.lost("ib check", why)),
+        if let Some(why) = &self.lock().failed {
+            return Err(self.lost("ib check", why));
+        }
+        match self.bounds.liveness.lost(self.peer) {
+            Some(why) => Err(self.lost("ib check", &format!("its bootstrap link ended ({why})"))),
             None => Ok(()),
         }
     }

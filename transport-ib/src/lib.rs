@@ -28,9 +28,7 @@ mod region;
 pub mod verbs;
 
 use std::any::Any;
-use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
 
 use comm_core::connection::Connection;
 use comm_core::memory::{MemoryKind, MemoryRegion};
@@ -40,7 +38,7 @@ use comm_core::{Error, Result};
 pub use connection::IbConnection;
 pub use verbs::PortChoice;
 
-use connection::{SEND_QUEUE_DEPTH, Wire};
+use connection::{Bounds, SEND_QUEUE_DEPTH, Wire};
 use endpoint::Endpoint;
 use region::{IbRegion, RemoteRegion, SourceRegistrations};
 use verbs::{CompletionQueue, Port, ProtectionDomain, QueuePair};
@@ -109,8 +107,7 @@ pub struct IbBackend {
     endpoint: Endpoint,
     sources: Arc<SourceRegistrations>,
     pd: Arc<ProtectionDomain>,
-    timeout: Duration,
-    abort: Arc<AtomicBool>,
+    bounds: Bounds,
 }
 
 impl std::fmt::Debug for IbBackend {
@@ -147,8 +144,7 @@ impl IbBackend {
             endpoint: Endpoint { port: port.address(), queue_pairs },
             sources: Arc::default(),
             pd,
-            timeout: ctx.config.timeout,
-            abort: ctx.abort.clone(),
+            bounds: Bounds { timeout: ctx.config.timeout, abort: ctx.abort.clone(), liveness: ctx.liveness.clone() },
         })
     }
 }
@@ -211,7 +207,7 @@ impl TransportBackend for IbBackend {
             .and_then(Option::take)
             .ok_or_else(|| Error::invalid(format!("ib: no queue pair left for rank {peer} (connected twice?)")))?;
         wire.qp.connect(&remote)?;
-        Ok(Arc::new(IbConnection::new(peer, wire, &self.pd, &self.sources, self.timeout, self.abort.clone())?))
+        Ok(Arc::new(IbConnection::new(peer, wire, &self.pd, &self.sources, self.bounds.clone())?))
     }
 
     fn as_any(&self) -> &dyn Any {

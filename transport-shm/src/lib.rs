@@ -248,6 +248,7 @@ mod tests {
                 communicator_id: 7,
                 config: Config::default(),
                 abort: Arc::new(AtomicBool::new(false)),
+                liveness: Default::default(),
             };
             ShmBackend::open(&ctx).unwrap()
         }
@@ -302,6 +303,7 @@ mod tests {
             communicator_id: 1,
             config: Config::default(),
             abort: Arc::new(AtomicBool::new(false)),
+            liveness: Default::default(),
         };
         assert_eq!((transport().name(), transport()), ("shm", Transport::named(NAME).unwrap()));
         assert_eq!(ShmTransport.transport(), transport());

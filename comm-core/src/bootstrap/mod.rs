@@ -40,6 +40,15 @@ pub trait Bootstrap: Send + Sync {
     /// Number of ranks.
     fn world_size(&self) -> usize;
 
+    /// Why this bootstrap's link to `peer` ended, once it has: a process that exits closes its
+    /// links, so transports without a liveness signal of their own (RDMA, whose writes to a
+    /// vanished queue pair may just go unanswered) ask this while they wait. `None` while the
+    /// link is up, and where the bootstrap keeps no link to `peer`.
+    fn peer_lost(&self, peer: usize) -> Option<String> {
+        let _ = peer;
+        None
+    }
+
     /// This rank's index among the ranks on the same host.
     fn local_rank(&self) -> usize;
 

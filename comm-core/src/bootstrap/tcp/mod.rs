@@ -214,6 +214,10 @@ impl Bootstrap for TcpBootstrap {
         self.rank
     }
 
+    fn peer_lost(&self, peer: usize) -> Option<String> {
+        self.mailbox.lock().lost.get(peer).cloned().flatten()
+    }
+
     fn world_size(&self) -> usize {
         self.world_size
     }
