@@ -451,6 +451,7 @@ mod tests {
             communicator_id: 1,
             config: Config::default(),
             abort: Arc::new(AtomicBool::new(false)),
+            liveness: Default::default(),
         }
     }
 

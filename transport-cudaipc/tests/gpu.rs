@@ -53,6 +53,7 @@ fn context(rank: usize, world_size: usize, job: &str) -> TransportContext {
         communicator_id: 1,
         config: Config { timeout: TIMEOUT, ..Config::default() },
         abort: Arc::new(AtomicBool::new(false)),
+        liveness: Default::default(),
     }
 }
 
