@@ -79,10 +79,17 @@ impl PeerInbound {
                     Err(TryLockError::Poisoned(p)) => p.into_inner(),
                     Err(TryLockError::WouldBlock) => continue,
                 };
-                match socket.drain(&mut state, self, inbound) {
-                    Ok(Drained::Idle | Drained::Ended) => {}
+                let outcome = socket.drain(&mut state, self, inbound);
+                match &outcome {
+                    Ok(Drained::Idle) => {}
                     Ok(Drained::Waiting) => waiting = true,
-                    Err(e) => return Err(Error::peer_lost(peer, "tcp receive", e.to_string())),
+                    // Reported here, so neither this waiter nor the reader thread reads on.
+                    Ok(Drained::Ended) => socket.end(&mut state, &outcome, peer, inbound),
+                    Err(e) => {
+                        let lost = Error::peer_lost(peer, "tcp receive", e.to_string());
+                        socket.end(&mut state, &outcome, peer, inbound);
+                        return Err(lost);
+                    }
                 }
             }
             if !waiting {

@@ -212,6 +212,29 @@ fn a_frame_split_across_hand_overs_is_applied_once_whole() {
 }
 
 #[test]
+fn a_waiter_that_reads_garbage_gets_peer_lost_and_marks_the_peer() {
+    let (a, b) = (backend(0, Duration::from_secs(5)), backend(1, Duration::from_secs(5)));
+    let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    let _region = b.allocate(64, MemoryKind::Host).unwrap();
+    let inbound = b.listener.inbound().clone();
+    inbound.readers_paused.store(true, Ordering::Release);
+    let mut s = raw(&b, Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token);
+    std::io::Read::read_exact(&mut s, &mut [0u8; 1]).unwrap();
+    s.write_all(&[0xff; 64]).unwrap();
+    let started = Instant::now();
+    let r = loop {
+        match waiter.progress() {
+            Ok(()) => assert!(started.elapsed() < Duration::from_secs(5), "the garbage was never read"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(r, Error::PeerLost { peer: 0, .. }), "{r:?}");
+    assert!(inbound.lost(0).is_some());
+    assert!(matches!(waiter.check_peer(), Err(Error::PeerLost { peer: 0, .. })));
+    inbound.readers_paused.store(false, Ordering::Release);
+}
+
+#[test]
 fn a_waiter_applies_striped_data_flags_and_flushes_while_the_readers_stall() {
     let (a, b) = (backend(0, Duration::from_secs(20)), backend(1, Duration::from_secs(20)));
     let conn = a.connect(1, &b.local_endpoint().unwrap()).unwrap();
