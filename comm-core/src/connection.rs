@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use crate::error::{Error, Result};
 use crate::memory::RegisteredMemory;
-use crate::spin::{WaitContext, spin_until};
+use crate::spin::{WaitContext, spin_until_progress};
 use crate::transport::Transport;
 
 /// A one-way data path from this rank to one peer, built by a transport.
@@ -41,8 +41,33 @@ pub trait Connection: Send + Sync {
     /// every earlier write of this connection (release ordering). Used for semaphores and flags.
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()>;
 
+    /// Does [`write_checked`](Self::write_checked) and then [`update_and_sync`](Self::update_and_sync)
+    /// of the word at `write.dst[flag_offset]` — data and the flag that announces it, the way
+    /// a channel link posts a message — as one operation that a transport may send as one
+    /// message (TCP: one system call). The default calls the two in turn.
+    fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {
+        self.write_checked(write)?;
+        self.update_and_sync(write.dst, flag_offset, value)
+    }
+
     /// Waits (bounded) until every earlier write and update is complete at the peer.
     fn flush(&self) -> Result<()>;
+
+    /// Makes receive progress for this connection's *peer*: applies, without blocking, what
+    /// the peer has sent to this rank that already arrived (the reverse direction of
+    /// [`write`](Self::write), through the same transport). A thread that spins on memory this
+    /// peer writes calls it on every iteration (channel links do, through
+    /// [`spin_until_progress`](crate::spin::spin_until_progress)), so that a transport whose
+    /// incoming bytes are stored by software (TCP) stores them on the waiting thread instead of
+    /// waking a thread of its own first. It must return quickly: no blocking, no sleeping;
+    /// another thread already at work on the same bytes is a reason to return at once.
+    ///
+    /// The default does nothing, which is right wherever the peer's writes land by themselves
+    /// (shared memory, RDMA) or a transport's own thread stores them. `Err(PeerLost)` when it
+    /// found the peer's stream broken.
+    fn progress(&self) -> Result<()> {
+        Ok(())
+    }
 
     /// `Err(PeerLost)` once the transport knows the peer is gone; cheap enough to call while
     /// spinning.
@@ -109,6 +134,7 @@ pub fn peer_region<'a, R: std::any::Any>(dst: &'a RegisteredMemory, peer: usize,
 /// Spins until `done()` holds for `connection` (a flush, say, named `operation` in errors):
 /// bounded by `timeout`, stopped by `abort`, and ended once the connection's
 /// [`check_peer`](Connection::check_peer) fails; every error names the operation and the peer.
+/// Each iteration makes the connection's [`progress`](Connection::progress).
 pub fn spin_until_peer(
     connection: &dyn Connection,
     operation: &str,
@@ -118,7 +144,7 @@ pub fn spin_until_peer(
 ) -> Result<()> {
     let check = || connection.check_peer();
     let wait = WaitContext { operation, peer: Some(connection.peer()), timeout, abort, check_peer: &check };
-    spin_until(&wait, done)
+    spin_until_progress(&wait, &|| connection.progress(), done)
 }
 
 /// Tells whether a peer is still alive; transports supply one to [`DirectConnection`].

@@ -111,7 +111,20 @@ pub struct WaitContext<'a> {
 
 /// Spins until `ready()` is true; errors on timeout, abort or a lost peer. The timeout counts
 /// from the first check, 128 iterations in: a short wait reads no clock.
-pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Result<()> {
+pub fn spin_until(ctx: &WaitContext<'_>, ready: impl FnMut() -> bool) -> Result<()> {
+    spin_until_progress(ctx, &|| Ok(()), ready)
+}
+
+/// [`spin_until`] for a condition that `progress` helps come true: it is called before every
+/// look at `ready()` after the first, and must not block (a connection's
+/// [`progress`](crate::connection::Connection::progress): the waiter applies the peer's
+/// incoming messages itself). Its error ends the wait like a lost peer: after one last look at
+/// `ready()`, since what the peer did before failing may be just what we wait for.
+pub fn spin_until_progress(
+    ctx: &WaitContext<'_>,
+    progress: &dyn Fn() -> Result<()>,
+    mut ready: impl FnMut() -> bool,
+) -> Result<()> {
     if ready() {
         return Ok(());
     }
@@ -119,6 +132,9 @@ pub fn spin_until(ctx: &WaitContext<'_>, mut ready: impl FnMut() -> bool) -> Res
     let mut backoff = Backoff::new();
     let mut i: u32 = 0;
     loop {
+        if let Err(e) = progress() {
+            return if ready() { Ok(()) } else { Err(e) };
+        }
         if ready() {
             return Ok(());
         }
@@ -178,6 +194,35 @@ mod tests {
         spin_until(&ctx, || n.fetch_add(1, Ordering::Relaxed) > 10).unwrap();
         let r = spin_until(&ctx, || false);
         assert!(matches!(r, Err(Error::Timeout { peer: Some(1), .. })), "{r:?}");
+    }
+
+    #[test]
+    fn progress_runs_while_waiting_and_its_error_ends_the_wait() {
+        let abort = AtomicBool::new(false);
+        let ctx = WaitContext {
+            operation: "t",
+            peer: Some(2),
+            timeout: Duration::from_secs(10),
+            abort: &abort,
+            check_peer: &ok,
+        };
+        // The condition comes true only through progress (a waiter applying a message).
+        let word = AtomicU64::new(0);
+        let progress = || {
+            word.fetch_add(1, Ordering::Relaxed);
+            Ok(())
+        };
+        spin_until_progress(&ctx, &progress, || word.load(Ordering::Relaxed) >= 5).unwrap();
+        let broken = || Err(Error::peer_lost(2, "t", "reset"));
+        let r = spin_until_progress(&ctx, &broken, || false);
+        assert!(matches!(r, Err(Error::PeerLost { peer: 2, .. })), "{r:?}");
+        // What arrived before the failure still counts.
+        let arrived = AtomicU64::new(0);
+        let last = || {
+            arrived.store(1, Ordering::Relaxed);
+            Err(Error::peer_lost(2, "t", "closed"))
+        };
+        spin_until_progress(&ctx, &last, || arrived.load(Ordering::Relaxed) == 1).unwrap();
     }
 
     #[test]

@@ -12,8 +12,12 @@
 //! Small frames skip the hand-off: when nothing is queued on their stripe, the caller writes
 //! them to the socket itself (under the stripe's socket lock, which the stripe's thread holds
 //! for each frame it writes), saving a thread wake-up on the latency path of small messages.
+//! A small write goes on stripe 0, where its flag follows, so the peer needs no other stripe
+//! to store the flag; [`write_and_sync`](Connection::write_and_sync) sends both frames with one
+//! `writev`. [`progress`](Connection::progress) applies the peer's frames *to this rank* on the
+//! calling thread (see [`crate::receive`]).
 
-use std::io::{Read, Write};
+use std::io::{IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -27,6 +31,7 @@ use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 
 use crate::listener::Inbound;
+use crate::receive::PeerInbound;
 use crate::region::RemoteRegion;
 use crate::wire::{FrameHeader, FrameKind, HANDSHAKE_OK, Handshake, MAX_FRAME_BYTES};
 
@@ -36,9 +41,13 @@ enum Job {
     Data { header: FrameHeader, src: RegisteredMemory, offset: usize },
     /// A flag or flush frame and the per-stripe data frame counts it waits for.
     Control { header: FrameHeader, counts: Vec<u64> },
+    /// A small data frame and the flag behind it, written with one system call.
+    DataAndFlag { data: FrameHeader, src: RegisteredMemory, offset: usize, flag: FrameHeader, counts: Vec<u64> },
 }
 
-/// Largest data frame a caller writes itself when its stripe has nothing queued.
+/// Largest data frame a caller writes itself when its stripe has nothing queued. A write of at
+/// most this many bytes also goes on stripe 0, with the flags: the peer then finds the data
+/// before the flag on the same socket, without waiting for another stripe.
 const INLINE_MAX_BYTES: usize = 64 << 10;
 
 /// One socket of the connection: its thread's queue, and what the thread and the callers share.
@@ -83,6 +92,8 @@ pub struct TcpConnection {
     order: Mutex<Order>,
     shared: Arc<Shared>,
     inbound: Arc<Inbound>,
+    /// The peer's sockets into this rank, which [`progress`](Connection::progress) drains.
+    from_peer: Arc<PeerInbound>,
     timeout: Duration,
     abort: Arc<AtomicBool>,
 }
@@ -133,6 +144,7 @@ impl TcpConnection {
             stripes,
             threads,
             shared,
+            from_peer: dial.inbound.peer(peer),
             inbound: dial.inbound,
             timeout: dial.timeout,
             abort: dial.abort,
@@ -163,7 +175,9 @@ impl TcpConnection {
     /// is queued before it on the stripe, else handed to the stripe's thread.
     fn send(&self, stripe: usize, job: Job) -> Result<()> {
         let small = match &job {
-            Job::Data { header, .. } => header.value as usize <= INLINE_MAX_BYTES,
+            Job::Data { header, .. } | Job::DataAndFlag { data: header, .. } => {
+                header.value as usize <= INLINE_MAX_BYTES
+            }
             Job::Control { header, .. } => header.kind == FrameKind::Flag,
         };
         let s = &self.stripes[stripe];
@@ -188,6 +202,17 @@ impl TcpConnection {
     fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
         comm_core::connection::peer_region(dst, self.peer, crate::NAME)
     }
+
+    /// The header of a flag storing `value` at `dst[dst_offset]`, once the word was checked to
+    /// lie in the peer's region, 8-byte aligned.
+    fn flag_header(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<FrameHeader> {
+        dst.check_range(dst_offset, 8)?;
+        let remote = self.remote(dst)?;
+        if !dst_offset.is_multiple_of(8) {
+            return Err(Error::invalid(format!("tcp flag at offset {dst_offset} is not 8-byte aligned")));
+        }
+        Ok(FrameHeader { kind: FrameKind::Flag, region: remote.id, offset: dst_offset as u64, value, sequence: 0 })
+    }
 }
 
 fn dial_socket(peer: usize, addr: SocketAddr, hello: &Handshake, timeout: Duration) -> Result<TcpStream> {
@@ -205,20 +230,47 @@ fn dial_socket(peer: usize, addr: SocketAddr, hello: &Handshake, timeout: Durati
     Ok(s)
 }
 
-/// Writes one job's frame to `socket`; for a flush, also reads the peer's answer.
+/// The payload of a data frame: `header.value` bytes at `offset` of `src`.
+fn payload<'a>(header: &FrameHeader, src: &'a RegisteredMemory, offset: usize) -> &'a [u8] {
+    // SAFETY: `offset + header.value` was checked against `src`, a host-mapped registration
+    // that the job holding `src` keeps alive while the slice is used.
+    unsafe { std::slice::from_raw_parts(src.as_ptr().add(offset), header.value as usize) }
+}
+
+/// A flag or flush frame: its header, then one count per stripe.
+fn control_frame(header: &FrameHeader, counts: &[u64]) -> Vec<u8> {
+    let mut frame = header.encode().to_vec();
+    counts.iter().for_each(|c| frame.extend_from_slice(&c.to_le_bytes()));
+    frame
+}
+
+/// Writes all of `bufs`, with as few system calls as the socket takes.
+fn write_all_vectored(socket: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> std::io::Result<()> {
+    while !bufs.is_empty() {
+        match socket.write_vectored(bufs) {
+            Ok(0) => return Err(std::io::ErrorKind::WriteZero.into()),
+            Ok(n) => IoSlice::advance_slices(&mut bufs, n),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(())
+}
+
+/// Writes one job's frames to `socket`; for a flush, also reads the peer's answer.
 fn write_job(socket: &mut TcpStream, job: &Job, shared: &Shared) -> std::io::Result<()> {
     match job {
         Job::Data { header, src, offset } => {
-            let len = header.value as usize;
-            // SAFETY: `offset + len` was checked against `src`, a host-mapped registration this
-            // job keeps alive.
-            let bytes = unsafe { std::slice::from_raw_parts(src.as_ptr().add(*offset), len) };
-            socket.write_all(&header.encode()).and_then(|_| socket.write_all(bytes))
+            let head = header.encode();
+            write_all_vectored(socket, &mut [IoSlice::new(&head), IoSlice::new(payload(header, src, *offset))])
+        }
+        Job::DataAndFlag { data, src, offset, flag, counts } => {
+            let (head, tail) = (data.encode(), control_frame(flag, counts));
+            let mut bufs = [IoSlice::new(&head), IoSlice::new(payload(data, src, *offset)), IoSlice::new(&tail)];
+            write_all_vectored(socket, &mut bufs)
         }
         Job::Control { header, counts } => {
-            let mut frame = header.encode().to_vec();
-            counts.iter().for_each(|c| frame.extend_from_slice(&c.to_le_bytes()));
-            socket.write_all(&frame)?;
+            socket.write_all(&control_frame(header, counts))?;
             if header.kind == FrameKind::Flush {
                 let mut answer = [0u8; 8];
                 socket.read_exact(&mut answer)?;
@@ -274,8 +326,13 @@ impl Connection for TcpConnection {
         let mut done = 0;
         while done < write.len {
             let n = (write.len - done).min(MAX_FRAME_BYTES);
-            let stripe = order.next_stripe;
-            order.next_stripe = (stripe + 1) % self.stripes.len();
+            let stripe = if write.len <= INLINE_MAX_BYTES {
+                0
+            } else {
+                let s = order.next_stripe;
+                order.next_stripe = (s + 1) % self.stripes.len();
+                s
+            };
             let header = FrameHeader {
                 kind: FrameKind::Data,
                 region: remote.id,
@@ -291,16 +348,35 @@ impl Connection for TcpConnection {
     }
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
-        dst.check_range(dst_offset, 8)?;
-        let remote = self.remote(dst)?;
-        if !dst_offset.is_multiple_of(8) {
-            return Err(Error::invalid(format!("tcp flag at offset {dst_offset} is not 8-byte aligned")));
-        }
+        let header = self.flag_header(dst, dst_offset, value)?;
         self.check_sending()?;
         let order = self.order.lock().unwrap_or_else(|p| p.into_inner());
-        let header =
-            FrameHeader { kind: FrameKind::Flag, region: remote.id, offset: dst_offset as u64, value, sequence: 0 };
         self.send(0, Job::Control { header, counts: order.sent.clone() })
+    }
+
+    fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {
+        if write.len == 0 || write.len > INLINE_MAX_BYTES {
+            self.write_checked(write)?;
+            return self.update_and_sync(write.dst, flag_offset, value);
+        }
+        let remote = self.remote(write.dst)?;
+        if !write.src.is_host_mapped() {
+            return Err(Error::invalid(format!("tcp write from {:?}: not host memory mapped here", write.src.label())));
+        }
+        let flag = self.flag_header(write.dst, flag_offset, value)?;
+        self.check_sending()?;
+        let mut order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        let data = FrameHeader {
+            kind: FrameKind::Data,
+            region: remote.id,
+            offset: write.dst_offset as u64,
+            value: write.len as u64,
+            sequence: 0,
+        };
+        // The flag counts the data frame it travels behind, as if the two were sent apart.
+        order.sent[0] += 1;
+        let counts = order.sent.clone();
+        self.send(0, Job::DataAndFlag { data, src: write.src.clone(), offset: write.src_offset, flag, counts })
     }
 
     fn flush(&self) -> Result<()> {
@@ -317,6 +393,10 @@ impl Connection for TcpConnection {
         spin_until_peer(self, &operation, self.timeout, &self.abort, || {
             self.shared.answered.load(Ordering::Acquire) >= sequence
         })
+    }
+
+    fn progress(&self) -> Result<()> {
+        self.from_peer.progress(self.peer, &self.inbound)
     }
 
     fn check_peer(&self) -> Result<()> {

@@ -14,6 +14,9 @@
 //!   frames and striped over them; a flag lands only after the data it covers; `flush` returns
 //!   when the peer has applied everything. EOF, a reset or a lying peer is
 //!   `Error::PeerLost`; a silent one a timeout — never a hang.
+//! - **Receiving**: a reader thread per inbound socket applies frames as they come, and a rank
+//!   that waits for a peer applies that peer's frames itself (`Connection::progress`), so a
+//!   small message is stored by the thread that waits for it.
 //!
 //! Memory imported through this transport is not mapped here (`direct_access` is false), so
 //! the collectives run their channel family over it. Device buffers are not carried yet.
@@ -22,6 +25,7 @@ pub mod config;
 mod connection;
 mod endpoint;
 mod listener;
+mod receive;
 mod region;
 pub mod wire;
 

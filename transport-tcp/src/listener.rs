@@ -1,41 +1,42 @@
-//! The receiving side: a listener that authenticates every socket, and one thread per socket
-//! that applies the peer's frames to this rank's regions — checking every region id, range and
-//! length — in the order [`crate::wire`] defines.
+//! The receiving side: a listener that authenticates every socket, and one reader thread per
+//! socket that applies the peer's frames to this rank's regions — checking every region id,
+//! range and length — in the order [`crate::wire`] defines. Waiting ranks apply frames too:
+//! [`crate::receive`] says how the two share a socket.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::{AsFd, BorrowedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use comm_core::config::Deadline;
-use comm_core::memory::MemoryRegion;
 use comm_core::spin::Backoff;
 use comm_core::{Error, Result};
+use nix::poll::{PollFd, PollFlags};
 
-use crate::config::MAX_SOCKETS;
+use crate::receive::{Drained, InSocket, PeerInbound};
 use crate::region::Regions;
-use crate::wire::{FRAME_HEADER_BYTES, FrameHeader, FrameKind, HANDSHAKE_BYTES, HANDSHAKE_OK, Handshake};
+use crate::wire::{HANDSHAKE_BYTES, HANDSHAKE_OK, Handshake};
 
 /// How often the accept loop looks at its stop flag.
 const ACCEPT_POLL_MS: u16 = 50;
-
-/// Data frames applied per stripe, for one sending peer.
-#[derive(Default)]
-struct Applied {
-    per_stripe: [AtomicU64; MAX_SOCKETS],
-}
+/// How often an idle reader thread looks at the stop flag (the listener also shuts its
+/// sockets down, which wakes it at once).
+const READER_POLL_MS: u16 = 1000;
 
 /// What the listener and its socket threads share.
 pub(crate) struct Inbound {
     token: [u8; 16],
     regions: Arc<Regions>,
-    timeout: Duration,
+    /// Bounds every wait of the receiving side (a flag's data, a flush answer's write).
+    pub(crate) timeout: Duration,
     stop: AtomicBool,
-    applied: Mutex<HashMap<u32, Arc<Applied>>>,
+    /// Test hook: while set, reader threads leave their sockets alone (waiters still drain
+    /// them), standing for readers the scheduler has not run yet.
+    pub(crate) readers_paused: AtomicBool,
+    peers: Mutex<HashMap<usize, Arc<PeerInbound>>>,
     /// Peers whose sockets broke, or all closed, with why.
     lost: Mutex<HashMap<usize, String>>,
     /// Sockets of each peer that reached a clean end of stream.
@@ -50,14 +51,30 @@ impl Inbound {
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).get(&peer).cloned()
     }
 
-    fn mark_lost(&self, peer: usize, why: String) {
+    /// The state shared by `peer`'s sockets (made on first use, by a socket or a connection).
+    pub(crate) fn peer(&self, peer: usize) -> Arc<PeerInbound> {
+        self.peers.lock().unwrap_or_else(|p| p.into_inner()).entry(peer).or_default().clone()
+    }
+
+    /// This backend's regions, where frames land.
+    pub(crate) fn regions(&self) -> &Regions {
+        &self.regions
+    }
+
+    /// Whether the listener is stopping (its sockets' ends are then nobody's loss).
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::Acquire)
+    }
+
+    /// Marks `peer` lost for `why` (the first reason stays).
+    pub(crate) fn mark_lost(&self, peer: usize, why: String) {
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).entry(peer).or_insert(why);
     }
 
     /// One of `peer`'s `stripes` sockets ended cleanly: the peer is gone once all have, since
     /// each socket's thread applied everything before its end — a flag still travelling on
     /// another stripe is not lost.
-    fn mark_closed(&self, peer: usize, stripes: u16) {
+    pub(crate) fn mark_closed(&self, peer: usize, stripes: u16) {
         let all = {
             let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
             let n = closed.entry(peer).or_insert(0);
@@ -67,10 +84,6 @@ impl Inbound {
         if all {
             self.mark_lost(peer, "closed its connection".to_string());
         }
-    }
-
-    fn applied(&self, rank: u32) -> Arc<Applied> {
-        self.applied.lock().unwrap_or_else(|p| p.into_inner()).entry(rank).or_default().clone()
     }
 }
 
@@ -98,7 +111,8 @@ impl Listener {
             regions,
             timeout,
             stop: AtomicBool::new(false),
-            applied: Mutex::new(HashMap::new()),
+            readers_paused: AtomicBool::new(false),
+            peers: Mutex::new(HashMap::new()),
             lost: Mutex::new(HashMap::new()),
             closed: Mutex::new(HashMap::new()),
             sockets: Mutex::new(Vec::new()),
@@ -150,10 +164,14 @@ fn accept_loop(listener: TcpListener, inbound: Arc<Inbound>) {
         // thread; a wrong token or garbage closes the socket at once.
         if let Ok((socket, hello)) = handshake(socket, &inbound) {
             let clone = socket.try_clone();
+            let rank = hello.rank as usize;
+            let peer = inbound.peer(rank);
+            let socket = Arc::new(InSocket::new(socket, hello.stripe, hello.stripes));
+            peer.add(socket.clone());
             let shared = inbound.clone();
             let spawned = std::thread::Builder::new()
                 .name(format!("weave-tcp-recv-{}.{}", hello.rank, hello.stripe))
-                .spawn(move || receive_loop(socket, hello, shared));
+                .spawn(move || receive_loop(socket, rank, peer, shared));
             match (spawned, clone) {
                 (Ok(t), Ok(c)) => {
                     inbound.sockets.lock().unwrap_or_else(|p| p.into_inner()).push(c);
@@ -181,98 +199,49 @@ fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handsha
     }
     socket.write_all(&[HANDSHAKE_OK]).map_err(|e| Error::io("answer a tcp handshake", e))?;
     socket.set_read_timeout(None).map_err(|e| Error::io("tcp socket timeout", e))?;
+    // Flush answers go back on this socket; a peer that stops reading them fails the write.
+    socket.set_write_timeout(Some(inbound.timeout)).map_err(|e| Error::io("tcp socket write timeout", e))?;
     let _ = socket.set_nodelay(true);
     Ok((socket, hello))
 }
 
-/// Applies one socket's frames until it closes; a broken or lying peer is marked lost.
-fn receive_loop(mut socket: TcpStream, hello: Handshake, inbound: Arc<Inbound>) {
-    let applied = inbound.applied(hello.rank);
-    let peer = hello.rank as usize;
-    let failure = loop {
-        match apply_next(&mut socket, &hello, &applied, &inbound) {
-            Ok(true) => {}
-            Ok(false) => break None,
-            Err(e) => break Some(e.to_string()),
-        }
-    };
-    if !inbound.stop.load(Ordering::Acquire) {
-        match failure {
-            Some(why) => inbound.mark_lost(peer, why),
-            None => inbound.mark_closed(peer, hello.stripes),
-        }
-    }
-    let _ = socket.shutdown(Shutdown::Both);
-}
-
-/// Applies the next frame; `Ok(false)` at a clean end of stream.
-fn apply_next(socket: &mut TcpStream, hello: &Handshake, applied: &Applied, inbound: &Inbound) -> Result<bool> {
-    let mut bytes = [0u8; FRAME_HEADER_BYTES];
-    match socket.read_exact(&mut bytes) {
-        Ok(()) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(false),
-        Err(e) => return Err(Error::io("read a tcp frame header", e)),
-    }
-    let frame = FrameHeader::decode(&bytes)?;
-    let stripes = usize::from(hello.stripes);
-    match frame.kind {
-        FrameKind::Data => {
-            let len = frame.value as usize;
-            let region = inbound
-                .regions
-                .find(frame.region)
-                .ok_or_else(|| Error::protocol(format!("tcp data for region {} that does not exist", frame.region)))?;
-            let offset = usize::try_from(frame.offset).map_err(|_| Error::protocol("tcp offset overflows"))?;
-            if offset.checked_add(len).is_none_or(|end| end > region.len()) {
-                return Err(Error::protocol(format!(
-                    "tcp data [{offset}, +{len}) past the {} bytes of region {}",
-                    region.len(),
-                    frame.region
-                )));
-            }
-            // SAFETY: [offset, offset + len) lies inside the region (checked), which the Arc
-            // keeps alive; the peer's protocol makes local readers wait for a later flag.
-            let dst = unsafe { std::slice::from_raw_parts_mut(region.as_ptr().add(offset), len) };
-            socket.read_exact(dst).map_err(|e| Error::io("read tcp data", e))?;
-            applied.per_stripe[usize::from(hello.stripe)].fetch_add(1, Ordering::Release);
-        }
-        FrameKind::Flag | FrameKind::Flush => {
-            let mut counts = vec![0u8; 8 * stripes];
-            socket.read_exact(&mut counts).map_err(|e| Error::io("read tcp frame counts", e))?;
-            wait_applied(&counts, applied, inbound)?;
-            if frame.kind == FrameKind::Flag {
-                let region = inbound.regions.find(frame.region).ok_or_else(|| {
-                    Error::protocol(format!("tcp flag for region {} that does not exist", frame.region))
-                })?;
-                let offset = usize::try_from(frame.offset).map_err(|_| Error::protocol("tcp offset overflows"))?;
-                if !offset.is_multiple_of(8) || offset.checked_add(8).is_none_or(|end| end > region.len()) {
-                    return Err(Error::protocol(format!("tcp flag at offset {offset} of region {}", frame.region)));
-                }
-                let base = region.as_ptr();
-                // SAFETY: an aligned 8-byte word inside the live region (checked); shared words
-                // are only ever accessed atomically.
-                let word = unsafe { &*base.add(offset).cast::<AtomicU64>() };
-                word.store(frame.value, Ordering::Release);
-            } else {
-                socket.write_all(&frame.sequence.to_le_bytes()).map_err(|e| Error::io("answer a tcp flush", e))?;
-            }
-        }
-    }
-    Ok(true)
-}
-
-/// Waits (bounded) until every stripe applied as many data frames as `counts` says.
-fn wait_applied(counts: &[u8], applied: &Applied, inbound: &Inbound) -> Result<()> {
-    let deadline = Deadline::after(inbound.timeout);
+/// A socket's reader thread: waits in `poll(2)` (not holding the socket's lock) until bytes
+/// come, then drains them (see [`crate::receive`]); while a flag waits for other stripes it
+/// snoozes instead. Ends when the socket ends (whoever saw the end reported it) or the
+/// listener stops.
+fn receive_loop(socket: Arc<InSocket>, rank: usize, peer: Arc<PeerInbound>, inbound: Arc<Inbound>) {
+    let mut last = Drained::Idle;
     let mut backoff = Backoff::new();
-    for (s, c) in counts.chunks_exact(8).enumerate() {
-        let want = u64::from_le_bytes(c.try_into().map_err(|_| Error::protocol("tcp frame count"))?);
-        while applied.per_stripe[s].load(Ordering::Acquire) < want {
-            if deadline.expired() || inbound.stop.load(Ordering::Acquire) {
-                return Err(Error::timeout(format!("tcp data of stripe {s} before a flag"), None, deadline.elapsed()));
-            }
+    while !inbound.stopping() {
+        if last == Drained::Waiting {
             backoff.snooze();
+        } else {
+            backoff.reset();
+            // SAFETY: `socket.fd` stays open while `socket` (which owns the stream) lives.
+            let fd = unsafe { BorrowedFd::borrow_raw(socket.fd) };
+            let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
+            match nix::poll::poll(&mut fds, READER_POLL_MS) {
+                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
+                Ok(_) => {}
+                Err(e) => {
+                    let mut st = socket.lock();
+                    socket.end(&mut st, &Err(Error::io("poll a tcp socket", e.into())), rank, &inbound);
+                    return;
+                }
+            }
+        }
+        if inbound.readers_paused.load(Ordering::Acquire) {
+            std::thread::sleep(Duration::from_millis(1));
+            continue;
+        }
+        let mut st = socket.lock();
+        let outcome = socket.drain(&mut st, &peer, &inbound);
+        match outcome {
+            Ok(d @ (Drained::Idle | Drained::Waiting)) => last = d,
+            Ok(Drained::Ended) | Err(_) => {
+                socket.end(&mut st, &outcome, rank, &inbound);
+                return;
+            }
         }
     }
-    Ok(())
 }

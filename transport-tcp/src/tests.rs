@@ -4,13 +4,14 @@
 use std::io::Write;
 use std::net::TcpStream;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use comm_core::Error;
 use comm_core::connection::Connection;
-use comm_core::memory::MemoryKind;
-use comm_core::testing::{patterned_source, remote_region, same_bytes};
-use comm_core::transport::TransportBackend;
+use comm_core::memory::{MemoryKind, RegisteredMemory};
+use comm_core::testing::{descriptor, patterned_source, remote_region, same_bytes};
+use comm_core::transport::{PeerExport, TransportBackend};
 
 use crate::endpoint::Endpoint;
 use crate::wire::{FrameHeader, FrameKind, Handshake, MAX_FRAME_BYTES};
@@ -148,4 +149,181 @@ fn a_peer_that_dies_mid_transfer_is_peer_lost_not_a_hang() {
     let r = (0..50).try_for_each(|_| conn.write(&remote, 0, &src, 0, 1 << 20).and_then(|_| conn.flush()));
     assert!(matches!(r, Err(Error::PeerLost { peer: 1, .. } | Error::Timeout { .. })), "{r:?}");
     assert!(started.elapsed() < Duration::from_secs(25), "took {:?}", started.elapsed());
+}
+
+/// A data frame of `payload` at `offset` of region 1, then a flag storing `value` at offset 0
+/// of the same region, as stripe 0 of 1 sends them.
+fn data_and_flag(payload: &[u8], offset: u64, value: u64) -> Vec<u8> {
+    let data = FrameHeader { kind: FrameKind::Data, region: 1, offset, value: payload.len() as u64, sequence: 0 };
+    let flag = FrameHeader { kind: FrameKind::Flag, region: 1, offset: 0, value, sequence: 0 };
+    let mut bytes = data.encode().to_vec();
+    bytes.extend_from_slice(payload);
+    bytes.extend_from_slice(&flag.encode());
+    bytes.extend_from_slice(&1u64.to_le_bytes());
+    bytes
+}
+
+#[test]
+fn a_frame_split_across_hand_overs_is_applied_once_whole() {
+    let (a, b) = (backend(0, Duration::from_secs(5)), backend(1, Duration::from_secs(5)));
+    let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    let region = b.allocate(256, MemoryKind::Host).unwrap();
+    let inbound = b.listener.inbound().clone();
+    inbound.readers_paused.store(true, Ordering::Release);
+    let mut s = raw(&b, Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token);
+    std::io::Read::read_exact(&mut s, &mut [0u8; 1]).unwrap();
+    // SAFETY: the region holds 256 bytes; frames write it only while this test waits.
+    let bytes = |at: usize, n: usize| unsafe { std::slice::from_raw_parts(region.as_ptr().add(at), n) }.to_vec();
+    let flag = || bytes(0, 8);
+    let payload: Vec<u8> = (0..100).map(|i| i as u8 ^ 0x5a).collect();
+    // Two messages, cut inside headers, payloads and counts; the pieces are taken in turn by
+    // the waiter (`progress`) and by the reader thread.
+    let mut stream = data_and_flag(&payload, 64, 1);
+    stream.extend(data_and_flag(&payload[..50], 8, 2));
+    let cuts = [0, 17, 40, 41, 90, 140, 150, 181, 190, 230, 262, stream.len()];
+    for (i, w) in cuts.windows(2).enumerate() {
+        s.write_all(&stream[w[0]..w[1]]).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        if i % 2 == 0 {
+            waiter.progress().unwrap();
+        } else {
+            inbound.readers_paused.store(false, Ordering::Release);
+            std::thread::sleep(Duration::from_millis(20));
+            inbound.readers_paused.store(true, Ordering::Release);
+        }
+        // A flag never lands before its whole message.
+        let f = u64::from_le_bytes(flag().try_into().unwrap());
+        if f >= 1 {
+            assert_eq!(bytes(64, 100), payload, "piece {i}");
+        }
+        if f >= 2 {
+            assert_eq!(bytes(8, 50), payload[..50], "piece {i}");
+        }
+    }
+    let started = Instant::now();
+    while u64::from_le_bytes(flag().try_into().unwrap()) != 2 {
+        assert!(started.elapsed() < Duration::from_secs(5), "the second flag never landed");
+        waiter.progress().unwrap();
+    }
+    assert_eq!(bytes(64, 100), payload);
+    assert_eq!(bytes(8, 50), payload[..50]);
+    assert!(inbound.lost(0).is_none(), "{:?}", inbound.lost(0));
+    inbound.readers_paused.store(false, Ordering::Release);
+}
+
+#[test]
+fn a_waiter_that_reads_garbage_gets_peer_lost_and_marks_the_peer() {
+    let (a, b) = (backend(0, Duration::from_secs(5)), backend(1, Duration::from_secs(5)));
+    let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    let _region = b.allocate(64, MemoryKind::Host).unwrap();
+    let inbound = b.listener.inbound().clone();
+    inbound.readers_paused.store(true, Ordering::Release);
+    let mut s = raw(&b, Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token);
+    std::io::Read::read_exact(&mut s, &mut [0u8; 1]).unwrap();
+    s.write_all(&[0xff; 64]).unwrap();
+    let started = Instant::now();
+    let r = loop {
+        match waiter.progress() {
+            Ok(()) => assert!(started.elapsed() < Duration::from_secs(5), "the garbage was never read"),
+            Err(e) => break e,
+        }
+    };
+    assert!(matches!(r, Error::PeerLost { peer: 0, .. }), "{r:?}");
+    assert!(inbound.lost(0).is_some());
+    assert!(matches!(waiter.check_peer(), Err(Error::PeerLost { peer: 0, .. })));
+    inbound.readers_paused.store(false, Ordering::Release);
+}
+
+#[test]
+fn a_waiter_applies_striped_data_flags_and_flushes_while_the_readers_stall() {
+    let (a, b) = (backend(0, Duration::from_secs(20)), backend(1, Duration::from_secs(20)));
+    let conn = a.connect(1, &b.local_endpoint().unwrap()).unwrap();
+    let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    b.listener.inbound().readers_paused.store(true, Ordering::Release);
+    let len = 5 * MAX_FRAME_BYTES + 123; // six frames over three stripes, more than the buffers hold
+    let src = patterned_source(&a, len, 3).unwrap();
+    let (theirs, remote) = remote_region(&b, &a, len + 64).unwrap();
+    let flag_at = len.next_multiple_of(8);
+    let sender = std::thread::spawn(move || {
+        conn.write(&remote, 0, &src, 0, len).unwrap();
+        conn.update_and_sync(&remote, flag_at, 9).unwrap();
+        conn.flush().unwrap(); // answered by the waiter: no reader thread runs
+        conn.write(&remote, 0, &src, 0, 8).unwrap();
+        conn.flush().unwrap();
+        (src, conn)
+    });
+    let started = Instant::now();
+    while !sender.is_finished() {
+        assert!(started.elapsed() < Duration::from_secs(30), "the waiter made no progress");
+        waiter.progress().unwrap();
+    }
+    let (src, _conn) = sender.join().unwrap();
+    assert_eq!(theirs.load_u64(flag_at).unwrap(), 9);
+    assert!(same_bytes(&theirs, 0, &src, 0, len).unwrap(), "the striped bytes differ");
+    b.listener.inbound().readers_paused.store(false, Ordering::Release);
+}
+
+/// `len` bytes that `owner` (rank `rank`) allocates and `viewer` imports: (the owner's
+/// registration, the viewer's handle on it).
+fn region_of(owner: &TcpBackend, rank: usize, viewer: &TcpBackend, len: usize) -> (RegisteredMemory, RegisteredMemory) {
+    let region = owner.allocate(len, MemoryKind::Host).unwrap();
+    let payload = owner.export(&region).unwrap().unwrap();
+    let local = RegisteredMemory::new_local(descriptor(rank, len), region, owner.transport()).unwrap();
+    let endpoint = owner.local_endpoint().unwrap();
+    let export = PeerExport { peer: rank, peer_endpoint: &endpoint, payload: &payload, len, kind: MemoryKind::Host };
+    let imported = viewer.import(export).unwrap();
+    (local, RegisteredMemory::new_imported(descriptor(rank, len), imported, viewer.transport()).unwrap())
+}
+
+/// Round trips of a small message and its flag between two backends, each side waiting with
+/// `progress` as a channel link does: prints the median (a measurement, not a check).
+#[test]
+#[ignore = "a measurement: run with --ignored --nocapture"]
+fn ping_pong_latency() {
+    let (a, b) = (backend(0, Duration::from_secs(20)), backend(1, Duration::from_secs(20)));
+    let ab = a.connect(1, &b.local_endpoint().unwrap()).unwrap();
+    let ba = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    let (in_b, at_b) = remote_region(&b, &a, 4096).unwrap();
+    let (in_a, at_a) = region_of(&a, 0, &b, 4096);
+    let src_a = patterned_source(&a, 64, 1).unwrap();
+    let src_b = patterned_source(&b, 64, 2).unwrap();
+    let iters = 2000u64;
+    let progress = std::env::var_os("NO_PROGRESS").is_none();
+    let echo = std::thread::spawn(move || {
+        for i in 1..=iters {
+            let waiting = Instant::now();
+            while in_b.load_u64(0).unwrap() < i {
+                assert!(waiting.elapsed() < Duration::from_secs(10), "message {i} never came");
+                if progress {
+                    ba.progress().unwrap();
+                }
+                std::hint::spin_loop();
+            }
+            let w = comm_core::connection::CheckedWrite::new(&at_a, 64, &src_b, 0, 8).unwrap();
+            ba.write_and_sync(w, 0, i).unwrap();
+        }
+        drop(b);
+    });
+    let mut times = Vec::new();
+    for i in 1..=iters {
+        let t0 = Instant::now();
+        let w = comm_core::connection::CheckedWrite::new(&at_b, 64, &src_a, 0, 8).unwrap();
+        ab.write_and_sync(w, 0, i).unwrap();
+        while in_a.load_u64(0).unwrap() < i {
+            assert!(t0.elapsed() < Duration::from_secs(10), "answer {i} never came");
+            if progress {
+                ab.progress().unwrap();
+            }
+            std::hint::spin_loop();
+        }
+        times.push(t0.elapsed().as_secs_f64() * 1e6);
+    }
+    echo.join().unwrap();
+    times.sort_by(f64::total_cmp);
+    eprintln!(
+        "round trip: median {:.1} us, p10 {:.1}, p90 {:.1}",
+        times[times.len() / 2],
+        times[times.len() / 10],
+        times[times.len() * 9 / 10]
+    );
 }

@@ -22,14 +22,17 @@
 //!   polls that word, so a small message costs the receiver one cache line;
 //! - **staged**, otherwise: header and payload are staged in the same slot of a private outbox
 //!   and written into the peer's region through the connection, then `ready = m` is stored with
-//!   update-and-sync, which the connection orders after the write; the receiver polls `ready`.
+//!   update-and-sync, which the connection orders after the write (both in one
+//!   `write_and_sync`, which TCP sends with one system call); the receiver polls `ready`.
 //!
 //! Either way the receiver checks the header (never trusting a length from the wire), uses the
 //! payload in place, and releases the slot by storing `freed` into the sender's region. Every
 //! wait polls only local memory and is bounded by the timeout, the abort flag and the peer's
-//! health. Both ends choose the same posting (the peer's region is mapped on both sides or on
-//! neither); a staged sequence word carries [`STAGED_MARK`], so ends that disagree fail with a
-//! protocol error instead of reading a message before it is whole.
+//! health; while it spins it calls the connection's `progress`, so a transport that stores the
+//! peer's bytes in software (TCP) does so on the waiting thread. Both ends choose the same
+//! posting (the peer's region is mapped on both sides or on neither); a staged sequence word
+//! carries [`STAGED_MARK`], so ends that disagree fail with a protocol error instead of reading
+//! a message before it is whole.
 //!
 //! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
 //! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
@@ -39,9 +42,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
-use comm_core::connection::Connection;
+use comm_core::connection::{CheckedWrite, Connection};
 use comm_core::memory::{MemoryKind, RegisteredMemory};
-use comm_core::spin::{WaitContext, spin_until};
+use comm_core::spin::{WaitContext, spin_until_progress};
 use comm_core::{Error, Result};
 
 /// Offset of the `ready` word.
@@ -276,8 +279,12 @@ impl Link {
         SLOTS_OFFSET + (message as usize & (self.slots - 1)) * self.slot_bytes
     }
 
+    /// Spins until `ready()`, making the connection's receive progress on every iteration:
+    /// what this rank waits for is written by the peer through it, so a transport that stores
+    /// incoming bytes in software (TCP) stores them on this thread, without a wake-up.
     fn wait(&self, operation: &str, ready: impl FnMut() -> bool) -> Result<()> {
         let check = || self.connection.check_peer();
+        let progress = || self.connection.progress();
         let ctx = WaitContext {
             operation,
             peer: Some(self.peer),
@@ -285,7 +292,7 @@ impl Link {
             abort: &self.abort,
             check_peer: &check,
         };
-        spin_until(&ctx, ready)
+        spin_until_progress(&ctx, &progress, ready)
     }
 
     /// `Err(PeerLost)` once the transport knows the peer is gone.
@@ -360,9 +367,11 @@ impl Link {
                     slot.write(sequence | STAGED_MARK);
                     (slot.add(1) as *mut [u64; HEADER_WORDS - 1]).write(header.to_words());
                 }
-                self.connection.write(&self.theirs, offset, outbox, offset, HEADER_BYTES + len)?;
+                // Payload and `ready` in one operation: a transport may send them as one message.
+                let write = CheckedWrite::new(&self.theirs, offset, outbox, offset, HEADER_BYTES + len)?;
+                self.connection.write_and_sync(write, READY, sequence)?;
                 self.posted = sequence;
-                self.connection.update_and_sync(&self.theirs, READY, self.posted)
+                Ok(())
             }
         }
     }
