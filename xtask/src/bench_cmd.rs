@@ -956,7 +956,7 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     }
 }
 
-/// [`bench`] for host memory, on `nodes` when given.
+/// [`bench()`] for host memory, on `nodes` when given.
 fn bench_on(
     a: &BenchArgs,
     root: &Path,
