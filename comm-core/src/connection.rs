@@ -57,7 +57,7 @@ pub trait Connection: Send + Sync {
     /// the peer has sent to this rank that already arrived (the reverse direction of
     /// [`write`](Self::write), through the same transport). A thread that spins on memory this
     /// peer writes calls it on every iteration (channel links do, through
-    /// [`spin_until_progress`](crate::spin::spin_until_progress)), so that a transport whose
+    /// [`spin_until_progress`]), so that a transport whose
     /// incoming bytes are stored by software (TCP) stores them on the waiting thread instead of
     /// waking a thread of its own first. It must return quickly: no blocking, no sleeping;
     /// another thread already at work on the same bytes is a reason to return at once.
