@@ -73,7 +73,7 @@ WEAVE_DEVICE void await_previous_kernels() {
     __VA_ARGS__(a);                                                                                    \
   }
 
-// The body IMPL of a reducing kernel, as WEAVE_FOR_EACH_REDUCING_TYPE takes it: a template
+// The body IMPL of a reducing kernel, as WEAVE_REDUCING_KERNEL takes it: a template
 // NAME<Op, T> whose run(a) calls IMPL(a); IMPL may name Op and T.
 #define WEAVE_REDUCING_BODY(NAME, ...)                                            \
   template <typename Op, typename T>                                              \

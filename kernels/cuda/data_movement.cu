@@ -240,26 +240,10 @@ WEAVE_REDUCING_BODY(Reduce, reduce<Op, T>)
 }  // namespace coll
 }  // namespace weave
 
-// One entry point weave_<KERNEL>_<type name> per reducing element type, each running
+// The entry point weave_<KERNEL>_<type name> of a reducing kernel for element type T, running
 // IMPL<Op, T> with the operator chosen at run time. The type names are DataType::rust_name().
 #define WEAVE_REDUCING_KERNEL(KERNEL, IMPL, NAME, T) \
   WEAVE_KERNEL(weave_##KERNEL##_##NAME, weave::coll::dispatch<weave::coll::IMPL, T>)
-#define WEAVE_FOR_EACH_REDUCING_TYPE(KERNEL, IMPL)                \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f64, double)                \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f32, float)                 \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, f16, weave::half_t)         \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, bf16, weave::bf16_t)        \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, i64, weave::int64_t)        \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, i32, weave::int32_t)        \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, u64, weave::uint64_t)       \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, u32, weave::uint32_t)       \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, i8, weave::int8_t)          \
-  WEAVE_REDUCING_KERNEL(KERNEL, IMPL, u8, weave::uint8_t)
 
-WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_ll, AllReduceLL)
-WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_two_shot, AllReduceTwoShot)
-WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_two_shot_ll128, AllReduceTwoShotLl128)
-WEAVE_FOR_EACH_REDUCING_TYPE(reduce, Reduce)
-
-WEAVE_KERNEL(weave_all_to_allv, weave::coll::all_to_allv)
-WEAVE_KERNEL(weave_sendrecv, weave::coll::sendrecv)
+// The entry points of these bodies are instantiated by the host program builder
+// (`kernels/src/direct.rs`, `ENTRY_POINTS`): all of them, or only the one a launch needs.

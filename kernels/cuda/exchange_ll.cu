@@ -131,9 +131,5 @@ WEAVE_REDUCING_BODY(ReduceLL, exchange_ll<Op, T, XCHG_REDUCE>)
 }  // namespace coll
 }  // namespace weave
 
-WEAVE_FOR_EACH_REDUCING_TYPE(reduce_scatter_ll, ReduceScatterLL)
-WEAVE_FOR_EACH_REDUCING_TYPE(reduce_ll, ReduceLL)
-
-WEAVE_KERNEL(weave_all_gather_ll, weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>)
-WEAVE_KERNEL(weave_all_to_all_ll, weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>)
-WEAVE_KERNEL(weave_broadcast_ll, weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>)
+// The entry points of these bodies are instantiated by the host program builder
+// (`kernels/src/direct.rs`, `ENTRY_POINTS`): all of them, or only the one a launch needs.

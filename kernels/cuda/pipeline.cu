@@ -461,11 +461,8 @@ WEAVE_REDUCING_BODY(ReduceScatterPipelined, one_round<Op, T, ROUND_REDUCE_SCATTE
 }  // namespace coll
 }  // namespace weave
 
-WEAVE_FOR_EACH_REDUCING_TYPE(all_reduce_pipelined, AllReducePipelined)
-WEAVE_FOR_EACH_REDUCING_TYPE(reduce_scatter_pipelined, ReduceScatterPipelined)
 
 // Data movement: `count` is bytes.
-WEAVE_KERNEL(weave_broadcast_chain, weave::coll::broadcast_chain)
-WEAVE_KERNEL(weave_broadcast_pipelined, weave::coll::broadcast_relay)
-WEAVE_KERNEL(weave_all_gather_pipelined, weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>)
-WEAVE_KERNEL(weave_all_to_all_pipelined, weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>)
+
+// The entry points of these bodies are instantiated by the host program builder
+// (`kernels/src/direct.rs`, `ENTRY_POINTS`): all of them, or only the one a launch needs.

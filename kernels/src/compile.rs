@@ -444,34 +444,9 @@ impl Compiler {
     /// [`Error::InvalidArgument`] for a bad `arch` or a NUL byte in the source,
     /// [`Error::Cuda`] (`"nvrtc compile"`, message = NVRTC's log) when the source does not compile.
     pub fn compile(&self, source: &str, arch: &str) -> Result<CompiledKernel> {
-        let concrete = check_arch(arch)?;
-        if source.contains('\0') {
-            return Err(Error::invalid("kernel source contains a NUL byte"));
-        }
-        require_nvrtc()?;
-        let (major, minor) = nvrtc_version()?;
-        let options = self.options_for(arch, (major, minor));
-        let key = {
-            let mut h = Fnv128::new();
-            h.field(b"weave kernel cache key v1").field(source.as_bytes()).field(arch.as_bytes());
-            for (name, text) in HEADERS {
-                h.field(name.as_bytes()).field(text.as_bytes());
-            }
-            for o in &options {
-                h.field(o.as_bytes());
-            }
-            h.field(&major.to_le_bytes()).field(&minor.to_le_bytes());
-            h.0
-        };
-        if let Some((ptx, cubin)) = self.cache_dir.as_deref().and_then(|dir| read_entry(dir, key, concrete)) {
-            return Ok(CompiledKernel {
-                arch: arch.into(),
-                ptx,
-                cubin,
-                key,
-                log: String::new(),
-                cache: CacheOutcome::Hit,
-            });
+        let (key, options, concrete) = self.key(source, arch)?;
+        if let Some(hit) = self.cache_hit(key, arch, concrete) {
+            return Ok(hit);
         }
         let (ptx, cubin, log) = run_nvrtc(source, &options, concrete)?;
         let cache = match &self.cache_dir {
@@ -482,6 +457,41 @@ impl Compiler {
             },
         };
         Ok(CompiledKernel { arch: arch.into(), ptx, cubin, key, log, cache })
+    }
+}
+
+impl Compiler {
+    /// What [`compile`](Self::compile) would find in the cache for `source` on `arch`, without
+    /// compiling: `Ok(None)` on a miss (or without a cache).
+    pub fn cached(&self, source: &str, arch: &str) -> Result<Option<CompiledKernel>> {
+        let (key, _, concrete) = self.key(source, arch)?;
+        Ok(self.cache_hit(key, arch, concrete))
+    }
+
+    /// The cache key of `source` on `arch`, the NVRTC options, and whether a cubin is wanted.
+    fn key(&self, source: &str, arch: &str) -> Result<(u128, Vec<String>, bool)> {
+        let concrete = check_arch(arch)?;
+        if source.contains('\0') {
+            return Err(Error::invalid("kernel source contains a NUL byte"));
+        }
+        require_nvrtc()?;
+        let (major, minor) = nvrtc_version()?;
+        let options = self.options_for(arch, (major, minor));
+        let mut h = Fnv128::new();
+        h.field(b"weave kernel cache key v1").field(source.as_bytes()).field(arch.as_bytes());
+        for (name, text) in HEADERS {
+            h.field(name.as_bytes()).field(text.as_bytes());
+        }
+        for o in &options {
+            h.field(o.as_bytes());
+        }
+        h.field(&major.to_le_bytes()).field(&minor.to_le_bytes());
+        Ok((h.0, options, concrete))
+    }
+
+    fn cache_hit(&self, key: u128, arch: &str, concrete: bool) -> Option<CompiledKernel> {
+        let (ptx, cubin) = self.cache_dir.as_deref().and_then(|dir| read_entry(dir, key, concrete))?;
+        Some(CompiledKernel { arch: arch.into(), ptx, cubin, key, log: String::new(), cache: CacheOutcome::Hit })
     }
 }
 

@@ -6,12 +6,11 @@
 //! the workspaces and fills the argument blocks lives in `collectives` (`gpu/`).
 
 use std::collections::HashMap;
-use std::collections::hash_map::Entry;
 use std::sync::Arc;
 
-use comm_core::Result;
 use comm_core::device::{DeviceStatusHandle, Layout};
 use comm_core::device_layout;
+use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
 use crate::launch::{LaunchShape, launch_with_args};
@@ -219,11 +218,96 @@ pub const BLOCK_THREADS: u32 = 512;
 /// Most blocks of an LL packet kernel (`PACKET_MAX_BLOCKS` in `collectives.cu`: one packet
 /// epoch counter per block index, at most 64 in the control block).
 pub const PACKET_MAX_BLOCKS: u32 = 64;
-/// The full NVRTC program: headers, the launch configuration the kernels are built for, the
-/// collective kernels, and every layout check.
-pub fn program() -> String {
+/// How the entry points of a direct kernel family are made from its body in the sources.
+#[derive(Debug, Clone, Copy)]
+enum EntryPoint {
+    /// `weave_<kernel>_<type>` for every reducing element type
+    /// ([`REDUCING_TYPES`](crate::channel::REDUCING_TYPES)), through `WEAVE_REDUCING_KERNEL`
+    /// with the body template `IMPL<Op, T>`.
+    Reducing { kernel: &'static str, body: &'static str },
+    /// One entry point `weave_<kernel>` running `body(a)`.
+    Plain { kernel: &'static str, body: &'static str },
+}
+
+/// Every entry point of the direct program, family by family.
+const ENTRY_POINTS: &[EntryPoint] = {
+    use EntryPoint::{Plain, Reducing};
+    &[
+        Reducing { kernel: "all_reduce_ll", body: "AllReduceLL" },
+        Reducing { kernel: "all_reduce_two_shot", body: "AllReduceTwoShot" },
+        Reducing { kernel: "all_reduce_two_shot_ll128", body: "AllReduceTwoShotLl128" },
+        Reducing { kernel: "reduce", body: "Reduce" },
+        Plain { kernel: "all_to_allv", body: "weave::coll::all_to_allv" },
+        Plain { kernel: "sendrecv", body: "weave::coll::sendrecv" },
+        Reducing { kernel: "reduce_scatter_ll", body: "ReduceScatterLL" },
+        Reducing { kernel: "reduce_ll", body: "ReduceLL" },
+        Plain {
+            kernel: "all_gather_ll",
+            body: "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>",
+        },
+        Plain {
+            kernel: "all_to_all_ll",
+            body: "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>",
+        },
+        Plain {
+            kernel: "broadcast_ll",
+            body: "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>",
+        },
+        Reducing { kernel: "all_reduce_pipelined", body: "AllReducePipelined" },
+        Reducing { kernel: "reduce_scatter_pipelined", body: "ReduceScatterPipelined" },
+        Plain { kernel: "broadcast_chain", body: "weave::coll::broadcast_chain" },
+        Plain { kernel: "broadcast_pipelined", body: "weave::coll::broadcast_relay" },
+        Plain {
+            kernel: "all_gather_pipelined",
+            body: "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>",
+        },
+        Plain {
+            kernel: "all_to_all_pipelined",
+            body: "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>",
+        },
+    ]
+};
+
+impl EntryPoint {
+    /// The source lines defining this family's entry points whose names `wanted` accepts.
+    fn lines(self, wanted: impl Fn(&str) -> bool) -> String {
+        match self {
+            EntryPoint::Reducing { kernel, body } => crate::channel::REDUCING_TYPES
+                .iter()
+                .filter(|(t, _)| wanted(&format!("weave_{kernel}_{t}")))
+                .map(|(t, c)| format!("WEAVE_REDUCING_KERNEL({kernel}, {body}, {t}, {c})\n"))
+                .collect(),
+            EntryPoint::Plain { kernel, body } if wanted(&format!("weave_{kernel}")) => {
+                format!("WEAVE_KERNEL(weave_{kernel}, {body})\n")
+            }
+            EntryPoint::Plain { .. } => String::new(),
+        }
+    }
+}
+
+/// A program of the collective sources with the entry points `wanted` accepts, the launch
+/// configuration and every layout check.
+fn program_of(wanted: impl Fn(&str) -> bool) -> String {
     let checks = crate::layout::static_checks() + &crate::layout::layout_checks(&[GPU_ARGS_LAYOUT]);
-    crate::source::program_with_checks(&with_host_constants(COLLECTIVES_SOURCE), &checks)
+    let entries: String = ENTRY_POINTS.iter().map(|e| e.lines(&wanted)).collect();
+    crate::source::program_with_checks(&with_host_constants(&format!("{COLLECTIVES_SOURCE}\n{entries}")), &checks)
+}
+
+/// The full NVRTC program: headers, the launch configuration the kernels are built for, every
+/// collective kernel, and every layout check (what `gpu-worker precompile` puts in the cache).
+pub fn program() -> String {
+    program_of(|_| true)
+}
+
+/// The program of `kernel` alone: what a first launch compiles when the full program is not in
+/// the cache (a few seconds instead of a minute or more).
+pub fn program_for(kernel: DirectKernel) -> Result<String> {
+    let name = kernel.name();
+    let program = program_of(|n| n == name);
+    if !ENTRY_POINTS.iter().any(|e| !e.lines(|n| n == name).is_empty()) {
+        return Err(Error::invalid(format!("the direct program has no kernel {name}")));
+    }
+    Ok(program)
 }
 
 /// A kernel of the direct program: a family (`weave_all_reduce_ll`) and, for the reducing
@@ -268,7 +352,12 @@ pub struct DirectLauncher {
     ctx: Arc<CudaContext>,
     /// `sm_90` and the like: the architecture the program is compiled for.
     arch: String,
-    module: Option<Arc<KernelModule>>,
+    /// The modules loaded so far: the full program (when the cache held it) or one per kernel.
+    modules: Vec<Arc<KernelModule>>,
+    /// The full program's module, when the cache held it at the first launch.
+    full: Option<Arc<KernelModule>>,
+    /// Whether the cache was asked for the full program yet.
+    looked_for_full: bool,
     functions: HashMap<DirectKernel, CudaFunction>,
     /// Launch each kernel overlapped with its predecessor (sm_90 and later: the kernels wait for
     /// it in their first instruction).
@@ -279,7 +368,7 @@ impl std::fmt::Debug for DirectLauncher {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirectLauncher")
             .field("arch", &self.arch)
-            .field("loaded", &self.module.is_some())
+            .field("modules", &self.modules.len())
             .field("functions", &self.functions.len())
             .field("overlapped", &self.overlapped)
             .finish()
@@ -289,7 +378,15 @@ impl std::fmt::Debug for DirectLauncher {
 impl DirectLauncher {
     /// A launcher for `ctx`'s GPU of architecture `arch`; nothing is compiled yet.
     pub fn new(ctx: &Arc<CudaContext>, arch: &str, overlapped: bool) -> Self {
-        DirectLauncher { ctx: ctx.clone(), arch: arch.to_string(), module: None, functions: HashMap::new(), overlapped }
+        DirectLauncher {
+            ctx: ctx.clone(),
+            arch: arch.to_string(),
+            modules: Vec::new(),
+            full: None,
+            looked_for_full: false,
+            functions: HashMap::new(),
+            overlapped,
+        }
     }
 
     /// Launches `kernel(args)` on `stream` with `blocks` blocks of [`BLOCK_THREADS`].
@@ -304,28 +401,52 @@ impl DirectLauncher {
         blocks: u32,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let f = match self.functions.entry(kernel) {
-            Entry::Occupied(e) => e.into_mut(),
-            Entry::Vacant(e) => {
-                let module = match &self.module {
-                    Some(m) => m.clone(),
-                    None => {
-                        // Compiling and loading is no stream work: allowed while capturing.
-                        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
-                        let compiled = crate::compile::Compiler::from_env().compile(&program(), &self.arch)?;
-                        let m = KernelModule::load(&self.ctx, &compiled)?;
-                        self.module = Some(m.clone());
-                        m
-                    }
-                };
-                e.insert(module.function(&kernel.name())?)
-            }
-        };
+        if !self.functions.contains_key(&kernel) {
+            let f = self.load(kernel)?;
+            self.functions.insert(kernel, f);
+        }
+        let f = self.functions.get(&kernel).ok_or_else(|| Error::invalid(format!("kernel {kernel} vanished")))?;
         let shape = LaunchShape { blocks, threads: BLOCK_THREADS, overlapped: self.overlapped };
         // SAFETY: every direct kernel takes exactly one GpuCollectiveArgs (its layout is checked
         // in every compile) and waits for its predecessor first; the caller guarantees the
         // addresses inside `args`.
         unsafe { launch_with_args(f, args, shape, stream, &kernel) }
+    }
+}
+
+impl DirectLauncher {
+    /// The function of `kernel`: from the full program where the kernel cache holds it (a
+    /// warmed cache), else from a program of that kernel alone, compiled (or found in the
+    /// cache) now. `WEAVE_DEBUG=info` prints what was compiled and how long it took.
+    fn load(&mut self, kernel: DirectKernel) -> Result<CudaFunction> {
+        // Compiling and loading is no stream work: allowed while capturing.
+        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+        let compiler = crate::compile::Compiler::from_env();
+        if !self.looked_for_full {
+            self.looked_for_full = true;
+            if let Some(compiled) = compiler.cached(&program(), &self.arch)? {
+                let m = KernelModule::load(&self.ctx, &compiled)?;
+                self.modules.push(m.clone());
+                self.full = Some(m);
+            }
+        }
+        if let Some(full) = &self.full {
+            return full.function(&kernel.name());
+        }
+        let started = std::time::Instant::now();
+        let compiled = compiler.compile(&program_for(kernel)?, &self.arch)?;
+        let info = comm_core::config::Config::from_env().is_ok_and(|c| c.logs(comm_core::config::LogLevel::Info));
+        if info {
+            eprintln!(
+                "weave: direct kernel {kernel} for {}: {:?} in {:.2?}",
+                self.arch,
+                compiled.cache(),
+                started.elapsed()
+            );
+        }
+        let m = KernelModule::load(&self.ctx, &compiled)?;
+        self.modules.push(m.clone());
+        m.function(&kernel.name())
     }
 }
 
@@ -384,6 +505,35 @@ mod tests {
     /// Every collective kernel compiles for sm_90, with the layout of `GpuCollectiveArgs` (and
     /// every comm-core handle) checked against the C++ side. Without NVRTC this fails under `CI`
     /// and prints SKIPPED elsewhere.
+    #[test]
+    fn a_kernel_alone_makes_a_program_of_one_entry_point() {
+        let count = |p: &str| p.matches("\nWEAVE_REDUCING_KERNEL(").count() + p.matches("\nWEAVE_KERNEL(").count();
+        let all = program();
+        assert_eq!(count(&all), 10 * 8 + 9, "8 reducing families of 10 types and 9 others");
+        let one = program_for(DirectKernel::typed("weave_all_reduce_ll", "f32")).unwrap();
+        assert_eq!(count(&one), 1);
+        assert!(one.contains("WEAVE_REDUCING_KERNEL(all_reduce_ll, AllReduceLL, f32, float)"));
+        assert_eq!(count(&program_for(DirectKernel::untyped("weave_sendrecv")).unwrap()), 1);
+        assert!(program_for(DirectKernel::typed("weave_all_reduce_ll", "f128")).is_err());
+        assert!(program_for(DirectKernel::untyped("weave_nonsense")).is_err());
+    }
+
+    /// A first launch on a cold cache compiles one kernel's program: it must compile alone.
+    #[test]
+    fn a_kernel_alone_compiles_for_sm_90() {
+        if !crate::compile::tests::nvrtc_or_skip("a_kernel_alone_compiles") {
+            return;
+        }
+        for k in [DirectKernel::typed("weave_all_reduce_ll", "f32"), DirectKernel::untyped("weave_broadcast_pipelined")]
+        {
+            let started = std::time::Instant::now();
+            let compiled = crate::compile::Compiler::without_cache().compile(&program_for(k).unwrap(), "sm_90");
+            let compiled = compiled.unwrap_or_else(|e| panic!("{k}: {e}"));
+            assert!(compiled.ptx().contains(&k.name()), "{k} is not in its program");
+            println!("{k} alone: compiled in {:.2?}", started.elapsed());
+        }
+    }
+
     #[test]
     fn collective_kernels_compile_for_sm_90_with_layout_checks() {
         if !crate::compile::tests::nvrtc_or_skip("collective_kernels_compile") {
