@@ -169,6 +169,16 @@ mod tests {
         Ok(())
     }
 
+    /// A wait on `peer` of at most `timeout`, aborted by `abort`, whose peer check passes.
+    fn context<'a>(
+        operation: &'a str,
+        peer: Option<usize>,
+        timeout: Duration,
+        abort: &'a AtomicBool,
+    ) -> WaitContext<'a> {
+        WaitContext { operation, peer, timeout, abort, check_peer: &ok }
+    }
+
     #[test]
     fn cpu_lists_count() {
         assert_eq!(count_cpu_list("0-1"), Some(2));
@@ -183,13 +193,7 @@ mod tests {
     #[test]
     fn returns_when_ready_times_out_otherwise() {
         let abort = AtomicBool::new(false);
-        let ctx = WaitContext {
-            operation: "test",
-            peer: Some(1),
-            timeout: Duration::from_millis(20),
-            abort: &abort,
-            check_peer: &ok,
-        };
+        let ctx = context("test", Some(1), Duration::from_millis(20), &abort);
         let n = AtomicU64::new(0);
         spin_until(&ctx, || n.fetch_add(1, Ordering::Relaxed) > 10).unwrap();
         let r = spin_until(&ctx, || false);
@@ -199,13 +203,7 @@ mod tests {
     #[test]
     fn progress_runs_while_waiting_and_its_error_ends_the_wait() {
         let abort = AtomicBool::new(false);
-        let ctx = WaitContext {
-            operation: "t",
-            peer: Some(2),
-            timeout: Duration::from_secs(10),
-            abort: &abort,
-            check_peer: &ok,
-        };
+        let ctx = context("t", Some(2), Duration::from_secs(10), &abort);
         // The condition comes true only through progress (a waiter applying a message).
         let word = AtomicU64::new(0);
         let progress = || {
@@ -228,13 +226,7 @@ mod tests {
     #[test]
     fn abort_and_lost_peer_stop_the_wait() {
         let abort = AtomicBool::new(true);
-        let ctx = WaitContext {
-            operation: "t",
-            peer: None,
-            timeout: Duration::from_secs(10),
-            abort: &abort,
-            check_peer: &ok,
-        };
+        let ctx = context("t", None, Duration::from_secs(10), &abort);
         assert!(matches!(spin_until(&ctx, || false), Err(Error::Aborted(_))));
         let abort = AtomicBool::new(false);
         let lost = || Err(Error::peer_lost(3, "t", "gone"));

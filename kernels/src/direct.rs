@@ -230,43 +230,35 @@ enum EntryPoint {
 }
 
 /// Every entry point of the direct program, family by family.
-const ENTRY_POINTS: &[EntryPoint] = {
-    use EntryPoint::{Plain, Reducing};
-    &[
-        Reducing { kernel: "all_reduce_ll", body: "AllReduceLL" },
-        Reducing { kernel: "all_reduce_two_shot", body: "AllReduceTwoShot" },
-        Reducing { kernel: "all_reduce_two_shot_ll128", body: "AllReduceTwoShotLl128" },
-        Reducing { kernel: "reduce", body: "Reduce" },
-        Plain { kernel: "all_to_allv", body: "weave::coll::all_to_allv" },
-        Plain { kernel: "sendrecv", body: "weave::coll::sendrecv" },
-        Reducing { kernel: "reduce_scatter_ll", body: "ReduceScatterLL" },
-        Reducing { kernel: "reduce_ll", body: "ReduceLL" },
-        Plain {
-            kernel: "all_gather_ll",
-            body: "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>",
-        },
-        Plain {
-            kernel: "all_to_all_ll",
-            body: "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>",
-        },
-        Plain {
-            kernel: "broadcast_ll",
-            body: "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>",
-        },
-        Reducing { kernel: "all_reduce_pipelined", body: "AllReducePipelined" },
-        Reducing { kernel: "reduce_scatter_pipelined", body: "ReduceScatterPipelined" },
-        Plain { kernel: "broadcast_chain", body: "weave::coll::broadcast_chain" },
-        Plain { kernel: "broadcast_pipelined", body: "weave::coll::broadcast_relay" },
-        Plain {
-            kernel: "all_gather_pipelined",
-            body: "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>",
-        },
-        Plain {
-            kernel: "all_to_all_pipelined",
-            body: "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>",
-        },
-    ]
-};
+const ENTRY_POINTS: &[EntryPoint] = &[
+    reducing("all_reduce_ll", "AllReduceLL"),
+    reducing("all_reduce_two_shot", "AllReduceTwoShot"),
+    reducing("all_reduce_two_shot_ll128", "AllReduceTwoShotLl128"),
+    reducing("reduce", "Reduce"),
+    plain("all_to_allv", "weave::coll::all_to_allv"),
+    plain("sendrecv", "weave::coll::sendrecv"),
+    reducing("reduce_scatter_ll", "ReduceScatterLL"),
+    reducing("reduce_ll", "ReduceLL"),
+    plain("all_gather_ll", "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>"),
+    plain("all_to_all_ll", "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>"),
+    plain("broadcast_ll", "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>"),
+    reducing("all_reduce_pipelined", "AllReducePipelined"),
+    reducing("reduce_scatter_pipelined", "ReduceScatterPipelined"),
+    plain("broadcast_chain", "weave::coll::broadcast_chain"),
+    plain("broadcast_pipelined", "weave::coll::broadcast_relay"),
+    plain("all_gather_pipelined", "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>"),
+    plain("all_to_all_pipelined", "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>"),
+];
+
+/// A reducing family's entry points ([`EntryPoint::Reducing`]).
+const fn reducing(kernel: &'static str, body: &'static str) -> EntryPoint {
+    EntryPoint::Reducing { kernel, body }
+}
+
+/// A family of one entry point ([`EntryPoint::Plain`]).
+const fn plain(kernel: &'static str, body: &'static str) -> EntryPoint {
+    EntryPoint::Plain { kernel, body }
+}
 
 impl EntryPoint {
     /// The source lines defining this family's entry points whose names `wanted` accepts.

@@ -97,15 +97,7 @@ unsafe impl Send for HostRegistration {}
 // SAFETY: see Send: `&self` methods only return addresses.
 unsafe impl Sync for HostRegistration {}
 
-impl std::fmt::Debug for HostRegistration {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("HostRegistration")
-            .field("host", &self.host)
-            .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
-            .field("len", &self.len)
-            .finish()
-    }
-}
+comm_core::debug_fields!(HostRegistration { host, device_ptr, len });
 
 impl HostRegistration {
     /// Registers `len` bytes at `host` for `ctx`'s device (and every context of this process).
