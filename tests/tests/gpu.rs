@@ -30,6 +30,15 @@ fn share_one_gpu() -> bool {
     std::env::var("WEAVE_TEST_SHARE_GPU").is_ok_and(|v| v == "1")
 }
 
+/// Runs `spec` (scenario `name`, which must pass on every rank) and prints rank 0's OK line
+/// after `label`.
+fn run_and_show(spec: &weave_launch::LaunchSpec, name: &str, label: &str) {
+    let report = run_ok(spec, name);
+    if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+        println!("    [{label}, rank 0] {line}");
+    }
+}
+
 fn scenario(name: &'static str, gpus: usize, timeout: Duration) {
     for n in worlds(gpus) {
         let report = run_ok(&scenario_spec(worker(), name, n, 20.0, timeout), name);
@@ -61,10 +70,7 @@ fn forced(gpus: usize) {
     for n in worlds(gpus) {
         for family in FAMILIES {
             let spec = scenario_spec(worker(), "forced", n, 20.0, Duration::from_secs(300)).env("WEAVE_ALGO", family);
-            let report = run_ok(&spec, "forced");
-            if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
-                println!("    [{n} GPUs, rank 0] {line}");
-            }
+            run_and_show(&spec, "forced", &format!("{n} GPUs"));
         }
     }
 }
@@ -82,10 +88,7 @@ fn with_both_families(name: &'static str, gpus: usize, timeout: Duration) {
     scenario(name, gpus, timeout);
     for n in worlds(gpus) {
         let spec = scenario_spec(worker(), name, n, 20.0, timeout).env("WEAVE_ALGO", "channel");
-        let report = run_ok(&spec, name);
-        if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
-            println!("    [{n} GPUs, channel family, rank 0] {line}");
-        }
+        run_and_show(&spec, name, &format!("{n} GPUs, channel family"));
     }
 }
 
@@ -104,10 +107,7 @@ fn typed(gpus: usize) {
 fn sixteen_ranks(_gpus: usize) {
     const RANKS: usize = 16;
     let spec = scenario_spec(worker(), "wide", RANKS, 60.0, Duration::from_secs(480));
-    let report = run_ok(&spec, "wide");
-    if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
-        println!("    [{RANKS} ranks, rank 0] {line}");
-    }
+    run_and_show(&spec, "wide", &format!("{RANKS} ranks"));
 }
 
 fn fault_kill(gpus: usize) {
@@ -208,10 +208,7 @@ fn gpu_count() -> Result<usize, String> {
 fn across_posed_nodes(_gpus: usize) {
     for (nodes, per_node) in [(2, 1), (2, 2)] {
         let spec = scenario_spec(worker(), "wide", nodes * per_node, 60.0, Duration::from_secs(480)).posed_nodes(nodes);
-        let report = run_ok(&spec, "wide");
-        if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
-            println!("    [{nodes} posed nodes x {per_node}, rank 0] {line}");
-        }
+        run_and_show(&spec, "wide", &format!("{nodes} posed nodes x {per_node}"));
     }
 }
 

@@ -27,15 +27,7 @@ unsafe impl Send for PinnedHostMemory {}
 // SAFETY: see Send: `&self` methods only return addresses.
 unsafe impl Sync for PinnedHostMemory {}
 
-impl std::fmt::Debug for PinnedHostMemory {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("PinnedHostMemory")
-            .field("host", &self.host)
-            .field("device_ptr", &format_args!("{:#x}", self.device_ptr))
-            .field("len", &self.len)
-            .finish()
-    }
-}
+comm_core::debug_fields!(PinnedHostMemory { host, device_ptr, len });
 
 impl PinnedHostMemory {
     /// Allocates `len` zeroed bytes (page-aligned) for kernels of `ctx`'s device and every
