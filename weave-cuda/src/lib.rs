@@ -47,7 +47,7 @@ pub use crate::allocation::{DeviceAllocation, VmmMapping};
 pub use crate::device::{CudaDevice, bind};
 pub use crate::fifo_storage::PinnedFifoStorage;
 pub use crate::handles::{PacketBuffers, device_semaphore, memory_channel_handle};
-pub use crate::host_memory::{HostRegistration, PinnedHostMemory};
+pub use crate::host_memory::PinnedHostMemory;
 pub use crate::region::{DeviceRegion, RegionBacking};
 pub use crate::status::DeviceStatus;
 pub use cudarc::driver::CudaContext;

@@ -68,7 +68,7 @@ pub(crate) struct DeviceSendRecv {
 /// memory the GPU maps (links to peers that no device-memory transport reaches) is unmapped
 /// first: fields drop in order.
 struct DeviceLink {
-    _mapped: Vec<weave_cuda::HostRegistration>,
+    _mapped: Vec<weave_cuda::PinnedHostMemory>,
     _inbox: RegisteredMemory,
     _peer_region: RegisteredMemory,
     _outbox: RegisteredMemory,
@@ -171,7 +171,7 @@ impl DeviceChannels {
                 }
                 // SAFETY: the registration holds `len` bytes of host memory mapped here (checked),
                 // which this link keeps alive past the CUDA registration (field order).
-                mapped.push(unsafe { weave_cuda::HostRegistration::new(&self.ctx, memory.as_ptr(), len)? });
+                mapped.push(unsafe { weave_cuda::PinnedHostMemory::register(&self.ctx, memory.as_ptr(), len)? });
             }
             (mapped[0].device_ptr(), mapped[1].device_ptr())
         };
