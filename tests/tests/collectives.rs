@@ -127,15 +127,22 @@ fn assert_nothing_left(report: &weave_launch::LaunchReport, secret: &str) {
     assert!(left.is_empty(), "shared-memory segments in the host's /dev/shm: {left:?}");
 }
 
+/// `scenario` as `ranks` ranks on `nodes` namespace nodes, with a fresh job secret (returned,
+/// for [`assert_nothing_left`]) and `WEAVE_TIMEOUT` of `weave_timeout` seconds.
+fn namespace_job(scenario: &str, ranks: usize, nodes: usize, weave_timeout: f64) -> (weave_launch::LaunchSpec, String) {
+    let secret = random_secret();
+    let spec = scenario_spec(Path::new(WORKER), scenario, ranks, weave_timeout, Duration::from_secs(600))
+        .namespace_nodes(nodes, None)
+        .env("WEAVE_SECRET", &secret);
+    (spec, secret)
+}
+
 #[test]
 #[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
 fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
     require_namespaces();
     for (nodes, per_node) in [(2, 2), (3, 1)] {
-        let secret = random_secret();
-        let spec = scenario_spec(Path::new(WORKER), "nodes", nodes * per_node, 30.0, Duration::from_secs(600))
-            .namespace_nodes(nodes, None)
-            .env("WEAVE_SECRET", &secret);
+        let (spec, secret) = namespace_job("nodes", nodes * per_node, nodes, 30.0);
         let report = run_ok(&spec, "nodes");
         for r in &report.ranks {
             let line = r.stdout.iter().find(|l| l.starts_with("OK nodes")).expect("OK line");
@@ -155,12 +162,8 @@ fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
 fn a_rank_killed_across_namespace_nodes_fails_the_others_and_leaks_nothing() {
     require_namespaces();
     for (nodes, per_node) in [(2, 1), (2, 2)] {
-        let secret = random_secret();
-        let spec = scenario_spec(Path::new(WORKER), "channel-kill", nodes * per_node, 10.0, Duration::from_secs(60))
-            .arg("shm")
-            .namespace_nodes(nodes, None)
-            .env("WEAVE_SECRET", &secret)
-            .keep_going(true);
+        let (spec, secret) = namespace_job("channel-kill", nodes * per_node, nodes, 10.0);
+        let spec = spec.arg("shm").keep_going(true);
         let report = launch_serialized(&spec).expect("launch channel-kill");
         assert_survivors_saw_the_killed_rank(&report, "channel-kill");
         assert_nothing_left(&report, &secret);
@@ -176,12 +179,8 @@ fn twenty_kills_at_random_points_across_2x2_namespace_nodes_fail_every_survivor_
     for trial in 0..20u64 {
         // A spread of points: 0–390 ms into the loop, in a scrambled order.
         let delay = (trial * 7 % 20) * 20;
-        let secret = random_secret();
-        let spec = scenario_spec(Path::new(WORKER), "node-kill", 4, WEAVE_TIMEOUT_S, Duration::from_secs(60))
-            .arg(delay.to_string())
-            .namespace_nodes(2, None)
-            .env("WEAVE_SECRET", &secret)
-            .keep_going(true);
+        let (spec, secret) = namespace_job("node-kill", 4, 2, WEAVE_TIMEOUT_S);
+        let spec = spec.arg(delay.to_string()).keep_going(true);
         let report = launch_serialized(&spec).expect("launch node-kill");
         assert_survivors_saw_the_killed_rank(&report, "node-kill");
         for r in &report.ranks[..3] {
