@@ -409,10 +409,10 @@ impl Link {
     /// other than the one expected, is a protocol error.
     #[inline]
     pub(crate) fn receive(&mut self, operation: &str) -> Result<(Header, *const u8)> {
-        if !self.has_message() {
+        let (sequence, word, target) = self.next_arrival();
+        if word.load(Ordering::Acquire) & !STAGED_MARK < target {
             self.wait_for_message(operation)?;
         }
-        let (sequence, _, _) = self.next_arrival();
         let offset = self.slot_offset(self.consumed);
         // SAFETY: the slot's header lies inside this rank's region (checked to hold the layout,
         // 64-byte aligned); the peer wrote it before the store observed above with acquire
