@@ -26,7 +26,14 @@
 //!   `write_and_sync`, which TCP sends with one system call); the receiver polls `ready`.
 //!
 //! Either way the receiver checks the header (never trusting a length from the wire), uses the
-//! payload in place, and releases the slot by storing `freed` into the sender's region. Every
+//! payload in place, and releases the slot by storing `freed` into the sender's region — after
+//! every message, or, on a link built with a *credit batch* of `b` messages, after every `b`-th:
+//! the sender then reloads `freed` once per `b` messages instead of once per message, and the
+//! word stops bouncing between the two caches on every call. A batch holds back at most
+//! `b - 1 < SLOTS` credits, so a receiver that has taken every message posted to it has always
+//! returned enough for the next one; only algorithms whose receivers wait for nothing but the
+//! sender's next message may batch (the eager ones), since a receiver that held credits back
+//! while waiting for a third rank could make a cycle of waits that per-message credits avoid. Every
 //! wait polls only local memory and is bounded by the timeout, the abort flag and the peer's
 //! health; while it spins it calls the connection's `progress`, so a transport that stores the
 //! peer's bytes in software (TCP) does so on the waiting thread. Both ends choose the same
@@ -175,6 +182,9 @@ pub(crate) struct Link {
     consumed: u64,
     /// Credits known: messages of this rank the peer has freed.
     freed: u64,
+    /// Messages this rank takes before it returns their credits (a power of two, at most
+    /// `slots`; see the module doc).
+    credit_batch: u64,
     timeout: Duration,
     abort: Arc<AtomicBool>,
 }
@@ -196,9 +206,19 @@ fn mapped_base(mem: &RegisteredMemory, len: usize, what: &str, label: &str) -> R
 impl Link {
     /// Pairwise: builds the link with `peer` (both ranks call it, in the same order relative to
     /// their other pairwise setups with each other), `slots` slots of `payload` bytes each way
-    /// (rounded down to a power of two, at least one, so a message finds its slot by a mask).
-    pub(crate) fn new(core: &CoreCommunicator, peer: usize, slots: usize, payload: usize) -> Result<Self> {
+    /// (rounded down to a power of two, at least one, so a message finds its slot by a mask),
+    /// returning credits every `credit_batch` messages (rounded down to a power of two, at
+    /// least one and at most `slots`; more than one only for eager algorithms, see the module
+    /// doc).
+    pub(crate) fn new(
+        core: &CoreCommunicator,
+        peer: usize,
+        slots: usize,
+        payload: usize,
+        credit_batch: usize,
+    ) -> Result<Self> {
         let slots = 1usize << slots.max(1).ilog2();
+        let credit_batch = 1u64 << credit_batch.clamp(1, slots).ilog2();
         let label =
             format!("weave channel link {}<->{} ({slots} x {payload} B)", core.rank().min(peer), core.rank().max(peer));
         if payload > MAX_SLOT_PAYLOAD {
@@ -237,6 +257,7 @@ impl Link {
             posted: 0,
             consumed: 0,
             freed: 0,
+            credit_batch,
             timeout: core.config().timeout,
             abort: core.abort_flag().clone(),
         })
@@ -445,10 +466,14 @@ impl Link {
         Ok((header, (self.mine_base + offset + HEADER_BYTES) as *const u8))
     }
 
-    /// Gives the slot of the message last received back to the peer.
+    /// Gives the slot of the message last received back to the peer (its credit goes back
+    /// with the credit batch's last message).
     #[inline]
     pub(crate) fn release(&mut self) -> Result<()> {
         self.consumed += 1;
+        if self.consumed & (self.credit_batch - 1) != 0 {
+            return Ok(());
+        }
         match self.posting {
             Posting::Direct { theirs_base } => {
                 // SAFETY: a direct posting's theirs_base, and FREED lies inside the layout.

@@ -57,6 +57,9 @@ pub(crate) const SLOTS: usize = 4;
 const EAGER_PAYLOAD_BYTES: usize = 4 << 10;
 /// Most slots per eager link direction: how far an eager sender may run ahead of a receiver.
 const EAGER_MAX_SLOTS: usize = 64;
+/// Credit batches per eager link's slots: a receiver returns credits every `slots / this`
+/// messages (see [`link`]'s module doc).
+const EAGER_CREDIT_BATCHES: usize = 4;
 /// Bytes a rank may give its eager links together (each direction's region and outbox).
 const EAGER_BUDGET: usize = 16 << 20;
 
@@ -159,8 +162,8 @@ impl ChannelEngine {
         ChannelEngine {
             rank: core.rank(),
             world_size: n,
-            links: Links::new(n, SLOTS, payload_for(n)),
-            eager: Links::new(n, eager_slots_for(n), EAGER_PAYLOAD_BYTES),
+            links: Links::new(n, SLOTS, payload_for(n), 1),
+            eager: Links::new(n, eager_slots_for(n), EAGER_PAYLOAD_BYTES, eager_slots_for(n) / EAGER_CREDIT_BATCHES),
             calls: 0,
             health: Health::default(),
         }
@@ -253,19 +256,21 @@ impl ChannelEngine {
     }
 }
 
-/// One set of links of this rank, one per peer at most, all alike (slot count and payload).
+/// One set of links of this rank, one per peer at most, all alike (slot count, payload and
+/// credit batch, see [`Link::new`]).
 struct Links {
     links: Vec<Option<Link>>,
     /// Every link of the set is built (so [`connect`](Self::connect) has nothing to look at).
     complete: bool,
     slots: usize,
     payload: usize,
+    credit_batch: usize,
 }
 
 impl Links {
     /// No links yet, to any of `n` ranks.
-    fn new(n: usize, slots: usize, payload: usize) -> Self {
-        Links { links: (0..n).map(|_| None).collect(), complete: n == 1, slots, payload }
+    fn new(n: usize, slots: usize, payload: usize, credit_batch: usize) -> Self {
+        Links { links: (0..n).map(|_| None).collect(), complete: n == 1, slots, payload, credit_batch }
     }
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
@@ -274,7 +279,7 @@ impl Links {
             return Ok(());
         }
         for p in missing_links(me, peers, &self.links) {
-            self.links[p] = Some(Link::new(core, p, self.slots, self.payload)?);
+            self.links[p] = Some(Link::new(core, p, self.slots, self.payload, self.credit_batch)?);
         }
         self.complete = self.links.iter().enumerate().all(|(p, l)| p == me || l.is_some());
         Ok(())
