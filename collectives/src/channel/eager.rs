@@ -7,7 +7,7 @@
 //!
 //! The host table runs broadcasts and reduces of up to one message (4 KiB) this way in worlds
 //! of up to 8 ranks, where every peer is mapped and across nodes alike; over shared memory a
-//! message of up to 24 bytes is one cache line for the receiver (see [`super::link`]).
+//! message of up to 32 bytes is one cache line for the receiver (see [`super::link`]).
 //!
 //! The eager links are a set of their own (many slots of [`EAGER_PAYLOAD_BYTES`]), built on
 //! first use: the root links to every rank, every other rank to the root. Larger calls (when
@@ -33,10 +33,15 @@ use crate::host::copy;
 use crate::per_rank::PerRank;
 use crate::reduce::reduce_raw;
 
+/// Ranks whose per-rank state the eager reduce keeps on the stack: the table runs it in worlds
+/// of up to 8 ranks (larger ones, when forced, allocate).
+const EAGER_STACK: usize = 8;
+
 /// Runs a broadcast or reduce eagerly.
 ///
 /// # Safety
 /// As [`ChannelEngine::run`].
+#[inline]
 pub(super) unsafe fn run<T: Element>(
     e: &mut ChannelEngine,
     core: &Core,
@@ -222,9 +227,9 @@ unsafe fn reduce_at_root<T: Element>(
 ) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     // The payload each peer sent for the current piece, null where none is held.
-    let mut held = PerRank::new(n, std::ptr::null::<T>());
+    let mut held = PerRank::<_, EAGER_STACK>::filled(n, std::ptr::null::<T>());
     let held = held.as_mut_slice();
-    let mut finished = PerRank::new(n, false);
+    let mut finished = PerRank::<_, EAGER_STACK>::filled(n, false);
     let finished = finished.as_mut_slice();
     finished[me] = true;
     let mut open = n - 1;

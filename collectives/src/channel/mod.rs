@@ -70,7 +70,7 @@ fn eager_slots_for(n: usize) -> usize {
     (per_link / (2 * (EAGER_PAYLOAD_BYTES + link::HEADER_BYTES))).clamp(SLOTS, EAGER_MAX_SLOTS)
 }
 /// Set in a header's signature by a rank whose own arguments were invalid.
-const INVALID_MARK: u64 = 1 << 63;
+const INVALID_MARK: u64 = link::INVALID_SIGNATURE;
 
 /// Per-communicator state of the channel executor.
 pub(crate) struct ChannelEngine {
@@ -101,6 +101,7 @@ impl Call {
 
     /// Checks a received header against this call; a mismatch is remembered, not returned, so
     /// the algorithm finishes its messages and the ranks stay in step.
+    #[inline]
     fn check(&mut self, from: usize, theirs: &Header, me: usize) -> Result<()> {
         if theirs.call != self.header.call {
             return Err(Error::protocol(format!(
@@ -195,12 +196,14 @@ impl ChannelEngine {
     }
 
     /// Counts a new call and makes its header.
+    #[inline]
     fn next_call(&mut self, spec: CallSpec) -> Call {
         self.calls += 1;
         let signature = crate::host::signature(spec.collective, spec.dtype, spec.op, spec.algorithm)
             | if spec.invalid { INVALID_MARK } else { 0 };
         let header = Header {
-            call: self.calls,
+            // Modulo 2³², as the header carries it.
+            call: self.calls & u64::from(u32::MAX),
             signature,
             count: spec.count as u64,
             root: (spec.root as u64).min(u64::from(u32::MAX)),
@@ -274,8 +277,10 @@ impl Links {
     }
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
+    #[inline]
     fn connect(&mut self, core: &CoreCommunicator, me: usize, peers: &[usize]) -> Result<()> {
-        if self.complete || peers.iter().all(|&p| p == me || self.links.get(p).is_some_and(Option::is_some)) {
+        let built = |p: usize| p == me || self.links.get(p).is_some_and(Option::is_some);
+        if self.complete || matches!(peers, [p] if built(*p)) || peers.iter().all(|&p| built(p)) {
             return Ok(());
         }
         for p in missing_links(me, peers, &self.links) {
@@ -286,6 +291,7 @@ impl Links {
     }
 
     /// Builds the links to every other rank that do not exist yet.
+    #[inline]
     fn connect_to_all(&mut self, core: &CoreCommunicator, me: usize) -> Result<()> {
         if self.complete {
             return Ok(());
@@ -310,6 +316,7 @@ impl Links {
 ///
 /// # Safety
 /// `src` valid for `len` reads; `len` at most the link's payload.
+#[inline]
 unsafe fn stage_and_post(link: &mut Link, call: &Call, src: *const u8, len: usize, last: bool) -> Result<()> {
     let dst = link.outbox(call.what)?;
     // SAFETY: the outbox slot holds a full payload (len fits, by the caller), src is valid
@@ -366,6 +373,7 @@ impl ChannelEngine {
     /// # Safety
     /// Pointers as the matching method of the user API guarantees: valid for their counts,
     /// receive ranges writable and either identical to or disjoint from send ranges.
+    #[inline]
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         core: &CoreCommunicator,
