@@ -103,6 +103,16 @@ impl Call {
     /// the algorithm finishes its messages and the ranks stay in step.
     #[inline]
     fn check(&mut self, from: usize, theirs: &Header, me: usize) -> Result<()> {
+        if theirs.call == self.header.call && (self.problem.is_some() || theirs.agrees_with(&self.header)) {
+            return Ok(());
+        }
+        self.judge(from, theirs, me)
+    }
+
+    /// [`check`](Self::check) for a header that is not plainly in agreement: says why.
+    #[cold]
+    #[inline(never)]
+    fn judge(&mut self, from: usize, theirs: &Header, me: usize) -> Result<()> {
         if theirs.call != self.header.call {
             return Err(Error::protocol(format!(
                 "rank {from} sent a message of channel call {} while rank {me} is in call {}; every rank must \
@@ -171,6 +181,7 @@ impl ChannelEngine {
     }
 
     /// Errors if an earlier failure broke the communicator.
+    #[inline]
     pub(crate) fn check_usable(&self) -> Result<()> {
         self.health.check()
     }
