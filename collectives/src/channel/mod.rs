@@ -17,13 +17,17 @@
 //! it; in the ring algorithms it reaches every rank downstream. Ranks whose counts differ so
 //! much that they exchange different numbers of messages get a timeout instead.
 
+mod bruck;
 mod direct;
 mod eager;
 #[cfg(feature = "cudaipc")]
 pub(crate) mod gpu;
 pub(crate) mod link;
 mod p2p;
+mod recursive;
 mod ring;
+mod swap;
+mod tree;
 
 pub(crate) use direct::{AllToAllvCounts, all_to_allv};
 pub(crate) use p2p::run_group;
@@ -401,6 +405,21 @@ impl ChannelEngine {
             Algorithm::ChannelDirect => unsafe { direct::run(self, core, spec, c) },
             // SAFETY: forwarded from the caller.
             Algorithm::ChannelEager => unsafe { eager::run(self, core, spec, c) },
+            Algorithm::ChannelDoubling => match c {
+                ChannelCall::AllReduce { send, recv, op, .. } => {
+                    let b = Buffers { send, recv, count: spec.count };
+                    // SAFETY: forwarded from the caller.
+                    unsafe { recursive::all_reduce_doubling(self, core, spec, b, op) }
+                }
+                // SAFETY: forwarded from the caller (only all-reduce has a doubling row).
+                _ => unsafe { direct::run(self, core, spec, c) },
+            },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelHalving => unsafe { recursive::run(self, core, spec, c) },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelBruck => unsafe { bruck::run(self, core, spec, c) },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelTree => unsafe { tree::run(self, core, spec, c) },
             other => Err(Error::invalid(format!("{other} is not a channel algorithm"))),
         };
         r.map_err(|e| self.poison(e))

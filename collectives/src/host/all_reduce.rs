@@ -38,6 +38,10 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             | Algorithm::ChannelRing
             | Algorithm::ChannelDirect
             | Algorithm::ChannelEager
+            | Algorithm::ChannelDoubling
+            | Algorithm::ChannelHalving
+            | Algorithm::ChannelBruck
+            | Algorithm::ChannelTree
     );
     let bytes = count * std::mem::size_of::<T>();
     if one_shot && bytes <= INLINE_BYTES && n <= 16 {
@@ -70,6 +74,10 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         | Algorithm::ChannelRing
         | Algorithm::ChannelDirect
         | Algorithm::ChannelEager
+        | Algorithm::ChannelDoubling
+        | Algorithm::ChannelHalving
+        | Algorithm::ChannelBruck
+        | Algorithm::ChannelTree
         | Algorithm::Hierarchical => {
             for (o, k) in chunks(count, cap) {
                 // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
