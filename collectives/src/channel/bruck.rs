@@ -15,10 +15,9 @@
 //! times).
 
 use comm_core::Result;
-use comm_core::communicator::Communicator as Core;
 
 use super::swap::swap;
-use super::{CallSpec, ChannelCall, ChannelEngine};
+use super::{ChannelCall, Run};
 use crate::dtype::Element;
 use crate::host::copy;
 
@@ -27,16 +26,8 @@ fn distances(n: usize) -> impl Iterator<Item = usize> {
     std::iter::successors(Some(1usize), |d| d.checked_mul(2)).take_while(move |&d| d < n)
 }
 
-/// Runs an all-gather or all-to-all by Bruck's algorithm.
-///
-/// # Safety
-/// As [`ChannelEngine::run`].
-pub(super) unsafe fn run<T: Element>(
-    e: &mut ChannelEngine,
-    core: &Core,
-    spec: CallSpec,
-    c: ChannelCall<T>,
-) -> Result<()> {
+/// Runs an all-gather or all-to-all by Bruck's algorithm. Safety: as [`ChannelEngine::run`].
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let count = spec.count;
     let mut peers: Vec<usize> = distances(n).flat_map(|d| [(me + d) % n, (me + n - d) % n]).collect();
@@ -114,7 +105,7 @@ pub(super) unsafe fn run<T: Element>(
         _ => {
             drop(work);
             // SAFETY: forwarded from the caller.
-            unsafe { super::direct::run(e, core, spec, c) }
+            unsafe { super::direct::run(Run { e, core, spec, c }) }
         }
     }
 }

@@ -23,11 +23,10 @@
 //! runs eagerly and another's does not (across 4 KiB) end in a timeout, as in the other
 //! channel algorithms when ranks exchange different numbers of messages.
 
-use comm_core::communicator::Communicator as Core;
 use comm_core::{Error, Result};
 
 use super::link::Link;
-use super::{Call, CallSpec, ChannelCall, ChannelEngine, EAGER_PAYLOAD_BYTES, piece, pieces, stage_and_post};
+use super::{Call, ChannelCall, ChannelEngine, EAGER_PAYLOAD_BYTES, Run, piece, pieces, stage_and_post};
 use crate::dtype::Element;
 use crate::host::copy;
 use crate::per_rank::PerRank;
@@ -37,17 +36,9 @@ use crate::reduce::reduce_raw;
 /// of up to 8 ranks (larger ones, when forced, allocate).
 const EAGER_STACK: usize = 8;
 
-/// Runs a broadcast or reduce eagerly.
-///
-/// # Safety
-/// As [`ChannelEngine::run`].
+/// Runs a broadcast or reduce eagerly. Safety: as [`ChannelEngine::run`].
 #[inline]
-pub(super) unsafe fn run<T: Element>(
-    e: &mut ChannelEngine,
-    core: &Core,
-    spec: CallSpec,
-    c: ChannelCall<T>,
-) -> Result<()> {
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let (send, recv, root, op) = match c {
         ChannelCall::Broadcast { send, recv, root, .. } => (send, recv, root, None),

@@ -400,11 +400,11 @@ impl ChannelEngine {
         let spec = spec_of(&c, algorithm, invalid);
         let r = match algorithm {
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelRing => unsafe { ring::run(self, core, spec, c) },
+            Algorithm::ChannelRing => unsafe { ring::run(Run { e: self, core, spec, c }) },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelDirect => unsafe { direct::run(self, core, spec, c) },
+            Algorithm::ChannelDirect => unsafe { direct::run(Run { e: self, core, spec, c }) },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelEager => unsafe { eager::run(self, core, spec, c) },
+            Algorithm::ChannelEager => unsafe { eager::run(Run { e: self, core, spec, c }) },
             Algorithm::ChannelDoubling => match c {
                 ChannelCall::AllReduce { send, recv, op, .. } => {
                     let b = Buffers { send, recv, count: spec.count };
@@ -412,18 +412,27 @@ impl ChannelEngine {
                     unsafe { recursive::all_reduce_doubling(self, core, spec, b, op) }
                 }
                 // SAFETY: forwarded from the caller (only all-reduce has a doubling row).
-                _ => unsafe { direct::run(self, core, spec, c) },
+                _ => unsafe { direct::run(Run { e: self, core, spec, c }) },
             },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelHalving => unsafe { recursive::run(self, core, spec, c) },
+            Algorithm::ChannelHalving => unsafe { recursive::run(Run { e: self, core, spec, c }) },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelBruck => unsafe { bruck::run(self, core, spec, c) },
+            Algorithm::ChannelBruck => unsafe { bruck::run(Run { e: self, core, spec, c }) },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelTree => unsafe { tree::run(self, core, spec, c) },
+            Algorithm::ChannelTree => unsafe { tree::run(Run { e: self, core, spec, c }) },
             other => Err(Error::invalid(format!("{other} is not a channel algorithm"))),
         };
         r.map_err(|e| self.poison(e))
     }
+}
+
+/// One channel call being run, what every algorithm's `run` takes: the engine, the
+/// communicator under it, what the call is, and this rank's buffers.
+pub(super) struct Run<'a, T> {
+    pub(super) e: &'a mut ChannelEngine,
+    pub(super) core: &'a CoreCommunicator,
+    pub(super) spec: CallSpec,
+    pub(super) c: ChannelCall<T>,
 }
 
 /// The user's buffers of a call and its element count, as the collective defines it.

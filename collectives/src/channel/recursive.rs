@@ -18,7 +18,7 @@ use comm_core::Result;
 use comm_core::communicator::Communicator as Core;
 
 use super::swap::{Fold, swap};
-use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, partial};
+use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, Run, partial};
 use crate::dtype::Element;
 use crate::host::copy;
 use crate::op::ReduceOp;
@@ -95,16 +95,8 @@ enum Halving {
     ReduceScatter,
 }
 
-/// All-reduce (Rabenseifner) or reduce-scatter by recursive halving.
-///
-/// # Safety
-/// As [`ChannelEngine::run`].
-pub(super) unsafe fn run<T: Element>(
-    e: &mut ChannelEngine,
-    core: &Core,
-    spec: CallSpec,
-    c: ChannelCall<T>,
-) -> Result<()> {
+/// All-reduce (Rabenseifner) or reduce-scatter by recursive halving. Safety: as [`ChannelEngine::run`].
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (send, recv) = c.buffers();
     let b = Buffers { send, recv, count: spec.count };
     // SAFETY: (every arm) forwarded from the caller.
@@ -113,7 +105,7 @@ pub(super) unsafe fn run<T: Element>(
             ChannelCall::AllReduce { op, .. } => halving(e, core, spec, b, op, Halving::AllReduce),
             ChannelCall::ReduceScatter { op, .. } => halving(e, core, spec, b, op, Halving::ReduceScatter),
             // The table names halving for these two only; anything else runs directly.
-            _ => super::direct::run(e, core, spec, c),
+            _ => super::direct::run(Run { e, core, spec, c }),
         }
     }
 }

@@ -16,10 +16,9 @@
 //! the eager algorithms.
 
 use comm_core::Result;
-use comm_core::communicator::Communicator as Core;
 
 use super::swap::swap;
-use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, partial};
+use super::{Buffers, ChannelCall, ChannelEngine, Run, partial};
 use crate::dtype::Element;
 use crate::host::copy;
 use crate::op::ReduceOp;
@@ -40,16 +39,8 @@ fn tree(n: usize, me: usize, root: usize) -> (Option<usize>, Vec<usize>) {
     (parent, children)
 }
 
-/// Runs a broadcast or reduce down or up the binomial tree.
-///
-/// # Safety
-/// As [`ChannelEngine::run`].
-pub(super) unsafe fn run<T: Element>(
-    e: &mut ChannelEngine,
-    core: &Core,
-    spec: CallSpec,
-    c: ChannelCall<T>,
-) -> Result<()> {
+/// Runs a broadcast or reduce down or up the binomial tree. Safety: as [`ChannelEngine::run`].
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let (send, recv) = c.buffers();
     let b = Buffers { send, recv, count: spec.count };
@@ -71,7 +62,7 @@ pub(super) unsafe fn run<T: Element>(
                 call.finish()
             }
             // The table names the tree for these two only; anything else runs directly.
-            _ => super::direct::run(e, core, spec, c),
+            _ => super::direct::run(Run { e, core, spec, c }),
         }
     }
 }
