@@ -7,7 +7,9 @@
 //! NVRTC is loaded at run time ([`crate::nvrtc`]): `WEAVE_NVRTC` (a library name or path) when
 //! set, else the newest of `libnvrtc.so.13`, `libnvrtc.so.12` and `libnvrtc.so` (found through
 //! `LD_LIBRARY_PATH` or the loader cache) that is no newer than the CUDA driver, whose own major
-//! version comes first: a CUDA 12 driver gets NVRTC 12, whose code it can run. Without one,
+//! version comes first: a CUDA 12 driver gets NVRTC 12, whose code it can run (NVRTC opens its
+//! `libnvrtc-builtins` by name, so a path in `WEAVE_NVRTC` needs its directory on
+//! `LD_LIBRARY_PATH` too). Without one,
 //! compiling returns [`Error::Unsupported`] saying how to install it. Compile errors come back as
 //! [`Error::Cuda`] with operation `"nvrtc compile"` and NVRTC's log as the message.
 //!
