@@ -3,7 +3,7 @@
 //!
 //! - `WEAVE_BUILD_KERNELS`: `1` compiles (the build fails without NVRTC), `auto` compiles when
 //!   NVRTC loads, unset or `0` never. Opt-in, because the program is large: 41 s of NVRTC per
-//!   architecture on a 64-core host (minutes on 2 cores) and over 10 MiB of CUBIN per
+//!   architecture on a 64-core host (minutes on 2 cores) and 12.7 MiB of CUBIN per
 //!   architecture in every binary that links the crate (figures in docs/PERF.md);
 //! - `WEAVE_BUILD_KERNEL_ARCHS`: comma-separated `sm_XY` targets (default `sm_80,sm_90,sm_100`);
 //! - `WEAVE_NVRTC`: the NVRTC library to load (name or path), else the newest found.

@@ -36,7 +36,7 @@ total size is printed and must stay under 64 MiB (the device tool's limit).
 With --embed-kernels ARCHS (e.g. sm_90) every build runs with WEAVE_BUILD_KERNELS=1 and
 WEAVE_BUILD_KERNEL_ARCHS=ARCHS: the direct kernels are compiled here (NVRTC needed here, on
 LD_LIBRARY_PATH) and embedded, so the GPU host compiles none at a first call; each binary that
-links the kernels grows by the CUBINs (over 10 MiB per architecture).
+links the kernels grows by the CUBINs (12.7 MiB per architecture for sm_90).
 
 options:
       --bin NAME             also bundle the binary NAME (repeatable)
