@@ -256,7 +256,7 @@ impl Workspace {
 
     /// Arrives (release: everything this rank wrote so far becomes visible), then waits until
     /// every peer has arrived as often (acquire), bounded by the timeout, the abort flag and the
-    /// health of the first peer not yet arrived; then rings the arrival's doorbell for the
+    /// peers' health; then rings the arrival's doorbell for the
     /// ranks that fell asleep waiting (see the module doc).
     /// Every peer's header line is loaded on each pass (no short cut), so their misses overlap.
     pub(crate) fn arrive_and_wait(&mut self, what: &str) -> Result<()> {
@@ -268,11 +268,19 @@ impl Workspace {
         let ready = |p: usize| self.word(p, header).load(Ordering::Acquire) >= target;
         let all_ready = || (0..n).filter(|&p| p != me).fold(true, |ok, p| ok & ready(p));
         let missing = || (0..n).find(|&p| p != me && !ready(p));
-        // Only whom we wait for matters, and one such peer at a time: the ranks that live
-        // arrive, so a dead one is the first missing one soon enough.
-        let check = || match missing().and_then(|p| self.connections[p].as_ref()) {
-            Some(c) => c.check_peer(),
-            None => Ok(()),
+        // Two peers per check, not all of them (a check after every sleep of every rank of a
+        // large world would add up): the first one not yet arrived, and one more in turn, so a
+        // dead rank is found within `n` checks even while a live one, held up elsewhere by it,
+        // is the one missing here.
+        let turn = std::cell::Cell::new(me);
+        let check = || {
+            turn.set((turn.get() + 1) % n);
+            for p in missing().into_iter().chain([turn.get()]) {
+                if let Some(c) = &self.connections[p] {
+                    c.check_peer()?;
+                }
+            }
+            Ok(())
         };
         let ctx =
             WaitContext { operation: what, peer: None, timeout: self.timeout, abort: &self.abort, check_peer: &check };
