@@ -122,7 +122,8 @@ pub(crate) fn drive(
         }
         idle = idle.wrapping_add(1);
         backoff.snooze();
-        if idle.is_multiple_of(128) {
+        // Once the backoff naps, every snooze is long enough to look again after it.
+        if idle.is_multiple_of(128) || backoff.is_sleeping() {
             if abort.load(Ordering::Relaxed) {
                 return Err(Error::Aborted("send/recv was aborted".into()));
             }

@@ -14,6 +14,7 @@ pub mod config;
 pub mod connection;
 mod debug_fields;
 pub mod device;
+pub mod doorbell;
 pub mod error;
 pub mod fifo;
 pub mod host;

@@ -1,19 +1,41 @@
-//! Bounded spin-waits: every spin in weave checks a deadline, an abort flag and the peer's
-//! health, and returns an error instead of waiting forever.
+//! Bounded waits: every wait in weave checks a deadline, an abort flag and the peer's health,
+//! and returns an error instead of waiting forever. A wait spins briefly, yields, then sleeps
+//! (see [`Backoff`]); where the writer rings a [`Doorbell`] after its stores
+//! ([`wait_until_rung`]), the sleep ends as soon as it does.
 
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crate::config::Deadline;
+use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 
 /// How long a waiter spins before it starts yielding its core. Measured in time, not
 /// iterations: a `spin_loop` hint costs ~10 ns on some CPUs, and when two ranks share a core,
 /// every microsecond spent spinning is a microsecond the peer cannot run.
-const SPIN_BUDGET: std::time::Duration = std::time::Duration::from_micros(3);
+const SPIN_BUDGET: Duration = Duration::from_micros(3);
 
-/// Set when this host runs more ranks than it has cores: spinning then only delays the rank
-/// that holds the core we wait for, so waiters yield at once.
+/// How long a waiter yields before it sleeps, counted from its first snooze, while ranks do
+/// not outnumber cores: a yield with an idle core returns at once, so waits shorter than this
+/// keep the latency of spinning, and only longer ones pay a wake-up.
+const YIELD_BUDGET: Duration = Duration::from_millis(1);
+
+/// Yields before a waiter sleeps while ranks outnumber cores: a yield then hands the core to
+/// another waiter rather than to the rank with work, so only a few are worth trying (the peer
+/// may be about to store).
+const OVERSUBSCRIBED_YIELDS: u32 = 2;
+
+/// The longest sleep on a doorbell before the waiter looks at its deadline, the abort flag and
+/// its peer's health again.
+const SLEEP_SLICE: Duration = Duration::from_millis(2);
+
+/// Bounds of a nap, the sleep of a waiter that has no doorbell (nobody rings for its wait): a
+/// sixteenth of the time waited so far, so that napping adds at most ~6 % to a wait.
+const NAP_MIN: Duration = Duration::from_micros(20);
+const NAP_MAX: Duration = Duration::from_millis(1);
+
+/// Set when this host runs more ranks than it has cores: spinning and yielding then only delay
+/// the rank that holds the core we wait for, so waiters sleep almost at once.
 static OVERSUBSCRIBED: AtomicBool = AtomicBool::new(false);
 
 /// Tells every wait in this process whether ranks outnumber cores on this host.
@@ -48,14 +70,31 @@ fn count_cpu_list(list: &str) -> Option<usize> {
     (n > 0).then_some(n)
 }
 
-/// Waiting politely: spin for a few microseconds (the common case: the peer is running on
-/// another core and answers quickly), then yield the core on every call (the peer may need it).
-/// The clock is first read after 32 spins, so a wait that ends sooner costs no clock read.
+/// What a [`Backoff`] does on a snooze.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Stage {
+    /// Spin hints, while the peer is likely running on another core.
+    Spin,
+    /// Give the core away, but stay runnable.
+    Yield,
+    /// Leave the run queue: sleep on the wait's doorbell, or nap without one.
+    Sleep,
+}
+
+/// Waiting politely, in three stages: spin for a few microseconds (the common case: the peer
+/// runs on another core and answers quickly), yield the core for a while (the peer may need
+/// it), then sleep — on the wait's [`Doorbell`] ([`snooze_on`](Self::snooze_on)) in slices of
+/// a few milliseconds, woken by the writer's ring, or, for a wait nobody rings for
+/// ([`snooze`](Self::snooze)), in naps of a sixteenth of the time waited so far. While ranks
+/// outnumber cores a waiter skips the spin and yields only a couple of times before it
+/// sleeps, so the cores go to the ranks with work. The clock is first read after 32 spins, so
+/// a wait that ends sooner costs no clock read.
 #[derive(Debug)]
 pub struct Backoff {
-    start: Option<std::time::Instant>,
+    start: Option<Instant>,
     calls: u32,
-    yielding: bool,
+    stage: Stage,
+    oversubscribed: bool,
 }
 
 impl Default for Backoff {
@@ -67,24 +106,64 @@ impl Default for Backoff {
 impl Backoff {
     /// A fresh backoff (spinning first, unless ranks outnumber cores).
     pub fn new() -> Self {
-        Backoff { start: None, calls: 0, yielding: OVERSUBSCRIBED.load(Ordering::Relaxed) }
+        let oversubscribed = OVERSUBSCRIBED.load(Ordering::Relaxed);
+        let stage = if oversubscribed { Stage::Yield } else { Stage::Spin };
+        Backoff { start: None, calls: 0, stage, oversubscribed }
     }
 
-    /// Waits a little: a spin hint while within the budget, a yield after.
+    /// Waits a little for a condition nobody rings for: a spin hint, a yield, or a nap,
+    /// depending on how long the wait has lasted.
     pub fn snooze(&mut self) {
+        if self.advance() {
+            let waited = self.start.map_or(Duration::ZERO, |s| s.elapsed());
+            std::thread::sleep((waited / 16).clamp(NAP_MIN, NAP_MAX));
+        }
+    }
+
+    /// Waits a little for `ready()`, which a writer announces by ringing `doorbell`: a spin
+    /// hint or a yield early in the wait, later a sleep on the doorbell of at most a few
+    /// milliseconds, skipped if `ready()` holds once this waiter is announced.
+    pub fn snooze_on(&mut self, doorbell: &Doorbell, ready: impl FnOnce() -> bool) {
+        if self.advance() {
+            doorbell.sleep(SLEEP_SLICE, ready);
+        }
+    }
+
+    /// Whether snoozes sleep now: each takes long enough that the caller may look at its
+    /// deadline, abort flag and peers after every one.
+    pub fn is_sleeping(&self) -> bool {
+        self.stage == Stage::Sleep
+    }
+
+    /// Counts one snooze and spins or yields for it; true when the caller is to sleep instead.
+    fn advance(&mut self) -> bool {
         self.calls = self.calls.wrapping_add(1);
-        if self.yielding {
-            std::thread::yield_now();
-            return;
-        }
-        std::hint::spin_loop();
-        if self.calls.is_multiple_of(32) {
-            match self.start {
-                None => self.start = Some(std::time::Instant::now()),
-                Some(start) if start.elapsed() > SPIN_BUDGET => self.yielding = true,
-                Some(_) => {}
+        match self.stage {
+            Stage::Spin => {
+                std::hint::spin_loop();
+                if self.calls.is_multiple_of(32) {
+                    match self.start {
+                        None => self.start = Some(Instant::now()),
+                        Some(start) if start.elapsed() > SPIN_BUDGET => self.stage = Stage::Yield,
+                        Some(_) => {}
+                    }
+                }
             }
+            Stage::Yield => {
+                std::thread::yield_now();
+                let start = *self.start.get_or_insert_with(Instant::now);
+                let enough = if self.oversubscribed {
+                    self.calls >= OVERSUBSCRIBED_YIELDS
+                } else {
+                    self.calls.is_multiple_of(32) && start.elapsed() > YIELD_BUDGET
+                };
+                if enough {
+                    self.stage = Stage::Sleep;
+                }
+            }
+            Stage::Sleep => return true,
         }
+        false
     }
 
     /// Starts spinning again (after progress).
@@ -92,7 +171,9 @@ impl Backoff {
         *self = Backoff::new();
     }
 }
-/// Iterations between checks of the deadline, abort flag and peer health.
+
+/// Iterations between checks of the deadline, abort flag and peer health while spinning or
+/// yielding; a sleeping wait checks after every sleep.
 const CHECK_EVERY: u32 = 128;
 
 /// What a wait needs besides its condition.
@@ -109,10 +190,12 @@ pub struct WaitContext<'a> {
     pub check_peer: &'a dyn Fn() -> Result<()>,
 }
 
-/// Spins until `ready()` is true; errors on timeout, abort or a lost peer. The timeout counts
-/// from the first check, 128 iterations in: a short wait reads no clock.
+/// Waits until `ready()` is true; errors on timeout, abort or a lost peer. The timeout counts
+/// from the first check, 128 iterations in: a short wait reads no clock. Nobody rings for
+/// this wait, so once it sleeps it naps ([`Backoff::snooze`]); a wait on memory whose writer
+/// rings a doorbell is [`wait_until_rung`].
 pub fn spin_until(ctx: &WaitContext<'_>, ready: impl FnMut() -> bool) -> Result<()> {
-    spin_until_progress(ctx, &|| Ok(()), ready)
+    wait_until_rung(ctx, None, &|| Ok(()), ready)
 }
 
 /// [`spin_until`] for a condition that `progress` helps come true: it is called before every
@@ -122,6 +205,18 @@ pub fn spin_until(ctx: &WaitContext<'_>, ready: impl FnMut() -> bool) -> Result<
 /// `ready()`, since what the peer did before failing may be just what we wait for.
 pub fn spin_until_progress(
     ctx: &WaitContext<'_>,
+    progress: &dyn Fn() -> Result<()>,
+    ready: impl FnMut() -> bool,
+) -> Result<()> {
+    wait_until_rung(ctx, None, progress, ready)
+}
+
+/// [`spin_until_progress`] whose sleeps, once it sleeps, are on `doorbell`: every store that
+/// may make `ready()` true is followed by a [`ring`](Doorbell::ring) of it, so a sleeping
+/// waiter wakes at once instead of at the end of a nap. With `None`, the wait naps.
+pub fn wait_until_rung(
+    ctx: &WaitContext<'_>,
+    doorbell: Option<&Doorbell>,
     progress: &dyn Fn() -> Result<()>,
     mut ready: impl FnMut() -> bool,
 ) -> Result<()> {
@@ -139,8 +234,11 @@ pub fn spin_until_progress(
             return Ok(());
         }
         i = i.wrapping_add(1);
-        backoff.snooze();
-        if i.is_multiple_of(CHECK_EVERY) {
+        match doorbell {
+            Some(bell) => backoff.snooze_on(bell, &mut ready),
+            None => backoff.snooze(),
+        }
+        if backoff.is_sleeping() || i.is_multiple_of(CHECK_EVERY) {
             if ctx.abort.load(Ordering::Relaxed) {
                 return Err(Error::Aborted(format!("{} was aborted", ctx.operation)));
             }
@@ -238,5 +336,103 @@ mod tests {
             check_peer: &lost,
         };
         assert!(matches!(spin_until(&ctx, || false), Err(Error::PeerLost { peer: 3, .. })));
+    }
+
+    /// Runs `wait` on this thread while another thread, once `bell` has a sleeper (the wait
+    /// reached its sleep), runs `then`; returns the wait's result and how long it took.
+    fn while_asleep<T: Send>(bell: &Doorbell, then: impl FnOnce() + Send, wait: impl FnOnce() -> T) -> (T, Duration) {
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let start = Instant::now();
+                while bell.sleepers() == 0 {
+                    assert!(start.elapsed() < Duration::from_secs(10), "the waiter never went to sleep");
+                    std::thread::yield_now();
+                }
+                then();
+            });
+            let start = Instant::now();
+            let r = wait();
+            (r, start.elapsed())
+        })
+    }
+
+    #[test]
+    fn a_sleeping_wait_is_woken_by_a_store_and_ring() {
+        let abort = AtomicBool::new(false);
+        let ctx = context("t", Some(1), Duration::from_secs(30), &abort);
+        let (bell, word) = (Doorbell::new(), AtomicU64::new(0));
+        let ring = || {
+            word.store(1, Ordering::Release);
+            bell.ring();
+        };
+        let (r, took) =
+            while_asleep(&bell, ring, || wait_until_rung(&ctx, Some(&bell), &ok, || word.load(Ordering::Acquire) == 1));
+        r.unwrap();
+        assert!(took < Duration::from_secs(5), "woken after {took:?}");
+        assert_eq!(bell.sleepers(), 0);
+    }
+
+    #[test]
+    fn a_sleeping_wait_times_out_aborts_and_sees_a_lost_peer_on_time() {
+        let abort = AtomicBool::new(false);
+        let bell = Doorbell::new();
+        let ctx = context("t", Some(1), Duration::from_millis(50), &abort);
+        let start = Instant::now();
+        let r = wait_until_rung(&ctx, Some(&bell), &ok, || false);
+        let took = start.elapsed();
+        assert!(matches!(r, Err(Error::Timeout { peer: Some(1), .. })), "{r:?}");
+        assert!(took >= Duration::from_millis(50) && took < Duration::from_secs(2), "timed out after {took:?}");
+
+        let ctx = context("t", None, Duration::from_secs(30), &abort);
+        let (r, took) = while_asleep(
+            &bell,
+            || abort.store(true, Ordering::Relaxed),
+            || wait_until_rung(&ctx, Some(&bell), &ok, || false),
+        );
+        assert!(matches!(r, Err(Error::Aborted(_))), "{r:?}");
+        assert!(took < Duration::from_secs(5), "aborted after {took:?}");
+
+        let abort = AtomicBool::new(false);
+        let gone = AtomicBool::new(false);
+        let check = || if gone.load(Ordering::Relaxed) { Err(Error::peer_lost(2, "t", "gone")) } else { Ok(()) };
+        let ctx = WaitContext {
+            operation: "t",
+            peer: Some(2),
+            timeout: Duration::from_secs(30),
+            abort: &abort,
+            check_peer: &check,
+        };
+        let (r, took) = while_asleep(
+            &bell,
+            || gone.store(true, Ordering::Relaxed),
+            || wait_until_rung(&ctx, Some(&bell), &ok, || false),
+        );
+        assert!(matches!(r, Err(Error::PeerLost { peer: 2, .. })), "{r:?}");
+        assert!(took < Duration::from_secs(5), "noticed after {took:?}");
+    }
+
+    #[test]
+    fn backoff_sleeps_after_a_millisecond_or_at_once_when_oversubscribed() {
+        let mut b = Backoff { oversubscribed: false, ..Backoff::new() };
+        b.stage = Stage::Spin;
+        let start = Instant::now();
+        while !b.is_sleeping() {
+            b.snooze();
+            assert!(start.elapsed() < Duration::from_secs(10));
+        }
+        assert!(start.elapsed() >= YIELD_BUDGET, "slept after {:?}", start.elapsed());
+        // Asleep, a snooze without a doorbell naps at least NAP_MIN.
+        let t = Instant::now();
+        b.snooze();
+        assert!(t.elapsed() >= NAP_MIN);
+
+        let mut b = Backoff { oversubscribed: true, stage: Stage::Yield, ..Backoff::new() };
+        for _ in 0..OVERSUBSCRIBED_YIELDS {
+            assert!(!b.is_sleeping());
+            b.snooze();
+        }
+        assert!(b.is_sleeping());
+        b.reset();
+        assert_eq!(b.calls, 0);
     }
 }

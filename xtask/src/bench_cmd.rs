@@ -25,6 +25,7 @@ use crate::plot::{Series, busbw_svg};
 
 use crate::args::{Arg, Args, UsageError};
 use crate::bench_nodes::BenchNodes;
+use crate::bench_sweep;
 use crate::bench_table::{DTYPES, Op, REDOPS, Row, Table, dtype_name};
 use crate::bench_turns::{Job, Turns};
 
@@ -36,7 +37,7 @@ pub(crate) const USAGE: &str = "\
 usage: cargo xtask bench [--op OP] [-n RANKS] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T]
                          [--redop OP] [--iters N] [--warmup N] [--rounds K] [--check | --no-check]
                          [--inplace] [--json FILE] [--vs-mpi] [--mpi-args ARGS] [--no-build] [--[no-]bind]
-                         [--timeout SECS] [-N NODES [--rate RATE]]
+                         [--timeout SECS] [-N NODES [--rate RATE]] [--ranks-sweep LIST]
 
 Runs one weave collective on N ranks of this host (shared memory) over a range of sizes and
 prints the nccl-tests table: size, count, type, redop, time, algbw, busbw, #wrong, plus the
@@ -53,6 +54,11 @@ options:
   -n, --ranks N        number of ranks (default 2: the smallest multi-rank job, one rank
                        per core on a 2-core machine; ranks beyond the cores make both
                        libraries wait for the scheduler); with --nodes, ranks per node
+      --ranks-sweep LIST  run at each world size of LIST (such as 2,8,32,64,128) on this
+                       host, Open MPI too (--vs-mpi is implied), sizes 8 B only unless -b or
+                       -e says otherwise; after the per-size tables, one table of every world
+                       size: communicator creation time (the slowest rank's; MPI_Init's for
+                       Open MPI), time per size, the algorithm weave picked, and the ratio
   -N, --nodes NODES    run on NODES simulated nodes of this host, -n ranks each (1 to 250;
                        see across nodes below; needs root)
       --rate RATE      with --nodes: shape each node's link to RATE in each direction, for
@@ -216,6 +222,8 @@ struct BenchArgs {
     /// Draw the plot from this saved gpu-bench output instead of running.
     plot_from: Option<PathBuf>,
     timeout: Duration,
+    /// `--ranks-sweep`: run at each of these world sizes (empty: once, at `ranks`).
+    ranks_sweep: Vec<usize>,
 }
 
 impl Default for BenchArgs {
@@ -247,6 +255,7 @@ impl Default for BenchArgs {
             vs_nccl: false,
             graph: false,
             timeout: Duration::from_secs(600),
+            ranks_sweep: Vec::new(),
         }
     }
 }
@@ -329,6 +338,7 @@ fn text_value(args: &mut Args, flag: &str) -> Result<String, UsageError> {
 
 fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
     let mut a = BenchArgs::default();
+    let (mut sizes_given, mut ranks_given) = (false, false);
     while let Some(arg) = args.next()? {
         let f = match arg {
             Arg::Flag(f) => f,
@@ -359,10 +369,20 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
                 })?;
             }
             "-n" | "--ranks" => {
+                ranks_given = true;
                 a.ranks = usize::try_from(count(args, 1)?).map_err(|_| UsageError(format!("{f}: too many ranks")))?;
             }
-            "-b" | "--minbytes" => a.min_bytes = size(args)?,
-            "-e" | "--maxbytes" => a.max_bytes = size(args)?,
+            "-b" | "--minbytes" => {
+                sizes_given = true;
+                a.min_bytes = size(args)?;
+            }
+            "-e" | "--maxbytes" => {
+                sizes_given = true;
+                a.max_bytes = size(args)?;
+            }
+            "--ranks-sweep" => {
+                a.ranks_sweep = bench_sweep::parse_ranks_list(&text_value(args, &f)?).map_err(UsageError)?
+            }
             "-f" | "--stepfactor" => a.factor = count(args, 2)?,
             "-d" | "--dtype" => {
                 let v = text_value(args, &f)?;
@@ -419,6 +439,21 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
                     .ok_or_else(|| UsageError(format!("{f} must be a positive number of seconds, got {secs}")))?;
             }
             _ => return Err(UsageError(format!("unknown option {f} for `bench`"))),
+        }
+    }
+    if !a.ranks_sweep.is_empty() {
+        if ranks_given || a.nodes.is_some() || a.gpu || a.plot.is_some() || a.json.is_some() {
+            return Err(UsageError(
+                "--ranks-sweep runs host memory on this host at the sizes it lists; drop -n, --nodes, --gpu, --plot \
+                 and --json"
+                    .into(),
+            ));
+        }
+        a.vs_mpi = true;
+        // A CPU run even where GPUs are: the sweep compares with Open MPI on host memory.
+        a.device_chosen = true;
+        if !sizes_given {
+            (a.min_bytes, a.max_bytes) = (8, 8);
         }
     }
     if a.plot_from.is_some() && a.plot.is_none() {
@@ -944,11 +979,14 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     }
     // First, so that a host without namespaces fails before any build; on the main thread,
     // which the nodes' holder processes die with.
+    if !a.ranks_sweep.is_empty() {
+        return sweep(a, &root, &target, token);
+    }
     let nodes = match a.nodes {
         Some(n) => Some(BenchNodes::make(n, a.ranks, a.rate, &target.join("weave-bench"))?),
         None => None,
     };
-    let code = bench_on(a, &root, &target, token, nodes.as_ref());
+    let code = bench_on(a, &root, &target, token, nodes.as_ref()).map(|(code, _)| code);
     match (code, nodes.map(BenchNodes::finish).transpose()) {
         (Ok(code), Ok(_)) => Ok(code),
         (Err(e), Ok(_)) | (Ok(_), Err(e)) => Err(e),
@@ -956,14 +994,37 @@ fn bench(a: &BenchArgs, token: &CancelToken) -> Result<ExitCode, String> {
     }
 }
 
-/// [`bench()`] for host memory, on `nodes` when given.
+/// `--ranks-sweep`: [`bench_on`] at each world size (building once), then the sweep's table.
+fn sweep(a: &BenchArgs, root: &Path, target: &Path, token: &CancelToken) -> Result<ExitCode, String> {
+    let mut runs = Vec::new();
+    let mut code = ExitCode::SUCCESS;
+    for (i, &ranks) in a.ranks_sweep.iter().enumerate() {
+        let run = BenchArgs { ranks, build: a.build && i == 0, ranks_sweep: Vec::new(), ..a.clone() };
+        let (c, rows) = bench_on(&run, root, target, token, None)?;
+        if c != ExitCode::SUCCESS {
+            code = c;
+        }
+        runs.push((ranks, rows));
+        println!();
+    }
+    println!(
+        "# ranks sweep: {} on this host, weave and Open MPI in the same run per world size; create = the slowest \
+         rank's communicator creation (Open MPI: MPI_Init)",
+        a.op.name()
+    );
+    println!("{}", bench_sweep::table(&runs));
+    Ok(code)
+}
+
+/// [`bench()`] for host memory, on `nodes` when given; returns the exit status and the rows
+/// (weave's, with Open MPI's beside them when it ran).
 fn bench_on(
     a: &BenchArgs,
     root: &Path,
     target: &Path,
     token: &CancelToken,
     nodes: Option<&BenchNodes>,
-) -> Result<ExitCode, String> {
+) -> Result<(ExitCode, bench_sweep::Joined), String> {
     // Find MPI before spending time on a build.
     let mpi_tools = if a.vs_mpi { Some(mpi_tools()?) } else { None };
     if a.build {
@@ -1055,7 +1116,7 @@ fn bench_on(
         }
     };
 
-    let joined: Vec<(Row, Option<Row>)> = rows
+    let joined: bench_sweep::Joined = rows
         .into_iter()
         .enumerate()
         .map(|(i, r)| {
@@ -1092,9 +1153,9 @@ fn bench_on(
     if weave_wrong > 0 || mpi_wrong > 0 {
         let mpi = if a.vs_mpi { format!(", {mpi_wrong} from Open MPI") } else { String::new() };
         eprintln!("bench: wrong results: {weave_wrong} elements from weave{mpi}");
-        return Ok(ExitCode::FAILURE);
+        return Ok((ExitCode::FAILURE, joined));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok((ExitCode::SUCCESS, joined))
 }
 
 #[cfg(test)]
@@ -1194,6 +1255,20 @@ mod tests {
         assert_eq!(args[..4], ["--op", "all_gather", "-b", "1024"]);
         assert!(args.contains(&"--inplace".to_string()) && !args.contains(&"--check".to_string()));
         assert_eq!(parse_line(&["--op", "reduce", "--help"]).unwrap(), Parsed::Help);
+    }
+
+    #[test]
+    fn ranks_sweep() {
+        let Parsed::Run(a) = parse_line(&["--ranks-sweep", "2,8,32"]).unwrap() else { panic!() };
+        assert_eq!(a.ranks_sweep, [2, 8, 32]);
+        assert!(a.vs_mpi && a.device_chosen);
+        assert_eq!((a.min_bytes, a.max_bytes), (8, 8));
+        let Parsed::Run(a) = parse_line(&["--ranks-sweep=4", "-e", "1K"]).unwrap() else { panic!() };
+        assert_eq!((a.min_bytes, a.max_bytes), (8, 1024));
+        let err = |line: &[&str]| parse_line(line).unwrap_err().0;
+        assert!(err(&["--ranks-sweep", "2", "-n", "4"]).contains("drop -n"));
+        assert!(err(&["--ranks-sweep", "2", "-N", "2"]).contains("--nodes"));
+        assert!(err(&["--ranks-sweep", "0"]).contains("world sizes"));
     }
 
     #[test]

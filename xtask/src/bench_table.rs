@@ -115,6 +115,9 @@ pub(crate) struct Row {
     /// At the end of the size, two ranks were on one CPU (their waits then went through the
     /// scheduler). False when the line does not say.
     pub(crate) shared_cpu: bool,
+    /// Seconds the slowest rank took to create the communicator (weave) or initialize MPI,
+    /// when the line says.
+    pub(crate) create_s: Option<f64>,
 }
 
 impl Row {
@@ -142,6 +145,10 @@ impl Row {
             shared_cpu: match o.get("shared_cpu") {
                 None => false,
                 Some(_) => o.bool("shared_cpu")?,
+            },
+            create_s: match o.get("create_s") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(o.num("create_s")?),
             },
         };
         if row.time_us < 0.0 {
@@ -182,12 +189,18 @@ impl Row {
             .push("wrong", self.wrong.map_or(Value::Null, |w| Value::Num(w as f64)))
             .push("algorithm", Value::Str(self.algorithm.clone()))
             .push("shared_cpu", Value::Bool(self.shared_cpu));
+        if let Some(c) = self.create_s {
+            o.push("create_s", Value::Num(c));
+        }
         if let Some(m) = mpi {
             o.push("mpi_time_us", Value::Num(m.time_us))
                 .push("mpi_algbw", Value::Num(m.algbw()))
                 .push("mpi_busbw", Value::Num(m.busbw()))
                 .push("mpi_wrong", m.wrong.map_or(Value::Null, |w| Value::Num(w as f64)))
                 .push("mpi_shared_cpu", Value::Bool(m.shared_cpu));
+            if let Some(c) = m.create_s {
+                o.push("mpi_create_s", Value::Num(c));
+            }
         }
         o
     }

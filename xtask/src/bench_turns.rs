@@ -111,7 +111,9 @@ impl Turns {
             match stream.read(&mut b) {
                 Ok(1) if line.len() < 64 => line.push(b[0]),
                 Ok(_) => return Err(format!("bad hello on the turn socket: {:?}", String::from_utf8_lossy(&line))),
-                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                // A read with a timeout fails with EINTR after the process was stopped and
+                // continued (signal(7)), by a job control or a paused host: look again.
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
                     self.check(None, "reading a rank's hello")?
                 }
                 Err(e) => return Err(io(e)),
@@ -150,7 +152,9 @@ impl Turns {
                     Ok(1) if b[0] == b'd' => break,
                     Ok(0) => return Err(format!("{name} rank {r} closed the turn socket")),
                     Ok(_) => return Err(format!("{name} rank {r} sent {:?} on the turn socket", b[0] as char)),
-                    Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    Err(e)
+                        if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) =>
+                    {
                         self.check(Some(j), &what)?
                     }
                     Err(e) => return Err(format!("{what}: {e}")),

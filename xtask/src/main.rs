@@ -6,6 +6,7 @@
 mod args;
 mod bench_cmd;
 mod bench_nodes;
+mod bench_sweep;
 mod bench_table;
 mod bench_turns;
 mod gpu_bundle_cmd;

@@ -21,7 +21,9 @@
  * is restored (in place) or the output poisoned (out of place), and after it (untimed) every
  * result element is compared with the exact expected value; `wrong` sums wrong elements over
  * ranks and calls. Inputs are the same small integers as the weave worker's. `shared_cpu`: two
- * ranks were on one CPU (sched_getcpu) at the end of the size.
+ * ranks were on one CPU (sched_getcpu) at the end of the size. `create_s`: the slowest rank's
+ * MPI_Init, in seconds (CLOCK_MONOTONIC around it; weave's worker times its communicator's
+ * creation).
  *
  * Mapping to MPI: MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast,
  * MPI_Reduce, MPI_Alltoall; in place through MPI_IN_PLACE (reduce_scatter's in-place result is
@@ -34,6 +36,7 @@
 #define _GNU_SOURCE /* sched_getcpu */
 #include <mpi.h>
 
+#include <errno.h>
 #include <limits.h>
 #include <sched.h>
 #include <math.h>
@@ -98,9 +101,16 @@ static void turn_connect(const struct options *o) {
 static void turn_wait(const struct options *o) {
     if (turn_fd < 0) return;
     struct pollfd p = {.fd = turn_fd, .events = POLLIN};
-    if (poll(&p, 1, (int)(o->turn_timeout * 1000)) != 1) turn_fail("no turn within the timeout");
+    /* poll fails with EINTR after the process was stopped and continued: wait on. */
+    int ready;
+    while ((ready = poll(&p, 1, (int)(o->turn_timeout * 1000))) < 0 && errno == EINTR) {
+    }
+    if (ready != 1) turn_fail("no turn within the timeout");
     char c;
-    if (read(turn_fd, &c, 1) != 1 || c != 'g') turn_fail("closed, or an unexpected byte");
+    ssize_t got;
+    while ((got = read(turn_fd, &c, 1)) < 0 && errno == EINTR) {
+    }
+    if (got != 1 || c != 'g') turn_fail("closed, or an unexpected byte");
 }
 
 static void turn_done(void) {
@@ -430,7 +440,7 @@ static void call(const struct options *o, void *a, void *b, size_t count) {
 }
 
 static int json_line(const struct options *o, size_t bytes, size_t count, double time_us, int have_wrong,
-                     uint64_t wrong, int shared_cpu) {
+                     uint64_t wrong, int shared_cpu, double create_s) {
     double n = nranks, factor = 1.0;
     if (o->coll == ALL_REDUCE) factor = 2.0 * (n - 1.0) / n;
     else if (o->coll == ALL_GATHER || o->coll == REDUCE_SCATTER || o->coll == ALL_TO_ALL) factor = (n - 1.0) / n;
@@ -440,13 +450,13 @@ static int json_line(const struct options *o, size_t bytes, size_t count, double
     else snprintf(w, sizeof w, "null");
     return printf("{\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,\"dtype\":\"%s\",\"redop\":\"%s\",\"inplace\":%s,"
                   "\"ranks\":%d,\"time_us\":%.9g,\"algbw\":%.9g,\"busbw\":%.9g,\"wrong\":%s,\"algorithm\":\"mpi\","
-                  "\"shared_cpu\":%s}\n",
+                  "\"shared_cpu\":%s,\"create_s\":%.9g}\n",
                   COLL_NAMES[o->coll], bytes, count, DTYPE_NAMES[o->dtype],
                   reduces(o->coll) ? REDOP_NAMES[o->redop] : "none", o->inplace ? "true" : "false", nranks,
-                  time_us, algbw, algbw * factor, w, shared_cpu ? "true" : "false");
+                  time_us, algbw, algbw * factor, w, shared_cpu ? "true" : "false", create_s);
 }
 
-static void run_size(const struct options *o, size_t size) {
+static void run_size(const struct options *o, size_t size, double create_s) {
     size_t e = DTYPE_SIZES[o->dtype], n = (size_t)nranks, count = size / e;
     int block = !(o->coll == ALL_REDUCE || o->coll == BROADCAST || o->coll == REDUCE);
     if (block) count = (count / n) & ~(16 / e - 1);
@@ -537,7 +547,7 @@ static void run_size(const struct options *o, size_t size) {
     free(cpus);
     size_t bytes = (block ? nc : count) * e;
     if (rank == 0) {
-        json_line(o, bytes, count, median(max_times, timed), o->check, total, shared_cpu);
+        json_line(o, bytes, count, median(max_times, timed), o->check, total, shared_cpu, create_s);
         fflush(stdout);
     }
     free(init), free(a), free(b), free(sentinel), free(want), free(times), free(max_times);
@@ -643,7 +653,9 @@ static const char *parse_args(int argc, char **argv, struct options *o) {
 }
 
 int main(int argc, char **argv) {
+    double init_start = now_us();
     MPI_Init(&argc, &argv);
+    double create_s = (now_us() - init_start) / 1e6;
     MPI_Comm_rank(MPI_COMM_WORLD, &rank);
     MPI_Comm_size(MPI_COMM_WORLD, &nranks);
     struct options o;
@@ -658,10 +670,11 @@ int main(int argc, char **argv) {
         MPI_Finalize();
         return 2;
     }
+    MPI_Allreduce(MPI_IN_PLACE, &create_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
     turn_connect(&o);
     for (size_t size = o.min_bytes; size <= o.max_bytes;) {
         turn_wait(&o);
-        run_size(&o, size);
+        run_size(&o, size, create_s);
         turn_done();
         if (size > SIZE_MAX / o.factor) break;
         size *= o.factor;

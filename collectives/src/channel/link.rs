@@ -8,6 +8,7 @@
 //! |---|---|---|
 //! | 0 | 8 | `ready`: messages the peer has posted into this region (monotonic; staged posting) |
 //! | 64 | 8 | `freed`: messages of *this* rank the peer has consumed (monotonic) |
+//! | 128 | 8 | a [`Doorbell`] the peer rings after each store into this region (posting directly) |
 //! | 4096 + i·S | S | slot `i` of `SLOTS`: a 32-byte header, then up to `S - 32` bytes of payload |
 //!
 //! The header is four words: the message's sequence number; the call number (modulo 2³²) and
@@ -42,6 +43,11 @@
 //! carries [`STAGED_MARK`], so ends that disagree fail with a protocol error instead of reading
 //! a message before it is whole.
 //!
+//! Posting directly, a sender rings the receiver's doorbell after storing a sequence word and
+//! a receiver rings the sender's after storing `freed` (a fence and a load while nobody
+//! sleeps), so a waiter that has gone to sleep on its own region's doorbell wakes at once.
+//! Staged, the transport stores into the region, and a sleeping waiter naps instead.
+//!
 //! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
 //! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
 
@@ -51,14 +57,17 @@ use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::connection::{CheckedWrite, Connection};
+use comm_core::doorbell::Doorbell;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
-use comm_core::spin::{WaitContext, spin_until_progress};
+use comm_core::spin::{WaitContext, wait_until_rung};
 use comm_core::{Error, Result};
 
 /// Offset of the `ready` word.
 const READY: usize = 0;
 /// Offset of the `freed` word.
 const FREED: usize = 64;
+/// Offset of the region's doorbell.
+const DOORBELL: usize = 128;
 /// Offset of slot 0.
 const SLOTS_OFFSET: usize = 4096;
 /// Words of the header at the start of a slot.
@@ -311,9 +320,21 @@ impl Link {
         SLOTS_OFFSET + (message as usize & (self.slots - 1)) * self.slot_bytes
     }
 
-    /// Spins until `ready()`, making the connection's receive progress on every iteration:
+    /// The doorbell of the region at `base` (this rank's, or posting directly the peer's).
+    ///
+    /// # Safety
+    /// As for [`word_at`](Self::word_at).
+    unsafe fn doorbell_at(&self, base: usize) -> &Doorbell {
+        // SAFETY: the caller names a region checked to hold the layout (DOORBELL lies inside
+        // its control page, 8-byte aligned), mapped while the link lives, zeroed when made;
+        // both sides access these bytes only as a doorbell.
+        unsafe { Doorbell::from_ptr((base + DOORBELL) as *mut u8) }
+    }
+
+    /// Waits until `ready()`, making the connection's receive progress on every iteration:
     /// what this rank waits for is written by the peer through it, so a transport that stores
-    /// incoming bytes in software (TCP) stores them on this thread, without a wake-up.
+    /// incoming bytes in software (TCP) stores them on this thread, without a wake-up. Posting
+    /// directly, a wait that sleeps does so on this rank's doorbell, which the peer rings.
     fn wait(&self, operation: &str, ready: impl FnMut() -> bool) -> Result<()> {
         let check = || self.connection.check_peer();
         let progress = || self.connection.progress();
@@ -324,7 +345,12 @@ impl Link {
             abort: &self.abort,
             check_peer: &check,
         };
-        spin_until_progress(&ctx, &progress, ready)
+        let doorbell = match self.posting {
+            // SAFETY: mine_base.
+            Posting::Direct { .. } => Some(unsafe { self.doorbell_at(self.mine_base) }),
+            Posting::Staged { .. } => None,
+        };
+        wait_until_rung(&ctx, doorbell, &progress, ready)
     }
 
     /// `Err(PeerLost)` once the transport knows the peer is gone.
@@ -385,6 +411,7 @@ impl Link {
                     let words = (theirs_base + offset + 8) as *mut [u64; HEADER_WORDS - 1];
                     words.write(header.to_words());
                     self.word_at(*theirs_base, offset).store(sequence, Ordering::Release);
+                    self.doorbell_at(*theirs_base).ring();
                 }
                 self.posted = sequence;
                 Ok(())
@@ -488,7 +515,10 @@ impl Link {
         match self.posting {
             Posting::Direct { theirs_base } => {
                 // SAFETY: a direct posting's theirs_base, and FREED lies inside the layout.
-                unsafe { self.word_at(theirs_base, FREED) }.store(self.consumed, Ordering::Release);
+                unsafe {
+                    self.word_at(theirs_base, FREED).store(self.consumed, Ordering::Release);
+                    self.doorbell_at(theirs_base).ring();
+                }
                 Ok(())
             }
             Posting::Staged { .. } => self.connection.update_and_sync(&self.theirs, FREED, self.consumed),

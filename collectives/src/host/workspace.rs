@@ -5,6 +5,7 @@
 //! | offset | size | what |
 //! |---|---|---|
 //! | 64·h | 64 | header line of half `h`: `phase` (how many times this rank has arrived, written at each arrival during a step of half `h`), then the [`Publication`] of the step |
+//! | 128 + 64·b | 8 | rank 0's only: [`Doorbell`] `b`, which waiters of every arrival with `phase % 2 == b` sleep on |
 //! | 4096 + h·S | S | scratch half `h` |
 //!
 //! A *step* is: write this rank's data into scratch half `step % 2`, publish what it is,
@@ -19,6 +20,14 @@
 //! cache miss. The `phase` of a half's header only grows, and ranks arrive equally often in the
 //! same steps: until a peer's own arrival, its header holds a smaller number than the one a
 //! waiter waits for.
+//!
+//! A waiter that sleeps (see [`comm_core::spin::Backoff`]) sleeps on one of the two doorbells
+//! in rank 0's control block, not on a peer's `phase`: it waits for all of them. Every rank
+//! whose wait ends rings that doorbell (a fence and a load when nobody sleeps), so the rank
+//! arriving last wakes every sleeper once, instead of each arrival waking them all. The
+//! doorbells alternate with the arrival's parity: a rank ringing late for one arrival does not
+//! wake the ranks already asleep in the next; and no rank sleeps in the arrival after that
+//! before every rank has arrived at the one in between, which each does after it rang.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -26,8 +35,9 @@ use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::connection::Connection;
+use comm_core::doorbell::Doorbell;
 use comm_core::memory::RegisteredMemory;
-use comm_core::spin::{WaitContext, spin_until};
+use comm_core::spin::{WaitContext, wait_until_rung};
 use comm_core::{Error, Result};
 
 /// Bytes of the control block at the start of each workspace (a page: the scratch halves
@@ -35,7 +45,9 @@ use comm_core::{Error, Result};
 const CONTROL_BYTES: usize = 4096;
 /// Bytes of a cache line: each half's header line holds `phase` and the publication.
 const LINE: usize = 64;
-const _: () = assert!(8 * (1 + Publication::WORDS) <= LINE && 2 * LINE <= CONTROL_BYTES);
+/// Offset of rank 0's first doorbell; the second is a line further.
+const DOORBELLS: usize = 2 * LINE;
+const _: () = assert!(8 * (1 + Publication::WORDS) <= LINE && DOORBELLS + 2 * LINE <= CONTROL_BYTES);
 /// Default size of one scratch half.
 pub(crate) const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
 
@@ -232,8 +244,20 @@ impl Workspace {
         Publication::from_words(w)
     }
 
+    /// The doorbell that waiters of arrival number `phase` sleep on (in rank 0's control block).
+    fn doorbell(&self, phase: u64) -> &Doorbell {
+        let offset = DOORBELLS + (phase % 2) as usize * LINE;
+        // SAFETY: rank 0's workspace is mapped while `all` lives and holds CONTROL_BYTES bytes
+        // of control block, cache-line aligned (checked in `new`); the doorbells lie inside it
+        // (asserted above), start zeroed like the whole segment, and every rank accesses them
+        // only as doorbells.
+        unsafe { Doorbell::from_ptr((self.bases[0] + offset) as *mut u8) }
+    }
+
     /// Arrives (release: everything this rank wrote so far becomes visible), then waits until
-    /// every peer has arrived as often (acquire), bounded by the timeout and peer liveness.
+    /// every peer has arrived as often (acquire), bounded by the timeout, the abort flag and the
+    /// peers' health; then rings the arrival's doorbell for the
+    /// ranks that fell asleep waiting (see the module doc).
     /// Every peer's header line is loaded on each pass (no short cut), so their misses overlap.
     pub(crate) fn arrive_and_wait(&mut self, what: &str) -> Result<()> {
         self.phase += 1;
@@ -243,20 +267,34 @@ impl Workspace {
         let (n, me) = (self.world_size(), self.rank);
         let ready = |p: usize| self.word(p, header).load(Ordering::Acquire) >= target;
         let all_ready = || (0..n).filter(|&p| p != me).fold(true, |ok, p| ok & ready(p));
+        let missing = || (0..n).find(|&p| p != me && !ready(p));
+        // Two peers per check, not all of them (a check after every sleep of every rank of a
+        // large world would add up): the first one not yet arrived, and one more in turn, so a
+        // dead rank is found within `n` checks even while a live one, held up elsewhere by it,
+        // is the one missing here.
+        let turn = std::cell::Cell::new(me);
         let check = || {
-            for c in self.connections.iter().flatten() {
-                c.check_peer()?;
+            turn.set((turn.get() + 1) % n);
+            for p in missing().into_iter().chain([turn.get()]) {
+                if let Some(c) = &self.connections[p] {
+                    c.check_peer()?;
+                }
             }
             Ok(())
         };
         let ctx =
             WaitContext { operation: what, peer: None, timeout: self.timeout, abort: &self.abort, check_peer: &check };
-        match spin_until(&ctx, all_ready) {
+        let bell = self.doorbell(target);
+        match wait_until_rung(&ctx, Some(bell), &|| Ok(()), all_ready) {
+            Ok(()) => {
+                bell.ring();
+                Ok(())
+            }
             // Name the first peer that has not arrived.
             Err(Error::Timeout { operation, peer: None, waited }) => {
-                Err(Error::Timeout { operation, peer: (0..n).find(|&p| p != me && !ready(p)), waited })
+                Err(Error::Timeout { operation, peer: missing(), waited })
             }
-            r => r,
+            Err(e) => Err(e),
         }
     }
 

@@ -36,10 +36,11 @@
 //! - **Roots**: broadcast and reduce use root 0.
 //!
 //! Output: rank 0 prints, per size, one line
-//! `{"op":…,"bytes":…,"count":…,"dtype":…,"redop":…,"inplace":…,"ranks":…,"time_us":…,"algbw":…,"busbw":…,"wrong":…,"algorithm":…,"shared_cpu":…}`
+//! `{"op":…,"bytes":…,"count":…,"dtype":…,"redop":…,"inplace":…,"ranks":…,"time_us":…,"algbw":…,"busbw":…,"wrong":…,"algorithm":…,"shared_cpu":…,"create_s":…}`
 //! (GB/s = 1e9 B/s; `wrong` is `null` without `--check`; `redop` is `none` for collectives
 //! that do not reduce; `shared_cpu` is true when, at the end of the size, two ranks were on the
-//! same CPU — their waits then went through the scheduler). Nothing else it prints to stdout starts with `{`. Errors go to stderr
+//! same CPU — their waits then went through the scheduler; `create_s` is the slowest rank's
+//! time in `Communicator::from_env`, in seconds). Nothing else it prints to stdout starts with `{`. Errors go to stderr
 //! with exit status 1; a bad command line exits 2.
 
 use std::io::{Read, Write};
@@ -446,11 +447,16 @@ impl Turns {
     fn wait(&mut self) -> Result<()> {
         let Some(s) = self.stream.as_mut() else { return Ok(()) };
         let mut b = [0u8; 1];
-        match s.read(&mut b) {
-            Ok(1) if b[0] == b'g' => Ok(()),
-            Ok(0) => Err(Error::protocol("the bench driver closed the turn socket")),
-            Ok(_) => Err(Error::protocol(format!("unexpected turn byte {:?}", b[0] as char))),
-            Err(e) => Err(Error::protocol(format!("waiting for a turn: {e}"))),
+        loop {
+            return match s.read(&mut b) {
+                Ok(1) if b[0] == b'g' => Ok(()),
+                Ok(0) => Err(Error::protocol("the bench driver closed the turn socket")),
+                Ok(_) => Err(Error::protocol(format!("unexpected turn byte {:?}", b[0] as char))),
+                // A read with a timeout fails with EINTR after the process was stopped and
+                // continued (signal(7)): wait on.
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => Err(Error::protocol(format!("waiting for a turn: {e}"))),
+            };
         }
     }
 
@@ -462,7 +468,10 @@ impl Turns {
 }
 
 fn run(o: &Options) -> Result<()> {
+    let start = Instant::now();
     let comm = Communicator::from_env()?;
+    let mut create_s = [0.0f64];
+    comm.all_reduce(&[start.elapsed().as_secs_f64()], &mut create_s, ReduceOp::Max)?;
     let mut turns = Turns::connect(o, comm.rank())?;
     for size in sizes(o.min_bytes, o.max_bytes, o.factor) {
         turns.wait()?;
@@ -481,7 +490,7 @@ fn run(o: &Options) -> Result<()> {
         };
         if comm.rank() == 0 {
             // Rust's stdout is line-buffered: the line is out before the turn ends.
-            println!("{}", json_line(o, comm.world_size(), &line));
+            println!("{}", json_line(o, comm.world_size(), &line, create_s[0]));
         }
         turns.done()?;
     }
@@ -563,7 +572,7 @@ fn json_num(v: f64) -> String {
     if v.is_finite() { format!("{v}") } else { "null".into() }
 }
 
-fn json_line(o: &Options, n: usize, l: &Line) -> String {
+fn json_line(o: &Options, n: usize, l: &Line, create_s: f64) -> String {
     let seconds = l.time_us / 1e6;
     let algbw = if seconds > 0.0 { l.bytes as f64 / 1e9 / seconds } else { 0.0 };
     let busbw = algbw * bus_factor(o.op, n);
@@ -574,7 +583,7 @@ fn json_line(o: &Options, n: usize, l: &Line) -> String {
     };
     format!(
         "{{\"op\":{},\"bytes\":{},\"count\":{},\"dtype\":{},\"redop\":{},\"inplace\":{},\"ranks\":{},\
-         \"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{},\"algorithm\":{},\"shared_cpu\":{}}}",
+         \"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{},\"algorithm\":{},\"shared_cpu\":{},\"create_s\":{}}}",
         json_str(o.op.name()),
         l.bytes,
         l.count,
@@ -588,6 +597,7 @@ fn json_line(o: &Options, n: usize, l: &Line) -> String {
         l.wrong.map_or("null".to_string(), |w| w.to_string()),
         json_str(&l.algorithm),
         l.shared_cpu,
+        json_num(create_s),
     )
 }
 
