@@ -24,8 +24,22 @@ fn main() {
             })
             .and_then(|c| p2p(&c)),
         "shared" => shared(),
+        "create" => create(),
         other => Err(worker::unknown_scenario(other)),
     })
+}
+
+/// Communicator creation, timed: the bootstrap (`from_env`), then the communicator on it, then a
+/// barrier so every rank's figure includes the last rank's arrival. Prints milliseconds of each
+/// step, for docs/PERF.md ("Bootstrap at scale").
+fn create() -> Result<String> {
+    let started = std::time::Instant::now();
+    let bootstrap = comm_core::bootstrap::from_env()?;
+    let joined = started.elapsed();
+    let comm = Communicator::builder(bootstrap).build()?;
+    comm.core().bootstrap().barrier()?;
+    let ready = started.elapsed();
+    Ok(format!("bootstrap {} ms, communicator ready {} ms", joined.as_millis(), ready.as_millis()))
 }
 
 /// The correctness matrix with the algorithm table's own choices.
