@@ -8,8 +8,9 @@
 //!
 //! 1. *Groups.* The caller gives one [`UniqueId`] per root (usually one). The ranks split into
 //!    as many contiguous groups ([`rendezvous::group_range`]); the first rank of group `g` is its
-//!    root and listens on the address of id `g`; every other rank binds a listener on port 0 of
-//!    the interface that routes to its root (the root's own address when that is loopback).
+//!    root and listens on the address of id `g` during the rendezvous. Every rank binds a
+//!    listener for links on port 0: a root on its id's interface, the others on the interface
+//!    that routes to their root (the root's own address when that is loopback).
 //! 2. *Rendezvous.* Every other rank connects to its root (retrying until the deadline, since
 //!    the root may start later) and sends a *root hello* (`WVBH`: id `g`'s secret, rank, world
 //!    size, number of roots, its listen address and host identity: hostname and boot id). The
@@ -206,11 +207,12 @@ impl TcpBootstrap {
             (None, None) => return Err(Error::protocol("bootstrap rendezvous: rank 0 ended without a rank table")),
         };
         let mut entries = decode_rank_table(&table, &ids[0], n)?;
-        // A root may listen on an unspecified address (0.0.0.0): others reach it where their id says.
+        // A root may listen on an unspecified address (0.0.0.0): others reach it at the address
+        // their id names.
         for (group, id) in ids.iter().enumerate() {
-            let root = group_range(group, n, ids.len()).start;
-            if root != me {
-                entries[root].listen_addr = id.addr;
+            let root = &mut entries[group_range(group, n, ids.len()).start].listen_addr;
+            if root.ip().is_unspecified() {
+                root.set_ip(id.addr.ip());
             }
         }
         self.addrs = entries.iter().map(|e| e.listen_addr).collect();
@@ -647,6 +649,30 @@ mod tests {
         }
         let after = process_resources();
         assert_eq!(before, after, "(file descriptors, threads) before and after");
+    }
+
+    #[test]
+    fn a_second_job_meets_at_the_same_address_while_the_first_lives() {
+        let id = new_id();
+        let timeout = Duration::from_secs(10);
+        let join = |world_size: usize| {
+            std::thread::scope(|scope| {
+                let handles: Vec<_> = (0..world_size)
+                    .map(|rank| {
+                        let id = &id;
+                        scope.spawn(move || TcpBootstrap::new(id, rank, world_size, timeout).unwrap())
+                    })
+                    .collect();
+                handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+            })
+        };
+        let first = join(3);
+        let second = join(3);
+        std::thread::scope(|scope| {
+            for b in first.iter().chain(&second) {
+                scope.spawn(move || exercise(b));
+            }
+        });
     }
 
     #[test]

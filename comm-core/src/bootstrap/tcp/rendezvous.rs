@@ -70,8 +70,8 @@ impl Rendezvous<'_> {
         self.ids.len()
     }
 
-    /// Joins: binds this rank's listener (a root on its id's address) and, at a root, gathers
-    /// its group. Returns the listener and, at rank 0, the rank table.
+    /// Joins: binds this rank's listener for links and, at a root, gathers its group on its id's
+    /// address (closed again when done). Returns the listener and, at rank 0, the rank table.
     pub(super) fn join(&self) -> Result<(TcpListener, Option<Vec<RankEntry>>)> {
         let group = group_of(self.rank, self.world_size, self.roots());
         let range = group_range(group, self.world_size, self.roots());
@@ -92,9 +92,17 @@ impl Rendezvous<'_> {
         }
         // std's `TcpListener::bind` sets SO_REUSEADDR on Unix, so a port that an earlier job left
         // in TIME_WAIT can be bound again at once (a port with a live listener cannot).
-        let listener = TcpListener::bind(root_id.addr)
+        let root_listener = TcpListener::bind(root_id.addr)
             .map_err(|e| Error::io(format!("bind the bootstrap root listener on {}", root_id.addr), e))?;
-        let entries = self.gather(&listener, group, range.clone())?;
+        // Links come to another port, so the id's port is free again once the rendezvous is
+        // over (a process may bootstrap another job at the same address while this one lives).
+        let link_addr = SocketAddr::new(root_id.addr.ip(), 0);
+        let listener = TcpListener::bind(link_addr)
+            .map_err(|e| Error::io(format!("bind the bootstrap listener on {link_addr}"), e))?;
+        let link_addr = listener.local_addr().map_err(|e| Error::io("read the bootstrap listener's address", e))?;
+        let own = RankEntry { listen_addr: link_addr, host: self.host.clone() };
+        let entries = self.gather(&root_listener, group, range.clone(), own)?;
+        drop(root_listener);
         if group == 0 {
             return Ok((listener, Some(entries)));
         }
@@ -104,15 +112,21 @@ impl Rendezvous<'_> {
     }
 
     /// At the root of `group`: accepts a hello from every other rank of `range` (and at rank 0
-    /// the table of every other group), acknowledging each; returns the entries gathered (rank
-    /// 0: the whole rank table).
-    fn gather(&self, listener: &TcpListener, group: usize, range: Range<usize>) -> Result<Vec<RankEntry>> {
+    /// the table of every other group), acknowledging each; returns the entries gathered, the
+    /// root's `own` first (rank 0: the whole rank table).
+    fn gather(
+        &self,
+        listener: &TcpListener,
+        group: usize,
+        range: Range<usize>,
+        own: RankEntry,
+    ) -> Result<Vec<RankEntry>> {
         let (n, roots) = (self.world_size, self.roots());
         let id = &self.ids[group];
         let mut acceptor = Acceptor::new(listener, self.rank, self.warn)?;
         let covered = if group == 0 { 0..n } else { range.clone() };
         let mut joined: Vec<Option<RankEntry>> = vec![None; covered.len()];
-        joined[0] = Some(RankEntry { listen_addr: id.addr, host: self.host.clone() });
+        joined[0] = Some(own);
         let mut missing = covered.len() - 1;
         while missing > 0 {
             let Some(incoming) = acceptor.next(&self.deadline)? else {
