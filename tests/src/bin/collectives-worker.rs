@@ -31,9 +31,9 @@ fn main() {
 
 /// Communicator creation, timed: the bootstrap (`from_env`), then an all-gather and a barrier on
 /// it (every rank's figure then includes the last rank's arrival), then the communicator on it
-/// and a barrier. Prints milliseconds since the start at each step and the bootstrap's links,
-/// for docs/PERF.md ("Bootstrap at scale"). With `core`, the communicator is only the
-/// primitives layer over the default transports (no host workspace).
+/// and a barrier, then its drop. Prints milliseconds since the start at each step and the
+/// bootstrap's links, for docs/PERF.md ("Bootstrap at scale"). With `core`, the communicator is
+/// only the primitives layer over the default transports (no host workspace).
 fn create(which: &str) -> Result<String> {
     use comm_core::bootstrap::Bootstrap;
     let started = std::time::Instant::now();
@@ -46,21 +46,26 @@ fn create(which: &str) -> Result<String> {
     bootstrap.barrier()?;
     let gathered = started.elapsed();
     let links = bootstrap.open_links();
-    if which == "core" {
+    let ready = if which == "core" {
         let mut builder = comm_core::communicator::Communicator::builder(bootstrap);
         for transport in collectives::default_transports() {
             builder = builder.with_transport_arc(transport);
         }
-        builder.build()?.bootstrap().barrier()?;
+        let comm = builder.build()?;
+        comm.bootstrap().barrier()?;
+        started.elapsed()
     } else {
-        Communicator::builder(bootstrap).build()?.core().bootstrap().barrier()?;
-    }
-    let ready = started.elapsed();
+        let comm = Communicator::builder(bootstrap).build()?;
+        comm.core().bootstrap().barrier()?;
+        started.elapsed()
+    };
+    let dropped = started.elapsed();
     Ok(format!(
-        "bootstrap {} ms, all_gather and barrier {} ms, communicator ready {} ms, {links} bootstrap links",
+        "bootstrap {} ms, all_gather and barrier {} ms, communicator ready {} ms, {links} bootstrap links, dropped {} ms",
         joined.as_millis(),
         gathered.as_millis(),
-        ready.as_millis()
+        ready.as_millis(),
+        dropped.as_millis()
     ))
 }
 
