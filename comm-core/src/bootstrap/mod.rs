@@ -46,7 +46,8 @@ pub trait Bootstrap: Send + Sync {
     /// Why this bootstrap's link to `peer` ended, once it has: a process that exits closes its
     /// links, so transports without a liveness signal of their own (RDMA, whose writes to a
     /// vanished queue pair may just go unanswered) ask this while they wait. `None` while the
-    /// link is up, and where the bootstrap keeps no link to `peer`.
+    /// link is up, and where the bootstrap keeps no link to `peer` ([`TcpBootstrap`] opens one
+    /// in the background when asked about such a peer, so later calls tell).
     fn peer_lost(&self, peer: usize) -> Option<String> {
         let _ = peer;
         None
