@@ -67,8 +67,9 @@ use super::{Bootstrap, RESERVED_TAG_BASE, TAG_ALL_GATHER, TAG_BARRIER, TAG_BROAD
 use crate::config::{Config, Deadline, LogLevel};
 use crate::error::{Error, Result};
 
-/// Tag of the rank table on its way down the tree (step 3).
-const TAG_RANK_TABLE: u64 = RESERVED_TAG_BASE | 0x100;
+/// Tag of the rank table on its way down the tree (step 3); 1 to 3 are the collectives', 0x100
+/// and up the registrations' (`crate::registration`).
+const TAG_RANK_TABLE: u64 = RESERVED_TAG_BASE | 4;
 /// On drop, how long to wait for peers to close their side too (a clean close on both sides).
 const DROP_GRACE: Duration = Duration::from_millis(100);
 /// On drop, how long to wait for the poller thread once told to stop.
