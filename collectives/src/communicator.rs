@@ -315,6 +315,7 @@ impl Communicator {
         Ok(e)
     }
 
+    #[inline]
     fn channel_engine(&self) -> Result<RefMut<'_, ChannelEngine>> {
         let e = self.channel.try_borrow_mut().map_err(|_| already_in_a_call())?;
         e.check_usable()?;
@@ -324,6 +325,7 @@ impl Communicator {
     /// Picks the algorithm, serializes the call, and runs `call` on the executor the plan names
     /// — or, when `validation` failed, takes part in one step that tells every peer, and returns
     /// the local error.
+    #[inline]
     fn collective<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
         // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count while
         // the others pass zero gets a timeout naming the peer instead of a mismatch error).
@@ -335,6 +337,7 @@ impl Communicator {
 
     /// [`collective`](Self::collective) even when it moves nothing (the ranks still exchange
     /// what they called): one step of a hierarchical call.
+    #[inline]
     pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
         let (c, op) = call.collective();
         // SAFETY: the user API built `call` from slices whose lengths it checked (the
@@ -374,6 +377,7 @@ impl Communicator {
     /// [`collective`](Self::collective) with each executor's part as a closure: the channel
     /// executor's (`engine, algorithm, this rank's arguments invalid`), the host one's and the
     /// hierarchical one's (`hierarchy, this rank's validation`).
+    #[inline]
     #[allow(clippy::too_many_arguments)]
     fn run_planned<T: Element>(
         &self,
@@ -604,6 +608,7 @@ impl Communicator {
         Group { comm: self, ops: Vec::new() }
     }
 
+    #[inline]
     fn check_root(&self, what: &str, root: usize) -> Result<()> {
         let n = self.world_size();
         if root >= n {
@@ -750,6 +755,7 @@ impl std::fmt::Debug for AbortHandle {
     }
 }
 
+#[inline]
 fn same_len(what: &str, a: &str, la: usize, b: &str, lb: usize) -> Result<()> {
     if la != lb {
         return Err(Error::invalid(format!("{what}: {a} has {la} elements but {b} has {lb}; they must be equal")));

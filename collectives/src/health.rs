@@ -15,6 +15,7 @@ pub(crate) struct Health {
 
 impl Health {
     /// Errors if an earlier failure broke the communicator.
+    #[inline]
     pub(crate) fn check(&self) -> Result<()> {
         match &self.broken {
             Some(why) => Err(Error::Aborted(format!(

@@ -10,7 +10,7 @@ use crate::op::ReduceOp;
 /// Elements per block: the accumulator of one block stays in L1.
 const BLOCK: usize = 1024;
 /// Elements per block for short reductions: smaller accumulators to initialize per call.
-const SMALL_BLOCKS: [usize; 2] = [64, 256];
+const SMALL_BLOCKS: [usize; 3] = [8, 64, 256];
 
 /// Arithmetic on the type sums and products are accumulated in.
 pub trait Accumulator: Copy + Default + PartialOrd {
@@ -174,6 +174,8 @@ pub unsafe fn reduce_raw2<T: Arith>(
             reduce_blocks::<T, { SMALL_BLOCKS[0] }>(op, divisor, out, out2, srcs, len)
         } else if len <= SMALL_BLOCKS[1] {
             reduce_blocks::<T, { SMALL_BLOCKS[1] }>(op, divisor, out, out2, srcs, len)
+        } else if len <= SMALL_BLOCKS[2] {
+            reduce_blocks::<T, { SMALL_BLOCKS[2] }>(op, divisor, out, out2, srcs, len)
         } else {
             reduce_blocks::<T, BLOCK>(op, divisor, out, out2, srcs, len)
         }

@@ -169,7 +169,9 @@ type Mailboxes = HashMap<(usize, usize, u64), VecDeque<Vec<u8>>>;
 
 struct Shared {
     boxes: Mutex<Mailboxes>,
-    arrived: Condvar,
+    /// One per rank, signalled when a message for that rank arrives (or a rank leaves): a
+    /// message wakes only its receiver, not every thread of a large group.
+    arrived: Vec<Condvar>,
     gone: Vec<AtomicBool>,
     job_key: String,
 }
@@ -186,7 +188,7 @@ impl LoopbackBootstrap {
     pub fn group(n: usize, timeout: Duration) -> Vec<LoopbackBootstrap> {
         let shared = Arc::new(Shared {
             boxes: Mutex::new(HashMap::new()),
-            arrived: Condvar::new(),
+            arrived: (0..n).map(|_| Condvar::new()).collect(),
             gone: (0..n).map(|_| AtomicBool::new(false)).collect(),
             job_key: format!("lb{:014x}", next_key() ^ (process_nonce() & 0xffff_ffff_ffff)),
         });
@@ -208,7 +210,11 @@ impl LoopbackBootstrap {
 impl Drop for LoopbackBootstrap {
     fn drop(&mut self) {
         self.shared.gone[self.rank].store(true, Ordering::Release);
-        self.shared.arrived.notify_all();
+        // Taking the lock orders the store before any waiter's next look at `gone`.
+        drop(self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner()));
+        for c in &self.shared.arrived {
+            c.notify_all();
+        }
     }
 }
 
@@ -239,7 +245,7 @@ impl Bootstrap for LoopbackBootstrap {
         }
         let mut boxes = self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner());
         boxes.entry((self.rank, peer, tag)).or_default().push_back(data.to_vec());
-        self.shared.arrived.notify_all();
+        self.shared.arrived[peer].notify_all();
         Ok(())
     }
 
@@ -262,7 +268,8 @@ impl Bootstrap for LoopbackBootstrap {
             if left.is_zero() {
                 return Err(Error::timeout(format!("loopback recv tag {tag:#x}"), Some(peer), deadline.elapsed()));
             }
-            boxes = self.shared.arrived.wait_timeout(boxes, left).unwrap_or_else(|p| p.into_inner()).0;
+            let arrived = &self.shared.arrived[self.rank];
+            boxes = arrived.wait_timeout(boxes, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }

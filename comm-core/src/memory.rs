@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crate::error::{Error, Result};
 use crate::transport::Transport;
 use crate::wire::{Decoder, Encoder, digest64};
+use nix::sys::mman::{MapFlags, ProtFlags, mmap_anonymous, munmap};
 
 /// Largest registration weave accepts (256 TiB): anything larger in a descriptor is garbage.
 pub const MAX_REGISTRATION_LEN: usize = 1 << 48;
@@ -436,30 +437,33 @@ const HEAP_PAGE: usize = 4096;
 
 impl HeapRegion {
     /// Allocates `len` zeroed bytes in whole pages of their own (at least one, so the pointer
-    /// is never dangling).
+    /// is never dangling). The pages come from an anonymous mapping, so the ones never written
+    /// cost no memory: a world of many thread-ranks allocates mailboxes for every peer.
     pub fn new(len: usize) -> Result<Self> {
-        let layout = Self::layout(len)?;
-        // SAFETY: the layout has non-zero size.
-        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
-        if ptr.is_null() {
-            return Err(Error::Unsupported(format!("out of host memory allocating {len} bytes")));
-        }
-        Ok(HeapRegion { ptr, len })
+        let size = Self::size(len)?;
+        // SAFETY: a fresh private anonymous mapping of `size` bytes (non-zero), placed by the
+        // kernel: it aliases nothing.
+        let ptr =
+            unsafe { mmap_anonymous(None, size, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE) }
+                .map_err(|e| Error::Unsupported(format!("out of host memory allocating {len} bytes: {e}")))?;
+        Ok(HeapRegion { ptr: ptr.as_ptr().cast(), len })
     }
 
-    fn layout(len: usize) -> Result<std::alloc::Layout> {
-        let size = len.max(1).checked_next_multiple_of(HEAP_PAGE);
-        size.and_then(|size| std::alloc::Layout::from_size_align(size, HEAP_PAGE).ok())
+    fn size(len: usize) -> Result<std::num::NonZeroUsize> {
+        len.max(1)
+            .checked_next_multiple_of(HEAP_PAGE)
+            .and_then(std::num::NonZeroUsize::new)
             .ok_or_else(|| Error::invalid(format!("cannot allocate {len} bytes")))
     }
 }
 
 impl Drop for HeapRegion {
     fn drop(&mut self) {
-        // The layout was valid at allocation, so it is now.
-        if let Ok(layout) = Self::layout(self.len) {
-            // SAFETY: ptr came from alloc_zeroed with this same layout and is freed once.
-            unsafe { std::alloc::dealloc(self.ptr, layout) };
+        // The size was valid at allocation, so it is now.
+        if let (Ok(size), Some(ptr)) = (Self::size(self.len), std::ptr::NonNull::new(self.ptr)) {
+            // SAFETY: ptr and size are the mapping made in `new`, unmapped once; nothing
+            // borrows it any more (the region is being dropped).
+            let _ = unsafe { munmap(ptr.cast(), size.get()) };
         }
     }
 }

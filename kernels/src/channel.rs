@@ -25,18 +25,7 @@ pub const BYTES_KERNEL: &str = "weave_channel_bytes";
 pub const REDUCING_KERNEL_PREFIX: &str = "weave_channel";
 
 /// The element types of the reducing kernels: (Rust name, C++ type in `weave/dtype.cuh`).
-pub const REDUCING_TYPES: [(&str, &str); 10] = [
-    ("f64", "double"),
-    ("f32", "float"),
-    ("f16", "weave::half_t"),
-    ("bf16", "weave::bf16_t"),
-    ("i64", "weave::int64_t"),
-    ("i32", "weave::int32_t"),
-    ("u64", "weave::uint64_t"),
-    ("u32", "weave::uint32_t"),
-    ("i8", "weave::int8_t"),
-    ("u8", "weave::uint8_t"),
-];
+pub use crate::program_text::REDUCING_TYPES;
 
 /// One kernel of the family, compiled as a program of its own the first time it is launched.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

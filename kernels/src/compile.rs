@@ -4,9 +4,13 @@
 //! [`crate::source::program`] — into PTX, plus a CUBIN when the target is a concrete `sm_XX`.
 //! Every program gets the embedded weave headers as named headers ([`crate::source::HEADERS`]).
 //!
-//! NVRTC is loaded at run time (`libnvrtc.so.13` or `libnvrtc.so`, found through
-//! `LD_LIBRARY_PATH` or the loader cache); without it, compiling returns
-//! [`Error::Unsupported`] saying how to install it. Compile errors come back as
+//! NVRTC is loaded at run time ([`crate::nvrtc`]): `WEAVE_NVRTC` (a library name or path) when
+//! set, else the newest of `libnvrtc.so.13`, `libnvrtc.so.12` and `libnvrtc.so` (found through
+//! `LD_LIBRARY_PATH` or the loader cache) that is no newer than the CUDA driver, whose own major
+//! version comes first: a CUDA 12 driver gets NVRTC 12, whose code it can run (NVRTC opens its
+//! `libnvrtc-builtins` by name, so a path in `WEAVE_NVRTC` needs its directory on
+//! `LD_LIBRARY_PATH` too). Without one,
+//! compiling returns [`Error::Unsupported`] saying how to install it. Compile errors come back as
 //! [`Error::Cuda`] with operation `"nvrtc compile"` and NVRTC's log as the message.
 //!
 //! # Cache
@@ -18,17 +22,17 @@
 //! checks (magic, version, key, lengths, checksum, PTX text) is ignored and rebuilt. A cache
 //! that cannot be written never fails a compile: [`CompiledKernel::cache`] says what happened.
 
-use std::ffi::{CString, c_char, c_int};
 use std::fmt::Write as _;
 use std::fs;
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use comm_core::{Error, Result};
-use cudarc::nvrtc::sys;
 
-use crate::source::HEADERS;
+use crate::nvrtc::{Nvrtc, NvrtcError, SPLIT_COMPILE, base_options, library_candidates, takes_split_compile};
+use crate::program_text::{Fnv128, HEADERS};
 
 /// What the on-disk cache did for one compile.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -87,8 +91,8 @@ impl CompiledKernel {
     }
 }
 
-/// Where the kernel cache lives, from the environment. This is the only place the kernels crate
-/// reads the environment:
+/// Where the kernel cache lives, from the environment. The kernels crate reads the environment
+/// only in this module (here, and `WEAVE_NVRTC` for the library to load):
 ///
 /// - `WEAVE_KERNEL_CACHE=<dir>`: that directory; `off`, `0`, `none` or empty disables the cache;
 /// - otherwise `$XDG_CACHE_HOME/weave/kernels`, else `$HOME/.cache/weave/kernels`;
@@ -105,38 +109,57 @@ pub fn cache_dir_from_env() -> Option<PathBuf> {
     nonempty("HOME").map(|home| home.join(".cache").join("weave").join("kernels"))
 }
 
-/// True when the NVRTC library can be loaded.
-pub fn nvrtc_available() -> bool {
-    // SAFETY: only tries to dlopen the library's candidate names; no symbol is called.
-    unsafe { sys::is_culib_present() }
-}
-
-fn require_nvrtc() -> Result<()> {
-    if nvrtc_available() {
-        return Ok(());
+/// The CUDA major version of the installed driver, when there is one.
+pub fn driver_major() -> Option<i32> {
+    // SAFETY: only tries to dlopen the driver library; no symbol is called.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return None;
     }
-    Err(Error::Unsupported(
-        "NVRTC not found (libnvrtc.so.13 / libnvrtc.so); install it (`python3 -m pip install \
-         nvidia-cuda-nvrtc==13.0.88`, or the CUDA toolkit) and put its lib directory (e.g. \
-         site-packages/nvidia/cu13/lib, or /usr/local/cuda/lib64) on LD_LIBRARY_PATH"
-            .into(),
-    ))
+    let mut version = 0;
+    // SAFETY: cuDriverGetVersion needs no cuInit; the pointer is valid for writes.
+    let r = unsafe { cudarc::driver::sys::cuDriverGetVersion(&mut version) };
+    (r == cudarc::driver::sys::cudaError_enum::CUDA_SUCCESS && version > 0).then_some(version / 1000)
 }
 
-fn nvrtc_error(operation: &str, code: sys::nvrtcResult) -> Error {
-    Error::Cuda { operation: operation.into(), message: format!("{code:?}") }
+/// The NVRTC this process compiles with, loaded at the first use (see the module docs), or why
+/// there is none.
+fn loaded_nvrtc() -> &'static std::result::Result<Nvrtc, String> {
+    static NVRTC: OnceLock<std::result::Result<Nvrtc, String>> = OnceLock::new();
+    NVRTC.get_or_init(|| {
+        let driver = driver_major();
+        let candidates = match std::env::var("WEAVE_NVRTC") {
+            Ok(v) if !v.is_empty() => vec![v],
+            _ => library_candidates(driver),
+        };
+        Nvrtc::open(&candidates, driver)
+    })
+}
+
+/// True when an NVRTC that the driver can run the code of can be loaded.
+pub fn nvrtc_available() -> bool {
+    loaded_nvrtc().is_ok()
+}
+
+/// The NVRTC in use, or [`Error::Unsupported`] saying what was tried and how to install one.
+fn nvrtc() -> Result<&'static Nvrtc> {
+    loaded_nvrtc().as_ref().map_err(|tried| {
+        Error::Unsupported(format!(
+            "no usable NVRTC ({tried}); install the one of the driver's CUDA version (`python3 -m pip \
+             install nvidia-cuda-nvrtc==13.0.88` for CUDA 13, `nvidia-cuda-nvrtc-cu12` for CUDA 12, or \
+             the CUDA toolkit) and put its lib directory (e.g. site-packages/nvidia/cu13/lib, or \
+             /usr/local/cuda/lib64) on LD_LIBRARY_PATH, or name the library in WEAVE_NVRTC"
+        ))
+    })
 }
 
 /// The NVRTC version as (major, minor).
 pub fn nvrtc_version() -> Result<(i32, i32)> {
-    require_nvrtc()?;
-    let (mut major, mut minor): (c_int, c_int) = (0, 0);
-    // SAFETY: the library is present (checked above); both pointers are valid for writes.
-    let r = unsafe { sys::nvrtcVersion(&mut major, &mut minor) };
-    if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(nvrtc_error("nvrtcVersion", r));
-    }
-    Ok((major, minor))
+    Ok(nvrtc()?.version())
+}
+
+/// Where the NVRTC in use was loaded from (a library name or path).
+pub fn nvrtc_library() -> Result<&'static str> {
+    Ok(nvrtc()?.name())
 }
 
 /// Checks an architecture name: `sm_<digits>[a|f]` or `compute_<digits>[a|f]`. True for `sm_`.
@@ -153,140 +176,12 @@ fn check_arch(arch: &str) -> Result<bool> {
     Ok(concrete)
 }
 
-/// 128-bit FNV-1a, fed field by field (each field followed by its length, so boundaries count).
-struct Fnv128(u128);
-
-impl Fnv128 {
-    const OFFSET: u128 = 0x6c62272e07bb014262b821756295c58d;
-    const PRIME: u128 = 0x0000000001000000000000000000013B;
-
-    fn new() -> Self {
-        Fnv128(Self::OFFSET)
-    }
-
-    fn bytes(&mut self, data: &[u8]) {
-        for &b in data {
-            self.0 ^= u128::from(b);
-            self.0 = self.0.wrapping_mul(Self::PRIME);
-        }
-    }
-
-    fn field(&mut self, data: &[u8]) -> &mut Self {
-        self.bytes(data);
-        self.bytes(&(data.len() as u64).to_le_bytes());
-        self
-    }
-}
-
 fn checksum(parts: &[&[u8]]) -> u64 {
     let mut h = Fnv128::new();
     for p in parts {
         h.field(p);
     }
     (h.0 ^ (h.0 >> 64)) as u64
-}
-
-/// An NVRTC program, destroyed on drop.
-struct Program(sys::nvrtcProgram);
-
-impl Drop for Program {
-    fn drop(&mut self) {
-        // SAFETY: the program was created by nvrtcCreateProgram and is destroyed once, here.
-        // A failure to destroy leaks a little host memory; nothing to do about it.
-        let _ = unsafe { sys::nvrtcDestroyProgram(&mut self.0) };
-    }
-}
-
-fn c_string(what: &str, s: &str) -> Result<CString> {
-    CString::new(s).map_err(|_| Error::invalid(format!("{what} contains a NUL byte")))
-}
-
-/// Reads a buffer NVRTC fills after reporting its size, as bytes (any trailing NUL removed when
-/// `text`).
-fn read_nvrtc_buffer(
-    prog: &Program,
-    what: &str,
-    size: unsafe fn(sys::nvrtcProgram, *mut usize) -> sys::nvrtcResult,
-    fill: unsafe fn(sys::nvrtcProgram, *mut c_char) -> sys::nvrtcResult,
-    text: bool,
-) -> Result<Vec<u8>> {
-    let mut len = 0usize;
-    // SAFETY: `prog` is a live program; `len` is valid for writes.
-    let r = unsafe { size(prog.0, &mut len) };
-    if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(nvrtc_error(what, r));
-    }
-    let mut buf = vec![0u8; len];
-    if len > 0 {
-        // SAFETY: `buf` has exactly the `len` bytes NVRTC asked for.
-        let r = unsafe { fill(prog.0, buf.as_mut_ptr().cast::<c_char>()) };
-        if r != sys::nvrtcResult::NVRTC_SUCCESS {
-            return Err(nvrtc_error(what, r));
-        }
-    }
-    if text {
-        while buf.last() == Some(&0) {
-            buf.pop();
-        }
-    }
-    Ok(buf)
-}
-
-/// Compiles with NVRTC, returning (ptx, cubin, log).
-fn run_nvrtc(source: &str, options: &[String], want_cubin: bool) -> Result<(String, Option<Vec<u8>>, String)> {
-    let src = c_string("kernel source", source)?;
-    let name = c_string("program name", "weave_program.cu")?;
-    let mut header_texts = Vec::with_capacity(HEADERS.len());
-    let mut header_names = Vec::with_capacity(HEADERS.len());
-    for (n, text) in HEADERS {
-        header_names.push(c_string("header name", n)?);
-        header_texts.push(c_string(n, text)?);
-    }
-    let text_ptrs: Vec<*const c_char> = header_texts.iter().map(|c| c.as_ptr()).collect();
-    let name_ptrs: Vec<*const c_char> = header_names.iter().map(|c| c.as_ptr()).collect();
-    let option_cs = options.iter().map(|o| c_string("compile option", o)).collect::<Result<Vec<_>>>()?;
-    let option_ptrs: Vec<*const c_char> = option_cs.iter().map(|c| c.as_ptr()).collect();
-
-    let mut raw: sys::nvrtcProgram = std::ptr::null_mut();
-    // SAFETY: every pointer refers to a NUL-terminated string alive until after the program
-    // is destroyed (the CStrings live to the end of this function, the Program guard drops
-    // first); the header arrays have HEADERS.len() entries each.
-    let r = unsafe {
-        sys::nvrtcCreateProgram(
-            &mut raw,
-            src.as_ptr(),
-            name.as_ptr(),
-            text_ptrs.len() as c_int,
-            text_ptrs.as_ptr(),
-            name_ptrs.as_ptr(),
-        )
-    };
-    if r != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(nvrtc_error("nvrtcCreateProgram", r));
-    }
-    let prog = Program(raw);
-    // SAFETY: `prog` is live; the option array holds option_ptrs.len() valid C strings.
-    let compiled = unsafe { sys::nvrtcCompileProgram(prog.0, option_ptrs.len() as c_int, option_ptrs.as_ptr()) };
-    let log =
-        read_nvrtc_buffer(&prog, "nvrtcGetProgramLog", sys::nvrtcGetProgramLogSize, sys::nvrtcGetProgramLog, true)
-            .map(|b| String::from_utf8_lossy(&b).into_owned())
-            .unwrap_or_default();
-    if compiled != sys::nvrtcResult::NVRTC_SUCCESS {
-        return Err(Error::Cuda {
-            operation: "nvrtc compile".into(),
-            message: format!("{compiled:?} (options: {})\n{}", options.join(" "), log.trim_end()),
-        });
-    }
-    let ptx = read_nvrtc_buffer(&prog, "nvrtcGetPTX", sys::nvrtcGetPTXSize, sys::nvrtcGetPTX, true)?;
-    let ptx = String::from_utf8(ptx)
-        .map_err(|_| Error::Cuda { operation: "nvrtcGetPTX".into(), message: "PTX is not UTF-8".into() })?;
-    let cubin = if want_cubin {
-        let c = read_nvrtc_buffer(&prog, "nvrtcGetCUBIN", sys::nvrtcGetCUBINSize, sys::nvrtcGetCUBIN, false)?;
-        (!c.is_empty()).then_some(c)
-    } else {
-        None
-    };
-    Ok((ptx, cubin, log))
 }
 
 // ---- cache entries --------------------------------------------------------------------------
@@ -360,14 +255,6 @@ fn store_entry(dir: &Path, key: u128, bytes: &[u8]) -> std::io::Result<()> {
 
 // ---- the compiler ---------------------------------------------------------------------------
 
-/// The first NVRTC version that takes `--split-compile` (run the optimizer in parallel).
-const SPLIT_COMPILE_FROM: (i32, i32) = (12, 1);
-
-/// Lets NVRTC optimize on every core, which shortens the compile of the collective program
-/// (≈ 90 kernels) the more cores the host has (timings in docs/PERF.md); the kernels are the
-/// same code (instructions may be ordered or numbered differently).
-const SPLIT_COMPILE: &str = "--split-compile=0";
-
 /// An NVRTC configuration: cache directory, include paths and extra options.
 #[derive(Debug, Clone, Default)]
 pub struct Compiler {
@@ -416,13 +303,7 @@ impl Compiler {
     /// [`compile`](Self::compile) also passes `--split-compile=0` (optimize on every core) to
     /// NVRTC 12.1 and later, unless an extra option sets `--split-compile` itself.
     pub fn options(&self, arch: &str) -> Vec<String> {
-        let mut o = vec![
-            "-std=c++17".to_string(),
-            format!("--gpu-architecture={arch}"),
-            "-default-device".to_string(),
-            "--dopt=on".to_string(),
-            "-lineinfo".to_string(),
-        ];
+        let mut o = base_options(arch);
         o.extend(self.include_paths.iter().map(|p| format!("--include-path={}", p.display())));
         o.extend(self.extra_options.iter().cloned());
         o
@@ -433,7 +314,7 @@ impl Compiler {
     fn options_for(&self, arch: &str, version: (i32, i32)) -> Vec<String> {
         let mut o = self.options(arch);
         let chosen = self.extra_options.iter().any(|x| x.trim_start_matches('-').starts_with("split-compile"));
-        if version >= SPLIT_COMPILE_FROM && !chosen {
+        if takes_split_compile(version) && !chosen {
             o.insert(o.len() - self.include_paths.len() - self.extra_options.len(), SPLIT_COMPILE.to_string());
         }
         o
@@ -448,7 +329,15 @@ impl Compiler {
         if let Some(hit) = self.cache_hit(key, arch, concrete) {
             return Ok(hit);
         }
-        let (ptx, cubin, log) = run_nvrtc(source, &options, concrete)?;
+        let out = nvrtc()?.compile(source, HEADERS, &options, concrete).map_err(|e| match e {
+            NvrtcError::Compile { message, log } => Error::Cuda {
+                operation: "nvrtc compile".into(),
+                message: format!("{message} (options: {})\n{}", options.join(" "), log.trim_end()),
+            },
+            NvrtcError::Input(what) => Error::invalid(format!("{what} contains a NUL byte")),
+            NvrtcError::Call { operation, message } => Error::Cuda { operation: operation.into(), message },
+        })?;
+        let (ptx, cubin, log) = (out.ptx, out.cubin, out.log);
         let cache = match &self.cache_dir {
             None => CacheOutcome::Disabled,
             Some(dir) => match store_entry(dir, key, &encode_entry(key, &ptx, cubin.as_deref())) {
@@ -474,7 +363,6 @@ impl Compiler {
         if source.contains('\0') {
             return Err(Error::invalid("kernel source contains a NUL byte"));
         }
-        require_nvrtc()?;
         let (major, minor) = nvrtc_version()?;
         let options = self.options_for(arch, (major, minor));
         let mut h = Fnv128::new();

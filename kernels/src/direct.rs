@@ -15,6 +15,7 @@ use cudarc::driver::{CudaContext, CudaFunction, CudaStream};
 
 use crate::launch::{LaunchShape, launch_with_args};
 use crate::module::KernelModule;
+use crate::program_text::{ALL_REDUCE_OPS, direct_program, fingerprint, has_direct_kernel, reduce_op_bit};
 
 /// Most ranks a GPU communicator supports (one host's GPUs).
 pub const MAX_GPU_RANKS: usize = 8;
@@ -89,21 +90,9 @@ pub const GPU_ARGS_LAYOUT: Layout = device_layout!(
     ]
 );
 
-/// Most blocks of a block-pipelined kernel (`PIPE_MAX_BLOCKS` in `pipeline.cu`, defined from
-/// this one by the program builder).
-pub const PIPE_MAX_BLOCKS: u32 = 128;
-
-/// Slot groups per block of a block-pipelined kernel (`PIPE_DEPTH` in `pipeline.cu`): step s
-/// uses group s mod `PIPE_DEPTH`, so a block may push up to this many steps ahead of a peer's
-/// reads.
-pub const PIPE_DEPTH: usize = 4;
-
-/// Flag kinds of the pipelined kernels per block and writer (inbox ready, results ready, freed).
-const PIPE_FLAG_KINDS: usize = 3;
-
-/// Bytes of the pipelined kernels' flag words (a u64 per block, kind and writer, up to 8
-/// writers).
-pub const PIPE_FLAGS_BYTES: usize = PIPE_MAX_BLOCKS as usize * PIPE_FLAG_KINDS * 8 * 8;
+pub use crate::program_text::{
+    BLOCK_THREADS, COLLECTIVES_SOURCE, PACKET_MAX_BLOCKS, PIPE_DEPTH, PIPE_FLAGS_BYTES, PIPE_MAX_BLOCKS,
+};
 
 /// Bytes of one LL128 line (`weave/packet.cuh`: 16 u64, the last one the flag).
 pub const LL128_LINE_BYTES: usize = 128;
@@ -200,106 +189,33 @@ impl WorkspaceLayout {
     }
 }
 
-/// The kernels' CUDA C++ source: the flag-based kernels and shared helpers, the byte and
-/// point-to-point kernels, the LL packet exchange of the data-movement collectives, and the
-/// block-pipelined kernels, in that order.
-pub const COLLECTIVES_SOURCE: &str = concat!(
-    include_str!("../cuda/collectives.cu"),
-    "\n",
-    include_str!("../cuda/data_movement.cu"),
-    "\n",
-    include_str!("../cuda/exchange_ll.cu"),
-    "\n",
-    include_str!("../cuda/pipeline.cu"),
-);
-
-/// Threads per block of every collective kernel.
-pub const BLOCK_THREADS: u32 = 512;
-/// Most blocks of an LL packet kernel (`PACKET_MAX_BLOCKS` in `collectives.cu`: one packet
-/// epoch counter per block index, at most 64 in the control block).
-pub const PACKET_MAX_BLOCKS: u32 = 64;
-/// How the entry points of a direct kernel family are made from its body in the sources.
-#[derive(Debug, Clone, Copy)]
-enum EntryPoint {
-    /// `weave_<kernel>_<type>` for every reducing element type
-    /// ([`REDUCING_TYPES`](crate::channel::REDUCING_TYPES)), through `WEAVE_REDUCING_KERNEL`
-    /// with the body template `IMPL<Op, T>`.
-    Reducing { kernel: &'static str, body: &'static str },
-    /// One entry point `weave_<kernel>` running `body(a)`.
-    Plain { kernel: &'static str, body: &'static str },
-}
-
-/// Every entry point of the direct program, family by family.
-const ENTRY_POINTS: &[EntryPoint] = &[
-    reducing("all_reduce_ll", "AllReduceLL"),
-    reducing("all_reduce_two_shot", "AllReduceTwoShot"),
-    reducing("all_reduce_two_shot_ll128", "AllReduceTwoShotLl128"),
-    reducing("reduce", "Reduce"),
-    plain("all_to_allv", "weave::coll::all_to_allv"),
-    plain("sendrecv", "weave::coll::sendrecv"),
-    reducing("reduce_scatter_ll", "ReduceScatterLL"),
-    reducing("reduce_ll", "ReduceLL"),
-    plain("all_gather_ll", "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_GATHER>"),
-    plain("all_to_all_ll", "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_ALL_TO_ALL>"),
-    plain("broadcast_ll", "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>"),
-    reducing("all_reduce_pipelined", "AllReducePipelined"),
-    reducing("reduce_scatter_pipelined", "ReduceScatterPipelined"),
-    plain("broadcast_chain", "weave::coll::broadcast_chain"),
-    plain("broadcast_pipelined", "weave::coll::broadcast_relay"),
-    plain("all_gather_pipelined", "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>"),
-    plain("all_to_all_pipelined", "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_TO_ALL>"),
-];
-
-/// A reducing family's entry points ([`EntryPoint::Reducing`]).
-const fn reducing(kernel: &'static str, body: &'static str) -> EntryPoint {
-    EntryPoint::Reducing { kernel, body }
-}
-
-/// A family of one entry point ([`EntryPoint::Plain`]).
-const fn plain(kernel: &'static str, body: &'static str) -> EntryPoint {
-    EntryPoint::Plain { kernel, body }
-}
-
-impl EntryPoint {
-    /// The source lines defining this family's entry points whose names `wanted` accepts.
-    fn lines(self, wanted: impl Fn(&str) -> bool) -> String {
-        match self {
-            EntryPoint::Reducing { kernel, body } => crate::channel::REDUCING_TYPES
-                .iter()
-                .filter(|(t, _)| wanted(&format!("weave_{kernel}_{t}")))
-                .map(|(t, c)| format!("WEAVE_REDUCING_KERNEL({kernel}, {body}, {t}, {c})\n"))
-                .collect(),
-            EntryPoint::Plain { kernel, body } if wanted(&format!("weave_{kernel}")) => {
-                format!("WEAVE_KERNEL(weave_{kernel}, {body})\n")
-            }
-            EntryPoint::Plain { .. } => String::new(),
-        }
-    }
-}
-
-/// A program of the collective sources with the entry points `wanted` accepts, the launch
-/// configuration and every layout check.
-fn program_of(wanted: impl Fn(&str) -> bool) -> String {
-    let checks = crate::layout::static_checks() + &crate::layout::layout_checks(&[GPU_ARGS_LAYOUT]);
-    let entries: String = ENTRY_POINTS.iter().map(|e| e.lines(&wanted)).collect();
-    crate::source::program_with_checks(&with_host_constants(&format!("{COLLECTIVES_SOURCE}\n{entries}")), &checks)
+/// Every generated check of the direct program: the comm-core handles' and
+/// `GpuCollectiveArgs`' layouts and the protocol constants.
+pub fn checks() -> String {
+    crate::layout::static_checks() + &crate::layout::layout_checks(&[GPU_ARGS_LAYOUT])
 }
 
 /// The full NVRTC program: headers, the launch configuration the kernels are built for, every
-/// collective kernel, and every layout check (what `gpu-worker precompile` puts in the cache).
+/// collective kernel for every operator, and every layout check (what the build script embeds
+/// and `gpu-worker precompile` puts in the cache).
 pub fn program() -> String {
-    program_of(|_| true)
+    direct_program(&checks(), &|_| true, ALL_REDUCE_OPS)
 }
 
-/// The program of `kernel` alone: what a first launch compiles when the full program is not in
-/// the cache (a few seconds instead of a minute or more).
-pub fn program_for(kernel: DirectKernel) -> Result<String> {
+/// The program of `kernel` alone, for the reduction operator code `op` alone when it is a
+/// reducing kernel: what a first launch compiles when the full program is neither embedded nor
+/// in the cache (a second or two instead of a minute or more).
+pub fn program_for(kernel: DirectKernel, op: u32) -> Result<String> {
     let name = kernel.name();
-    let program = program_of(|n| n == name);
-    if !ENTRY_POINTS.iter().any(|e| !e.lines(|n| n == name).is_empty()) {
+    if !has_direct_kernel(&name) {
         return Err(Error::invalid(format!("the direct program has no kernel {name}")));
     }
-    Ok(program)
+    let ops = match kernel.element {
+        None => ALL_REDUCE_OPS,
+        Some(_) => reduce_op_bit(op)
+            .ok_or_else(|| Error::invalid(format!("{name}: reduction operator code {op} is unknown")))?,
+    };
+    Ok(direct_program(&checks(), &|n| n == name, ops))
 }
 
 /// A kernel of the direct program: a family (`weave_all_reduce_ll`) and, for the reducing
@@ -337,23 +253,29 @@ impl std::fmt::Display for DirectKernel {
     }
 }
 
-/// Launches the direct kernels on one GPU: compiles and loads the program at the first launch
-/// (in relaxed capture mode, so that first call may be captured into a CUDA graph) and looks
-/// each function up by name once, later launches find it by its key.
+/// Launches the direct kernels on one GPU. At the first launch it looks for the full program:
+/// the image embedded at build time for this architecture ([`crate::embedded`]), else the full
+/// program in the kernel cache; without either, each kernel is compiled (or found in the cache)
+/// on its first launch, as a program of that kernel alone, and of a reducing kernel for the
+/// launch's operator alone. Loading happens in relaxed capture mode, so a first call may be
+/// captured into a CUDA graph; each function is looked up by name once.
 pub struct DirectLauncher {
     ctx: Arc<CudaContext>,
-    /// `sm_90` and the like: the architecture the program is compiled for.
+    /// `sm_90` and the like: the device's architecture.
     arch: String,
-    /// The modules loaded so far: the full program (when the cache held it) or one per kernel.
+    /// The modules loaded so far: the full program, or one per kernel (and operator).
     modules: Vec<Arc<KernelModule>>,
-    /// The full program's module, when the cache held it at the first launch.
+    /// The full program's module, when one was embedded or cached at the first launch.
     full: Option<Arc<KernelModule>>,
-    /// Whether the cache was asked for the full program yet.
+    /// Whether the first launch looked for the full program yet.
     looked_for_full: bool,
-    functions: HashMap<DirectKernel, CudaFunction>,
+    /// Functions by kernel and the operators (`WEAVE_REDUCE_OPS` mask) of their module.
+    functions: HashMap<(DirectKernel, u32), CudaFunction>,
     /// Launch each kernel overlapped with its predecessor (sm_90 and later: the kernels wait for
     /// it in their first instruction).
     overlapped: bool,
+    /// `WEAVE_DEBUG=info`: say what was loaded or compiled, and how long it took.
+    verbose: bool,
 }
 
 impl std::fmt::Debug for DirectLauncher {
@@ -361,6 +283,7 @@ impl std::fmt::Debug for DirectLauncher {
         f.debug_struct("DirectLauncher")
             .field("arch", &self.arch)
             .field("modules", &self.modules.len())
+            .field("full_program", &self.full.is_some())
             .field("functions", &self.functions.len())
             .field("overlapped", &self.overlapped)
             .finish()
@@ -368,8 +291,9 @@ impl std::fmt::Debug for DirectLauncher {
 }
 
 impl DirectLauncher {
-    /// A launcher for `ctx`'s GPU of architecture `arch`; nothing is compiled yet.
+    /// A launcher for `ctx`'s GPU of architecture `arch`; nothing is loaded yet.
     pub fn new(ctx: &Arc<CudaContext>, arch: &str, overlapped: bool) -> Self {
+        let verbose = comm_core::config::Config::from_env().is_ok_and(|c| c.logs(comm_core::config::LogLevel::Info));
         DirectLauncher {
             ctx: ctx.clone(),
             arch: arch.to_string(),
@@ -378,6 +302,7 @@ impl DirectLauncher {
             looked_for_full: false,
             functions: HashMap::new(),
             overlapped,
+            verbose,
         }
     }
 
@@ -393,65 +318,124 @@ impl DirectLauncher {
         blocks: u32,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        if !self.functions.contains_key(&kernel) {
-            let f = self.load(kernel)?;
-            self.functions.insert(kernel, f);
+        if !self.looked_for_full {
+            // Compiling and loading is no stream work: allowed while capturing.
+            let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+            self.looked_for_full = true;
+            self.full = self.find_full_program()?;
         }
-        let f = self.functions.get(&kernel).ok_or_else(|| Error::invalid(format!("kernel {kernel} vanished")))?;
+        let ops = match kernel.element {
+            Some(_) if self.full.is_none() => reduce_op_bit(args.op)
+                .ok_or_else(|| Error::invalid(format!("{kernel}: reduction operator code {} is unknown", args.op)))?,
+            _ => ALL_REDUCE_OPS,
+        };
+        if !self.functions.contains_key(&(kernel, ops)) {
+            let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+            let f = self.load(kernel, args.op)?;
+            self.functions.insert((kernel, ops), f);
+        }
+        let f =
+            self.functions.get(&(kernel, ops)).ok_or_else(|| Error::invalid(format!("kernel {kernel} vanished")))?;
         let shape = LaunchShape { blocks, threads: BLOCK_THREADS, overlapped: self.overlapped };
         // SAFETY: every direct kernel takes exactly one GpuCollectiveArgs (its layout is checked
-        // in every compile) and waits for its predecessor first; the caller guarantees the
+        // in every compile) and waits for its predecessor first; a module of one operator is
+        // only used for launches of that operator (the key above); the caller guarantees the
         // addresses inside `args`.
         unsafe { launch_with_args(f, args, shape, stream, &kernel) }
     }
 }
 
 impl DirectLauncher {
-    /// The function of `kernel`: from the full program where the kernel cache holds it (a
-    /// warmed cache), else from a program of that kernel alone, compiled (or found in the
-    /// cache) now. `WEAVE_DEBUG=info` prints what was compiled and how long it took.
-    fn load(&mut self, kernel: DirectKernel) -> Result<CudaFunction> {
-        // Compiling and loading is no stream work: allowed while capturing.
-        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
-        let compiler = crate::compile::Compiler::from_env();
-        if !self.looked_for_full {
-            self.looked_for_full = true;
-            if let Some(compiled) = compiler.cached(&program(), &self.arch)? {
-                let m = KernelModule::load(&self.ctx, &compiled)?;
-                self.modules.push(m.clone());
-                self.full = Some(m);
+    /// The full program: the embedded image for this device when there is one of this build's
+    /// program that the driver runs and it loads, else the kernel cache's (when NVRTC is here
+    /// to name the entry), else none.
+    fn find_full_program(&mut self) -> Result<Option<Arc<KernelModule>>> {
+        let started = std::time::Instant::now();
+        let driver = crate::compile::driver_major();
+        let images = crate::embedded::images();
+        let why_not = match crate::embedded::image_for(images, &self.arch, driver) {
+            None if images.is_empty() => crate::embedded::note().to_string(),
+            None => format!(
+                "none of the embedded images ({}) runs on {} with a CUDA {} driver",
+                images
+                    .iter()
+                    .map(|i| format!("{} by NVRTC {}.{}", i.arch, i.nvrtc.0, i.nvrtc.1))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                self.arch,
+                driver.map_or("(unknown)".to_string(), |d| d.to_string())
+            ),
+            Some(image) if image.fingerprint != fingerprint(&program()) => {
+                format!("the embedded {} image is of another program text than this binary's", image.arch)
             }
+            Some(image) => {
+                let key = {
+                    let mut h = crate::program_text::Fnv128::new();
+                    h.field(b"embedded").field(image.arch.as_bytes()).field(&image.fingerprint.to_le_bytes());
+                    h.0
+                };
+                match KernelModule::load_cubin(&self.ctx, key, image.arch, image.cubin) {
+                    Ok(m) => {
+                        self.log(format_args!(
+                            "the embedded {} image (NVRTC {}.{}, {} KiB) loaded in {:.2?}",
+                            image.arch,
+                            image.nvrtc.0,
+                            image.nvrtc.1,
+                            image.cubin.len() >> 10,
+                            started.elapsed()
+                        ));
+                        self.modules.push(m.clone());
+                        return Ok(Some(m));
+                    }
+                    Err(e) => format!("the embedded {} image did not load: {e}", image.arch),
+                }
+            }
+        };
+        self.log(format_args!("no embedded image used: {why_not}"));
+        if !crate::compile::nvrtc_available() {
+            return Ok(None);
         }
+        let Some(compiled) = crate::compile::Compiler::from_env().cached(&program(), &self.arch)? else {
+            return Ok(None);
+        };
+        let m = KernelModule::load(&self.ctx, &compiled)?;
+        self.log(format_args!("the full program loaded from the kernel cache in {:.2?}", started.elapsed()));
+        self.modules.push(m.clone());
+        Ok(Some(m))
+    }
+
+    /// The function of `kernel`: from the full program when there is one, else from a program of
+    /// that kernel alone (of a reducing kernel, for the operator code `op` alone), compiled (or
+    /// found in the cache) now.
+    fn load(&mut self, kernel: DirectKernel, op: u32) -> Result<CudaFunction> {
         if let Some(full) = &self.full {
             return full.function(&kernel.name());
         }
         let started = std::time::Instant::now();
-        let compiled = compiler.compile(&program_for(kernel)?, &self.arch)?;
-        let info = comm_core::config::Config::from_env().is_ok_and(|c| c.logs(comm_core::config::LogLevel::Info));
-        if info {
-            eprintln!(
-                "weave: direct kernel {kernel} for {}: {:?} in {:.2?}",
-                self.arch,
-                compiled.cache(),
-                started.elapsed()
-            );
-        }
+        let compiled = crate::compile::Compiler::from_env().compile(&program_for(kernel, op)?, &self.arch)?;
+        let operator = if kernel.element.is_some() { format!(" (operator {op})") } else { String::new() };
+        self.log(format_args!(
+            "kernel {kernel}{operator} for {}: {} in {:.2?}",
+            self.arch,
+            match compiled.cache() {
+                crate::compile::CacheOutcome::Hit => "found in the kernel cache".to_string(),
+                other => format!(
+                    "compiled by NVRTC {} ({other:?})",
+                    crate::compile::nvrtc_version().map_or("?".into(), |(a, b)| format!("{a}.{b}"))
+                ),
+            },
+            started.elapsed()
+        ));
         let m = KernelModule::load(&self.ctx, &compiled)?;
         self.modules.push(m.clone());
         m.function(&kernel.name())
     }
-}
 
-/// The kernels' source preceded by the constants the host sizes things with: the block size
-/// every launch uses, the pipelined kernels' block limit and flag area, and the packet
-/// kernels' block limit (one packet epoch counter per block).
-fn with_host_constants(source: &str) -> String {
-    format!(
-        "#define WEAVE_BLOCK_THREADS {BLOCK_THREADS}\n#define WEAVE_PIPE_MAX_BLOCKS {PIPE_MAX_BLOCKS}\n\
-         #define WEAVE_PIPE_FLAGS_BYTES {}\n#define WEAVE_PIPE_DEPTH {}\n\
-         #define WEAVE_PACKET_MAX_BLOCKS {PACKET_MAX_BLOCKS}\n{source}",
-        PIPE_FLAGS_BYTES, PIPE_DEPTH
-    )
+    fn log(&self, what: std::fmt::Arguments<'_>) {
+        if self.verbose {
+            eprintln!("weave: direct kernels on device {} ({}): {what}", self.ctx.ordinal(), self.arch);
+        }
+    }
 }
 
 #[cfg(test)]
@@ -498,28 +482,56 @@ mod tests {
     /// every comm-core handle) checked against the C++ side. Without NVRTC this fails under `CI`
     /// and prints SKIPPED elsewhere.
     #[test]
-    fn a_kernel_alone_makes_a_program_of_one_entry_point() {
+    fn a_kernel_alone_makes_a_program_of_one_entry_point_and_operator() {
         let count = |p: &str| p.matches("\nWEAVE_REDUCING_KERNEL(").count() + p.matches("\nWEAVE_KERNEL(").count();
         let all = program();
         assert_eq!(count(&all), 10 * 8 + 9, "8 reducing families of 10 types and 9 others");
-        let one = program_for(DirectKernel::typed("weave_all_reduce_ll", "f32")).unwrap();
+        assert!(!all.contains("#define WEAVE_REDUCE_OPS"), "the full program has every operator");
+        let one = program_for(DirectKernel::typed("weave_all_reduce_ll", "f32"), 4).unwrap();
         assert_eq!(count(&one), 1);
         assert!(one.contains("WEAVE_REDUCING_KERNEL(all_reduce_ll, AllReduceLL, f32, float)"));
-        assert_eq!(count(&program_for(DirectKernel::untyped("weave_sendrecv")).unwrap()), 1);
-        assert!(program_for(DirectKernel::typed("weave_all_reduce_ll", "f128")).is_err());
-        assert!(program_for(DirectKernel::untyped("weave_nonsense")).is_err());
+        assert!(one.starts_with("#define WEAVE_REDUCE_OPS 1\n"), "average is a sum: {}", &one[..40]);
+        let max = program_for(DirectKernel::typed("weave_all_reduce_ll", "f32"), 3).unwrap();
+        assert!(max.starts_with("#define WEAVE_REDUCE_OPS 8\n"));
+        let moving = program_for(DirectKernel::untyped("weave_sendrecv"), 7).unwrap();
+        assert_eq!(count(&moving), 1);
+        assert!(!moving.contains("#define WEAVE_REDUCE_OPS"), "the operator of a data kernel does not matter");
+        assert!(program_for(DirectKernel::typed("weave_all_reduce_ll", "f32"), 5).is_err(), "unknown operator");
+        assert!(program_for(DirectKernel::typed("weave_all_reduce_ll", "f128"), 0).is_err());
+        assert!(program_for(DirectKernel::untyped("weave_nonsense"), 0).is_err());
     }
 
-    /// A first launch on a cold cache compiles one kernel's program: it must compile alone.
+    /// The build script compiles the program with the checks of `cuda/generated/direct_checks.inc`
+    /// (it has no comm-core); they must be the ones comm-core generates, or the embedded images
+    /// are never used. `WEAVE_BLESS=1` rewrites the file.
+    #[test]
+    fn the_build_scripts_checks_are_current() {
+        let path = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/generated/direct_checks.inc");
+        if std::env::var_os("WEAVE_BLESS").is_some() {
+            std::fs::write(path, checks()).unwrap();
+        }
+        let file = std::fs::read_to_string(path).unwrap_or_default();
+        assert!(
+            file == checks(),
+            "{path} differs from kernels::direct::checks(): regenerate it with \
+             `WEAVE_BLESS=1 cargo test -p kernels --lib the_build_scripts_checks_are_current`"
+        );
+    }
+
+    /// A first launch on a cold cache compiles one kernel's program for one operator: it must
+    /// compile alone.
     #[test]
     fn a_kernel_alone_compiles_for_sm_90() {
         if !crate::compile::tests::nvrtc_or_skip("a_kernel_alone_compiles") {
             return;
         }
-        for k in [DirectKernel::typed("weave_all_reduce_ll", "f32"), DirectKernel::untyped("weave_broadcast_pipelined")]
-        {
+        for (k, op) in [
+            (DirectKernel::typed("weave_all_reduce_pipelined", "f32"), 4),
+            (DirectKernel::typed("weave_all_reduce_ll", "bf16"), 3),
+            (DirectKernel::untyped("weave_broadcast_pipelined"), 0),
+        ] {
             let started = std::time::Instant::now();
-            let compiled = crate::compile::Compiler::without_cache().compile(&program_for(k).unwrap(), "sm_90");
+            let compiled = crate::compile::Compiler::without_cache().compile(&program_for(k, op).unwrap(), "sm_90");
             let compiled = compiled.unwrap_or_else(|e| panic!("{k}: {e}"));
             assert!(compiled.ptx().contains(&k.name()), "{k} is not in its program");
             println!("{k} alone: compiled in {:.2?}", started.elapsed());
@@ -570,10 +582,7 @@ mod tests {
         let mut fields = GPU_ARGS_LAYOUT.fields.to_vec();
         fields[2].1 += 8;
         let wrong = Layout { fields: Box::leak(fields.into_boxed_slice()), ..GPU_ARGS_LAYOUT };
-        let source = crate::source::program_with_checks(
-            &with_host_constants(COLLECTIVES_SOURCE),
-            &crate::layout::layout_checks(&[wrong]),
-        );
+        let source = direct_program(&crate::layout::layout_checks(&[wrong]), &|_| false, ALL_REDUCE_OPS);
         let r = crate::compile::Compiler::without_cache().compile(&source, "sm_90");
         assert!(r.is_err(), "a wrong offset compiled");
     }

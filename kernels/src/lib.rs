@@ -8,8 +8,11 @@
 //!   LL8/LL16 packets, the trigger FIFO push, memory/port channel helpers, f16/bf16 arithmetic;
 //! - [`source::program`]: a kernel's source with the headers and the generated layout checks
 //!   ([`layout`]);
-//! - [`compile()`] (module [`mod@compile`]): NVRTC at run time (no CUDA toolkit needed, only `libnvrtc`), with an on-disk
+//! - [`compile()`] (module [`mod@compile`]): NVRTC at run time (no CUDA toolkit needed, only
+//!   `libnvrtc` of the driver's CUDA major version or older, see [`nvrtc`]), with an on-disk
 //!   cache;
+//! - [`embedded`]: the direct program compiled at build time (`build.rs`) for `sm_80`, `sm_90`
+//!   and `sm_100`, when NVRTC was there, so a first collective needs no NVRTC;
 //! - [`module::KernelModule`]: compiled code loaded into a `cudarc` context;
 //! - [`launch::KernelArg`]: comm-core handles as kernel arguments.
 //!
@@ -37,9 +40,12 @@ pub mod arch;
 pub mod channel;
 pub mod compile;
 pub mod direct;
+pub mod embedded;
 pub mod launch;
 pub mod layout;
 pub mod module;
+pub mod nvrtc;
+pub mod program_text;
 pub mod source;
 
 pub use arch::device_arch;

@@ -74,6 +74,24 @@ impl KernelModule {
         Ok(m)
     }
 
+    /// Loads a CUBIN compiled for `arch` (an image embedded at build time) into `ctx` under
+    /// `key`, or returns the module already loaded under that key there.
+    pub fn load_cubin(ctx: &Arc<CudaContext>, key: u128, arch: &str, cubin: &[u8]) -> Result<Arc<KernelModule>> {
+        let ctx_id = ctx.cu_ctx() as usize;
+        let mut modules = MODULES.lock().unwrap_or_else(|p| p.into_inner());
+        modules.retain(|e| e.module.strong_count() > 0);
+        if let Some(m) = modules.iter().find(|e| e.ctx == ctx_id && e.key == key).and_then(|e| e.module.upgrade()) {
+            return Ok(m);
+        }
+        let module = ctx.load_module(Ptx::from_binary(cubin.to_vec())).map_err(|e| Error::Cuda {
+            operation: format!("cuModuleLoadData of the {arch} CUBIN on device {}", ctx.ordinal()),
+            message: e.to_string(),
+        })?;
+        let m = Arc::new(KernelModule { ctx: ctx.clone(), module, key, from_cubin: true });
+        modules.push(Entry { ctx: ctx_id, key, module: Arc::downgrade(&m) });
+        Ok(m)
+    }
+
     /// Compiles [`crate::source::program`]`(extra_source)` for the device's architecture with
     /// `compiler` (through its cache) and loads it.
     pub fn compile_and_load(ctx: &Arc<CudaContext>, compiler: &Compiler, extra_source: &str) -> Result<Arc<Self>> {

@@ -5,38 +5,11 @@
 //! and compiler messages point into the right file and line. [`program`] puts that include in
 //! front of a kernel's source and appends the generated layout checks ([`crate::layout`]).
 
-/// `(include name, contents)` of each named file of `kernels/cuda/weave/`, embedded: the include
-/// name is the file's name under `weave/`, so each header is named once.
-macro_rules! weave_headers {
-    ($($file:literal),* $(,)?) => {
-        &[$((concat!("weave/", $file), include_str!(concat!("../cuda/weave/", $file)))),*]
-    };
-}
-
-/// Every device header, as `(include name, contents)`. [`crate::compile()`] registers all of
-/// them with every NVRTC program.
-pub const HEADERS: &[(&str, &str)] = weave_headers![
-    "types.cuh",
-    "handles.cuh",
-    "atomics.cuh",
-    "status.cuh",
-    "semaphore.cuh",
-    "copy.cuh",
-    "packet.cuh",
-    "fifo.cuh",
-    "memory_channel.cuh",
-    "port_channel.cuh",
-    "dtype.cuh",
-    "reduce.cuh",
-    "weave.cuh"
-];
+pub use crate::program_text::{HEADERS, KERNEL_FILE_NAME, program_with_checks};
 
 /// The test kernels for every primitive (`kernels/cuda/primitives_test.cu`); compile them with
 /// [`program`] (see [`primitives_test_program`]).
 pub const PRIMITIVES_TEST: &str = include_str!("../cuda/primitives_test.cu");
-
-/// The file name NVRTC reports for the kernel's own source in messages.
-pub const KERNEL_FILE_NAME: &str = "kernel.cu";
 
 /// A complete NVRTC program: `#include "weave/weave.cuh"`, then `extra_source` (reported as
 /// [`KERNEL_FILE_NAME`] from line 1), then the layout and protocol checks generated from
@@ -44,21 +17,6 @@ pub const KERNEL_FILE_NAME: &str = "kernel.cu";
 /// C++ mirrors fails the compile.
 pub fn program(extra_source: &str) -> String {
     program_with_checks(extra_source, &crate::layout::static_checks())
-}
-
-/// [`program`] with the given checks instead of the generated ones (tests use it to show that
-/// a wrong layout fails compilation).
-pub fn program_with_checks(extra_source: &str, checks: &str) -> String {
-    let mut s = String::with_capacity(extra_source.len() + checks.len() + 128);
-    s.push_str("#include \"weave/weave.cuh\"\n");
-    s.push_str(&format!("#line 1 \"{KERNEL_FILE_NAME}\"\n"));
-    s.push_str(extra_source);
-    if !extra_source.ends_with('\n') {
-        s.push('\n');
-    }
-    s.push_str("#line 1 \"weave-generated-checks\"\n");
-    s.push_str(checks);
-    s
 }
 
 /// [`program`] of [`PRIMITIVES_TEST`].

@@ -6,7 +6,8 @@
 //! - **bandwidth**: rank 0 writes `iters` messages of each size into rank 1's memory, then
 //!   flushes; MB/s = bytes / time (10^6 bytes, as perftest prints).
 //! - **latency**: ping-pong; each side writes a message and raises a flag in the other's memory
-//!   (`write` + `update_and_sync`), then waits for the flag of the answer in its own memory;
+//!   (`write_and_sync`, as a channel link posts a message), then waits for the flag of the
+//!   answer in its own memory;
 //!   latency = round trip / 2, the median over `iters` (perftest's `t_typical`).
 //!
 //! usage: write_bench [bw|lat] [SIZE ...]   (sizes in bytes; default 2 B .. 1 MiB ×4 for bw,
@@ -15,6 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
+use comm_core::connection::CheckedWrite;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::transport::{PeerExport, TransportBackend, TransportContext};
 use transport_ib::{IbBackend, port_choice_from_env, transport};
@@ -104,15 +106,15 @@ fn main() {
                     s.spawn(|| {
                         for i in 1..=warmup + iters {
                             wait(b_flag, i);
-                            ba.write(&a_remote, 64, &b_src, 64, size).unwrap();
-                            ba.update_and_sync(&a_remote, 0, i).unwrap();
+                            let w = CheckedWrite::new(&a_remote, 64, &b_src, 64, size).unwrap();
+                            ba.write_and_sync(w, 0, i).unwrap();
                         }
                         ba.flush().unwrap();
                     });
                     for i in 1..=warmup + iters {
                         let t = Instant::now();
-                        ab.write(&b_remote, 64, &a_src, 64, size).unwrap();
-                        ab.update_and_sync(&b_remote, 0, i).unwrap();
+                        let w = CheckedWrite::new(&b_remote, 64, &a_src, 64, size).unwrap();
+                        ab.write_and_sync(w, 0, i).unwrap();
                         wait(a_flag, i);
                         if i > warmup {
                             rtts.push(t.elapsed().as_secs_f64() * 1e6);

@@ -12,10 +12,17 @@
 //! The words a peer updates (semaphores, flags, link counters) are written only by that peer, so
 //! the sum is `v`.
 //!
-//! **Completions.** Every request asks for one. Before a post finds the send queue full, and in
-//! `flush`, the connection reaps completions, bounded by the communicator's timeout and abort
-//! flag; a failed completion (the peer's queue pair is gone, a bad key) is
-//! [`Error::PeerLost`] naming the peer, for this call and every later one.
+//! **One post per message.** [`write_and_sync`](Connection::write_and_sync) — how a channel link
+//! posts a message — sends the data's writes and the fetch-and-add behind them as one chain of
+//! work requests with one call into the provider: one doorbell instead of two, and only the
+//! last request asks for a completion.
+//!
+//! **Completions.** Every request that ends a post asks for one; its `wr_id` says how many
+//! requests it retires (itself and the unsignaled ones posted before it, which a reliable
+//! connection completes in order). Before a post finds the send queue full, and in `flush`,
+//! the connection reaps completions, bounded by the communicator's timeout and abort flag; a
+//! failed completion (the peer's queue pair is gone, a bad key) is [`Error::PeerLost`] naming
+//! the peer, for this call and every later one.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -29,7 +36,7 @@ use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
 use crate::region::{IbRegion, RemoteRegion, SourceRegistrations};
-use crate::verbs::{CompletionQueue, ProtectionDomain, QueuePair, WorkRequest, empty_completion};
+use crate::verbs::{CompletionQueue, MAX_CHAIN, ProtectionDomain, QueuePair, WorkRequest, empty_completion};
 
 /// Requests a connection may have in flight (the send queue's depth).
 pub(crate) const SEND_QUEUE_DEPTH: u32 = 128;
@@ -43,9 +50,10 @@ pub(crate) struct Wire {
 
 struct State {
     wire: Wire,
-    /// Requests posted whose completion has not been reaped.
+    /// Requests posted and not yet known complete.
     outstanding: u32,
-    next_wr_id: u64,
+    /// Fetch-and-adds posted: picks each one's slot in `old_values`.
+    adds: u64,
     /// The first failed completion, which breaks the connection for good.
     failed: Option<String>,
 }
@@ -90,7 +98,7 @@ impl IbConnection {
         let old_values = IbRegion::new(pd, 8 * SEND_QUEUE_DEPTH as usize)?;
         Ok(IbConnection {
             peer,
-            state: Mutex::new(State { wire, outstanding: 0, next_wr_id: 0, failed: None }),
+            state: Mutex::new(State { wire, outstanding: 0, adds: 0, failed: None }),
             pd: pd.clone(),
             sources: sources.clone(),
             old_values,
@@ -126,6 +134,10 @@ impl IbConnection {
             }
             let n = state.wire.cq.poll(&mut completions)?;
             for wc in &completions[..n] {
+                // A successful completion retires the requests its wr_id counts (see the
+                // module doc); a failed one breaks the connection, whatever it retires.
+                let retired = if wc.error().is_none() { u32::try_from(wc.wr_id()).unwrap_or(u32::MAX) } else { 1 };
+                state.outstanding = state.outstanding.saturating_sub(retired);
                 if let Some((status, vendor)) = wc.error() {
                     // SAFETY: ibv_wc_status_str returns a static C string for any status.
                     let text = unsafe { std::ffi::CStr::from_ptr(ibverbs_sys::ibv_wc_status_str(status)) };
@@ -138,7 +150,6 @@ impl IbConnection {
                     });
                 }
             }
-            state.outstanding = state.outstanding.saturating_sub(n as u32);
             if n > 0 {
                 backoff.reset();
                 continue;
@@ -157,18 +168,84 @@ impl IbConnection {
         }
     }
 
-    /// Posts `request` once the send queue has room.
+    /// Posts `requests` (at most [`MAX_CHAIN`], the last one signaled) as one chain once the
+    /// send queue has room for them all; numbers each signaled request's `wr_id` with the
+    /// requests it retires.
     ///
     /// # Safety
-    /// As [`QueuePair::post`].
-    unsafe fn post(&self, state: &mut State, mut request: WorkRequest, operation: &str) -> Result<()> {
-        self.reap(state, operation, |outstanding| outstanding < SEND_QUEUE_DEPTH)?;
-        request.wr_id = state.next_wr_id;
-        state.next_wr_id = state.next_wr_id.wrapping_add(1);
+    /// As [`QueuePair::post_chain`].
+    unsafe fn post(&self, state: &mut State, requests: &mut [WorkRequest], operation: &str) -> Result<()> {
+        let k = requests.len() as u32;
+        if !requests.last().is_some_and(|r| r.signaled) {
+            return Err(Error::invalid(format!("{operation}: a chain of ib requests must end with a signaled one")));
+        }
+        self.reap(state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
+        let mut since_signaled = 0u64;
+        for r in requests.iter_mut() {
+            since_signaled += 1;
+            r.wr_id = if r.signaled { std::mem::take(&mut since_signaled) } else { 0 };
+        }
         // SAFETY: forwarded from the caller.
-        unsafe { state.wire.qp.post(request)? };
-        state.outstanding += 1;
+        unsafe { state.wire.qp.post_chain(requests)? };
+        state.outstanding += k;
         Ok(())
+    }
+
+    /// The fetch-and-add that stores `value` into the word at `dst[dst_offset]` (see the module
+    /// doc), and the value to record once it is posted.
+    fn add_request(
+        &self,
+        state: &mut State,
+        dst: &RegisteredMemory,
+        dst_offset: usize,
+        value: u64,
+    ) -> Result<WorkRequest> {
+        dst.check_range(dst_offset, 8)?;
+        let remote = self.remote(dst)?;
+        let addr = remote.addr + dst_offset as u64;
+        if !addr.is_multiple_of(8) {
+            return Err(Error::invalid(format!(
+                "ib update_and_sync at offset {dst_offset} of {:?}: the word is not 8-byte aligned",
+                dst.label()
+            )));
+        }
+        let slot = (state.adds % u64::from(SEND_QUEUE_DEPTH)) as usize * 8;
+        state.adds = state.adds.wrapping_add(1);
+        Ok(WorkRequest {
+            wr_id: 0,
+            // SAFETY: slot + 8 lies inside `old_values` (8 bytes per request in flight).
+            local: unsafe { self.old_values_ptr().add(slot) },
+            len: 8,
+            lkey: self.old_values.lkey(),
+            remote: addr,
+            rkey: remote.rkey,
+            add: Some(value.wrapping_sub(remote.stored(dst_offset))),
+            signaled: true,
+        })
+    }
+
+    /// The RDMA writes of `write`, split at the port's message limit, each signaled or not.
+    fn write_requests(&self, write: &CheckedWrite<'_>, signaled: bool) -> Result<Vec<WorkRequest>> {
+        let remote = self.remote(write.dst)?;
+        let lkey = self.sources.lkey(&self.pd, write.src.region())?;
+        let mut requests = Vec::with_capacity(write.len.div_ceil(self.max_msg_bytes.max(1)));
+        let mut done = 0;
+        while done < write.len {
+            let k = (write.len - done).min(self.max_msg_bytes);
+            requests.push(WorkRequest {
+                wr_id: 0,
+                // SAFETY: the source range lies inside `write.src` (checked), mapped here.
+                local: unsafe { write.src.as_ptr().add(write.src_offset + done) },
+                len: k as u32,
+                lkey,
+                remote: remote.addr + (write.dst_offset + done) as u64,
+                rkey: remote.rkey,
+                add: None,
+                signaled,
+            });
+            done += k;
+        }
+        Ok(requests)
     }
 }
 
@@ -182,64 +259,41 @@ impl Connection for IbConnection {
     }
 
     fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
-        let remote = self.remote(write.dst)?;
-        let lkey = self.sources.lkey(&self.pd, write.src.region())?;
-        if write.len == 0 {
-            return Ok(());
-        }
+        let requests = self.write_requests(&write, true)?;
         let mut state = self.lock();
-        let mut done = 0;
-        while done < write.len {
-            let k = (write.len - done).min(self.max_msg_bytes);
-            let request = WorkRequest {
-                wr_id: 0,
-                // SAFETY: the source range lies inside `write.src` (checked), mapped here.
-                local: unsafe { write.src.as_ptr().add(write.src_offset + done) },
-                len: k as u32,
-                lkey,
-                remote: remote.addr + (write.dst_offset + done) as u64,
-                rkey: remote.rkey,
-                add: None,
-                signaled: true,
-            };
+        for mut request in requests {
             // SAFETY: the source lies inside a registration that outlives the request (the
             // backend keeps source registrations with their regions; the caller keeps the bytes
             // unchanged until the peer acknowledges them, as every connection requires), and the
             // remote range lies inside the peer's registration (checked against its length).
-            unsafe { self.post(&mut state, request, "ib write")? };
-            done += k;
+            unsafe { self.post(&mut state, std::slice::from_mut(&mut request), "ib write")? };
         }
         Ok(())
     }
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
-        dst.check_range(dst_offset, 8)?;
-        let remote = self.remote(dst)?;
-        let addr = remote.addr + dst_offset as u64;
-        if !addr.is_multiple_of(8) {
-            return Err(Error::invalid(format!(
-                "ib update_and_sync at offset {dst_offset} of {:?}: the word is not 8-byte aligned",
-                dst.label()
-            )));
-        }
         let mut state = self.lock();
-        let delta = value.wrapping_sub(remote.stored(dst_offset));
-        let slot = (state.next_wr_id % u64::from(SEND_QUEUE_DEPTH)) as usize * 8;
-        let request = WorkRequest {
-            wr_id: 0,
-            // SAFETY: slot + 8 lies inside `old_values` (8 bytes per request in flight).
-            local: unsafe { self.old_values_ptr().add(slot) },
-            len: 8,
-            lkey: self.old_values.lkey(),
-            remote: addr,
-            rkey: remote.rkey,
-            add: Some(delta),
-            signaled: true,
-        };
+        let mut request = self.add_request(&mut state, dst, dst_offset, value)?;
         // SAFETY: the old-value slot is registered and lives as long as the connection; the
         // remote word lies inside the peer's registration (checked) and is 8-byte aligned.
-        unsafe { self.post(&mut state, request, "ib update_and_sync")? };
-        remote.record(dst_offset, value);
+        unsafe { self.post(&mut state, std::slice::from_mut(&mut request), "ib update_and_sync")? };
+        self.remote(dst)?.record(dst_offset, value);
+        Ok(())
+    }
+
+    fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {
+        let mut requests = self.write_requests(&write, false)?;
+        if requests.len() >= MAX_CHAIN {
+            // Too long for one chain: the writes one by one, then the flag.
+            self.write_checked(write)?;
+            return self.update_and_sync(write.dst, flag_offset, value);
+        }
+        let mut state = self.lock();
+        requests.push(self.add_request(&mut state, write.dst, flag_offset, value)?);
+        // SAFETY: as in write_checked for the writes and update_and_sync for the add: every
+        // local range is registered and outlives its request, every remote range was checked.
+        unsafe { self.post(&mut state, &mut requests, "ib write_and_sync")? };
+        self.remote(write.dst)?.record(flag_offset, value);
         Ok(())
     }
 

@@ -49,6 +49,29 @@ fn writes_arrive_intact_and_the_flag_lands_after_them() {
 
 #[test]
 #[ignore = "needs an RDMA device: transport-ib/vm/softroce-guest.sh runs it"]
+fn write_and_sync_chains_more_messages_than_the_send_queue_holds() {
+    let (a, b, conn, _back) = pair();
+    // Each message a chain of a write and an add (one request for an empty write): 3 queue
+    // depths of them must retire their completions as they go, or a post finds no room.
+    let messages = 3 * crate::connection::SEND_QUEUE_DEPTH as u64;
+    for len in [0usize, 8, 4096 + 5] {
+        let (theirs_local, theirs) = remote_region(&b, &a, len + 64).unwrap();
+        // One source for every message: a source must stay untouched until its write is done.
+        let src = patterned_source(&a, len, len as u8).unwrap();
+        for m in 1..=messages {
+            let write = comm_core::connection::CheckedWrite::new(&theirs, 64, &src, 0, len).unwrap();
+            conn.write_and_sync(write, 0, m).unwrap();
+            if m == messages {
+                conn.flush().unwrap();
+                assert_eq!(theirs_local.load_u64(0).unwrap(), messages, "the flag after {len}-byte messages");
+                assert!(same_bytes(&theirs_local, 64, &src, 0, len).unwrap(), "the last {len}-byte message differs");
+            }
+        }
+    }
+}
+
+#[test]
+#[ignore = "needs an RDMA device: transport-ib/vm/softroce-guest.sh runs it"]
 fn sources_from_other_memory_are_registered_on_first_use() {
     let (a, b, conn, _back) = pair();
     let (theirs_local, theirs) = remote_region(&b, &a, 8192).unwrap();

@@ -558,41 +558,72 @@ impl QueuePair {
     /// `local` must stay valid and registered (`lkey`) until the request completes, and the
     /// remote range must lie inside the peer's registration of `rkey` (the caller checks ranges).
     pub unsafe fn post(&self, request: WorkRequest) -> Result<()> {
-        let mut sge = ffi::ibv_sge { addr: request.local as u64, length: request.len, lkey: request.lkey };
-        // SAFETY: zeroed is a valid work request (null next, zero flags).
-        let mut wr: ffi::ibv_send_wr = unsafe { std::mem::zeroed() };
-        wr.wr_id = request.wr_id;
-        wr.sg_list = &mut sge;
-        wr.num_sge = 1;
-        wr.send_flags = if request.signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
-        match request.add {
-            None => {
-                wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
-                wr.wr.rdma =
-                    ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 { remote_addr: request.remote, rkey: request.rkey };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.post_chain(&[request]) }
+    }
+
+    /// Posts up to [`MAX_CHAIN`] work requests (each as in [`post`](Self::post)) with one call
+    /// into the provider: one doorbell, executed in order.
+    ///
+    /// # Safety
+    /// As [`post`](Self::post), for every request.
+    pub unsafe fn post_chain(&self, requests: &[WorkRequest]) -> Result<()> {
+        if requests.is_empty() || requests.len() > MAX_CHAIN {
+            return Err(Error::invalid(format!(
+                "ib post of {} work requests: a chain holds 1 to {MAX_CHAIN}",
+                requests.len()
+            )));
+        }
+        // SAFETY: zeroed is a valid scatter entry and a valid work request (null next, no flags).
+        let mut sges: [ffi::ibv_sge; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+        // SAFETY: as above.
+        let mut wrs: [ffi::ibv_send_wr; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+        let n = requests.len();
+        for (i, request) in requests.iter().enumerate() {
+            sges[i] = ffi::ibv_sge { addr: request.local as u64, length: request.len, lkey: request.lkey };
+            let wr = &mut wrs[i];
+            wr.wr_id = request.wr_id;
+            wr.num_sge = 1;
+            wr.send_flags = if request.signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
+            match request.add {
+                None => {
+                    wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_WRITE;
+                    wr.wr.rdma = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_1 {
+                        remote_addr: request.remote,
+                        rkey: request.rkey,
+                    };
+                }
+                Some(add) => {
+                    wr.opcode = ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
+                    wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
+                        remote_addr: request.remote,
+                        compare_add: add,
+                        swap: 0,
+                        rkey: request.rkey,
+                    };
+                }
             }
-            Some(add) => {
-                wr.opcode = ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
-                wr.wr.atomic = ffi::ibv_send_wr__bindgen_ty_2__bindgen_ty_2 {
-                    remote_addr: request.remote,
-                    compare_add: add,
-                    swap: 0,
-                    rkey: request.rkey,
-                };
+        }
+        // Link them only now: the arrays no longer move.
+        for i in 0..n {
+            wrs[i].sg_list = &mut sges[i];
+            if i + 1 < n {
+                wrs[i].next = &mut wrs[i + 1];
             }
         }
         let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the context outlives the queue pair (through `pd`).
         let post = unsafe { (*self.pd.port.context.as_ptr()).ops.post_send }
             .ok_or_else(|| Error::transport(crate::NAME, "the verbs provider has no post_send"))?;
-        // SAFETY: a live queue pair in RTS and a well-formed request whose memory is valid
-        // (caller); verbs copies the request before returning.
-        let rc = unsafe { post(self.qp.as_ptr(), &mut wr, &mut bad) };
+        // SAFETY: a live queue pair in RTS and well-formed requests whose memory is valid
+        // (caller), linked inside arrays that outlive the call; verbs copies them before
+        // returning.
+        let rc = unsafe { post(self.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
         if rc != 0 {
             return Err(Error::transport(
                 crate::NAME,
                 format!(
-                    "ibv_post_send on {}: errno {rc} ({})",
+                    "ibv_post_send of {n} requests on {}: errno {rc} ({})",
                     self.pd.port.device,
                     std::io::Error::from_raw_os_error(rc)
                 ),
@@ -609,6 +640,9 @@ impl Drop for QueuePair {
         unsafe { ffi::ibv_destroy_qp(self.qp.as_ptr()) };
     }
 }
+
+/// Work requests one [`QueuePair::post_chain`] posts at most.
+pub const MAX_CHAIN: usize = 8;
 
 /// One work request for [`QueuePair::post`].
 #[derive(Debug, Clone, Copy)]

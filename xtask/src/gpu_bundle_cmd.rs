@@ -14,11 +14,11 @@ pub(crate) const SUMMARY: &str = "build the GPU test binaries into .gpu-bundle/ 
 
 /// The help text of `cargo xtask gpu-bundle`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask gpu-bundle [--bin NAME]... [--no-strip]
+usage: cargo xtask gpu-bundle [--bin NAME]... [--example NAME]... [--embed-kernels ARCHS] [--no-strip]
 
 Builds in release every test binary of the packages that hold GPU tests (kernels,
 transport-cudaipc, weave-tests; those not in the workspace are skipped), plus the binaries
-named with --bin, and copies them into .gpu-bundle/ (emptied first) with run.sh, which:
+named with --bin and the examples named with --example, and copies them into .gpu-bundle/ (emptied first) with run.sh, which:
   - runs every test binary with --test-threads=1 (arguments to run.sh are passed on),
     with LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH;
   - recreates the absolute paths that tests compiled in for their helper binaries
@@ -33,9 +33,16 @@ git dir> the nccl-tests source goes into nccl/nccl-tests/ and the script builds 
 Binaries are stripped of debug info (strip --strip-debug) unless --no-strip; the bundle's
 total size is printed and must stay under 64 MiB (the device tool's limit).
 
+With --embed-kernels ARCHS (e.g. sm_90) every build runs with WEAVE_BUILD_KERNELS=1 and
+WEAVE_BUILD_KERNEL_ARCHS=ARCHS: the direct kernels are compiled here (NVRTC needed here, on
+LD_LIBRARY_PATH) and embedded, so the GPU host compiles none at a first call; each binary that
+links the kernels grows by the CUBINs (12.7 MiB per architecture for sm_90).
+
 options:
-      --bin NAME   also bundle the binary NAME (repeatable)
-      --no-strip   keep debug info
+      --bin NAME             also bundle the binary NAME (repeatable)
+      --example NAME         also bundle the example NAME (repeatable)
+      --embed-kernels ARCHS  compile the direct kernels for ARCHS into the binaries
+      --no-strip             keep debug info
   -h, --help       print this help
 ";
 
@@ -51,20 +58,34 @@ const BUNDLE_DIR: &str = ".gpu-bundle";
 #[derive(Debug, Default, PartialEq)]
 struct BundleArgs {
     bins: Vec<String>,
+    examples: Vec<String>,
+    /// `WEAVE_BUILD_KERNEL_ARCHS` for builds that embed the direct kernels.
+    embed_archs: Option<String>,
     strip: bool,
 }
 
 fn parse(mut args: Args) -> Result<Option<BundleArgs>, UsageError> {
-    let mut out = BundleArgs { bins: Vec::new(), strip: true };
+    let mut out = BundleArgs { strip: true, ..BundleArgs::default() };
     while let Some(arg) = args.next()? {
         match arg {
-            Arg::Flag(f) if f == "--bin" => {
+            Arg::Flag(f) if f == "--bin" || f == "--example" => {
                 let v = args.value(&f)?;
-                let name = v.to_str().ok_or_else(|| UsageError(format!("--bin expects a name, got {v:?}")))?;
+                let name = v.to_str().ok_or_else(|| UsageError(format!("{f} expects a name, got {v:?}")))?;
                 if name.is_empty() || name.contains(['/', '\0']) {
-                    return Err(UsageError(format!("--bin expects a binary name, got {name:?}")));
+                    return Err(UsageError(format!("{f} expects a target name, got {name:?}")));
                 }
-                out.bins.push(name.to_string());
+                if f == "--bin" { &mut out.bins } else { &mut out.examples }.push(name.to_string());
+            }
+            Arg::Flag(f) if f == "--embed-kernels" => {
+                let v = args.value(&f)?;
+                let archs = v.to_str().unwrap_or("");
+                let valid = |a: &str| {
+                    a.strip_prefix("sm_").is_some_and(|d| d.len() >= 2 && d.bytes().all(|b| b.is_ascii_digit()))
+                };
+                if !archs.split(',').all(valid) {
+                    return Err(UsageError(format!("--embed-kernels expects sm_XY[,sm_XY...], got {v:?}")));
+                }
+                out.embed_archs = Some(archs.to_string());
             }
             Arg::Flag(f) if f == "--no-strip" => out.strip = false,
             Arg::Flag(f) if f == "-h" || f == "--help" => return Ok(None),
@@ -154,9 +175,15 @@ fn parse_artifact(line: &str) -> Option<Artifact> {
 
 /// Runs cargo with `args` and JSON messages; returns the executable artifacts.
 pub(crate) fn cargo_artifacts(args: &[String]) -> Result<Vec<Artifact>, String> {
+    cargo_artifacts_with_env(args, &[])
+}
+
+/// [`cargo_artifacts`] with extra environment variables for cargo.
+fn cargo_artifacts_with_env(args: &[String], env: &[(&str, &str)]) -> Result<Vec<Artifact>, String> {
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let output = Command::new(&cargo)
         .args(args)
+        .envs(env.iter().copied())
         .arg("--message-format=json")
         .stderr(Stdio::inherit())
         .output()
@@ -279,6 +306,11 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
             println!("gpu-bundle: package {p} is not in this workspace; skipping it");
         }
     }
+    let env: Vec<(&str, &str)> = match &args.embed_archs {
+        Some(archs) => vec![("WEAVE_BUILD_KERNELS", "1"), ("WEAVE_BUILD_KERNEL_ARCHS", archs.as_str())],
+        None => Vec::new(),
+    };
+    let cargo_artifacts = |cargo_args: &[String]| cargo_artifacts_with_env(cargo_args, &env);
     let mut artifacts = Vec::new();
     if !packages.is_empty() {
         let mut cargo_args: Vec<String> = ["test", "--release", "--no-run"].map(String::from).to_vec();
@@ -296,6 +328,19 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
         for b in &args.bins {
             if !built.iter().any(|a| !a.is_test && &a.name == b) {
                 return Err(format!("cargo built no binary named {b:?}"));
+            }
+        }
+        artifacts.extend(built);
+    }
+    if !args.examples.is_empty() {
+        let mut cargo_args: Vec<String> = ["build", "--release"].map(String::from).to_vec();
+        for e in &args.examples {
+            cargo_args.extend(["--example".to_string(), e.clone()]);
+        }
+        let built = cargo_artifacts(&cargo_args)?;
+        for e in &args.examples {
+            if !built.iter().any(|a| !a.is_test && &a.name == e) {
+                return Err(format!("cargo built no example named {e:?}"));
             }
         }
         artifacts.extend(built);
@@ -494,8 +539,13 @@ mod tests {
 
     #[test]
     fn arguments() {
+        let e = parse(Args::new(["--example", "gpu_train_step", "--embed-kernels", "sm_90,sm_100"])).unwrap().unwrap();
+        assert_eq!(e.examples, ["gpu_train_step"]);
+        assert_eq!(e.embed_archs.as_deref(), Some("sm_90,sm_100"));
+        assert!(parse(Args::new(["--embed-kernels", "compute_90"])).is_err());
+        assert!(parse(Args::new(["--embed-kernels", "sm_90,"])).is_err());
         let a = parse(Args::new(["--bin", "x", "--bin=y", "--no-strip"])).unwrap().unwrap();
-        assert_eq!(a, BundleArgs { bins: vec!["x".into(), "y".into()], strip: false });
+        assert_eq!(a, BundleArgs { bins: vec!["x".into(), "y".into()], strip: false, ..BundleArgs::default() });
         assert_eq!(parse(Args::new(["-h"])).unwrap(), None);
         assert!(parse(Args::new(["--bin"])).is_err());
         assert!(parse(Args::new(["--bin", "a/b"])).is_err());

@@ -14,6 +14,7 @@ mod json;
 mod launch_cmd;
 mod nccl_cmd;
 mod plot;
+mod scale_model;
 mod test_cmd;
 
 use std::process::ExitCode;
@@ -45,6 +46,7 @@ const COMMANDS: &[Command] = &[
         run: launch_cmd::run_multinode,
     },
     Command { name: "nccl", summary: nccl_cmd::SUMMARY, usage: nccl_cmd::USAGE, run: nccl_cmd::run },
+    Command { name: "scale-model", summary: scale_model::SUMMARY, usage: scale_model::USAGE, run: scale_model::run },
     Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
     Command { name: "bench", summary: bench_cmd::SUMMARY, usage: bench_cmd::USAGE, run: bench_cmd::run },
     Command {

@@ -7,7 +7,7 @@
 use comm_core::communicator::Communicator as Core;
 use comm_core::{Error, Result};
 
-use super::{CallSpec, ChannelCall, ChannelEngine, piece, pieces};
+use super::{CallSpec, ChannelCall, ChannelEngine, Run, piece, pieces};
 use crate::dtype::Element;
 use crate::host::copy;
 use crate::op::ReduceOp;
@@ -46,16 +46,8 @@ struct Exchange<'a> {
     reduce: Option<ReduceOp>,
 }
 
-/// Runs `c` directly between the ranks.
-///
-/// # Safety
-/// As [`ChannelEngine::run`].
-pub(super) unsafe fn run<T: Element>(
-    e: &mut ChannelEngine,
-    core: &Core,
-    spec: CallSpec,
-    c: ChannelCall<T>,
-) -> Result<()> {
+/// Runs `c` directly between the ranks. Safety: as [`ChannelEngine::run`].
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let count = spec.count;
     let (n, me) = (e.world_size, e.rank);
     let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();

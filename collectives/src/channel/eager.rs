@@ -7,7 +7,7 @@
 //!
 //! The host table runs broadcasts and reduces of up to one message (4 KiB) this way in worlds
 //! of up to 8 ranks, where every peer is mapped and across nodes alike; over shared memory a
-//! message of up to 24 bytes is one cache line for the receiver (see [`super::link`]).
+//! message of up to 32 bytes is one cache line for the receiver (see [`super::link`]).
 //!
 //! The eager links are a set of their own (many slots of [`EAGER_PAYLOAD_BYTES`]), built on
 //! first use: the root links to every rank, every other rank to the root. Larger calls (when
@@ -23,26 +23,22 @@
 //! runs eagerly and another's does not (across 4 KiB) end in a timeout, as in the other
 //! channel algorithms when ranks exchange different numbers of messages.
 
-use comm_core::communicator::Communicator as Core;
 use comm_core::{Error, Result};
 
 use super::link::Link;
-use super::{Call, CallSpec, ChannelCall, ChannelEngine, EAGER_PAYLOAD_BYTES, piece, pieces, stage_and_post};
+use super::{Call, ChannelCall, ChannelEngine, EAGER_PAYLOAD_BYTES, Run, piece, pieces, stage_and_post};
 use crate::dtype::Element;
 use crate::host::copy;
 use crate::per_rank::PerRank;
 use crate::reduce::reduce_raw;
 
-/// Runs a broadcast or reduce eagerly.
-///
-/// # Safety
-/// As [`ChannelEngine::run`].
-pub(super) unsafe fn run<T: Element>(
-    e: &mut ChannelEngine,
-    core: &Core,
-    spec: CallSpec,
-    c: ChannelCall<T>,
-) -> Result<()> {
+/// Ranks whose per-rank state the eager reduce keeps on the stack: the table runs it in worlds
+/// of up to 8 ranks (larger ones, when forced, allocate).
+const EAGER_STACK: usize = 8;
+
+/// Runs a broadcast or reduce eagerly. Safety: as [`ChannelEngine::run`].
+#[inline]
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let (send, recv, root, op) = match c {
         ChannelCall::Broadcast { send, recv, root, .. } => (send, recv, root, None),
@@ -222,9 +218,9 @@ unsafe fn reduce_at_root<T: Element>(
 ) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     // The payload each peer sent for the current piece, null where none is held.
-    let mut held = PerRank::new(n, std::ptr::null::<T>());
+    let mut held = PerRank::<_, EAGER_STACK>::filled(n, std::ptr::null::<T>());
     let held = held.as_mut_slice();
-    let mut finished = PerRank::new(n, false);
+    let mut finished = PerRank::<_, EAGER_STACK>::filled(n, false);
     let finished = finished.as_mut_slice();
     finished[me] = true;
     let mut open = n - 1;

@@ -8,11 +8,12 @@
 //! |---|---|---|
 //! | 0 | 8 | `ready`: messages the peer has posted into this region (monotonic; staged posting) |
 //! | 64 | 8 | `freed`: messages of *this* rank the peer has consumed (monotonic) |
-//! | 4096 + i·S | S | slot `i` of `SLOTS`: a 40-byte header, then up to `S - 40` bytes of payload |
+//! | 4096 + i·S | S | slot `i` of `SLOTS`: a 32-byte header, then up to `S - 32` bytes of payload |
 //!
-//! The header is five words: the message's sequence number, then the call number, the call's
-//! signature, its count, and root, payload length and marks packed into one word (see
-//! [`Header`]). A payload of up to 24 bytes shares the slot's first cache line with its header.
+//! The header is four words: the message's sequence number; the call number (modulo 2³²) and
+//! the call's signature; its count; and root, payload length and marks packed into one word
+//! (see [`Header`]). A payload of up to 32 bytes shares the slot's first cache line with its
+//! header.
 //!
 //! Message `m` (counted from 1) travels in slot `(m - 1) % SLOTS`. To post it, the sender waits
 //! for a credit (`freed ≥ m - SLOTS`: the peer is done with the slot's previous message), then
@@ -26,7 +27,14 @@
 //!   `write_and_sync`, which TCP sends with one system call); the receiver polls `ready`.
 //!
 //! Either way the receiver checks the header (never trusting a length from the wire), uses the
-//! payload in place, and releases the slot by storing `freed` into the sender's region. Every
+//! payload in place, and releases the slot by storing `freed` into the sender's region — after
+//! every message, or, on a link built with a *credit batch* of `b` messages, after every `b`-th:
+//! the sender then reloads `freed` once per `b` messages instead of once per message, and the
+//! word stops bouncing between the two caches on every call. A batch holds back at most
+//! `b - 1 < SLOTS` credits, so a receiver that has taken every message posted to it has always
+//! returned enough for the next one; only algorithms whose receivers wait for nothing but the
+//! sender's next message may batch (the eager ones), since a receiver that held credits back
+//! while waiting for a third rank could make a cycle of waits that per-message credits avoid. Every
 //! wait polls only local memory and is bounded by the timeout, the abort flag and the peer's
 //! health; while it spins it calls the connection's `progress`, so a transport that stores the
 //! peer's bytes in software (TCP) does so on the waiting thread. Both ends choose the same
@@ -54,26 +62,34 @@ const FREED: usize = 64;
 /// Offset of slot 0.
 const SLOTS_OFFSET: usize = 4096;
 /// Words of the header at the start of a slot.
-const HEADER_WORDS: usize = 5;
+const HEADER_WORDS: usize = 4;
 /// Bytes of the header at the start of a slot.
 pub(crate) const HEADER_BYTES: usize = 8 * HEADER_WORDS;
 /// Set in the sequence word of a staged message (see the module doc).
 const STAGED_MARK: u64 = 1 << 63;
 /// Payload bytes a slot may hold at most: the length field of the packed header word.
 const MAX_SLOT_PAYLOAD: usize = (1 << LEN_BITS) - 1;
-/// Bits of the packed header word: root (0..32), payload length (32..56), marks (56, 57).
+/// Bits of the packed header word: root (0..32), payload length (32..56), marks (56..59).
 const LEN_SHIFT: u32 = 32;
 const LEN_BITS: u32 = 24;
 const TAINTED_BIT: u64 = 1 << 56;
 const LAST_BIT: u64 = 1 << 57;
+const INVALID_BIT: u64 = 1 << 58;
+/// The signature bits that travel in the call word; the top bit, [`INVALID_SIGNATURE`],
+/// travels as [`INVALID_BIT`].
+const SIGNATURE_BITS: u64 = u32::MAX as u64;
+/// The signature's mark of a sender whose own arguments were invalid.
+pub(crate) const INVALID_SIGNATURE: u64 = 1 << 63;
 
 /// What every message says about the call it belongs to; receivers check it against their own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Header {
-    /// The channel call this message belongs to (every rank counts calls the same way).
+    /// The channel call this message belongs to, modulo 2³² (every rank counts calls the same
+    /// way).
     pub(crate) call: u64,
-    /// Collective, dtype, op and algorithm of the call, packed (see `host::signature`); the top
-    /// bit marks a sender whose own arguments were invalid.
+    /// Collective, dtype, op and algorithm of the call, packed in the low 32 bits (see
+    /// `host::signature`); [`INVALID_SIGNATURE`] marks a sender whose own arguments were
+    /// invalid.
     pub(crate) signature: u64,
     /// Element count as the collective defines it (per pair for all-to-all-v).
     pub(crate) count: u64,
@@ -101,21 +117,23 @@ impl Header {
             && !self.tainted
     }
 
-    /// The header words after the sequence word; `len` must fit the length field.
+    /// The header words after the sequence word; `len` must fit the length field, `call` and
+    /// the signature's bits other than the invalid mark 32 bits.
     fn to_words(self) -> [u64; HEADER_WORDS - 1] {
         let packed = self.root.min(u64::from(u32::MAX))
             | (self.len << LEN_SHIFT)
             | if self.tainted { TAINTED_BIT } else { 0 }
-            | if self.last { LAST_BIT } else { 0 };
-        [self.call, self.signature, self.count, packed]
+            | if self.last { LAST_BIT } else { 0 }
+            | if self.signature & INVALID_SIGNATURE != 0 { INVALID_BIT } else { 0 };
+        [(self.call & SIGNATURE_BITS) | (self.signature & SIGNATURE_BITS) << 32, self.count, packed]
     }
 
     fn from_words(w: [u64; HEADER_WORDS - 1]) -> Self {
-        let packed = w[3];
+        let packed = w[2];
         Header {
-            call: w[0],
-            signature: w[1],
-            count: w[2],
+            call: w[0] & SIGNATURE_BITS,
+            signature: w[0] >> 32 | if packed & INVALID_BIT != 0 { INVALID_SIGNATURE } else { 0 },
+            count: w[1],
             root: packed & u64::from(u32::MAX),
             tainted: packed & TAINTED_BIT != 0,
             len: (packed >> LEN_SHIFT) & ((1 << LEN_BITS) - 1),
@@ -175,6 +193,9 @@ pub(crate) struct Link {
     consumed: u64,
     /// Credits known: messages of this rank the peer has freed.
     freed: u64,
+    /// Messages this rank takes before it returns their credits (a power of two, at most
+    /// `slots`; see the module doc).
+    credit_batch: u64,
     timeout: Duration,
     abort: Arc<AtomicBool>,
 }
@@ -196,9 +217,19 @@ fn mapped_base(mem: &RegisteredMemory, len: usize, what: &str, label: &str) -> R
 impl Link {
     /// Pairwise: builds the link with `peer` (both ranks call it, in the same order relative to
     /// their other pairwise setups with each other), `slots` slots of `payload` bytes each way
-    /// (rounded down to a power of two, at least one, so a message finds its slot by a mask).
-    pub(crate) fn new(core: &CoreCommunicator, peer: usize, slots: usize, payload: usize) -> Result<Self> {
+    /// (rounded down to a power of two, at least one, so a message finds its slot by a mask),
+    /// returning credits every `credit_batch` messages (rounded down to a power of two, at
+    /// least one and at most `slots`; more than one only for eager algorithms, see the module
+    /// doc).
+    pub(crate) fn new(
+        core: &CoreCommunicator,
+        peer: usize,
+        slots: usize,
+        payload: usize,
+        credit_batch: usize,
+    ) -> Result<Self> {
         let slots = 1usize << slots.max(1).ilog2();
+        let credit_batch = 1u64 << credit_batch.clamp(1, slots).ilog2();
         let label =
             format!("weave channel link {}<->{} ({slots} x {payload} B)", core.rank().min(peer), core.rank().max(peer));
         if payload > MAX_SLOT_PAYLOAD {
@@ -237,6 +268,7 @@ impl Link {
             posted: 0,
             consumed: 0,
             freed: 0,
+            credit_batch,
             timeout: core.config().timeout,
             abort: core.abort_flag().clone(),
         })
@@ -445,10 +477,14 @@ impl Link {
         Ok((header, (self.mine_base + offset + HEADER_BYTES) as *const u8))
     }
 
-    /// Gives the slot of the message last received back to the peer.
+    /// Gives the slot of the message last received back to the peer (its credit goes back
+    /// with the credit batch's last message).
     #[inline]
     pub(crate) fn release(&mut self) -> Result<()> {
         self.consumed += 1;
+        if self.consumed & (self.credit_batch - 1) != 0 {
+            return Ok(());
+        }
         match self.posting {
             Posting::Direct { theirs_base } => {
                 // SAFETY: a direct posting's theirs_base, and FREED lies inside the layout.
@@ -457,5 +493,31 @@ impl Link {
             }
             Posting::Staged { .. } => self.connection.update_and_sync(&self.theirs, FREED, self.consumed),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn headers_survive_their_words_with_every_mark() {
+        let plain = Header { call: 7, signature: 0x0403_0201, count: 1 << 40, root: 3, len: 24, ..Header::default() };
+        let marked = Header {
+            call: u64::from(u32::MAX),
+            signature: 0xff02_0304 | INVALID_SIGNATURE,
+            count: u64::MAX,
+            root: u64::from(u32::MAX),
+            tainted: true,
+            len: MAX_SLOT_PAYLOAD as u64,
+            last: true,
+        };
+        for h in [plain, marked, Header::default()] {
+            assert_eq!(Header::from_words(h.to_words()), h);
+        }
+        // Only the marks differ: each must come back as it went.
+        let invalid = Header { signature: plain.signature | INVALID_SIGNATURE, ..plain };
+        assert_ne!(Header::from_words(invalid.to_words()), plain);
+        assert!(!Header::from_words(invalid.to_words()).agrees_with(&plain));
     }
 }

@@ -17,13 +17,17 @@
 //! it; in the ring algorithms it reaches every rank downstream. Ranks whose counts differ so
 //! much that they exchange different numbers of messages get a timeout instead.
 
+mod bruck;
 mod direct;
 mod eager;
 #[cfg(feature = "cudaipc")]
 pub(crate) mod gpu;
 pub(crate) mod link;
 mod p2p;
+mod recursive;
 mod ring;
+mod swap;
+mod tree;
 
 pub(crate) use direct::{AllToAllvCounts, all_to_allv};
 pub(crate) use p2p::run_group;
@@ -57,6 +61,9 @@ pub(crate) const SLOTS: usize = 4;
 const EAGER_PAYLOAD_BYTES: usize = 4 << 10;
 /// Most slots per eager link direction: how far an eager sender may run ahead of a receiver.
 const EAGER_MAX_SLOTS: usize = 64;
+/// Credit batches per eager link's slots: a receiver returns credits every `slots / this`
+/// messages (see [`link`]'s module doc).
+const EAGER_CREDIT_BATCHES: usize = 4;
 /// Bytes a rank may give its eager links together (each direction's region and outbox).
 const EAGER_BUDGET: usize = 16 << 20;
 
@@ -67,7 +74,7 @@ fn eager_slots_for(n: usize) -> usize {
     (per_link / (2 * (EAGER_PAYLOAD_BYTES + link::HEADER_BYTES))).clamp(SLOTS, EAGER_MAX_SLOTS)
 }
 /// Set in a header's signature by a rank whose own arguments were invalid.
-const INVALID_MARK: u64 = 1 << 63;
+const INVALID_MARK: u64 = link::INVALID_SIGNATURE;
 
 /// Per-communicator state of the channel executor.
 pub(crate) struct ChannelEngine {
@@ -98,7 +105,18 @@ impl Call {
 
     /// Checks a received header against this call; a mismatch is remembered, not returned, so
     /// the algorithm finishes its messages and the ranks stay in step.
+    #[inline]
     fn check(&mut self, from: usize, theirs: &Header, me: usize) -> Result<()> {
+        if theirs.call == self.header.call && (self.problem.is_some() || theirs.agrees_with(&self.header)) {
+            return Ok(());
+        }
+        self.judge(from, theirs, me)
+    }
+
+    /// [`check`](Self::check) for a header that is not plainly in agreement: says why.
+    #[cold]
+    #[inline(never)]
+    fn judge(&mut self, from: usize, theirs: &Header, me: usize) -> Result<()> {
         if theirs.call != self.header.call {
             return Err(Error::protocol(format!(
                 "rank {from} sent a message of channel call {} while rank {me} is in call {}; every rank must \
@@ -159,14 +177,15 @@ impl ChannelEngine {
         ChannelEngine {
             rank: core.rank(),
             world_size: n,
-            links: Links::new(n, SLOTS, payload_for(n)),
-            eager: Links::new(n, eager_slots_for(n), EAGER_PAYLOAD_BYTES),
+            links: Links::new(n, SLOTS, payload_for(n), 1),
+            eager: Links::new(n, eager_slots_for(n), EAGER_PAYLOAD_BYTES, eager_slots_for(n) / EAGER_CREDIT_BATCHES),
             calls: 0,
             health: Health::default(),
         }
     }
 
     /// Errors if an earlier failure broke the communicator.
+    #[inline]
     pub(crate) fn check_usable(&self) -> Result<()> {
         self.health.check()
     }
@@ -192,12 +211,14 @@ impl ChannelEngine {
     }
 
     /// Counts a new call and makes its header.
+    #[inline]
     fn next_call(&mut self, spec: CallSpec) -> Call {
         self.calls += 1;
         let signature = crate::host::signature(spec.collective, spec.dtype, spec.op, spec.algorithm)
             | if spec.invalid { INVALID_MARK } else { 0 };
         let header = Header {
-            call: self.calls,
+            // Modulo 2³², as the header carries it.
+            call: self.calls & u64::from(u32::MAX),
             signature,
             count: spec.count as u64,
             root: (spec.root as u64).min(u64::from(u32::MAX)),
@@ -253,34 +274,39 @@ impl ChannelEngine {
     }
 }
 
-/// One set of links of this rank, one per peer at most, all alike (slot count and payload).
+/// One set of links of this rank, one per peer at most, all alike (slot count, payload and
+/// credit batch, see [`Link::new`]).
 struct Links {
     links: Vec<Option<Link>>,
     /// Every link of the set is built (so [`connect`](Self::connect) has nothing to look at).
     complete: bool,
     slots: usize,
     payload: usize,
+    credit_batch: usize,
 }
 
 impl Links {
     /// No links yet, to any of `n` ranks.
-    fn new(n: usize, slots: usize, payload: usize) -> Self {
-        Links { links: (0..n).map(|_| None).collect(), complete: n == 1, slots, payload }
+    fn new(n: usize, slots: usize, payload: usize, credit_batch: usize) -> Self {
+        Links { links: (0..n).map(|_| None).collect(), complete: n == 1, slots, payload, credit_batch }
     }
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
+    #[inline]
     fn connect(&mut self, core: &CoreCommunicator, me: usize, peers: &[usize]) -> Result<()> {
-        if self.complete || peers.iter().all(|&p| p == me || self.links.get(p).is_some_and(Option::is_some)) {
+        let built = |p: usize| p == me || self.links.get(p).is_some_and(Option::is_some);
+        if self.complete || matches!(peers, [p] if built(*p)) || peers.iter().all(|&p| built(p)) {
             return Ok(());
         }
         for p in missing_links(me, peers, &self.links) {
-            self.links[p] = Some(Link::new(core, p, self.slots, self.payload)?);
+            self.links[p] = Some(Link::new(core, p, self.slots, self.payload, self.credit_batch)?);
         }
         self.complete = self.links.iter().enumerate().all(|(p, l)| p == me || l.is_some());
         Ok(())
     }
 
     /// Builds the links to every other rank that do not exist yet.
+    #[inline]
     fn connect_to_all(&mut self, core: &CoreCommunicator, me: usize) -> Result<()> {
         if self.complete {
             return Ok(());
@@ -305,6 +331,7 @@ impl Links {
 ///
 /// # Safety
 /// `src` valid for `len` reads; `len` at most the link's payload.
+#[inline]
 unsafe fn stage_and_post(link: &mut Link, call: &Call, src: *const u8, len: usize, last: bool) -> Result<()> {
     let dst = link.outbox(call.what)?;
     // SAFETY: the outbox slot holds a full payload (len fits, by the caller), src is valid
@@ -361,6 +388,7 @@ impl ChannelEngine {
     /// # Safety
     /// Pointers as the matching method of the user API guarantees: valid for their counts,
     /// receive ranges writable and either identical to or disjoint from send ranges.
+    #[inline]
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
         core: &CoreCommunicator,
@@ -372,15 +400,39 @@ impl ChannelEngine {
         let spec = spec_of(&c, algorithm, invalid);
         let r = match algorithm {
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelRing => unsafe { ring::run(self, core, spec, c) },
+            Algorithm::ChannelRing => unsafe { ring::run(Run { e: self, core, spec, c }) },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelDirect => unsafe { direct::run(self, core, spec, c) },
+            Algorithm::ChannelDirect => unsafe { direct::run(Run { e: self, core, spec, c }) },
             // SAFETY: forwarded from the caller.
-            Algorithm::ChannelEager => unsafe { eager::run(self, core, spec, c) },
+            Algorithm::ChannelEager => unsafe { eager::run(Run { e: self, core, spec, c }) },
+            Algorithm::ChannelDoubling => match c {
+                ChannelCall::AllReduce { send, recv, op, .. } => {
+                    let b = Buffers { send, recv, count: spec.count };
+                    // SAFETY: forwarded from the caller.
+                    unsafe { recursive::all_reduce_doubling(self, core, spec, b, op) }
+                }
+                // SAFETY: forwarded from the caller (only all-reduce has a doubling row).
+                _ => unsafe { direct::run(Run { e: self, core, spec, c }) },
+            },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelHalving => unsafe { recursive::run(Run { e: self, core, spec, c }) },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelBruck => unsafe { bruck::run(Run { e: self, core, spec, c }) },
+            // SAFETY: forwarded from the caller.
+            Algorithm::ChannelTree => unsafe { tree::run(Run { e: self, core, spec, c }) },
             other => Err(Error::invalid(format!("{other} is not a channel algorithm"))),
         };
         r.map_err(|e| self.poison(e))
     }
+}
+
+/// One channel call being run, what every algorithm's `run` takes: the engine, the
+/// communicator under it, what the call is, and this rank's buffers.
+pub(super) struct Run<'a, T> {
+    pub(super) e: &'a mut ChannelEngine,
+    pub(super) core: &'a CoreCommunicator,
+    pub(super) spec: CallSpec,
+    pub(super) c: ChannelCall<T>,
 }
 
 /// The user's buffers of a call and its element count, as the collective defines it.

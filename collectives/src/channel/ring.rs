@@ -15,22 +15,14 @@
 use comm_core::Result;
 use comm_core::communicator::Communicator as Core;
 
-use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, SLOTS, partial, piece, pieces};
+use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, Run, SLOTS, partial, piece, pieces};
 use crate::dtype::Element;
 use crate::host::{copy, share};
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw2;
 
-/// Runs `c` around the ring (chains for broadcast and reduce).
-///
-/// # Safety
-/// As [`ChannelEngine::run`].
-pub(super) unsafe fn run<T: Element>(
-    e: &mut ChannelEngine,
-    core: &Core,
-    spec: CallSpec,
-    c: ChannelCall<T>,
-) -> Result<()> {
+/// Runs `c` around the ring (chains for broadcast and reduce). Safety: as [`ChannelEngine::run`].
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let (send, recv) = c.buffers();
     let b = Buffers { send, recv, count: spec.count };
@@ -52,7 +44,7 @@ pub(super) unsafe fn run<T: Element>(
                 chain(e, core, spec, b, ahead(pos), behind(pos), Some(op))
             }
             // No ring form: all-to-all is direct (the table never picks this).
-            ChannelCall::AllToAll { .. } => super::direct::run(e, core, spec, c),
+            ChannelCall::AllToAll { .. } => super::direct::run(Run { e, core, spec, c }),
         }
     }
 }

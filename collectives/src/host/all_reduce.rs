@@ -28,19 +28,12 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
-    // The arm of the match below that runs one-shot.
-    let one_shot = matches!(
-        algo,
-        Algorithm::OneShot
-            | Algorithm::TwoShot
-            | Algorithm::TwoShotLl128
-            | Algorithm::Direct
-            | Algorithm::ChannelRing
-            | Algorithm::ChannelDirect
-            | Algorithm::ChannelEager
-    );
+    // Every algorithm but the two-phase and the ring runs one-shot here: the GPU's two-shots,
+    // the channel family and the hierarchical steps run elsewhere (the plan never sends them
+    // here), and one-shot is the safe reading of them.
+    let one_shot = !matches!(algo, Algorithm::TwoPhase | Algorithm::Ring);
     let bytes = count * std::mem::size_of::<T>();
-    if one_shot && bytes <= INLINE_BYTES && n <= 16 {
+    if one_shot && algo != Algorithm::Hierarchical && bytes <= INLINE_BYTES && n <= 16 {
         // The payload travels in the header line: one cache line per peer and step.
         let mut p = publication;
         // SAFETY: send holds count elements (at most INLINE_BYTES), copied into the words.
@@ -61,28 +54,6 @@ pub(crate) unsafe fn all_reduce<T: Element>(
         return Ok(());
     }
     match algo {
-        // The two-shots are GPU algorithms, the channel family runs in `channel` and the
-        // hierarchical steps in `hierarchy`; the plan never sends them here.
-        Algorithm::OneShot
-        | Algorithm::TwoShot
-        | Algorithm::TwoShotLl128
-        | Algorithm::Direct
-        | Algorithm::ChannelRing
-        | Algorithm::ChannelDirect
-        | Algorithm::ChannelEager
-        | Algorithm::Hierarchical => {
-            for (o, k) in chunks(count, cap) {
-                // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
-                unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-                e.step("all_reduce", publication, agree)?;
-                with_all_scratch(e, 0, k, |srcs| {
-                    // SAFETY: every source is a rank's scratch of k elements, stable until the
-                    // next step; `recv + o` is valid for k writes and distinct from scratch.
-                    unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
-                })?;
-                e.ws.finish_step();
-            }
-        }
         Algorithm::TwoPhase => {
             let half = cap / 2;
             let sz = std::mem::size_of::<T>();
@@ -172,6 +143,20 @@ pub(crate) unsafe fn all_reduce<T: Element>(
                 }
                 // SAFETY: the accumulator holds k reduced elements; recv + o valid for k.
                 unsafe { copy(acc, recv.add(o), k) };
+                e.ws.finish_step();
+            }
+        }
+        // One-shot (see `one_shot` above).
+        _ => {
+            for (o, k) in chunks(count, cap) {
+                // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
+                unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
+                e.step("all_reduce", publication, agree)?;
+                with_all_scratch(e, 0, k, |srcs| {
+                    // SAFETY: every source is a rank's scratch of k elements, stable until the
+                    // next step; `recv + o` is valid for k writes and distinct from scratch.
+                    unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
+                })?;
                 e.ws.finish_step();
             }
         }

@@ -5,6 +5,7 @@
 //! choice itself is made here and nowhere else.
 
 pub mod device;
+pub mod steps;
 pub mod table;
 
 use comm_core::Result;

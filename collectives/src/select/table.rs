@@ -110,6 +110,25 @@ pub enum Algorithm {
     /// every other rank of a reduce) post their data into many small per-peer slots and
     /// return without waiting, so small calls never synchronize.
     ChannelEager,
+    /// Channel family, all-reduce by recursive doubling: `log2 n` steps, each a swap of the
+    /// whole buffer with the partner whose rank differs in one bit. Outside the largest power
+    /// of two `p <= n`, each extra rank first folds its data into a partner and gets the result
+    /// back at the end (two more steps). For small calls of large worlds.
+    ChannelDoubling,
+    /// Channel family, recursive halving (Rabenseifner): all-reduce as a reduce-scatter by
+    /// recursive halving then an all-gather by recursive doubling (`2 log2 n` steps, each rank
+    /// moving `2(n - 1)/n` of the buffer, as a ring does), and reduce-scatter as its first
+    /// half; extra ranks outside a power of two fold in as in
+    /// [`ChannelDoubling`](Self::ChannelDoubling). For medium calls of large worlds.
+    ChannelHalving,
+    /// Channel family, Bruck's algorithms: all-gather in `ceil(log2 n)` steps (step `k` passes
+    /// the `2^k` blocks gathered so far to rank `r - 2^k`) and all-to-all in `ceil(log2 n)`
+    /// steps (step `k` forwards the blocks whose distance has bit `k` set to rank `r + 2^k`),
+    /// for any `n`. For small calls of large worlds.
+    ChannelBruck,
+    /// Channel family, broadcast and reduce over a binomial tree rooted at the root: `ceil(log2
+    /// n)` steps for any root and any `n`. For small calls of large worlds.
+    ChannelTree,
     /// Across nodes: the collective as steps inside each node and across nodes over
     /// sub-communicators (all-reduce = reduce-scatter in the node, all-reduce of each shard
     /// across nodes, all-gather in the node), so that every byte crosses the network once.
@@ -133,7 +152,7 @@ pub enum Family {
 
 impl Algorithm {
     /// Every algorithm.
-    pub const ALL: [Algorithm; 10] = [
+    pub const ALL: [Algorithm; 14] = [
         Algorithm::OneShot,
         Algorithm::TwoShot,
         Algorithm::TwoShotLl128,
@@ -143,6 +162,10 @@ impl Algorithm {
         Algorithm::ChannelRing,
         Algorithm::ChannelDirect,
         Algorithm::ChannelEager,
+        Algorithm::ChannelDoubling,
+        Algorithm::ChannelHalving,
+        Algorithm::ChannelBruck,
+        Algorithm::ChannelTree,
         Algorithm::Hierarchical,
     ];
 
@@ -158,6 +181,10 @@ impl Algorithm {
             Algorithm::ChannelRing => "channel_ring",
             Algorithm::ChannelDirect => "channel_direct",
             Algorithm::ChannelEager => "channel_eager",
+            Algorithm::ChannelDoubling => "channel_doubling",
+            Algorithm::ChannelHalving => "channel_halving",
+            Algorithm::ChannelBruck => "channel_bruck",
+            Algorithm::ChannelTree => "channel_tree",
             Algorithm::Hierarchical => "hierarchical",
         }
     }
@@ -165,7 +192,13 @@ impl Algorithm {
     /// The family this algorithm belongs to.
     pub const fn family(self) -> Family {
         match self {
-            Algorithm::ChannelRing | Algorithm::ChannelDirect | Algorithm::ChannelEager => Family::Channel,
+            Algorithm::ChannelRing
+            | Algorithm::ChannelDirect
+            | Algorithm::ChannelEager
+            | Algorithm::ChannelDoubling
+            | Algorithm::ChannelHalving
+            | Algorithm::ChannelBruck
+            | Algorithm::ChannelTree => Family::Channel,
             Algorithm::Hierarchical => Family::Hierarchical,
             _ => Family::Direct,
         }
@@ -228,6 +261,11 @@ const ANY: usize = usize::MAX;
 /// only on the ranks that receive, and a root that differs between ranks surfaces at a later
 /// call or as a timeout (see `channel::eager`).
 const EAGER_BYTES: usize = 4097;
+/// From this many ranks on, small calls run the logarithmic channel algorithms (recursive
+/// doubling and halving, Bruck, binomial trees: `log2 n` steps) instead of the one-hop and ring
+/// ones (`n - 1` steps), on either family's rows; smaller worlds keep the one-hop algorithms,
+/// which are faster there (docs/PERF.md).
+const LOG_WORLD: usize = 9;
 
 const fn host(c: Collective, ranks: (usize, usize), bytes: (usize, usize), a: Algorithm) -> Row {
     Row {
@@ -267,6 +305,19 @@ pub const HOST_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
     &[
+        // Large worlds, small calls: log2(n) steps instead of n - 1 (see LOG_WORLD).
+        host(AllReduce, (LOG_WORLD, ANY), (0, 16 << 10), ChannelDoubling),
+        host(AllGather, (LOG_WORLD, 64), (0, 16 << 10), ChannelBruck),
+        host(AllGather, (64, 512), (0, 128 << 10), ChannelBruck),
+        host(AllGather, (512, ANY), (0, 1 << 20), ChannelBruck),
+        host(ReduceScatter, (LOG_WORLD, 64), (0, 16 << 10), ChannelHalving),
+        host(ReduceScatter, (64, 512), (0, 128 << 10), ChannelHalving),
+        host(ReduceScatter, (512, ANY), (0, 1 << 20), ChannelHalving),
+        host(AllToAll, (LOG_WORLD, 64), (0, 16 << 10), ChannelBruck),
+        host(AllToAll, (64, 512), (0, 128 << 10), ChannelBruck),
+        host(AllToAll, (512, ANY), (0, 1 << 20), ChannelBruck),
+        host(Broadcast, (LOG_WORLD, ANY), (0, 64 << 10), ChannelTree),
+        host(Reduce, (LOG_WORLD, ANY), (0, 64 << 10), ChannelTree),
         host(AllReduce, (1, 9), (0, 64 << 10), OneShot),
         host(AllReduce, (1, 64), (0, 16 << 10), OneShot),
         host(AllReduce, (1, 64), (0, ANY), TwoPhase),
@@ -293,19 +344,31 @@ pub const CHANNEL_HOST_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
     const K: usize = 1 << 10;
+    const M: usize = 1 << 20;
     &[
         host(AllReduce, (1, 9), (0, 64 * K), ChannelDirect),
+        host(AllReduce, (LOG_WORLD, ANY), (0, 16 * K), ChannelDoubling),
+        host(AllReduce, (LOG_WORLD, ANY), (0, M), ChannelHalving),
         host(AllReduce, (1, ANY), (0, ANY), ChannelRing),
         host(AllGather, (1, 9), (0, 256 * K), ChannelDirect),
+        // Bruck moves the same bytes as the ring (n - 1 blocks per rank) in log2(n) steps.
+        host(AllGather, (LOG_WORLD, ANY), (0, M), ChannelBruck),
         host(AllGather, (1, ANY), (0, ANY), ChannelRing),
         host(ReduceScatter, (1, 9), (0, 256 * K), ChannelDirect),
+        host(ReduceScatter, (LOG_WORLD, ANY), (0, M), ChannelHalving),
         host(ReduceScatter, (1, ANY), (0, ANY), ChannelRing),
         host(Broadcast, (1, 9), (0, EAGER_BYTES), ChannelEager),
         host(Broadcast, (1, 9), (0, 64 * K), ChannelDirect),
+        host(Broadcast, (LOG_WORLD, ANY), (0, 64 * K), ChannelTree),
         host(Broadcast, (1, ANY), (0, ANY), ChannelRing),
         host(Reduce, (1, 9), (0, EAGER_BYTES), ChannelEager),
         host(Reduce, (1, 9), (0, 64 * K), ChannelDirect),
+        host(Reduce, (LOG_WORLD, ANY), (0, 64 * K), ChannelTree),
         host(Reduce, (1, ANY), (0, ANY), ChannelRing),
+        // Bruck moves every block up to log2(n) times: only while the blocks are small.
+        host(AllToAll, (LOG_WORLD, 64), (0, 16 * K), ChannelBruck),
+        host(AllToAll, (64, 512), (0, 128 * K), ChannelBruck),
+        host(AllToAll, (512, ANY), (0, M), ChannelBruck),
         host(AllToAll, (1, ANY), (0, ANY), ChannelDirect),
         host(AllToAllv, (1, ANY), (0, ANY), ChannelDirect),
         host(SendRecv, (1, ANY), (0, ANY), ChannelDirect),
@@ -579,9 +642,18 @@ mod tests {
         use Collective::*;
         let host = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_host(c)).collect::<Vec<_>>();
         let device = |c: Collective| Algorithm::ALL.into_iter().filter(|a| a.runs_on_device(c)).collect::<Vec<_>>();
-        assert_eq!(host(AllReduce), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect, Hierarchical]);
-        assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect, ChannelEager, Hierarchical]);
-        assert_eq!(host(Reduce), [OneShot, TwoPhase, ChannelRing, ChannelDirect, ChannelEager, Hierarchical]);
+        assert_eq!(
+            host(AllReduce),
+            [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect, ChannelDoubling, ChannelHalving, Hierarchical]
+        );
+        assert_eq!(host(AllGather), [Ring, Direct, ChannelRing, ChannelDirect, ChannelBruck, Hierarchical]);
+        assert_eq!(host(ReduceScatter), [Ring, Direct, ChannelRing, ChannelDirect, ChannelHalving, Hierarchical]);
+        assert_eq!(host(AllToAll), [Direct, ChannelDirect, ChannelBruck]);
+        assert_eq!(host(Broadcast), [Direct, ChannelRing, ChannelDirect, ChannelEager, ChannelTree, Hierarchical]);
+        assert_eq!(
+            host(Reduce),
+            [OneShot, TwoPhase, ChannelRing, ChannelDirect, ChannelEager, ChannelTree, Hierarchical]
+        );
         assert_eq!(host(AllToAllv), [Direct, ChannelDirect]);
         assert_eq!(host(SendRecv), [Direct, ChannelDirect]);
         assert_eq!(device(AllReduce), [OneShot, TwoShot, TwoShotLl128, TwoPhase, ChannelRing, ChannelDirect]);

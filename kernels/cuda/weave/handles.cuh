@@ -85,7 +85,17 @@ struct PortChannelDeviceHandle {
 //
 // NVRTC supports neither `offsetof` nor `__builtin_offsetof`, so offsets are measured with
 // `__builtin_bit_cast`: a T whose byte i holds the value i is built at compile time, and the
-// first byte of a field's value is that field's offset.
+// first byte of a field's value is that field's offset. NVRTC 12.x before 12.4 or so has no
+// `__builtin_bit_cast`; there the address of the field of a T at address 0, which its front end
+// folds to a constant, is the offset (the checks still fail on a wrong offset, see
+// kernels/src/compile.rs tests, run with NVRTC 12 in CI).
+#if defined(__has_builtin)
+#if __has_builtin(__builtin_bit_cast)
+#define WEAVE_HAS_BIT_CAST 1
+#endif
+#endif
+
+#ifdef WEAVE_HAS_BIT_CAST
 namespace layout {
 
 template <typename T>
@@ -114,9 +124,15 @@ constexpr unsigned first_byte(const F& value) {
 }
 
 }  // namespace layout
+#endif  // WEAVE_HAS_BIT_CAST
 }  // namespace weave
 
 // The byte offset of `field` in `T`, as a constant expression (offsetof for NVRTC).
+#ifdef WEAVE_HAS_BIT_CAST
 #define WEAVE_OFFSET_OF(T, field) (::weave::layout::first_byte(::weave::layout::pattern<T>().field))
+#else
+#define WEAVE_OFFSET_OF(T, field) \
+  (static_cast<unsigned>(reinterpret_cast<unsigned long long>(&(static_cast<T*>(nullptr)->field))))
+#endif
 
 #endif  // WEAVE_HANDLES_CUH

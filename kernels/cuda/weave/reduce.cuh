@@ -13,17 +13,34 @@ namespace weave {
 // maximum, and average (a sum divided by the number of ranks at the end).
 enum Op : uint32_t { OP_SUM = 0, OP_PROD = 1, OP_MIN = 2, OP_MAX = 3, OP_AVG = 4 };
 
+// The operators a program instantiates, as a mask of bits: 1 sum (and average), 2 product,
+// 4 minimum, 8 maximum (numbers, because the preprocessor does not see the enum). Every operator
+// unless the host program builder defines WEAVE_REDUCE_OPS: a first launch compiles its reducing
+// kernel for the one operator it needs (each operator is a full copy of the kernel's code).
+#ifndef WEAVE_REDUCE_OPS
+#define WEAVE_REDUCE_OPS 15
+#endif
+
 // Calls run(Operator{}) with the operator type that the code `op` names (OP_AVG: Sum, the caller
-// divides) and returns true; returns false, calling nothing, for a code that names none. The
-// reducing entry points pick their operator at run time through it.
+// divides) and returns true; returns false, calling nothing, for a code that names none or an
+// operator this program was not built with (WEAVE_REDUCE_OPS). The reducing entry points pick
+// their operator at run time through it.
 template <typename Run>
 WEAVE_DEVICE bool with_reduce_op(uint32_t op, const Run& run) {
   switch (op) {
+#if WEAVE_REDUCE_OPS & 1
     case OP_SUM:
     case OP_AVG: run(Sum{}); return true;
+#endif
+#if WEAVE_REDUCE_OPS & 2
     case OP_PROD: run(Prod{}); return true;
+#endif
+#if WEAVE_REDUCE_OPS & 4
     case OP_MIN: run(Min{}); return true;
+#endif
+#if WEAVE_REDUCE_OPS & 8
     case OP_MAX: run(Max{}); return true;
+#endif
     default: return false;
   }
 }

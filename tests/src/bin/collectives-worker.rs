@@ -104,7 +104,16 @@ fn algorithms() -> Result<String> {
     ];
     let channel_direct: Vec<(Collective, Algorithm)> =
         Collective::ALL.iter().map(|&c| (c, Algorithm::ChannelDirect)).collect();
-    let forced: [(&str, &[(Collective, Algorithm)]); 6] = [
+    // The logarithmic algorithms of large worlds, forced at every world size.
+    let logarithmic: &[(Collective, Algorithm)] = &[
+        (AllReduce, Algorithm::ChannelDoubling),
+        (AllGather, Algorithm::ChannelBruck),
+        (ReduceScatter, Algorithm::ChannelHalving),
+        (Broadcast, Algorithm::ChannelTree),
+        (Reduce, Algorithm::ChannelTree),
+        (AllToAll, Algorithm::ChannelBruck),
+    ];
+    let forced: [(&str, &[(Collective, Algorithm)]); 8] = [
         ("one_shot", &[(Collective::AllReduce, Algorithm::OneShot), (Collective::Reduce, Algorithm::OneShot)]),
         ("two_phase", &[(Collective::AllReduce, Algorithm::TwoPhase), (Collective::Reduce, Algorithm::TwoPhase)]),
         (
@@ -118,6 +127,8 @@ fn algorithms() -> Result<String> {
         ("channel_ring", channel_ring),
         ("channel_direct", &channel_direct),
         ("channel_eager", &[(Broadcast, Algorithm::ChannelEager), (Reduce, Algorithm::ChannelEager)]),
+        ("channel_doubling, channel_bruck, channel_halving (reduce-scatter), channel_tree", logarithmic),
+        ("channel_halving (all-reduce)", &[(AllReduce, Algorithm::ChannelHalving)]),
     ];
     let spec = MatrixSpec {
         dtypes: vec![DataType::F32, DataType::I32, DataType::Bf16],
@@ -135,7 +146,8 @@ fn algorithms() -> Result<String> {
         total += run_matrix(&comm, &spec).map_err(|e| Error::protocol(format!("with {name}: {e}")))?;
     }
     Ok(format!(
-        "{total} calls checked with one_shot, two_phase, ring, channel_ring, channel_direct and channel_eager forced"
+        "{total} calls checked with one_shot, two_phase, ring, channel_ring, channel_direct, channel_eager, \
+         channel_doubling, channel_halving, channel_bruck and channel_tree forced"
     ))
 }
 

@@ -1,0 +1,160 @@
+//! Binomial trees over links, for broadcast and reduce from any root in a world of any size:
+//! `ceil(log2 n)` steps. Ranks are numbered relative to the root (`v = (r - root) mod n`); at
+//! step `k` (`mask = 2^k`) the ranks `v < mask` that have the data send it to `v + mask`.
+//!
+//! - **broadcast**: the root's data flows down the tree, each rank sending the whole buffer to
+//!   its children after receiving it from its parent.
+//! - **reduce**: the same tree upwards: rank `v` combines its input with the partial results of
+//!   its children, the smallest subtree first (the last child of the broadcast, a leaf, is ready
+//!   after one step; the first, whose subtree is half the world, last), and sends the result to
+//!   its parent `v - 2^h` (`2^h` the highest set bit of `v`). `Avg` sums, and the root divides
+//!   once at the end.
+//!
+//! A rank hears only from its parent (broadcast) or its children (reduce), so a count, type or
+//! operator that differs is reported where the messages meet; a root that differs between ranks
+//! makes the ranks build different trees, and surfaces at a later call or as a timeout, as with
+//! the eager algorithms.
+
+use comm_core::Result;
+
+use super::swap::swap;
+use super::{Buffers, ChannelCall, ChannelEngine, Run, partial};
+use crate::dtype::Element;
+use crate::host::copy;
+use crate::op::ReduceOp;
+use crate::reduce::reduce_raw;
+
+/// The tree around `me` in a world of `n` with root `root`: its parent (if not the root) and
+/// its children in the order the steps reach them.
+fn tree(n: usize, me: usize, root: usize) -> (Option<usize>, Vec<usize>) {
+    let v = (me + n - root) % n;
+    let abs = |w: usize| (w + root) % n;
+    // The parent differs from v in its highest set bit; the children add the bits above it.
+    let parent = (v > 0).then(|| abs(v - (1 << v.ilog2())));
+    let first: usize = if v == 0 { 1 } else { 2 << v.ilog2() };
+    let children = std::iter::successors(Some(first), |m| m.checked_mul(2))
+        .take_while(|&m| m < n && v + m < n)
+        .map(|m| abs(v + m))
+        .collect();
+    (parent, children)
+}
+
+/// Runs a broadcast or reduce down or up the binomial tree. Safety: as [`ChannelEngine::run`].
+pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
+    let (n, me) = (e.world_size, e.rank);
+    let (send, recv) = c.buffers();
+    let b = Buffers { send, recv, count: spec.count };
+    // An invalid rank may name a root outside the world; it moves no data either way.
+    let root = if spec.root < n { spec.root } else { 0 };
+    let (parent, children) = tree(n, me, root);
+    let peers: Vec<usize> = parent.into_iter().chain(children.iter().copied()).collect();
+    // SAFETY: (every arm) forwarded from the caller.
+    unsafe {
+        match c {
+            ChannelCall::Broadcast { .. } => {
+                let mut call = e.begin(core, &peers, spec)?;
+                broadcast(e, &mut call, b, me == root, parent, &children)?;
+                call.finish()
+            }
+            ChannelCall::Reduce { op, .. } => {
+                let mut call = e.begin(core, &peers, spec)?;
+                reduce(e, &mut call, b, op, me == root, parent, &children)?;
+                call.finish()
+            }
+            // The table names the tree for these two only; anything else runs directly.
+            _ => super::direct::run(Run { e, core, spec, c }),
+        }
+    }
+}
+
+/// Broadcast: receive the whole buffer from the parent (the root copies its input), then send
+/// it to every child.
+unsafe fn broadcast<T: Element>(
+    e: &mut ChannelEngine,
+    call: &mut super::Call,
+    Buffers { send, recv, count }: Buffers<T>,
+    is_root: bool,
+    parent: Option<usize>,
+    children: &[usize],
+) -> Result<()> {
+    // SAFETY: recv holds count elements, and so does the root's send (caller); identical or
+    // disjoint.
+    unsafe {
+        if is_root {
+            copy(send, recv, count);
+        } else if let Some(p) = parent {
+            swap(e, call, None, Some((p, count)), |a, m, k| copy(m, recv.add(a), k))?;
+        }
+        for &child in children {
+            swap(e, call, Some((child, recv.cast_const(), count)), None, |_, _, _| {})?;
+        }
+    }
+    Ok(())
+}
+
+/// Reduce: combine this rank's input with every child's partial result, then send it to the
+/// parent; the root writes the result.
+unsafe fn reduce<T: Element>(
+    e: &mut ChannelEngine,
+    call: &mut super::Call,
+    Buffers { send, recv, count }: Buffers<T>,
+    op: ReduceOp,
+    is_root: bool,
+    parent: Option<usize>,
+    children: &[usize],
+) -> Result<()> {
+    let n = e.world_size;
+    let mut acc: Vec<T> = Vec::new();
+    if count > 0 {
+        // SAFETY: send holds count elements (caller).
+        acc.extend_from_slice(unsafe { std::slice::from_raw_parts(send, count) });
+    }
+    let acc = acc.as_mut_ptr();
+    let o = partial(op);
+    for &child in children.iter().rev() {
+        // SAFETY: acc + a holds k elements; the message holds k (checked length).
+        unsafe {
+            swap(e, call, None, Some((child, count)), |a, m, k| reduce_raw(o, n, acc.add(a), &[acc.add(a), m], k))?
+        };
+    }
+    if let Some(p) = parent {
+        // SAFETY: acc holds count elements.
+        unsafe { swap(e, call, Some((p, acc.cast_const(), count)), None, |_, _, _| {})? };
+    } else if is_root && count > 0 {
+        // SAFETY: recv holds count elements at the root (caller), disjoint from the scratch;
+        // one source with `Avg` divides by n, with any other operator copies.
+        unsafe { reduce_raw(op, n, recv, &[acc.cast_const()], count) };
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_rank_but_the_root_has_one_parent_and_the_tree_is_shallow() {
+        for n in 1..40 {
+            for root in [0, n / 2, n - 1] {
+                let parents: Vec<Option<usize>> = (0..n).map(|me| tree(n, me, root).0).collect();
+                for me in 0..n {
+                    for c in tree(n, me, root).1 {
+                        assert_eq!(parents[c], Some(me), "{n} {root} {me} -> {c}");
+                    }
+                }
+                assert_eq!(parents[root], None);
+                let depth = |mut r: usize| {
+                    let mut d = 0;
+                    while let Some(p) = parents[r] {
+                        r = p;
+                        d += 1;
+                    }
+                    d
+                };
+                let levels = n.next_power_of_two().ilog2() as usize;
+                assert!((0..n).all(|r| r == root || parents[r].is_some()));
+                assert!((0..n).all(|r| depth(r) <= levels), "{n} {root}");
+            }
+        }
+    }
+}

@@ -1,0 +1,118 @@
+//! Large worlds on one machine: the host collectives matrix at small sizes with every rank a
+//! thread of this process, over the loopback bootstrap and transport. 256 ranks run in CI;
+//! 512 and 1,024 ranks run on demand (`cargo test -p weave-tests --test threads -- --ignored`).
+
+use std::time::{Duration, Instant};
+
+use collectives::{Algorithm, Collective, Communicator, DataType, ReduceOp};
+use comm_core::config::Config;
+use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
+use weave_tests::matrix::{MatrixSpec, run_matrix};
+
+/// Builds an `n`-rank communicator of threads and runs `spec` on every rank; returns the checked
+/// calls of rank 0 and how long the build and the matrix took.
+fn matrix_on_threads(n: usize, spec: &MatrixSpec, timeout: Duration) -> (usize, Duration, Duration) {
+    matrix_on_threads_with(n, spec, timeout, &[])
+}
+
+/// [`matrix_on_threads`] with `forced` algorithms.
+fn matrix_on_threads_with(
+    n: usize,
+    spec: &MatrixSpec,
+    timeout: Duration,
+    forced: &[(Collective, Algorithm)],
+) -> (usize, Duration, Duration) {
+    let group = LoopbackBootstrap::group(n, timeout);
+    let config = Config { timeout, ..Config::default() };
+    let start = Instant::now();
+    let results: Vec<(usize, Duration)> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|b| {
+                let config = config.clone();
+                std::thread::Builder::new()
+                    .name(format!("rank-{}", b_rank(&b)))
+                    .stack_size(1 << 20)
+                    .spawn_scoped(s, move || {
+                        let rank = b_rank(&b);
+                        let mut builder =
+                            Communicator::builder(b).with_transport(LoopbackTransport).with_config(config);
+                        for &(c, a) in forced {
+                            builder = builder.with_algorithm(c, a);
+                        }
+                        let comm =
+                            builder.build().unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
+                        let built = start.elapsed();
+                        if std::env::var_os("ADHOC_BUILD_ONLY").is_some() {
+                            return (1, built);
+                        }
+                        let checked = run_matrix(&comm, spec).unwrap_or_else(|e| panic!("rank {rank} of {n}: {e}"));
+                        (checked, built)
+                    })
+                    .expect("spawning a rank thread")
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
+    });
+    let built = results.iter().map(|r| r.1).max().unwrap_or_default();
+    (results[0].0, built, start.elapsed() - built)
+}
+
+fn b_rank(b: &LoopbackBootstrap) -> usize {
+    comm_core::bootstrap::Bootstrap::rank(b)
+}
+
+/// Small sizes of every collective, every operator, an integer and a floating-point type.
+fn small_spec() -> MatrixSpec {
+    MatrixSpec {
+        dtypes: vec![DataType::F32, DataType::I32],
+        ops: ReduceOp::ALL.to_vec(),
+        counts: vec![0, 1, 5],
+        large: None,
+    }
+}
+
+#[test]
+fn the_host_matrix_at_small_sizes_with_256_thread_ranks() {
+    let (checked, built, ran) = matrix_on_threads(256, &small_spec(), Duration::from_secs(120));
+    assert!(checked > 0);
+    println!("256 thread ranks: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}");
+}
+
+#[test]
+#[ignore = "512 threads: about 2.3 GB and 50 s on two cores (docs/PERF.md); run with --ignored"]
+fn the_host_matrix_at_small_sizes_with_512_thread_ranks() {
+    let (checked, built, ran) = matrix_on_threads(512, &small_spec(), Duration::from_secs(300));
+    assert!(checked > 0);
+    println!("512 thread ranks: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}");
+}
+
+#[test]
+#[ignore = "1,024 threads: about 9 GB, most of it the host point-to-point state every pair of ranks builds \
+            up front (docs/PERF.md); run with --ignored on a machine that has it"]
+fn the_host_matrix_at_small_sizes_with_1024_thread_ranks() {
+    let (checked, built, ran) = matrix_on_threads(1024, &small_spec(), Duration::from_secs(600));
+    assert!(checked > 0);
+    println!("1024 thread ranks: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}");
+}
+
+#[test]
+#[ignore = "a measurement (docs/PERF.md): the 256-rank matrix with the algorithms the table chose before the logarithmic ones"]
+fn the_256_rank_matrix_with_the_linear_algorithms_forced() {
+    use Algorithm::*;
+    use Collective::*;
+    // What the host rows picked at 256 ranks for these sizes before: `n - 1` steps or more.
+    let linear = [
+        (AllReduce, Ring),
+        (AllGather, Ring),
+        (ReduceScatter, Ring),
+        (Broadcast, Direct),
+        (Reduce, TwoPhase),
+        (AllToAll, Direct),
+    ];
+    let (checked, built, ran) = matrix_on_threads_with(256, &small_spec(), Duration::from_secs(300), &linear);
+    assert!(checked > 0);
+    println!(
+        "256 thread ranks, linear algorithms: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}"
+    );
+}

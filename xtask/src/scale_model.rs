@@ -1,0 +1,498 @@
+//! `cargo xtask scale-model`: the alpha-beta model of weave's plans (docs/SCALE.md).
+//!
+//! A plan's time is `steps × α + bytes × β + reduced × γ`: `steps` sequential messages on the
+//! critical path, `bytes` each rank sends on it, `reduced` bytes it combines — per fabric, with
+//! α the time of one step (latency and software), β the time per byte (inverse bandwidth) and
+//! γ the time per reduced byte. The counts come from the algorithms' shapes (below); the
+//! constants of the host fabric are fitted to measured points (least squares over the plans
+//! that ran), the others are taken from the measurements docs/PERF.md records.
+//!
+//! The command prints, as markdown: the constants, every measured point next to the model's
+//! prediction for the plan that ran (and the error), and the predicted all-reduce and
+//! all-gather times from 8 B to 1 GiB at 8 to 65,536 ranks (8 per node) for the plan weave's
+//! tables choose next to a flat ring, with the crossovers between the plans.
+
+use std::process::ExitCode;
+
+use crate::args::{Arg, Args, UsageError};
+use crate::json::Object;
+
+pub(crate) const SUMMARY: &str = "the alpha-beta model of the plans, checked against measured points";
+
+pub(crate) const USAGE: &str = "\
+usage: cargo xtask scale-model [--measured FABRIC:FILE]...
+
+Prints docs/SCALE.md's tables: the model's constants, its error against every measured point,
+and predicted all_reduce / all_gather times for 8 B .. 1 GiB at 8 .. 65,536 ranks (8 per
+node), weave's plans next to a flat ring.
+
+options:
+  --measured FABRIC:FILE   JSON lines as bench-worker prints them (op, bytes, ranks, time_us,
+                           algorithm), measured on FABRIC (shm: this host's shared memory; the
+                           host constants are fitted to the shm points). Repeatable.
+";
+
+/// One fabric's constants (µs per step, per byte, per reduced byte).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Fabric {
+    pub(crate) name: &'static str,
+    pub(crate) alpha: f64,
+    pub(crate) beta: f64,
+    pub(crate) gamma: f64,
+    /// Where ranks share cores (one host with more ranks than CPUs): the CPUs, and the time
+    /// of a step then, when a message waits for the scheduler to run its receiver. 0: ranks
+    /// never share.
+    pub(crate) cores: usize,
+    pub(crate) alpha_shared: f64,
+}
+
+impl Fabric {
+    /// A fabric whose ranks never share cores.
+    const fn network(name: &'static str, alpha: f64, beta: f64) -> Fabric {
+        Fabric { name, alpha, beta, gamma: 0.0, cores: 0, alpha_shared: alpha }
+    }
+}
+
+/// The network between nodes in the predictions: 100 Gbit/s, 5 µs a step (a conservative
+/// InfiniBand / RoCE figure; the measured fabrics here are slower).
+const NETWORK: Fabric = Fabric::network("network (100 Gbit/s, 5 µs)", 5.0, 8.0 / 100e3);
+/// TCP between namespace nodes at 10 Gbit/s (docs/PERF.md, "Across hosts": 8 B all-reduce
+/// over 2 nodes ≈ 26 µs, 64 MiB at 50 % of the link).
+const TCP_10G: Fabric = Fabric::network("tcp (10 Gbit/s namespaces)", 26.0, 8.0 / 5e3);
+/// SoftRoCE in a QEMU guest (docs/PERF.md: 25.6 µs a message, ≈ 40 MB/s).
+const SOFTROCE: Fabric = Fabric::network("softroce (QEMU guest)", 25.6, 1.0 / 40.0);
+/// H200 NVLink (docs/PERF.md: small all-reduce ≈ 5 µs between 2 GPUs, ≈ 360 GB/s busbw).
+const NVLINK: Fabric = Fabric::network("nvlink (H200)", 2.5, 1.0 / 360e3);
+
+/// A collective the model covers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    AllReduce,
+    AllGather,
+}
+
+/// The shapes of the plans: what each costs in steps, bytes sent and bytes reduced.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Shape {
+    /// Every rank reads every peer's data in one step (the direct family on one host).
+    OneShot,
+    /// Reduce-scatter then all-gather through shared scratch (the direct family's two phases).
+    TwoPhase,
+    /// Neighbour ring: `n - 1` steps each way.
+    Ring,
+    /// Recursive doubling (all-reduce): `log2 p` swaps of the whole buffer, two more steps for
+    /// ranks outside the power of two `p`.
+    Doubling,
+    /// Recursive halving then doubling (Rabenseifner).
+    Halving,
+    /// Bruck's all-gather: `ceil(log2 n)` steps.
+    Bruck,
+    /// One hop to every peer, in lockstep (channel direct).
+    OneHop,
+}
+
+/// Steps, bytes sent and bytes reduced on the critical path of `shape` for `op` with `n` ranks
+/// and a call of `m` bytes (all-gather: the output buffer).
+pub(crate) fn counts(op: Op, shape: Shape, n: usize, m: f64) -> (f64, f64, f64) {
+    let nf = n as f64;
+    if n <= 1 {
+        return (0.0, 0.0, 0.0);
+    }
+    let p = 1usize << n.ilog2();
+    let (pf, lg) = (p as f64, f64::from(p.ilog2()));
+    let extra = if p == n { 0.0 } else { 2.0 };
+    match (op, shape) {
+        (Op::AllReduce, Shape::OneShot) => (2.0, (nf - 1.0) * m, (nf - 1.0) * m),
+        (Op::AllReduce, Shape::TwoPhase) => (3.0, 2.0 * (nf - 1.0) / nf * m, (nf - 1.0) / nf * m),
+        (Op::AllReduce, Shape::Ring) => (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf * m, (nf - 1.0) / nf * m),
+        (Op::AllReduce, Shape::Doubling) => (lg + extra, (lg + extra) * m, (lg + extra / 2.0) * m),
+        (Op::AllReduce, Shape::Halving) => {
+            (2.0 * lg + extra, 2.0 * (pf - 1.0) / pf * m + extra * m, (pf - 1.0) / pf * m + extra / 2.0 * m)
+        }
+        (Op::AllReduce, Shape::OneHop | Shape::Bruck) => {
+            (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf * m, (nf - 1.0) / nf * m)
+        }
+        (Op::AllGather, Shape::Bruck | Shape::Doubling | Shape::Halving) => {
+            (f64::from(n.next_power_of_two().ilog2()), (nf - 1.0) / nf * m, 0.0)
+        }
+        (Op::AllGather, Shape::OneShot | Shape::TwoPhase | Shape::OneHop) => (1.0, (nf - 1.0) / nf * m, 0.0),
+        (Op::AllGather, Shape::Ring) => (nf - 1.0, (nf - 1.0) / nf * m, 0.0),
+    }
+}
+
+/// The model's features of `shape` for `n` ranks and `m` bytes on a fabric with `cores` CPUs
+/// (0: ranks never share): steps alone, steps sharing cores, bytes and reduced bytes (times
+/// the ranks per core where they share: a rank then gets that share of a CPU).
+fn features(op: Op, shape: Shape, n: usize, m: f64, cores: usize) -> [f64; 4] {
+    let (s, b, r) = counts(op, shape, n, m);
+    let shared = cores > 0 && n > cores;
+    let per_core = if shared { n as f64 / cores as f64 } else { 1.0 };
+    if shared { [0.0, s, b * per_core, r * per_core] } else { [s, 0.0, b, r] }
+}
+
+/// The model's time (µs) of `shape` on `fabric`.
+pub(crate) fn time(f: &Fabric, op: Op, shape: Shape, n: usize, m: f64) -> f64 {
+    let x = features(op, shape, n, m, f.cores);
+    x[0] * f.alpha + x[1] * f.alpha_shared + x[2] * f.beta + x[3] * f.gamma
+}
+
+/// The shape of a plan by the algorithm name weave prints (`None`: not modelled).
+pub(crate) fn shape_of(algorithm: &str) -> Option<Shape> {
+    Some(match algorithm {
+        "one_shot" => Shape::OneShot,
+        "two_phase" | "two_shot" => Shape::TwoPhase,
+        "ring" | "channel_ring" => Shape::Ring,
+        "channel_doubling" => Shape::Doubling,
+        "channel_halving" => Shape::Halving,
+        "channel_bruck" => Shape::Bruck,
+        "direct" | "channel_direct" => Shape::OneHop,
+        _ => return None,
+    })
+}
+
+/// The plan weave's tables run for a call of `m` bytes in a world of `n` ranks across a
+/// network (the model's reading of `collectives/src/select/table.rs`: logarithmic plans for
+/// small calls from 9 ranks, ring or halving for large ones).
+fn weave_shape(op: Op, n: usize, m: f64) -> Shape {
+    match op {
+        Op::AllReduce if n >= 9 && m <= 16.0 * 1024.0 => Shape::Doubling,
+        Op::AllReduce if n >= 9 => Shape::Halving,
+        Op::AllReduce => Shape::Ring,
+        Op::AllGather if n >= 9 && m <= 64.0 * 1024.0 => Shape::Bruck,
+        Op::AllGather => Shape::Ring,
+    }
+}
+
+/// The plan inside one node whose ranks all map each other's memory (NVLink, shared memory):
+/// the direct family, one shot for small calls and two phases for large ones.
+fn node_shape(m: f64) -> Shape {
+    if m <= 1024.0 * 1024.0 { Shape::OneShot } else { Shape::TwoPhase }
+}
+
+/// Hierarchical all-reduce / all-gather over `nodes` nodes of `per_node` ranks: the step inside
+/// the node on `intra`, the step across nodes (one rank per node and rail, `1 / per_node` of
+/// the data) on `inter` with weave's shape for that world, and the closing step inside.
+fn hierarchical(op: Op, intra: &Fabric, inter: &Fabric, nodes: usize, per_node: usize, m: f64) -> f64 {
+    let shard = m / per_node as f64;
+    let across = time(inter, op, weave_shape(op, nodes, shard), nodes, shard);
+    // All-reduce: reduce-scatter in the node, all-reduce of each shard across, all-gather in
+    // the node (the two node steps cost one node all-reduce); all-gather: across, then inside.
+    time(intra, op, node_shape(m), per_node, m) + across
+}
+
+/// One measured point.
+#[derive(Debug, Clone)]
+struct Point {
+    fabric: String,
+    op: Op,
+    ranks: usize,
+    bytes: f64,
+    time_us: f64,
+    shape: Shape,
+}
+
+/// Reads the points of `file` (bench-worker JSON lines) measured on `fabric`; lines of other
+/// collectives or unmodelled plans are skipped.
+fn read_points(fabric: &str, file: &str) -> Result<Vec<Point>, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+    let mut out = Vec::new();
+    for (i, line) in text.lines().enumerate().filter(|(_, l)| l.trim_start().starts_with('{')) {
+        let o = Object::parse(line).map_err(|e| format!("{file}:{}: {e}", i + 1))?;
+        let op = match o.str("op")? {
+            "all_reduce" => Op::AllReduce,
+            "all_gather" => Op::AllGather,
+            _ => continue,
+        };
+        let Some(shape) = shape_of(o.str("algorithm")?) else { continue };
+        // A call that moves nothing returns at once: no point to fit.
+        if o.num("bytes")? == 0.0 {
+            continue;
+        }
+        out.push(Point {
+            fabric: fabric.to_string(),
+            op,
+            ranks: o.uint("ranks")? as usize,
+            bytes: o.num("bytes")?,
+            time_us: o.num("time_us")?,
+            shape,
+        });
+    }
+    Ok(out)
+}
+
+/// Least-squares α, α shared, β, γ ≥ 0 for `points` on a host of `cores` CPUs (a constant the
+/// points say nothing of, or that comes out negative, is dropped and the rest refitted).
+pub(crate) fn fit(name: &'static str, cores: usize, points: &[(Op, Shape, usize, f64, f64)]) -> Fabric {
+    let rows: Vec<([f64; 4], f64)> =
+        points.iter().map(|&(op, shape, n, m, t)| (features(op, shape, n, m, cores), t)).collect();
+    let mut used = [0, 1, 2, 3].map(|k| rows.iter().any(|(x, _)| x[k] != 0.0));
+    loop {
+        let idx: Vec<usize> = (0..4).filter(|&k| used[k]).collect();
+        let k = idx.len();
+        let mut a = vec![vec![0.0; k + 1]; k];
+        // Weighted by 1 / t²: relative errors, so small calls count as much as large ones.
+        for (x, t) in &rows {
+            let w = 1.0 / (t * t).max(1e-12);
+            for (i, &p) in idx.iter().enumerate() {
+                for (j, &q) in idx.iter().enumerate() {
+                    a[i][j] += w * x[p] * x[q];
+                }
+                a[i][k] += w * x[p] * t;
+            }
+        }
+        let solved = solve(&mut a);
+        let mut c = [0.0; 4];
+        if let Some(sol) = &solved {
+            for (i, &p) in idx.iter().enumerate() {
+                c[p] = sol[i];
+            }
+        }
+        match (0..4).find(|&p| used[p] && (solved.is_none() || c[p] < 0.0)) {
+            Some(p) if k > 1 => used[p] = false,
+            _ => {
+                let [alpha, alpha_shared, beta, gamma] = c.map(|v: f64| v.max(0.0));
+                return Fabric { name, alpha, beta, gamma, cores, alpha_shared };
+            }
+        }
+    }
+}
+
+/// Solves the augmented system `a` (k rows of k + 1) by Gaussian elimination; `None` if singular.
+fn solve(a: &mut [Vec<f64>]) -> Option<Vec<f64>> {
+    let k = a.len();
+    for col in 0..k {
+        let pivot = (col..k).max_by(|&i, &j| a[i][col].abs().total_cmp(&a[j][col].abs()))?;
+        if a[pivot][col].abs() < 1e-300 {
+            return None;
+        }
+        a.swap(col, pivot);
+        let pivot_row = a[col].clone();
+        for (row, r) in a.iter_mut().enumerate() {
+            if row != col {
+                let f = r[col] / pivot_row[col];
+                for (x, p) in r[col..].iter_mut().zip(&pivot_row[col..]) {
+                    *x -= f * p;
+                }
+            }
+        }
+    }
+    Some((0..k).map(|i| a[i][k] / a[i][i]).collect())
+}
+
+/// CPUs online on this host (where the shm points were measured).
+fn host_cpus() -> usize {
+    std::thread::available_parallelism().map_or(1, |n| n.get())
+}
+
+fn size_name(b: f64) -> String {
+    let b = b as u64;
+    match b {
+        b if b >= 1 << 30 => format!("{} GiB", b >> 30),
+        b if b >= 1 << 20 => format!("{} MiB", b >> 20),
+        b if b >= 1 << 10 => format!("{} KiB", b >> 10),
+        b => format!("{b} B"),
+    }
+}
+
+fn us(t: f64) -> String {
+    if t >= 1e6 {
+        format!("{:.2} s", t / 1e6)
+    } else if t >= 1e3 {
+        format!("{:.1} ms", t / 1e3)
+    } else {
+        format!("{t:.1} µs")
+    }
+}
+
+/// Runs the command.
+pub(crate) fn run(mut args: Args) -> ExitCode {
+    let mut files: Vec<(String, String)> = Vec::new();
+    let bad = |msg: String| crate::usage_error(&UsageError(msg), "scale-model");
+    loop {
+        match args.next() {
+            Ok(None) => break,
+            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
+                print!("{USAGE}");
+                return ExitCode::SUCCESS;
+            }
+            Ok(Some(Arg::Flag(f))) if f == "--measured" => match args.value(&f) {
+                Ok(v) => match v.to_str().and_then(|v| v.split_once(':')) {
+                    Some((fabric, file)) => files.push((fabric.to_string(), file.to_string())),
+                    None => return bad(format!("--measured takes FABRIC:FILE, got {v:?}")),
+                },
+                Err(e) => return crate::usage_error(&e, "scale-model"),
+            },
+            Ok(Some(other)) => return bad(format!("unexpected {other:?}")),
+            Err(e) => return crate::usage_error(&e, "scale-model"),
+        }
+    }
+    let mut points = Vec::new();
+    for (fabric, file) in &files {
+        match read_points(fabric, file) {
+            Ok(p) => points.extend(p),
+            Err(e) => {
+                eprintln!("error: {e}");
+                return ExitCode::FAILURE;
+            }
+        }
+    }
+    let shm_points: Vec<_> =
+        points.iter().filter(|p| p.fabric == "shm").map(|p| (p.op, p.shape, p.ranks, p.bytes, p.time_us)).collect();
+    let shm = if shm_points.len() >= 3 {
+        fit("shm (this host, fitted)", host_cpus(), &shm_points)
+    } else {
+        eprintln!("error: the host constants need at least 3 shm points (--measured shm:FILE)");
+        return ExitCode::FAILURE;
+    };
+    print!("{}", report(&shm, &points));
+    ExitCode::SUCCESS
+}
+
+/// The whole markdown report.
+fn report(shm: &Fabric, points: &[Point]) -> String {
+    let mut s = String::new();
+    s.push_str("### Constants\n\n");
+    s.push_str("| fabric | α (µs / step) | α, ranks sharing cores | β (µs / KiB) | γ (µs / KiB reduced) |\n");
+    s.push_str("|---|---|---|---|---|\n");
+    for f in [shm, &TCP_10G, &SOFTROCE, &NVLINK, &NETWORK] {
+        let shared =
+            if f.cores > 0 { format!("{:.3} (over {} cores)", f.alpha_shared, f.cores) } else { "-".to_string() };
+        s.push_str(&format!(
+            "| {} | {:.3} | {shared} | {:.4} | {:.4} |\n",
+            f.name,
+            f.alpha,
+            f.beta * 1024.0,
+            f.gamma * 1024.0
+        ));
+    }
+    s.push_str("\n### Measured points against the model (host fabric)\n\n");
+    s.push_str("| op | ranks | bytes | plan | measured | model | model / measured |\n|---|---|---|---|---|---|---|\n");
+    let mut errors = Vec::new();
+    for p in points.iter().filter(|p| p.fabric == "shm") {
+        let t = time(shm, p.op, p.shape, p.ranks, p.bytes);
+        let ratio = t / p.time_us;
+        errors.push((ratio.ln()).abs());
+        s.push_str(&format!(
+            "| {:?} | {} | {} | {:?} | {} | {} | {:.2} |\n",
+            p.op,
+            p.ranks,
+            size_name(p.bytes),
+            p.shape,
+            us(p.time_us),
+            us(t),
+            ratio
+        ));
+    }
+    errors.sort_by(f64::total_cmp);
+    if let (Some(max), false) = (errors.last(), errors.is_empty()) {
+        let median = errors[errors.len() / 2];
+        s.push_str(&format!(
+            "\n{} points: the model is off by a factor of {:.2} at the median and {:.2} at worst.\n",
+            errors.len(),
+            median.exp(),
+            max.exp()
+        ));
+    }
+    for op in [Op::AllReduce, Op::AllGather] {
+        s.push_str(&format!(
+            "\n### {:?}: weave's plan / flat ring (8 ranks per node: NVLink inside, {} across)\n\n",
+            op, NETWORK.name
+        ));
+        let ranks = [8usize, 64, 512, 4096, 65536];
+        s.push_str("| bytes |");
+        for n in ranks {
+            s.push_str(&format!(" {n} ranks |"));
+        }
+        s.push_str("\n|---|");
+        s.push_str(&"---|".repeat(ranks.len()));
+        s.push('\n');
+        for m in [8.0, 1024.0, 65536.0, 1048576.0, 67108864.0, 1073741824.0] {
+            s.push_str(&format!("| {} |", size_name(m)));
+            for n in ranks {
+                let nodes = (n / 8).max(1);
+                let weave = if nodes > 1 {
+                    hierarchical(op, &NVLINK, &NETWORK, nodes, 8, m)
+                } else {
+                    time(&NVLINK, op, node_shape(m), n, m)
+                };
+                // A flat ring crosses the network on every step once there are several nodes.
+                let ring = time(if nodes > 1 { &NETWORK } else { &NVLINK }, op, Shape::Ring, n, m);
+                s.push_str(&format!(" {} / {} |", us(weave), us(ring)));
+            }
+            s.push('\n');
+        }
+    }
+    s.push_str("\n### Crossovers (the size from which the large-message plan is faster)\n\n");
+    s.push_str(
+        "| fabric | ranks | all_reduce: doubling → halving | all_reduce: halving → ring | all_gather: Bruck → ring |\n",
+    );
+    s.push_str("|---|---|---|---|---|\n");
+    for f in [shm, &NETWORK] {
+        for n in [16usize, 64, 512, 4096, 65536] {
+            let cross = |op: Op, small: Shape, large: Shape| {
+                (3..=30).map(|k| f64::from(1u32 << k)).find(|&m| time(f, op, large, n, m) < time(f, op, small, n, m))
+            };
+            let show = |c: Option<f64>| c.map_or("not below 1 GiB".to_string(), size_name);
+            s.push_str(&format!(
+                "| {} | {n} | {} | {} | {} |\n",
+                f.name,
+                show(cross(Op::AllReduce, Shape::Doubling, Shape::Halving)),
+                show(cross(Op::AllReduce, Shape::Halving, Shape::Ring)),
+                show(cross(Op::AllGather, Shape::Bruck, Shape::Ring))
+            ));
+        }
+    }
+    s
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_the_textbook_shapes() {
+        // Ring all-reduce of 8 ranks: 14 steps, 2·7/8 of the buffer sent.
+        assert_eq!(counts(Op::AllReduce, Shape::Ring, 8, 8.0), (14.0, 14.0, 7.0));
+        // Doubling: log2 8 = 3 swaps; 9 ranks fold the extra one in and out (+2).
+        assert_eq!(counts(Op::AllReduce, Shape::Doubling, 8, 1.0).0, 3.0);
+        assert_eq!(counts(Op::AllReduce, Shape::Doubling, 9, 1.0).0, 5.0);
+        // Bruck all-gather: ceil(log2 n) steps for any n.
+        assert_eq!(counts(Op::AllGather, Shape::Bruck, 5, 5.0).0, 3.0);
+        assert_eq!(counts(Op::AllGather, Shape::Bruck, 65536, 1.0).0, 16.0);
+    }
+
+    #[test]
+    fn the_fit_recovers_the_constants_that_made_the_points() {
+        let truth = Fabric { name: "t", alpha: 0.7, beta: 0.002, gamma: 0.0005, cores: 4, alpha_shared: 9.0 };
+        let mut pts = Vec::new();
+        for (op, shape) in
+            [(Op::AllReduce, Shape::Ring), (Op::AllReduce, Shape::Doubling), (Op::AllGather, Shape::Bruck)]
+        {
+            for n in [2usize, 3, 8, 64] {
+                for m in [8.0, 4096.0, 1048576.0] {
+                    pts.push((op, shape, n, m, time(&truth, op, shape, n, m)));
+                }
+            }
+        }
+        let f = fit("t", 4, &pts);
+        for (got, want) in
+            [(f.alpha, truth.alpha), (f.alpha_shared, truth.alpha_shared), (f.beta, truth.beta), (f.gamma, truth.gamma)]
+        {
+            assert!((got - want).abs() <= 1e-6 * want.max(1e-9), "fitted {got}, made with {want}");
+        }
+    }
+
+    #[test]
+    fn logarithmic_plans_beat_the_ring_for_small_calls_of_large_worlds_only() {
+        let small = 8.0;
+        assert!(
+            time(&NETWORK, Op::AllReduce, Shape::Doubling, 4096, small)
+                < time(&NETWORK, Op::AllReduce, Shape::Ring, 4096, small)
+        );
+        let huge = 1073741824.0;
+        assert!(
+            time(&NETWORK, Op::AllReduce, Shape::Ring, 4096, huge)
+                < time(&NETWORK, Op::AllReduce, Shape::Doubling, 4096, huge)
+        );
+    }
+}
