@@ -30,7 +30,8 @@ use crate::unique_id;
 /// What one rank's init needs.
 #[derive(Debug, Clone)]
 struct InitArgs {
-    id: UniqueId,
+    /// One id per bootstrap root (one, except for `ncclCommInitRankScalable`).
+    ids: Vec<UniqueId>,
     rank: usize,
     nranks: usize,
     device: Option<u32>,
@@ -55,11 +56,11 @@ fn caller_device() -> Result<Option<u32>, Fail> {
     }
 }
 
-/// Builds the weave communicator of one rank (collective over the ranks of `a.id`).
+/// Builds the weave communicator of one rank (collective over the ranks of `a.ids`).
 fn build(a: &InitArgs) -> Result<Communicator, Fail> {
     let _saved = cuda::SavedContext::save();
     let config = comm_core::config::Config::from_env()?;
-    let boot = TcpBootstrap::new(&a.id, a.rank, a.nranks, config.timeout)?;
+    let boot = TcpBootstrap::with_roots(&a.ids, a.rank, a.nranks, config.timeout)?;
     let mut b = Communicator::builder(boot).with_config(config);
     if let Some(d) = a.device {
         b = b.with_transport(CudaIpcTransport::on_device(d));
@@ -73,7 +74,7 @@ fn build(a: &InitArgs) -> Result<Communicator, Fail> {
     }
     log(
         DebugLevel::Info,
-        &format!("init {}: rank {} of {} on device {:?} ({})", a.name, a.rank, a.nranks, a.device, a.id.job_key()),
+        &format!("init {}: rank {} of {} on device {:?} ({})", a.name, a.rank, a.nranks, a.device, a.ids[0].job_key()),
     );
     Ok(comm)
 }
@@ -220,12 +221,15 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
         let (blocking, name) = unsafe { read_config(config, true) }?;
         let (id, rank, nranks) = rank_args(nranks, &comm_id, rank)?;
         let device = caller_device()?;
-        init(comm, InitArgs { id, rank, nranks, device, blocking, name })
+        init(comm, InitArgs { ids: vec![id], rank, nranks, device, blocking, name })
     })
 }
 
-/// `ncclCommInitRankScalable`: as `ncclCommInitRankConfig` with the first of the `n_id` ids
-/// (weave's bootstrap has one root; the other ids are not needed).
+/// `ncclCommInitRankScalable`: as `ncclCommInitRankConfig` with `n_id` bootstrap roots. The
+/// ranks split into `n_id` contiguous groups (the first `nranks % n_id` one rank longer, as in
+/// NCCL) and the first rank of group `i` serves as root at `comm_ids[i]`'s address, so that
+/// rank must be the one that made id `i` with `ncclGetUniqueId`; every rank passes the same ids
+/// in the same order. More ids than ranks is `ncclInvalidArgument`.
 ///
 /// # Safety
 /// `comm` writable; `comm_ids` holds `n_id` ids; `config` as for `ncclCommInitRankConfig`.
@@ -238,19 +242,28 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
     comm_ids: *mut NcclUniqueId,
     config: *mut NcclConfig,
 ) -> NcclResult {
-    let first = guard("ncclCommInitRankScalable", || {
-        if comm_ids.is_null() || n_id < 1 {
-            return Err(Fail::invalid(format!("commIds is {comm_ids:p} with nId {n_id}; at least one id is needed")));
+    guard("ncclCommInitRankScalable", || {
+        check_out(comm, "comm")?;
+        // SAFETY: checked non-null.
+        unsafe { *comm = std::ptr::null_mut() };
+        let count = usize::try_from(n_id).ok().filter(|&k| k >= 1 && !comm_ids.is_null()).ok_or_else(|| {
+            Fail::invalid(format!("commIds is {comm_ids:p} with nId {n_id}; at least one id is needed"))
+        })?;
+        // SAFETY: `comm_ids` is non-null and holds `n_id` ids (the caller's contract).
+        let raw = unsafe { std::slice::from_raw_parts(comm_ids, count) };
+        let (first, rank, nranks) = rank_args(nranks, &raw[0], rank)?;
+        if count > nranks {
+            return Err(Fail::invalid(format!("nId is {count}, more roots than the {nranks} ranks")));
         }
-        Ok(())
-    });
-    if first != NcclResult::SUCCESS {
-        return first;
-    }
-    // SAFETY: `comm_ids` is non-null and holds at least one id (checked above).
-    let id = unsafe { *comm_ids };
-    // SAFETY: forwarded.
-    unsafe { ncclCommInitRankConfig(comm, nranks, id, rank, config) }
+        let mut ids = vec![first];
+        for id in &raw[1..] {
+            ids.push(unique_id::decode(id)?);
+        }
+        // SAFETY: the caller passes NULL or an initialized config.
+        let (blocking, name) = unsafe { read_config(config, true) }?;
+        let device = caller_device()?;
+        init(comm, InitArgs { ids, rank, nranks, device, blocking, name })
+    })
 }
 
 /// `ncclCommInitAll`: `ndev` communicators of this process, rank i on `devlist[i]` (or device
@@ -279,7 +292,7 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
                 .enumerate()
                 .map(|(rank, &d)| {
                     let a = InitArgs {
-                        id: id.clone(),
+                        ids: vec![id.clone()],
                         rank,
                         nranks: n,
                         device: Some(d),

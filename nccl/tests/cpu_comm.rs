@@ -126,3 +126,48 @@ fn bad_init_arguments_fail_cleanly() {
         assert_eq!(ncclGetVersion(null_mut()), NcclResult::INVALID_ARGUMENT);
     }
 }
+
+#[test]
+fn three_cpu_ranks_init_scalable_with_two_roots() {
+    // SAFETY: set before any thread of this test reads the environment (same value as above).
+    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
+    let mut ids = [NcclUniqueId { internal: [0; 128] }; 2];
+    // SAFETY: live locals; the first rank of each group (0 and 2) would make its id.
+    unsafe {
+        assert_eq!(ncclGetUniqueId(&mut ids[0]), NcclResult::SUCCESS);
+        assert_eq!(ncclGetUniqueId(&mut ids[1]), NcclResult::SUCCESS);
+        let mut comm: NcclCommPtr = null_mut();
+        let mut copy = ids;
+        assert_eq!(
+            ncclCommInitRankScalable(&mut comm, 3, 0, 0, copy.as_mut_ptr(), null_mut()),
+            NcclResult::INVALID_ARGUMENT
+        );
+        assert_eq!(
+            ncclCommInitRankScalable(&mut comm, 1, 0, 2, copy.as_mut_ptr(), null_mut()),
+            NcclResult::INVALID_ARGUMENT
+        );
+        assert_eq!(ncclCommInitRankScalable(&mut comm, 3, 0, 1, null_mut(), null_mut()), NcclResult::INVALID_ARGUMENT);
+        assert!(comm.is_null());
+    }
+    let ranks: Vec<_> = (0..3)
+        .map(|rank| {
+            std::thread::spawn(move || {
+                let mut ids = ids;
+                let mut comm: NcclCommPtr = null_mut();
+                // SAFETY: live locals; `ids` holds the two ids.
+                unsafe {
+                    let r = ncclCommInitRankScalable(&mut comm, 3, rank, 2, ids.as_mut_ptr(), null_mut());
+                    assert_eq!(r, NcclResult::SUCCESS, "rank {rank}");
+                    let (mut n, mut me) = (0, -1);
+                    assert_eq!(ncclCommCount(comm, &mut n), NcclResult::SUCCESS);
+                    assert_eq!(ncclCommUserRank(comm, &mut me), NcclResult::SUCCESS);
+                    assert_eq!((n, me), (3, rank));
+                    assert_eq!(ncclCommDestroy(comm), NcclResult::SUCCESS);
+                }
+            })
+        })
+        .collect();
+    for r in ranks {
+        r.join().unwrap();
+    }
+}

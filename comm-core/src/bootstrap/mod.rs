@@ -1,13 +1,16 @@
 //! Bootstrap: how ranks find each other and exchange small messages before (and beside) the
 //! data path.
 //!
-//! [`Bootstrap`] is the trait; [`TcpBootstrap`] the built-in implementation (rank 0 listens on
-//! the address of a [`UniqueId`], every rank then keeps one TCP link to every other);
+//! [`Bootstrap`] is the trait; [`TcpBootstrap`] the built-in implementation (ranks meet at the
+//! root of a [`UniqueId`], or at several roots, and each keeps a few TCP links: its neighbours
+//! in a tree, and the peers it talks to); its collectives default to the tree algorithms of
+//! [`tree`], built on `send` and `recv`;
 //! [`from_env`] builds one from torchrun, Open MPI or Slurm variables. Users may implement the
 //! trait over their own channel (MPI, torch.distributed).
 
 mod env;
 mod tcp;
+pub mod tree;
 mod unique_id;
 
 pub use env::{EnvRendezvous, from_env};
@@ -16,23 +19,23 @@ pub use unique_id::UniqueId;
 
 use std::time::Duration;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 
 /// Tags at or above this value belong to weave itself; user code should use smaller tags.
 pub const RESERVED_TAG_BASE: u64 = 1 << 63;
-/// Tag used by the default [`Bootstrap::all_gather`].
+/// Tag of the messages of the default [`Bootstrap::all_gather`].
 pub const TAG_ALL_GATHER: u64 = RESERVED_TAG_BASE | 1;
-/// Tag used by the default [`Bootstrap::broadcast`].
+/// Tag of the messages of the default [`Bootstrap::broadcast`].
 pub const TAG_BROADCAST: u64 = RESERVED_TAG_BASE | 2;
-/// Tag used by the default [`Bootstrap::barrier`].
+/// Tag of the messages of the default [`Bootstrap::barrier`].
 pub const TAG_BARRIER: u64 = RESERVED_TAG_BASE | 3;
 
 /// Small-message exchange among the ranks of a job.
 ///
 /// Messages between a pair of ranks with the same tag arrive in the order they were sent;
 /// messages with different tags do not block each other. Every blocking call is bounded by
-/// [`timeout`](Bootstrap::timeout) and fails with [`Error::Timeout`] naming the peer, or
-/// [`Error::PeerLost`] once the peer's link is gone.
+/// [`timeout`](Bootstrap::timeout) and fails with [`Error::Timeout`](crate::Error::Timeout) naming the peer, or
+/// [`Error::PeerLost`](crate::Error::PeerLost) once the peer's link is gone.
 pub trait Bootstrap: Send + Sync {
     /// This rank, `0..world_size`.
     fn rank(&self) -> usize;
@@ -43,7 +46,8 @@ pub trait Bootstrap: Send + Sync {
     /// Why this bootstrap's link to `peer` ended, once it has: a process that exits closes its
     /// links, so transports without a liveness signal of their own (RDMA, whose writes to a
     /// vanished queue pair may just go unanswered) ask this while they wait. `None` while the
-    /// link is up, and where the bootstrap keeps no link to `peer`.
+    /// link is up, and where the bootstrap keeps no link to `peer` ([`TcpBootstrap`] opens one
+    /// in the background when asked about such a peer, so later calls tell).
     fn peer_lost(&self, peer: usize) -> Option<String> {
         let _ = peer;
         None
@@ -68,50 +72,21 @@ pub trait Bootstrap: Send + Sync {
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
 
     /// Every rank contributes `data`; returns all contributions indexed by rank.
+    ///
+    /// The default gathers up a tree of the ranks and spreads the result down it ([`tree`]):
+    /// no rank exchanges messages with more than [`tree::FANOUT`] + 1 others.
     fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
-        let (me, n) = (self.rank(), self.world_size());
-        for peer in (0..n).filter(|&p| p != me) {
-            self.send(peer, TAG_ALL_GATHER, data)?;
-        }
-        let mut out = Vec::with_capacity(n);
-        for peer in 0..n {
-            if peer == me {
-                out.push(data.to_vec());
-            } else {
-                out.push(self.recv(peer, TAG_ALL_GATHER)?);
-            }
-        }
-        Ok(out)
+        tree::all_gather(self, data)
     }
 
-    /// Returns `root`'s `data` on every rank (`data` is ignored elsewhere).
+    /// Returns `root`'s `data` on every rank (`data` is ignored elsewhere). The default goes down
+    /// the tree of [`tree`] (from a root other than rank 0, through rank 0).
     fn broadcast(&self, root: usize, data: &[u8]) -> Result<Vec<u8>> {
-        let (me, n) = (self.rank(), self.world_size());
-        if root >= n {
-            return Err(Error::invalid(format!("broadcast root {root} is not a rank of a {n}-rank job")));
-        }
-        if me == root {
-            for peer in (0..n).filter(|&p| p != me) {
-                self.send(peer, TAG_BROADCAST, data)?;
-            }
-            Ok(data.to_vec())
-        } else {
-            self.recv(root, TAG_BROADCAST)
-        }
+        tree::broadcast(self, root, data)
     }
 
-    /// Returns once every rank has called it.
+    /// Returns once every rank has called it. The default goes up and down the tree of [`tree`].
     fn barrier(&self) -> Result<()> {
-        let (me, n) = (self.rank(), self.world_size());
-        for peer in (0..n).filter(|&p| p != me) {
-            self.send(peer, TAG_BARRIER, &[])?;
-        }
-        for peer in (0..n).filter(|&p| p != me) {
-            let m = self.recv(peer, TAG_BARRIER)?;
-            if !m.is_empty() {
-                return Err(Error::protocol(format!("barrier message from rank {peer} is not empty")));
-            }
-        }
-        Ok(())
+        tree::barrier(self)
     }
 }

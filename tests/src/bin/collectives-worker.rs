@@ -24,8 +24,49 @@ fn main() {
             })
             .and_then(|c| p2p(&c)),
         "shared" => shared(),
+        "create" => create(arg),
         other => Err(worker::unknown_scenario(other)),
     })
+}
+
+/// Communicator creation, timed: the bootstrap (`from_env`), then an all-gather and a barrier on
+/// it (every rank's figure then includes the last rank's arrival), then the communicator on it
+/// and a barrier, then its drop. Prints milliseconds since the start at each step and the
+/// bootstrap's links, for docs/PERF.md ("Bootstrap at scale"). With `core`, the communicator is
+/// only the primitives layer over the default transports (no host workspace).
+fn create(which: &str) -> Result<String> {
+    use comm_core::bootstrap::Bootstrap;
+    let started = std::time::Instant::now();
+    let bootstrap = comm_core::bootstrap::from_env()?;
+    let joined = started.elapsed();
+    let all = bootstrap.all_gather(&bootstrap.rank().to_le_bytes())?;
+    if all.len() != bootstrap.world_size() || all.iter().enumerate().any(|(r, v)| v[..] != r.to_le_bytes()) {
+        return Err(Error::protocol("bootstrap all_gather gave wrong contributions"));
+    }
+    bootstrap.barrier()?;
+    let gathered = started.elapsed();
+    let links = bootstrap.open_links();
+    let ready = if which == "core" {
+        let mut builder = comm_core::communicator::Communicator::builder(bootstrap);
+        for transport in collectives::default_transports() {
+            builder = builder.with_transport_arc(transport);
+        }
+        let comm = builder.build()?;
+        comm.bootstrap().barrier()?;
+        started.elapsed()
+    } else {
+        let comm = Communicator::builder(bootstrap).build()?;
+        comm.core().bootstrap().barrier()?;
+        started.elapsed()
+    };
+    let dropped = started.elapsed();
+    Ok(format!(
+        "bootstrap {} ms, all_gather and barrier {} ms, communicator ready {} ms, {links} bootstrap links, dropped {} ms",
+        joined.as_millis(),
+        gathered.as_millis(),
+        ready.as_millis(),
+        dropped.as_millis()
+    ))
 }
 
 /// The correctness matrix with the algorithm table's own choices.

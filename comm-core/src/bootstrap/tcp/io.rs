@@ -1,168 +1,25 @@
-//! What the TCP bootstrap does with sockets: reads and writes bounded by a deadline, the
-//! length-prefixed handshake messages, the [`Acceptor`] that reads one hello from every accepted
-//! connection without letting a slow or silent one hold up the others, binding a member's
-//! listener, and, once the mesh stands, the links: their sending half ([`write_frame`]), the
-//! reader thread of each ([`read_frames`], filing frames into the [`Mailbox`]) and the mailbox.
+//! What the rendezvous of the TCP bootstrap does with sockets, before the poller takes over:
+//! blocking reads and writes bounded by a deadline, the length-prefixed handshake messages, the
+//! [`Acceptor`] with which a root reads one hello from every accepted connection without letting
+//! a slow or silent one hold up the others, and binding a member's listener.
 
-use std::collections::{HashMap, VecDeque};
-use std::io::{self, BufReader, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
-use super::TcpBootstrap;
 use super::messages::MAX_HELLO_LEN;
 use crate::config::Deadline;
 use crate::error::{Error, Result};
 
-/// How long an accepted connection may take to send its complete hello.
+/// How long an accepted connection may take to send its complete hello (at the root during the
+/// rendezvous, and at every rank's poller later).
 pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 /// Most accepted connections whose hello is still arriving; further ones wait in the listen
 /// backlog until a slot frees up (hellos of real ranks complete in moments; silent ones are
 /// dropped after [`HANDSHAKE_TIMEOUT`]).
-const MAX_PENDING_HANDSHAKES: usize = 1024;
+pub(super) const MAX_PENDING_HANDSHAKES: usize = 1024;
 /// Longest sleep of the accept loop when nothing happens.
 const ACCEPT_POLL_MAX: Duration = Duration::from_millis(5);
-/// Payloads up to this size are copied into one buffer with their frame header (one write).
-const SMALL_FRAME_LEN: usize = 64 << 10;
-/// Buffer size of each link's reader.
-const READ_BUFFER_LEN: usize = 64 << 10;
-/// Largest up-front allocation for an incoming payload; larger ones grow as bytes arrive.
-const MAX_PREALLOCATION: usize = 1 << 20;
-
-// ---------------------------------------------------------------------------------------------
-// Links and the mailbox.
-
-/// The sending half of one link.
-pub(super) struct Link {
-    pub(super) writer: Mutex<LinkWriter>,
-}
-
-impl Link {
-    pub(super) fn lock(&self) -> MutexGuard<'_, LinkWriter> {
-        self.writer.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-}
-
-/// The writing side of a link, behind the link's lock.
-pub(super) struct LinkWriter {
-    pub(super) stream: Arc<TcpStream>,
-    /// Set once a send failed; later sends fail at once with this reason.
-    pub(super) broken: Option<String>,
-}
-
-/// Messages received from all peers, waiting for `recv`.
-pub(super) struct Mailbox {
-    state: Mutex<MailboxState>,
-    /// Notified on every delivered message and every lost peer.
-    pub(super) changed: Condvar,
-}
-
-/// What the mailbox lock guards: queued messages and lost peers.
-pub(super) struct MailboxState {
-    queues: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
-    /// Per peer: why its link ended, once it has.
-    pub(super) lost: Vec<Option<String>>,
-}
-
-impl Mailbox {
-    /// An empty mailbox for a job of `world_size` ranks.
-    pub(super) fn new(world_size: usize) -> Self {
-        Mailbox {
-            state: Mutex::new(MailboxState { queues: HashMap::new(), lost: vec![None; world_size] }),
-            changed: Condvar::new(),
-        }
-    }
-
-    /// Locks the mailbox (a poisoned lock is taken over).
-    pub(super) fn lock(&self) -> MutexGuard<'_, MailboxState> {
-        // Nothing panics while holding this lock; if something did, the state is still
-        // consistent (every update is a single push, pop or assignment).
-        self.state.lock().unwrap_or_else(PoisonError::into_inner)
-    }
-
-    /// Files a message from `peer` under `tag` and wakes the waiters.
-    pub(super) fn deliver(&self, peer: usize, tag: u64, payload: Vec<u8>) {
-        self.lock().queues.entry((peer, tag)).or_default().push_back(payload);
-        self.changed.notify_all();
-    }
-
-    /// Records why the link to `peer` ended (the first reason stays) and wakes the waiters.
-    pub(super) fn mark_lost(&self, peer: usize, reason: String) {
-        if let Some(slot) = self.lock().lost.get_mut(peer) {
-            slot.get_or_insert(reason);
-        }
-        self.changed.notify_all();
-    }
-}
-
-impl MailboxState {
-    /// The oldest message from `peer` under `tag`, if one is waiting.
-    pub(super) fn take(&mut self, peer: usize, tag: u64) -> Option<Vec<u8>> {
-        let queue = self.queues.get_mut(&(peer, tag))?;
-        let message = queue.pop_front();
-        if queue.is_empty() {
-            self.queues.remove(&(peer, tag));
-        }
-        message
-    }
-}
-
-/// Writes one frame of step 4 — tag `u64`, length `u64`, payload — or fails once `deadline` has
-/// passed (possibly part-way: the link is then unusable).
-pub(super) fn write_frame(stream: &TcpStream, tag: u64, data: &[u8], deadline: &Deadline) -> Result<(), IoFailure> {
-    let mut header = [0u8; 16];
-    header[..8].copy_from_slice(&tag.to_le_bytes());
-    header[8..].copy_from_slice(&(data.len() as u64).to_le_bytes());
-    if data.len() <= SMALL_FRAME_LEN {
-        let mut frame = Vec::with_capacity(header.len() + data.len());
-        frame.extend_from_slice(&header);
-        frame.extend_from_slice(data);
-        write_all_until(stream, &frame, deadline)
-    } else {
-        write_all_until(stream, &header, deadline).and_then(|()| write_all_until(stream, data, deadline))
-    }
-}
-
-/// Reads frames from `peer` into the mailbox until the link ends; returns why it ended.
-pub(super) fn read_frames(stream: Arc<TcpStream>, peer: usize, mailbox: &Mailbox) -> String {
-    let mut reader = BufReader::with_capacity(READ_BUFFER_LEN, SharedStream(stream));
-    loop {
-        let mut tag = [0u8; 8];
-        match reader.read_exact(&mut tag) {
-            Ok(()) => {}
-            Err(e) if e.kind() == ErrorKind::UnexpectedEof => return "the connection was closed".to_string(),
-            Err(e) => return format!("reading from the connection failed: {e}"),
-        }
-        let mut len = [0u8; 8];
-        if let Err(e) = reader.read_exact(&mut len) {
-            return format!("the connection ended inside a frame header: {e}");
-        }
-        let tag = u64::from_le_bytes(tag);
-        let len = u64::from_le_bytes(len);
-        let Some(len) = usize::try_from(len).ok().filter(|&l| l <= TcpBootstrap::MAX_MESSAGE_LEN) else {
-            return format!(
-                "protocol error: it announced a {len}-byte message (limit {} bytes)",
-                TcpBootstrap::MAX_MESSAGE_LEN
-            );
-        };
-        let mut payload = Vec::with_capacity(len.min(MAX_PREALLOCATION));
-        match (&mut reader).take(len as u64).read_to_end(&mut payload) {
-            Ok(n) if n == len => mailbox.deliver(peer, tag, payload),
-            Ok(n) => return format!("the connection was closed inside a {len}-byte message after {n} bytes"),
-            Err(e) => return format!("reading a {len}-byte message failed: {e}"),
-        }
-    }
-}
-
-/// Reads from a socket whose writing side is used elsewhere (`Read` for `&TcpStream`).
-struct SharedStream(Arc<TcpStream>);
-
-impl Read for SharedStream {
-    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
-        (&*self.0).read(buf)
-    }
-}
 
 // ---------------------------------------------------------------------------------------------
 // Blocking I/O with a deadline.
@@ -428,27 +285,4 @@ pub(super) fn bind_member_listener(root: SocketAddr) -> Result<TcpListener> {
         local
     };
     TcpListener::bind(local).map_err(|e| Error::io(format!("bind the bootstrap listener on {local}"), e))
-}
-
-#[cfg(test)]
-mod tests {
-    use super::super::tests::LOCALHOST;
-    use super::*;
-
-    #[test]
-    fn a_corrupt_frame_marks_the_peer_lost() {
-        let listener = TcpListener::bind((LOCALHOST, 0)).unwrap();
-        let mut writer = TcpStream::connect(listener.local_addr().unwrap()).unwrap();
-        let (reader, _) = listener.accept().unwrap();
-        let mailbox = Mailbox::new(2);
-        let mut frame = 5u64.to_le_bytes().to_vec();
-        frame.extend_from_slice(&3u64.to_le_bytes());
-        frame.extend_from_slice(b"abc");
-        frame.extend_from_slice(&6u64.to_le_bytes());
-        frame.extend_from_slice(&u64::MAX.to_le_bytes());
-        writer.write_all(&frame).unwrap();
-        let reason = read_frames(Arc::new(reader), 1, &mailbox);
-        assert!(reason.contains("protocol error"), "{reason}");
-        assert_eq!(mailbox.lock().take(1, 5).unwrap(), b"abc");
-    }
 }

@@ -1,42 +1,57 @@
-//! The rendezvous of the TCP bootstrap (steps 1 to 3 of the [protocol](super)): the root
-//! gathers a hello from every rank and sends back the rank table; members join at the root, then
-//! link to one another. Every step is bounded by one deadline.
+//! The rendezvous of the TCP bootstrap (steps 1 and 2 of the [protocol](super)): every rank
+//! joins at the root of its group; each root gathers the hellos of its group, a root other than
+//! the first sends its group's table to the first, and the first root ends up with the rank
+//! table. Every step is bounded by one deadline.
 
 use std::io::{self, ErrorKind};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::ops::Range;
 use std::time::Duration;
 
-use super::TcpBootstrap;
-use super::io::{Acceptor, IoFailure, bind_member_listener, is_transient, read_handshake, write_handshake};
+use super::io::{Acceptor, IoFailure, bind_member_listener, read_handshake, write_handshake};
 use super::messages::{
-    MAX_HELLO_LEN, MAX_HOST_IDENTITY_LEN, decode_peer_hello, decode_rank_table, decode_root_hello, encode_peer_hello,
-    encode_rank_table, encode_root_hello,
+    GROUP_TABLE_MAGIC, MAX_HELLO_LEN, decode_group_table, decode_root_ack, decode_root_hello, encode_group_table,
+    encode_root_ack, encode_root_hello,
 };
 use crate::bootstrap::UniqueId;
 use crate::config::Deadline;
 use crate::error::{Error, Result};
 
-/// Longest pause between two attempts to reach the root.
+/// Longest pause between two attempts to reach a root.
 const CONNECT_RETRY_MAX: Duration = Duration::from_millis(200);
 
 /// What the rank table says about one rank.
+#[derive(Clone)]
 pub(super) struct RankEntry {
     pub(super) listen_addr: SocketAddr,
     pub(super) host: String,
 }
 
+/// The ranks that join at root `group` of `roots`: contiguous ranges, the first
+/// `world_size % roots` of them one rank longer. The group's first rank is its root.
+pub(super) fn group_range(group: usize, world_size: usize, roots: usize) -> Range<usize> {
+    let (base, longer) = (world_size / roots, world_size % roots);
+    let start = group * base + group.min(longer);
+    start..start + base + usize::from(group < longer)
+}
+
+/// The group (root) that `rank` joins at.
+pub(super) fn group_of(rank: usize, world_size: usize, roots: usize) -> usize {
+    let (base, longer) = (world_size / roots, world_size % roots);
+    let boundary = longer * (base + 1);
+    if rank < boundary { rank / (base + 1) } else { longer + (rank - boundary) / base.max(1) }
+}
+
 /// One rank's part of the rendezvous.
 pub(super) struct Rendezvous<'a> {
-    pub(super) id: &'a UniqueId,
+    /// One id per root; the first is the job's (its secret opens every link).
+    pub(super) ids: &'a [UniqueId],
     pub(super) rank: usize,
     pub(super) world_size: usize,
     pub(super) deadline: Deadline,
     pub(super) warn: bool,
     pub(super) host: String,
 }
-
-/// Connected streams indexed by peer (`None` at the own rank) and host identities by rank.
-pub(super) type Mesh = (Vec<Option<TcpStream>>, Vec<String>);
 
 impl Rendezvous<'_> {
     fn timeout_error(&self, operation: String, peer: Option<usize>) -> Error {
@@ -51,175 +66,154 @@ impl Rendezvous<'_> {
         }
     }
 
-    /// Rank 0: accept a hello from every other rank, then send everyone the rank table.
-    pub(super) fn as_root(&self) -> Result<Mesh> {
-        // std's `TcpListener::bind` sets SO_REUSEADDR on Unix, so a port that an earlier job left
-        // in TIME_WAIT can be bound again at once (a port with a live listener cannot).
-        let listener = TcpListener::bind(self.id.addr)
-            .map_err(|e| Error::io(format!("bind the bootstrap root listener on {}", self.id.addr), e))?;
-        let mut acceptor = Acceptor::new(&listener, self.rank, self.warn)?;
-        let mut joined: Vec<Option<(TcpStream, RankEntry)>> = (0..self.world_size).map(|_| None).collect();
-        let mut missing = self.world_size - 1;
-        while missing > 0 {
-            let Some(incoming) = acceptor.next(&self.deadline)? else {
-                let absent: Vec<usize> = (1..self.world_size).filter(|&r| joined[r].is_none()).collect();
-                return Err(self.timeout_error(
-                    format!("bootstrap rendezvous at {}: ranks {absent:?} never joined", self.id.addr),
-                    absent.first().copied(),
-                ));
-            };
-            match decode_root_hello(&incoming.hello, self.id, self.world_size) {
-                Ok((rank, _)) if joined[rank].is_some() => {
-                    acceptor.refuse(incoming.from, &format!("rank {rank} has already joined"));
-                }
-                Ok((rank, entry)) => {
-                    joined[rank] = Some((incoming.stream, entry));
-                    missing -= 1;
-                }
-                Err(e) => acceptor.refuse(incoming.from, &e.to_string()),
-            }
-        }
-        // Closing the listener (and with it half-open handshakes from strangers).
-        drop(acceptor);
-        drop(listener);
-
-        let mut streams = Vec::with_capacity(self.world_size);
-        let mut entries = Vec::with_capacity(self.world_size);
-        streams.push(None);
-        entries.push(RankEntry { listen_addr: self.id.addr, host: self.host.clone() });
-        for (stream, entry) in joined.into_iter().flatten() {
-            streams.push(Some(stream));
-            entries.push(entry);
-        }
-        let table = encode_rank_table(self.id, &entries);
-        for (peer, stream) in streams.iter().enumerate() {
-            if let Some(stream) = stream {
-                write_handshake(stream, &table, &self.deadline)
-                    .map_err(|f| self.io_failure(f, peer, "bootstrap rendezvous: sending the rank table"))?;
-            }
-        }
-        Ok((streams, entries.into_iter().map(|e| e.host).collect()))
+    fn roots(&self) -> usize {
+        self.ids.len()
     }
 
-    /// Rank > 0: join at the root, learn the table, then link to every other rank.
-    pub(super) fn as_member(&self) -> Result<Mesh> {
-        let listener = bind_member_listener(self.id.addr)?;
-        let listen_addr = listener.local_addr().map_err(|e| Error::io("read the bootstrap listener's address", e))?;
-        let mut root = self.connect_to_root()?;
-        let hello = encode_root_hello(self.id, self.rank, self.world_size, listen_addr, &self.host);
-        write_handshake(&root, &hello, &self.deadline)
-            .map_err(|f| self.io_failure(f, 0, "bootstrap rendezvous: sending the hello to the root"))?;
-        let table_limit = 64usize.saturating_add(self.world_size.saturating_mul(64 + MAX_HOST_IDENTITY_LEN));
-        let table = read_handshake(&mut root, table_limit.min(TcpBootstrap::MAX_MESSAGE_LEN), &self.deadline).map_err(
-            |failure| match failure {
-                IoFailure::TimedOut => self.timeout_error(
-                    "bootstrap rendezvous: waiting for the rank table from the root (some ranks have not joined yet)"
-                        .into(),
-                    Some(0),
-                ),
-                IoFailure::Closed(reason) => Error::peer_lost(
-                    0,
-                    "bootstrap rendezvous",
-                    format!(
-                        "the root closed the connection before sending the rank table ({reason}); it refuses a \
-                         wrong job secret, protocol version, rank or world size, and a rank that has already joined"
-                    ),
-                ),
-                IoFailure::Malformed(reason) => {
-                    Error::protocol(format!("bootstrap rank table from the root: {reason}"))
-                }
-            },
-        )?;
-        let entries = decode_rank_table(&table, self.id, self.world_size)?;
-
-        let mut streams: Vec<Option<TcpStream>> = (0..self.world_size).map(|_| None).collect();
-        streams[0] = Some(root);
-        // Outbound links to lower ranks: connect and send the hello; the answers are read after
-        // accepting the higher ranks, so no rank waits on another that waits on it.
-        let mut awaiting_answer = Vec::new();
-        for (peer, entry) in entries.iter().enumerate().take(self.rank).skip(1) {
-            let operation = format!("bootstrap mesh: connecting to rank {peer} at {}", entry.listen_addr);
-            let remaining = self.deadline.remaining();
-            if remaining.is_zero() {
-                return Err(self.timeout_error(operation, Some(peer)));
-            }
-            let stream = TcpStream::connect_timeout(&entry.listen_addr, remaining).map_err(|e| {
-                if is_transient(&e) {
-                    self.timeout_error(operation.clone(), Some(peer))
-                } else {
-                    Error::peer_lost(peer, operation.clone(), e.to_string())
-                }
-            })?;
-            let hello = encode_peer_hello(self.id, self.rank, peer, self.world_size);
-            write_handshake(&stream, &hello, &self.deadline).map_err(|f| self.io_failure(f, peer, &operation))?;
-            awaiting_answer.push((peer, stream));
+    /// Joins: binds this rank's listener for links and, at a root, gathers its group on its id's
+    /// address (closed again when done). Returns the listener and, at rank 0, the rank table.
+    pub(super) fn join(&self) -> Result<(TcpListener, Option<Vec<RankEntry>>)> {
+        let group = group_of(self.rank, self.world_size, self.roots());
+        let range = group_range(group, self.world_size, self.roots());
+        let root_id = &self.ids[group];
+        if self.rank != range.start {
+            let listener = bind_member_listener(root_id.addr)?;
+            let listen_addr =
+                listener.local_addr().map_err(|e| Error::io("read the bootstrap listener's address", e))?;
+            let hello = encode_root_hello(
+                root_id,
+                self.rank,
+                self.world_size,
+                self.roots(),
+                &RankEntry { listen_addr, host: self.host.clone() },
+            );
+            self.report_to(range.start, root_id, &hello, self.rank)?;
+            return Ok((listener, None));
         }
+        // std's `TcpListener::bind` sets SO_REUSEADDR on Unix, so a port that an earlier job left
+        // in TIME_WAIT can be bound again at once (a port with a live listener cannot).
+        let root_listener = TcpListener::bind(root_id.addr)
+            .map_err(|e| Error::io(format!("bind the bootstrap root listener on {}", root_id.addr), e))?;
+        // Links come to another port, so the id's port is free again once the rendezvous is
+        // over (a process may bootstrap another job at the same address while this one lives).
+        let link_addr = SocketAddr::new(root_id.addr.ip(), 0);
+        let listener = TcpListener::bind(link_addr)
+            .map_err(|e| Error::io(format!("bind the bootstrap listener on {link_addr}"), e))?;
+        let link_addr = listener.local_addr().map_err(|e| Error::io("read the bootstrap listener's address", e))?;
+        let own = RankEntry { listen_addr: link_addr, host: self.host.clone() };
+        let entries = self.gather(&root_listener, group, range.clone(), own)?;
+        drop(root_listener);
+        if group == 0 {
+            return Ok((listener, Some(entries)));
+        }
+        let table = encode_group_table(&self.ids[0], self.world_size, self.roots(), group, range.start, &entries);
+        self.report_to(0, &self.ids[0], &table, range.start)?;
+        Ok((listener, None))
+    }
 
-        // Inbound links from higher ranks (strangers are refused, the job goes on).
-        let mut acceptor = Acceptor::new(&listener, self.rank, self.warn)?;
-        let mut missing = self.world_size - 1 - self.rank;
+    /// At the root of `group`: accepts a hello from every other rank of `range` (and at rank 0
+    /// the table of every other group), acknowledging each; returns the entries gathered, the
+    /// root's `own` first (rank 0: the whole rank table).
+    fn gather(
+        &self,
+        listener: &TcpListener,
+        group: usize,
+        range: Range<usize>,
+        own: RankEntry,
+    ) -> Result<Vec<RankEntry>> {
+        let (n, roots) = (self.world_size, self.roots());
+        let id = &self.ids[group];
+        let mut acceptor = Acceptor::new(listener, self.rank, self.warn)?;
+        let covered = if group == 0 { 0..n } else { range.clone() };
+        let mut joined: Vec<Option<RankEntry>> = vec![None; covered.len()];
+        joined[0] = Some(own);
+        let mut missing = covered.len() - 1;
         while missing > 0 {
             let Some(incoming) = acceptor.next(&self.deadline)? else {
-                let absent: Vec<usize> = (self.rank + 1..self.world_size).filter(|&r| streams[r].is_none()).collect();
+                let absent: Vec<usize> = covered.clone().filter(|&r| joined[r - covered.start].is_none()).collect();
                 return Err(self.timeout_error(
-                    format!("bootstrap mesh: ranks {absent:?} never connected to rank {}", self.rank),
+                    format!("bootstrap rendezvous at {}: ranks {absent:?} never joined", id.addr),
                     absent.first().copied(),
                 ));
             };
-            let peer = match decode_peer_hello(&incoming.hello, self.id, self.world_size, self.rank) {
-                Ok(peer) if peer <= self.rank => {
-                    acceptor.refuse(incoming.from, &format!("rank {peer} must not connect to rank {}", self.rank));
-                    continue;
-                }
-                Ok(peer) if streams[peer].is_some() => {
-                    acceptor.refuse(incoming.from, &format!("rank {peer} is already connected"));
-                    continue;
-                }
-                Ok(peer) => peer,
+            let members = range.start + 1..range.end;
+            let arrived = if incoming.hello.starts_with(&GROUP_TABLE_MAGIC) && group == 0 {
+                decode_group_table(&incoming.hello, &self.ids[0], n, roots, |g| group_range(g, n, roots))
+                    .map(|(g, entries)| (group_range(g, n, roots).start, entries))
+            } else {
+                decode_root_hello(&incoming.hello, id, n, roots, members).map(|(rank, entry)| (rank, vec![entry]))
+            };
+            let (first, entries) = match arrived {
+                Ok(arrived) => arrived,
                 Err(e) => {
                     acceptor.refuse(incoming.from, &e.to_string());
                     continue;
                 }
             };
-            let answer = encode_peer_hello(self.id, self.rank, peer, self.world_size);
-            write_handshake(&incoming.stream, &answer, &self.deadline)
-                .map_err(|f| self.io_failure(f, peer, "bootstrap mesh: answering a hello"))?;
-            streams[peer] = Some(incoming.stream);
-            missing -= 1;
-        }
-        drop(acceptor);
-        drop(listener);
-
-        for (peer, mut stream) in awaiting_answer {
-            let operation = format!("bootstrap mesh: waiting for rank {peer} to answer");
-            let answer = read_handshake(&mut stream, MAX_HELLO_LEN, &self.deadline)
-                .map_err(|f| self.io_failure(f, peer, &operation))?;
-            let from = decode_peer_hello(&answer, self.id, self.world_size, self.rank)
-                .map_err(|e| Error::protocol(format!("{operation}: {e}")))?;
-            if from != peer {
-                return Err(Error::protocol(format!("{operation}: it answered as rank {from}")));
+            if joined[first - covered.start].is_some() {
+                acceptor.refuse(incoming.from, &format!("rank {first} has already joined"));
+                continue;
             }
-            streams[peer] = Some(stream);
+            // The answer is small and the socket fresh: a failure means the rank went away, and it
+            // will not get far without the acknowledgement; the job waits for a retry.
+            let ack_deadline = Deadline::after(super::io::HANDSHAKE_TIMEOUT.min(self.deadline.remaining()));
+            if write_handshake(&incoming.stream, &encode_root_ack(id, first), &ack_deadline).is_err() {
+                acceptor.refuse(incoming.from, &format!("rank {first} did not take the acknowledgement"));
+                continue;
+            }
+            for (offset, entry) in entries.into_iter().enumerate() {
+                joined[first - covered.start + offset] = Some(entry);
+                missing -= 1;
+            }
         }
-        Ok((streams, entries.into_iter().map(|e| e.host).collect()))
+        Ok(joined.into_iter().flatten().collect())
     }
 
-    /// Connects to the root, retrying with backoff until the deadline (it may start later).
-    fn connect_to_root(&self) -> Result<TcpStream> {
+    /// Sends `message` to the root of rank `root` at `id` and waits for its acknowledgement of
+    /// `rank` (a member: itself; a root: the first rank of its group).
+    fn report_to(&self, root: usize, id: &UniqueId, message: &[u8], rank: usize) -> Result<()> {
+        let mut stream = self.connect_to_root(root, id.addr)?;
+        write_handshake(&stream, message, &self.deadline)
+            .map_err(|f| self.io_failure(f, root, "bootstrap rendezvous: sending the hello to the root"))?;
+        let ack = read_handshake(&mut stream, MAX_HELLO_LEN, &self.deadline).map_err(|failure| match failure {
+            IoFailure::TimedOut => self.timeout_error(
+                format!("bootstrap rendezvous: waiting for the root at {} to acknowledge rank {rank}", id.addr),
+                Some(root),
+            ),
+            IoFailure::Closed(reason) => Error::peer_lost(
+                root,
+                "bootstrap rendezvous",
+                format!(
+                    "the root at {} closed the connection instead of acknowledging rank {rank} ({reason}); it refuses \
+                     a wrong job secret, protocol version, rank, world size or number of roots, and a rank that has \
+                     already joined",
+                    id.addr
+                ),
+            ),
+            IoFailure::Malformed(reason) => {
+                Error::protocol(format!("bootstrap acknowledgement from the root: {reason}"))
+            }
+        })?;
+        decode_root_ack(&ack, id, rank)
+    }
+
+    /// Connects to the root `root` at `addr`, retrying with backoff until the deadline (it may
+    /// start later).
+    fn connect_to_root(&self, root: usize, addr: SocketAddr) -> Result<TcpStream> {
         let mut pause = Duration::from_millis(2);
         loop {
             let remaining = self.deadline.remaining();
             let attempt = if remaining.is_zero() {
                 Err(io::Error::from(ErrorKind::TimedOut))
             } else {
-                TcpStream::connect_timeout(&self.id.addr, remaining)
+                TcpStream::connect_timeout(&addr, remaining)
             };
             match attempt {
                 Ok(stream) => return Ok(stream),
                 Err(e) if self.deadline.expired() => {
                     return Err(self.timeout_error(
-                        format!("bootstrap rendezvous: connecting to the root at {} (last error: {e})", self.id.addr),
-                        Some(0),
+                        format!("bootstrap rendezvous: connecting to the root at {addr} (last error: {e})"),
+                        Some(root),
                     ));
                 }
                 Err(_) => {
@@ -242,6 +236,7 @@ mod tests {
     use std::io::{Read, Write};
     use std::time::Instant;
 
+    use super::super::TcpBootstrap;
     use super::super::io::HANDSHAKE_TIMEOUT;
     use super::super::messages::{PROTOCOL_VERSION, ROOT_HELLO_MAGIC};
     use super::super::tests::{exercise, new_id};
@@ -258,6 +253,10 @@ mod tests {
                 Err(_) => std::thread::sleep(Duration::from_millis(2)),
             }
         }
+    }
+
+    fn entry(addr: &str, host: &str) -> RankEntry {
+        RankEntry { listen_addr: addr.parse().unwrap(), host: host.into() }
     }
 
     fn framed(message: &[u8]) -> Vec<u8> {
@@ -289,7 +288,7 @@ mod tests {
             });
             // Strangers arrive first.
             let other_job = UniqueId::with_secret(id.addr, [0x5a; 16]);
-            let hello = encode_root_hello(&other_job, 1, world_size, "127.0.0.1:1".parse().unwrap(), "elsewhere");
+            let hello = encode_root_hello(&other_job, 1, world_size, 1, &entry("127.0.0.1:1", "elsewhere"));
             let mut wrong_secret = connect_when_listening(id.addr);
             wrong_secret.write_all(&framed(&hello)).unwrap();
             let mut huge_length = connect_when_listening(id.addr);
@@ -301,7 +300,9 @@ mod tests {
             old.raw(&id.secret);
             wrong_version.write_all(&framed(&old.finish())).unwrap();
             let mut truncated = connect_when_listening(id.addr);
-            truncated.write_all(&framed(&encode_root_hello(&id, 1, world_size, id.addr, "h")[..20])).unwrap();
+            truncated
+                .write_all(&framed(&encode_root_hello(&id, 1, world_size, 1, &entry("127.0.0.1:1", "h"))[..20]))
+                .unwrap();
             let silent = connect_when_listening(id.addr);
             // The root refuses each of them while it waits for the real ranks.
             for stranger in [wrong_secret, huge_length, garbage, wrong_version, truncated] {
