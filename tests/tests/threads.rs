@@ -85,7 +85,7 @@ fn the_host_matrix_at_small_sizes_with_256_thread_ranks() {
 }
 
 #[test]
-#[ignore = "512 threads: about 0.8 GB and 30 s on two cores (docs/PERF.md); run with --ignored"]
+#[ignore = "512 threads: about 0.8 GB and 12 s on two cores (docs/PERF.md); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_512_thread_ranks() {
     let (checked, built, ran) = matrix_on_threads(512, &small_spec(), Duration::from_secs(300));
     assert!(checked > 0);
@@ -93,7 +93,7 @@ fn the_host_matrix_at_small_sizes_with_512_thread_ranks() {
 }
 
 #[test]
-#[ignore = "1,024 threads: about 2 GB and MINUTES on two cores (docs/PERF.md); run with --ignored"]
+#[ignore = "1,024 threads: about 2.8 GB and 80 s on two cores (docs/PERF.md); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_1024_thread_ranks() {
     let (checked, built, ran) = matrix_on_threads(1024, &small_spec(), Duration::from_secs(600));
     assert!(checked > 0);
