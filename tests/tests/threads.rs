@@ -1,6 +1,8 @@
 //! Large worlds on one machine: the host collectives matrix at small sizes with every rank a
 //! thread of this process, over the loopback bootstrap and transport. 256 ranks run in CI;
 //! 512 and 1,024 ranks run on demand (`cargo test -p weave-tests --test threads -- --ignored`).
+//! With `WEAVE_THREADS_BUILD_ONLY` set, the matrix tests only build their communicators (to
+//! measure creation alone).
 
 use std::time::{Duration, Instant};
 
@@ -8,6 +10,9 @@ use collectives::{Algorithm, Collective, Communicator, DataType, ReduceOp};
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use weave_tests::matrix::{MatrixSpec, run_matrix};
+
+/// Set to make the matrix tests stop once their communicators are built.
+const BUILD_ONLY: &str = "WEAVE_THREADS_BUILD_ONLY";
 
 /// Builds an `n`-rank communicator of threads and runs `spec` on every rank; returns the checked
 /// calls of rank 0 and how long the build and the matrix took.
@@ -43,7 +48,7 @@ fn matrix_on_threads_with(
                         let comm =
                             builder.build().unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
                         let built = start.elapsed();
-                        if std::env::var_os("ADHOC_BUILD_ONLY").is_some() {
+                        if std::env::var_os(BUILD_ONLY).is_some() {
                             return (1, built);
                         }
                         let checked = run_matrix(&comm, spec).unwrap_or_else(|e| panic!("rank {rank} of {n}: {e}"));
@@ -80,7 +85,7 @@ fn the_host_matrix_at_small_sizes_with_256_thread_ranks() {
 }
 
 #[test]
-#[ignore = "512 threads: about 2.3 GB and 50 s on two cores (docs/PERF.md); run with --ignored"]
+#[ignore = "512 threads: about 0.8 GB and 12 s on two cores (docs/PERF.md); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_512_thread_ranks() {
     let (checked, built, ran) = matrix_on_threads(512, &small_spec(), Duration::from_secs(300));
     assert!(checked > 0);
@@ -88,8 +93,7 @@ fn the_host_matrix_at_small_sizes_with_512_thread_ranks() {
 }
 
 #[test]
-#[ignore = "1,024 threads: about 9 GB, most of it the host point-to-point state every pair of ranks builds \
-            up front (docs/PERF.md); run with --ignored on a machine that has it"]
+#[ignore = "1,024 threads: about 2.8 GB and 80 s on two cores (docs/PERF.md); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_1024_thread_ranks() {
     let (checked, built, ran) = matrix_on_threads(1024, &small_spec(), Duration::from_secs(600));
     assert!(checked > 0);
@@ -115,4 +119,45 @@ fn the_256_rank_matrix_with_the_linear_algorithms_forced() {
     println!(
         "256 thread ranks, linear algorithms: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}"
     );
+}
+
+/// Every rank sends to every other rank first (blocking sends, ascending peers), then receives
+/// from every other rank (descending peers): each send must return once its message is
+/// buffered, even though the receiver has not yet used its point-to-point link with the sender.
+#[test]
+fn blocking_sends_to_every_peer_return_before_any_receive_with_64_thread_ranks() {
+    let n = 64;
+    let timeout = Duration::from_secs(60);
+    let group = LoopbackBootstrap::group(n, timeout);
+    let config = Config { timeout, ..Config::default() };
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|b| {
+                let config = config.clone();
+                s.spawn(move || {
+                    let comm =
+                        Communicator::builder(b).with_transport(LoopbackTransport).with_config(config).build()?;
+                    let me = comm.rank();
+                    let message = |from: usize, to: usize| vec![(from * n + to) as u32; 1 + (from + to) % 7];
+                    for peer in (0..n).filter(|&p| p != me) {
+                        comm.send(&message(me, peer), peer)?;
+                    }
+                    for peer in (0..n).rev().filter(|&p| p != me) {
+                        let mut got = vec![0u32; message(peer, me).len()];
+                        comm.recv(&mut got, peer)?;
+                        if got != message(peer, me) {
+                            return Err(comm_core::Error::protocol(format!(
+                                "rank {me} received {got:?} from rank {peer}"
+                            )));
+                        }
+                    }
+                    Ok::<_, comm_core::Error>(())
+                })
+            })
+            .collect();
+        for (rank, h) in handles.into_iter().enumerate() {
+            h.join().expect("a rank thread panicked").unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+        }
+    });
 }

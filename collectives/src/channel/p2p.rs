@@ -11,8 +11,11 @@ use super::ChannelEngine;
 use super::link::Header;
 use crate::group::{self, P2pOp};
 
-/// Signature of a point-to-point message (no collective uses it).
-const P2P_SIGNATURE: u64 = 0x5032_5000_0000_0000;
+/// Signature of a point-to-point message. A link header carries 32 bits of signature, and every
+/// collective's signature (`host::signature`) numbers its collective from 1 in the low byte, so
+/// a low byte of 0 is no collective's.
+const P2P_SIGNATURE: u64 = 0x5032_5000;
+const _: () = assert!(P2P_SIGNATURE <= u32::MAX as u64 && P2P_SIGNATURE & 0xff == 0);
 
 /// Runs every operation of a group to completion through the links. The timeout applies to
 /// periods without progress.

@@ -72,7 +72,8 @@ pub(crate) unsafe fn all_gather<T: Element>(
     let cap = if ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
     let left = (me + n - 1) % n;
     for (o, k) in chunks(count, cap) {
-        let seg = |q: usize| if ring { q * cap } else { 0 };
+        // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
+        let seg = |q: usize| if ring { q * k } else { 0 };
         // SAFETY: o + k <= count; scratch holds the segment.
         unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, seg(me), k)?, k) };
         e.step("all_gather", publication, EQUAL)?;
@@ -117,10 +118,11 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let cap = capacity::<T>(&e.ws) / n;
     let left = (me + n - 1) % n;
+    // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
     for (o, k) in chunks(count, cap) {
         for q in 0..n {
             // SAFETY: block q, chunk [o, o+k) of the send buffer; scratch segment q.
-            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };
+            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * k, k)?, k) };
         }
         e.step("reduce_scatter", publication, EQUAL)?;
         if algo == Algorithm::Ring {
@@ -130,17 +132,17 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
                 let c = (me + 2 * n - t - 2) % n;
                 let last = t + 2 == n;
                 let step_op = if op == ReduceOp::Avg && !last { ReduceOp::Sum } else { op };
-                let mine = scratch::<T>(&e.ws, me, c * cap, k)?;
-                let theirs = scratch::<T>(&e.ws, left, c * cap, k)?;
+                let mine = scratch::<T>(&e.ws, me, c * k, k)?;
+                let theirs = scratch::<T>(&e.ws, left, c * k, k)?;
                 // SAFETY: `mine` aliases the first source exactly; the neighbour's segment is
                 // complete and unchanged during this sub-step.
                 unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], k) };
                 e.phase("reduce_scatter ring")?;
             }
             // SAFETY: segment `me` holds the result.
-            unsafe { copy(scratch::<T>(&e.ws, me, me * cap, k)?, recv.add(o), k) };
+            unsafe { copy(scratch::<T>(&e.ws, me, me * k, k)?, recv.add(o), k) };
         } else {
-            with_all_scratch(e, me * cap, k, |srcs| {
+            with_all_scratch(e, me * k, k, |srcs| {
                 // SAFETY: every rank's staged block for this rank; recv + o valid for k writes
                 // and disjoint from scratch.
                 unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
@@ -201,15 +203,16 @@ pub(crate) unsafe fn all_to_all<T: Element>(
     let sig = signature(Collective::AllToAll, T::DTYPE, None, algo);
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let cap = capacity::<T>(&e.ws) / n;
+    // Blocks lie back to back, `k` apart, so a small call touches few scratch pages.
     for (o, k) in chunks(count, cap) {
         for q in 0..n {
             // SAFETY: block for q, chunk [o, o+k).
-            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };
+            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * k, k)?, k) };
         }
         e.step("all_to_all", publication, EQUAL)?;
         for p in 0..n {
             // SAFETY: rank p's staged block for this rank; recv block p, chunk [o, o+k).
-            unsafe { copy(scratch::<T>(&e.ws, p, me * cap, k)?, recv.add(p * count + o), k) };
+            unsafe { copy(scratch::<T>(&e.ws, p, me * k, k)?, recv.add(p * count + o), k) };
         }
         e.ws.finish_step();
     }
@@ -280,17 +283,20 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
     let steps = (longest as usize).div_ceil(cap.max(1));
     for s in 0..steps {
         let o = s * cap;
-        let part = |count: usize| count.saturating_sub(o).min(cap);
+        // Blocks lie `stride` apart (the longest block of this step, the same on every rank), so
+        // a small call touches few scratch pages.
+        let stride = (longest as usize - o).min(cap);
+        let part = |count: usize| count.saturating_sub(o).min(stride);
         for q in 0..n {
             let k = part(v.send_counts[q]);
             // SAFETY: chunk [o, o+k) of the block for q lies inside the caller's send range.
-            unsafe { copy(send.add(v.send_displs[q] + o), scratch::<T>(&e.ws, me, q * cap, k)?, k) };
+            unsafe { copy(send.add(v.send_displs[q] + o), scratch::<T>(&e.ws, me, q * stride, k)?, k) };
         }
         e.phase("all_to_allv")?;
         for p in 0..n {
             let k = part(v.recv_counts[p]);
             // SAFETY: rank p staged exactly this many elements for us (checked in step 1).
-            unsafe { copy(scratch::<T>(&e.ws, p, me * cap, k)?, recv.add(v.recv_displs[p] + o), k) };
+            unsafe { copy(scratch::<T>(&e.ws, p, me * stride, k)?, recv.add(v.recv_displs[p] + o), k) };
         }
         e.ws.finish_step();
     }

@@ -6,14 +6,22 @@
 //! message length, so mismatched send/recv sizes are reported, not silently truncated.
 //! A group of operations progresses all of them together, so no order of sends and receives
 //! inside a group can deadlock.
+//!
+//! The semaphores' tokens live behind the mailboxes, in the same registration: rank `r` keeps,
+//! for every peer `p`, the word `p` signals when a chunk for `r` is ready and the word `p`
+//! signals when it has consumed one of `r`'s chunks. One exchange at creation hands every rank
+//! every peer's mailboxes and tokens, so a pair needs no handshake of its own: each rank builds
+//! its side of a pair's semaphores locally, the first time it sends to or receives from that
+//! peer, and a send still returns once its chunks are buffered.
 
 use std::sync::Arc;
 use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::connection::Connection;
 use comm_core::memory::RegisteredMemory;
-use comm_core::semaphore::HostSemaphore;
+use comm_core::semaphore::{HostSemaphore, Token};
 use comm_core::{Error, Result};
 
 use crate::group::{self, P2pOp};
@@ -24,15 +32,15 @@ const SLOT_BYTES: usize = 256 << 10;
 const HEADER: usize = 64;
 /// Payload bytes per chunk.
 const CHUNK: usize = SLOT_BYTES - HEADER;
+/// Bytes between two semaphore tokens (one cache line each, so pollers do not share lines).
+const TOKEN_STRIDE: usize = 64;
 
 /// The pair state this rank keeps for one peer.
 struct PeerLink {
     /// Signalled by this rank when a chunk for the peer is ready; polled for the peer's chunks.
-    ready: Arc<HostSemaphore>,
+    ready: HostSemaphore,
     /// Signalled by this rank when it consumed a peer's chunk; polled for the peer's consumption.
-    free: Arc<HostSemaphore>,
-    /// The peer's mailbox region (its slots for this rank live there).
-    remote: RegisteredMemory,
+    free: HostSemaphore,
     sent: u64,
     freed: u64,
     arrived: u64,
@@ -42,8 +50,14 @@ struct PeerLink {
 /// Point-to-point state of one communicator.
 pub(crate) struct P2pState {
     rank: usize,
-    mine: RegisteredMemory,
+    /// Every rank's mailbox registration, indexed by rank (this rank's own at its index).
+    mailboxes: Vec<RegisteredMemory>,
+    /// The connection to every peer through the transport that maps its mailboxes (`None` for
+    /// this rank).
+    connections: Vec<Option<Arc<dyn Connection>>>,
+    /// The pair state, built on first use of each peer.
     peers: Vec<Option<PeerLink>>,
+    timeout: Duration,
     abort: Arc<AtomicBool>,
 }
 
@@ -57,32 +71,74 @@ fn mailbox_offset(receiver: usize, sub: u64) -> usize {
     (2 * receiver + sub as usize) * SLOT_BYTES
 }
 
+/// Offset, in a rank's registration of an `n`-rank communicator, of the word `peer` signals
+/// when a chunk for that rank is ready.
+fn ready_token(n: usize, peer: usize) -> usize {
+    2 * n * SLOT_BYTES + 2 * peer * TOKEN_STRIDE
+}
+
+/// Offset of the word `peer` signals when it has consumed one of that rank's chunks.
+fn free_token(n: usize, peer: usize) -> usize {
+    ready_token(n, peer) + TOKEN_STRIDE
+}
+
+/// Bytes of one rank's registration: its mailboxes, then two tokens per rank.
+fn registration_bytes(n: usize) -> usize {
+    2 * n * SLOT_BYTES + 2 * n * TOKEN_STRIDE
+}
+
 impl P2pState {
-    /// Collective: registers this rank's mailboxes, exchanges them, and builds two semaphores
-    /// with every peer (in ascending peer order on every rank).
+    /// Collective: registers this rank's mailboxes and tokens and exchanges them (one
+    /// all-gather); the pair semaphores are built later, locally, on first use of each peer.
     pub(crate) fn new(core: &CoreCommunicator) -> Result<Self> {
         let (rank, n) = (core.rank(), core.world_size());
-        let mine = core.register_host(2 * n * SLOT_BYTES, "weave p2p mailboxes")?;
-        let all = core.exchange(&mine)?;
-        let mut peers = Vec::with_capacity(n);
-        for (p, remote) in all.into_iter().enumerate() {
-            if p == rank {
-                peers.push(None);
-                continue;
-            }
-            let ready = core.semaphore(p)?;
-            let free = core.semaphore(p)?;
-            peers.push(Some(PeerLink { ready, free, remote, sent: 0, freed: 0, arrived: 0, consumed: 0 }));
+        let mine = core.register_host(registration_bytes(n), "weave p2p mailboxes")?;
+        let mailboxes = core.exchange(&mine)?;
+        let mut connections = Vec::with_capacity(n);
+        for (p, m) in mailboxes.iter().enumerate() {
+            connections.push(if p == rank { None } else { Some(core.connection_via(p, m.transport())?) });
         }
-        Ok(P2pState { rank, mine, peers, abort: core.abort_flag().clone() })
+        Ok(P2pState {
+            rank,
+            mailboxes,
+            connections,
+            peers: (0..n).map(|_| None).collect(),
+            timeout: core.config().timeout,
+            abort: core.abort_flag().clone(),
+        })
     }
 
+    /// This rank's pair semaphores with `peer`, built from the exchanged tokens.
+    fn build_link(&self, peer: usize) -> Result<PeerLink> {
+        let (me, n) = (self.rank, self.mailboxes.len());
+        let connection = self.connections[peer]
+            .clone()
+            .ok_or_else(|| Error::invalid(format!("rank {me} has no point-to-point link to itself")))?;
+        let (mine, theirs) = (&self.mailboxes[me], &self.mailboxes[peer]);
+        let token = |memory: &RegisteredMemory, offset| Token { memory: memory.clone(), offset };
+        let semaphore =
+            |inbound, remote| HostSemaphore::new(connection.clone(), inbound, remote, self.timeout, self.abort.clone());
+        Ok(PeerLink {
+            ready: semaphore(token(mine, ready_token(n, peer)), token(theirs, ready_token(n, me)))?,
+            free: semaphore(token(mine, free_token(n, peer)), token(theirs, free_token(n, me)))?,
+            sent: 0,
+            freed: 0,
+            arrived: 0,
+            consumed: 0,
+        })
+    }
+
+    /// The pair state with `peer`, built on first use.
     fn link(&mut self, peer: usize) -> Result<&mut PeerLink> {
         let n = self.peers.len();
-        self.peers
-            .get_mut(peer)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| Error::invalid(format!("rank {peer} is not a peer in a {n}-rank communicator")))
+        if peer >= n || peer == self.rank {
+            return Err(Error::invalid(format!("rank {peer} is not a peer in a {n}-rank communicator")));
+        }
+        let link = match self.peers[peer].take() {
+            Some(link) => link,
+            None => self.build_link(peer)?,
+        };
+        Ok(self.peers[peer].insert(link))
     }
 
     /// Runs every operation to completion, progressing all of them together. The timeout
@@ -98,8 +154,7 @@ impl P2pState {
         unsafe { group::start(ops, me, n, &mut finished)? };
         let mut done_chunks = vec![0u64; ops.len()];
         let abort = self.abort.clone();
-        let links: Vec<Option<Arc<HostSemaphore>>> =
-            self.peers.iter().map(|l| l.as_ref().map(|l| l.ready.clone())).collect();
+        let connections = self.connections.clone();
         let advance = |i: usize| -> Result<(bool, bool)> {
             let total = chunks(ops[i].len());
             let moved = match ops[i] {
@@ -114,8 +169,8 @@ impl P2pState {
             };
             Ok((moved, done_chunks[i] == total))
         };
-        let check_peer = |p: usize| match links.get(p).and_then(Option::as_ref) {
-            Some(ready) => ready.connection().check_peer(),
+        let check_peer = |p: usize| match connections.get(p).and_then(Option::as_ref) {
+            Some(connection) => connection.check_peer(),
             None => Ok(()),
         };
         group::drive(ops, n, &mut finished, timeout, &abort, advance, check_peer)
@@ -130,7 +185,7 @@ impl P2pState {
         done: &mut u64,
         chunks: u64,
     ) -> Result<bool> {
-        let mine = self.mine.clone();
+        let mine = self.mailboxes[self.rank].clone();
         let link = self.link(peer)?;
         while link.free.poll() {
             link.freed += 1;
@@ -169,6 +224,7 @@ impl P2pState {
         chunks: u64,
     ) -> Result<bool> {
         let me = self.rank;
+        let remote = self.mailboxes[peer].clone();
         let link = self.link(peer)?;
         while link.ready.poll() {
             link.arrived += 1;
@@ -176,8 +232,8 @@ impl P2pState {
         let mut moved = false;
         while *done < chunks && link.consumed < link.arrived {
             let off = mailbox_offset(me, link.consumed % 2);
-            link.remote.check_range(off, SLOT_BYTES)?;
-            let slot = link.remote.as_ptr();
+            remote.check_range(off, SLOT_BYTES)?;
+            let slot = remote.as_ptr();
             // SAFETY: the header words lie inside the peer's mapped mailbox (checked above), and
             // the peer wrote them before signalling `ready`, which we observed with acquire.
             let (total, index) = unsafe {
