@@ -40,8 +40,8 @@ pub(crate) struct Fabric {
     pub(crate) beta: f64,
     pub(crate) gamma: f64,
     /// Where ranks share cores (one host with more ranks than CPUs): the CPUs, and the time
-    /// of a step then, when a message waits for the scheduler to run its receiver. 0: ranks
-    /// never share.
+    /// of a step then per rank queued on a core, when a message waits for the scheduler to
+    /// run its receiver. 0: ranks never share.
     pub(crate) cores: usize,
     pub(crate) alpha_shared: f64,
 }
@@ -121,13 +121,14 @@ pub(crate) fn counts(op: Op, shape: Shape, n: usize, m: f64) -> (f64, f64, f64) 
 }
 
 /// The model's features of `shape` for `n` ranks and `m` bytes on a fabric with `cores` CPUs
-/// (0: ranks never share): steps alone, steps sharing cores, bytes and reduced bytes (times
-/// the ranks per core where they share: a rank then gets that share of a CPU).
+/// (0: ranks never share): steps alone, steps sharing cores, bytes and reduced bytes — the
+/// last three times the ranks per core where they share: a step then waits for every rank
+/// queued on a core to run, and a rank gets that share of a CPU for its bytes.
 fn features(op: Op, shape: Shape, n: usize, m: f64, cores: usize) -> [f64; 4] {
     let (s, b, r) = counts(op, shape, n, m);
     let shared = cores > 0 && n > cores;
     let per_core = if shared { n as f64 / cores as f64 } else { 1.0 };
-    if shared { [0.0, s, b * per_core, r * per_core] } else { [s, 0.0, b, r] }
+    if shared { [0.0, s * per_core, b * per_core, r * per_core] } else { [s, 0.0, b, r] }
 }
 
 /// The model's time (µs) of `shape` on `fabric`.
