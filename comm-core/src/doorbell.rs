@@ -6,7 +6,7 @@
 //! the words a wait polls: a count of *sleepers* and a *rings* counter. The waiter sleeps on
 //! `rings` with a futex (`FUTEX_WAIT` without `FUTEX_PRIVATE_FLAG`, so the kernel keys it by the
 //! physical page and a wake from another process reaches it); a writer wakes it by bumping
-//! `rings` and `FUTEX_WAKE`. Ringing is cheap when nobody sleeps: a fence and one load, no
+//! `rings` and `FUTEX_WAKE`. Ringing is cheap when nobody sleeps: one load (and a fence where ranks outnumber cores), no
 //! system call, so writers ring after every store a sleeper may wait for.
 //!
 //! # Protocol
@@ -32,6 +32,12 @@
 //!
 //! `rings` wraps at 2^32; a waiter would sleep through a ring only if exactly 2^32 rings came
 //! between its read and its futex call, and even then only until its slice ends.
+//!
+//! Where ranks do not outnumber the cores, writers ring without the fence: a full fence after a
+//! store to a peer's cache line waits for that line, which costs a small message more than the
+//! rest of its path. A wake can then be lost in the window between a waiter's announcement and
+//! its look at the condition; the waiter sleeps through it for one slice at most, and in that
+//! mode only waiters that have already yielded for a millisecond sleep at all.
 //!
 //! # Who sleeps
 //!
@@ -81,7 +87,11 @@ impl Doorbell {
     /// wait for; costs a fence and a load when nobody sleeps.
     #[inline]
     pub fn ring(&self) {
-        fence(Ordering::SeqCst);
+        // Where ranks do not outnumber the cores, the fence would stall every message on the
+        // store that precedes it, for a sleeper that is rarely there (see the module doc).
+        if crate::spin::oversubscribed() {
+            fence(Ordering::SeqCst);
+        }
         if self.sleepers.load(Ordering::Relaxed) != 0 {
             self.rings.fetch_add(1, Ordering::Release);
             futex::wake_all(&self.rings);

@@ -43,6 +43,13 @@ pub fn set_oversubscribed(oversubscribed: bool) {
     OVERSUBSCRIBED.store(oversubscribed, Ordering::Relaxed);
 }
 
+/// Whether ranks outnumber cores on this host (as last set): it decides how soon waits sleep
+/// and whether doorbells fence before they ring.
+#[inline]
+pub fn oversubscribed() -> bool {
+    OVERSUBSCRIBED.load(Ordering::Relaxed)
+}
+
 /// Tells every wait in this process how many ranks run on this host: they outnumber its cores
 /// when there are more of them than [`host_cpus`].
 pub fn set_local_ranks(local_ranks: usize) {
