@@ -6,7 +6,7 @@
 //! the words a wait polls: a count of *sleepers* and a *rings* counter. The waiter sleeps on
 //! `rings` with a futex (`FUTEX_WAIT` without `FUTEX_PRIVATE_FLAG`, so the kernel keys it by the
 //! physical page and a wake from another process reaches it); a writer wakes it by bumping
-//! `rings` and `FUTEX_WAKE`. Ringing is cheap when nobody sleeps: one load (and a fence where ranks outnumber cores), no
+//! `rings` and `FUTEX_WAKE`. Ringing is cheap when nobody sleeps: one load (and a fence on a crowded host), no
 //! system call, so writers ring after every store a sleeper may wait for.
 //!
 //! # Protocol
@@ -33,17 +33,19 @@
 //! `rings` wraps at 2^32; a waiter would sleep through a ring only if exactly 2^32 rings came
 //! between its read and its futex call, and even then only until its slice ends.
 //!
-//! Where ranks do not outnumber the cores, writers ring without the fence: a full fence after a
-//! store to a peer's cache line waits for that line, which costs a small message more than the
-//! rest of its path. A wake can then be lost in the window between a waiter's announcement and
-//! its look at the condition; the waiter sleeps through it for one slice at most, and in that
-//! mode only waiters that have already yielded for a millisecond sleep at all.
+//! Where the host is not crowded (at most four ranks per core, see [`crate::spin::crowded`]),
+//! writers ring without the fence: a full fence after a store to a peer's cache line waits for
+//! that line, which costs a small message more than the rest of its path. A wake can then be
+//! lost in the window between a waiter's announcement and its look at the condition; the
+//! waiter sleeps through it for one slice at most, and there only waiters that have already
+//! yielded for a millisecond sleep at all.
 //!
 //! # Who sleeps
 //!
 //! The policy lives in [`crate::spin::Backoff`]: spin briefly, yield a while, then sleep on the
-//! doorbell in slices; ranks that outnumber the cores skip most of the yielding, because a
-//! yield hands the core to another waiter instead of to the rank with work.
+//! doorbell in slices; on a crowded host (more than four ranks per core) waiters skip most of
+//! the yielding, because a yield there hands the core to another waiter instead of to the
+//! rank with work.
 
 use std::sync::atomic::{AtomicU32, Ordering, fence};
 use std::time::Duration;
@@ -87,9 +89,9 @@ impl Doorbell {
     /// wait for; costs a fence and a load when nobody sleeps.
     #[inline]
     pub fn ring(&self) {
-        // Where ranks do not outnumber the cores, the fence would stall every message on the
-        // store that precedes it, for a sleeper that is rarely there (see the module doc).
-        if crate::spin::oversubscribed() {
+        // Where the host is not crowded, the fence would stall every message on the store that
+        // precedes it, for a sleeper that is rarely there (see the module doc).
+        if crate::spin::crowded() {
             fence(Ordering::SeqCst);
         }
         if self.sleepers.load(Ordering::Relaxed) != 0 {

@@ -20,10 +20,15 @@ const SPIN_BUDGET: Duration = Duration::from_micros(3);
 /// keep the latency of spinning, and only longer ones pay a wake-up.
 const YIELD_BUDGET: Duration = Duration::from_millis(1);
 
-/// Yields before a waiter sleeps while ranks outnumber cores: a yield then hands the core to
-/// another waiter rather than to the rank with work, so only a few are worth trying (the peer
-/// may be about to store).
-const OVERSUBSCRIBED_YIELDS: u32 = 2;
+/// Yields before a waiter sleeps on a crowded host (more than [`CROWDED_RANKS_PER_CORE`] ranks
+/// per core): a yield then hands the core to another waiter rather than to the rank with work,
+/// so only a few are worth trying (the peer may be about to store).
+const CROWDED_YIELDS: u32 = 2;
+
+/// Ranks per core from which a host is crowded. Below it (a few ranks per core), a yield
+/// mostly hands the core to the peer a waiter waits for, and a futex sleep and wake costs a
+/// small call more than yielding does: waiters there yield for [`YIELD_BUDGET`] first.
+const CROWDED_RANKS_PER_CORE: usize = 4;
 
 /// The longest sleep on a doorbell before the waiter looks at its deadline, the abort flag and
 /// its peer's health again.
@@ -38,6 +43,9 @@ const NAP_MAX: Duration = Duration::from_millis(1);
 /// the rank that holds the core we wait for, so waiters sleep almost at once.
 static OVERSUBSCRIBED: AtomicBool = AtomicBool::new(false);
 
+/// Set when this host runs more than [`CROWDED_RANKS_PER_CORE`] ranks per core.
+static CROWDED: AtomicBool = AtomicBool::new(false);
+
 /// Tells every wait in this process whether ranks outnumber cores on this host.
 pub fn set_oversubscribed(oversubscribed: bool) {
     OVERSUBSCRIBED.store(oversubscribed, Ordering::Relaxed);
@@ -50,10 +58,19 @@ pub fn oversubscribed() -> bool {
     OVERSUBSCRIBED.load(Ordering::Relaxed)
 }
 
+/// Whether this host is crowded (as last set): more than four ranks per core. Waits then
+/// sleep after two yields, and doorbells fence before they ring.
+#[inline]
+pub fn crowded() -> bool {
+    CROWDED.load(Ordering::Relaxed)
+}
+
 /// Tells every wait in this process how many ranks run on this host: they outnumber its cores
-/// when there are more of them than [`host_cpus`].
+/// when there are more of them than [`host_cpus`], and crowd it beyond four per core.
 pub fn set_local_ranks(local_ranks: usize) {
-    set_oversubscribed(local_ranks > host_cpus());
+    let cpus = host_cpus();
+    set_oversubscribed(local_ranks > cpus);
+    CROWDED.store(local_ranks > CROWDED_RANKS_PER_CORE * cpus, Ordering::Relaxed);
 }
 
 /// CPUs online on this host (`/sys/devices/system/cpu/online`), not this thread's affinity
@@ -101,7 +118,7 @@ pub struct Backoff {
     start: Option<Instant>,
     calls: u32,
     stage: Stage,
-    oversubscribed: bool,
+    crowded: bool,
 }
 
 impl Default for Backoff {
@@ -113,9 +130,8 @@ impl Default for Backoff {
 impl Backoff {
     /// A fresh backoff (spinning first, unless ranks outnumber cores).
     pub fn new() -> Self {
-        let oversubscribed = OVERSUBSCRIBED.load(Ordering::Relaxed);
-        let stage = if oversubscribed { Stage::Yield } else { Stage::Spin };
-        Backoff { start: None, calls: 0, stage, oversubscribed }
+        let stage = if OVERSUBSCRIBED.load(Ordering::Relaxed) { Stage::Yield } else { Stage::Spin };
+        Backoff { start: None, calls: 0, stage, crowded: crowded() }
     }
 
     /// Waits a little for a condition nobody rings for: a spin hint, a yield, or a nap,
@@ -159,8 +175,8 @@ impl Backoff {
             Stage::Yield => {
                 std::thread::yield_now();
                 let start = *self.start.get_or_insert_with(Instant::now);
-                let enough = if self.oversubscribed {
-                    self.calls >= OVERSUBSCRIBED_YIELDS
+                let enough = if self.crowded {
+                    self.calls >= CROWDED_YIELDS
                 } else {
                     self.calls.is_multiple_of(32) && start.elapsed() > YIELD_BUDGET
                 };
@@ -419,8 +435,8 @@ mod tests {
     }
 
     #[test]
-    fn backoff_sleeps_after_a_millisecond_or_at_once_when_oversubscribed() {
-        let mut b = Backoff { oversubscribed: false, ..Backoff::new() };
+    fn backoff_sleeps_after_a_millisecond_or_at_once_when_crowded() {
+        let mut b = Backoff { crowded: false, ..Backoff::new() };
         b.stage = Stage::Spin;
         let start = Instant::now();
         while !b.is_sleeping() {
@@ -433,8 +449,8 @@ mod tests {
         b.snooze();
         assert!(t.elapsed() >= NAP_MIN);
 
-        let mut b = Backoff { oversubscribed: true, stage: Stage::Yield, ..Backoff::new() };
-        for _ in 0..OVERSUBSCRIBED_YIELDS {
+        let mut b = Backoff { crowded: true, stage: Stage::Yield, ..Backoff::new() };
+        for _ in 0..CROWDED_YIELDS {
             assert!(!b.is_sleeping());
             b.snooze();
         }
