@@ -12,6 +12,7 @@ use comm_core::transport::TransportFactory;
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
+use crate::arguments::{check_v, divisible, same_len};
 use crate::buffer::SharedBuffer;
 use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
 use crate::dtype::Element;
@@ -753,51 +754,4 @@ impl std::fmt::Debug for AbortHandle {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("AbortHandle").field("aborted", &self.flag.load(std::sync::atomic::Ordering::Acquire)).finish()
     }
-}
-
-#[inline]
-fn same_len(what: &str, a: &str, la: usize, b: &str, lb: usize) -> Result<()> {
-    if la != lb {
-        return Err(Error::invalid(format!("{what}: {a} has {la} elements but {b} has {lb}; they must be equal")));
-    }
-    Ok(())
-}
-
-fn divisible(what: &str, len: usize, n: usize) -> Result<()> {
-    if !len.is_multiple_of(n) {
-        return Err(Error::invalid(format!("{what}: buffer of {len} elements does not split into {n} equal blocks")));
-    }
-    Ok(())
-}
-
-fn check_v(what: &str, len: usize, counts: &[usize], displs: &[usize], n: usize, disjoint: bool) -> Result<()> {
-    if counts.len() != n || displs.len() != n {
-        return Err(Error::invalid(format!(
-            "all_to_allv: {what} counts ({}) and displacements ({}) must have one entry per rank ({n})",
-            counts.len(),
-            displs.len()
-        )));
-    }
-    let mut blocks = Vec::with_capacity(n);
-    for q in 0..n {
-        let end = displs[q].checked_add(counts[q]).filter(|&e| e <= len).ok_or_else(|| {
-            Error::invalid(format!(
-                "all_to_allv: {what} block for rank {q} ({} elements at {}) runs past the {len}-element buffer",
-                counts[q], displs[q]
-            ))
-        })?;
-        if counts[q] > 0 {
-            blocks.push((displs[q], end, q));
-        }
-    }
-    if disjoint {
-        blocks.sort();
-        if let Some(w) = blocks.windows(2).find(|w| w[1].0 < w[0].1) {
-            return Err(Error::invalid(format!(
-                "all_to_allv: receive blocks of ranks {} and {} overlap",
-                w[0].2, w[1].2
-            )));
-        }
-    }
-    Ok(())
 }

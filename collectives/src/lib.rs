@@ -20,6 +20,7 @@
 //! so CPU-only machines build and run it — the GPU path is then off). The primitives layer is
 //! re-exported as [`core`].
 
+mod arguments;
 pub mod buffer;
 mod channel;
 pub mod communicator;
