@@ -1,11 +1,14 @@
-//! Compiles the direct kernel program ahead of time when asked, and embeds one CUBIN per
-//! architecture (`src/embedded.rs` says how they are used):
+//! Compiles the direct kernel program ahead of time and embeds one CUBIN per architecture
+//! (`src/embedded.rs` says how they are used):
 //!
 //! - `WEAVE_BUILD_KERNELS`: `1` compiles (the build fails without NVRTC), `auto` compiles when
-//!   NVRTC loads, unset or `0` never. Opt-in, because the program is large: 41 s of NVRTC per
-//!   architecture on a 64-core host (minutes on 2 cores) and 12.7 MiB of CUBIN per
-//!   architecture in every binary that links the crate (figures in docs/PERF.md);
-//! - `WEAVE_BUILD_KERNEL_ARCHS`: comma-separated `sm_XY` targets (default `sm_80,sm_90,sm_100`);
+//!   NVRTC loads, `0` never. Unset: `auto` in release builds (the binaries one runs: a first
+//!   call then compiles nothing), `0` in debug builds (a build for tests or development does not
+//!   wait for NVRTC: 41 s per architecture on a 64-core host, minutes on 2 cores, figures in
+//!   docs/PERF.md; their kernels compile lazily, per kernel, on first use, and are cached);
+//! - `WEAVE_BUILD_KERNEL_ARCHS`: comma-separated `sm_XY` targets; unset, the architectures of
+//!   this machine's GPUs (from `nvidia-smi`), or `sm_80,sm_90,sm_100` where it has none. Each
+//!   architecture adds 12.7 MiB of CUBIN to every binary that links the crate;
 //! - `WEAVE_NVRTC`: the NVRTC library to load (name or path), else the newest found.
 //!
 //! The program's generated checks come from `cuda/generated/direct_checks.inc` (comm-core is no
@@ -65,14 +68,20 @@ type Image = (String, (i32, i32), u128, PathBuf);
 /// Compiles the images asked for; returns them (arch, NVRTC version, fingerprint, CUBIN file)
 /// and a note of what was done. Errors only where a build was required.
 fn build_images(out_dir: &Path) -> Result<(Vec<Image>, String), String> {
+    let release = std::env::var("PROFILE").is_ok_and(|p| p == "release");
     let mode = match std::env::var("WEAVE_BUILD_KERNELS").unwrap_or_default().to_ascii_lowercase().as_str() {
         "auto" => Mode::Auto,
         "1" | "on" | "yes" | "true" => Mode::Required,
-        "" | "0" | "off" | "no" | "false" => Mode::Never,
+        "0" | "off" | "no" | "false" => Mode::Never,
+        "" if release => Mode::Auto,
+        "" => Mode::Never,
         other => return Err(format!("WEAVE_BUILD_KERNELS={other:?}: use 1, auto, 0 or leave it unset")),
     };
     if mode == Mode::Never {
-        return Ok((Vec::new(), "no kernels compiled at build time (WEAVE_BUILD_KERNELS=1 compiles them)".into()));
+        return Ok((
+            Vec::new(),
+            "no kernels compiled at build time (a debug build, or WEAVE_BUILD_KERNELS=0; =1 compiles them)".into(),
+        ));
     }
     let candidates = match std::env::var("WEAVE_NVRTC") {
         Ok(v) if !v.is_empty() => vec![v],
@@ -89,7 +98,10 @@ fn build_images(out_dir: &Path) -> Result<(Vec<Image>, String), String> {
             ));
         }
     };
-    let archs_var = std::env::var("WEAVE_BUILD_KERNEL_ARCHS").unwrap_or_else(|_| DEFAULT_ARCHS.to_string());
+    let archs_var = match std::env::var("WEAVE_BUILD_KERNEL_ARCHS") {
+        Ok(v) if !v.trim().is_empty() => v,
+        _ => local_gpu_archs().unwrap_or_else(|| DEFAULT_ARCHS.to_string()),
+    };
     let archs: Vec<String> = archs_var.split(',').map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
     for a in &archs {
         let digits = a.strip_prefix("sm_").unwrap_or("");
@@ -128,10 +140,20 @@ fn build_images(out_dir: &Path) -> Result<(Vec<Image>, String), String> {
             .collect();
         jobs.into_iter().map(|j| j.join().unwrap_or_else(|_| Err("a compile thread panicked".into()))).collect()
     });
-    let images = results.into_iter().collect::<Result<Vec<_>, _>>()?;
+    let mut images = Vec::new();
+    for result in results {
+        match result {
+            Ok(image) => images.push(image),
+            // Asked for: the build fails. By default: the kernels of that architecture compile
+            // at first use instead, and the build says why.
+            Err(e) if mode == Mode::Required => return Err(e),
+            Err(e) => println!("cargo::warning=weave kernels: not embedded: {e}"),
+        }
+    }
+    let built: Vec<&str> = images.iter().map(|(arch, ..)| arch.as_str()).collect();
     let note = format!(
         "compiled the direct program for {} with NVRTC {}.{} ({}) in {:.1?}",
-        archs.join(", "),
+        if built.is_empty() { "no architecture".to_string() } else { built.join(", ") },
         version.0,
         version.1,
         compiler.name(),
@@ -139,4 +161,25 @@ fn build_images(out_dir: &Path) -> Result<(Vec<Image>, String), String> {
     );
     println!("cargo::warning=weave kernels: {note}");
     Ok((images, note))
+}
+
+/// The architectures of this machine's GPUs (`sm_90,sm_100`), from `nvidia-smi`; `None` where it
+/// has none or no driver tool answers.
+fn local_gpu_archs() -> Option<String> {
+    let out = std::process::Command::new("nvidia-smi")
+        .args(["--query-gpu=compute_cap", "--format=csv,noheader"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())?;
+    let mut archs: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let (major, minor) = l.trim().split_once('.')?;
+            let ok = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
+            (ok(major) && ok(minor)).then(|| format!("sm_{major}{minor}"))
+        })
+        .collect();
+    archs.sort();
+    archs.dedup();
+    (!archs.is_empty()).then(|| archs.join(","))
 }

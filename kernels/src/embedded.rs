@@ -2,8 +2,9 @@
 //! one CUBIN per architecture, loaded with no NVRTC at all.
 //!
 //! The build script compiles [`crate::direct::program`] for the architectures in
-//! `WEAVE_BUILD_KERNEL_ARCHS` (default `sm_80,sm_90,sm_100`) when `WEAVE_BUILD_KERNELS` says so:
-//! `1` (fail the build without NVRTC), `auto` (when NVRTC loads), unset or `0` (never).
+//! `WEAVE_BUILD_KERNEL_ARCHS` (unset: the build machine's GPUs, else `sm_80,sm_90,sm_100`) when
+//! `WEAVE_BUILD_KERNELS` says so: `1` (fail the build without NVRTC), `auto` (when NVRTC loads),
+//! `0` (never); unset, `auto` in release builds and never in debug builds.
 //! [`note`] says what it did. An image is used only when its [`fingerprint`] is the one of the
 //! program this binary would compile (so the layout checks it was compiled with are the ones of
 //! this build) and the driver can run the code of the NVRTC that made it.

@@ -306,9 +306,11 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
             println!("gpu-bundle: package {p} is not in this workspace; skipping it");
         }
     }
+    // Release builds embed kernels by default where NVRTC loads (kernels/build.rs): 12.7 MiB per
+    // architecture in every binary would not fit the bundle, so only --embed-kernels does.
     let env: Vec<(&str, &str)> = match &args.embed_archs {
         Some(archs) => vec![("WEAVE_BUILD_KERNELS", "1"), ("WEAVE_BUILD_KERNEL_ARCHS", archs.as_str())],
-        None => Vec::new(),
+        None => vec![("WEAVE_BUILD_KERNELS", "0")],
     };
     let cargo_artifacts = |cargo_args: &[String]| cargo_artifacts_with_env(cargo_args, &env);
     let mut artifacts = Vec::new();
@@ -383,7 +385,7 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
             links.push((name, a.executable.to_string_lossy().into_owned()));
         }
     }
-    total += bundle_nccl(&root, &dir, args.strip)?;
+    total += bundle_nccl(&root, &dir, args.strip, &env)?;
     let script = dir.join("run.sh");
     fs::write(&script, run_script(&tests, &links)).map_err(|e| format!("writing {}: {e}", script.display()))?;
     set_executable(&script)?;
@@ -407,8 +409,8 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
 /// Builds weave's libnccl.so.2 (`cargo xtask nccl`) and copies it with its GPU-host checks
 /// into `<bundle>/nccl/`; with `NCCL_TESTS_SRC` set (a checkout, or a git directory whose
 /// HEAD is exported), the nccl-tests source too. Returns the bytes added.
-fn bundle_nccl(root: &Path, dir: &Path, strip: bool) -> Result<u64, String> {
-    let lib = crate::nccl_cmd::build()?;
+fn bundle_nccl(root: &Path, dir: &Path, strip: bool, env: &[(&str, &str)]) -> Result<u64, String> {
+    let lib = crate::nccl_cmd::build(env)?;
     let out = dir.join("nccl");
     fs::create_dir_all(&out).map_err(|e| format!("creating {}: {e}", out.display()))?;
     let dst = out.join("libnccl.so.2");

@@ -80,12 +80,14 @@ fn target_dir(root: &Path) -> PathBuf {
     }
 }
 
-/// Builds the library and copies it; returns `<target>/nccl/libnccl.so.2`.
-pub(crate) fn build() -> Result<PathBuf, String> {
+/// Builds the library (with `env` added to cargo's environment) and copies it; returns
+/// `<target>/nccl/libnccl.so.2`.
+pub(crate) fn build(env: &[(&str, &str)]) -> Result<PathBuf, String> {
     let root = crate::gpu_bundle_cmd::workspace_root()?;
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = Command::new(&cargo)
         .args(["build", "--release", "-p", "weave-nccl", "--lib"])
+        .envs(env.iter().copied())
         .current_dir(&root)
         .status()
         .map_err(|e| format!("could not run cargo: {e}"))?;
@@ -182,7 +184,7 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             Err(e) => return crate::usage_error(&e, "nccl"),
         }
     }
-    let result = build().and_then(|lib| if want_check { check(&lib) } else { Ok(Vec::new()) });
+    let result = build(&[]).and_then(|lib| if want_check { check(&lib) } else { Ok(Vec::new()) });
     match result {
         Ok(f) if f.is_empty() => ExitCode::SUCCESS,
         Ok(f) => {
