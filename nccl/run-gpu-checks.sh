@@ -1,15 +1,23 @@
 #!/usr/bin/env bash
-# Checks weave's libnccl.so.2 on a GPU host (2+ GPUs), from the directory holding it (the
-# gpu bundle's nccl/ folder: libnccl.so.2, torch_check.py, this script). Prints one
+# Checks weave's libnccl.so.2 on a GPU host, from the directory holding it (the gpu bundle's
+# nccl/ folder: libnccl.so.2, torch_check.py, this script). Prints one
 # "PASS|FAIL|SKIP <program>" line per program and exits non-zero if any failed.
 #
 #   ./run-gpu-checks.sh                 # symbols, torch (weave vs NCCL), dead peer, nccl-tests
 #   OUT=/some/dir ./run-gpu-checks.sh   # logs go to $OUT (default /tmp/weave-nccl-checks)
+#   PARTS="torch" ./run-gpu-checks.sh   # only some parts: symbols torch nccl-tests
+#   MODES="eager" ./run-gpu-checks.sh   # nccl-tests modes (default "eager graph")
 #
-# nccl-tests: built here from source when NCCL_TESTS_SRC (default ./nccl-tests) holds it,
-# with `make MPI=0 NCCL_HOME=${NCCL_HOME:-/usr}` (nvcc needed), then every binary runs
-# 8 B..1 GiB with -g 2 -c 1 (eager, then -G 1 graph) on weave (LD_LIBRARY_PATH) and on the
-# system NCCL, printing one line each. Env: WEAVE_TIMEOUT bounds weave's waits (the dead-peer
+# With two or more GPUs every program runs on weave and on NCCL, one GPU per rank. With one GPU
+# the two ranks share it (weave allows that; NCCL refuses two ranks on one GPU): the torch
+# script's reference is the same script on gloo (CPU tensors), and nccl-tests runs on weave
+# only, as two MPI processes both on GPU 0 (NCCL_TESTS_DEVICE=0); the NCCL lines say SKIP.
+#
+# nccl-tests: built here from source when NCCL_TESTS_SRC (default ./nccl-tests) holds it
+# (nvcc needed; `make MPI=0` with 2+ GPUs, `make MPI=1` with mpicc's MPI with one), for
+# NVCC_GENCODE (default: this GPU's architecture), then every binary runs 8 B..1 GiB with -c 1
+# (eager, then -G 1 graph), printing one line each. NCCL_TESTS_ARGS adds arguments (e.g.
+# "-n 5 -w 1" for fewer iterations). Env: WEAVE_TIMEOUT bounds weave's waits (the dead-peer
 # check uses WEAVE_TIMEOUT=20s). Weave runs set NCCL_DEBUG=INFO and must show weave-nccl's
 # init line (proof the preload took effect).
 set -u
@@ -20,11 +28,16 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 TORCHRUN=${TORCHRUN:-torchrun}
 failed=0
+PARTS=${PARTS:-symbols torch nccl-tests}
+MODES=${MODES:-eager graph}
+part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
+GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
 line() { echo "$1 $2${3:+ ($3)}"; echo "$1 $2${3:+ ($3)}" >>"$OUT/summary.txt"; [ "$1" = FAIL ] && failed=$((failed + 1)); return 0; }
 : >"$OUT/summary.txt"
 
 # 1. The library itself.
 if [ ! -f "$LIB" ]; then echo "no $LIB: run from the bundle's nccl/ folder"; exit 2; fi
+if part symbols; then
 missing=""
 for s in ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCommAbort ncclCommCount \
   ncclCommCuDevice ncclCommDeregister ncclCommDestroy ncclCommFinalize ncclCommGetAsyncError ncclCommInitAll \
@@ -37,25 +50,33 @@ for s in ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCo
 done
 if [ -z "$missing" ] && readelf -d "$LIB" | grep -q 'SONAME.*\[libnccl.so.2\]'; then line PASS symbols-and-soname
 else line FAIL symbols-and-soname "missing:$missing"; fi
+fi
 
-# 2. torch.distributed: the same script on NCCL and on weave, results compared.
+# 2. torch.distributed: the same script on NCCL (gloo with one GPU) and on weave, results compared.
 NPROC=2
-if ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 2 else 1)" 2>/dev/null; then
-  line SKIP torch "needs python3 with torch and 2 GPUs"
+if ! part torch; then :
+elif ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 1 else 1)" 2>/dev/null; then
+  line SKIP torch "needs python3 with torch and a GPU"
 else
-  timeout 600 $TORCHRUN --nproc-per-node $NPROC "$HERE/torch_check.py" "$OUT/nccl" >"$OUT/torch-nccl.log" 2>&1
+  if [ "$GPUS" -ge 2 ]; then
+    reference=nccl; ref_args=""; subset=""
+  else
+    reference=gloo; ref_args="--gloo"; subset="--reference-subset"
+  fi
+  timeout 600 $TORCHRUN --nproc-per-node $NPROC "$HERE/torch_check.py" $ref_args "$OUT/$reference" \
+    >"$OUT/torch-$reference.log" 2>&1
   rc_n=$?
   NCCL_DEBUG=INFO LD_PRELOAD="$LIB" timeout 600 $TORCHRUN --nproc-per-node $NPROC "$HERE/torch_check.py" "$OUT/weave" \
     >"$OUT/torch-weave.log" 2>&1
   rc_w=$?
-  [ $rc_n -eq 0 ] && line PASS torch-on-nccl || line FAIL torch-on-nccl "exit $rc_n, $OUT/torch-nccl.log"
+  [ $rc_n -eq 0 ] && line PASS torch-on-$reference || line FAIL torch-on-$reference "exit $rc_n, $OUT/torch-$reference.log"
   grep -q "weave-nccl" "$OUT/torch-weave.log" || { rc_w=99; echo "weave's library was not loaded" >>"$OUT/torch-weave.log"; }
   [ $rc_w -eq 0 ] && line PASS torch-on-weave || line FAIL torch-on-weave "exit $rc_w, $OUT/torch-weave.log"
   if [ $rc_n -eq 0 ] && [ $rc_w -eq 0 ]; then
-    if $PY "$HERE/torch_check.py" --compare "$OUT/weave" "$OUT/nccl" >"$OUT/torch-compare.log" 2>&1; then
-      line PASS torch-weave-equals-nccl
-    else line FAIL torch-weave-equals-nccl "$(grep -c FAIL "$OUT/torch-compare.log") differ, $OUT/torch-compare.log"; fi
-  else line FAIL torch-weave-equals-nccl "a run failed"; fi
+    if $PY "$HERE/torch_check.py" --compare "$OUT/weave" "$OUT/$reference" $subset >"$OUT/torch-compare.log" 2>&1; then
+      line PASS torch-weave-equals-$reference "$(grep -c '^pass' "$OUT/torch-compare.log") results equal, $(grep -c '^skip' "$OUT/torch-compare.log") not in the reference"
+    else line FAIL torch-weave-equals-$reference "$(grep -c FAIL "$OUT/torch-compare.log") differ, $OUT/torch-compare.log"; fi
+  else line FAIL torch-weave-equals-$reference "a run failed"; fi
   # A dead peer gives an error, not a hang (the whole job must end well inside 180 s).
   start=$SECONDS
   WEAVE_TIMEOUT=20s NCCL_DEBUG=WARN LD_PRELOAD="$LIB" timeout 180 $TORCHRUN --nproc-per-node 2 \
@@ -69,26 +90,49 @@ fi
 
 # 3. nccl-tests, when its source is here.
 SRC=${NCCL_TESTS_SRC:-$HERE/nccl-tests}
-if [ ! -f "$SRC/Makefile" ]; then
+if ! part nccl-tests; then :
+elif [ ! -f "$SRC/Makefile" ]; then
   line SKIP nccl-tests "no source in $SRC (set NCCL_TESTS_SRC)"
 elif ! command -v nvcc >/dev/null 2>&1; then
   line SKIP nccl-tests "no nvcc"
+elif [ "$GPUS" -lt 2 ] && ! command -v mpicc >/dev/null 2>&1; then
+  line SKIP nccl-tests "one GPU and no mpicc: two ranks on one GPU need nccl-tests' MPI build"
 else
   BUILD="$OUT/nccl-tests-build"
   rm -rf "$BUILD" && cp -r "$SRC" "$BUILD"
-  if make -C "$BUILD" -j 16 MPI=0 NCCL_HOME="${NCCL_HOME:-/usr}" >"$OUT/nccl-tests-make.log" 2>&1; then
-    line PASS nccl-tests-build
+  cc=$(nvidia-smi --query-gpu=compute_cap --format=csv,noheader 2>/dev/null | head -1 | tr -d '.')
+  GENCODE=${NVCC_GENCODE:-${cc:+-gencode=arch=compute_$cc,code=sm_$cc}}
+  if [ "$GPUS" -ge 2 ]; then
+    mpi_make="MPI=0"
+    # One process, one thread per GPU; NCCL as the baseline.
+    launch() { timeout 600 "$@" -g 2; }
+    libs="weave nccl"
+  else
+    mpi_home=$(dirname "$(mpicc --showme:incdirs | tr ' ' '\n' | grep -m1 include)")
+    mpi_make="MPI=1 MPI_HOME=$mpi_home"
+    # Two MPI processes, both on GPU 0 (NCCL refuses that, so weave only).
+    export WEAVE_TIMEOUT=${WEAVE_TIMEOUT:-60s}
+    launch() {
+      timeout 600 mpirun --allow-run-as-root --oversubscribe -np 2 -x NCCL_TESTS_DEVICE=0 -x NCCL_DEBUG \
+        -x LD_LIBRARY_PATH -x WEAVE_TIMEOUT "$@" -g 1
+    }
+    libs="weave"
+  fi
+  if make -C "$BUILD" -j 16 $mpi_make NCCL_HOME="${NCCL_HOME:-/usr}" ${GENCODE:+NVCC_GENCODE="$GENCODE"} \
+    >"$OUT/nccl-tests-make.log" 2>&1; then
+    line PASS nccl-tests-build "$mpi_make"
     for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv scatter gather hypercube; do
       bin="$BUILD/build/${t}_perf"
       [ -x "$bin" ] || { line FAIL "nccl-tests-$t" "no $bin"; continue; }
-      for mode in eager graph; do
+      for mode in $MODES; do
         extra=""; [ $mode = graph ] && extra="-G 1"
-        for lib in weave nccl; do
+        for lib in $libs; do
           log="$OUT/nccl-tests-$t-$mode-$lib.log"
           if [ $lib = weave ]; then
-            NCCL_DEBUG=INFO LD_LIBRARY_PATH="$HERE:${LD_LIBRARY_PATH:-}" timeout 600 "$bin" -b 8 -e 1G -f 2 -g 2 -c 1 $extra >"$log" 2>&1
+            NCCL_DEBUG=INFO LD_LIBRARY_PATH="$HERE:${LD_LIBRARY_PATH:-}" \
+              launch "$bin" -b 8 -e 1G -f 2 -c 1 $extra ${NCCL_TESTS_ARGS:-} >"$log" 2>&1
           else
-            timeout 600 "$bin" -b 8 -e 1G -f 2 -g 2 -c 1 $extra >"$log" 2>&1
+            NCCL_DEBUG=WARN launch "$bin" -b 8 -e 1G -f 2 -c 1 $extra ${NCCL_TESTS_ARGS:-} >"$log" 2>&1
           fi
           rc=$?
           if [ $lib = weave ] && ! grep -q "weave-nccl" "$log"; then
@@ -97,6 +141,7 @@ else
             line PASS "nccl-tests-$t-$mode-$lib" "$(grep 'Avg bus bandwidth' "$log" | sed 's/.*: *//') GB/s avg busbw"
           else line FAIL "nccl-tests-$t-$mode-$lib" "exit $rc, $log"; fi
         done
+        [ "$GPUS" -ge 2 ] || line SKIP "nccl-tests-$t-$mode-nccl" "NCCL refuses two ranks on one GPU"
       done
     done
   else line FAIL nccl-tests-build "$OUT/nccl-tests-make.log"; fi
