@@ -161,3 +161,31 @@ fn blocking_sends_to_every_peer_return_before_any_receive_with_64_thread_ranks()
         }
     });
 }
+
+/// `bench-worker --threads N` runs a whole timed job as N thread ranks of one process and
+/// prints rank 0's line per size, as a job of N processes would.
+#[test]
+fn the_bench_worker_times_a_world_of_thread_ranks() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bench-worker"))
+        .args(["--threads", "16", "--op", "all_gather", "-b", "1K", "-e", "8K", "-f", "8"])
+        .args(["--iters", "3", "--warmup", "1", "--check"])
+        .env("WEAVE_TIMEOUT", "60")
+        .output()
+        .expect("running bench-worker");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "bench-worker failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
+    assert_eq!(lines.len(), 2, "one line per size (1 KiB, 8 KiB), from rank 0 only:\n{stdout}");
+    for (line, bytes) in lines.iter().zip([1024, 8192]) {
+        for field in [format!("\"bytes\":{bytes},"), "\"ranks\":16,".into(), "\"wrong\":0,".into()] {
+            assert!(line.contains(&field), "{field} missing from {line}");
+        }
+        let time: f64 = line
+            .split("\"time_us\":")
+            .nth(1)
+            .and_then(|v| v.split(',').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no time_us in {line}"));
+        assert!(time > 0.0, "{line}");
+    }
+}

@@ -4,13 +4,16 @@
 //! critical path, `bytes` each rank sends on it, `reduced` bytes it combines — per fabric, with
 //! α the time of one step (latency and software), β the time per byte (inverse bandwidth) and
 //! γ the time per reduced byte. The counts come from the algorithms' shapes (below); the
-//! constants of the host fabric are fitted to measured points (least squares over the plans
-//! that ran), the others are taken from the measurements docs/PERF.md records.
+//! constants of every fabric with measured points (`--measured FABRIC:FILE`: processes on
+//! shared memory, thread ranks over loopback, TCP between namespace nodes, SoftRoCE) are
+//! fitted to them (least squares over the plans that ran), the others are taken from the
+//! figures docs/PERF.md records.
 //!
 //! The command prints, as markdown: the constants, every measured point next to the model's
-//! prediction for the plan that ran (and the error), and the predicted all-reduce and
-//! all-gather times from 8 B to 1 GiB at 8 to 65,536 ranks (8 per node) for the plan weave's
-//! tables choose next to a flat ring, with the crossovers between the plans.
+//! prediction for the plan that ran (and the error, per fabric; also that of the constants the
+//! fabric would otherwise take), and the predicted all-reduce and all-gather times from 8 B to
+//! 1 GiB at 8 to 65,536 ranks (8 per node) for the plan weave's tables choose next to a flat
+//! ring, with the crossovers between the plans.
 
 use std::process::ExitCode;
 
@@ -28,8 +31,16 @@ node), weave's plans next to a flat ring.
 
 options:
   --measured FABRIC:FILE   JSON lines as bench-worker prints them (op, bytes, ranks, time_us,
-                           algorithm), measured on FABRIC (shm: this host's shared memory; the
-                           host constants are fitted to the shm points). Repeatable.
+                           algorithm), measured on FABRIC, whose constants are fitted to them:
+                             shm       processes of this host over shared memory
+                             threads   ranks as threads of one process (bench-worker
+                                       --threads N: loopback bootstrap and transport)
+                             tcp       namespace nodes of this host over TCP, one rank each
+                                       (cargo xtask bench --nodes N -n 1 --json FILE)
+                             softroce  point-to-point messages (op \"send\"; algorithm
+                                       \"message\": one message's latency, \"stream\": the time
+                                       per message of a bandwidth test)
+                           Repeatable; at least 3 points per fabric.
 ";
 
 /// One fabric's constants (µs per step, per byte, per reduced byte).
@@ -58,9 +69,9 @@ impl Fabric {
 const NETWORK: Fabric = Fabric::network("network (100 Gbit/s, 5 µs)", 5.0, 8.0 / 100e3);
 /// TCP between namespace nodes at 10 Gbit/s (docs/PERF.md, "Across hosts": 8 B all-reduce
 /// over 2 nodes ≈ 26 µs, 64 MiB at 50 % of the link).
-const TCP_10G: Fabric = Fabric::network("tcp (10 Gbit/s namespaces)", 26.0, 8.0 / 5e3);
+const TCP_10G: Fabric = Fabric::network("tcp (PERF.md figure)", 26.0, 8.0 / 5e3);
 /// SoftRoCE in a QEMU guest (docs/PERF.md: 25.6 µs a message, ≈ 40 MB/s).
-const SOFTROCE: Fabric = Fabric::network("softroce (QEMU guest)", 25.6, 1.0 / 40.0);
+const SOFTROCE: Fabric = Fabric::network("softroce (PERF.md figures)", 25.6, 1.0 / 40.0);
 /// H200 NVLink (docs/PERF.md: small all-reduce ≈ 5 µs between 2 GPUs, ≈ 360 GB/s busbw).
 const NVLINK: Fabric = Fabric::network("nvlink (H200)", 2.5, 1.0 / 360e3);
 
@@ -69,6 +80,8 @@ const NVLINK: Fabric = Fabric::network("nvlink (H200)", 2.5, 1.0 / 360e3);
 pub(crate) enum Op {
     AllReduce,
     AllGather,
+    /// One message of `m` bytes from one rank to another (the point-to-point benches).
+    Send,
 }
 
 /// The shapes of the plans: what each costs in steps, bytes sent and bytes reduced.
@@ -87,8 +100,11 @@ pub(crate) enum Shape {
     Halving,
     /// Bruck's all-gather: `ceil(log2 n)` steps.
     Bruck,
-    /// One hop to every peer, in lockstep (channel direct).
+    /// One hop to every peer, in lockstep (channel direct); for a send, the one message.
     OneHop,
+    /// Messages back to back, as a bandwidth test sends them: the time per message, whose
+    /// latency overlaps the others' (bytes only, no step).
+    Stream,
 }
 
 /// Steps, bytes sent and bytes reduced on the critical path of `shape` for `op` with `n` ranks
@@ -102,6 +118,12 @@ pub(crate) fn counts(op: Op, shape: Shape, n: usize, m: f64) -> (f64, f64, f64) 
     let (pf, lg) = (p as f64, f64::from(p.ilog2()));
     let extra = if p == n { 0.0 } else { 2.0 };
     match (op, shape) {
+        (Op::Send, Shape::Stream) => (0.0, m, 0.0),
+        (Op::Send, _) => (1.0, m, 0.0),
+        (Op::AllReduce | Op::AllGather, Shape::Stream) => {
+            let (_, b, r) = counts(op, Shape::OneHop, n, m);
+            (0.0, b, r)
+        }
         (Op::AllReduce, Shape::OneShot) => (2.0, (nf - 1.0) * m, (nf - 1.0) * m),
         (Op::AllReduce, Shape::TwoPhase) => (3.0, 2.0 * (nf - 1.0) / nf * m, (nf - 1.0) / nf * m),
         (Op::AllReduce, Shape::Ring) => (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf * m, (nf - 1.0) / nf * m),
@@ -109,9 +131,9 @@ pub(crate) fn counts(op: Op, shape: Shape, n: usize, m: f64) -> (f64, f64, f64) 
         (Op::AllReduce, Shape::Halving) => {
             (2.0 * lg + extra, 2.0 * (pf - 1.0) / pf * m + extra * m, (pf - 1.0) / pf * m + extra / 2.0 * m)
         }
-        (Op::AllReduce, Shape::OneHop | Shape::Bruck) => {
-            (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf * m, (nf - 1.0) / nf * m)
-        }
+        // Channel direct: the whole buffer to every peer in one hop, each rank reduces all.
+        (Op::AllReduce, Shape::OneHop) => (1.0, (nf - 1.0) * m, (nf - 1.0) * m),
+        (Op::AllReduce, Shape::Bruck) => (2.0 * (nf - 1.0), 2.0 * (nf - 1.0) / nf * m, (nf - 1.0) / nf * m),
         (Op::AllGather, Shape::Bruck | Shape::Doubling | Shape::Halving) => {
             (f64::from(n.next_power_of_two().ilog2()), (nf - 1.0) / nf * m, 0.0)
         }
@@ -146,7 +168,8 @@ pub(crate) fn shape_of(algorithm: &str) -> Option<Shape> {
         "channel_doubling" => Shape::Doubling,
         "channel_halving" => Shape::Halving,
         "channel_bruck" => Shape::Bruck,
-        "direct" | "channel_direct" => Shape::OneHop,
+        "direct" | "channel_direct" | "message" => Shape::OneHop,
+        "stream" => Shape::Stream,
         _ => return None,
     })
 }
@@ -161,6 +184,7 @@ fn weave_shape(op: Op, n: usize, m: f64) -> Shape {
         Op::AllReduce => Shape::Ring,
         Op::AllGather if n >= 9 && m <= 64.0 * 1024.0 => Shape::Bruck,
         Op::AllGather => Shape::Ring,
+        Op::Send => Shape::OneHop,
     }
 }
 
@@ -184,7 +208,7 @@ fn hierarchical(op: Op, intra: &Fabric, inter: &Fabric, nodes: usize, per_node: 
 /// One measured point.
 #[derive(Debug, Clone)]
 struct Point {
-    fabric: String,
+    fabric: &'static str,
     op: Op,
     ranks: usize,
     bytes: f64,
@@ -194,7 +218,7 @@ struct Point {
 
 /// Reads the points of `file` (bench-worker JSON lines) measured on `fabric`; lines of other
 /// collectives or unmodelled plans are skipped.
-fn read_points(fabric: &str, file: &str) -> Result<Vec<Point>, String> {
+fn read_points(fabric: &'static str, file: &str) -> Result<Vec<Point>, String> {
     let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| l.trim_start().starts_with('{')) {
@@ -202,6 +226,7 @@ fn read_points(fabric: &str, file: &str) -> Result<Vec<Point>, String> {
         let op = match o.str("op")? {
             "all_reduce" => Op::AllReduce,
             "all_gather" => Op::AllGather,
+            "send" => Op::Send,
             _ => continue,
         };
         let Some(shape) = shape_of(o.str("algorithm")?) else { continue };
@@ -210,7 +235,7 @@ fn read_points(fabric: &str, file: &str) -> Result<Vec<Point>, String> {
             continue;
         }
         out.push(Point {
-            fabric: fabric.to_string(),
+            fabric,
             op,
             ranks: o.uint("ranks")? as usize,
             bytes: o.num("bytes")?,
@@ -305,9 +330,67 @@ fn us(t: f64) -> String {
     }
 }
 
+/// Where measured points can come from: the fabric's key in `--measured`, its name in the
+/// tables, whether its ranks share this host's CPUs, and the constants its fitted ones are
+/// compared with.
+struct Source {
+    key: &'static str,
+    name: &'static str,
+    shares_host_cpus: bool,
+    yardstick: Yardstick,
+}
+
+/// What a fabric's constants would be without its own points.
+#[derive(Clone, Copy)]
+enum Yardstick {
+    /// Nothing else: the points are the only source.
+    None,
+    /// Another measured fabric's fitted constants (by key).
+    Fitted(&'static str),
+    /// Constants taken from the figures docs/PERF.md records.
+    Given(&'static Fabric),
+}
+
+const SOURCES: &[Source] = &[
+    Source { key: "shm", name: "shm (processes, this host)", shares_host_cpus: true, yardstick: Yardstick::None },
+    Source {
+        key: "threads",
+        name: "threads (one process, loopback)",
+        shares_host_cpus: true,
+        yardstick: Yardstick::Fitted("shm"),
+    },
+    Source {
+        key: "tcp",
+        name: "tcp (namespace nodes, 10 Gbit/s)",
+        shares_host_cpus: true,
+        yardstick: Yardstick::Given(&TCP_10G),
+    },
+    Source {
+        key: "softroce",
+        name: "softroce (QEMU guest, 2 ranks)",
+        shares_host_cpus: false,
+        yardstick: Yardstick::Given(&SOFTROCE),
+    },
+];
+
+/// The fabrics whose constants come from docs/PERF.md figures or are assumed, with where from.
+const GIVEN: [(&Fabric, &str); 4] = [
+    (&TCP_10G, "docs/PERF.md: one 2-node figure"),
+    (&SOFTROCE, "docs/PERF.md: one latency, one bandwidth"),
+    (&NVLINK, "docs/PERF.md: H200 figures"),
+    (&NETWORK, "assumed"),
+];
+
+/// A measured fabric: where its points came from, its fitted constants and its points.
+struct Fitted<'a> {
+    source: &'static Source,
+    fabric: Fabric,
+    points: Vec<&'a Point>,
+}
+
 /// Runs the command.
 pub(crate) fn run(mut args: Args) -> ExitCode {
-    let mut files: Vec<(String, String)> = Vec::new();
+    let mut files: Vec<(&'static Source, String)> = Vec::new();
     let bad = |msg: String| crate::usage_error(&UsageError(msg), "scale-model");
     loop {
         match args.next() {
@@ -318,7 +401,13 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             }
             Ok(Some(Arg::Flag(f))) if f == "--measured" => match args.value(&f) {
                 Ok(v) => match v.to_str().and_then(|v| v.split_once(':')) {
-                    Some((fabric, file)) => files.push((fabric.to_string(), file.to_string())),
+                    Some((fabric, file)) => match SOURCES.iter().find(|s| s.key == fabric) {
+                        Some(source) => files.push((source, file.to_string())),
+                        None => {
+                            let keys: Vec<&str> = SOURCES.iter().map(|s| s.key).collect();
+                            return bad(format!("--measured: unknown fabric {fabric:?} (one of {})", keys.join(", ")));
+                        }
+                    },
                     None => return bad(format!("--measured takes FABRIC:FILE, got {v:?}")),
                 },
                 Err(e) => return crate::usage_error(&e, "scale-model"),
@@ -327,9 +416,12 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             Err(e) => return crate::usage_error(&e, "scale-model"),
         }
     }
+    if files.is_empty() {
+        return bad("give at least one --measured FABRIC:FILE (the model's constants are fitted to them)".into());
+    }
     let mut points = Vec::new();
-    for (fabric, file) in &files {
-        match read_points(fabric, file) {
+    for (source, file) in &files {
+        match read_points(source.key, file) {
             Ok(p) => points.extend(p),
             Err(e) => {
                 eprintln!("error: {e}");
@@ -337,61 +429,115 @@ pub(crate) fn run(mut args: Args) -> ExitCode {
             }
         }
     }
-    let shm_points: Vec<_> =
-        points.iter().filter(|p| p.fabric == "shm").map(|p| (p.op, p.shape, p.ranks, p.bytes, p.time_us)).collect();
-    let shm = if shm_points.len() >= 3 {
-        fit("shm (this host, fitted)", host_cpus(), &shm_points)
-    } else {
-        eprintln!("error: the host constants need at least 3 shm points (--measured shm:FILE)");
-        return ExitCode::FAILURE;
-    };
-    print!("{}", report(&shm, &points));
+    let mut fitted = Vec::new();
+    for source in SOURCES.iter().filter(|s| files.iter().any(|(f, _)| f.key == s.key)) {
+        let mine: Vec<&Point> = points.iter().filter(|p| p.fabric == source.key).collect();
+        if mine.len() < 3 {
+            eprintln!(
+                "error: fitting the {} constants needs at least 3 points of collectives the model covers; the files \
+                 give {}",
+                source.key,
+                mine.len()
+            );
+            return ExitCode::FAILURE;
+        }
+        let cores = if source.shares_host_cpus { host_cpus() } else { 0 };
+        let rows: Vec<_> = mine.iter().map(|p| (p.op, p.shape, p.ranks, p.bytes, p.time_us)).collect();
+        fitted.push(Fitted { source, fabric: fit(source.name, cores, &rows), points: mine });
+    }
+    print!("{}", report(&fitted));
     ExitCode::SUCCESS
 }
 
+/// The model's error over `points` with the constants `f`: the factor it is off by at the
+/// median and at worst (`model / measured` or its inverse, whichever is above 1).
+fn error(f: &Fabric, points: &[&Point]) -> (f64, f64) {
+    let mut e: Vec<f64> =
+        points.iter().map(|p| (time(f, p.op, p.shape, p.ranks, p.bytes) / p.time_us).ln().abs()).collect();
+    e.sort_by(f64::total_cmp);
+    (e.get(e.len() / 2).map_or(f64::NAN, |v| v.exp()), e.last().map_or(f64::NAN, |v| v.exp()))
+}
+
+/// The constants `fabric`'s points are compared with besides its own fit, if any.
+fn yardstick<'a>(fitted: &'a [Fitted], source: &Source) -> Option<&'a Fabric> {
+    match source.yardstick {
+        Yardstick::None => None,
+        Yardstick::Fitted(key) => fitted.iter().find(|f| f.source.key == key).map(|f| &f.fabric),
+        Yardstick::Given(f) => Some(f),
+    }
+}
+
+/// One row of the constants table.
+fn constants_row(f: &Fabric, from: &str) -> String {
+    let shared = if f.cores > 0 { format!("{:.3} (over {} cores)", f.alpha_shared, f.cores) } else { "-".to_string() };
+    format!("| {} | {from} | {:.3} | {shared} | {:.4} | {:.4} |\n", f.name, f.alpha, f.beta * 1024.0, f.gamma * 1024.0)
+}
+
 /// The whole markdown report.
-fn report(shm: &Fabric, points: &[Point]) -> String {
+fn report(fitted: &[Fitted]) -> String {
     let mut s = String::new();
     s.push_str("### Constants\n\n");
-    s.push_str("| fabric | α (µs / step) | α, ranks sharing cores | β (µs / KiB) | γ (µs / KiB reduced) |\n");
-    s.push_str("|---|---|---|---|---|\n");
-    for f in [shm, &TCP_10G, &SOFTROCE, &NVLINK, &NETWORK] {
-        let shared =
-            if f.cores > 0 { format!("{:.3} (over {} cores)", f.alpha_shared, f.cores) } else { "-".to_string() };
+    s.push_str("| fabric | from | α (µs / step) | α, ranks sharing cores (µs / step / rank per core) | β (µs / KiB) | γ (µs / KiB reduced) |\n");
+    s.push_str("|---|---|---|---|---|---|\n");
+    for f in fitted {
+        s.push_str(&constants_row(&f.fabric, &format!("fitted to {} points", f.points.len())));
+    }
+    for (f, from) in GIVEN {
+        s.push_str(&constants_row(f, from));
+    }
+    s.push_str("\n### The model's error per fabric\n\n");
+    s.push_str(
+        "| fabric | points | ranks | fitted constants: median | worst | other constants | their median | worst |\n",
+    );
+    s.push_str("|---|---|---|---|---|---|---|---|\n");
+    for f in fitted {
+        let (median, worst) = error(&f.fabric, &f.points);
+        let ranks = |pick: fn(usize, usize) -> usize| f.points.iter().map(|p| p.ranks).reduce(pick).unwrap_or(0);
+        let other = match yardstick(fitted, f.source) {
+            Some(y) => {
+                let (m, w) = error(y, &f.points);
+                format!("{} | {m:.2} | {w:.2}", y.name)
+            }
+            None => "- | - | -".to_string(),
+        };
         s.push_str(&format!(
-            "| {} | {:.3} | {shared} | {:.4} | {:.4} |\n",
-            f.name,
-            f.alpha,
-            f.beta * 1024.0,
-            f.gamma * 1024.0
+            "| {} | {} | {}–{} | {median:.2} | {worst:.2} | {other} |\n",
+            f.fabric.name,
+            f.points.len(),
+            ranks(usize::min),
+            ranks(usize::max)
         ));
     }
-    s.push_str("\n### Measured points against the model (host fabric)\n\n");
-    s.push_str("| op | ranks | bytes | plan | measured | model | model / measured |\n|---|---|---|---|---|---|---|\n");
-    let mut errors = Vec::new();
-    for p in points.iter().filter(|p| p.fabric == "shm") {
-        let t = time(shm, p.op, p.shape, p.ranks, p.bytes);
-        let ratio = t / p.time_us;
-        errors.push((ratio.ln()).abs());
+    for f in fitted {
+        let other = yardstick(fitted, f.source);
+        s.push_str(&format!("\n### Measured points against the model: {}\n\n", f.fabric.name));
+        s.push_str("| op | ranks | bytes | plan | measured | model | model / measured |");
+        if let Some(y) = other {
+            s.push_str(&format!(" {} / measured |", y.name));
+        }
+        s.push_str("\n|---|---|---|---|---|---|---|");
+        s.push_str(if other.is_some() { "---|\n" } else { "\n" });
+        for p in &f.points {
+            let t = time(&f.fabric, p.op, p.shape, p.ranks, p.bytes);
+            s.push_str(&format!(
+                "| {:?} | {} | {} | {:?} | {} | {} | {:.2} |",
+                p.op,
+                p.ranks,
+                size_name(p.bytes),
+                p.shape,
+                us(p.time_us),
+                us(t),
+                t / p.time_us
+            ));
+            if let Some(y) = other {
+                s.push_str(&format!(" {:.2} |", time(y, p.op, p.shape, p.ranks, p.bytes) / p.time_us));
+            }
+            s.push('\n');
+        }
+        let (median, worst) = error(&f.fabric, &f.points);
         s.push_str(&format!(
-            "| {:?} | {} | {} | {:?} | {} | {} | {:.2} |\n",
-            p.op,
-            p.ranks,
-            size_name(p.bytes),
-            p.shape,
-            us(p.time_us),
-            us(t),
-            ratio
-        ));
-    }
-    errors.sort_by(f64::total_cmp);
-    if let (Some(max), false) = (errors.last(), errors.is_empty()) {
-        let median = errors[errors.len() / 2];
-        s.push_str(&format!(
-            "\n{} points: the model is off by a factor of {:.2} at the median and {:.2} at worst.\n",
-            errors.len(),
-            median.exp(),
-            max.exp()
+            "\n{} points: the model is off by a factor of {median:.2} at the median and {worst:.2} at worst.\n",
+            f.points.len()
         ));
     }
     for op in [Op::AllReduce, Op::AllGather] {
@@ -428,7 +574,8 @@ fn report(shm: &Fabric, points: &[Point]) -> String {
         "| fabric | ranks | all_reduce: doubling → halving | all_reduce: halving → ring | all_gather: Bruck → ring |\n",
     );
     s.push_str("|---|---|---|---|---|\n");
-    for f in [shm, &NETWORK] {
+    let collective_fabrics = fitted.iter().filter(|f| f.points.iter().any(|p| p.op != Op::Send)).map(|f| &f.fabric);
+    for f in collective_fabrics.chain([&NETWORK]) {
         for n in [16usize, 64, 512, 4096, 65536] {
             let cross = |op: Op, small: Shape, large: Shape| {
                 (3..=30).map(|k| f64::from(1u32 << k)).find(|&m| time(f, op, large, n, m) < time(f, op, small, n, m))
@@ -460,6 +607,28 @@ mod tests {
         // Bruck all-gather: ceil(log2 n) steps for any n.
         assert_eq!(counts(Op::AllGather, Shape::Bruck, 5, 5.0).0, 3.0);
         assert_eq!(counts(Op::AllGather, Shape::Bruck, 65536, 1.0).0, 16.0);
+        // Channel direct all-reduce: the whole buffer to each of the 3 peers in one hop.
+        assert_eq!(counts(Op::AllReduce, Shape::OneHop, 4, 8.0), (1.0, 24.0, 24.0));
+        // A message is one step; a stream of them costs bytes only.
+        assert_eq!(counts(Op::Send, Shape::OneHop, 2, 64.0), (1.0, 64.0, 0.0));
+        assert_eq!(counts(Op::Send, Shape::Stream, 2, 64.0), (0.0, 64.0, 0.0));
+    }
+
+    #[test]
+    fn the_error_is_the_factor_the_model_is_off_by() {
+        let f = Fabric::network("t", 10.0, 0.01);
+        let point = |time_us: f64| Point {
+            fabric: "tcp",
+            op: Op::Send,
+            ranks: 2,
+            bytes: 1000.0,
+            time_us,
+            shape: Shape::OneHop,
+        };
+        // The model says 20 µs: measured 20, 40 (model / measured 0.5) and 5 (4).
+        let pts = [point(20.0), point(40.0), point(5.0)];
+        let (median, worst) = error(&f, &pts.iter().collect::<Vec<_>>());
+        assert!((median - 2.0).abs() < 1e-9 && (worst - 4.0).abs() < 1e-9, "{median} {worst}");
     }
 
     #[test]

@@ -4,10 +4,14 @@
 //! ```text
 //! bench-worker [--op OP] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T] [--redop OP]
 //!              [--iters N] [--warmup N] [--rounds K] [--turns SOCKET]
-//!              [--turn-timeout SECS] [--check] [--inplace]
+//!              [--turn-timeout SECS] [--check] [--inplace] [--threads N]
 //! ```
 //!
 //! Launched as N ranks (`cargo xtask bench`, or `cargo xtask launch -n N -- bench-worker …`).
+//! With `--threads N` it is the whole job instead: one process whose N ranks are threads,
+//! joined by the loopback bootstrap and transport (`comm_core::loopback`), for worlds larger
+//! than the processes a host can hold (1,024 ranks on 2 cores); `WEAVE_TIMEOUT` and the other
+//! `WEAVE_*` settings still apply, `--turns` does not.
 //! The Open MPI baseline `xtask/src/mpi_bench.c` implements exactly the same method; keep the
 //! two in step:
 //!
@@ -34,6 +38,9 @@
 //!   a floating-point `avg` is compared with a relative tolerance. `wrong` is the number of
 //!   wrong elements summed over ranks and over all calls (warm-up included).
 //! - **Roots**: broadcast and reduce use root 0.
+//! - **Thread ranks** (`--threads N`): every rank thread runs the same loop as a process rank
+//!   would; `create_s` is then the time from before the loopback group was made until the
+//!   slowest thread's communicator was built.
 //!
 //! Output: rank 0 prints, per size, one line
 //! `{"op":…,"bytes":…,"count":…,"dtype":…,"redop":…,"inplace":…,"ranks":…,"time_us":…,"algbw":…,"busbw":…,"wrong":…,"algorithm":…,"shared_cpu":…,"create_s":…}`
@@ -48,6 +55,8 @@ use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use collectives::{Collective, Communicator, DataType, Element, ReduceOp, bf16, f16};
+use comm_core::config::Config;
+use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::{Error, Result};
 use weave_tests::matrix::tolerance;
 
@@ -59,7 +68,8 @@ const SENTINEL: f64 = -77.0;
 
 /// The usage text printed on a command-line mistake.
 const USAGE: &str = "usage: bench-worker [--op OP] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T] [--redop OP] \
-[--iters N] [--warmup N] [--rounds K] [--turns SOCKET] [--turn-timeout SECS] [--check] [--inplace]
+[--iters N] [--warmup N] [--rounds K] [--turns SOCKET] [--turn-timeout SECS] [--check] [--inplace] \
+[--threads N]
   OP: all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all
   sizes in bytes, with an optional K/M/G suffix (powers of 1024): 8, 64K, 64M, 1G";
 
@@ -82,6 +92,8 @@ struct Options {
     turns: Option<String>,
     /// How long to wait for a turn.
     turn_timeout: Duration,
+    /// `--threads`: run the whole job as this many thread ranks of this process.
+    threads: Option<usize>,
 }
 
 impl Default for Options {
@@ -100,6 +112,7 @@ impl Default for Options {
             rounds: 1,
             turns: None,
             turn_timeout: Duration::from_secs(600),
+            threads: None,
         }
     }
 }
@@ -112,8 +125,7 @@ fn main() {
             std::process::exit(2);
         }
     };
-    if let Err(e) = run(&opts) {
-        let rank = std::env::var("RANK").unwrap_or_else(|_| "?".into());
+    if let Err((rank, e)) = run(&opts) {
         eprintln!("bench-worker rank {rank}: {e}");
         std::process::exit(1);
     }
@@ -165,6 +177,7 @@ fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options
             "--rounds" => o.rounds = count(value("a count")?, 1)?,
             "--turns" => o.turns = Some(value("a socket path")?),
             "--turn-timeout" => o.turn_timeout = Duration::from_secs(count(value("seconds")?, 1)? as u64),
+            "--threads" => o.threads = Some(count(value("a number of ranks")?, 1)?),
             "--check" if attached.is_none() => o.check = true,
             "--inplace" if attached.is_none() => o.inplace = true,
             _ => return Err(format!("unexpected argument {arg:?}")),
@@ -175,6 +188,9 @@ fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options
     }
     if o.min_bytes > o.max_bytes {
         return Err(format!("-b ({}) is larger than -e ({})", o.min_bytes, o.max_bytes));
+    }
+    if o.threads.is_some() && o.turns.is_some() {
+        return Err("--turns takes turns between jobs of process ranks; drop it with --threads".into());
     }
     Ok(o)
 }
@@ -467,9 +483,61 @@ impl Turns {
     }
 }
 
-fn run(o: &Options) -> Result<()> {
+/// Runs the job (this process's rank, or every thread rank); on failure, the rank that failed
+/// (as it should be named in the message) and its error.
+fn run(o: &Options) -> std::result::Result<(), (String, Error)> {
     let start = Instant::now();
-    let comm = Communicator::from_env()?;
+    match o.threads {
+        Some(n) => run_threads(o, n, start),
+        None => Communicator::from_env()
+            .and_then(|comm| bench(&comm, o, start))
+            .map_err(|e| (std::env::var("RANK").unwrap_or_else(|_| "?".into()), e)),
+    }
+}
+
+/// The whole job as `n` thread ranks of this process over the loopback bootstrap and
+/// transport; the lowest failing rank's error, if any, is the job's (a rank whose peer failed
+/// fails within the timeout too).
+fn run_threads(o: &Options, n: usize, start: Instant) -> std::result::Result<(), (String, Error)> {
+    let config = Config::from_env().map_err(|e| ("(all threads)".to_string(), e))?;
+    let group = LoopbackBootstrap::group(n, config.timeout);
+    let results: Vec<Result<()>> = std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .enumerate()
+            .map(|(rank, b)| {
+                let config = config.clone();
+                std::thread::Builder::new()
+                    .name(format!("rank-{rank}"))
+                    .stack_size(RANK_STACK_BYTES)
+                    .spawn_scoped(s, move || {
+                        let comm =
+                            Communicator::builder(b).with_transport(LoopbackTransport).with_config(config).build()?;
+                        bench(&comm, o, start)
+                    })
+                    .map_err(|e| Error::invalid(format!("cannot start the thread of rank {rank} of {n}: {e}")))
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| match h {
+                Ok(h) => h.join().unwrap_or_else(|_| Err(Error::protocol("its thread panicked"))),
+                Err(e) => Err(e),
+            })
+            .collect()
+    });
+    match results.into_iter().enumerate().find_map(|(rank, r)| r.err().map(|e| (rank, e))) {
+        Some((rank, e)) => Err((format!("{rank} of {n} (thread)"), e)),
+        None => Ok(()),
+    }
+}
+
+/// The stack of a rank thread: the bench's buffers live on the heap.
+const RANK_STACK_BYTES: usize = 1 << 20;
+
+/// Runs every size on `comm` (one rank's part of the job); `start` is when this job began
+/// building its communicator(s).
+fn bench(comm: &Communicator, o: &Options, start: Instant) -> Result<()> {
     let mut create_s = [0.0f64];
     comm.all_reduce(&[start.elapsed().as_secs_f64()], &mut create_s, ReduceOp::Max)?;
     let mut turns = Turns::connect(o, comm.rank())?;
@@ -477,16 +545,16 @@ fn run(o: &Options) -> Result<()> {
         turns.wait()?;
         let t = &mut turns;
         let line = match o.dtype {
-            DataType::F64 => run_size::<f64>(&comm, o, size, t)?,
-            DataType::F32 => run_size::<f32>(&comm, o, size, t)?,
-            DataType::F16 => run_size::<f16>(&comm, o, size, t)?,
-            DataType::Bf16 => run_size::<bf16>(&comm, o, size, t)?,
-            DataType::I64 => run_size::<i64>(&comm, o, size, t)?,
-            DataType::I32 => run_size::<i32>(&comm, o, size, t)?,
-            DataType::U64 => run_size::<u64>(&comm, o, size, t)?,
-            DataType::U32 => run_size::<u32>(&comm, o, size, t)?,
-            DataType::I8 => run_size::<i8>(&comm, o, size, t)?,
-            DataType::U8 => run_size::<u8>(&comm, o, size, t)?,
+            DataType::F64 => run_size::<f64>(comm, o, size, t)?,
+            DataType::F32 => run_size::<f32>(comm, o, size, t)?,
+            DataType::F16 => run_size::<f16>(comm, o, size, t)?,
+            DataType::Bf16 => run_size::<bf16>(comm, o, size, t)?,
+            DataType::I64 => run_size::<i64>(comm, o, size, t)?,
+            DataType::I32 => run_size::<i32>(comm, o, size, t)?,
+            DataType::U64 => run_size::<u64>(comm, o, size, t)?,
+            DataType::U32 => run_size::<u32>(comm, o, size, t)?,
+            DataType::I8 => run_size::<i8>(comm, o, size, t)?,
+            DataType::U8 => run_size::<u8>(comm, o, size, t)?,
         };
         if comm.rank() == 0 {
             // Rust's stdout is line-buffered: the line is out before the turn ends.
@@ -627,6 +695,9 @@ mod tests {
         assert!(parse(&["-b", "8M", "-e", "1K"]).is_err());
         assert!(parse(&["--op", "all_to_allv"]).is_err());
         assert!(parse(&["--check=yes"]).is_err());
+        assert_eq!(parse(&["--threads", "1024"]).unwrap().threads, Some(1024));
+        assert!(parse(&["--threads", "0"]).is_err());
+        assert!(parse(&["--threads", "4", "--turns", "/tmp/s"]).is_err());
     }
 
     #[test]
