@@ -321,6 +321,9 @@ pub const HOST_ROWS: &[Row] = {
         host(AllReduce, (1, 9), (0, 64 << 10), OneShot),
         host(AllReduce, (1, 64), (0, 16 << 10), OneShot),
         host(AllReduce, (1, 64), (0, ANY), TwoPhase),
+        // From 64 ranks halving's 2·log2(n) steps beat the ring's 2(n − 1) up to 1 MiB, 3× at
+        // 64 KiB–512 KiB with 64 thread ranks (docs/SCALE.md); both move the same bytes.
+        host(AllReduce, (64, ANY), (0, 1 << 20), ChannelHalving),
         host(AllReduce, (64, ANY), (0, ANY), Ring),
         host(AllGather, (1, 64), (0, ANY), Direct),
         host(AllGather, (64, ANY), (0, ANY), Ring),
@@ -668,6 +671,10 @@ mod tests {
         let t = AlgorithmTable::default();
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 1024).unwrap(), Algorithm::OneShot);
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 2, 64 << 20).unwrap(), Algorithm::TwoPhase);
+        assert_eq!(
+            t.select(Collective::AllReduce, MemorySpace::Host, 128, 512 << 10).unwrap(),
+            Algorithm::ChannelHalving
+        );
         assert_eq!(t.select(Collective::AllReduce, MemorySpace::Host, 128, 64 << 20).unwrap(), Algorithm::Ring);
     }
 
