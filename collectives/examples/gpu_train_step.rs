@@ -16,10 +16,12 @@
 //! match a reference computed on the host from every rank's shard, and (3) the loss went down.
 //! Any failure makes the process exit non-zero (and `cargo xtask launch` with it).
 
+mod common;
+
 use std::error::Error;
 use std::sync::Arc;
 
-use collectives::{Communicator, ReduceOp};
+use collectives::ReduceOp;
 use cudarc::driver::{CudaFunction, CudaSlice, CudaStream, LaunchConfig, PushKernelArg};
 use kernels::{Compiler, KernelModule};
 
@@ -186,14 +188,9 @@ fn shard_loss(residuals: &[f32]) -> f64 {
 
 fn main() -> Result<(), Box<dyn Error>> {
     let started = std::time::Instant::now();
-    let comm = Communicator::from_env()?;
+    let Some(common::GpuRank { comm, stream }) = common::gpu_rank()? else { return Ok(()) };
     let (me, n) = (comm.rank(), comm.world_size());
-    let Some(ctx) = comm.gpu_context() else {
-        println!("rank {me}: no GPU path (no CUDA device, or not every peer reachable through CUDA IPC)");
-        return Ok(());
-    };
-    let stream = ctx.new_stream()?;
-    let module = KernelModule::compile_and_load(&ctx, &Compiler::from_env(), TRAIN_KERNELS)?;
+    let module = KernelModule::compile_and_load(stream.context(), &Compiler::from_env(), TRAIN_KERNELS)?;
     let trainer = Trainer {
         residual: module.function("residual")?,
         gradient: module.function("gradient")?,

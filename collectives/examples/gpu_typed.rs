@@ -9,18 +9,15 @@
 //! parameters by broadcast, passes a message around the ring with a device group, then checks
 //! every result on the host. Ranks without a GPU path print why and exit.
 
+mod common;
+
 use std::error::Error;
 
-use collectives::{Communicator, ReduceOp};
+use collectives::ReduceOp;
 
 fn main() -> Result<(), Box<dyn Error>> {
-    let comm = Communicator::from_env()?;
+    let Some(common::GpuRank { comm, stream }) = common::gpu_rank()? else { return Ok(()) };
     let (me, n) = (comm.rank(), comm.world_size());
-    let Some(ctx) = comm.gpu_context() else {
-        println!("rank {me}: no GPU path (no CUDA device, or not every peer reachable through CUDA IPC)");
-        return Ok(());
-    };
-    let stream = ctx.new_stream()?;
     let len = 1 << 20;
 
     // All-reduce in place: the average of every rank's gradients.

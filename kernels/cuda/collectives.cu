@@ -232,6 +232,22 @@ WEAVE_DEVICE bool packet_epoch(const GpuCollectiveArgs& a, uint64_t& epoch, uint
   return true;
 }
 
+// The start every LL16 packet kernel shares, in a kernel whose arguments are `a`: declares
+// this block's packet `epoch` with its `flag` and `parity` (packet_epoch; the kernel returns
+// where that refuses the grid), the call's `bytes` (BYTES) as `words` of 8 bytes, the `send`
+// and `recv` buffers, this thread's place `t` among `nt` in the grid, and `packets(owner,
+// writer)`: the buffer on rank `owner` that rank `writer` fills in this epoch.
+#define WEAVE_LL16_KERNEL_START(BYTES)                                                     \
+  uint64_t epoch;                                                                           \
+  uint32_t flag, parity;                                                                    \
+  if (!packet_epoch(a, epoch, flag, parity)) return;                                        \
+  const uint64_t bytes = (BYTES);                                                           \
+  const uint64_t words = (bytes + 7) / 8;                                                   \
+  const char* send = as_ptr<const char>(a.send);                                            \
+  char* recv = as_ptr<char>(a.recv);                                                        \
+  const uint32_t t = global_thread(), nt = global_threads();                                \
+  auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); }
+
 // End of a packet kernel: this block advances its counters to E + 1 (after every thread of the
 // block read E), one counter per thread.
 WEAVE_DEVICE void packet_finish(const GpuCollectiveArgs& a, uint64_t epoch) {
@@ -350,15 +366,7 @@ WEAVE_DEVICE void peer_shares(const GpuCollectiveArgs& a, uint64_t words, uint64
 // flag is the epoch.
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
-  uint64_t epoch;
-  uint32_t flag, parity;
-  if (!packet_epoch(a, epoch, flag, parity)) return;
-  const uint64_t bytes = a.count * sizeof(T);
-  const uint64_t words = (bytes + 7) / 8;
-  const char* send = as_ptr<const char>(a.send);
-  char* recv = as_ptr<char>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); };
+  WEAVE_LL16_KERNEL_START(a.count * sizeof(T));
   if (words <= a.packet_capacity) {
     for (uint64_t w = t; w < words; w += nt) {
       const uint64_t mine = load_word(send, w, bytes);
@@ -386,16 +394,8 @@ WEAVE_DEVICE void all_reduce_ll(const GpuCollectiveArgs& a) {
 // reduced shares. Each rank moves about 2(n-1)/n of the message instead of n-1 times it.
 template <typename Op, typename T>
 WEAVE_DEVICE void all_reduce_two_shot(const GpuCollectiveArgs& a) {
-  uint64_t epoch;
-  uint32_t flag, parity;
-  if (!packet_epoch(a, epoch, flag, parity)) return;
-  const uint64_t bytes = a.count * sizeof(T);
-  const uint64_t words = (bytes + 7) / 8;
+  WEAVE_LL16_KERNEL_START(a.count * sizeof(T));
   const uint64_t half = a.packet_capacity / 2;
-  const char* send = as_ptr<const char>(a.send);
-  char* recv = as_ptr<char>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); };
   uint64_t mb, me_end;
   split(words, a.world, a.rank, 1, mb, me_end);
   if ((words + a.world - 1) / a.world > half) {

@@ -26,16 +26,8 @@ enum ExchangeKind : uint32_t {
 template <typename Op, typename T, uint32_t KIND>
 WEAVE_DEVICE void exchange_ll(const GpuCollectiveArgs& a) {
   constexpr bool REDUCING = KIND == XCHG_REDUCE_SCATTER || KIND == XCHG_REDUCE;
-  uint64_t epoch;
-  uint32_t flag, parity;
-  if (!packet_epoch(a, epoch, flag, parity)) return;
-  // Bytes of one block (count is elements for the reducing kinds, bytes for the others).
-  const uint64_t bytes = REDUCING ? a.count * sizeof(T) : a.count;
-  const uint64_t words = (bytes + 7) / 8;
-  const char* send = as_ptr<const char>(a.send);
-  char* recv = as_ptr<char>(a.recv);
-  const uint32_t t = global_thread(), nt = global_threads();
-  auto packets = [&](uint32_t owner, uint32_t writer) { return packet_buffer(a, owner, writer, parity); };
+  // `bytes` is one block (count is elements for the reducing kinds, bytes for the others).
+  WEAVE_LL16_KERNEL_START(REDUCING ? a.count * sizeof(T) : a.count);
   if (words > a.packet_capacity) {
     packet_refuse(a, epoch);
     return;

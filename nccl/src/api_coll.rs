@@ -9,7 +9,9 @@
 use std::ffi::{c_int, c_void};
 
 use crate::abi::{CudaStreamPtr, NcclCommPtr, NcclDataType, NcclRedOp, NcclResult};
-use crate::coll::{Call, bytes_of, check_buffer, check_rank, data_type, reduction};
+use collectives::DataType;
+
+use crate::coll::{Call, Reduction, bytes_of, check_buffer, check_rank, data_type, reduction};
 use crate::error::{Fail, guard};
 use crate::group;
 use crate::handle::{self, NcclComm};
@@ -28,91 +30,97 @@ fn submit(
     })
 }
 
-/// `ncclAllReduce`.
-///
-/// # Safety
-/// Device buffers of `count` elements, valid until the call completes on `stream`.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclAllReduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
+/// Exports `fn $name(<arguments>, comm, stream) -> ncclResult_t`, NCCL's shape of every call
+/// here: `$make`, a closure over the communicator, checks the arguments and builds the calls
+/// that [`submit`] runs under the call's own name.
+macro_rules! entry_point {
+    ($(#[$attr:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $make:expr) => {
+        $(#[$attr])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $ty,)* comm: NcclCommPtr, stream: CudaStreamPtr) -> NcclResult {
+            submit(stringify!($name), comm, stream, $make)
+        }
+    };
+}
+
+/// The checks of a call with a send and a receive buffer of `count` elements each, moving
+/// `count` elements per rank from `blocks` ranks: the size fits the address space and neither
+/// buffer is NULL.
+fn check_buffers(
     count: usize,
+    dtype: DataType,
+    blocks: usize,
+    send: *const c_void,
+    recv: *mut c_void,
+) -> Result<(), Fail> {
+    bytes_of(count, dtype, blocks)?;
+    check_buffer("sendbuff", send as u64, count)?;
+    check_buffer("recvbuff", recv as u64, count)
+}
+
+/// The checks of a reducing call with a send and a receive buffer (the data type, then the
+/// operator, then [`check_buffers`]): its data type and reduction.
+fn reducing_call(
+    c: &NcclComm,
     datatype: NcclDataType,
     op: NcclRedOp,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclAllReduce", comm, stream, |c| {
-        let dtype = data_type(datatype, true)?;
-        let op = reduction(op, dtype, c)?;
-        bytes_of(count, dtype, 1)?;
-        check_buffer("sendbuff", sendbuff as u64, count)?;
-        check_buffer("recvbuff", recvbuff as u64, count)?;
+    count: usize,
+    blocks: usize,
+    send: *const c_void,
+    recv: *mut c_void,
+) -> Result<(DataType, Reduction), Fail> {
+    let dtype = data_type(datatype, true)?;
+    let op = reduction(op, dtype, c)?;
+    check_buffers(count, dtype, blocks, send, recv)?;
+    Ok((dtype, op))
+}
+
+entry_point! {
+    /// `ncclAllReduce`.
+    ///
+    /// # Safety
+    /// Device buffers of `count` elements, valid until the call completes on `stream`.
+    fn ncclAllReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp,
+    ) => |c| {
+        let (dtype, op) = reducing_call(c, datatype, op, count, 1, sendbuff, recvbuff)?;
         Ok(vec![Call::AllReduce { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op }])
-    })
+    }
 }
 
-/// `ncclAllGather`: `sendcount` elements per rank into `recvbuff` (`nranks × sendcount`).
-///
-/// # Safety
-/// As [`ncclAllReduce`], with the sizes above.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclAllGather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    sendcount: usize,
-    datatype: NcclDataType,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclAllGather", comm, stream, |c| {
+entry_point! {
+    /// `ncclAllGather`: `sendcount` elements per rank into `recvbuff` (`nranks × sendcount`).
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`], with the sizes above.
+    fn ncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType) => |c| {
         let dtype = data_type(datatype, false)?;
-        bytes_of(sendcount, dtype, c.nranks)?;
-        check_buffer("sendbuff", sendbuff as u64, sendcount)?;
-        check_buffer("recvbuff", recvbuff as u64, sendcount)?;
+        check_buffers(sendcount, dtype, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::AllGather { send: sendbuff as u64, recv: recvbuff as u64, count: sendcount, dtype }])
-    })
+    }
 }
 
-/// `ncclReduceScatter`: `sendbuff` holds `nranks × recvcount` elements.
-///
-/// # Safety
-/// As [`ncclAllReduce`], with the sizes above.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclReduceScatter(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    recvcount: usize,
-    datatype: NcclDataType,
-    op: NcclRedOp,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclReduceScatter", comm, stream, |c| {
-        let dtype = data_type(datatype, true)?;
-        let op = reduction(op, dtype, c)?;
-        bytes_of(recvcount, dtype, c.nranks)?;
-        check_buffer("sendbuff", sendbuff as u64, recvcount)?;
-        check_buffer("recvbuff", recvbuff as u64, recvcount)?;
+entry_point! {
+    /// `ncclReduceScatter`: `sendbuff` holds `nranks × recvcount` elements.
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`], with the sizes above.
+    fn ncclReduceScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType, op: NcclRedOp,
+    ) => |c| {
+        let (dtype, op) = reducing_call(c, datatype, op, recvcount, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::ReduceScatter { send: sendbuff as u64, recv: recvbuff as u64, count: recvcount, dtype, op }])
-    })
+    }
 }
 
-/// `ncclBroadcast`: `sendbuff` is read on the root only.
-///
-/// # Safety
-/// As [`ncclAllReduce`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclBroadcast(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: NcclDataType,
-    root: c_int,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclBroadcast", comm, stream, |c| {
+entry_point! {
+    /// `ncclBroadcast`: `sendbuff` is read on the root only.
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`].
+    fn ncclBroadcast(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int,
+    ) => |c| {
         let dtype = data_type(datatype, false)?;
         let root = check_rank("root", root, c.nranks)?;
         bytes_of(count, dtype, 1)?;
@@ -121,7 +129,7 @@ pub unsafe extern "C" fn ncclBroadcast(
         }
         check_buffer("recvbuff", recvbuff as u64, count)?;
         Ok(vec![Call::Broadcast { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, root }])
-    })
+    }
 }
 
 /// `ncclBcast`: broadcast in place.
@@ -141,23 +149,16 @@ pub unsafe extern "C" fn ncclBcast(
     unsafe { ncclBroadcast(buff, buff, count, datatype, root, comm, stream) }
 }
 
-/// `ncclReduce`: `recvbuff` is written on the root only.
-///
-/// # Safety
-/// As [`ncclAllReduce`].
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
-pub unsafe extern "C" fn ncclReduce(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: NcclDataType,
-    op: NcclRedOp,
-    root: c_int,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclReduce", comm, stream, |c| {
+entry_point! {
+    /// `ncclReduce`: `recvbuff` is written on the root only.
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`].
+    #[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
+    fn ncclReduce(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize,
+        datatype: NcclDataType, op: NcclRedOp, root: c_int,
+    ) => |c| {
         let dtype = data_type(datatype, true)?;
         let op = reduction(op, dtype, c)?;
         let root = check_rank("root", root, c.nranks)?;
@@ -167,29 +168,19 @@ pub unsafe extern "C" fn ncclReduce(
             check_buffer("recvbuff (on the root)", recvbuff as u64, count)?;
         }
         Ok(vec![Call::Reduce { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op, root }])
-    })
+    }
 }
 
-/// `ncclAlltoAll`: `count` elements per pair of ranks (buffers of `nranks × count`).
-///
-/// # Safety
-/// As [`ncclAllReduce`], with the sizes above.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclAlltoAll(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: NcclDataType,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclAlltoAll", comm, stream, |c| {
+entry_point! {
+    /// `ncclAlltoAll`: `count` elements per pair of ranks (buffers of `nranks × count`).
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`], with the sizes above.
+    fn ncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType) => |c| {
         let dtype = data_type(datatype, false)?;
-        bytes_of(count, dtype, c.nranks)?;
-        check_buffer("sendbuff", sendbuff as u64, count)?;
-        check_buffer("recvbuff", recvbuff as u64, count)?;
+        check_buffers(count, dtype, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::AllToAll { send: sendbuff as u64, recv: recvbuff as u64, count, dtype }])
-    })
+    }
 }
 
 /// The sends or receives of gather (`to_root`) and scatter: block `p` of the root's buffer
@@ -228,39 +219,29 @@ fn rooted(
         .collect())
 }
 
-/// `ncclGather`: every rank's `count` elements into block `rank` of the root's `recvbuff`.
-///
-/// # Safety
-/// As [`ncclAllReduce`].
-#[unsafe(no_mangle)]
-#[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
-pub unsafe extern "C" fn ncclGather(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: NcclDataType,
-    root: c_int,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclGather", comm, stream, |c| rooted(c, root, count, datatype, sendbuff as u64, recvbuff as u64, true))
+entry_point! {
+    /// `ncclGather`: every rank's `count` elements into block `rank` of the root's `recvbuff`.
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`].
+    #[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
+    fn ncclGather(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int,
+    ) => |c| {
+        rooted(c, root, count, datatype, sendbuff as u64, recvbuff as u64, true)
+    }
 }
 
-/// `ncclScatter`: block `rank` of the root's `sendbuff` into every rank's `recvbuff`.
-///
-/// # Safety
-/// As [`ncclAllReduce`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclScatter(
-    sendbuff: *const c_void,
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: NcclDataType,
-    root: c_int,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclScatter", comm, stream, |c| rooted(c, root, count, datatype, recvbuff as u64, sendbuff as u64, false))
+entry_point! {
+    /// `ncclScatter`: block `rank` of the root's `sendbuff` into every rank's `recvbuff`.
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`].
+    fn ncclScatter(
+        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int,
+    ) => |c| {
+        rooted(c, root, count, datatype, recvbuff as u64, sendbuff as u64, false)
+    }
 }
 
 fn p2p(c: &NcclComm, buf: u64, count: usize, dt: NcclDataType, peer: c_int, send: bool) -> Result<Vec<Call>, Fail> {
@@ -271,37 +252,25 @@ fn p2p(c: &NcclComm, buf: u64, count: usize, dt: NcclDataType, peer: c_int, send
     Ok(vec![if send { Call::Send { buf, bytes, peer } } else { Call::Recv { buf, bytes, peer } }])
 }
 
-/// `ncclSend`: `count` elements to `peer` (which calls `ncclRecv`). Outside a group it runs
-/// alone; inside one, with the group's other calls (see [`crate::group`]).
-///
-/// # Safety
-/// As [`ncclAllReduce`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclSend(
-    sendbuff: *const c_void,
-    count: usize,
-    datatype: NcclDataType,
-    peer: c_int,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclSend", comm, stream, |c| p2p(c, sendbuff as u64, count, datatype, peer, true))
+entry_point! {
+    /// `ncclSend`: `count` elements to `peer` (which calls `ncclRecv`). Outside a group it runs
+    /// alone; inside one, with the group's other calls (see [`crate::group`]).
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`].
+    fn ncclSend(sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int) => |c| {
+        p2p(c, sendbuff as u64, count, datatype, peer, true)
+    }
 }
 
-/// `ncclRecv`: `count` elements from `peer`.
-///
-/// # Safety
-/// As [`ncclAllReduce`].
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclRecv(
-    recvbuff: *mut c_void,
-    count: usize,
-    datatype: NcclDataType,
-    peer: c_int,
-    comm: NcclCommPtr,
-    stream: CudaStreamPtr,
-) -> NcclResult {
-    submit("ncclRecv", comm, stream, |c| p2p(c, recvbuff as u64, count, datatype, peer, false))
+entry_point! {
+    /// `ncclRecv`: `count` elements from `peer`.
+    ///
+    /// # Safety
+    /// As [`ncclAllReduce`].
+    fn ncclRecv(recvbuff: *mut c_void, count: usize, datatype: NcclDataType, peer: c_int) => |c| {
+        p2p(c, recvbuff as u64, count, datatype, peer, false)
+    }
 }
 
 /// `ncclGroupStart`: opens a group (groups nest).

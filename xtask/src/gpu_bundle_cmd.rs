@@ -321,28 +321,19 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
         }
         artifacts.extend(cargo_artifacts(&cargo_args)?);
     }
-    if !args.bins.is_empty() {
+    // The binaries, then the examples, each built by name and all found among what cargo built.
+    for (flag, kind, names) in [("--bin", "binary", &args.bins), ("--example", "example", &args.examples)] {
+        if names.is_empty() {
+            continue;
+        }
         let mut cargo_args: Vec<String> = ["build", "--release"].map(String::from).to_vec();
-        for b in &args.bins {
-            cargo_args.extend(["--bin".to_string(), b.clone()]);
+        for name in names {
+            cargo_args.extend([flag.to_string(), name.clone()]);
         }
         let built = cargo_artifacts(&cargo_args)?;
-        for b in &args.bins {
-            if !built.iter().any(|a| !a.is_test && &a.name == b) {
-                return Err(format!("cargo built no binary named {b:?}"));
-            }
-        }
-        artifacts.extend(built);
-    }
-    if !args.examples.is_empty() {
-        let mut cargo_args: Vec<String> = ["build", "--release"].map(String::from).to_vec();
-        for e in &args.examples {
-            cargo_args.extend(["--example".to_string(), e.clone()]);
-        }
-        let built = cargo_artifacts(&cargo_args)?;
-        for e in &args.examples {
-            if !built.iter().any(|a| !a.is_test && &a.name == e) {
-                return Err(format!("cargo built no example named {e:?}"));
+        for name in names {
+            if !built.iter().any(|a| !a.is_test && &a.name == name) {
+                return Err(format!("cargo built no {kind} named {name:?}"));
             }
         }
         artifacts.extend(built);

@@ -18,7 +18,7 @@ use comm_core::Result;
 use comm_core::communicator::Communicator as Core;
 
 use super::swap::{Fold, swap};
-use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, Run, partial};
+use super::{Buffers, Call, CallSpec, ChannelCall, ChannelEngine, Run, partial};
 use crate::dtype::Element;
 use crate::host::copy;
 use crate::op::ReduceOp;
@@ -46,14 +46,8 @@ pub(super) unsafe fn all_reduce_doubling<T: Element>(
     unsafe { copy(send, recv, count) };
     let acc = recv;
     let Some(i) = f.core(me) else {
-        // Folded out: hand the input to the partner, take the result back.
-        let partner = me + 1;
-        // SAFETY: acc holds count elements; the received messages land inside it.
-        unsafe {
-            swap(e, &mut call, Some((partner, acc.cast_const(), count)), None, |_, _, _| {})?;
-            swap(e, &mut call, None, Some((partner, count)), |a, m, k| copy(m, acc.add(a), k))?;
-        }
-        return call.finish();
+        // SAFETY: acc holds count elements, sent whole before the result lands in it.
+        return unsafe { folded_out(e, call, (acc.cast_const(), count), (acc, count)) };
     };
     let steps = f.p.ilog2();
     let finals = |step: u32| if step + 1 == steps { op } else { partial(op) };
@@ -110,6 +104,27 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     }
 }
 
+/// The whole part in a call of a rank folded out of the power-of-two core (see [`Fold`]): it
+/// hands its input (`len` elements) to its partner, the next rank, takes the result (`count`
+/// elements) back into `out`, and the call ends.
+///
+/// # Safety
+/// `input` valid for `len` reads until it is sent, then `out` for `count` writes.
+unsafe fn folded_out<T: Element>(
+    e: &mut ChannelEngine,
+    mut call: Call,
+    (input, len): (*const T, usize),
+    (out, count): (*mut T, usize),
+) -> Result<()> {
+    let partner = e.rank + 1;
+    // SAFETY: forwarded from the caller; the received messages land inside `out`.
+    unsafe {
+        swap(e, &mut call, Some((partner, input, len)), None, |_, _, _| {})?;
+        swap(e, &mut call, None, Some((partner, count)), |a, m, k| copy(m, out.add(a), k))?;
+    }
+    call.finish()
+}
+
 /// The halving pass, then (all-reduce) the doubling all-gather, with the fold around them.
 ///
 /// The work buffer holds what the collective reduces: the all-reduce's buffer (in `recv`),
@@ -152,15 +167,9 @@ unsafe fn halving<T: Element>(
         Halving::ReduceScatter => f.first(i) * count,
     };
     let Some(i) = f.core(me) else {
-        // Folded out: hand the whole input to the partner, take the result back.
-        let partner = me + 1;
         // SAFETY: work holds total elements; recv holds count (the all-reduce's result or this
         // rank's block).
-        unsafe {
-            swap(e, &mut call, Some((partner, work.cast_const(), total)), None, |_, _, _| {})?;
-            swap(e, &mut call, None, Some((partner, count)), |a, m, k| copy(m, recv.add(a), k))?;
-        }
-        return call.finish();
+        return unsafe { folded_out(e, call, (work.cast_const(), total), (recv, count)) };
     };
     if let Some(lower) = f.partner(me) {
         let o = partial(op);

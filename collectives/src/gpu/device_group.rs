@@ -27,9 +27,7 @@ impl Communicator {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let mut g = self.device_group(stream);
-        g.send(buf, peer);
-        g.run()
+        self.run_one(stream, |g| g.send(buf, peer))
     }
 
     /// Receives exactly `buf.len()` elements from `peer` into `buf`, on `stream` (a length other
@@ -48,8 +46,17 @@ impl Communicator {
         peer: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        self.run_one(stream, |g| g.recv(buf, peer))
+    }
+
+    /// Runs a group of the one transfer that `add` puts into it.
+    fn run_one<'a, T: Element>(
+        &'a self,
+        stream: &'a Arc<CudaStream>,
+        add: impl for<'g> FnOnce(&'g mut DeviceGroup<'a, T>) -> &'g mut DeviceGroup<'a, T>,
+    ) -> Result<()> {
         let mut g = self.device_group(stream);
-        g.recv(buf, peer);
+        add(&mut g);
         g.run()
     }
 

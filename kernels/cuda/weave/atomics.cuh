@@ -41,16 +41,20 @@ namespace weave {
     return old;                                                                               \
   }
 
+// The u64 and u32 wrappers of one access: INSTR without its type suffix (".u64", ".u32").
+#define WEAVE_ATOMIC_LOADS(NAME, INSTR)                     \
+  WEAVE_ATOMIC_LOAD(NAME, uint64_t, "l", INSTR ".u64")      \
+  WEAVE_ATOMIC_LOAD(NAME, uint32_t, "r", INSTR ".u32")
+#define WEAVE_ATOMIC_STORES(NAME, INSTR)                    \
+  WEAVE_ATOMIC_STORE(NAME, uint64_t, "l", INSTR ".u64")     \
+  WEAVE_ATOMIC_STORE(NAME, uint32_t, "r", INSTR ".u32")
+
 // ---- loads ----------------------------------------------------------------------------------
 
-// Acquire load, system scope: later accesses of this thread happen after it.
-WEAVE_ATOMIC_LOAD(atomic_load_acquire_sys, uint64_t, "l", "ld.acquire.sys.global.u64")
-// Acquire load of a u32, system scope.
-WEAVE_ATOMIC_LOAD(atomic_load_acquire_sys, uint32_t, "r", "ld.acquire.sys.global.u32")
-// Relaxed (atomic, unordered) load, system scope.
-WEAVE_ATOMIC_LOAD(atomic_load_relaxed_sys, uint64_t, "l", "ld.relaxed.sys.global.u64")
-// Relaxed load of a u32, system scope.
-WEAVE_ATOMIC_LOAD(atomic_load_relaxed_sys, uint32_t, "r", "ld.relaxed.sys.global.u32")
+// Acquire load (u64 and u32), system scope: later accesses of this thread happen after it.
+WEAVE_ATOMIC_LOADS(atomic_load_acquire_sys, "ld.acquire.sys.global")
+// Relaxed (atomic, unordered) load (u64 and u32), system scope.
+WEAVE_ATOMIC_LOADS(atomic_load_relaxed_sys, "ld.relaxed.sys.global")
 // Acquire load, GPU scope.
 WEAVE_ATOMIC_LOAD(atomic_load_acquire_gpu, uint64_t, "l", "ld.acquire.gpu.global.u64")
 // Relaxed load, GPU scope.
@@ -58,20 +62,16 @@ WEAVE_ATOMIC_LOAD(atomic_load_relaxed_gpu, uint64_t, "l", "ld.relaxed.gpu.global
 
 // ---- stores ---------------------------------------------------------------------------------
 
-// Release store, system scope: earlier accesses of this thread happen before it.
-WEAVE_ATOMIC_STORE(atomic_store_release_sys, uint64_t, "l", "st.release.sys.global.u64")
-// Release store of a u32, system scope.
-WEAVE_ATOMIC_STORE(atomic_store_release_sys, uint32_t, "r", "st.release.sys.global.u32")
+// Release store (u64 and u32), system scope: earlier accesses of this thread happen before it.
+WEAVE_ATOMIC_STORES(atomic_store_release_sys, "st.release.sys.global")
 
 // Release fence, system scope: this thread's earlier accesses (and those it observed, such as
 // its block's before a __syncthreads) are performed before its later stores. One fence before
 // several relaxed stores publishes like a release store each, for the cost of one.
 WEAVE_DEVICE void fence_release_sys() { asm volatile("fence.acq_rel.sys;" ::: "memory"); }
 
-// Relaxed store, system scope.
-WEAVE_ATOMIC_STORE(atomic_store_relaxed_sys, uint64_t, "l", "st.relaxed.sys.global.u64")
-// Relaxed store of a u32, system scope.
-WEAVE_ATOMIC_STORE(atomic_store_relaxed_sys, uint32_t, "r", "st.relaxed.sys.global.u32")
+// Relaxed store (u64 and u32), system scope.
+WEAVE_ATOMIC_STORES(atomic_store_relaxed_sys, "st.relaxed.sys.global")
 // Relaxed store, GPU scope.
 WEAVE_ATOMIC_STORE(atomic_store_relaxed_gpu, uint64_t, "l", "st.relaxed.gpu.global.u64")
 
@@ -89,6 +89,8 @@ WEAVE_ATOMIC_FETCH(atomic_fetch_add_relaxed_sys, uint64_t, "l", "atom.relaxed.sy
 #undef WEAVE_ATOMIC_LOAD
 #undef WEAVE_ATOMIC_STORE
 #undef WEAVE_ATOMIC_FETCH
+#undef WEAVE_ATOMIC_LOADS
+#undef WEAVE_ATOMIC_STORES
 
 // ---- volatile vector accesses (LL packets) --------------------------------------------------
 
