@@ -352,7 +352,7 @@ impl Communicator {
     }
 
     /// The node and rail sub-communicators of hierarchical calls, split at the first one.
-    fn hierarchy(&self) -> Result<&Hierarchy> {
+    pub(crate) fn hierarchy(&self) -> Result<&Hierarchy> {
         if let Some(h) = self.hierarchy.get() {
             return Ok(h);
         }

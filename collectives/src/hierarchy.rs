@@ -81,6 +81,26 @@ impl Hierarchy {
         Ok(Hierarchy { grid, node, local, intra, rail, scratch: RefCell::new(Vec::new()) })
     }
 
+    /// The node's grid.
+    pub(crate) fn grid(&self) -> NodeGrid {
+        self.grid
+    }
+
+    /// This rank's local rank on its node.
+    pub(crate) fn local(&self) -> usize {
+        self.local
+    }
+
+    /// The ranks of this rank's node, by local rank.
+    pub(crate) fn intra(&self) -> &Communicator {
+        &self.intra
+    }
+
+    /// The ranks with this rank's local rank on every node, by node.
+    pub(crate) fn rail(&self) -> &Communicator {
+        &self.rail
+    }
+
     /// Runs `call` as steps (see the module doc); `validation` is this rank's own check of its
     /// arguments, whose error it returns after taking part in every step without data.
     ///

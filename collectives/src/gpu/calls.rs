@@ -108,7 +108,28 @@ impl Communicator {
             bytes: call.bytes,
             payload: call.count * esz,
         };
-        let plan = crate::select::plan(self.algorithm_table(), shape, self.core().topology(), Some(&g.caps()))?;
+        let (table, topology, caps) = (self.algorithm_table(), self.core().topology(), g.caps());
+        let mut plan = crate::select::plan(table, shape, topology, Some(&caps))?;
+        if plan.executor == Executor::Hierarchical {
+            if call.op != Some(ReduceOp::Avg) || call.dtype.is_float() {
+                drop(g);
+                let buffers = (call.send, call.recv);
+                // SAFETY: forwarded from the caller.
+                return unsafe {
+                    self.hierarchical_device_call(
+                        call.collective,
+                        buffers,
+                        call.count,
+                        call.dtype,
+                        call.op,
+                        call.root,
+                        stream,
+                    )
+                };
+            }
+            // An integer average would truncate in every step (see gpu/hierarchy.rs).
+            plan = crate::select::plan_flat(table, shape, topology, Some(&caps))?;
+        }
         let (algo, k) = match plan.kernel {
             Some(k) => (plan.algorithm, k),
             None => return Err(Error::Unsupported(format!("{}: no kernel for {}", call.collective, plan.algorithm))),

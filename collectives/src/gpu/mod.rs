@@ -19,6 +19,7 @@ mod calls;
 mod checks;
 pub mod config;
 mod device_group;
+mod hierarchy;
 mod typed;
 mod watch;
 

@@ -69,13 +69,31 @@ pub struct Plan {
 /// holds the GPUs' agreed capabilities) the algorithm the GPUs can run for this size, and its
 /// kernel and grid.
 pub fn plan(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: Option<&GpuCaps>) -> Result<Plan> {
+    plan_among(table, call, topology, gpu, true)
+}
+
+/// [`plan`] without the hierarchical family: for calls whose steps would not compose (an
+/// integer average on device buffers, which each step would truncate).
+pub fn plan_flat(table: &AlgorithmTable, call: CallShape, topology: &Topology, gpu: Option<&GpuCaps>) -> Result<Plan> {
+    plan_among(table, call, topology, gpu, false)
+}
+
+/// [`plan`], with the hierarchical family only where `hierarchical` allows it.
+fn plan_among(
+    table: &AlgorithmTable,
+    call: CallShape,
+    topology: &Topology,
+    gpu: Option<&GpuCaps>,
+    hierarchical: bool,
+) -> Result<Plan> {
     let direct_runs = match (call.memory, gpu) {
         (MemorySpace::Device, Some(caps)) => caps.direct,
         _ => topology.all_direct(),
     };
     // Steps over node and rail sub-communicators need several nodes of several ranks each.
-    let hierarchical_runs =
-        call.memory == MemorySpace::Host && topology.node_grid().is_some_and(|g| g.nodes > 1 && g.ranks_per_node > 1);
+    let hierarchical_runs = hierarchical
+        && (call.memory == MemorySpace::Host || gpu.is_some())
+        && topology.node_grid().is_some_and(|g| g.nodes > 1 && g.ranks_per_node > 1);
     let families: &[Family] = match (hierarchical_runs, direct_runs) {
         (true, true) => &[Family::Hierarchical, Family::Direct, Family::Channel],
         (true, false) => &[Family::Hierarchical, Family::Channel],
@@ -192,5 +210,38 @@ mod tests {
                 assert_eq!(p.executor, Executor::GpuChannel, "{c} {bytes}");
             }
         }
+    }
+
+    #[test]
+    fn device_calls_across_a_node_grid_take_steps_where_the_rows_say() {
+        let t = AlgorithmTable::default();
+        // Two nodes of two ranks: rank 1 maps its node's peer 0, reaches 2 and 3 over the network.
+        let hosts: Vec<String> = ["a", "a", "b", "b"].map(String::from).to_vec();
+        let reach = (0..4)
+            .map(|p| comm_core::topology::PeerReach {
+                transports: match p {
+                    1 => Vec::new(),
+                    0 => vec![(mapping(), true)],
+                    _ => vec![(network(), false)],
+                },
+            })
+            .collect();
+        let topo = Topology::new(1, &hosts, reach);
+        let caps = GpuCaps { direct: false, ..device::TEST_CAPS };
+        let device = |c, bytes| CallShape { collective: c, memory: MemorySpace::Device, bytes, payload: bytes };
+        for (c, bytes, steps) in [
+            (Collective::AllReduce, 1 << 20, true),
+            (Collective::AllReduce, 8, false),
+            (Collective::Broadcast, 8, true),
+            (Collective::AllGather, 1 << 20, false),
+            (Collective::Reduce, 1 << 20, false),
+        ] {
+            let p = plan(&t, device(c, bytes), &topo, Some(&caps)).unwrap();
+            assert_eq!(p.executor == Executor::Hierarchical, steps, "{c} {bytes}: {p:?}");
+            let flat = plan_flat(&t, device(c, bytes), &topo, Some(&caps)).unwrap();
+            assert_eq!(flat.executor, Executor::GpuChannel, "{c} {bytes}");
+        }
+        // Without GPU capabilities a device call has no plan at all, hierarchical or not.
+        assert!(plan(&t, device(Collective::AllReduce, 1 << 20), &topo, None).is_err());
     }
 }

@@ -212,7 +212,11 @@ impl Algorithm {
 
     /// Whether the GPU path implements this algorithm for `c`: some device row names it.
     pub fn runs_on_device(self, c: Collective) -> bool {
-        DEVICE_ROWS.iter().chain(CHANNEL_DEVICE_ROWS).any(|r| r.collective == c && r.algorithm == self)
+        HIERARCHICAL_DEVICE_ROWS
+            .iter()
+            .chain(DEVICE_ROWS)
+            .chain(CHANNEL_DEVICE_ROWS)
+            .any(|r| r.collective == c && r.algorithm == self)
     }
 
     /// Whether the host path implements this algorithm for `c`: some host row (of either
@@ -295,6 +299,18 @@ pub const HIERARCHICAL_HOST_ROWS: &[Row] = {
         // The root's data crosses the network once per node instead of once per rank.
         host(Broadcast, (1, ANY), (0, ANY), Hierarchical),
         host(Reduce, (1, ANY), (0, ANY), Hierarchical),
+    ]
+};
+
+/// The device rows for jobs of several nodes in a grid (first in the table, as the host ones):
+/// steps of device calls over the node and rail sub-communicators (`gpu/hierarchy.rs`) for
+/// the collectives whose steps need no staging.
+pub const HIERARCHICAL_DEVICE_ROWS: &[Row] = {
+    use Algorithm::*;
+    use Collective::*;
+    &[
+        device(ANY_GPU, AllReduce, (1, ANY), (64 << 10, ANY), Hierarchical),
+        device(ANY_GPU, Broadcast, (1, ANY), (0, ANY), Hierarchical),
     ]
 };
 
@@ -481,6 +497,7 @@ impl Default for AlgorithmTable {
         AlgorithmTable {
             rows: HIERARCHICAL_HOST_ROWS
                 .iter()
+                .chain(HIERARCHICAL_DEVICE_ROWS)
                 .chain(HOST_ROWS)
                 .chain(DEVICE_ROWS)
                 .chain(CHANNEL_HOST_ROWS)
@@ -659,8 +676,11 @@ mod tests {
         );
         assert_eq!(host(AllToAllv), [Direct, ChannelDirect]);
         assert_eq!(host(SendRecv), [Direct, ChannelDirect]);
-        assert_eq!(device(AllReduce), [OneShot, TwoShot, TwoShotLl128, TwoPhase, ChannelRing, ChannelDirect]);
-        assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect]);
+        assert_eq!(
+            device(AllReduce),
+            [OneShot, TwoShot, TwoShotLl128, TwoPhase, ChannelRing, ChannelDirect, Hierarchical]
+        );
+        assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect, Hierarchical]);
         assert_eq!(device(Reduce), [OneShot, Direct, ChannelRing, ChannelDirect]);
         assert_eq!(device(AllToAllv), [Direct, ChannelDirect]);
         assert_eq!(device(SendRecv), [Direct, ChannelDirect]);
