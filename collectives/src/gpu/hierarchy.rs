@@ -32,20 +32,24 @@ use crate::dtype::DataType;
 use crate::hierarchy::Hierarchy;
 use crate::op::ReduceOp;
 
+/// What a hierarchical device call moves: device addresses, elements of `dtype`, the stream.
+#[derive(Clone, Copy)]
+struct Buffers<'a> {
+    send: u64,
+    recv: u64,
+    count: usize,
+    dtype: DataType,
+    stream: &'a Arc<CudaStream>,
+}
+
 impl Hierarchy {
-    /// All-reduce of `count` elements of `dtype` from device address `send` into `recv` (may
-    /// be equal), as steps on `stream` (see the module doc).
+    /// All-reduce of the call's elements from `send` into `recv` (may be equal), as steps on
+    /// its stream (see the module doc).
     ///
     /// # Safety
     /// As [`Communicator::all_reduce_device_raw`].
-    pub(crate) unsafe fn all_reduce_device(
-        &self,
-        (send, recv): (u64, u64),
-        count: usize,
-        dtype: DataType,
-        op: ReduceOp,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
+    unsafe fn all_reduce_device(&self, call: &Buffers<'_>, op: ReduceOp) -> Result<()> {
+        let Buffers { send, recv, count, dtype, stream } = *call;
         let l = self.grid().ranks_per_node;
         let (shard, size) = (count / l, dtype.size() as u64);
         let main = shard * l;
@@ -68,19 +72,13 @@ impl Hierarchy {
         }
     }
 
-    /// Broadcast of `count` elements of `dtype` from rank `root`'s `send` into every rank's
-    /// `recv`, as steps on `stream` (see the module doc).
+    /// Broadcast of the call's elements from rank `root`'s `send` into every rank's `recv`, as
+    /// steps on its stream (see the module doc).
     ///
     /// # Safety
     /// As [`Communicator::broadcast_device_raw`].
-    pub(crate) unsafe fn broadcast_device(
-        &self,
-        (send, recv): (u64, u64),
-        count: usize,
-        dtype: DataType,
-        root: usize,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
+    unsafe fn broadcast_device(&self, call: &Buffers<'_>, root: usize) -> Result<()> {
+        let Buffers { send, recv, count, dtype, stream } = *call;
         let grid = self.grid();
         let (root_node, root_local) = (grid.node_of(root), grid.local_of(root));
         // SAFETY: (both steps) forwarded from the caller; the second step is in place in `recv`,
@@ -113,13 +111,12 @@ impl Communicator {
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         let h = self.hierarchy()?;
+        let call = Buffers { send: buffers.0, recv: buffers.1, count, dtype, stream };
         // SAFETY: forwarded from the caller.
         unsafe {
             match (collective, op) {
-                (crate::table::Collective::AllReduce, Some(op)) => {
-                    h.all_reduce_device(buffers, count, dtype, op, stream)
-                }
-                (crate::table::Collective::Broadcast, _) => h.broadcast_device(buffers, count, dtype, root, stream),
+                (crate::table::Collective::AllReduce, Some(op)) => h.all_reduce_device(&call, op),
+                (crate::table::Collective::Broadcast, _) => h.broadcast_device(&call, root),
                 (c, _) => Err(Error::Unsupported(format!("{c} on device buffers has no hierarchical steps"))),
             }
         }
