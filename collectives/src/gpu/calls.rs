@@ -113,6 +113,14 @@ impl Communicator {
         if plan.executor == Executor::Hierarchical {
             if call.op != Some(ReduceOp::Avg) || call.dtype.is_float() {
                 drop(g);
+                if self.core().config().logs(LogLevel::Info) {
+                    let c = call.collective;
+                    eprintln!(
+                        "weave[{}]: {c} of {} B on {n} GPUs -> hierarchical (node, rail steps)",
+                        self.rank(),
+                        call.bytes
+                    );
+                }
                 let buffers = (call.send, call.recv);
                 // SAFETY: forwarded from the caller.
                 return unsafe {
