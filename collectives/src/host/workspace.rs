@@ -56,8 +56,23 @@ pub(crate) const OWNER_WORDS: usize = 3;
 /// First word of every owner line, with the owner's rank in the low bits.
 pub(crate) const OWNER_MAGIC: u64 = 0x5745_4156_4500_0000;
 const _: () = assert!(8 * (1 + Publication::WORDS) <= LINE && OWNER_LINE + LINE <= CONTROL_BYTES);
-/// Default size of one scratch half.
-pub(crate) const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
+/// Default size of one scratch half in worlds of up to `SCRATCH_BUDGET / DEFAULT_SCRATCH_BYTES`
+/// ranks.
+const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
+/// Smallest default scratch half.
+const MIN_DEFAULT_SCRATCH_BYTES: usize = 256 << 10;
+/// Bytes of one scratch half times the number of ranks, where halves are smaller than the
+/// default: every rank reserves its workspace in shared memory at creation (and frees it at the
+/// end), and the direct algorithms that read every peer's scratch are the wrong plan in large
+/// worlds anyway.
+const SCRATCH_BUDGET: usize = 32 << 20;
+
+/// The size of one scratch half when the configuration names none: [`DEFAULT_SCRATCH_BYTES`]
+/// up to 8 ranks, then shrinking with the world to a quarter of a MiB from 128 ranks on.
+pub(crate) fn default_scratch_bytes(ranks: usize) -> usize {
+    let fair = SCRATCH_BUDGET / ranks.max(1) / 4096 * 4096;
+    fair.clamp(MIN_DEFAULT_SCRATCH_BYTES, DEFAULT_SCRATCH_BYTES)
+}
 
 /// What a rank says about the step it is in; peers check that everyone agrees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -352,5 +367,27 @@ impl Workspace {
     /// Ends the current step: the next one uses the other scratch half.
     pub(crate) fn finish_step(&mut self) {
         self.step += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_scratch_shrinks_with_the_world_within_its_bounds() {
+        for n in [1, 2, 8] {
+            assert_eq!(default_scratch_bytes(n), DEFAULT_SCRATCH_BYTES, "{n} ranks");
+        }
+        assert_eq!(default_scratch_bytes(32), 1 << 20);
+        for n in [128, 1024, 1 << 16] {
+            assert_eq!(default_scratch_bytes(n), MIN_DEFAULT_SCRATCH_BYTES, "{n} ranks");
+        }
+        let mut last = usize::MAX;
+        for n in 1..300 {
+            let s = default_scratch_bytes(n);
+            assert!(s <= last && s.is_multiple_of(4096), "{n} ranks: {s}");
+            last = s;
+        }
     }
 }
