@@ -1022,8 +1022,9 @@ fn sweep(a: &BenchArgs, root: &Path, target: &Path, token: &CancelToken) -> Resu
     }
     println!(
         "# ranks sweep: {} on this host, weave and Open MPI in the same run per world size; create = the slowest \
-         rank's communicator creation (Open MPI: MPI_Init); job = wall time of a whole job (start the ranks, \
-         create, {} calls of {} B, exit), weave's then Open MPI's, each alone",
+         rank's communicator creation (Open MPI: MPI_Init), both jobs starting together; job = wall time of a \
+         whole job (start the ranks, create, {} calls of {} B, exit), weave's then Open MPI's, each alone, with \
+         its creation (init) in brackets",
         a.op.name(),
         bench_sweep::JOB_CALLS,
         a.min_bytes
@@ -1057,6 +1058,8 @@ fn job_walls(a: &BenchArgs, target: &Path, token: &CancelToken) -> Result<bench_
     if !report.success() {
         return Err(format!("the whole weave job failed:\n{}", report.summary()));
     }
+    let stdout = report.ranks.first().map(|r| r.stdout.as_slice()).unwrap_or_default();
+    let weave_create = parse_rows("bench-worker", stdout.iter().map(String::as_str))?.first().and_then(|r| r.create_s);
     let mpi = match a.vs_mpi {
         false => None,
         true => {
@@ -1074,17 +1077,25 @@ fn job_walls(a: &BenchArgs, target: &Path, token: &CancelToken) -> Result<bench_
                 .arg(&bin)
                 .args(job.program_args())
                 .stdin(Stdio::null())
-                .stdout(Stdio::null());
+                .stdout(Stdio::piped());
             let start = Instant::now();
             let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
+            // One result line: it fits the pipe, so the job never waits for this reader.
             let status = wait_bounded(&mut child, job.timeout, token, "the whole Open MPI job")?;
+            let wall = start.elapsed().as_secs_f64();
             if !status.success() {
                 return Err(format!("the whole Open MPI job failed ({status}): {}", describe(&cmd)));
             }
-            Some(start.elapsed().as_secs_f64())
+            let mut out = String::new();
+            if let Some(mut pipe) = child.stdout.take() {
+                std::io::Read::read_to_string(&mut pipe, &mut out)
+                    .map_err(|e| format!("cannot read the whole Open MPI job's output: {e}"))?;
+            }
+            let init = parse_rows("mpi_bench", out.lines())?.first().and_then(|r| r.create_s);
+            Some((wall, init))
         }
     };
-    Ok(bench_sweep::JobWalls { weave, mpi })
+    Ok(bench_sweep::JobWalls { weave, weave_create, mpi: mpi.map(|m| m.0), mpi_init: mpi.and_then(|m| m.1) })
 }
 
 /// [`bench()`] for host memory, on `nodes` when given; returns the exit status and the rows

@@ -18,8 +18,12 @@ pub(crate) const JOB_CALLS: u64 = 200;
 pub(crate) struct JobWalls {
     /// weave's job (`cargo xtask launch` of bench-worker).
     pub(crate) weave: f64,
+    /// The slowest rank's communicator creation in weave's job, as it reported it.
+    pub(crate) weave_create: Option<f64>,
     /// Open MPI's job (`mpirun` of the baseline), when it ran.
     pub(crate) mpi: Option<f64>,
+    /// The slowest rank's `MPI_Init` in Open MPI's job, as it reported it.
+    pub(crate) mpi_init: Option<f64>,
 }
 
 /// Parses `2,8,32`: world sizes of at least 1, each at most once, in the order given.
@@ -41,7 +45,7 @@ pub(crate) fn parse_ranks_list(list: &str) -> Result<Vec<usize>, String> {
 }
 
 /// Column titles and widths of the sweep table.
-const COLUMNS: [(&str, usize); 10] = [
+const COLUMNS: [(&str, usize); 12] = [
     ("ranks", 6),
     ("size(B)", 8),
     ("create(s)", 9),
@@ -51,7 +55,9 @@ const COLUMNS: [(&str, usize); 10] = [
     ("mpi time(us)", 12),
     ("mpi/weave", 9),
     ("job(s)", 6),
+    ("(create)", 8),
     ("mpi job(s)", 10),
+    ("(init)", 6),
 ];
 
 fn join(cells: &[String]) -> String {
@@ -87,7 +93,9 @@ pub(crate) fn table(runs: &[(usize, Joined, JobWalls)]) -> String {
                 mpi.as_ref().map_or_else(|| "-".to_string(), |m| fmt_time(m.time_us)),
                 ratio,
                 seconds(Some(walls.weave)),
+                seconds(walls.weave_create),
                 seconds(walls.mpi),
+                seconds(walls.mpi_init),
             ];
             out.push('\n');
             out.push_str(&join(&cells));
@@ -125,17 +133,24 @@ mod tests {
             (
                 8,
                 vec![(row(10.0, Some(0.04), "one_shot"), Some(row(20.0, Some(0.5), "mpi")))],
-                JobWalls { weave: 0.3, mpi: Some(1.25) },
+                JobWalls { weave: 0.3, weave_create: Some(0.05), mpi: Some(1.25), mpi_init: Some(0.4) },
             ),
-            (64, vec![(row(400.0, None, "one_shot"), None)], JobWalls { weave: 2.0, mpi: None }),
+            (
+                64,
+                vec![(row(400.0, None, "one_shot"), None)],
+                JobWalls { weave: 2.0, weave_create: None, mpi: None, mpi_init: None },
+            ),
         ];
         let t = table(&runs);
         let lines: Vec<&str> = t.lines().collect();
         assert_eq!(lines.len(), 3, "{t}");
         assert!(lines[0].starts_with('#') && lines[0].contains("mpi/weave"));
         let eight: Vec<&str> = lines[1].split_whitespace().collect();
-        assert_eq!(eight, ["8", "8", "0.04", "10.00", "one_shot", "0.50", "20.00", "2.00", "0.30", "1.25"]);
+        assert_eq!(
+            eight,
+            ["8", "8", "0.04", "10.00", "one_shot", "0.50", "20.00", "2.00", "0.30", "0.05", "1.25", "0.40"]
+        );
         let sixty_four: Vec<&str> = lines[2].split_whitespace().collect();
-        assert_eq!(sixty_four, ["64", "8", "-", "400.0", "one_shot", "-", "-", "N/A", "2.00", "-"]);
+        assert_eq!(sixty_four, ["64", "8", "-", "400.0", "one_shot", "-", "-", "N/A", "2.00", "-", "-", "-"]);
     }
 }
