@@ -18,7 +18,7 @@ use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
 use crate::dtype::Element;
 use crate::group::P2pOp;
 use crate::hierarchy::Hierarchy;
-use crate::host::workspace::DEFAULT_SCRATCH_BYTES;
+use crate::host::workspace::default_scratch_bytes;
 use crate::host::{self, AllToAllv, HostEngine};
 use crate::op::ReduceOp;
 use crate::select::{CallShape, Executor, Plan, plan};
@@ -206,7 +206,7 @@ impl Communicator {
             core = core.with_transport_arc(f.clone());
         }
         let core = core.build()?;
-        let scratch = config.host_scratch_bytes.unwrap_or(DEFAULT_SCRATCH_BYTES);
+        let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
         // Every rank computes the same topology, so they agree on building the workspace.
         let host =
             if core.topology().all_direct() { Some(RefCell::new(HostEngine::new(&core, scratch)?)) } else { None };

@@ -51,7 +51,8 @@ pub struct Config {
     pub log_level: LogLevel,
     /// Algorithm overrides, as written in `WEAVE_ALGO` (parsed by the collectives crate).
     pub algorithm_overrides: Option<String>,
-    /// Bytes of each half of the host scratch of a collectives communicator.
+    /// Bytes of each half of the host scratch of a collectives communicator (`None`: the
+    /// collectives crate's default for the world size).
     pub host_scratch_bytes: Option<usize>,
 }
 

@@ -823,25 +823,7 @@ fn run_mpi(
         }
         let _ = done.send(lines);
     });
-    let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(status)) => break Ok(status),
-            Ok(None) => {}
-            Err(e) => break Err(format!("waiting for mpirun: {e}")),
-        }
-        let stop = if start.elapsed() > a.timeout {
-            Some(format!("the Open MPI baseline timed out after {:.0?}", a.timeout))
-        } else {
-            token.requested().map(|s| format!("the Open MPI baseline was cancelled with {}", s.as_str()))
-        };
-        if let Some(why) = stop {
-            let _ = child.kill();
-            let _ = child.wait();
-            break Err(why);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }?;
+    let status = wait_bounded(&mut child, a.timeout, token, "the Open MPI baseline")?;
     let lines = all_lines.recv_timeout(OUTPUT_GRACE).map_err(|_| {
         format!("mpirun ended ({status}), but its output was still open {OUTPUT_GRACE:?} later or its reader failed")
     })?;
@@ -853,6 +835,36 @@ fn run_mpi(
         return Err(format!("mpi_bench reported {} sizes, expected {}", rows.len(), a.sizes().len()));
     }
     Ok(rows)
+}
+
+/// Waits for `child` (`what`, in errors) to exit, killing it after `timeout` or once `token`
+/// is cancelled.
+fn wait_bounded(
+    child: &mut std::process::Child,
+    timeout: Duration,
+    token: &CancelToken,
+    what: &str,
+) -> Result<std::process::ExitStatus, String> {
+    let start = Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(status)) => return Ok(status),
+            Ok(None) => {}
+            Err(e) => return Err(format!("waiting for {what}: {e}")),
+        }
+        let stop = if start.elapsed() > timeout {
+            Some(format!("{what} timed out after {timeout:.0?}"))
+        } else {
+            token.requested().map(|s| format!("{what} was cancelled with {}", s.as_str()))
+        };
+        if let Some(why) = stop {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(why);
+        }
+        // Short: the whole-job timing includes this wait's last period.
+        std::thread::sleep(Duration::from_millis(5));
+    }
 }
 
 fn describe(cmd: &Command) -> String {
@@ -1004,16 +1016,86 @@ fn sweep(a: &BenchArgs, root: &Path, target: &Path, token: &CancelToken) -> Resu
         if c != ExitCode::SUCCESS {
             code = c;
         }
-        runs.push((ranks, rows));
+        let walls = job_walls(&run, target, token)?;
+        runs.push((ranks, rows, walls));
         println!();
     }
     println!(
         "# ranks sweep: {} on this host, weave and Open MPI in the same run per world size; create = the slowest \
-         rank's communicator creation (Open MPI: MPI_Init)",
-        a.op.name()
+         rank's communicator creation (Open MPI: MPI_Init), both jobs starting together; job = wall time of a \
+         whole job (start the ranks, create, {} calls of {} B, exit), weave's then Open MPI's, each alone, with \
+         its creation (init) in brackets",
+        a.op.name(),
+        bench_sweep::JOB_CALLS,
+        a.min_bytes
     );
     println!("{}", bench_sweep::table(&runs));
     Ok(code)
+}
+
+/// The whole job at `a.ranks` ranks, weave's and then (with `--vs-mpi`) Open MPI's, each
+/// alone: start the ranks, create the communicator, make [`bench_sweep::JOB_CALLS`] calls of
+/// the smallest size without turns or checks, exit; each timed from start to the last exit.
+fn job_walls(a: &BenchArgs, target: &Path, token: &CancelToken) -> Result<bench_sweep::JobWalls, String> {
+    let job = BenchArgs {
+        max_bytes: a.min_bytes,
+        iters: bench_sweep::JOB_CALLS,
+        warmup: 0,
+        rounds: 1,
+        check: false,
+        ..a.clone()
+    };
+    let worker = target.join("release").join("bench-worker");
+    let spec = LaunchSpec::new(job.total_ranks(), &worker)
+        .args(job.program_args())
+        .bind_cores(job.bind())
+        .capture(true)
+        .timeout(job.timeout)
+        .cancel_token(token.clone());
+    let start = Instant::now();
+    let report = launch(&spec).map_err(|e| format!("cannot start the whole weave job: {e}"))?;
+    let weave = start.elapsed().as_secs_f64();
+    if !report.success() {
+        return Err(format!("the whole weave job failed:\n{}", report.summary()));
+    }
+    let stdout = report.ranks.first().map(|r| r.stdout.as_slice()).unwrap_or_default();
+    let weave_create = parse_rows("bench-worker", stdout.iter().map(String::as_str))?.first().and_then(|r| r.create_s);
+    let mpi = match a.vs_mpi {
+        false => None,
+        true => {
+            let (mpicc, mpirun) = mpi_tools()?;
+            let bin = build_mpi_bench(&mpicc, &target.join("weave-bench"))?;
+            let version = Command::new(&mpirun).arg("--version").output().map_or_else(
+                |_| String::new(),
+                |o| String::from_utf8_lossy(&o.stdout).into_owned() + &String::from_utf8_lossy(&o.stderr),
+            );
+            let mut cmd = Command::new(&mpirun);
+            cmd.args(mpirun_defaults(open_mpi_major(&version), job.bind()))
+                .arg("-np")
+                .arg(job.total_ranks().to_string())
+                .args(&job.mpi_args)
+                .arg(&bin)
+                .args(job.program_args())
+                .stdin(Stdio::null())
+                .stdout(Stdio::piped());
+            let start = Instant::now();
+            let mut child = cmd.spawn().map_err(|e| format!("cannot run {}: {e}", mpirun.display()))?;
+            // One result line: it fits the pipe, so the job never waits for this reader.
+            let status = wait_bounded(&mut child, job.timeout, token, "the whole Open MPI job")?;
+            let wall = start.elapsed().as_secs_f64();
+            if !status.success() {
+                return Err(format!("the whole Open MPI job failed ({status}): {}", describe(&cmd)));
+            }
+            let mut out = String::new();
+            if let Some(mut pipe) = child.stdout.take() {
+                std::io::Read::read_to_string(&mut pipe, &mut out)
+                    .map_err(|e| format!("cannot read the whole Open MPI job's output: {e}"))?;
+            }
+            let init = parse_rows("mpi_bench", out.lines())?.first().and_then(|r| r.create_s);
+            Some((wall, init))
+        }
+    };
+    Ok(bench_sweep::JobWalls { weave, weave_create, mpi: mpi.map(|m| m.0), mpi_init: mpi.and_then(|m| m.1) })
 }
 
 /// [`bench()`] for host memory, on `nodes` when given; returns the exit status and the rows

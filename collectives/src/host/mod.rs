@@ -74,14 +74,14 @@ pub(crate) struct HostEngine {
 }
 
 impl HostEngine {
-    /// Collective: builds the workspace and the point-to-point semaphores.
+    /// Collective: builds the workspace, whose tail holds the point-to-point mailboxes.
     pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
         // Ranks pinned one per CPU see one CPU in their affinity mask, yet do not outnumber the
         // host's cores: judged on the CPUs online, their waits spin before they yield.
         comm_core::spin::set_local_ranks(core.bootstrap().local_world_size());
-        let ws = Workspace::new(core, scratch_bytes)?;
-        let p2p = P2pState::new(core)?;
-        let cma = probe_cma(core)?;
+        let mut ws = Workspace::new(core, scratch_bytes, P2pState::area_bytes(core.world_size()))?;
+        let p2p = P2pState::new(core, ws.memories(), ws.tail_offset())?;
+        let cma = probe_cma(&mut ws)?;
         Ok(HostEngine { ws, p2p, cma, shared: Vec::new(), health: Default::default(), timeout: core.config().timeout })
     }
 
@@ -216,34 +216,31 @@ impl HostEngine {
 }
 
 /// Collective: whether every rank can read every other rank's memory with `process_vm_readv`
-/// (same host, ptrace permitted). Every rank reads a known word from every peer; the verdict is
-/// all-gathered so all ranks agree. Returns every rank's pid when it works.
-fn probe_cma(core: &CoreCommunicator) -> Result<Option<Vec<i32>>> {
-    let me = core.rank();
-    let probe: Box<u64> = Box::new(0x5745_4156_4500_0000 | me as u64);
-    let addr = &*probe as *const u64 as u64;
-    let mut mine = Vec::with_capacity(12);
-    mine.extend_from_slice(&(std::process::id() as i32).to_le_bytes());
-    mine.extend_from_slice(&addr.to_le_bytes());
-    let all = core.bootstrap().all_gather(&mine)?;
-    let mut pids = Vec::with_capacity(all.len());
+/// (same host, ptrace permitted). Every rank reads every peer's owner line (see [`workspace`])
+/// through cross-memory attach at the address the line names and compares it with the line as
+/// mapped; the verdicts, written to the owner lines, are agreed through one arrival of the
+/// workspace. Returns every rank's pid when it works.
+fn probe_cma(ws: &mut Workspace) -> Result<Option<Vec<i32>>> {
+    let (n, me) = (ws.world_size(), ws.rank());
+    let mut pids = Vec::with_capacity(n);
     let mut ok = true;
-    for (r, b) in all.iter().enumerate() {
-        if b.len() != 12 {
-            return Err(Error::protocol(format!("cross-memory probe from rank {r} has {} bytes", b.len())));
+    for r in 0..n {
+        let line = ws.owner(r);
+        if line[0] != workspace::OWNER_MAGIC | r as u64 {
+            return Err(Error::protocol(format!("rank {r}'s host workspace has no owner line")));
         }
-        let pid = i32::from_le_bytes([b[0], b[1], b[2], b[3]]);
-        let remote = u64::from_le_bytes([b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11]]);
+        let pid = i32::try_from(line[1])
+            .map_err(|_| Error::protocol(format!("rank {r}'s host workspace names process id {}", line[1])))?;
         pids.push(pid);
         if r != me {
-            let mut word = [0u8; 8];
-            let read = cma_read(pid, remote, &mut word);
-            ok &= read.is_ok() && u64::from_le_bytes(word) == 0x5745_4156_4500_0000 | r as u64;
+            let mut seen = [0u8; 8 * workspace::OWNER_WORDS];
+            let read = cma_read(pid, ws.owner_line_address(r), &mut seen);
+            ok &= read.is_ok() && seen.chunks_exact(8).zip(line).all(|(b, w)| b == w.to_ne_bytes());
         }
     }
-    let verdicts = core.bootstrap().all_gather(&[u8::from(ok)])?;
-    drop(probe); // every peer has read it (the all-gather above waited for all verdicts)
-    Ok(verdicts.iter().all(|v| v.first() == Some(&1)).then_some(pids))
+    ws.set_verdict(u64::from(ok));
+    ws.arrive_and_wait("cross-memory attach probe")?;
+    Ok((0..n).all(|r| ws.verdict(r) == 1).then_some(pids))
 }
 
 /// Reads `out.len()` bytes at `remote` in process `pid` (cross-memory attach), in as many

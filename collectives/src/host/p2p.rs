@@ -7,10 +7,11 @@
 //! A group of operations progresses all of them together, so no order of sends and receives
 //! inside a group can deadlock.
 //!
-//! The semaphores' tokens live behind the mailboxes, in the same registration: rank `r` keeps,
-//! for every peer `p`, the word `p` signals when a chunk for `r` is ready and the word `p`
-//! signals when it has consumed one of `r`'s chunks. One exchange at creation hands every rank
-//! every peer's mailboxes and tokens, so a pair needs no handshake of its own: each rank builds
+//! The mailboxes and the semaphores' tokens are the tail of each rank's host workspace (see
+//! [`super::workspace`]): rank `r` keeps its mailboxes, then, for every peer `p`, the word `p`
+//! signals when a chunk for `r` is ready and the word `p` signals when it has consumed one of
+//! `r`'s chunks. The workspace's exchange at creation hands every rank every peer's mailboxes
+//! and tokens, so a pair needs no handshake of its own: each rank builds
 //! its side of a pair's semaphores locally, the first time it sends to or receives from that
 //! peer, and a send still returns once its chunks are buffered.
 
@@ -26,12 +27,18 @@ use comm_core::{Error, Result};
 
 use crate::group::{self, P2pOp};
 
-/// Bytes of one mailbox slot (header included).
-const SLOT_BYTES: usize = 256 << 10;
+/// Bytes of one mailbox slot (header included) in worlds of up to
+/// `MAILBOX_BYTES / (2 · MAX_SLOT_BYTES)` ranks.
+const MAX_SLOT_BYTES: usize = 256 << 10;
+/// Smallest mailbox slot (header included): a page.
+const MIN_SLOT_BYTES: usize = 4 << 10;
+/// Bytes of one rank's mailboxes (two slots per peer) where slots are smaller than the
+/// largest: every rank reserves its mailboxes in shared memory at creation, so a fixed slot
+/// would make the job reserve `2 · n² · slot` bytes (8 GiB at 128 ranks; 512 MiB with this
+/// budget).
+const MAILBOX_BYTES: usize = 4 << 20;
 /// Bytes of the chunk header at the start of a slot.
 const HEADER: usize = 64;
-/// Payload bytes per chunk.
-const CHUNK: usize = SLOT_BYTES - HEADER;
 /// Bytes between two semaphore tokens (one cache line each, so pollers do not share lines).
 const TOKEN_STRIDE: usize = 64;
 
@@ -50,7 +57,10 @@ struct PeerLink {
 /// Point-to-point state of one communicator.
 pub(crate) struct P2pState {
     rank: usize,
-    /// Every rank's mailbox registration, indexed by rank (this rank's own at its index).
+    /// Slot size and offsets of every rank's registration.
+    layout: Layout,
+    /// Every rank's workspace, whose tail holds its mailboxes and tokens (see [`Layout`]), indexed
+    /// by rank (this rank's own at its index).
     mailboxes: Vec<RegisteredMemory>,
     /// The connection to every peer through the transport that maps its mailboxes (`None` for
     /// this rank).
@@ -61,45 +71,86 @@ pub(crate) struct P2pState {
     abort: Arc<AtomicBool>,
 }
 
-/// Chunks a message of `len` bytes takes (at least one: an empty message still says its
-/// length).
-fn chunks(len: usize) -> u64 {
-    len.div_ceil(CHUNK).max(1) as u64
+/// Where things lie in one rank's point-to-point area (from `base` in its registration) of an
+/// `n`-rank communicator: two mailbox slots per peer, then two tokens per peer. Every rank
+/// computes the same layout from `n` and the workspace's size.
+#[derive(Debug, Clone, Copy)]
+struct Layout {
+    ranks: usize,
+    slot: usize,
+    base: usize,
 }
 
-fn mailbox_offset(receiver: usize, sub: u64) -> usize {
-    (2 * receiver + sub as usize) * SLOT_BYTES
-}
+impl Layout {
+    /// Slots of [`MAX_SLOT_BYTES`] up to the [`MAILBOX_BYTES`] budget, smaller (a whole number
+    /// of pages, at least one) in larger worlds.
+    fn new(ranks: usize, base: usize) -> Self {
+        let fair = (MAILBOX_BYTES / (2 * ranks.max(1))) / MIN_SLOT_BYTES * MIN_SLOT_BYTES;
+        Layout { ranks, slot: fair.clamp(MIN_SLOT_BYTES, MAX_SLOT_BYTES), base }
+    }
 
-/// Offset, in a rank's registration of an `n`-rank communicator, of the word `peer` signals
-/// when a chunk for that rank is ready.
-fn ready_token(n: usize, peer: usize) -> usize {
-    2 * n * SLOT_BYTES + 2 * peer * TOKEN_STRIDE
-}
+    /// Payload bytes per chunk.
+    fn chunk(&self) -> usize {
+        self.slot - HEADER
+    }
 
-/// Offset of the word `peer` signals when it has consumed one of that rank's chunks.
-fn free_token(n: usize, peer: usize) -> usize {
-    ready_token(n, peer) + TOKEN_STRIDE
-}
+    /// Chunks a message of `len` bytes takes (at least one: an empty message still says its
+    /// length).
+    fn chunks(&self, len: usize) -> u64 {
+        len.div_ceil(self.chunk()).max(1) as u64
+    }
 
-/// Bytes of one rank's registration: its mailboxes, then two tokens per rank.
-fn registration_bytes(n: usize) -> usize {
-    2 * n * SLOT_BYTES + 2 * n * TOKEN_STRIDE
+    /// Offset of slot `sub` (0 or 1) of the mailbox for `receiver`.
+    fn mailbox_offset(&self, receiver: usize, sub: u64) -> usize {
+        self.base + (2 * receiver + sub as usize) * self.slot
+    }
+
+    /// Offset of the word `peer` signals when a chunk for this registration's owner is ready.
+    fn ready_token(&self, peer: usize) -> usize {
+        self.base + 2 * self.ranks * self.slot + 2 * peer * TOKEN_STRIDE
+    }
+
+    /// Offset of the word `peer` signals when it has consumed one of the owner's chunks.
+    fn free_token(&self, peer: usize) -> usize {
+        self.ready_token(peer) + TOKEN_STRIDE
+    }
+
+    /// Bytes of one rank's area: its mailboxes, then two tokens per rank.
+    fn area_bytes(&self) -> usize {
+        2 * self.ranks * self.slot + 2 * self.ranks * TOKEN_STRIDE
+    }
 }
 
 impl P2pState {
-    /// Collective: registers this rank's mailboxes and tokens and exchanges them (one
-    /// all-gather); the pair semaphores are built later, locally, on first use of each peer.
-    pub(crate) fn new(core: &CoreCommunicator) -> Result<Self> {
+    /// Bytes of the area each rank of an `n`-rank communicator keeps for point-to-point (the
+    /// tail of its workspace).
+    pub(crate) fn area_bytes(n: usize) -> usize {
+        Layout::new(n, 0).area_bytes()
+    }
+
+    /// The point-to-point state over `memories`, every rank's exchanged workspace (indexed by
+    /// rank), whose [`area_bytes`](Self::area_bytes) from `base` on hold each rank's mailboxes
+    /// and tokens; the pair semaphores are built later, locally, on first use of each peer.
+    pub(crate) fn new(core: &CoreCommunicator, memories: &[RegisteredMemory], base: usize) -> Result<Self> {
         let (rank, n) = (core.rank(), core.world_size());
-        let mine = core.register_host(registration_bytes(n), "weave p2p mailboxes")?;
-        let mailboxes = core.exchange(&mine)?;
+        let layout = Layout::new(n, base);
+        if memories.len() != n {
+            return Err(Error::invalid(format!(
+                "point-to-point state of {n} ranks over {} workspaces",
+                memories.len()
+            )));
+        }
+        for m in memories {
+            m.check_range(base, layout.area_bytes())?;
+        }
+        let mailboxes = memories.to_vec();
         let mut connections = Vec::with_capacity(n);
         for (p, m) in mailboxes.iter().enumerate() {
             connections.push(if p == rank { None } else { Some(core.connection_via(p, m.transport())?) });
         }
         Ok(P2pState {
             rank,
+            layout,
             mailboxes,
             connections,
             peers: (0..n).map(|_| None).collect(),
@@ -110,7 +161,7 @@ impl P2pState {
 
     /// This rank's pair semaphores with `peer`, built from the exchanged tokens.
     fn build_link(&self, peer: usize) -> Result<PeerLink> {
-        let (me, n) = (self.rank, self.mailboxes.len());
+        let (me, layout) = (self.rank, self.layout);
         let connection = self.connections[peer]
             .clone()
             .ok_or_else(|| Error::invalid(format!("rank {me} has no point-to-point link to itself")))?;
@@ -119,8 +170,8 @@ impl P2pState {
         let semaphore =
             |inbound, remote| HostSemaphore::new(connection.clone(), inbound, remote, self.timeout, self.abort.clone());
         Ok(PeerLink {
-            ready: semaphore(token(mine, ready_token(n, peer)), token(theirs, ready_token(n, me)))?,
-            free: semaphore(token(mine, free_token(n, peer)), token(theirs, free_token(n, me)))?,
+            ready: semaphore(token(mine, layout.ready_token(peer)), token(theirs, layout.ready_token(me)))?,
+            free: semaphore(token(mine, layout.free_token(peer)), token(theirs, layout.free_token(me)))?,
             sent: 0,
             freed: 0,
             arrived: 0,
@@ -155,8 +206,9 @@ impl P2pState {
         let mut done_chunks = vec![0u64; ops.len()];
         let abort = self.abort.clone();
         let connections = self.connections.clone();
+        let layout = self.layout;
         let advance = |i: usize| -> Result<(bool, bool)> {
-            let total = chunks(ops[i].len());
+            let total = layout.chunks(ops[i].len());
             let moved = match ops[i] {
                 // SAFETY: forwarded from the caller.
                 P2pOp::Send { peer, data, len } => unsafe {
@@ -186,15 +238,16 @@ impl P2pState {
         chunks: u64,
     ) -> Result<bool> {
         let mine = self.mailboxes[self.rank].clone();
+        let (layout, chunk) = (self.layout, self.layout.chunk());
         let link = self.link(peer)?;
         while link.free.poll() {
             link.freed += 1;
         }
         let mut moved = false;
         while *done < chunks && link.sent < link.freed + 2 {
-            let off = mailbox_offset(peer, link.sent % 2);
-            let start = *done as usize * CHUNK;
-            let k = (len - start.min(len)).min(CHUNK);
+            let off = layout.mailbox_offset(peer, link.sent % 2);
+            let start = *done as usize * chunk;
+            let k = (len - start.min(len)).min(chunk);
             mine.check_range(off, HEADER + k)?;
             let slot = mine.as_ptr();
             // SAFETY: [off, off + HEADER + k) is inside our mailbox region (checked); the peer
@@ -225,14 +278,15 @@ impl P2pState {
     ) -> Result<bool> {
         let me = self.rank;
         let remote = self.mailboxes[peer].clone();
+        let (layout, chunk) = (self.layout, self.layout.chunk());
         let link = self.link(peer)?;
         while link.ready.poll() {
             link.arrived += 1;
         }
         let mut moved = false;
         while *done < chunks && link.consumed < link.arrived {
-            let off = mailbox_offset(me, link.consumed % 2);
-            remote.check_range(off, SLOT_BYTES)?;
+            let off = layout.mailbox_offset(me, link.consumed % 2);
+            remote.check_range(off, layout.slot)?;
             let slot = remote.as_ptr();
             // SAFETY: the header words lie inside the peer's mapped mailbox (checked above), and
             // the peer wrote them before signalling `ready`, which we observed with acquire.
@@ -247,9 +301,9 @@ impl P2pState {
                     *done
                 )));
             }
-            let start = *done as usize * CHUNK;
-            let k = (len - start.min(len)).min(CHUNK);
-            // SAFETY: the payload lies inside the slot (k <= CHUNK); the caller guarantees
+            let start = *done as usize * chunk;
+            let k = (len - start.min(len)).min(chunk);
+            // SAFETY: the payload lies inside the slot (k <= chunk); the caller guarantees
             // data + start is valid for k writes.
             unsafe { std::ptr::copy_nonoverlapping(slot.add(off + HEADER), data.add(start), k) };
             link.free.signal()?;
@@ -258,5 +312,32 @@ impl P2pState {
             moved = true;
         }
         Ok(moved)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mailboxes_keep_full_slots_in_small_worlds_and_a_bounded_budget_in_large_ones() {
+        for n in [1, 2, 8] {
+            assert_eq!(Layout::new(n, 0).slot, MAX_SLOT_BYTES, "{n} ranks");
+        }
+        for n in [9, 16, 32, 100, 128, 1000, 1 << 16] {
+            let l = Layout::new(n, 0);
+            assert!(l.slot.is_multiple_of(MIN_SLOT_BYTES) && (MIN_SLOT_BYTES..MAX_SLOT_BYTES).contains(&l.slot), "{n}");
+            assert!(2 * n * l.slot <= MAILBOX_BYTES.max(2 * n * MIN_SLOT_BYTES), "{n} ranks: slots of {}", l.slot);
+        }
+        assert_eq!(Layout::new(128, 0).slot, 16 << 10);
+        // Slots, then tokens, without overlap, from the base on; a message always takes at
+        // least one chunk.
+        let l = Layout::new(5, 4096);
+        assert_eq!(l.mailbox_offset(0, 0), 4096);
+        assert_eq!(l.mailbox_offset(4, 1) + l.slot, l.ready_token(0));
+        assert_eq!(l.free_token(4) + TOKEN_STRIDE, 4096 + l.area_bytes());
+        assert_eq!(l.chunks(0), 1);
+        assert_eq!(l.chunks(l.chunk()), 1);
+        assert_eq!(l.chunks(l.chunk() + 1), 2);
     }
 }

@@ -6,7 +6,9 @@
 //! |---|---|---|
 //! | 64·h | 64 | header line of half `h`: `phase` (how many times this rank has arrived, written at each arrival during a step of half `h`), then the [`Publication`] of the step |
 //! | 128 + 64·b | 8 | rank 0's only: [`Doorbell`] `b`, which waiters of every arrival with `phase % 2 == b` sleep on |
+//! | 256 | 32 | the owner line: [`OWNER_MAGIC`] with the rank, the owner's process id, the address of the workspace in the owner's address space (written before the exchange), then the owner's verdict on cross-memory attach |
 //! | 4096 + h·S | S | scratch half `h` |
+//! | 4096 + 2·S | T | the tail: point-to-point mailboxes and tokens (see [`super::p2p`]) |
 //!
 //! A *step* is: write this rank's data into scratch half `step % 2`, publish what it is,
 //! arrive, wait until every peer has arrived, check the peers' publications agree, then read
@@ -47,9 +49,30 @@ const CONTROL_BYTES: usize = 4096;
 const LINE: usize = 64;
 /// Offset of rank 0's first doorbell; the second is a line further.
 const DOORBELLS: usize = 2 * LINE;
-const _: () = assert!(8 * (1 + Publication::WORDS) <= LINE && DOORBELLS + 2 * LINE <= CONTROL_BYTES);
-/// Default size of one scratch half.
-pub(crate) const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
+/// Offset of the owner line (see the module doc).
+const OWNER_LINE: usize = DOORBELLS + 2 * LINE;
+/// Words of the owner line that say who owns the workspace (the verdict follows them).
+pub(crate) const OWNER_WORDS: usize = 3;
+/// First word of every owner line, with the owner's rank in the low bits.
+pub(crate) const OWNER_MAGIC: u64 = 0x5745_4156_4500_0000;
+const _: () = assert!(8 * (1 + Publication::WORDS) <= LINE && OWNER_LINE + LINE <= CONTROL_BYTES);
+/// Default size of one scratch half in worlds of up to `SCRATCH_BUDGET / DEFAULT_SCRATCH_BYTES`
+/// ranks.
+const DEFAULT_SCRATCH_BYTES: usize = 4 << 20;
+/// Smallest default scratch half.
+const MIN_DEFAULT_SCRATCH_BYTES: usize = 256 << 10;
+/// Bytes of one scratch half times the number of ranks, where halves are smaller than the
+/// default: every rank reserves its workspace in shared memory at creation (and frees it at the
+/// end), and the direct algorithms that read every peer's scratch are the wrong plan in large
+/// worlds anyway.
+const SCRATCH_BUDGET: usize = 32 << 20;
+
+/// The size of one scratch half when the configuration names none: [`DEFAULT_SCRATCH_BYTES`]
+/// up to 8 ranks, then shrinking with the world to a quarter of a MiB from 128 ranks on.
+pub(crate) fn default_scratch_bytes(ranks: usize) -> usize {
+    let fair = SCRATCH_BUDGET / ranks.max(1) / 4096 * 4096;
+    fair.clamp(MIN_DEFAULT_SCRATCH_BYTES, DEFAULT_SCRATCH_BYTES)
+}
 
 /// What a rank says about the step it is in; peers check that everyone agrees.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -132,11 +155,20 @@ impl std::fmt::Debug for Workspace {
 }
 
 impl Workspace {
-    /// Collective: registers and exchanges this rank's workspace with `scratch_bytes` per half.
-    pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
+    /// Collective: registers and exchanges this rank's workspace with `scratch_bytes` per half
+    /// and a tail of `tail_bytes` (at [`tail_offset`](Self::tail_offset)) for other users.
+    pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize, tail_bytes: usize) -> Result<Self> {
         let scratch_bytes = scratch_bytes.max(4096).next_multiple_of(4096);
-        let len = CONTROL_BYTES + 2 * scratch_bytes;
+        let len = CONTROL_BYTES + 2 * scratch_bytes + tail_bytes;
         let mine = core.register_host(len, "weave host workspace")?;
+        mine.check_range(0, len)?;
+        let owner = [OWNER_MAGIC | core.rank() as u64, u64::from(std::process::id()), mine.as_ptr() as u64];
+        for (i, w) in owner.into_iter().enumerate() {
+            // SAFETY: the owner line lies inside the control block of this fresh registration
+            // of `len` bytes (checked above), 8-byte aligned; no peer maps it before the
+            // exchange below.
+            unsafe { mine.as_ptr().add(OWNER_LINE + 8 * i).cast::<u64>().write(w) };
+        }
         let all = core.exchange(&mine)?;
         let (rank, n) = (core.rank(), core.world_size());
         let mut connections = Vec::with_capacity(n);
@@ -177,6 +209,40 @@ impl Workspace {
     /// This rank.
     pub(crate) fn rank(&self) -> usize {
         self.rank
+    }
+
+    /// Every rank's workspace, indexed by rank.
+    pub(crate) fn memories(&self) -> &[RegisteredMemory] {
+        &self.all
+    }
+
+    /// Byte offset of the tail in every rank's workspace (page-aligned).
+    pub(crate) fn tail_offset(&self) -> usize {
+        CONTROL_BYTES + 2 * self.scratch_bytes
+    }
+
+    /// The owner line of `rank`'s workspace as mapped here: [`OWNER_MAGIC`] with the rank,
+    /// the owner's process id, and the address of the workspace in the owner's address space.
+    pub(crate) fn owner(&self, rank: usize) -> [u64; OWNER_WORDS] {
+        // Relaxed: written before the exchange, which every rank finished before this.
+        std::array::from_fn(|i| self.word(rank, OWNER_LINE + 8 * i).load(Ordering::Relaxed))
+    }
+
+    /// Where `rank`'s owner line lies in the owner's address space, as its owner line says.
+    pub(crate) fn owner_line_address(&self, rank: usize) -> u64 {
+        self.owner(rank)[2].wrapping_add(OWNER_LINE as u64)
+    }
+
+    /// Writes this rank's verdict (read by peers after the next arrival).
+    pub(crate) fn set_verdict(&self, verdict: u64) {
+        // Relaxed: the arrive that follows is a release store that orders it.
+        self.word(self.rank, OWNER_LINE + 8 * OWNER_WORDS).store(verdict, Ordering::Relaxed);
+    }
+
+    /// `rank`'s verdict (valid after the arrival that follows its [`set_verdict`](Self::set_verdict)).
+    pub(crate) fn verdict(&self, rank: usize) -> u64 {
+        // Relaxed: ordered by the acquire load of the peer's phase in the wait.
+        self.word(rank, OWNER_LINE + 8 * OWNER_WORDS).load(Ordering::Relaxed)
     }
 
     /// Bytes of one scratch half.
@@ -301,5 +367,27 @@ impl Workspace {
     /// Ends the current step: the next one uses the other scratch half.
     pub(crate) fn finish_step(&mut self) {
         self.step += 1;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_default_scratch_shrinks_with_the_world_within_its_bounds() {
+        for n in [1, 2, 8] {
+            assert_eq!(default_scratch_bytes(n), DEFAULT_SCRATCH_BYTES, "{n} ranks");
+        }
+        assert_eq!(default_scratch_bytes(32), 1 << 20);
+        for n in [128, 1024, 1 << 16] {
+            assert_eq!(default_scratch_bytes(n), MIN_DEFAULT_SCRATCH_BYTES, "{n} ranks");
+        }
+        let mut last = usize::MAX;
+        for n in 1..300 {
+            let s = default_scratch_bytes(n);
+            assert!(s <= last && s.is_multiple_of(4096), "{n} ranks: {s}");
+            last = s;
+        }
     }
 }
