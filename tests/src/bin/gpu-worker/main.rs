@@ -279,12 +279,33 @@ fn forced() -> Result<String> {
 fn wide() -> Result<String> {
     let g = gpu()?;
     let started = Instant::now();
+    // On a grid of several nodes of several ranks, a large all-reduce must run as node and
+    // rail steps (gpu/hierarchy.rs); elsewhere as one flat call.
+    let large = 200_000;
+    let shape = collectives::select::CallShape {
+        collective: collectives::Collective::AllReduce,
+        memory: collectives::MemorySpace::Device,
+        bytes: large,
+        payload: large,
+    };
+    let plan = g.comm.plan(shape)?;
+    let grid = g.comm.core().topology().node_grid();
+    let steps = grid.is_some_and(|grid| grid.nodes > 1 && grid.ranks_per_node > 1);
+    if (plan.executor == collectives::select::Executor::Hierarchical) != steps {
+        return Err(Error::protocol(format!("a {large} B device all-reduce on {grid:?} plans {plan:?}")));
+    }
     // 50,001: across a node grid, the all-reduce runs as steps with a tail of count % L.
     let mut checked = run_typed::<f32>(&g, &[1, 50_000, 50_001], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<i32>(&g, &[4095], &[ReduceOp::Max])?;
     checked += same_bits_on_every_rank(&g, &[50_000])?;
     ring_shift(&g, 300_001)?;
-    Ok(format!("{} device calls checked on {} ranks in {:.1?}", checked + 1, g.comm.world_size(), started.elapsed()))
+    Ok(format!(
+        "{} device calls checked on {} ranks in {:.1?}; a {large} B all-reduce runs {}",
+        checked + 1,
+        g.comm.world_size(),
+        started.elapsed(),
+        plan.algorithm
+    ))
 }
 
 /// f32 sum all-reduces of values whose sum rounds differently in different orders (mixed
