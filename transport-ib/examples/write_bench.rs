@@ -16,7 +16,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use comm_core::connection::CheckedWrite;
+use comm_core::connection::{CheckedWrite, Connection};
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::transport::{PeerExport, TransportBackend, TransportContext};
 use transport_ib::{IbBackend, port_choice_from_env, transport};
@@ -88,15 +88,20 @@ fn main() {
                 let (b_src, _) = region(&b, 1, &a, len);
                 let (warmup, iters) = (200u64, 2000u64);
                 // SAFETY: offset 0 of each local region is an 8-byte aligned word that only the
-                // peer's fetch-and-adds change; read atomically.
+                // peer's flags change (stored atomically by this process); read atomically.
                 let flag = |m: &RegisteredMemory| unsafe { &*(m.as_ptr() as *const AtomicU64) };
                 let (a_flag, b_flag) = (flag(&a_local), flag(&b_local));
                 // Waits as weave's own waits do: spin briefly, then yield (the verbs device of
-                // SoftRoCE runs in the kernel on the same CPUs).
-                let wait = |f: &AtomicU64, want: u64| {
+                // SoftRoCE runs in the kernel on the same CPUs), making the connection's receive
+                // progress on every turn (that is what stores the peer's flag).
+                let wait = |from: &dyn Connection, f: &AtomicU64, want: u64| {
                     let deadline = Instant::now() + Duration::from_secs(60);
                     let mut backoff = comm_core::spin::Backoff::new();
-                    while f.load(Ordering::Acquire) < want {
+                    loop {
+                        from.progress().expect("receive progress");
+                        if f.load(Ordering::Acquire) >= want {
+                            return;
+                        }
                         assert!(Instant::now() < deadline, "no answer in 60 s");
                         backoff.snooze();
                     }
@@ -105,7 +110,7 @@ fn main() {
                 std::thread::scope(|s| {
                     s.spawn(|| {
                         for i in 1..=warmup + iters {
-                            wait(b_flag, i);
+                            wait(ba.as_ref(), b_flag, i);
                             let w = CheckedWrite::new(&a_remote, 64, &b_src, 64, size).unwrap();
                             ba.write_and_sync(w, 0, i).unwrap();
                         }
@@ -115,7 +120,7 @@ fn main() {
                         let t = Instant::now();
                         let w = CheckedWrite::new(&b_remote, 64, &a_src, 64, size).unwrap();
                         ab.write_and_sync(w, 0, i).unwrap();
-                        wait(a_flag, i);
+                        wait(ab.as_ref(), a_flag, i);
                         if i > warmup {
                             rtts.push(t.elapsed().as_secs_f64() * 1e6);
                         }
