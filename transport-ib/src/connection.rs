@@ -48,6 +48,44 @@ pub(crate) const SEND_QUEUE_DEPTH: u32 = 128;
 /// Bytes of each slot of the record outbox.
 const RECORD_SLOT_BYTES: usize = 32;
 
+/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing).
+struct Chain {
+    requests: [WorkRequest; MAX_CHAIN],
+    len: usize,
+}
+
+impl Chain {
+    fn new() -> Self {
+        let none = WorkRequest {
+            wr_id: 0,
+            op: Operation::Write,
+            local: std::ptr::null(),
+            len: 0,
+            lkey: 0,
+            remote: 0,
+            rkey: 0,
+            signaled: false,
+        };
+        Chain { requests: [none; MAX_CHAIN], len: 0 }
+    }
+
+    /// Appends `request`; `false` when the chain is full.
+    fn push(&mut self, request: WorkRequest) -> bool {
+        match self.requests.get_mut(self.len) {
+            Some(slot) => {
+                *slot = request;
+                self.len += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [WorkRequest] {
+        &mut self.requests[..self.len]
+    }
+}
+
 /// One queue pair, the completion queue of its sends and its receiving side, for one peer.
 pub(crate) struct Wire {
     pub(crate) qp: Arc<QueuePair>,
@@ -222,15 +260,15 @@ impl IbConnection {
         Ok(())
     }
 
-    /// The RDMA writes of `write`, split at the port's message limit, unsignaled.
-    fn write_requests(&self, write: &CheckedWrite<'_>) -> Result<Vec<WorkRequest>> {
+    /// The RDMA writes of `write`, split at the port's message limit, unsignaled, each handed
+    /// to `push`; stops at the first `false` from it and returns `false` then.
+    fn write_requests(&self, write: &CheckedWrite<'_>, mut push: impl FnMut(WorkRequest) -> bool) -> Result<bool> {
         let remote = self.remote(write.dst)?;
         let lkey = self.sources.lkey(&self.pd, write.src.region())?;
-        let mut requests = Vec::with_capacity(write.len.div_ceil(self.max_msg_bytes.max(1)) + 1);
         let mut done = 0;
         while done < write.len {
             let k = (write.len - done).min(self.max_msg_bytes);
-            requests.push(WorkRequest {
+            let request = WorkRequest {
                 wr_id: 0,
                 op: Operation::Write,
                 // SAFETY: the source range lies inside `write.src` (checked), mapped here.
@@ -240,10 +278,13 @@ impl IbConnection {
                 remote: remote.addr + (write.dst_offset + done) as u64,
                 rkey: remote.rkey,
                 signaled: false,
-            });
+            };
+            if !push(request) {
+                return Ok(false);
+            }
             done += k;
         }
-        Ok(requests)
+        Ok(true)
     }
 
     /// Posts `requests` (writes into `dst`, at most `MAX_CHAIN - 1`) and the store of `value`
@@ -253,7 +294,7 @@ impl IbConnection {
     /// As [`QueuePair::post_chain`] for the writes.
     unsafe fn sync(
         &self,
-        mut requests: Vec<WorkRequest>,
+        mut requests: Chain,
         dst: &RegisteredMemory,
         flag_offset: usize,
         value: u64,
@@ -283,21 +324,25 @@ impl IbConnection {
             rkey: remote.rkey,
             signaled: false,
         };
-        let record = match signal {
-            Signal::Immediate(imm) => {
-                match requests.last_mut() {
-                    Some(last) => last.op = Operation::WriteWithImm(imm),
-                    None => requests.push(WorkRequest { op: Operation::WriteWithImm(imm), ..flag_alone }),
+        let (pushed, record) = match signal {
+            Signal::Immediate(imm) => match requests.as_mut_slice().last_mut() {
+                Some(last) => {
+                    last.op = Operation::WriteWithImm(imm);
+                    (true, None)
                 }
-                None
-            }
-            Signal::Record(record) => {
-                requests.push(WorkRequest { op: Operation::Send, len: RECORD_BYTES as u32, ..flag_alone });
-                Some(record)
-            }
+                None => (requests.push(WorkRequest { op: Operation::WriteWithImm(imm), ..flag_alone }), None),
+            },
+            Signal::Record(record) => (
+                requests.push(WorkRequest { op: Operation::Send, len: RECORD_BYTES as u32, ..flag_alone }),
+                Some(record),
+            ),
         };
+        if !pushed {
+            // The callers leave room for the flag; this would be a bug here, not the user's.
+            return Err(Error::invalid(format!("{operation}: no room left in the chain for the flag")));
+        }
         // SAFETY: forwarded from the caller for the writes; a flag alone reads no memory.
-        unsafe { self.post(&mut state, &mut requests, record.as_ref(), operation) }
+        unsafe { self.post(&mut state, requests.as_mut_slice(), record.as_ref(), operation) }
     }
 }
 
@@ -311,7 +356,11 @@ impl Connection for IbConnection {
     }
 
     fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
-        let requests = self.write_requests(&write)?;
+        let mut requests = Vec::with_capacity(write.len.div_ceil(self.max_msg_bytes.max(1)));
+        self.write_requests(&write, |r| {
+            requests.push(r);
+            true
+        })?;
         let mut state = self.lock();
         for chain in requests.chunks(MAX_CHAIN) {
             let mut chain = chain.to_vec();
@@ -326,15 +375,17 @@ impl Connection for IbConnection {
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
         // SAFETY: no writes: the flag alone.
-        unsafe { self.sync(Vec::new(), dst, dst_offset, value, "ib update_and_sync") }
+        unsafe { self.sync(Chain::new(), dst, dst_offset, value, "ib update_and_sync") }
     }
 
     fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {
-        let mut requests = self.write_requests(&write)?;
-        if requests.len() >= MAX_CHAIN {
+        let mut requests = Chain::new();
+        // The writes may take all but the chain's last place: that is the flag's.
+        let fits = self.write_requests(&write, |r| requests.len < MAX_CHAIN - 1 && requests.push(r))?;
+        if !fits {
             // Too long for one chain: the writes first, then the flag alone.
             self.write_checked(write)?;
-            requests.clear();
+            requests = Chain::new();
         }
         // SAFETY: as in write_checked for the writes.
         unsafe { self.sync(requests, write.dst, flag_offset, value, "ib write_and_sync") }

@@ -10,8 +10,9 @@
 //! - the backend's **watcher** thread ([`crate::watcher`]), for the connections nobody waits on
 //!   at the moment (a rank busy elsewhere, a wait that does not make progress).
 //!
-//! Each receive is posted again as soon as it is applied. The ring holds [`RECEIVES`] flags not
-//! yet applied; past that the peer's device retries until there is room again.
+//! Applied receives are posted again in batches of [`REPOST_BATCH`]. The ring holds at least
+//! [`RECEIVES`] minus a batch of flags not yet applied; past that the peer's device retries
+//! until there is room again.
 //!
 //! A failed receive (the queue pair broke) or a flag the peer got wrong breaks the connection for
 //! good: [`Error::PeerLost`] naming the peer, from then on.
@@ -33,6 +34,9 @@ use crate::verbs::{
 pub(crate) const RECEIVES: u32 = 128;
 /// Bytes of each receive's buffer (a record, rounded up).
 const BUFFER_BYTES: usize = 32;
+/// Applied receives gathered before they are posted again (one call into the provider for
+/// them all): at most this many of the ring are out of use at a time.
+const REPOST_BATCH: usize = 16;
 
 /// The receiving side of the connection to one peer.
 pub(crate) struct Inbound {
@@ -81,7 +85,7 @@ impl Inbound {
                 qp: qp.clone(),
                 buffers,
                 slots: InboundSlots::default(),
-                repost: Vec::with_capacity(RECEIVES as usize),
+                repost: Vec::with_capacity(REPOST_BATCH + 16),
             }),
         })
     }
@@ -159,7 +163,7 @@ impl Inbound {
                 }
                 state.repost.push(index);
             }
-            if !state.repost.is_empty() {
+            if state.repost.len() >= REPOST_BATCH {
                 let again: Vec<ReceiveRequest> = state.repost.drain(..).map(|i| receive(&state.buffers, i)).collect();
                 // SAFETY: as in `new`.
                 unsafe { state.qp.post_receives(&again) }.map_err(|e| e.to_string())?;
