@@ -15,9 +15,10 @@
 //! of work requests with one call into the provider. Writes and records of up to the queue
 //! pair's inline size travel inside the work request.
 //!
-//! **Completions.** Every request that ends a post asks for one; its `wr_id` says how many
-//! requests it retires (itself and the unsignaled ones posted before it, which a reliable
-//! connection completes in order). Before a post finds the send queue full, and in `flush`,
+//! **Completions.** A post asks for one when it brings the requests posted since the last one
+//! to [`SIGNAL_EVERY`], and `flush` asks for one with a write of no bytes if the last post did
+//! not; its `wr_id` says how many requests it retires (itself and the unsignaled ones posted
+//! before it, which a reliable connection completes in order). Before a post finds the send queue full, and in `flush`,
 //! the connection reaps completions, bounded by the communicator's timeout and abort flag; a
 //! failed completion (the peer's queue pair is gone, a bad key) is [`Error::PeerLost`] naming
 //! the peer, for this call and every later one. `flush` returns once the peer's device has
@@ -45,6 +46,10 @@ use crate::watcher::Watcher;
 
 /// Requests a connection may have in flight (the send queue's depth).
 pub(crate) const SEND_QUEUE_DEPTH: u32 = 128;
+/// Requests posted between two that ask for a completion (fewer completions for the device to
+/// write and this side to reap); far below the queue's depth, so a post that waits for room
+/// always has a completion coming.
+const SIGNAL_EVERY: u32 = 32;
 /// Bytes of each slot of the record outbox.
 const RECORD_SLOT_BYTES: usize = 32;
 
@@ -97,6 +102,11 @@ struct State {
     wire: Wire,
     /// Requests posted and not yet known complete.
     outstanding: u32,
+    /// Requests posted since the last one that asked for a completion.
+    unsignaled: u32,
+    /// A remote address and key of this connection's last request, where `flush` may aim a
+    /// write of no bytes.
+    marker: Option<(u64, u32)>,
     /// Records posted: picks each one's slot in the record outbox.
     records: u64,
     /// The slot and last value of each of the peer's words this connection stores into.
@@ -151,7 +161,15 @@ impl IbConnection {
         Ok(IbConnection {
             peer,
             inbound: wire.inbound.clone(),
-            state: Mutex::new(State { wire, outstanding: 0, records: 0, outbound: Outbound::default(), failed: None }),
+            state: Mutex::new(State {
+                wire,
+                outstanding: 0,
+                unsignaled: 0,
+                marker: None,
+                records: 0,
+                outbound: Outbound::default(),
+                failed: None,
+            }),
             pd: pd.clone(),
             sources: sources.clone(),
             record_outbox,
@@ -219,8 +237,9 @@ impl IbConnection {
     }
 
     /// Posts `requests` (at most [`MAX_CHAIN`]) as one chain once the send queue has room for
-    /// them all, the last one signaled; with `record`, the last request is the send of it,
-    /// staged here first. Numbers the signaled request's `wr_id` with the requests it retires.
+    /// them all, the last one signaled if `signal` or if [`SIGNAL_EVERY`] requests went
+    /// unsignaled; with `record`, the last request is the send of it, staged here first.
+    /// Numbers the signaled request's `wr_id` with the requests it retires.
     /// A post the provider refuses breaks the connection (the peer may have part of it).
     ///
     /// # Safety
@@ -230,6 +249,7 @@ impl IbConnection {
         state: &mut State,
         requests: &mut [WorkRequest],
         record: Option<&Record>,
+        signal: bool,
         operation: &str,
     ) -> Result<()> {
         let k = requests.len() as u32;
@@ -247,9 +267,12 @@ impl IbConnection {
             last.local = at;
             last.lkey = self.record_outbox.lkey();
         }
+        let covered = state.unsignaled + k;
+        let signal = signal || covered >= SIGNAL_EVERY;
         if let Some(last) = requests.last_mut() {
-            last.signaled = true;
-            last.wr_id = u64::from(k);
+            last.signaled = signal;
+            last.wr_id = u64::from(covered);
+            state.marker = Some((last.remote, last.rkey));
         }
         // SAFETY: forwarded from the caller; the record (if any) is staged above.
         if let Err(e) = unsafe { state.wire.qp.post_chain(requests) } {
@@ -257,6 +280,7 @@ impl IbConnection {
             return Err(self.lost(operation, &e.to_string()));
         }
         state.outstanding += k;
+        state.unsignaled = if signal { 0 } else { covered };
         Ok(())
     }
 
@@ -342,7 +366,7 @@ impl IbConnection {
             return Err(Error::invalid(format!("{operation}: no room left in the chain for the flag")));
         }
         // SAFETY: forwarded from the caller for the writes; a flag alone reads no memory.
-        unsafe { self.post(&mut state, requests.as_mut_slice(), record.as_ref(), operation) }
+        unsafe { self.post(&mut state, requests.as_mut_slice(), record.as_ref(), false, operation) }
     }
 }
 
@@ -368,7 +392,7 @@ impl Connection for IbConnection {
             // backend keeps source registrations with their regions; the caller keeps the bytes
             // unchanged until the peer acknowledges them, as every connection requires), and the
             // remote range lies inside the peer's registration (checked against its length).
-            unsafe { self.post(&mut state, &mut chain, None, "ib write")? };
+            unsafe { self.post(&mut state, &mut chain, None, false, "ib write")? };
         }
         Ok(())
     }
@@ -393,6 +417,21 @@ impl Connection for IbConnection {
 
     fn flush(&self) -> Result<()> {
         let mut state = self.lock();
+        if let Some((remote, rkey)) = state.marker.filter(|_| state.unsignaled > 0 && state.failed.is_none()) {
+            // The last requests asked for no completion: one more that does, and moves nothing.
+            let mut marker = [WorkRequest {
+                wr_id: 0,
+                op: Operation::Write,
+                local: std::ptr::null(),
+                len: 0,
+                lkey: 0,
+                remote,
+                rkey,
+                signaled: true,
+            }];
+            // SAFETY: a write of no bytes reads and writes no memory.
+            unsafe { self.post(&mut state, &mut marker, None, true, "ib flush")? };
+        }
         self.reap(&mut state, "ib flush", |outstanding| outstanding == 0)
     }
 

@@ -92,7 +92,8 @@ impl Inbound {
 
     /// A waiter's call: applies what arrived unless another thread is at it.
     pub(crate) fn progress(&self) -> Result<()> {
-        self.attended.fetch_add(1, Ordering::Relaxed);
+        // A plain store, no locked add: a count lost to two waiters at once still moved.
+        self.attended.store(self.attended.load(Ordering::Relaxed).wrapping_add(1), Ordering::Relaxed);
         self.drain()
     }
 

@@ -4,6 +4,7 @@
 //! Ownership keeps verbs' destruction order: a queue pair holds its completion queues, and a
 //! completion queue holds its channel, so each goes only after everything that uses it.
 
+use std::mem::MaybeUninit;
 use std::os::fd::RawFd;
 use std::ptr::NonNull;
 use std::sync::Arc;
@@ -380,14 +381,14 @@ impl QueuePair {
                 requests.len()
             )));
         }
-        // SAFETY: zeroed is a valid scatter entry and a valid work request (null next, no flags).
-        let mut sges: [ffi::ibv_sge; MAX_CHAIN] = unsafe { std::mem::zeroed() };
-        // SAFETY: as above.
-        let mut wrs: [ffi::ibv_send_wr; MAX_CHAIN] = unsafe { std::mem::zeroed() };
+        // Only the entries used are written (a small message posts one: no need to clear eight).
+        let mut sges = [const { MaybeUninit::<ffi::ibv_sge>::uninit() }; MAX_CHAIN];
+        let mut wrs = [const { MaybeUninit::<ffi::ibv_send_wr>::uninit() }; MAX_CHAIN];
         let n = requests.len();
         for (i, request) in requests.iter().enumerate() {
-            sges[i] = ffi::ibv_sge { addr: request.local as u64, length: request.len, lkey: request.lkey };
-            let wr = &mut wrs[i];
+            sges[i].write(ffi::ibv_sge { addr: request.local as u64, length: request.len, lkey: request.lkey });
+            // SAFETY: zeroed is a valid work request (null next, no flags).
+            let wr = wrs[i].write(unsafe { std::mem::zeroed() });
             wr.wr_id = request.wr_id;
             wr.num_sge = i32::from(request.len > 0);
             let mut flags = if request.signaled { ffi::ibv_send_flags::IBV_SEND_SIGNALED.0 } else { 0 };
@@ -420,10 +421,12 @@ impl QueuePair {
         }
         // Link them only now: the arrays no longer move.
         for i in 0..n {
-            wrs[i].sg_list = &mut sges[i];
-            if i + 1 < n {
-                wrs[i].next = &mut wrs[i + 1];
-            }
+            let next = if i + 1 < n { wrs[i + 1].as_mut_ptr() } else { std::ptr::null_mut() };
+            let sge = sges[i].as_mut_ptr();
+            // SAFETY: entry i was written above.
+            let wr = unsafe { wrs[i].assume_init_mut() };
+            wr.sg_list = sge;
+            wr.next = next;
         }
         let mut bad: *mut ffi::ibv_send_wr = std::ptr::null_mut();
         // SAFETY: the context outlives the queue pair (through `pd`).
@@ -432,7 +435,7 @@ impl QueuePair {
         // SAFETY: a live queue pair in RTS and well-formed requests whose memory is valid
         // (caller), linked inside arrays that outlive the call; verbs copies them (and inline
         // payloads) before returning.
-        let rc = unsafe { post(self.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
+        let rc = unsafe { post(self.qp.as_ptr(), wrs[0].as_mut_ptr(), &mut bad) };
         if rc != 0 {
             return Err(Error::transport(
                 crate::NAME,
