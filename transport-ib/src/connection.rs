@@ -334,9 +334,10 @@ impl IbConnection {
             )));
         }
         let mut state = self.lock();
-        if let Some(why) = &state.failed {
-            return Err(self.lost(operation, why));
-        }
+        // Room first: once the flag table has counted this store, the post must happen (or
+        // the connection break), else the two ends' views of the word would part.
+        let k = requests.len as u32 + 1;
+        self.reap(&mut state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
         let signal = state.outbound.signal(remote.id, flag_offset as u64, value);
         let flag_alone = WorkRequest {
             wr_id: 0,
