@@ -11,12 +11,14 @@
 //!   latency = round trip / 2, the median over `iters` (perftest's `t_typical`).
 //!
 //! usage: write_bench [bw|lat] [SIZE ...]   (sizes in bytes; default 2 B .. 1 MiB ×4 for bw,
-//! 2 B .. 4 KiB ×4 for lat). Prints one line per size: `bw SIZE MBPS` or `lat SIZE USEC`.
+//! 2 B .. 4 KiB ×4 for lat). Prints one line per size: `bw SIZE MBPS` or `lat SIZE USEC`, and
+//! for `lat` the median time of the posting call on stderr. `WEAVE_BENCH_WAIT=spin` (default),
+//! `yield` or `backoff` picks how `lat` waits; `WEAVE_BENCH_FLAG=none` makes it poll plain writes.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use comm_core::connection::CheckedWrite;
+use comm_core::connection::{CheckedWrite, Connection};
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::transport::{PeerExport, TransportBackend, TransportContext};
 use transport_ib::{IbBackend, port_choice_from_env, transport};
@@ -88,42 +90,72 @@ fn main() {
                 let (b_src, _) = region(&b, 1, &a, len);
                 let (warmup, iters) = (200u64, 2000u64);
                 // SAFETY: offset 0 of each local region is an 8-byte aligned word that only the
-                // peer's fetch-and-adds change; read atomically.
-                let flag = |m: &RegisteredMemory| unsafe { &*(m.as_ptr() as *const AtomicU64) };
-                let (a_flag, b_flag) = (flag(&a_local), flag(&b_local));
-                // Waits as weave's own waits do: spin briefly, then yield (the verbs device of
-                // SoftRoCE runs in the kernel on the same CPUs).
-                let wait = |f: &AtomicU64, want: u64| {
+                // peer's flags change (stored atomically by this process); read atomically.
+                let flag = |m: &RegisteredMemory, at: usize| unsafe { &*(m.as_ptr().add(at) as *const AtomicU64) };
+                // WEAVE_BENCH_FLAG=none: plain writes whose first word is the sequence number,
+                // polled by the peer (perftest's way; no flag, not ordered in general: a
+                // diagnostic of the harness, not how weave posts).
+                let raw = std::env::var("WEAVE_BENCH_FLAG").is_ok_and(|v| v == "none") && size >= 8;
+                let at = if raw { 64 } else { 0 };
+                let (a_flag, b_flag) = (flag(&a_local, at), flag(&b_local, at));
+                let send = |conn: &dyn Connection, dst: &RegisteredMemory, src: &RegisteredMemory, i: u64| {
+                    if raw {
+                        // SAFETY: offset 64 of the private source region, 8-byte aligned; its
+                        // previous write completed before the peer answered it.
+                        unsafe { (src.as_ptr().add(64) as *mut u64).write_volatile(i) };
+                        conn.write(dst, 64, src, 64, size).unwrap();
+                    } else {
+                        let w = CheckedWrite::new(dst, 64, src, 64, size).unwrap();
+                        conn.write_and_sync(w, 0, i).unwrap();
+                    }
+                };
+                // Spins without pause as perftest does (WEAVE_BENCH_WAIT=spin, the default), or
+                // yields on every turn (`yield`), or waits as weave's own waits do (`backoff`:
+                // spin briefly, then yield, then nap). Every turn makes the connection's receive
+                // progress (that is what stores the peer's flag).
+                let policy = std::env::var("WEAVE_BENCH_WAIT").unwrap_or_else(|_| "spin".into());
+                let wait = |from: &dyn Connection, f: &AtomicU64, want: u64| {
                     let deadline = Instant::now() + Duration::from_secs(60);
                     let mut backoff = comm_core::spin::Backoff::new();
-                    while f.load(Ordering::Acquire) < want {
+                    loop {
+                        from.progress().expect("receive progress");
+                        if f.load(Ordering::Acquire) >= want {
+                            return;
+                        }
                         assert!(Instant::now() < deadline, "no answer in 60 s");
-                        backoff.snooze();
+                        match policy.as_str() {
+                            "spin" => std::hint::spin_loop(),
+                            "yield" => std::thread::yield_now(),
+                            _ => backoff.snooze(),
+                        }
                     }
                 };
                 let mut rtts = Vec::with_capacity(iters as usize);
+                let mut posts = Vec::with_capacity(iters as usize);
                 std::thread::scope(|s| {
                     s.spawn(|| {
                         for i in 1..=warmup + iters {
-                            wait(b_flag, i);
-                            let w = CheckedWrite::new(&a_remote, 64, &b_src, 64, size).unwrap();
-                            ba.write_and_sync(w, 0, i).unwrap();
+                            wait(ba.as_ref(), b_flag, i);
+                            send(ba.as_ref(), &a_remote, &b_src, i);
                         }
                         ba.flush().unwrap();
                     });
                     for i in 1..=warmup + iters {
                         let t = Instant::now();
-                        let w = CheckedWrite::new(&b_remote, 64, &a_src, 64, size).unwrap();
-                        ab.write_and_sync(w, 0, i).unwrap();
-                        wait(a_flag, i);
+                        send(ab.as_ref(), &b_remote, &a_src, i);
+                        let posted = t.elapsed().as_secs_f64() * 1e6;
+                        wait(ab.as_ref(), a_flag, i);
                         if i > warmup {
                             rtts.push(t.elapsed().as_secs_f64() * 1e6);
+                            posts.push(posted);
                         }
                     }
                     ab.flush().unwrap();
                 });
                 rtts.sort_by(f64::total_cmp);
+                posts.sort_by(f64::total_cmp);
                 println!("lat {size} {:.2}", rtts[rtts.len() / 2] / 2.0);
+                eprintln!("post {size} {:.2} (median µs of the write_and_sync call)", posts[posts.len() / 2]);
             }
         }
         other => {

@@ -1,28 +1,28 @@
 //! A connection over one RC queue pair: [`write`](Connection::write) is a train of RDMA writes,
-//! [`update_and_sync`](Connection::update_and_sync) an atomic fetch-and-add behind them,
-//! [`flush`](Connection::flush) a wait for every completion.
+//! [`update_and_sync`](Connection::update_and_sync) a flag that the peer's receive queue takes
+//! and the peer applies ([`crate::flags`], [`crate::inbound`]), [`flush`](Connection::flush) a
+//! wait for every completion; [`progress`](Connection::progress) applies the flags the peer sent
+//! this rank.
 //!
 //! **Ordering.** A reliable connection executes a queue pair's requests at the responder in the
-//! order they were posted, and an atomic executes only once the writes before it were placed:
-//! a flag raised by `update_and_sync` is never seen before the data written ahead of it.
+//! order they were posted, and a receive completes only once the bytes of every request before
+//! it are placed: a flag is stored after the data written ahead of it.
 //!
-//! **Stores as adds.** Verbs have no remote 8-byte store that is ordered like an atomic, so
-//! `update_and_sync(word, v)` adds `v - last` where `last` is the value stored there before
-//! through the same imported region (0 for a word not touched yet: the regions start zeroed).
-//! The words a peer updates (semaphores, flags, link counters) are written only by that peer, so
-//! the sum is `v`.
+//! **One operation per small message.** [`write_and_sync`](Connection::write_and_sync) — how a
+//! channel link posts a message — sends the data's last write *with* the flag as its immediate
+//! (once the word has a slot, see [`crate::flags`]): a message that fits one write is one verbs
+//! operation, one packet, one doorbell. Longer data and flags that need a record go as one chain
+//! of work requests with one call into the provider. Writes and records of up to the queue
+//! pair's inline size travel inside the work request.
 //!
-//! **One post per message.** [`write_and_sync`](Connection::write_and_sync) — how a channel link
-//! posts a message — sends the data's writes and the fetch-and-add behind them as one chain of
-//! work requests with one call into the provider: one doorbell instead of two, and only the
-//! last request asks for a completion.
-//!
-//! **Completions.** Every request that ends a post asks for one; its `wr_id` says how many
-//! requests it retires (itself and the unsignaled ones posted before it, which a reliable
-//! connection completes in order). Before a post finds the send queue full, and in `flush`,
+//! **Completions.** A post asks for one when it brings the requests posted since the last one
+//! to [`SIGNAL_EVERY`], and `flush` asks for one with a write of no bytes if the last post did
+//! not; its `wr_id` says how many requests it retires (itself and the unsignaled ones posted
+//! before it, which a reliable connection completes in order). Before a post finds the send queue full, and in `flush`,
 //! the connection reaps completions, bounded by the communicator's timeout and abort flag; a
 //! failed completion (the peer's queue pair is gone, a bad key) is [`Error::PeerLost`] naming
-//! the peer, for this call and every later one.
+//! the peer, for this call and every later one. `flush` returns once the peer's device has
+//! everything; the peer's flags are then stored by its next progress (or its watcher).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -30,31 +30,88 @@ use std::time::Duration;
 
 use comm_core::config::Deadline;
 use comm_core::connection::{CheckedWrite, Connection};
-use comm_core::memory::RegisteredMemory;
+use comm_core::memory::{MemoryRegion, RegisteredMemory};
 use comm_core::spin::Backoff;
 use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
-use crate::region::{IbRegion, RemoteRegion, SourceRegistrations};
-use crate::verbs::{CompletionQueue, MAX_CHAIN, ProtectionDomain, QueuePair, WorkRequest, empty_completion};
+use crate::flags::{Outbound, RECORD_BYTES, Record, Signal};
+use crate::inbound::Inbound;
+use crate::region::{IbRegion, PRIVATE, RemoteRegion, SourceRegistrations};
+use crate::verbs::{
+    CompletionQueue, MAX_CHAIN, Operation, ProtectionDomain, QueuePair, WorkRequest, completion_failure,
+    empty_completion,
+};
+use crate::watcher::Watcher;
 
 /// Requests a connection may have in flight (the send queue's depth).
 pub(crate) const SEND_QUEUE_DEPTH: u32 = 128;
+/// Requests posted between two that ask for a completion (fewer completions for the device to
+/// write and this side to reap); far below the queue's depth, so a post that waits for room
+/// always has a completion coming.
+const SIGNAL_EVERY: u32 = 32;
+/// Bytes of each slot of the record outbox.
+const RECORD_SLOT_BYTES: usize = 32;
 
-/// One queue pair and its completion queue, connected to a peer.
+/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing).
+struct Chain {
+    requests: [WorkRequest; MAX_CHAIN],
+    len: usize,
+}
+
+impl Chain {
+    fn new() -> Self {
+        let none = WorkRequest {
+            wr_id: 0,
+            op: Operation::Write,
+            local: std::ptr::null(),
+            len: 0,
+            lkey: 0,
+            remote: 0,
+            rkey: 0,
+            signaled: false,
+        };
+        Chain { requests: [none; MAX_CHAIN], len: 0 }
+    }
+
+    /// Appends `request`; `false` when the chain is full.
+    fn push(&mut self, request: WorkRequest) -> bool {
+        match self.requests.get_mut(self.len) {
+            Some(slot) => {
+                *slot = request;
+                self.len += 1;
+                true
+            }
+            None => false,
+        }
+    }
+
+    fn as_mut_slice(&mut self) -> &mut [WorkRequest] {
+        &mut self.requests[..self.len]
+    }
+}
+
+/// One queue pair, the completion queue of its sends and its receiving side, for one peer.
 pub(crate) struct Wire {
-    /// Declared first: destroyed before the completion queue it posts to.
-    pub(crate) qp: QueuePair,
-    pub(crate) cq: CompletionQueue,
+    pub(crate) qp: Arc<QueuePair>,
+    pub(crate) sends: Arc<CompletionQueue>,
+    pub(crate) inbound: Arc<Inbound>,
 }
 
 struct State {
     wire: Wire,
     /// Requests posted and not yet known complete.
     outstanding: u32,
-    /// Fetch-and-adds posted: picks each one's slot in `old_values`.
-    adds: u64,
-    /// The first failed completion, which breaks the connection for good.
+    /// Requests posted since the last one that asked for a completion.
+    unsignaled: u32,
+    /// A remote address and key of this connection's last request, where `flush` may aim a
+    /// write of no bytes.
+    marker: Option<(u64, u32)>,
+    /// Records posted: picks each one's slot in the record outbox.
+    records: u64,
+    /// The slot and last value of each of the peer's words this connection stores into.
+    outbound: Outbound,
+    /// The first failure, which breaks the connection for good.
     failed: Option<String>,
 }
 
@@ -62,12 +119,16 @@ struct State {
 pub struct IbConnection {
     peer: usize,
     state: Mutex<State>,
+    inbound: Arc<Inbound>,
     pd: Arc<ProtectionDomain>,
     sources: Arc<SourceRegistrations>,
-    /// Where fetch-and-adds put the old value (8 bytes per request in flight; never read).
-    old_values: IbRegion,
+    /// Where records are staged for the device when the queue pair carries none inline (one
+    /// slot per request in flight).
+    record_outbox: IbRegion,
     max_msg_bytes: usize,
     bounds: Bounds,
+    /// Kept running while the connection lives.
+    _watcher: Arc<Watcher>,
 }
 
 /// What bounds a connection's waits: the communicator's timeout and abort flag, and what its
@@ -94,16 +155,27 @@ impl IbConnection {
         pd: &Arc<ProtectionDomain>,
         sources: &Arc<SourceRegistrations>,
         bounds: Bounds,
+        watcher: &Arc<Watcher>,
     ) -> Result<Self> {
-        let old_values = IbRegion::new(pd, 8 * SEND_QUEUE_DEPTH as usize)?;
+        let record_outbox = IbRegion::new(pd, RECORD_SLOT_BYTES * SEND_QUEUE_DEPTH as usize, PRIVATE)?;
         Ok(IbConnection {
             peer,
-            state: Mutex::new(State { wire, outstanding: 0, adds: 0, failed: None }),
+            inbound: wire.inbound.clone(),
+            state: Mutex::new(State {
+                wire,
+                outstanding: 0,
+                unsignaled: 0,
+                marker: None,
+                records: 0,
+                outbound: Outbound::default(),
+                failed: None,
+            }),
             pd: pd.clone(),
             sources: sources.clone(),
-            old_values,
+            record_outbox,
             max_msg_bytes: pd.port().max_msg_bytes(),
             bounds,
+            _watcher: watcher.clone(),
         })
     }
 
@@ -132,22 +204,18 @@ impl IbConnection {
             if done(state.outstanding) {
                 return Ok(());
             }
-            let n = state.wire.cq.poll(&mut completions)?;
+            let n = state.wire.sends.poll(&mut completions)?;
             for wc in &completions[..n] {
                 // A successful completion retires the requests its wr_id counts (see the
                 // module doc); a failed one breaks the connection, whatever it retires.
-                let retired = if wc.error().is_none() { u32::try_from(wc.wr_id()).unwrap_or(u32::MAX) } else { 1 };
-                state.outstanding = state.outstanding.saturating_sub(retired);
-                if let Some((status, vendor)) = wc.error() {
-                    // SAFETY: ibv_wc_status_str returns a static C string for any status.
-                    let text = unsafe { std::ffi::CStr::from_ptr(ibverbs_sys::ibv_wc_status_str(status)) };
-                    state.failed.get_or_insert_with(|| {
-                        format!(
-                            "a work request failed on {}: {} (vendor error {vendor})",
-                            self.pd.port().device(),
-                            text.to_string_lossy()
-                        )
-                    });
+                match completion_failure(wc) {
+                    None => state.outstanding = state.outstanding.saturating_sub(wc.wr_id() as u32),
+                    Some(why) => {
+                        state.outstanding = state.outstanding.saturating_sub(1);
+                        state.failed.get_or_insert_with(|| {
+                            format!("a work request failed on {}: {why}", self.pd.port().device())
+                        });
+                    }
                 }
             }
             if n > 0 {
@@ -168,84 +236,138 @@ impl IbConnection {
         }
     }
 
-    /// Posts `requests` (at most [`MAX_CHAIN`], the last one signaled) as one chain once the
-    /// send queue has room for them all; numbers each signaled request's `wr_id` with the
-    /// requests it retires.
+    /// Posts `requests` (at most [`MAX_CHAIN`]) as one chain once the send queue has room for
+    /// them all, the last one signaled if `signal` or if [`SIGNAL_EVERY`] requests went
+    /// unsignaled; with `record`, the last request is the send of it, staged here first.
+    /// Numbers the signaled request's `wr_id` with the requests it retires.
+    /// A post the provider refuses breaks the connection (the peer may have part of it).
     ///
     /// # Safety
-    /// As [`QueuePair::post_chain`].
-    unsafe fn post(&self, state: &mut State, requests: &mut [WorkRequest], operation: &str) -> Result<()> {
+    /// As [`QueuePair::post_chain`] (the record's staging slot is this function's business).
+    unsafe fn post(
+        &self,
+        state: &mut State,
+        requests: &mut [WorkRequest],
+        record: Option<&Record>,
+        signal: bool,
+        operation: &str,
+    ) -> Result<()> {
         let k = requests.len() as u32;
-        if !requests.last().is_some_and(|r| r.signaled) {
-            return Err(Error::invalid(format!("{operation}: a chain of ib requests must end with a signaled one")));
-        }
         self.reap(state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
-        let mut since_signaled = 0u64;
-        for r in requests.iter_mut() {
-            since_signaled += 1;
-            r.wr_id = if r.signaled { std::mem::take(&mut since_signaled) } else { 0 };
+        if let (Some(record), Some(last)) = (record, requests.last_mut()) {
+            // A slot is used again only SEND_QUEUE_DEPTH records later, by which time at most
+            // SEND_QUEUE_DEPTH requests are in flight: its earlier record's send is complete.
+            let slot = (state.records % u64::from(SEND_QUEUE_DEPTH)) as usize * RECORD_SLOT_BYTES;
+            state.records += 1;
+            // SAFETY: slot + RECORD_BYTES lies inside the outbox, which no request in flight
+            // reads (above).
+            let at = unsafe { self.record_outbox.as_ptr().add(slot) };
+            // SAFETY: as above; the outbox is private memory of this connection.
+            unsafe { std::ptr::copy_nonoverlapping(record.encode().as_ptr(), at, RECORD_BYTES) };
+            last.local = at;
+            last.lkey = self.record_outbox.lkey();
         }
-        // SAFETY: forwarded from the caller.
-        unsafe { state.wire.qp.post_chain(requests)? };
+        let covered = state.unsignaled + k;
+        let signal = signal || covered >= SIGNAL_EVERY;
+        if let Some(last) = requests.last_mut() {
+            last.signaled = signal;
+            last.wr_id = u64::from(covered);
+            state.marker = Some((last.remote, last.rkey));
+        }
+        // SAFETY: forwarded from the caller; the record (if any) is staged above.
+        if let Err(e) = unsafe { state.wire.qp.post_chain(requests) } {
+            state.failed.get_or_insert_with(|| e.to_string());
+            return Err(self.lost(operation, &e.to_string()));
+        }
         state.outstanding += k;
+        state.unsignaled = if signal { 0 } else { covered };
         Ok(())
     }
 
-    /// The fetch-and-add that stores `value` into the word at `dst[dst_offset]` (see the module
-    /// doc), and the value to record once it is posted.
-    fn add_request(
-        &self,
-        state: &mut State,
-        dst: &RegisteredMemory,
-        dst_offset: usize,
-        value: u64,
-    ) -> Result<WorkRequest> {
-        dst.check_range(dst_offset, 8)?;
-        let remote = self.remote(dst)?;
-        let addr = remote.addr + dst_offset as u64;
-        if !addr.is_multiple_of(8) {
-            return Err(Error::invalid(format!(
-                "ib update_and_sync at offset {dst_offset} of {:?}: the word is not 8-byte aligned",
-                dst.label()
-            )));
-        }
-        let slot = (state.adds % u64::from(SEND_QUEUE_DEPTH)) as usize * 8;
-        state.adds = state.adds.wrapping_add(1);
-        Ok(WorkRequest {
-            wr_id: 0,
-            // SAFETY: slot + 8 lies inside `old_values` (8 bytes per request in flight).
-            local: unsafe { self.old_values_ptr().add(slot) },
-            len: 8,
-            lkey: self.old_values.lkey(),
-            remote: addr,
-            rkey: remote.rkey,
-            add: Some(value.wrapping_sub(remote.stored(dst_offset))),
-            signaled: true,
-        })
-    }
-
-    /// The RDMA writes of `write`, split at the port's message limit, each signaled or not.
-    fn write_requests(&self, write: &CheckedWrite<'_>, signaled: bool) -> Result<Vec<WorkRequest>> {
+    /// The RDMA writes of `write`, split at the port's message limit, unsignaled, each handed
+    /// to `push`; stops at the first `false` from it and returns `false` then.
+    fn write_requests(&self, write: &CheckedWrite<'_>, mut push: impl FnMut(WorkRequest) -> bool) -> Result<bool> {
         let remote = self.remote(write.dst)?;
         let lkey = self.sources.lkey(&self.pd, write.src.region())?;
-        let mut requests = Vec::with_capacity(write.len.div_ceil(self.max_msg_bytes.max(1)));
         let mut done = 0;
         while done < write.len {
             let k = (write.len - done).min(self.max_msg_bytes);
-            requests.push(WorkRequest {
+            let request = WorkRequest {
                 wr_id: 0,
+                op: Operation::Write,
                 // SAFETY: the source range lies inside `write.src` (checked), mapped here.
                 local: unsafe { write.src.as_ptr().add(write.src_offset + done) },
                 len: k as u32,
                 lkey,
                 remote: remote.addr + (write.dst_offset + done) as u64,
                 rkey: remote.rkey,
-                add: None,
-                signaled,
-            });
+                signaled: false,
+            };
+            if !push(request) {
+                return Ok(false);
+            }
             done += k;
         }
-        Ok(requests)
+        Ok(true)
+    }
+
+    /// Posts `requests` (writes into `dst`, at most `MAX_CHAIN - 1`) and the store of `value`
+    /// into the word at `dst[flag_offset]` behind them.
+    ///
+    /// # Safety
+    /// As [`QueuePair::post_chain`] for the writes.
+    unsafe fn sync(
+        &self,
+        mut requests: Chain,
+        dst: &RegisteredMemory,
+        flag_offset: usize,
+        value: u64,
+        operation: &str,
+    ) -> Result<()> {
+        dst.check_range(flag_offset, 8)?;
+        let remote = self.remote(dst)?;
+        let addr = remote.addr + flag_offset as u64;
+        if !addr.is_multiple_of(8) {
+            return Err(Error::invalid(format!(
+                "{operation} at offset {flag_offset} of {:?}: the word is not 8-byte aligned",
+                dst.label()
+            )));
+        }
+        let mut state = self.lock();
+        // Room first: once the flag table has counted this store, the post must happen (or
+        // the connection break), else the two ends' views of the word would part.
+        let k = requests.len as u32 + 1;
+        self.reap(&mut state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
+        let signal = state.outbound.signal(remote.id, flag_offset as u64, value);
+        let flag_alone = WorkRequest {
+            wr_id: 0,
+            op: Operation::Write,
+            local: std::ptr::null(),
+            len: 0,
+            lkey: 0,
+            remote: addr,
+            rkey: remote.rkey,
+            signaled: false,
+        };
+        let (pushed, record) = match signal {
+            Signal::Immediate(imm) => match requests.as_mut_slice().last_mut() {
+                Some(last) => {
+                    last.op = Operation::WriteWithImm(imm);
+                    (true, None)
+                }
+                None => (requests.push(WorkRequest { op: Operation::WriteWithImm(imm), ..flag_alone }), None),
+            },
+            Signal::Record(record) => (
+                requests.push(WorkRequest { op: Operation::Send, len: RECORD_BYTES as u32, ..flag_alone }),
+                Some(record),
+            ),
+        };
+        if !pushed {
+            // The callers leave room for the flag; this would be a bug here, not the user's.
+            return Err(Error::invalid(format!("{operation}: no room left in the chain for the flag")));
+        }
+        // SAFETY: forwarded from the caller for the writes; a flag alone reads no memory.
+        unsafe { self.post(&mut state, requests.as_mut_slice(), record.as_ref(), false, operation) }
     }
 }
 
@@ -259,51 +381,70 @@ impl Connection for IbConnection {
     }
 
     fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
-        let requests = self.write_requests(&write, true)?;
+        let mut requests = Vec::with_capacity(write.len.div_ceil(self.max_msg_bytes.max(1)));
+        self.write_requests(&write, |r| {
+            requests.push(r);
+            true
+        })?;
         let mut state = self.lock();
-        for mut request in requests {
+        for chain in requests.chunks(MAX_CHAIN) {
+            let mut chain = chain.to_vec();
             // SAFETY: the source lies inside a registration that outlives the request (the
             // backend keeps source registrations with their regions; the caller keeps the bytes
             // unchanged until the peer acknowledges them, as every connection requires), and the
             // remote range lies inside the peer's registration (checked against its length).
-            unsafe { self.post(&mut state, std::slice::from_mut(&mut request), "ib write")? };
+            unsafe { self.post(&mut state, &mut chain, None, false, "ib write")? };
         }
         Ok(())
     }
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
-        let mut state = self.lock();
-        let mut request = self.add_request(&mut state, dst, dst_offset, value)?;
-        // SAFETY: the old-value slot is registered and lives as long as the connection; the
-        // remote word lies inside the peer's registration (checked) and is 8-byte aligned.
-        unsafe { self.post(&mut state, std::slice::from_mut(&mut request), "ib update_and_sync")? };
-        self.remote(dst)?.record(dst_offset, value);
-        Ok(())
+        // SAFETY: no writes: the flag alone.
+        unsafe { self.sync(Chain::new(), dst, dst_offset, value, "ib update_and_sync") }
     }
 
     fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {
-        let mut requests = self.write_requests(&write, false)?;
-        if requests.len() >= MAX_CHAIN {
-            // Too long for one chain: the writes one by one, then the flag.
+        let mut requests = Chain::new();
+        // The writes may take all but the chain's last place: that is the flag's.
+        let fits = self.write_requests(&write, |r| requests.len < MAX_CHAIN - 1 && requests.push(r))?;
+        if !fits {
+            // Too long for one chain: the writes first, then the flag alone.
             self.write_checked(write)?;
-            return self.update_and_sync(write.dst, flag_offset, value);
+            requests = Chain::new();
         }
-        let mut state = self.lock();
-        requests.push(self.add_request(&mut state, write.dst, flag_offset, value)?);
-        // SAFETY: as in write_checked for the writes and update_and_sync for the add: every
-        // local range is registered and outlives its request, every remote range was checked.
-        unsafe { self.post(&mut state, &mut requests, "ib write_and_sync")? };
-        self.remote(write.dst)?.record(flag_offset, value);
-        Ok(())
+        // SAFETY: as in write_checked for the writes.
+        unsafe { self.sync(requests, write.dst, flag_offset, value, "ib write_and_sync") }
     }
 
     fn flush(&self) -> Result<()> {
         let mut state = self.lock();
+        if let Some((remote, rkey)) = state.marker.filter(|_| state.unsignaled > 0 && state.failed.is_none()) {
+            // The last requests asked for no completion: one more that does, and moves nothing.
+            let mut marker = [WorkRequest {
+                wr_id: 0,
+                op: Operation::Write,
+                local: std::ptr::null(),
+                len: 0,
+                lkey: 0,
+                remote,
+                rkey,
+                signaled: true,
+            }];
+            // SAFETY: a write of no bytes reads and writes no memory.
+            unsafe { self.post(&mut state, &mut marker, None, true, "ib flush")? };
+        }
         self.reap(&mut state, "ib flush", |outstanding| outstanding == 0)
+    }
+
+    fn progress(&self) -> Result<()> {
+        self.inbound.progress()
     }
 
     fn check_peer(&self) -> Result<()> {
         if let Some(why) = &self.lock().failed {
+            return Err(self.lost("ib check", why));
+        }
+        if let Some(why) = self.inbound.failure() {
             return Err(self.lost("ib check", why));
         }
         match self.bounds.liveness.lost(self.peer) {
@@ -313,17 +454,10 @@ impl Connection for IbConnection {
     }
 }
 
-impl IbConnection {
-    fn old_values_ptr(&self) -> *mut u8 {
-        use comm_core::memory::MemoryRegion;
-        self.old_values.as_ptr()
-    }
-}
-
 impl Drop for IbConnection {
     fn drop(&mut self) {
-        // The device may still read sources and write old values: let it finish (bounded)
-        // before the queue pair and the registrations go.
+        // The device may still read sources and records: let it finish (bounded) before the
+        // queue pair and the registrations go.
         let _ = self.flush();
     }
 }

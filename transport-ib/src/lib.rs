@@ -12,11 +12,13 @@
 //!   all-gathers through the bootstrap (module `endpoint`): connecting needs no further
 //!   handshake.
 //! - **Memory**: [`IbBackend`] allocates host memory registered for remote write and atomics;
-//!   peers name it by (address, key), checked against the exported length. Memory imported
+//!   peers name it by (address, key, number), checked against the exported length. Memory imported
 //!   through this transport is not mapped here (`direct_access` is false), so the collectives
 //!   run their channel family over it. Device memory is not carried yet.
-//! - **Connection** ([`IbConnection`]): RDMA writes, then an atomic fetch-and-add for
-//!   `update_and_sync`, executed in order by the reliable connection.
+//! - **Connection** ([`IbConnection`]): RDMA writes, and flags that the peer's receive queue
+//!   takes — in the immediate of the data's last write where they fit, else as a small send — and
+//!   the peer stores itself, after the data: on the thread that waits for them
+//!   (`Connection::progress`), or on the backend's watcher thread when nobody waits.
 //!
 //! The verbs layer ([`verbs`]) wraps `ibverbs-sys`. No machine here has an HCA: the tests that
 //! need a device are `#[ignore]`d and run inside a QEMU guest with SoftRoCE
@@ -24,8 +26,11 @@
 
 mod connection;
 mod endpoint;
+mod flags;
+mod inbound;
 mod region;
 pub mod verbs;
+mod watcher;
 
 use std::any::Any;
 use std::sync::{Arc, Mutex};
@@ -40,8 +45,10 @@ pub use verbs::PortChoice;
 
 use connection::{Bounds, SEND_QUEUE_DEPTH, Wire};
 use endpoint::Endpoint;
-use region::{IbRegion, RemoteRegion, SourceRegistrations};
+use inbound::{Inbound, RECEIVES};
+use region::{IbRegion, LocalRegions, RemoteRegion, SourceRegistrations};
 use verbs::{CompletionQueue, Port, ProtectionDomain, QueuePair};
+use watcher::Watcher;
 
 /// The name this transport registers, and answers to in `WEAVE_TRANSPORTS`.
 pub const NAME: &str = "ib";
@@ -106,8 +113,12 @@ pub struct IbBackend {
     wires: Mutex<Vec<Option<Wire>>>,
     endpoint: Endpoint,
     sources: Arc<SourceRegistrations>,
+    /// The regions peers write into, by number (where their flags land).
+    regions: Arc<LocalRegions>,
     pd: Arc<ProtectionDomain>,
     bounds: Bounds,
+    /// Applies peers' flags nobody waits on.
+    watcher: Arc<Watcher>,
 }
 
 impl std::fmt::Debug for IbBackend {
@@ -121,6 +132,8 @@ impl IbBackend {
     pub fn open(ctx: &TransportContext, choice: &PortChoice) -> Result<Self> {
         let port = Port::open(choice)?;
         let pd = ProtectionDomain::new(&port)?;
+        let watcher = Watcher::start(&port)?;
+        let regions = Arc::new(LocalRegions::default());
         let (n, me) = (ctx.world_size, ctx.rank);
         let mut wires = Vec::with_capacity(n);
         let mut queue_pairs = Vec::with_capacity(n);
@@ -130,12 +143,16 @@ impl IbBackend {
                 queue_pairs.push((0, 0));
                 continue;
             }
-            let cq = CompletionQueue::new(&port, SEND_QUEUE_DEPTH as i32 + 8)?;
+            let sends = CompletionQueue::new(&port, SEND_QUEUE_DEPTH as i32 + 8)?;
+            let context = watcher.next_context();
+            let receives = CompletionQueue::with_channel(&port, RECEIVES as i32 + 8, watcher.channel(), context)?;
             let psn = first_psn(me, peer, ctx.communicator_id);
-            let qp = QueuePair::new(&pd, &cq, SEND_QUEUE_DEPTH, psn)?;
+            let qp = Arc::new(QueuePair::new(&pd, &sends, &receives, SEND_QUEUE_DEPTH, RECEIVES, psn)?);
+            let inbound = Arc::new(Inbound::new(peer, &pd, &qp, &receives, &regions)?);
+            watcher.watch(context, &inbound);
             let address = qp.address();
             queue_pairs.push((address.qpn, address.psn));
-            wires.push(Some(Wire { qp, cq }));
+            wires.push(Some(Wire { qp, sends, inbound }));
         }
         Ok(IbBackend {
             rank: me,
@@ -143,8 +160,10 @@ impl IbBackend {
             wires: Mutex::new(wires),
             endpoint: Endpoint { port: port.address(), queue_pairs },
             sources: Arc::default(),
+            regions,
             pd,
             bounds: Bounds { timeout: ctx.config.timeout, abort: ctx.abort.clone(), liveness: ctx.liveness.clone() },
+            watcher,
         })
     }
 }
@@ -180,7 +199,7 @@ impl TransportBackend for IbBackend {
 
     fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
         match kind {
-            MemoryKind::Host => Ok(Arc::new(IbRegion::new(&self.pd, len)?)),
+            MemoryKind::Host => Ok(self.regions.allocate(&self.pd, len)?),
             MemoryKind::Device(_) => {
                 Err(Error::Unsupported("transport ib does not carry device memory yet (dmabuf is not built)".into()))
             }
@@ -207,7 +226,7 @@ impl TransportBackend for IbBackend {
             .and_then(Option::take)
             .ok_or_else(|| Error::invalid(format!("ib: no queue pair left for rank {peer} (connected twice?)")))?;
         wire.qp.connect(&remote)?;
-        Ok(Arc::new(IbConnection::new(peer, wire, &self.pd, &self.sources, self.bounds.clone())?))
+        Ok(Arc::new(IbConnection::new(peer, wire, &self.pd, &self.sources, self.bounds.clone(), &self.watcher)?))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -1,9 +1,11 @@
 //! Memory of the IB transport: host memory registered with the device (peers write into it), the
-//! handles that name a peer's registration, and on-demand registrations of other host memory a
-//! connection sends from.
+//! table of this rank's registered regions by number (where peers' flags land), the handles that
+//! name a peer's registration, and on-demand registrations of other host memory a connection
+//! sends from.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicU32, AtomicU64};
+use std::sync::{Arc, Mutex, Weak};
 
 use comm_core::memory::{HeapRegion, HostRegion, MemoryKind, MemoryRegion};
 use comm_core::wire::{Decoder, Encoder};
@@ -12,22 +14,28 @@ use comm_core::{Error, Result};
 use crate::verbs::{ProtectionDomain, Registration};
 
 const EXPORT_MAGIC: [u8; 4] = *b"WVIR";
-const EXPORT_VERSION: u16 = 1;
+const EXPORT_VERSION: u16 = 2;
+
+/// The number of a region that is no destination (receive rings, record outboxes): no peer's
+/// flag names it.
+pub(crate) const PRIVATE: u32 = 0;
 
 /// Host memory of this rank, registered so that peers may write and update it.
 pub(crate) struct IbRegion {
     /// Declared first: dropped (deregistered) before the memory is freed.
     registration: Registration,
     memory: HeapRegion,
+    /// Its number in the backend's [`LocalRegions`] ([`PRIVATE`] outside it).
+    id: u32,
 }
 
 impl IbRegion {
-    /// `len` zeroed bytes, registered with `pd`.
-    pub(crate) fn new(pd: &Arc<ProtectionDomain>, len: usize) -> Result<Self> {
+    /// `len` zeroed bytes, registered with `pd`, numbered `id`.
+    pub(crate) fn new(pd: &Arc<ProtectionDomain>, len: usize, id: u32) -> Result<Self> {
         let memory = HeapRegion::new(len)?;
         // SAFETY: the registration is dropped before `memory` (field order).
         let registration = unsafe { Registration::new(pd, memory.as_ptr(), len)? };
-        Ok(IbRegion { registration, memory })
+        Ok(IbRegion { registration, memory, id })
     }
 
     /// The key of this memory in local work requests.
@@ -35,11 +43,54 @@ impl IbRegion {
         self.registration.lkey()
     }
 
-    /// What a peer needs to write here: address, key, length.
+    /// What a peer needs to write here: address, key, length, number.
     pub(crate) fn export(&self) -> Vec<u8> {
         let mut e = Encoder::new(EXPORT_MAGIC, EXPORT_VERSION);
-        e.u64(self.memory.as_ptr() as u64).u32(self.registration.rkey()).usize(self.memory.len());
+        e.u64(self.memory.as_ptr() as u64).u32(self.registration.rkey()).usize(self.memory.len()).u32(self.id);
         e.finish()
+    }
+
+    /// The 8-byte word at `offset`, where a peer's flag is stored; `None` when it does not lie
+    /// inside the region or is not 8-byte aligned.
+    pub(crate) fn word(&self, offset: u64) -> Option<&AtomicU64> {
+        let offset = usize::try_from(offset).ok()?;
+        if offset.checked_add(8)? > self.memory.len() || !offset.is_multiple_of(8) {
+            return None;
+        }
+        // SAFETY: inside the region (checked), 8-byte aligned (the heap region is 64-byte
+        // aligned), live while `self` is; peers' flag words are only accessed atomically.
+        Some(unsafe { AtomicU64::from_ptr(self.memory.as_ptr().add(offset).cast()) })
+    }
+}
+
+/// This rank's regions that peers write into, by number: a flag record names its word by
+/// (region number, offset), and the receiving side finds the memory here. Holds them weakly: a
+/// region dropped by its owner is gone from the table too.
+#[derive(Default)]
+pub(crate) struct LocalRegions {
+    last: AtomicU32,
+    by_id: Mutex<HashMap<u32, Weak<IbRegion>>>,
+}
+
+impl LocalRegions {
+    /// A new region of `len` zeroed bytes, registered with `pd` and numbered in this table.
+    pub(crate) fn allocate(&self, pd: &Arc<ProtectionDomain>, len: usize) -> Result<Arc<IbRegion>> {
+        let id = self.last.fetch_add(1, std::sync::atomic::Ordering::Relaxed).wrapping_add(1);
+        if id == PRIVATE {
+            return Err(Error::invalid("ib: this communicator numbered 2^32 regions; make a new one"));
+        }
+        let region = Arc::new(IbRegion::new(pd, len, id)?);
+        let mut map = self.by_id.lock().unwrap_or_else(|p| p.into_inner());
+        if map.len() >= 64 && map.len().is_power_of_two() {
+            map.retain(|_, r| r.strong_count() > 0);
+        }
+        map.insert(id, Arc::downgrade(&region));
+        Ok(region)
+    }
+
+    /// The live region numbered `id`.
+    pub(crate) fn get(&self, id: u32) -> Option<Arc<IbRegion>> {
+        self.by_id.lock().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(Weak::upgrade)
     }
 }
 
@@ -52,23 +103,21 @@ impl HostRegion for IbRegion {
     }
 }
 
-/// A peer's registered memory as this rank names it: its address in the peer and its key (its
-/// owner is the registration's). Not mapped here.
+/// A peer's registered memory as this rank names it: its address in the peer, its key and its
+/// number there (its owner is the registration's). Not mapped here.
 #[derive(Debug)]
 pub(crate) struct RemoteRegion {
     pub(crate) addr: u64,
     pub(crate) rkey: u32,
+    pub(crate) id: u32,
     len: usize,
-    /// The last value `update_and_sync` stored at each word (by offset): a store travels as
-    /// the fetch-and-add of the difference (see the connection module).
-    stored: Mutex<HashMap<usize, u64>>,
 }
 
 impl RemoteRegion {
     /// Decodes `owner`'s export, which must describe exactly `len` bytes.
     pub(crate) fn decode(owner: usize, payload: &[u8], len: usize) -> Result<Self> {
         let mut d = Decoder::new(payload, EXPORT_MAGIC, EXPORT_VERSION, "ib memory export")?;
-        let (addr, rkey, their_len) = (d.u64()?, d.u32()?, d.usize()?);
+        let (addr, rkey, their_len, id) = (d.u64()?, d.u32()?, d.usize()?, d.u32()?);
         d.finish()?;
         if their_len != len {
             return Err(Error::protocol(format!(
@@ -78,18 +127,10 @@ impl RemoteRegion {
         if addr.checked_add(len as u64).is_none() {
             return Err(Error::protocol(format!("rank {owner} exported an ib region that wraps the address space")));
         }
-        Ok(RemoteRegion { addr, rkey, len, stored: Mutex::default() })
-    }
-
-    /// The value last stored at the word at `offset` through this handle (0 at first: regions
-    /// start zeroed).
-    pub(crate) fn stored(&self, offset: usize) -> u64 {
-        self.stored.lock().unwrap_or_else(|p| p.into_inner()).get(&offset).copied().unwrap_or(0)
-    }
-
-    /// Records that the word at `offset` now holds `value`.
-    pub(crate) fn record(&self, offset: usize, value: u64) {
-        self.stored.lock().unwrap_or_else(|p| p.into_inner()).insert(offset, value);
+        if id == PRIVATE {
+            return Err(Error::protocol(format!("rank {owner} exported an ib region without a number")));
+        }
+        Ok(RemoteRegion { addr, rkey, id, len })
     }
 }
 

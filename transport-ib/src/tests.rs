@@ -23,6 +23,23 @@ fn pair() -> (IbBackend, IbBackend, Arc<dyn Connection>, Arc<dyn Connection>) {
     pair_with_timeout(Duration::from_secs(20))
 }
 
+/// Waits (5 s at most) until the word at `offset` of `mine` holds `value`, making `from`'s receive
+/// progress as a waiting rank does (`from`: this rank's connection to the peer that stores it).
+fn wait_for(from: Option<&dyn Connection>, mine: &RegisteredMemory, offset: usize, value: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(c) = from {
+            c.progress().unwrap();
+        }
+        let now = mine.load_u64(offset).unwrap();
+        if now == value {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "the word at {offset} holds {now} after 5 s, not {value}");
+        std::thread::yield_now();
+    }
+}
+
 fn pair_with_timeout(t: Duration) -> (IbBackend, IbBackend, Arc<dyn Connection>, Arc<dyn Connection>) {
     let a = IbBackend::open(&context(0, t), &PortChoice::default()).unwrap();
     let b = IbBackend::open(&context(1, t), &PortChoice::default()).unwrap();
@@ -34,23 +51,30 @@ fn pair_with_timeout(t: Duration) -> (IbBackend, IbBackend, Arc<dyn Connection>,
 #[test]
 #[ignore = "needs an RDMA device: transport-ib/vm/softroce-guest.sh runs it"]
 fn writes_arrive_intact_and_the_flag_lands_after_them() {
-    let (a, b, conn, _back) = pair();
+    let (a, b, conn, back) = pair();
     for len in [1, 4095, 4096, (1 << 20) + 3] {
         let (theirs_local, theirs) = remote_region(&b, &a, len + 64).unwrap();
         let src = patterned_source(&a, len, len as u8).unwrap();
         conn.write(&theirs, 64, &src, 0, len).unwrap();
+        // A record (the word's first store), then an immediate (a step of 2).
         conn.update_and_sync(&theirs, 0, 7).unwrap();
         conn.update_and_sync(&theirs, 0, 9).unwrap();
         conn.flush().unwrap();
-        assert_eq!(theirs_local.load_u64(0).unwrap(), 9, "the flag of a {len}-byte write");
+        wait_for(Some(back.as_ref()), &theirs_local, 0, 9);
         assert!(same_bytes(&theirs_local, 64, &src, 0, len).unwrap(), "{len} bytes differ");
+        // Data and flag in one operation: the flag rides on the last write's immediate.
+        let src = patterned_source(&a, len, len as u8 ^ 0x55).unwrap();
+        let write = comm_core::connection::CheckedWrite::new(&theirs, 64, &src, 0, len).unwrap();
+        conn.write_and_sync(write, 0, 10).unwrap();
+        wait_for(Some(back.as_ref()), &theirs_local, 0, 10);
+        assert!(same_bytes(&theirs_local, 64, &src, 0, len).unwrap(), "{len} bytes with their flag differ");
     }
 }
 
 #[test]
 #[ignore = "needs an RDMA device: transport-ib/vm/softroce-guest.sh runs it"]
 fn write_and_sync_chains_more_messages_than_the_send_queue_holds() {
-    let (a, b, conn, _back) = pair();
+    let (a, b, conn, back) = pair();
     // Each message a chain of a write and an add (one request for an empty write): 3 queue
     // depths of them must retire their completions as they go, or a post finds no room.
     let messages = 3 * crate::connection::SEND_QUEUE_DEPTH as u64;
@@ -61,9 +85,11 @@ fn write_and_sync_chains_more_messages_than_the_send_queue_holds() {
         for m in 1..=messages {
             let write = comm_core::connection::CheckedWrite::new(&theirs, 64, &src, 0, len).unwrap();
             conn.write_and_sync(write, 0, m).unwrap();
+            // The receiver applies flags as it goes (a waiter would), so its ring never runs dry.
+            back.progress().unwrap();
             if m == messages {
                 conn.flush().unwrap();
-                assert_eq!(theirs_local.load_u64(0).unwrap(), messages, "the flag after {len}-byte messages");
+                wait_for(Some(back.as_ref()), &theirs_local, 0, messages);
                 assert!(same_bytes(&theirs_local, 64, &src, 0, len).unwrap(), "the last {len}-byte message differs");
             }
         }
@@ -124,6 +150,57 @@ fn a_peer_whose_queue_pair_is_gone_is_lost_not_a_hang() {
     assert!(matches!(e, Error::PeerLost { peer: 1, .. } | Error::Timeout { .. }), "{e}");
     assert!(started.elapsed() < Duration::from_secs(6), "took {:?}", started.elapsed());
     assert!(conn.check_peer().is_err() || matches!(e, Error::Timeout { .. }));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: transport-ib/vm/softroce-guest.sh runs it"]
+fn flags_nobody_waits_on_are_stored_by_the_watcher_in_order() {
+    let (a, b, conn, _back) = pair();
+    let (theirs_local, theirs) = remote_region(&b, &a, 4096).unwrap();
+    // Two words, records and immediates, steps that fit 20 bits and ones that do not, more
+    // flags than the receive ring holds: nobody on rank 1 calls progress.
+    let values = [1u64, 2, 3, 1 << 40, (1 << 40) + 5, 4, u64::MAX, 0];
+    for round in 0..40u64 {
+        for (i, v) in values.iter().enumerate() {
+            conn.update_and_sync(&theirs, 8 * (i % 2), v.wrapping_add(round)).unwrap();
+        }
+    }
+    conn.flush().unwrap();
+    wait_for(None, &theirs_local, 0, values[6].wrapping_add(39));
+    wait_for(None, &theirs_local, 8, values[7].wrapping_add(39));
+}
+
+#[test]
+#[ignore = "needs an RDMA device: transport-ib/vm/softroce-guest.sh runs it"]
+fn a_flag_for_a_region_the_receiver_never_had_breaks_the_connection_naming_the_peer() {
+    let (a, b, conn, back) = pair();
+    let (_, theirs) = remote_region(&b, &a, 4096).unwrap();
+    // The same memory under a region number rank 1 never gave out (an export that lies).
+    let region = theirs.region().as_any().downcast_ref::<crate::region::RemoteRegion>().unwrap();
+    let mut e = comm_core::wire::Encoder::new(*b"WVIR", 2);
+    e.u64(region.addr).u32(region.rkey).usize(4096).u32(region.id + 1000);
+    let ep = b.local_endpoint().unwrap();
+    let export = comm_core::transport::PeerExport {
+        peer: 1,
+        peer_endpoint: &ep,
+        payload: &e.finish(),
+        len: 4096,
+        kind: comm_core::memory::MemoryKind::Host,
+    };
+    let forged = a.import(export).unwrap();
+    let forged = RegisteredMemory::new_imported(descriptor(1, 4096), forged, transport()).unwrap();
+    conn.update_and_sync(&forged, 0, 1).unwrap();
+    conn.flush().unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let e = loop {
+        if let Err(e) = back.progress().and_then(|()| back.check_peer()) {
+            break e;
+        }
+        assert!(std::time::Instant::now() < deadline, "the forged flag was not refused in 5 s");
+        std::thread::yield_now();
+    };
+    assert!(matches!(e, Error::PeerLost { peer: 0, .. }), "{e}");
+    assert!(e.to_string().contains("region"), "{e}");
 }
 
 #[test]

@@ -1,0 +1,249 @@
+//! How a flag travels: `update_and_sync` and the flag behind `write_and_sync` are not atomics on
+//! the peer's memory but messages its receive queue takes, which the peer applies itself (see
+//! [`crate::inbound`]). A flag word is named by (region number, offset); stores into it arrive
+//! in the order they were posted, after the data posted before them.
+//!
+//! - **Immediates.** The first store into a word goes as a *record* (a 24-byte send: region,
+//!   offset, value, and a slot number), which gives the word one of [`SLOTS`] slots of this
+//!   connection. A later store whose value exceeds the last one by less than 2^20 (modulo
+//!   2^64) travels in the 32-bit immediate of an RDMA write: the slot (12 bits) and the
+//!   difference (20 bits). That write is the data's last one, or one of no bytes for a flag
+//!   alone, so a small message and its flag are one verbs operation and one packet.
+//! - **Records** carry every other store: the first into a word, one whose difference does not
+//!   fit, and every store into a word once the slots ran out.
+//!
+//! Both ends keep the last value of each slot (sender: [`Outbound`]; receiver: [`InboundSlots`]),
+//! changed by the same stores in the same order, so a difference applies to the value the
+//! sender meant. The words a peer updates (semaphores, flags, link counters) are written only by
+//! that peer, through one connection.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::sync::Weak;
+use std::sync::atomic::Ordering;
+
+use comm_core::{Error, Result};
+
+use crate::region::{IbRegion, LocalRegions};
+
+/// Bytes of a record on the wire.
+pub(crate) const RECORD_BYTES: usize = 24;
+/// Bits of an immediate that name the slot; the rest carry the difference.
+const SLOT_BITS: u32 = 12;
+const DELTA_BITS: u32 = 32 - SLOT_BITS;
+/// Slots of one connection's direction.
+pub(crate) const SLOTS: u32 = 1 << SLOT_BITS;
+/// A record's slot field when the word has no slot.
+const NO_SLOT: u32 = u32::MAX;
+
+/// One store, in full.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Record {
+    /// The receiver's number of the region holding the word.
+    pub(crate) region: u32,
+    /// The slot the word takes (or keeps), if any.
+    pub(crate) slot: Option<u32>,
+    /// The word's offset in the region.
+    pub(crate) offset: u64,
+    /// The value to store.
+    pub(crate) value: u64,
+}
+
+impl Record {
+    /// The record's bytes on the wire (little-endian fields).
+    pub(crate) fn encode(&self) -> [u8; RECORD_BYTES] {
+        let mut b = [0u8; RECORD_BYTES];
+        b[..4].copy_from_slice(&self.region.to_le_bytes());
+        b[4..8].copy_from_slice(&self.slot.unwrap_or(NO_SLOT).to_le_bytes());
+        b[8..16].copy_from_slice(&self.offset.to_le_bytes());
+        b[16..].copy_from_slice(&self.value.to_le_bytes());
+        b
+    }
+
+    /// A record from the wire; a slot out of range is a protocol error.
+    pub(crate) fn decode(b: &[u8; RECORD_BYTES]) -> Result<Self> {
+        let word = |at: usize| u64::from_le_bytes(b[at..at + 8].try_into().unwrap_or_default());
+        let half = |at: usize| u32::from_le_bytes(b[at..at + 4].try_into().unwrap_or_default());
+        let slot = match half(4) {
+            NO_SLOT => None,
+            s if s < SLOTS => Some(s),
+            s => return Err(Error::protocol(format!("an ib flag record names slot {s} of {SLOTS}"))),
+        };
+        Ok(Record { region: half(0), slot, offset: word(8), value: word(16) })
+    }
+}
+
+/// How one store travels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Signal {
+    /// In the immediate of a write.
+    Immediate(u32),
+    /// As a record (a send).
+    Record(Record),
+}
+
+/// The sending side: the slot and last value of each word this connection stored into.
+#[derive(Debug, Default)]
+pub(crate) struct Outbound {
+    words: HashMap<(u32, u64), OutWord, BuildHasherDefault<WordHasher>>,
+    slots_used: u32,
+}
+
+/// A multiplicative hash of a (region, offset) key: the keys are this rank's own, so SipHash's
+/// defence against chosen keys buys nothing, and it cost as much as the rest of a post's own
+/// work on the emulated guest.
+#[derive(Debug, Default)]
+struct WordHasher(u64);
+
+impl Hasher for WordHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.write_u64(u64::from(b));
+        }
+    }
+    fn write_u32(&mut self, n: u32) {
+        self.write_u64(u64::from(n));
+    }
+    fn write_u64(&mut self, n: u64) {
+        self.0 = (self.0.rotate_left(23) ^ n).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+    }
+}
+
+#[derive(Debug)]
+struct OutWord {
+    slot: u32,
+    last: u64,
+}
+
+impl Outbound {
+    /// How the store of `value` into the word at `offset` of the peer's region `region` travels;
+    /// the caller must post it (or give up on the connection: the two ends' views would part).
+    pub(crate) fn signal(&mut self, region: u32, offset: u64, value: u64) -> Signal {
+        if let Some(word) = self.words.get_mut(&(region, offset)) {
+            let delta = value.wrapping_sub(word.last);
+            word.last = value;
+            if delta < 1 << DELTA_BITS {
+                return Signal::Immediate(word.slot << DELTA_BITS | delta as u32);
+            }
+            return Signal::Record(Record { region, slot: Some(word.slot), offset, value });
+        }
+        let slot = (self.slots_used < SLOTS).then(|| {
+            self.slots_used += 1;
+            self.slots_used - 1
+        });
+        if let Some(slot) = slot {
+            self.words.insert((region, offset), OutWord { slot, last: value });
+        }
+        Signal::Record(Record { region, slot, offset, value })
+    }
+}
+
+/// The receiving side: the word and last value of each slot the peer defined.
+#[derive(Default)]
+pub(crate) struct InboundSlots {
+    slots: Vec<Option<InWord>>,
+}
+
+struct InWord {
+    region: Weak<IbRegion>,
+    offset: u64,
+    last: u64,
+}
+
+impl InboundSlots {
+    /// Stores a record's value into this rank's word it names, and gives the word its slot.
+    /// `Err` (what the peer got wrong) for a region that does not exist here or a word outside
+    /// it.
+    pub(crate) fn apply_record(&mut self, regions: &LocalRegions, r: Record) -> std::result::Result<(), String> {
+        let region = regions
+            .get(r.region)
+            .ok_or_else(|| format!("a flag record names region {} of this rank, which does not exist", r.region))?;
+        let word = region.word(r.offset).ok_or_else(|| {
+            format!("a flag record names offset {} of region {}, not an aligned word inside it", r.offset, r.region)
+        })?;
+        word.store(r.value, Ordering::Release);
+        if let Some(slot) = r.slot {
+            let slot = slot as usize;
+            if self.slots.len() <= slot {
+                self.slots.resize_with(slot + 1, || None);
+            }
+            self.slots[slot] =
+                Some(InWord { region: std::sync::Arc::downgrade(&region), offset: r.offset, last: r.value });
+        }
+        Ok(())
+    }
+
+    /// Applies an immediate: adds its difference to its slot's last value and stores the sum.
+    /// `Err` for a slot never defined. A region dropped here since is skipped: its owner is
+    /// done with it, so nobody waits on the word.
+    pub(crate) fn apply_immediate(&mut self, imm: u32) -> std::result::Result<(), String> {
+        let (slot, delta) = ((imm >> DELTA_BITS) as usize, u64::from(imm & ((1 << DELTA_BITS) - 1)));
+        let word = self
+            .slots
+            .get_mut(slot)
+            .and_then(Option::as_mut)
+            .ok_or_else(|| format!("an immediate names flag slot {slot}, which no record defined"))?;
+        word.last = word.last.wrapping_add(delta);
+        if let Some(region) = word.region.upgrade() {
+            // Checked when the slot was defined; the region cannot have changed size.
+            if let Some(w) = region.word(word.offset) {
+                w.store(word.last, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn records_round_trip_and_bad_slots_are_refused() {
+        let r = Record { region: 7, slot: Some(SLOTS - 1), offset: 4096, value: u64::MAX - 3 };
+        assert_eq!(Record::decode(&r.encode()).unwrap(), r);
+        let none = Record { slot: None, ..r };
+        assert_eq!(Record::decode(&none.encode()).unwrap(), none);
+        let mut bad = r.encode();
+        bad[4..8].copy_from_slice(&SLOTS.to_le_bytes());
+        assert!(matches!(Record::decode(&bad), Err(Error::Protocol(_))));
+    }
+
+    #[test]
+    fn first_stores_are_records_then_small_steps_are_immediates() {
+        let mut out = Outbound::default();
+        assert_eq!(out.signal(3, 0, 1), Signal::Record(Record { region: 3, slot: Some(0), offset: 0, value: 1 }));
+        assert_eq!(out.signal(3, 64, 5), Signal::Record(Record { region: 3, slot: Some(1), offset: 64, value: 5 }));
+        assert_eq!(out.signal(3, 0, 2), Signal::Immediate(1), "slot 0, +1");
+        assert_eq!(out.signal(3, 64, 5), Signal::Immediate(1 << DELTA_BITS), "slot 1, +0");
+        // A step that does not fit in 20 bits, and one backwards, go in full.
+        let big = 2 + (1 << DELTA_BITS);
+        assert_eq!(out.signal(3, 0, big), Signal::Record(Record { region: 3, slot: Some(0), offset: 0, value: big }));
+        assert!(matches!(out.signal(3, 0, 1), Signal::Record(Record { value: 1, slot: Some(0), .. })));
+        assert_eq!(out.signal(3, 0, 9), Signal::Immediate(8));
+    }
+
+    #[test]
+    fn words_past_the_last_slot_always_go_as_records() {
+        let mut out = Outbound::default();
+        for w in 0..u64::from(SLOTS) {
+            assert!(matches!(out.signal(1, 8 * w, 1), Signal::Record(Record { slot: Some(_), .. })));
+        }
+        let extra = 8 * u64::from(SLOTS);
+        for v in 1..3 {
+            assert_eq!(
+                out.signal(1, extra, v),
+                Signal::Record(Record { region: 1, slot: None, offset: extra, value: v })
+            );
+        }
+    }
+
+    #[test]
+    fn an_immediate_for_a_slot_never_defined_is_refused() {
+        let mut slots = InboundSlots::default();
+        assert!(slots.apply_immediate(5 << DELTA_BITS | 1).unwrap_err().contains("slot 5"));
+    }
+}
