@@ -22,8 +22,10 @@
 // The algorithms are those of the host channel executor (collectives/src/channel): ring
 // all-reduce, all-gather and reduce-scatter (rounds of at most slots - 1 messages per share,
 // so the ring cannot deadlock), chain broadcast and reduce, and one-hop lockstep exchanges
-// (direct) for every collective, all-to-all(v) and send/receive. A launch is one block: thread
-// 0 waits and pushes, every thread copies and reduces.
+// (direct) for every collective, all-to-all(v) and send/receive; and the logarithmic ones for
+// large worlds (recursive doubling and halving, Bruck, binomial trees), in channel_log.cu, which
+// every program appends to this file. A launch is one block: thread 0 waits and pushes, every
+// thread copies and reduces.
 //
 // Every message carries the call's number, signature and count; a receiver that finds others
 // than its own reports CallMismatch. Every wait is bounded (DeviceStatusHandle).
@@ -33,7 +35,8 @@ namespace weave {
 // The collective codes (enum ChannelCollective: CHANNEL_ALL_REDUCE, CHANNEL_ALL_GATHER,
 // CHANNEL_REDUCE_SCATTER, CHANNEL_BROADCAST, CHANNEL_REDUCE, CHANNEL_ALL_TO_ALL,
 // CHANNEL_ALL_TO_ALLV, CHANNEL_SEND_RECV), the algorithm codes (enum ChannelAlgorithm:
-// CHANNEL_RING, CHANNEL_DIRECT) and CHANNEL_NO_PEER, the rank number that names no peer
+// CHANNEL_RING, CHANNEL_DIRECT, CHANNEL_DOUBLING, CHANNEL_HALVING, CHANNEL_BRUCK, CHANNEL_TREE)
+// and CHANNEL_NO_PEER, the rank number that names no peer
 // (send/receive without one side), are declared in front of this file from their Rust
 // definitions (kernels::channel::code_declarations).
 
@@ -52,6 +55,7 @@ struct ChannelArgs {
                        // send displacements, recv counts, recv displacements); send/receive:
                        // aux[0] = bytes to receive
   uint64_t links;      // device address of ChannelLink[world]
+  uint64_t scratch;    // the logarithmic algorithms' work buffer (device address; sized per call)
   uint64_t call;       // this call's number (0 for send/receive)
   uint64_t signature;  // what every rank must agree on (collective, algorithm, dtype, op, root)
   uint64_t agreed;     // the count every rank must agree on
@@ -546,6 +550,19 @@ WEAVE_CHANNEL_STEP void exchange(const ChannelArgs& a, DirectBlocks out_blocks, 
   }
 }
 
+// ---- logarithmic -----------------------------------------------------------------------------
+
+// The logarithmic algorithms, defined in channel_log.cu (appended to this file).
+template <typename Op, typename T>
+WEAVE_CHANNEL_STEP void doubling(const ChannelArgs& a, Shared* sh);
+template <typename Op, typename T>
+WEAVE_CHANNEL_STEP void halving(const ChannelArgs& a, bool all_reduce, Shared* sh);
+template <typename Op, typename T>
+WEAVE_CHANNEL_STEP void tree_reduce(const ChannelArgs& a, Shared* sh);
+WEAVE_CHANNEL_STEP void tree_broadcast(const ChannelArgs& a, Shared* sh);
+WEAVE_CHANNEL_STEP void bruck_all_gather(const ChannelArgs& a, Shared* sh);
+WEAVE_CHANNEL_STEP void bruck_all_to_all(const ChannelArgs& a, Shared* sh);
+
 // The reducing collectives on T with Op (all-reduce, reduce-scatter, reduce).
 template <typename Op, typename T>
 WEAVE_CHANNEL_STEP void run_reducing(const ChannelArgs& a) {
@@ -557,6 +574,23 @@ WEAVE_CHANNEL_STEP void run_reducing(const ChannelArgs& a) {
   if (n == 1) {
     // Every collective of one rank is a copy of its input (count elements).
     move(recv, send, a.count * sizeof(T));
+    return;
+  }
+  if (a.algorithm == CHANNEL_DOUBLING && a.collective == CHANNEL_ALL_REDUCE) {
+    doubling<Op, T>(a, &sh);
+    return;
+  }
+  if (a.algorithm == CHANNEL_HALVING && (a.collective == CHANNEL_ALL_REDUCE || a.collective == CHANNEL_REDUCE_SCATTER)) {
+    halving<Op, T>(a, a.collective == CHANNEL_ALL_REDUCE, &sh);
+    return;
+  }
+  if (a.algorithm == CHANNEL_TREE && a.collective == CHANNEL_REDUCE) {
+    tree_reduce<Op, T>(a, &sh);
+    return;
+  }
+  if (a.algorithm != CHANNEL_RING && a.algorithm != CHANNEL_DIRECT) {
+    // A logarithmic algorithm this collective does not have (the host never asks for one).
+    if (tid == 0) report_error(a.status, DeviceError::BadArgument);
     return;
   }
   switch (a.collective) {
@@ -599,6 +633,23 @@ WEAVE_CHANNEL_STEP void run_moving(const ChannelArgs& a) {
   const bool ring_family = a.algorithm == CHANNEL_RING;
   if (n == 1 && a.collective != CHANNEL_ALL_TO_ALLV && a.collective != CHANNEL_SEND_RECV) {
     move(recv, send, a.count);
+    return;
+  }
+  if (a.algorithm == CHANNEL_BRUCK && a.collective == CHANNEL_ALL_GATHER) {
+    bruck_all_gather(a, &sh);
+    return;
+  }
+  if (a.algorithm == CHANNEL_BRUCK && a.collective == CHANNEL_ALL_TO_ALL) {
+    bruck_all_to_all(a, &sh);
+    return;
+  }
+  if (a.algorithm == CHANNEL_TREE && a.collective == CHANNEL_BROADCAST) {
+    tree_broadcast(a, &sh);
+    return;
+  }
+  if (a.algorithm != CHANNEL_RING && a.algorithm != CHANNEL_DIRECT) {
+    // A logarithmic algorithm this collective does not have (the host never asks for one).
+    if (tid == 0) report_error(a.status, DeviceError::BadArgument);
     return;
   }
   switch (a.collective) {

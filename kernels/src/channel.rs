@@ -15,6 +15,10 @@ use crate::source::program_with_checks;
 /// [`ChannelKernel::program`]).
 pub const CHANNEL_SOURCE: &str = include_str!("../cuda/channel.cu");
 
+/// The family's logarithmic algorithms (`cuda/channel_log.cu`: recursive doubling and halving,
+/// Bruck, binomial trees), which every program appends to [`CHANNEL_SOURCE`].
+pub const CHANNEL_LOG_SOURCE: &str = include_str!("../cuda/channel_log.cu");
+
 /// Threads of the one block a channel launch runs.
 pub const CHANNEL_THREADS: u32 = 512;
 
@@ -68,7 +72,8 @@ impl ChannelKernel {
         };
         let checks = crate::layout::static_checks() + &layout_checks(&LAYOUTS) + &constant_checks();
         let source = format!(
-            "#define WEAVE_CHANNEL_THREADS {CHANNEL_THREADS}\n{}#line 1 \"channel.cu\"\n{CHANNEL_SOURCE}\n{entry}\n",
+            "#define WEAVE_CHANNEL_THREADS {CHANNEL_THREADS}\n{}#line 1 \"channel.cu\"\n{CHANNEL_SOURCE}\n\
+             #line 1 \"channel_log.cu\"\n{CHANNEL_LOG_SOURCE}\n{entry}\n",
             code_declarations()
         );
         Ok(program_with_checks(&source, &checks))
@@ -117,6 +122,14 @@ pub enum ChannelAlgorithm {
     Ring = 0,
     /// One-hop lockstep exchanges.
     Direct = 1,
+    /// All-reduce by recursive doubling (`cuda/channel_log.cu`).
+    Doubling = 2,
+    /// All-reduce (Rabenseifner) and reduce-scatter by recursive halving.
+    Halving = 3,
+    /// All-gather and all-to-all by Bruck's algorithms.
+    Bruck = 4,
+    /// Broadcast and reduce over a binomial tree.
+    Tree = 5,
 }
 
 impl ChannelCollective {
@@ -135,7 +148,14 @@ impl ChannelCollective {
 
 impl ChannelAlgorithm {
     /// Every algorithm code.
-    pub const ALL: [ChannelAlgorithm; 2] = [ChannelAlgorithm::Ring, ChannelAlgorithm::Direct];
+    pub const ALL: [ChannelAlgorithm; 6] = [
+        ChannelAlgorithm::Ring,
+        ChannelAlgorithm::Direct,
+        ChannelAlgorithm::Doubling,
+        ChannelAlgorithm::Halving,
+        ChannelAlgorithm::Bruck,
+        ChannelAlgorithm::Tree,
+    ];
 }
 
 /// The C++ declarations of the codes `channel.cu` shares with this module, made from the Rust
@@ -190,6 +210,9 @@ pub struct ChannelArgs {
     pub aux: [u64; 4],
     /// Device address of the link table (a [`ChannelLink`] per rank).
     pub links: u64,
+    /// Device address of the logarithmic algorithms' work buffer, as large as the call needs
+    /// (0 where it needs none).
+    pub scratch: u64,
     /// The call's number (every rank counts channel calls alike; 0 for send/receive).
     pub call: u64,
     /// Collective, algorithm, element type, operator and root, packed: every rank must agree.
@@ -286,8 +309,8 @@ pub const LAYOUTS: [Layout; 2] = [
         ChannelArgs,
         "ChannelArgs",
         [
-            send, recv, count, aux, links, call, signature, agreed, fifo, status, rank, world, root, op, collective,
-            algorithm, from, elem_size
+            send, recv, count, aux, links, scratch, call, signature, agreed, fifo, status, rank, world, root, op,
+            collective, algorithm, from, elem_size
         ]
     ),
     device_layout!(
@@ -368,13 +391,17 @@ mod tests {
             "CHANNEL_REDUCE_SCATTER = 2,",
             "CHANNEL_ALL_TO_ALLV = 6,",
             "CHANNEL_SEND_RECV = 7 };",
-            "enum ChannelAlgorithm : uint32_t { CHANNEL_RING = 0, CHANNEL_DIRECT = 1 };",
+            "enum ChannelAlgorithm : uint32_t { CHANNEL_RING = 0, CHANNEL_DIRECT = 1, CHANNEL_DOUBLING = 2, \
+             CHANNEL_HALVING = 3, CHANNEL_BRUCK = 4, CHANNEL_TREE = 5 };",
             "constexpr uint32_t CHANNEL_NO_PEER = 0xffffffffu;",
         ] {
             assert!(d.contains(code), "{code} missing from\n{d}");
         }
         for c in ChannelCollective::ALL {
             assert!(CHANNEL_SOURCE.contains(&format!("CHANNEL_{}", upper_snake(&format!("{c:?}")))), "{c:?}");
+        }
+        for a in ChannelAlgorithm::ALL {
+            assert!(CHANNEL_SOURCE.contains(&format!("CHANNEL_{}", upper_snake(&format!("{a:?}")))), "{a:?}");
         }
     }
 
@@ -392,7 +419,16 @@ mod tests {
             let compiled = crate::compile::Compiler::without_cache()
                 .compile(&k.program().unwrap(), "sm_90")
                 .unwrap_or_else(|e| panic!("{} does not compile: {e}", k.name()));
-            assert!(compiled.ptx().contains(&format!(".entry {}(", k.name())), "{} missing from its PTX", k.name());
+            let ptx = compiled.ptx();
+            assert!(ptx.contains(&format!(".entry {}(", k.name())), "{} missing from its PTX", k.name());
+            // The logarithmic algorithms are real functions of every program (channel_log.cu).
+            let steps: &[&str] = match k {
+                ChannelKernel::Moving => &["bruck_all_gather", "bruck_all_to_all", "tree_broadcast"],
+                ChannelKernel::Reducing(_) => &["doubling", "halving", "tree_reduce"],
+            };
+            for step in steps {
+                assert!(ptx.contains(step), "{} lacks {step}", k.name());
+            }
         }
         assert!(ChannelKernel::Reducing("f128").program().is_err());
     }

@@ -58,7 +58,7 @@ fn matrix(gpus: usize) {
 /// all-reduces (LL16 packets, LL128 lines), every pipelined kernel; then the channel family
 /// (its table rows, then each channel algorithm forced wherever it runs).
 fn forced(gpus: usize) {
-    const FAMILIES: [&str; 7] = [
+    const FAMILIES: [&str; 11] = [
         "all_reduce=one_shot,all_gather=one_shot,reduce_scatter=one_shot,broadcast=one_shot,all_to_all=one_shot,reduce=one_shot",
         "all_reduce=two_shot,broadcast=ring",
         "all_reduce=two_shot_ll128",
@@ -66,6 +66,10 @@ fn forced(gpus: usize) {
         "channel",
         "channel_ring",
         "channel_direct",
+        "channel_doubling",
+        "channel_halving",
+        "channel_bruck",
+        "channel_tree",
     ];
     for n in worlds(gpus) {
         for family in FAMILIES {
@@ -101,13 +105,57 @@ fn typed(gpus: usize) {
     with_both_families("typed", gpus, Duration::from_secs(300));
 }
 
-/// Sixteen ranks (sharing the host's GPUs, rank r on GPU r % count): beyond the direct kernels'
+/// The channel family's logarithmic algorithms (`kernels/cuda/channel_log.cu`).
+const LOGARITHMIC: [&str; 4] = ["channel_doubling", "channel_halving", "channel_bruck", "channel_tree"];
+
+/// `ranks` ranks (sharing the host's GPUs, rank r on GPU r % count): beyond the direct kernels'
 /// eight, so every device call runs the channel family: every collective at small and odd sizes,
-/// and a send/receive ring shift.
+/// and a send/receive ring shift. The plan must pick the logarithmic algorithms for the small
+/// calls by itself: rank 0's log (`WEAVE_DEBUG=info`, a line per call) must name each of them.
+fn wide_world(ranks: usize) {
+    let spec = scenario_spec(worker(), "wide", ranks, 60.0, Duration::from_secs(480)).env("WEAVE_DEBUG", "info");
+    let report = run_ok(&spec, "wide");
+    let log = &report.ranks[0].stderr;
+    for algo in LOGARITHMIC {
+        let ran = log.iter().filter(|l| l.contains(&format!("-> {algo} ("))).count();
+        assert!(ran > 0, "{ranks} ranks: rank 0 never ran {algo}\n{}", dump(&report));
+        println!("    [{ranks} ranks, rank 0] {ran} calls ran {algo}");
+    }
+    if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+        println!("    [{ranks} ranks, rank 0] {line}");
+    }
+}
+
+/// Sixteen ranks: see [`wide_world`].
 fn sixteen_ranks(_gpus: usize) {
-    const RANKS: usize = 16;
-    let spec = scenario_spec(worker(), "wide", RANKS, 60.0, Duration::from_secs(480));
-    run_and_show(&spec, "wide", &format!("{RANKS} ranks"));
+    wide_world(16);
+}
+
+/// Thirteen ranks, not a power of two: doubling and halving fold five pairs into a core of
+/// eight; Bruck's last step and the trees are partial. See [`wide_world`].
+fn thirteen_ranks(_gpus: usize) {
+    wide_world(13);
+}
+
+/// Each logarithmic algorithm forced (the `forced` scenario: small, odd and edge sizes, every
+/// collective it runs, the same bits on every rank) on worlds that are not powers of two: 3 (one
+/// folded pair, the core of 2) and 7 (three folded pairs; Bruck's last step moves 3 of 4
+/// blocks), ranks sharing the host's GPUs where it has fewer. Rank 0's log must show the forced
+/// algorithm running.
+fn logarithmic_forced_on_odd_worlds(_gpus: usize) {
+    for n in [3, 7] {
+        for algo in LOGARITHMIC {
+            let spec = scenario_spec(worker(), "forced", n, 20.0, Duration::from_secs(300))
+                .env("WEAVE_ALGO", algo)
+                .env("WEAVE_DEBUG", "info");
+            let report = run_ok(&spec, "forced");
+            let ran = report.ranks[0].stderr.iter().filter(|l| l.contains(&format!("-> {algo} ("))).count();
+            assert!(ran > 0, "{n} ranks, WEAVE_ALGO={algo}: rank 0 never ran it\n{}", dump(&report));
+            if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+                println!("    [{n} ranks, rank 0, {ran} calls ran {algo}] {line}");
+            }
+        }
+    }
 }
 
 fn fault_kill(gpus: usize) {
@@ -174,6 +222,8 @@ const TESTS: &[GpuTest] = &[
     ("device_send_recv", p2p),
     ("typed_device_calls_on_cudarc_buffers", typed),
     ("sixteen_ranks_run_every_device_collective_over_channels", sixteen_ranks),
+    ("thirteen_ranks_run_every_device_collective_over_channels", thirteen_ranks),
+    ("logarithmic_channel_algorithms_forced_on_odd_worlds", logarithmic_forced_on_odd_worlds),
     ("device_collectives_across_posed_nodes_over_tcp", across_posed_nodes),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),

@@ -26,13 +26,20 @@ fn distances(n: usize) -> impl Iterator<Item = usize> {
     std::iter::successors(Some(1usize), |d| d.checked_mul(2)).take_while(move |&d| d < n)
 }
 
+/// The peers of rank `me` in a world of `n`: the ranks at every distance on either side (the
+/// device kernels' links, too).
+pub(super) fn peers(n: usize, me: usize) -> Vec<usize> {
+    let mut peers: Vec<usize> = distances(n).flat_map(|d| [(me + d) % n, (me + n - d) % n]).collect();
+    peers.sort_unstable();
+    peers.dedup();
+    peers
+}
+
 /// Runs an all-gather or all-to-all by Bruck's algorithm. Safety: as [`ChannelEngine::run`].
 pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let count = spec.count;
-    let mut peers: Vec<usize> = distances(n).flat_map(|d| [(me + d) % n, (me + n - d) % n]).collect();
-    peers.sort_unstable();
-    peers.dedup();
+    let peers = peers(n, me);
     let (send, recv) = c.buffers();
     let block = |w: *mut T, j: usize| {
         // SAFETY: callers pass j < n, inside a buffer of n blocks of count elements.

@@ -11,6 +11,14 @@
 //! per direction (`ready` after each message, `freed` after each consumed one) and one entry of
 //! the device link table the kernels read. Each kernel of the family is compiled the first time
 //! a call needs it.
+//!
+//! The logarithmic algorithms (recursive doubling and halving, Bruck, binomial trees) run the
+//! host's schedules (`kernels/cuda/channel_log.cu` mirrors `recursive.rs`, `bruck.rs` and
+//! `tree.rs`, whose peer functions name the links built here). Where the host keeps a scratch
+//! vector they use the family's scratch buffer in device memory: grown for the largest call so
+//! far, each size kept until the communicator goes (a kernel launched earlier may still use it;
+//! the sizes double, so all of them take less than twice the largest). Like the link counters,
+//! it assumes the calls of one communicator run one after another (one stream, or ordered ones).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -30,7 +38,7 @@ use kernels::channel::{
 };
 use kernels::module::KernelModule;
 
-use super::{CallSpec, SLOTS, missing_links, payload_for};
+use super::{CallSpec, SLOTS, bruck, missing_links, payload_for, recursive, tree};
 use crate::dtype::DataType;
 use crate::select::device::{CountUnit, KernelPlan};
 use crate::table::{Algorithm, Collective};
@@ -38,11 +46,14 @@ use crate::table::{Algorithm, Collective};
 /// Slots of the proxy's trigger FIFO (every message takes two triggers: data, then credit).
 const FIFO_CAPACITY: u32 = 1024;
 
+/// The smallest scratch buffer the family allocates.
+const MIN_SCRATCH_BYTES: usize = 64 << 10;
+
 /// What one device call of the channel family asks for: the call as every rank must agree on it
 /// (`spec.invalid` is never set on device calls), and this rank's buffers.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct DeviceChannelCall {
-    /// Collective, algorithm (`ChannelRing` or `ChannelDirect`), element type, operator, count
+    /// Collective, channel algorithm (one the device rows name for it), element type, operator, count
     /// (elements, per rank block where the collective has blocks) and root.
     pub(crate) spec: CallSpec,
     /// Input (device address).
@@ -89,6 +100,8 @@ pub(crate) struct DeviceChannels {
     arch: String,
     functions: HashMap<ChannelKernel, CudaFunction>,
     payload: usize,
+    /// The logarithmic algorithms' work buffers, the newest (largest) last; see the module doc.
+    scratch: Vec<(CudaSlice<u8>, u64)>,
     /// Channel collectives launched so far (every rank counts them alike).
     calls: u64,
     timeout: Duration,
@@ -137,6 +150,7 @@ impl DeviceChannels {
             arch: arch.to_string(),
             functions: HashMap::new(),
             payload: payload_for(world),
+            scratch: Vec::new(),
             calls: 0,
             timeout: core.config().timeout,
         })
@@ -254,9 +268,44 @@ impl DeviceChannels {
                 }
                 v
             }
+            (
+                Collective::AllReduce | Collective::ReduceScatter,
+                Algorithm::ChannelDoubling | Algorithm::ChannelHalving,
+            ) => recursive::peers(n, me),
+            (Collective::AllGather | Collective::AllToAll, Algorithm::ChannelBruck) => bruck::peers(n, me),
+            (Collective::Broadcast | Collective::Reduce, Algorithm::ChannelTree) => {
+                let (parent, children) = tree::tree(n, me, root);
+                parent.into_iter().chain(children).collect()
+            }
             (Collective::Broadcast | Collective::Reduce, _) if me != root => vec![root],
             _ => everyone(),
         }
+    }
+
+    /// The device address of a scratch buffer of at least `bytes` bytes (0 for none), allocating
+    /// a larger one when the newest is too small.
+    fn scratch_of(&mut self, bytes: usize) -> Result<u64> {
+        if bytes == 0 {
+            return Ok(0);
+        }
+        if let Some((buffer, address)) = self.scratch.last()
+            && buffer.len() >= bytes
+        {
+            return Ok(*address);
+        }
+        let len = bytes.checked_next_power_of_two().unwrap_or(bytes).max(MIN_SCRATCH_BYTES);
+        let cuda = |e: cudarc::driver::DriverError| Error::Cuda {
+            operation: format!("allocate {len} bytes of channel scratch on GPU {}", self.device),
+            message: e.to_string(),
+        };
+        let buffer = self.table_stream.alloc_zeros::<u8>(len).map_err(cuda)?;
+        self.table_stream.synchronize().map_err(cuda)?;
+        let address = {
+            let (address, _sync) = buffer.device_ptr(&self.table_stream);
+            address
+        };
+        self.scratch.push((buffer, address));
+        Ok(address)
     }
 
     /// Launches `call` on `stream` (building its links and compiling its kernel first if needed).
@@ -276,8 +325,18 @@ impl DeviceChannels {
         let algorithm = match spec.algorithm {
             Algorithm::ChannelRing => ChannelAlgorithm::Ring,
             Algorithm::ChannelDirect => ChannelAlgorithm::Direct,
-            other => return Err(Error::invalid(format!("{other} is not a channel algorithm"))),
+            Algorithm::ChannelDoubling => ChannelAlgorithm::Doubling,
+            Algorithm::ChannelHalving => ChannelAlgorithm::Halving,
+            Algorithm::ChannelBruck => ChannelAlgorithm::Bruck,
+            Algorithm::ChannelTree => ChannelAlgorithm::Tree,
+            other => return Err(Error::invalid(format!("{other} is not a channel algorithm of the GPU path"))),
         };
+        if !spec.algorithm.runs_on_device(spec.collective) {
+            return Err(Error::invalid(format!(
+                "the GPU channel kernels have no {} for {}",
+                spec.algorithm, spec.collective
+            )));
+        }
         let collective = match spec.collective {
             Collective::AllReduce => ChannelCollective::AllReduce,
             Collective::ReduceScatter => ChannelCollective::ReduceScatter,
@@ -299,6 +358,14 @@ impl DeviceChannels {
             CountUnit::Bytes => spec.count * esz,
             CountUnit::ElementSize => esz,
         };
+        let scratch_bytes =
+            scratch_bytes(spec.collective, spec.algorithm, self.world, spec.count, esz).ok_or_else(|| {
+                Error::invalid(format!(
+                    "{} of {} elements: the work buffer's size overflows",
+                    spec.collective, spec.count
+                ))
+            })?;
+        let scratch = self.scratch_of(scratch_bytes)?;
         let f = self.function(kernel)?;
         self.calls += 1;
         let signature =
@@ -309,6 +376,7 @@ impl DeviceChannels {
             count: count as u64,
             aux: call.aux,
             links: self.table_address,
+            scratch,
             call: self.calls,
             signature,
             agreed: if spec.collective == Collective::AllToAllv { 0 } else { spec.count as u64 },
@@ -351,6 +419,7 @@ impl DeviceChannels {
             count: call.send.map_or(0, |s| s.1 * esz) as u64,
             aux: [call.recv.map_or(0, |r| r.1 * esz) as u64, 0, 0, 0],
             links: self.table_address,
+            scratch: 0,
             // Point-to-point calls are not counted: only the two ranks of a pair take part.
             call: 0,
             signature: crate::host::signature(Collective::SendRecv, call.dtype, None, Algorithm::ChannelDirect),
@@ -387,6 +456,25 @@ impl DeviceChannels {
         // SAFETY: the kernel's one parameter is exactly ChannelArgs (layout checked at compile
         // time); the caller guarantees the addresses inside it.
         unsafe { kernels::launch::launch_with_args(f, &args, shape, stream, kernel) }
+    }
+}
+
+/// Bytes of scratch `algorithm` needs for `collective` of `count` elements of `esz` bytes (per
+/// block where the collective has blocks) on `world` ranks: the host's scratch vectors (a copy of
+/// the blocks to reduce or move, or of the input a tree reduces into); `None` on overflow.
+fn scratch_bytes(
+    collective: Collective,
+    algorithm: Algorithm,
+    world: usize,
+    count: usize,
+    esz: usize,
+) -> Option<usize> {
+    let block = count.checked_mul(esz)?;
+    match (collective, algorithm) {
+        (Collective::ReduceScatter, Algorithm::ChannelHalving)
+        | (Collective::AllGather | Collective::AllToAll, Algorithm::ChannelBruck) => block.checked_mul(world),
+        (Collective::Reduce, Algorithm::ChannelTree) => Some(block),
+        _ => Some(0),
     }
 }
 

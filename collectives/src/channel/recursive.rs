@@ -24,6 +24,17 @@ use crate::host::copy;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 
+/// The peers of rank `me` in a world of `n` for doubling and halving: its folded partner, if
+/// any, and its core partner of every bit (the device kernels' links, too).
+pub(super) fn peers(n: usize, me: usize) -> Vec<usize> {
+    let f = Fold::new(n);
+    let mut peers: Vec<usize> = f.partner(me).into_iter().collect();
+    if let Some(i) = f.core(me) {
+        peers.extend((0..f.p.ilog2()).map(|b| f.rank(i ^ (1 << b))));
+    }
+    peers
+}
+
 /// All-reduce by recursive doubling.
 ///
 /// # Safety
@@ -37,11 +48,7 @@ pub(super) unsafe fn all_reduce_doubling<T: Element>(
 ) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let f = Fold::new(n);
-    let mut peers: Vec<usize> = f.partner(me).into_iter().collect();
-    if let Some(i) = f.core(me) {
-        peers.extend((0..f.p.ilog2()).map(|b| f.rank(i ^ (1 << b))));
-    }
-    let mut call = e.begin(core, &peers, spec)?;
+    let mut call = e.begin(core, &peers(n, me), spec)?;
     // SAFETY: both buffers hold count elements (caller); identical or disjoint.
     unsafe { copy(send, recv, count) };
     let acc = recv;
@@ -141,11 +148,7 @@ unsafe fn halving<T: Element>(
     let (n, me) = (e.world_size, e.rank);
     let f = Fold::new(n);
     let steps = f.p.ilog2();
-    let mut peers: Vec<usize> = f.partner(me).into_iter().collect();
-    if let Some(i) = f.core(me) {
-        peers.extend((0..steps).map(|b| f.rank(i ^ (1 << b))));
-    }
-    let mut call = e.begin(core, &peers, spec)?;
+    let mut call = e.begin(core, &peers(n, me), spec)?;
     let mut scratch: Vec<T> = Vec::new();
     let (work, total) = match kind {
         Halving::AllReduce => {

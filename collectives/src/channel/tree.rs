@@ -25,8 +25,8 @@ use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 
 /// The tree around `me` in a world of `n` with root `root`: its parent (if not the root) and
-/// its children in the order the steps reach them.
-fn tree(n: usize, me: usize, root: usize) -> (Option<usize>, Vec<usize>) {
+/// its children in the order the steps reach them (the device kernels' links, too).
+pub(super) fn tree(n: usize, me: usize, root: usize) -> (Option<usize>, Vec<usize>) {
     let v = (me + n - root) % n;
     let abs = |w: usize| (w + root) % n;
     // The parent differs from v in its highest set bit; the children add the bits above it.

@@ -8,7 +8,7 @@
 
 use comm_core::Result;
 
-use super::table::{Algorithm, Collective};
+use super::table::{Algorithm, Collective, Family};
 
 /// What the GPUs of a communicator can do, as every rank agreed at setup.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -120,11 +120,13 @@ pub fn kernel(c: Collective, algo: Algorithm, world: usize, bytes: usize, caps: 
     let overlapped = caps.forced_schedule.unwrap_or(world == 2 && bytes >= OVERLAPPED_FROM_ON_2_GPUS);
     let pipelined = |min_steps| Grid::Pipelined { min_steps, overlapped };
     let k = |family, typed, count, grid| Ok(KernelPlan { family, typed, count, grid });
+    if algo.family() == Family::Channel {
+        return match c {
+            AllReduce | ReduceScatter | Reduce => k(CHANNEL_REDUCING_FAMILY, true, Elements, Grid::Channel),
+            _ => k(CHANNEL_MOVING_KERNEL, false, Bytes, Grid::Channel),
+        };
+    }
     match (c, algo) {
-        (AllReduce | ReduceScatter | Reduce, Algorithm::ChannelRing | Algorithm::ChannelDirect) => {
-            k(CHANNEL_REDUCING_FAMILY, true, Elements, Grid::Channel)
-        }
-        (_, Algorithm::ChannelRing | Algorithm::ChannelDirect) => k(CHANNEL_MOVING_KERNEL, false, Bytes, Grid::Channel),
         (AllReduce, OneShot) => k("weave_all_reduce_ll", true, Elements, Grid::Packets),
         (AllReduce, TwoShot) => k("weave_all_reduce_two_shot", true, Elements, Grid::Packets),
         (AllReduce, TwoShotLl128) => k("weave_all_reduce_two_shot_ll128", true, Elements, Grid::Lines),

@@ -51,7 +51,8 @@ pub fn steps(collective: Collective, algorithm: Algorithm, n: usize) -> Option<u
 
 #[cfg(test)]
 mod tests {
-    use super::super::table::AlgorithmTable;
+    use super::super::device::{GpuCaps, TEST_CAPS};
+    use super::super::table::{AlgorithmTable, MemorySpace};
     use super::super::{CallShape, Executor, plan};
     use super::*;
     use comm_core::topology::Topology;
@@ -76,39 +77,72 @@ mod tests {
         }
     }
 
+    /// Most steps per `ceil(log2 n)` a small call's plan may take.
+    const C: usize = 3;
+
+    /// Checks the steps of `algorithm`, planned for a small `c` on `n` ranks, and adds a line to
+    /// `report`. Every collective but all-to-all-v must stay within the logarithmic bound;
+    /// all-to-all-v, whose per-peer counts are known only to the ranks that send (a Bruck form
+    /// would first exchange them), stays direct.
+    fn check(report: &mut String, n: usize, label: &str, c: Collective, algorithm: Algorithm) {
+        let bound = C * ceil_log2(n);
+        let s = steps(c, algorithm, n).unwrap();
+        report.push_str(&format!(
+            "{n:>5}  {bound:>5}  {label:<7}  {:<14}  {:<16}  {s:>5}\n",
+            c.name(),
+            algorithm.name()
+        ));
+        if c == Collective::AllToAllv {
+            assert_eq!(s, n - 1, "{c} at {n} ranks");
+        } else {
+            assert!(s <= bound, "{c} on {n} ranks ({label}) runs {algorithm} in {s} steps, more than {bound}");
+        }
+    }
+
+    const HEADER: &str = "world  bound  memory   collective      algorithm         steps\n";
+
     #[test]
     fn small_call_plans_take_a_logarithmic_number_of_steps() {
-        // Every collective but all-to-all-v, whose per-peer counts are known only to the
-        // ranks that send (a Bruck form would first exchange them): it stays direct.
-        const C: usize = 3;
         let table = AlgorithmTable::default();
         let transports = [
             ("mapped", Transport::named("steps-test-mapping").unwrap(), true),
             ("network", Transport::named("steps-test-network").unwrap(), false),
         ];
-        let mut report = String::from("world  bound  memory   collective      algorithm         steps\n");
+        let mut report = String::from(HEADER);
         for n in worlds() {
-            let bound = C * ceil_log2(n);
             for &(label, transport, direct) in &transports {
                 let topology = Topology::single_node(0, n, transport, direct);
                 for c in Collective::ALL {
                     let p = plan(&table, CallShape::host(c, small_bytes(c, n)), &topology, None).unwrap();
                     assert_ne!(p.executor, Executor::Hierarchical);
-                    let s = steps(c, p.algorithm, n).unwrap();
-                    report.push_str(&format!(
-                        "{n:>5}  {bound:>5}  {label:<7}  {:<14}  {:<16}  {s:>5}\n",
-                        c.name(),
-                        p.algorithm.name()
-                    ));
-                    if c == Collective::AllToAllv {
-                        assert_eq!(s, n - 1, "{c} at {n} ranks");
-                        continue;
+                    check(&mut report, n, label, c, p.algorithm);
+                }
+            }
+        }
+        println!("{report}");
+    }
+
+    #[test]
+    fn small_device_call_plans_take_a_logarithmic_number_of_steps() {
+        // GPUs on one host: the direct kernels up to their eight GPUs, the channel kernels
+        // beyond (and, with WEAVE_ALGO=channel, at every size of world).
+        let mut channel_only = AlgorithmTable::default();
+        channel_only.apply_overrides("channel").unwrap();
+        let tables = [("gpu", AlgorithmTable::default()), ("gpu-ch", channel_only)];
+        let transport = Transport::named("steps-test-mapping").unwrap();
+        let mut report = String::from(HEADER);
+        for n in worlds() {
+            let topology = Topology::single_node(0, n, transport, true);
+            let caps = GpuCaps { direct: n <= 8, ..TEST_CAPS };
+            for (label, table) in &tables {
+                for c in Collective::ALL {
+                    let bytes = small_bytes(c, n);
+                    let call = CallShape { collective: c, memory: MemorySpace::Device, bytes, payload: 8 };
+                    let p = plan(table, call, &topology, Some(&caps)).unwrap();
+                    if n > 8 || *label == "gpu-ch" {
+                        assert_eq!(p.executor, Executor::GpuChannel, "{c} on {n} GPUs");
                     }
-                    assert!(
-                        s <= bound,
-                        "{c} on {n} ranks ({label}) runs {} in {s} steps, more than {bound}",
-                        p.algorithm
-                    );
+                    check(&mut report, n, label, c, p.algorithm);
                 }
             }
         }

@@ -462,22 +462,33 @@ pub const DEVICE_ROWS: &[Row] = {
 
 /// The device rows of the channel family: they run wherever the direct kernels cannot (more
 /// than 8 GPUs) or when `WEAVE_ALGO=channel` asks for them; the same shape as the host's
-/// ([`CHANNEL_HOST_ROWS`]).
+/// ([`CHANNEL_HOST_ROWS`]), the logarithmic algorithms included (same worlds, same sizes,
+/// until measured on GPUs).
 pub const CHANNEL_DEVICE_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
     const K: usize = 1 << 10;
+    const M: usize = 1 << 20;
     &[
         device(ANY_GPU, AllReduce, (1, 9), (0, 64 * K), ChannelDirect),
+        device(ANY_GPU, AllReduce, (LOG_WORLD, ANY), (0, 16 * K), ChannelDoubling),
+        device(ANY_GPU, AllReduce, (LOG_WORLD, ANY), (0, M), ChannelHalving),
         device(ANY_GPU, AllReduce, (1, ANY), (0, ANY), ChannelRing),
         device(ANY_GPU, AllGather, (1, 9), (0, 256 * K), ChannelDirect),
+        device(ANY_GPU, AllGather, (LOG_WORLD, ANY), (0, M), ChannelBruck),
         device(ANY_GPU, AllGather, (1, ANY), (0, ANY), ChannelRing),
         device(ANY_GPU, ReduceScatter, (1, 9), (0, 256 * K), ChannelDirect),
+        device(ANY_GPU, ReduceScatter, (LOG_WORLD, ANY), (0, M), ChannelHalving),
         device(ANY_GPU, ReduceScatter, (1, ANY), (0, ANY), ChannelRing),
         device(ANY_GPU, Broadcast, (1, 9), (0, 64 * K), ChannelDirect),
+        device(ANY_GPU, Broadcast, (LOG_WORLD, ANY), (0, 64 * K), ChannelTree),
         device(ANY_GPU, Broadcast, (1, ANY), (0, ANY), ChannelRing),
         device(ANY_GPU, Reduce, (1, 9), (0, 64 * K), ChannelDirect),
+        device(ANY_GPU, Reduce, (LOG_WORLD, ANY), (0, 64 * K), ChannelTree),
         device(ANY_GPU, Reduce, (1, ANY), (0, ANY), ChannelRing),
+        device(ANY_GPU, AllToAll, (LOG_WORLD, 64), (0, 16 * K), ChannelBruck),
+        device(ANY_GPU, AllToAll, (64, 512), (0, 128 * K), ChannelBruck),
+        device(ANY_GPU, AllToAll, (512, ANY), (0, M), ChannelBruck),
         device(ANY_GPU, AllToAll, (1, ANY), (0, ANY), ChannelDirect),
         device(ANY_GPU, AllToAllv, (1, ANY), (0, ANY), ChannelDirect),
         device(ANY_GPU, SendRecv, (1, ANY), (0, ANY), ChannelDirect),
@@ -678,10 +689,23 @@ mod tests {
         assert_eq!(host(SendRecv), [Direct, ChannelDirect]);
         assert_eq!(
             device(AllReduce),
-            [OneShot, TwoShot, TwoShotLl128, TwoPhase, ChannelRing, ChannelDirect, Hierarchical]
+            [
+                OneShot,
+                TwoShot,
+                TwoShotLl128,
+                TwoPhase,
+                ChannelRing,
+                ChannelDirect,
+                ChannelDoubling,
+                ChannelHalving,
+                Hierarchical
+            ]
         );
-        assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect, Hierarchical]);
-        assert_eq!(device(Reduce), [OneShot, Direct, ChannelRing, ChannelDirect]);
+        assert_eq!(device(AllGather), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelBruck]);
+        assert_eq!(device(ReduceScatter), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelHalving]);
+        assert_eq!(device(AllToAll), [OneShot, Direct, ChannelDirect, ChannelBruck]);
+        assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect, ChannelTree, Hierarchical]);
+        assert_eq!(device(Reduce), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelTree]);
         assert_eq!(device(AllToAllv), [Direct, ChannelDirect]);
         assert_eq!(device(SendRecv), [Direct, ChannelDirect]);
     }
