@@ -206,6 +206,11 @@ impl Communicator {
             core = core.with_transport_arc(f.clone());
         }
         let core = core.build()?;
+        // One host whose ranks outnumber its cores (building the core told the waits so): the
+        // ranks all see the same host, so they agree on the crowded rows.
+        if core.topology().all_direct() && comm_core::spin::oversubscribed() {
+            table.for_crowded_host();
+        }
         let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
         // Every rank computes the same topology, so they agree on building the workspace.
         let host =
