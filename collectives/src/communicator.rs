@@ -206,9 +206,9 @@ impl Communicator {
             core = core.with_transport_arc(f.clone());
         }
         let core = core.build()?;
-        // One host whose ranks outnumber its cores (building the core told the waits so): the
-        // ranks all see the same host, so they agree on the crowded rows.
-        if core.topology().all_direct() && comm_core::spin::oversubscribed() {
+        // One host whose ranks outnumber its cores: the ranks all count the same ranks and
+        // the same cores, so they agree on the crowded rows.
+        if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::spin::host_cpus() {
             table.for_crowded_host();
         }
         let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
