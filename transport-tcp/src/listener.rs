@@ -207,8 +207,8 @@ fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handsha
 
 /// A socket's reader thread: waits in `poll(2)` (not holding the socket's lock) until bytes
 /// come, then drains them (see [`crate::receive`]); while a flag waits for other stripes it
-/// snoozes instead, and while waiters hold the peer's lease it sleeps out of the socket's wait
-/// queue. Ends when the socket ends (whoever saw the end reported it) or the listener stops.
+/// snoozes instead. Ends when the socket ends (whoever saw the end reported it) or the
+/// listener stops.
 fn receive_loop(socket: Arc<InSocket>, rank: usize, peer: Arc<PeerInbound>, inbound: Arc<Inbound>) {
     let mut last = Drained::Idle;
     let mut backoff = Backoff::new();
@@ -217,10 +217,6 @@ fn receive_loop(socket: Arc<InSocket>, rank: usize, peer: Arc<PeerInbound>, inbo
             backoff.snooze();
         } else {
             backoff.reset();
-            if let Some(left) = peer.lease_left() {
-                std::thread::sleep(left);
-                continue;
-            }
             // SAFETY: `socket.fd` stays open while `socket` (which owns the stream) lives.
             let fd = unsafe { BorrowedFd::borrow_raw(socket.fd) };
             let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];

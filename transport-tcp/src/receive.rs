@@ -16,13 +16,6 @@
 //!   socket of the peer and drains it, so a small message is applied by the very thread that
 //!   waits for it, with no thread wake-up on the way.
 //!
-//! While a waiter drains a peer, that peer's reader threads stay out of `poll(2)`: a thread
-//! asleep in the socket's wait queue costs the *sender* a wake-up (an inter-processor interrupt
-//! and a scheduler pass inside its `send`) for every frame, and then contends for the lock with
-//! the waiter who already has the bytes. Each drain renews the peer's [`WAITER_LEASE`]; a reader
-//! that finds the lease running sleeps until it ends instead of polling, so a frame that no
-//! waiter takes (a flush answer, the end of a stream) is still applied, at most one lease late.
-//!
 //! Frames are applied exactly once, in each socket's order; a flag or flush waits (in
 //! [`Partial::Waiting`], without blocking) until the other stripes applied the data frames it
 //! counts, and blocks its own socket meanwhile. Ranges are checked as [`crate::wire`] says;
@@ -33,8 +26,8 @@ use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Instant;
 
 use comm_core::memory::MemoryRegion;
 use comm_core::{Error, Result};
@@ -49,17 +42,6 @@ use crate::wire::{FRAME_HEADER_BYTES, FrameHeader, FrameKind};
 /// Bytes of an inbound socket's read buffer: one `recv` takes several small frames at once.
 const BUFFER_BYTES: usize = 64 << 10;
 
-/// How long after a waiter last drained a peer its reader threads leave the sockets to
-/// waiters (see the module doc): long enough to span the gap between two calls of a rank
-/// that calls in a loop, short enough that a frame nobody waits for is not held up for long.
-pub(crate) const WAITER_LEASE: Duration = Duration::from_micros(500);
-
-/// Nanoseconds since the first use, on the monotonic clock: the lease's time stamps.
-fn clock_ns() -> u64 {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    u64::try_from(EPOCH.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
-}
-
 /// What one sending peer's sockets share: the data frames applied per stripe (which its flags
 /// wait for), and the sockets themselves, for waiters to drain.
 #[derive(Default)]
@@ -68,19 +50,9 @@ pub(crate) struct PeerInbound {
     /// The peer's sockets, highest stripe first: data frames are drained before the flags on
     /// stripe 0 that wait for them.
     sockets: Mutex<Vec<Arc<InSocket>>>,
-    /// When ([`clock_ns`]) the waiters' lease on these sockets ends: renewed by every drain of
-    /// [`progress`](Self::progress), read by the reader threads.
-    lease_ends_ns: AtomicU64,
 }
 
 impl PeerInbound {
-    /// How long the waiters' lease on this peer's sockets still runs: `None` when a reader
-    /// thread is to watch them itself.
-    pub(crate) fn lease_left(&self) -> Option<Duration> {
-        let left = self.lease_ends_ns.load(Ordering::Relaxed).saturating_sub(clock_ns());
-        (left > 0).then(|| Duration::from_nanos(left))
-    }
-
     /// Adds a socket of this peer.
     pub(crate) fn add(&self, socket: Arc<InSocket>) {
         let mut sockets = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
@@ -92,7 +64,6 @@ impl PeerInbound {
     /// waiter's side of the module doc. `Err` when a socket broke or lied (the peer is then
     /// marked lost, with `peer` naming it).
     pub(crate) fn progress(&self, peer: usize, inbound: &Inbound) -> Result<()> {
-        self.lease_ends_ns.store(clock_ns().saturating_add(WAITER_LEASE.as_nanos() as u64), Ordering::Relaxed);
         // Another waiter of this rank is draining this peer: it does the work for both.
         let sockets = match self.sockets.try_lock() {
             Ok(s) => s,
