@@ -26,15 +26,27 @@ pub fn remote_region(
     viewer: &dyn TransportBackend,
     len: usize,
 ) -> Result<(RegisteredMemory, RegisteredMemory)> {
+    region_of(owner, 1, viewer, len)
+}
+
+/// `len` bytes of host memory that `owner` (rank `owner_rank`) allocates and `viewer` imports:
+/// (the owner's registration, the viewer's handle on it).
+pub fn region_of(
+    owner: &dyn TransportBackend,
+    owner_rank: usize,
+    viewer: &dyn TransportBackend,
+    len: usize,
+) -> Result<(RegisteredMemory, RegisteredMemory)> {
     let region = owner.allocate(len, MemoryKind::Host)?;
     let payload = owner
         .export(&region)?
         .ok_or_else(|| Error::invalid(format!("transport {} did not export its own region", owner.transport())))?;
-    let local = RegisteredMemory::new_local(descriptor(1, len), region, owner.transport())?;
+    let local = RegisteredMemory::new_local(descriptor(owner_rank, len), region, owner.transport())?;
     let peer_endpoint = owner.local_endpoint()?;
-    let export = PeerExport { peer: 1, peer_endpoint: &peer_endpoint, payload: &payload, len, kind: MemoryKind::Host };
+    let export =
+        PeerExport { peer: owner_rank, peer_endpoint: &peer_endpoint, payload: &payload, len, kind: MemoryKind::Host };
     let imported = viewer.import(export)?;
-    Ok((local, RegisteredMemory::new_imported(descriptor(1, len), imported, viewer.transport())?))
+    Ok((local, RegisteredMemory::new_imported(descriptor(owner_rank, len), imported, viewer.transport())?))
 }
 
 /// `len` bytes of rank 0's host memory from `backend`, holding a pattern that `seed` shifts.

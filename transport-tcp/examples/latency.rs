@@ -1,0 +1,158 @@
+//! One-way latency of small messages over loopback TCP: a plain socket ping-pong (what an MPI
+//! library's TCP path does: one `write`, a spinning non-blocking `recv`) against weave's
+//! connection (`write_and_sync` of a message and its flag, the receiver spinning on the flag
+//! with `progress`), and against weave's connection as a channel link uses it (each side also
+//! returns a credit with `update_and_sync` before it answers), so the cost of each piece shows.
+//!
+//! usage: latency [ITERS] [SIZE ...]   (default 20000 round trips of 8, 64, 512 and 4096 bytes).
+//! Prints `MODE SIZE USEC` per line: half the median round trip. `WEAVE_TCP_SOCKETS` sets the
+//! sockets per connection, as for the collectives.
+
+use std::io::{Read, Write};
+use std::net::{TcpListener, TcpStream};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use comm_core::connection::{CheckedWrite, Connection};
+use comm_core::memory::RegisteredMemory;
+use comm_core::testing::{patterned_source, region_of};
+use comm_core::transport::TransportBackend;
+use transport_tcp::{TcpBackend, TcpConfig};
+
+/// Half the median of `rtts`, in microseconds.
+fn one_way_us(mut rtts: Vec<Duration>) -> f64 {
+    rtts.sort();
+    rtts[rtts.len() / 2].as_secs_f64() * 1e6 / 2.0
+}
+
+/// Reads exactly `buf.len()` bytes, spinning on a non-blocking socket as a polling MPI does.
+fn spin_read(s: &mut TcpStream, buf: &mut [u8]) {
+    let mut got = 0;
+    while got < buf.len() {
+        match s.read(&mut buf[got..]) {
+            Ok(0) => panic!("peer closed"),
+            Ok(n) => got += n,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => std::hint::spin_loop(),
+            Err(e) => panic!("read: {e}"),
+        }
+    }
+}
+
+fn raw(iters: usize, size: usize) -> f64 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let echo = std::thread::spawn(move || {
+        let (mut s, _) = listener.accept().expect("accept");
+        s.set_nodelay(true).expect("nodelay");
+        s.set_nonblocking(true).expect("nonblocking");
+        let mut buf = vec![0u8; size];
+        for _ in 0..iters {
+            spin_read(&mut s, &mut buf);
+            s.write_all(&buf).expect("write");
+        }
+    });
+    let mut s = TcpStream::connect(addr).expect("connect");
+    s.set_nodelay(true).expect("nodelay");
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut buf = vec![1u8; size];
+    let mut rtts = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        s.write_all(&buf).expect("write");
+        spin_read(&mut s, &mut buf);
+        rtts.push(t.elapsed());
+    }
+    echo.join().expect("echo thread");
+    one_way_us(rtts)
+}
+
+fn backend(rank: usize) -> TcpBackend {
+    let ctx = comm_core::testing::context(rank, "tcplat", Duration::from_secs(30));
+    let mut config = TcpConfig::from_env().expect("WEAVE_TCP_SOCKETS");
+    config.interface = Some("lo".into());
+    TcpBackend::open(&ctx, config).expect("open")
+}
+
+/// One side of the ping-pong: its connection to the other side, its own region (where the
+/// other side's messages and flags land) and its view of the other side's region.
+struct Side {
+    conn: Arc<dyn Connection>,
+    mine: RegisteredMemory,
+    theirs: RegisteredMemory,
+    source: RegisteredMemory,
+}
+
+/// Flag offset (after the largest message) and credit offset in each region.
+const FLAG: usize = 1 << 20;
+const CREDIT: usize = FLAG + 64;
+
+impl Side {
+    /// Posts message `i`: `size` bytes and the flag `i` behind them.
+    fn post(&self, i: u64, size: usize) {
+        let write = CheckedWrite::new(&self.theirs, 0, &self.source, 0, size).expect("message range");
+        self.conn.write_and_sync(write, FLAG, i).expect("post");
+    }
+
+    /// Waits for message `i` in this side's region, draining the peer's frames while it spins.
+    fn wait(&self, i: u64) {
+        while self.mine.load_u64(FLAG).expect("flag") < i {
+            self.conn.progress().expect("progress");
+        }
+    }
+}
+
+fn weave(iters: usize, size: usize, credits: bool) -> f64 {
+    let (a, b) = (backend(0), backend(1));
+    let region_len = CREDIT + 64;
+    let (a_mine, b_view) = region_of(&a, 0, &b, region_len).expect("region of rank 0");
+    let (b_mine, a_view) = region_of(&b, 1, &a, region_len).expect("region of rank 1");
+    let side_a = Side {
+        conn: a.connect(1, &b.local_endpoint().expect("endpoint")).expect("connect 0->1"),
+        mine: a_mine,
+        theirs: a_view,
+        source: patterned_source(&a, size.max(8), 1).expect("source"),
+    };
+    let side_b = Side {
+        conn: b.connect(0, &a.local_endpoint().expect("endpoint")).expect("connect 1->0"),
+        mine: b_mine,
+        theirs: b_view,
+        source: patterned_source(&b, size.max(8), 2).expect("source"),
+    };
+    let echo = std::thread::spawn(move || {
+        for i in 1..=iters as u64 {
+            side_b.wait(i);
+            if credits {
+                side_b.conn.update_and_sync(&side_b.theirs, CREDIT, i).expect("credit");
+            }
+            side_b.post(i, size);
+        }
+        side_b
+    });
+    let mut rtts = Vec::with_capacity(iters);
+    for i in 1..=iters as u64 {
+        let t = Instant::now();
+        if credits && i > 1 {
+            side_a.conn.update_and_sync(&side_a.theirs, CREDIT, i - 1).expect("credit");
+        }
+        side_a.post(i, size);
+        side_a.wait(i);
+        rtts.push(t.elapsed());
+    }
+    let _side_b = echo.join().expect("echo thread");
+    drop((a, b));
+    one_way_us(rtts)
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let iters = args.first().and_then(|a| a.parse().ok()).unwrap_or(20_000);
+    let mut sizes: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
+    if sizes.is_empty() {
+        sizes = vec![8, 64, 512, 4096];
+    }
+    for &size in &sizes {
+        println!("raw {size} {:.2}", raw(iters, size));
+        println!("weave {size} {:.2}", weave(iters, size, false));
+        println!("weave+credit {size} {:.2}", weave(iters, size, true));
+    }
+}
