@@ -9,9 +9,9 @@ use std::time::{Duration, Instant};
 
 use comm_core::Error;
 use comm_core::connection::Connection;
-use comm_core::memory::{MemoryKind, RegisteredMemory};
-use comm_core::testing::{descriptor, patterned_source, remote_region, same_bytes};
-use comm_core::transport::{PeerExport, TransportBackend};
+use comm_core::memory::MemoryKind;
+use comm_core::testing::{patterned_source, remote_region, same_bytes};
+use comm_core::transport::TransportBackend;
 
 use crate::endpoint::Endpoint;
 use crate::wire::{FrameHeader, FrameKind, Handshake, MAX_FRAME_BYTES};
