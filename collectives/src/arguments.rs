@@ -4,12 +4,19 @@
 use comm_core::{Error, Result};
 
 /// `Err` naming both buffers unless `la == lb`.
-#[inline]
+#[inline(always)]
 pub(crate) fn same_len(what: &str, a: &str, la: usize, b: &str, lb: usize) -> Result<()> {
     if la != lb {
-        return Err(Error::invalid(format!("{what}: {a} has {la} elements but {b} has {lb}; they must be equal")));
+        return Err(lengths_differ(what, (a, la), (b, lb)));
     }
     Ok(())
+}
+
+/// The error of [`same_len`], kept off the path of every call.
+#[cold]
+#[inline(never)]
+fn lengths_differ(what: &str, (a, la): (&str, usize), (b, lb): (&str, usize)) -> Error {
+    Error::invalid(format!("{what}: {a} has {la} elements but {b} has {lb}; they must be equal"))
 }
 
 /// `Err` unless a buffer of `len` elements splits into `n` equal blocks.

@@ -614,11 +614,11 @@ impl Communicator {
         Group { comm: self, ops: Vec::new() }
     }
 
-    #[inline]
+    #[inline(always)]
     fn check_root(&self, what: &str, root: usize) -> Result<()> {
         let n = self.world_size();
         if root >= n {
-            return Err(Error::invalid(format!("{what}: root {root} is not a rank of this {n}-rank communicator")));
+            return Err(root_outside(what, root, n));
         }
         Ok(())
     }
@@ -727,6 +727,14 @@ unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: Cha
             ChannelCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, send, recv, count),
         }
     }
+}
+
+/// The error of a root that is no rank of an `n`-rank communicator, kept off the path of every
+/// call.
+#[cold]
+#[inline(never)]
+fn root_outside(what: &str, root: usize, n: usize) -> Error {
+    Error::invalid(format!("{what}: root {root} is not a rank of this {n}-rank communicator"))
 }
 
 /// The error of a call made while another call of the same communicator runs on this thread

@@ -15,12 +15,10 @@ pub(crate) struct Health {
 
 impl Health {
     /// Errors if an earlier failure broke the communicator.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn check(&self) -> Result<()> {
         match &self.broken {
-            Some(why) => Err(Error::Aborted(format!(
-                "this communicator is unusable after an earlier failure ({why}); create a new one"
-            ))),
+            Some(why) => Err(unusable(why)),
             None => Ok(()),
         }
     }
@@ -32,6 +30,13 @@ impl Health {
         }
         e
     }
+}
+
+/// The error of a call on a broken executor, out of the way of every call's fast path.
+#[cold]
+#[inline(never)]
+fn unusable(why: &str) -> Error {
+    Error::Aborted(format!("this communicator is unusable after an earlier failure ({why}); create a new one"))
 }
 
 #[cfg(test)]

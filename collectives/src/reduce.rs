@@ -9,8 +9,10 @@ use crate::op::ReduceOp;
 
 /// Elements per block: the accumulator of one block stays in L1.
 const BLOCK: usize = 1024;
+/// Elements that short reductions take one at a time, without an accumulator block.
+const TINY: usize = 8;
 /// Elements per block for short reductions: smaller accumulators to initialize per call.
-const SMALL_BLOCKS: [usize; 3] = [8, 64, 256];
+const SMALL_BLOCKS: [usize; 2] = [64, 256];
 
 /// Arithmetic on the type sums and products are accumulated in.
 pub trait Accumulator: Copy + Default + PartialOrd {
@@ -149,6 +151,7 @@ fn fold_block<T: Arith>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc
 /// Every pointer must be valid for `len` elements (reads for sources, writes for `out`) and
 /// properly aligned for `T`; no other thread or process may write these ranges during the call.
 /// `out` may overlap a source only if they are the same range.
+#[inline(always)]
 pub unsafe fn reduce_raw<T: Arith>(op: ReduceOp, divisor: usize, out: *mut T, srcs: &[*const T], len: usize) {
     // SAFETY: forwarded from the caller; no second output.
     unsafe { reduce_raw2(op, divisor, out, std::ptr::null_mut(), srcs, len) }
@@ -160,7 +163,38 @@ pub unsafe fn reduce_raw<T: Arith>(op: ReduceOp, divisor: usize, out: *mut T, sr
 /// # Safety
 /// As [`reduce_raw`]; `out2`, when not null, valid for `len` writes and disjoint from every
 /// source and from `out`.
+#[inline(always)]
 pub unsafe fn reduce_raw2<T: Arith>(
+    op: ReduceOp,
+    divisor: usize,
+    out: *mut T,
+    out2: *mut T,
+    srcs: &[*const T],
+    len: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if len <= TINY {
+            match op {
+                ReduceOp::Sum => reduce_each(None, out, out2, srcs, len, Accumulator::add),
+                ReduceOp::Avg => reduce_each(Some(divisor), out, out2, srcs, len, Accumulator::add),
+                ReduceOp::Prod => reduce_each(None, out, out2, srcs, len, Accumulator::mul),
+                ReduceOp::Min => reduce_each(None, out, out2, srcs, len, Accumulator::min),
+                ReduceOp::Max => reduce_each(None, out, out2, srcs, len, Accumulator::max),
+            }
+        } else {
+            reduce_blocked(op, divisor, out, out2, srcs, len)
+        }
+    }
+}
+
+/// [`reduce_raw2`] of more than [`TINY`] elements, in blocks (out of line: the tiny case
+/// inlines where it is called, this one would bloat every caller).
+///
+/// # Safety
+/// As [`reduce_raw2`].
+#[inline(never)]
+unsafe fn reduce_blocked<T: Arith>(
     op: ReduceOp,
     divisor: usize,
     out: *mut T,
@@ -174,10 +208,44 @@ pub unsafe fn reduce_raw2<T: Arith>(
             reduce_blocks::<T, { SMALL_BLOCKS[0] }>(op, divisor, out, out2, srcs, len)
         } else if len <= SMALL_BLOCKS[1] {
             reduce_blocks::<T, { SMALL_BLOCKS[1] }>(op, divisor, out, out2, srcs, len)
-        } else if len <= SMALL_BLOCKS[2] {
-            reduce_blocks::<T, { SMALL_BLOCKS[2] }>(op, divisor, out, out2, srcs, len)
         } else {
             reduce_blocks::<T, BLOCK>(op, divisor, out, out2, srcs, len)
+        }
+    }
+}
+
+/// [`reduce_raw2`] of a few elements, one at a time across the sources (no accumulator block
+/// to set up and copy out); `Avg` divides by `divisor` when given.
+///
+/// # Safety
+/// As [`reduce_raw2`].
+#[inline(always)]
+unsafe fn reduce_each<T: Arith>(
+    divisor: Option<usize>,
+    out: *mut T,
+    out2: *mut T,
+    srcs: &[*const T],
+    len: usize,
+    f: impl Fn(T::Acc, T::Acc) -> T::Acc,
+) {
+    let Some((&first, rest)) = srcs.split_first() else { return };
+    for i in 0..len {
+        // SAFETY: the caller guarantees every source is valid for `len` reads and `out` (and
+        // `out2` when not null) for `len` writes; i < len. Element i of every source is read
+        // before element i of `out` is written, so an `out` that is a source works.
+        unsafe {
+            let mut a = first.add(i).read().load();
+            for &src in rest {
+                a = f(a, src.add(i).read().load());
+            }
+            if let Some(d) = divisor {
+                a = Accumulator::div(a, d);
+            }
+            let v = T::store(a);
+            out.add(i).write(v);
+            if !out2.is_null() {
+                out2.add(i).write(v);
+            }
         }
     }
 }
@@ -306,12 +374,33 @@ mod tests {
 
     #[test]
     fn every_accumulator_size_and_its_edges_match_the_reference() {
-        for len in [0, 1, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025] {
+        for len in [0, 1, 2, 7, 8, 9, 63, 64, 65, 255, 256, 257, 1023, 1024, 1025] {
             let ins = inputs(3, len);
             check::<f32>(ReduceOp::Sum, &ins, |c| c.iter().sum(), 1e-6);
             check::<i32>(ReduceOp::Max, &ins, |c| c.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0);
             check::<f16>(ReduceOp::Avg, &ins, |c| c.iter().sum::<f64>() / c.len() as f64, 1e-3);
         }
+    }
+
+    #[test]
+    fn every_op_on_every_type_matches_the_reference_one_element_at_a_time() {
+        for len in [1, 3, TINY] {
+            let ins = inputs(4, len);
+            check::<f64>(ReduceOp::Prod, &ins, |c| c.iter().product(), 1e-12);
+            check::<f32>(ReduceOp::Min, &ins, |c| c.iter().cloned().fold(f64::INFINITY, f64::min), 0.0);
+            check::<bf16>(ReduceOp::Avg, &ins, |c| c.iter().sum::<f64>() / c.len() as f64, 1e-2);
+            check::<i64>(ReduceOp::Sum, &ins, |c| c.iter().sum(), 0.0);
+            check::<i32>(ReduceOp::Max, &ins, |c| c.iter().cloned().fold(f64::NEG_INFINITY, f64::max), 0.0);
+        }
+        // In place and to two outputs, as the host all-reduce does.
+        let mut a = [1.0f32, 2.0, 3.0];
+        let b = [10.0f32, 20.0, 30.0];
+        let mut second = [0.0f32; 3];
+        let p = a.as_mut_ptr();
+        // SAFETY: every array holds 3 elements; `out` aliases the first source exactly and
+        // `out2` is disjoint from both.
+        unsafe { reduce_raw2(ReduceOp::Sum, 2, p, second.as_mut_ptr(), &[p as *const f32, b.as_ptr()], 3) };
+        assert_eq!((a, second), ([11.0, 22.0, 33.0], [11.0, 22.0, 33.0]));
     }
 
     #[test]

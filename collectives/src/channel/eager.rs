@@ -36,6 +36,42 @@ use crate::reduce::reduce_raw;
 /// of up to 8 ranks (larger ones, when forced, allocate).
 const EAGER_STACK: usize = 8;
 
+/// The ranks whose last message of a call the root of a reduce has taken (and the root
+/// itself): bits in worlds of up to 64 ranks, so that a call clears no array; a vector beyond.
+struct Finished {
+    bits: u64,
+    many: Vec<bool>,
+}
+
+impl Finished {
+    /// Only `me` of `n` ranks.
+    #[inline(always)]
+    fn new(n: usize, me: usize) -> Self {
+        if n <= 64 {
+            return Finished { bits: 1 << me, many: Vec::new() };
+        }
+        let mut many = vec![false; n];
+        many[me] = true;
+        Finished { bits: 0, many }
+    }
+
+    /// Whether `p` is in the set.
+    #[inline(always)]
+    fn has(&self, p: usize) -> bool {
+        if self.many.is_empty() { self.bits >> p & 1 != 0 } else { self.many[p] }
+    }
+
+    /// Puts `p` in the set.
+    #[inline(always)]
+    fn add(&mut self, p: usize) {
+        if self.many.is_empty() {
+            self.bits |= 1 << p;
+        } else {
+            self.many[p] = true;
+        }
+    }
+}
+
 /// Runs a broadcast or reduce eagerly. Safety: as [`ChannelEngine::run`].
 #[inline]
 pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
@@ -107,6 +143,7 @@ fn chunk<T>() -> usize {
 ///
 /// # Safety
 /// `src` valid for `count` reads.
+#[inline(always)]
 unsafe fn post_to_all<T: Element>(e: &mut ChannelEngine, call: &Call, src: *const T, count: usize) -> Result<()> {
     let (n, me, chunk) = (e.world_size, e.rank, chunk::<T>());
     let total = pieces(count, chunk);
@@ -125,6 +162,7 @@ unsafe fn post_to_all<T: Element>(e: &mut ChannelEngine, call: &Call, src: *cons
 ///
 /// # Safety
 /// `src` valid for `count` reads.
+#[inline(always)]
 unsafe fn post_all<T: Element>(link: &mut Link, call: &Call, src: *const T, count: usize) -> Result<()> {
     let chunk = chunk::<T>();
     let total = pieces(count, chunk);
@@ -139,6 +177,7 @@ unsafe fn post_all<T: Element>(link: &mut Link, call: &Call, src: *const T, coun
 /// Takes the peer's messages of this call over `link` until its last one, giving each piece
 /// of `count` elements to `use_piece` (its payload, and its first element and length) while
 /// the call has no mismatch.
+#[inline(always)]
 fn take_all<T: Element>(
     link: &mut Link,
     call: &mut Call,
@@ -167,6 +206,7 @@ fn take_all<T: Element>(
 
 /// Checks that message `c` of a matching call has the length and last mark that piece `c` of
 /// `count` elements has; returns the piece.
+#[inline(always)]
 fn expect_piece<T>(
     call: &Call,
     peer: usize,
@@ -180,13 +220,20 @@ fn expect_piece<T>(
     let total = pieces(count, chunk);
     let (a, k) = piece(c, count, chunk).unwrap_or((0, 0));
     if c >= total || len != (k * std::mem::size_of::<T>()) as u64 || last != (c + 1 == total) {
-        return Err(Error::protocol(format!(
-            "{}: message {c} of rank {peer} has {len} bytes{} where rank {me} expects piece {c} of {total}",
-            call.what,
-            if last { " and ends the call" } else { "" }
-        )));
+        return Err(unexpected_piece(call.what, peer, me, (c, total), len, last));
     }
     Ok((a, k))
+}
+
+/// The error of message `c` (of `total` due) whose length or last mark is not its piece's,
+/// kept off the path of every message.
+#[cold]
+#[inline(never)]
+fn unexpected_piece(what: &str, peer: usize, me: usize, (c, total): (usize, usize), len: u64, last: bool) -> Error {
+    Error::protocol(format!(
+        "{what}: message {c} of rank {peer} has {len} bytes{} where rank {me} expects piece {c} of {total}",
+        if last { " and ends the call" } else { "" }
+    ))
 }
 
 /// While draining a mismatched call: message `c` of `peer`, whose header announced `count`
@@ -208,6 +255,7 @@ fn check_drain(call: &Call, peer: usize, c: usize, count: u64) -> Result<()> {
 ///
 /// # Safety
 /// `send` valid for `count` reads and `recv` for `count` writes (identical or disjoint).
+#[inline(always)]
 unsafe fn reduce_at_root<T: Element>(
     e: &mut ChannelEngine,
     call: &mut Call,
@@ -220,27 +268,25 @@ unsafe fn reduce_at_root<T: Element>(
     // The payload each peer sent for the current piece, null where none is held.
     let mut held = PerRank::<_, EAGER_STACK>::filled(n, std::ptr::null::<T>());
     let held = held.as_mut_slice();
-    let mut finished = PerRank::<_, EAGER_STACK>::filled(n, false);
-    let finished = finished.as_mut_slice();
-    finished[me] = true;
+    let mut finished = Finished::new(n, me);
     let mut open = n - 1;
     let mut c = 0;
     while open > 0 {
         let mut part = None;
-        for p in 0..n {
-            if finished[p] {
+        for (p, slot) in held.iter_mut().enumerate() {
+            if finished.has(p) {
                 continue;
             }
             let link = e.eager.get(p)?;
             let (header, payload) = link.receive(call.what)?;
             call.check(p, &header, me)?;
             if header.last {
-                finished[p] = true;
+                finished.add(p);
                 open -= 1;
             }
             if call.problem.is_none() {
                 part = Some(expect_piece::<T>(call, p, me, c, count, header.len, header.last)?);
-                held[p] = payload.cast();
+                *slot = payload.cast();
             } else {
                 link.release()?;
                 check_drain(call, p, c, header.count)?;
@@ -262,4 +308,23 @@ unsafe fn reduce_at_root<T: Element>(
         c += 1;
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Finished;
+
+    #[test]
+    fn finished_sets_hold_exactly_the_ranks_added_in_bits_and_beyond() {
+        for (n, me) in [(2, 1), (64, 63), (65, 0), (200, 130)] {
+            let mut f = Finished::new(n, me);
+            let added = [0, n / 2, n - 1];
+            for &p in &added {
+                f.add(p);
+            }
+            for p in 0..n {
+                assert_eq!(f.has(p), p == me || added.contains(&p), "{n} ranks, rank {p}");
+            }
+        }
+    }
 }

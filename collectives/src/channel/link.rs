@@ -128,6 +128,7 @@ impl Header {
 
     /// The header words after the sequence word; `len` must fit the length field, `call` and
     /// the signature's bits other than the invalid mark 32 bits.
+    #[inline(always)]
     fn to_words(self) -> [u64; HEADER_WORDS - 1] {
         let packed = self.root.min(u64::from(u32::MAX))
             | (self.len << LEN_SHIFT)
@@ -137,6 +138,7 @@ impl Header {
         [(self.call & SIGNATURE_BITS) | (self.signature & SIGNATURE_BITS) << 32, self.count, packed]
     }
 
+    #[inline(always)]
     fn from_words(w: [u64; HEADER_WORDS - 1]) -> Self {
         let packed = w[2];
         Header {
@@ -371,13 +373,10 @@ impl Link {
     /// Waits until the next message may be posted, then returns where to put its payload
     /// (valid for [`payload`](Self::payload) bytes until [`post`](Self::post)): the peer's
     /// slot itself when posting directly, else the outbox.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn outbox(&mut self, operation: &str) -> Result<*mut u8> {
         if !self.has_credit() {
-            let limit = self.posted + 1 - self.slots as u64;
-            let word = self.word(FREED);
-            self.wait(operation, || word.load(Ordering::Acquire) >= limit)?;
-            self.freed = word.load(Ordering::Acquire);
+            self.wait_for_credit(operation)?;
         }
         let base = match &self.posting {
             Posting::Direct { theirs_base } => *theirs_base,
@@ -388,16 +387,24 @@ impl Link {
         Ok((base + self.slot_offset(self.posted) + HEADER_BYTES) as *mut u8)
     }
 
+    /// Waits until the peer has freed the slot of the next message (out of line: a sender that
+    /// has run a whole ring of slots ahead waits anyway).
+    #[inline(never)]
+    fn wait_for_credit(&mut self, operation: &str) -> Result<()> {
+        let limit = self.posted + 1 - self.slots as u64;
+        let word = self.word(FREED);
+        self.wait(operation, || word.load(Ordering::Acquire) >= limit)?;
+        self.freed = word.load(Ordering::Acquire);
+        Ok(())
+    }
+
     /// Posts the next message: `header` and the first `header.len` bytes put where
     /// [`outbox`](Self::outbox) said. Call only after `outbox` returned for this message.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn post(&mut self, header: Header) -> Result<()> {
         let len = usize::try_from(header.len).unwrap_or(usize::MAX);
         if len > self.payload() {
-            return Err(Error::invalid(format!(
-                "channel message of {len} bytes exceeds the {}-byte slot",
-                self.payload()
-            )));
+            return Err(too_long_to_post(len, self.payload()));
         }
         let offset = self.slot_offset(self.posted);
         let sequence = self.posted + 1;
@@ -417,22 +424,38 @@ impl Link {
                 Ok(())
             }
             Posting::Staged { outbox, outbox_base } => {
-                // SAFETY: the slot's header lies inside the outbox (checked to hold the layout,
-                // 64-byte aligned), private memory that only this rank writes; the transport
-                // reads it only inside `write` below, or — asynchronously — before the peer
-                // frees the slot, which it must have done before this slot is used again.
-                unsafe {
-                    let slot = (outbox_base + offset) as *mut u64;
-                    slot.write(sequence | STAGED_MARK);
-                    (slot.add(1) as *mut [u64; HEADER_WORDS - 1]).write(header.to_words());
-                }
-                // Payload and `ready` in one operation: a transport may send them as one message.
-                let write = CheckedWrite::new(&self.theirs, offset, outbox, offset, HEADER_BYTES + len)?;
-                self.connection.write_and_sync(write, READY, sequence)?;
+                self.post_staged((outbox, *outbox_base), header.to_words(), offset, len)?;
                 self.posted = sequence;
                 Ok(())
             }
         }
+    }
+
+    /// [`post`](Self::post) of a staged link, whose outbox (and its address) is `outbox`: the
+    /// header `words` into the outbox slot at `offset`, whose payload is `len` bytes, then both
+    /// and `ready` through the connection (out of line: the system calls and copies of a
+    /// transport dwarf the call).
+    #[inline(never)]
+    fn post_staged(
+        &self,
+        (outbox, outbox_base): (&RegisteredMemory, usize),
+        words: [u64; HEADER_WORDS - 1],
+        offset: usize,
+        len: usize,
+    ) -> Result<()> {
+        let sequence = self.posted + 1;
+        // SAFETY: the slot's header lies inside the outbox (checked to hold the layout, 64-byte
+        // aligned), private memory that only this rank writes; the transport reads it only
+        // inside `write` below, or — asynchronously — before the peer frees the slot, which it
+        // must have done before this slot is used again.
+        unsafe {
+            let slot = (outbox_base + offset) as *mut u64;
+            slot.write(sequence | STAGED_MARK);
+            (slot.add(1) as *mut [u64; HEADER_WORDS - 1]).write(words);
+        }
+        // Payload and `ready` in one operation: a transport may send them as one message.
+        let write = CheckedWrite::new(&self.theirs, offset, outbox, offset, HEADER_BYTES + len)?;
+        self.connection.write_and_sync(write, READY, sequence)
     }
 
     /// The sequence word the peer's next message carries, and the word to poll for it (the
@@ -466,7 +489,7 @@ impl Link {
     /// Waits for the peer's next message; returns its header and payload (valid until
     /// [`release`](Self::release)). A header whose length exceeds the slot, or a sequence word
     /// other than the one expected, is a protocol error.
-    #[inline]
+    #[inline(always)]
     pub(crate) fn receive(&mut self, operation: &str) -> Result<(Header, *const u8)> {
         let (sequence, word, target) = self.next_arrival();
         if word.load(Ordering::Acquire) & !STAGED_MARK < target {
@@ -484,20 +507,11 @@ impl Link {
             )
         };
         if found != sequence {
-            return Err(Error::protocol(format!(
-                "rank {} posted message {:#x} where message {sequence:#x} was due (a lost or repeated message, or \
-                 two ends that disagree on whether they post directly)",
-                self.peer, found
-            )));
+            return Err(out_of_sequence(self.peer, found, sequence));
         }
         let header = Header::from_words(words);
         if header.len > self.payload() as u64 {
-            return Err(Error::protocol(format!(
-                "rank {} sent a channel message of {} bytes into a {}-byte slot",
-                self.peer,
-                header.len,
-                self.payload()
-            )));
+            return Err(too_long_received(self.peer, header.len, self.payload()));
         }
         // The payload lies inside this rank's mapped region (slot layout), and the peer wrote it
         // before the store observed above with acquire ordering.
@@ -524,6 +538,33 @@ impl Link {
             Posting::Staged { .. } => self.connection.update_and_sync(&self.theirs, FREED, self.consumed),
         }
     }
+}
+
+/// The error of a message longer than the link's slots (a caller's bug), kept off the path of
+/// every post.
+#[cold]
+#[inline(never)]
+fn too_long_to_post(len: usize, payload: usize) -> Error {
+    Error::invalid(format!("channel message of {len} bytes exceeds the {payload}-byte slot"))
+}
+
+/// The error of a slot whose sequence word is not the one due, kept off the path of every
+/// receive.
+#[cold]
+#[inline(never)]
+fn out_of_sequence(peer: usize, found: u64, due: u64) -> Error {
+    Error::protocol(format!(
+        "rank {peer} posted message {found:#x} where message {due:#x} was due (a lost or repeated message, or two \
+         ends that disagree on whether they post directly)"
+    ))
+}
+
+/// The error of a received header whose length exceeds the slot, kept off the path of every
+/// receive.
+#[cold]
+#[inline(never)]
+fn too_long_received(peer: usize, len: u64, payload: usize) -> Error {
+    Error::protocol(format!("rank {peer} sent a channel message of {len} bytes into a {payload}-byte slot"))
 }
 
 #[cfg(test)]

@@ -292,12 +292,20 @@ impl Links {
     }
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
-    #[inline]
+    #[inline(always)]
     fn connect(&mut self, core: &CoreCommunicator, me: usize, peers: &[usize]) -> Result<()> {
         let built = |p: usize| p == me || self.links.get(p).is_some_and(Option::is_some);
         if self.complete || matches!(peers, [p] if built(*p)) || peers.iter().all(|&p| built(p)) {
             return Ok(());
         }
+        self.build_missing(core, me, peers)
+    }
+
+    /// [`connect`](Self::connect) once some link is missing: builds them (a call's first use of
+    /// the set, off every later call's path).
+    #[cold]
+    #[inline(never)]
+    fn build_missing(&mut self, core: &CoreCommunicator, me: usize, peers: &[usize]) -> Result<()> {
         for p in missing_links(me, peers, &self.links) {
             self.links[p] = Some(Link::new(core, p, self.slots, self.payload, self.credit_batch)?);
         }
@@ -306,24 +314,31 @@ impl Links {
     }
 
     /// Builds the links to every other rank that do not exist yet.
-    #[inline]
+    #[inline(always)]
     fn connect_to_all(&mut self, core: &CoreCommunicator, me: usize) -> Result<()> {
         if self.complete {
             return Ok(());
         }
         let others: Vec<usize> = (0..self.links.len()).filter(|&p| p != me).collect();
-        self.connect(core, me, &others)
+        self.build_missing(core, me, &others)
     }
 
     /// The link to `peer`, which must have been built.
-    #[inline]
+    #[inline(always)]
     fn get(&mut self, peer: usize) -> Result<&mut Link> {
         let n = self.links.len();
-        self.links
-            .get_mut(peer)
-            .and_then(Option::as_mut)
-            .ok_or_else(|| Error::invalid(format!("no channel link to rank {peer} in a {n}-rank communicator")))
+        match self.links.get_mut(peer) {
+            Some(Some(link)) => Ok(link),
+            _ => Err(no_link(peer, n)),
+        }
     }
+}
+
+/// The error of a link looked up before it was built.
+#[cold]
+#[inline(never)]
+fn no_link(peer: usize, n: usize) -> Error {
+    Error::invalid(format!("no channel link to rank {peer} in a {n}-rank communicator"))
 }
 
 /// Waits for credit on `link`, stages `len` bytes at `src` in its outbox and posts them with
@@ -331,12 +346,13 @@ impl Links {
 ///
 /// # Safety
 /// `src` valid for `len` reads; `len` at most the link's payload.
-#[inline]
+#[inline(always)]
 unsafe fn stage_and_post(link: &mut Link, call: &Call, src: *const u8, len: usize, last: bool) -> Result<()> {
     let dst = link.outbox(call.what)?;
     // SAFETY: the outbox slot holds a full payload (len fits, by the caller), src is valid
-    // (caller), and the outbox is private memory no one else writes.
-    unsafe { std::ptr::copy_nonoverlapping(src, dst, len) };
+    // (caller), and the slot is memory no one else writes until the post below (a copy that
+    // inlines small messages, where a library call would cost more than the bytes).
+    unsafe { crate::host::copy_bytes(src, dst, len) };
     link.post(Header { last, ..call.header(len) })
 }
 
@@ -387,7 +403,8 @@ impl ChannelEngine {
     ///
     /// # Safety
     /// Pointers as the matching method of the user API guarantees: valid for their counts,
-    /// receive ranges writable and either identical to or disjoint from send ranges.
+    /// receive ranges writable and either identical to or disjoint from send ranges. The engine
+    /// is usable (checked by whoever took it, as `Communicator::channel_engine` does).
     #[inline]
     pub(crate) unsafe fn run<T: Element>(
         &mut self,
@@ -396,7 +413,8 @@ impl ChannelEngine {
         c: ChannelCall<T>,
         invalid: bool,
     ) -> Result<()> {
-        self.check_usable()?;
+        // The caller took this engine through `Communicator::channel_engine`, which checked
+        // that it is usable.
         let spec = spec_of(&c, algorithm, invalid);
         let r = match algorithm {
             // SAFETY: forwarded from the caller.

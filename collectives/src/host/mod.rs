@@ -30,6 +30,7 @@ pub(crate) use blocks::{AllToAllv, all_gather, all_to_all, all_to_allv, broadcas
 const INVALID_MARK: u64 = 1 << 63;
 
 /// Packs what every rank must agree on into one word.
+#[inline]
 pub(crate) fn signature(c: Collective, dtype: DataType, op: Option<ReduceOp>, algo: Algorithm) -> u64 {
     // Each enum lists its variants in `ALL` in declaration order (tested below), so the
     // discriminant is the position `describe` looks up.
@@ -308,7 +309,7 @@ pub(crate) fn scratch<T: Element>(ws: &Workspace, rank: usize, elem: usize, len:
 ///
 /// # Safety
 /// Both pointers valid for `len` elements; no concurrent writer to either range.
-#[inline]
+#[inline(always)]
 pub(crate) unsafe fn copy<T: Element>(src: *const T, dst: *mut T, len: usize) {
     if len > 0 && !std::ptr::eq(src, dst) {
         // SAFETY: forwarded from the caller (len elements are len * size_of::<T>() bytes).
