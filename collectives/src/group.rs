@@ -87,6 +87,8 @@ pub(crate) fn drive(
     mut advance: impl FnMut(usize) -> Result<(bool, bool)>,
     check_peer: impl Fn(usize) -> Result<()>,
 ) -> Result<()> {
+    // What this process holds back may be what a peer needs to let these operations move.
+    comm_core::deferred::send_all();
     let mut deadline = Deadline::after(timeout);
     let mut idle: u32 = 0;
     let mut backoff = Backoff::new();

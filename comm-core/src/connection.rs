@@ -41,6 +41,14 @@ pub trait Connection: Send + Sync {
     /// every earlier write of this connection (release ordering). Used for semaphores and flags.
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()>;
 
+    /// [`update_and_sync`](Self::update_and_sync) that the transport may hold back until it
+    /// next sends to this peer, or until this process next waits for anything
+    /// ([`crate::deferred`]), whichever comes first. For stores the peer needs only for a later
+    /// step — a slot credit — never for one it waits on now. The default stores at once.
+    fn update_lazily(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
+        self.update_and_sync(dst, dst_offset, value)
+    }
+
     /// Does [`write_checked`](Self::write_checked) and then [`update_and_sync`](Self::update_and_sync)
     /// of the word at `write.dst[flag_offset]` — data and the flag that announces it, the way
     /// a channel link posts a message — as one operation that a transport may send as one

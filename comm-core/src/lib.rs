@@ -13,6 +13,7 @@ pub mod communicator;
 pub mod config;
 pub mod connection;
 mod debug_fields;
+pub mod deferred;
 pub mod device;
 pub mod doorbell;
 pub mod error;

@@ -246,6 +246,8 @@ pub fn wait_until_rung(
     if ready() {
         return Ok(());
     }
+    // What this process holds back may be what the peer needs to make `ready()` true.
+    crate::deferred::send_all();
     let mut deadline: Option<Deadline> = None;
     let mut backoff = Backoff::new();
     let mut i: u32 = 0;

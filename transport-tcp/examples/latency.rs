@@ -2,7 +2,8 @@
 //! library's TCP path does: one `write`, a spinning non-blocking `recv`) against weave's
 //! connection (`write_and_sync` of a message and its flag, the receiver spinning on the flag
 //! with `progress`), and against weave's connection as a channel link uses it (each side also
-//! returns a credit with `update_and_sync` before it answers), so the cost of each piece shows.
+//! returns a credit with `update_lazily` before it answers: the credit rides in the same
+//! `writev` as the answer), so the cost of each piece shows.
 //!
 //! usage: latency [ITERS] [SIZE ...]   (default 20000 round trips of 8, 64, 512 and 4096 bytes).
 //! Prints `MODE SIZE USEC` per line: half the median round trip. `WEAVE_TCP_SOCKETS` sets the
@@ -95,6 +96,7 @@ impl Side {
 
     /// Waits for message `i` in this side's region, draining the peer's frames while it spins.
     fn wait(&self, i: u64) {
+        comm_core::deferred::send_all();
         while self.mine.load_u64(FLAG).expect("flag") < i {
             self.conn.progress().expect("progress");
         }
@@ -122,7 +124,7 @@ fn weave(iters: usize, size: usize, credits: bool) -> f64 {
         for i in 1..=iters as u64 {
             side_b.wait(i);
             if credits {
-                side_b.conn.update_and_sync(&side_b.theirs, CREDIT, i).expect("credit");
+                side_b.conn.update_lazily(&side_b.theirs, CREDIT, i).expect("credit");
             }
             side_b.post(i, size);
         }
@@ -132,7 +134,7 @@ fn weave(iters: usize, size: usize, credits: bool) -> f64 {
     for i in 1..=iters as u64 {
         let t = Instant::now();
         if credits && i > 1 {
-            side_a.conn.update_and_sync(&side_a.theirs, CREDIT, i - 1).expect("credit");
+            side_a.conn.update_lazily(&side_a.theirs, CREDIT, i - 1).expect("credit");
         }
         side_a.post(i, size);
         side_a.wait(i);

@@ -16,16 +16,22 @@
 //! to store the flag; [`write_and_sync`](Connection::write_and_sync) sends both frames with one
 //! `writev`. [`progress`](Connection::progress) applies the peer's frames *to this rank* on the
 //! calling thread (see [`crate::receive`]).
+//!
+//! A credit ([`update_lazily`](Connection::update_lazily)) is held back rather than sent in a
+//! frame of its own: it goes out in front of the next frame on stripe 0 — in the same `writev`
+//! as the next message to this peer, typically — or when this process next waits
+//! ([`comm_core::deferred`]). At most one is held per connection: a second one sends both.
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use comm_core::connection::{CheckedWrite, Connection, spin_until_peer};
+use comm_core::deferred::HeldSends;
 use comm_core::memory::RegisteredMemory;
 use comm_core::transport::Transport;
 use comm_core::{Error, Result};
@@ -59,6 +65,71 @@ struct Stripe {
     queued: Arc<AtomicUsize>,
 }
 
+impl Stripe {
+    /// Sends `job` on this stripe, behind `first` (a held control frame) when there is one:
+    /// written here when the job is a small data or flag frame and nothing is queued before
+    /// it, else handed to the stripe's thread. A failed write marks the connection lost for
+    /// every later call, but counts as handed off — a peer that closed its side after its last
+    /// call simply does not read it (a credit returned as it finishes, say).
+    fn send(&self, first: Option<Job>, job: Job, shared: &Shared, peer: usize) -> Result<()> {
+        let small = match &job {
+            Job::Data { header, .. } | Job::DataAndFlag { data: header, .. } => {
+                header.value as usize <= INLINE_MAX_BYTES
+            }
+            Job::Control { header, .. } => header.kind == FrameKind::Flag,
+        };
+        if small && self.queued.load(Ordering::Acquire) == 0 {
+            let mut socket = self.socket.lock().unwrap_or_else(|p| p.into_inner());
+            // The thread decrements under this lock: zero here means all it was given is out.
+            if self.queued.load(Ordering::Acquire) == 0 {
+                let prefix = match &first {
+                    Some(Job::Control { header, counts }) => control_frame(header, counts),
+                    _ => Vec::new(),
+                };
+                if let Err(e) = write_job(&mut socket, &prefix, &job, shared) {
+                    shared.fail(format!("tcp socket to rank {peer}: {e}"));
+                    let _ = socket.shutdown(std::net::Shutdown::Both);
+                }
+                return Ok(());
+            }
+        }
+        if let Some(first) = first {
+            self.enqueue(first, peer)?;
+        }
+        self.enqueue(job, peer)
+    }
+
+    fn enqueue(&self, job: Job, peer: usize) -> Result<()> {
+        self.queued.fetch_add(1, Ordering::AcqRel);
+        self.queue.send(job).map_err(|_| Error::peer_lost(peer, "tcp send", "the sender thread stopped"))
+    }
+}
+
+/// A credit this connection holds back (see the module doc), and what sending it needs.
+struct Held {
+    flag: Mutex<Option<Job>>,
+    /// Stripe 0, while the connection lives.
+    stripe: Weak<Stripe>,
+    shared: Arc<Shared>,
+    peer: usize,
+}
+
+impl Held {
+    fn take(&self) -> Option<Job> {
+        self.flag.lock().unwrap_or_else(|p| p.into_inner()).take()
+    }
+}
+
+impl HeldSends for Held {
+    fn send_held(&self) {
+        let Some(flag) = self.take() else { return };
+        if let Some(stripe) = self.stripe.upgrade() {
+            // A failure marks the connection lost; its next call reports it.
+            let _ = stripe.send(None, flag, &self.shared, self.peer);
+        }
+    }
+}
+
 /// What the stripes' threads share with the connection.
 struct Shared {
     failure: Mutex<Option<String>>,
@@ -87,7 +158,8 @@ struct Order {
 pub struct TcpConnection {
     transport: Transport,
     peer: usize,
-    stripes: Vec<Stripe>,
+    stripes: Vec<Arc<Stripe>>,
+    held: Arc<Held>,
     threads: Vec<JoinHandle<()>>,
     order: Mutex<Order>,
     shared: Arc<Shared>,
@@ -134,12 +206,19 @@ impl TcpConnection {
                 .name(format!("weave-tcp-send-{peer}.{stripe}"))
                 .spawn(move || send_loop(&thread_socket, rx, &shared, &thread_queued, peer))
                 .map_err(|e| Error::io("spawn a tcp sender thread", e))?;
-            stripes.push(Stripe { queue: tx, socket, queued });
+            stripes.push(Arc::new(Stripe { queue: tx, socket, queued }));
             threads.push(t);
         }
+        let held = Arc::new(Held {
+            flag: Mutex::new(None),
+            stripe: Arc::downgrade(&stripes[0]),
+            shared: shared.clone(),
+            peer,
+        });
         Ok(TcpConnection {
             transport: dial.transport,
             peer,
+            held,
             order: Mutex::new(Order { sent: vec![0; stripes.len()], next_stripe: 0, flushes: 0 }),
             stripes,
             threads,
@@ -165,38 +244,20 @@ impl TcpConnection {
         Error::peer_lost(self.peer, operation, why)
     }
 
-    fn enqueue(&self, stripe: usize, job: Job) -> Result<()> {
-        let s = &self.stripes[stripe];
-        s.queued.fetch_add(1, Ordering::AcqRel);
-        s.queue.send(job).map_err(|_| self.lost("tcp send", "the sender thread stopped".into()))
+    /// Sends `job` on `stripe`; on stripe 0, behind the credit held back, if any.
+    fn send(&self, stripe: usize, job: Job) -> Result<()> {
+        let first = if stripe == 0 { self.held.take() } else { None };
+        self.stripes[stripe].send(first, job, &self.shared, self.peer)
     }
 
-    /// Sends `job` on `stripe`: written here when it is a small data or flag frame and nothing
-    /// is queued before it on the stripe, else handed to the stripe's thread.
-    fn send(&self, stripe: usize, job: Job) -> Result<()> {
-        let small = match &job {
-            Job::Data { header, .. } | Job::DataAndFlag { data: header, .. } => {
-                header.value as usize <= INLINE_MAX_BYTES
-            }
-            Job::Control { header, .. } => header.kind == FrameKind::Flag,
-        };
-        let s = &self.stripes[stripe];
-        if small && s.queued.load(Ordering::Acquire) == 0 {
-            let mut socket = s.socket.lock().unwrap_or_else(|p| p.into_inner());
-            // The thread decrements under this lock: zero here means all it was given is out.
-            if s.queued.load(Ordering::Acquire) == 0 {
-                // As when the stripe's thread writes: a failure marks the connection lost for
-                // every later call, but this send counts as handed off — a peer that closed its
-                // side after its last call simply does not read it (a credit returned as it
-                // finishes, say).
-                if let Err(e) = write_job(&mut socket, &job, &self.shared) {
-                    self.shared.fail(format!("tcp socket to rank {}: {e}", self.peer));
-                    let _ = socket.shutdown(std::net::Shutdown::Both);
-                }
-                return Ok(());
-            }
+    /// Hands `job` to `stripe`'s thread (behind the held credit, on stripe 0).
+    fn enqueue(&self, stripe: usize, job: Job) -> Result<()> {
+        if stripe == 0
+            && let Some(first) = self.held.take()
+        {
+            self.stripes[0].enqueue(first, self.peer)?;
         }
-        self.enqueue(stripe, job)
+        self.stripes[stripe].enqueue(job, self.peer)
     }
 
     fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
@@ -257,20 +318,28 @@ fn write_all_vectored(socket: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> s
     Ok(())
 }
 
-/// Writes one job's frames to `socket`; for a flush, also reads the peer's answer.
-fn write_job(socket: &mut TcpStream, job: &Job, shared: &Shared) -> std::io::Result<()> {
+/// Writes `prefix` (frames sent ahead, or nothing) and one job's frames to `socket`, in one
+/// system call where the socket takes them; for a flush, also reads the peer's answer.
+fn write_job(socket: &mut TcpStream, prefix: &[u8], job: &Job, shared: &Shared) -> std::io::Result<()> {
     match job {
         Job::Data { header, src, offset } => {
             let head = header.encode();
-            write_all_vectored(socket, &mut [IoSlice::new(&head), IoSlice::new(payload(header, src, *offset))])
+            let mut bufs = [IoSlice::new(prefix), IoSlice::new(&head), IoSlice::new(payload(header, src, *offset))];
+            write_all_vectored(socket, &mut bufs)
         }
         Job::DataAndFlag { data, src, offset, flag, counts } => {
             let (head, tail) = (data.encode(), control_frame(flag, counts));
-            let mut bufs = [IoSlice::new(&head), IoSlice::new(payload(data, src, *offset)), IoSlice::new(&tail)];
+            let mut bufs = [
+                IoSlice::new(prefix),
+                IoSlice::new(&head),
+                IoSlice::new(payload(data, src, *offset)),
+                IoSlice::new(&tail),
+            ];
             write_all_vectored(socket, &mut bufs)
         }
         Job::Control { header, counts } => {
-            socket.write_all(&control_frame(header, counts))?;
+            let frame = control_frame(header, counts);
+            write_all_vectored(socket, &mut [IoSlice::new(prefix), IoSlice::new(&frame)])?;
             if header.kind == FrameKind::Flush {
                 let mut answer = [0u8; 8];
                 socket.read_exact(&mut answer)?;
@@ -286,7 +355,7 @@ fn write_job(socket: &mut TcpStream, job: &Job, shared: &Shared) -> std::io::Res
 fn send_loop(socket: &Mutex<TcpStream>, jobs: Receiver<Job>, shared: &Shared, queued: &AtomicUsize, peer: usize) {
     for job in jobs {
         let mut s = socket.lock().unwrap_or_else(|p| p.into_inner());
-        let r = write_job(&mut s, &job, shared);
+        let r = write_job(&mut s, &[], &job, shared);
         queued.fetch_sub(1, Ordering::AcqRel);
         if let Err(e) = r {
             shared.fail(format!("tcp socket to rank {peer}: {e}"));
@@ -352,6 +421,27 @@ impl Connection for TcpConnection {
         self.check_sending()?;
         let order = self.order.lock().unwrap_or_else(|p| p.into_inner());
         self.send(0, Job::Control { header, counts: order.sent.clone() })
+    }
+
+    fn update_lazily(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
+        let header = self.flag_header(dst, dst_offset, value)?;
+        self.check_sending()?;
+        let order = self.order.lock().unwrap_or_else(|p| p.into_inner());
+        let flag = Job::Control { header, counts: order.sent.clone() };
+        let earlier = {
+            let mut held = self.held.flag.lock().unwrap_or_else(|p| p.into_inner());
+            match held.take() {
+                None => {
+                    *held = Some(flag);
+                    drop(held);
+                    comm_core::deferred::hold(self.held.clone());
+                    return Ok(());
+                }
+                Some(earlier) => earlier,
+            }
+        };
+        // One credit is held already: this one goes out now, behind it.
+        self.stripes[0].send(Some(earlier), flag, &self.shared, self.peer)
     }
 
     fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {

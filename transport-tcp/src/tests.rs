@@ -262,3 +262,39 @@ fn a_waiter_applies_striped_data_flags_and_flushes_while_the_readers_stall() {
     assert!(same_bytes(&theirs, 0, &src, 0, len).unwrap(), "the striped bytes differ");
     b.listener.inbound().readers_paused.store(false, Ordering::Release);
 }
+
+#[test]
+fn a_lazy_update_rides_the_next_frame_or_goes_out_at_the_next_wait() {
+    let (a, b, conn) = pair();
+    let src = patterned_source(&a, 64, 4).unwrap();
+    let (theirs, remote) = remote_region(&b, &a, 256).unwrap();
+    let landed = |at: usize, want: u64| {
+        let started = Instant::now();
+        while theirs.load_u64(at).unwrap() != want {
+            assert!(started.elapsed() < Duration::from_secs(10), "word {at} never became {want}");
+            std::thread::yield_now();
+        }
+    };
+    // Held back: nothing arrives while this rank neither sends nor waits.
+    conn.update_lazily(&remote, 8, 1).unwrap();
+    std::thread::sleep(Duration::from_millis(50));
+    assert_eq!(theirs.load_u64(8).unwrap(), 0, "a lazy update went out on its own");
+    // It rides in front of the next frame to the peer, which lands after it.
+    let w = comm_core::connection::CheckedWrite::new(&remote, 64, &src, 0, 64).unwrap();
+    conn.write_and_sync(w, 16, 2).unwrap();
+    landed(16, 2);
+    assert_eq!(theirs.load_u64(8).unwrap(), 1);
+    assert!(same_bytes(&theirs, 64, &src, 0, 64).unwrap());
+    // A wait anywhere in the process sends it.
+    conn.update_lazily(&remote, 8, 3).unwrap();
+    comm_core::deferred::send_all();
+    landed(8, 3);
+    // A second lazy update sends both at once: the later value wins.
+    conn.update_lazily(&remote, 8, 4).unwrap();
+    conn.update_lazily(&remote, 8, 5).unwrap();
+    landed(8, 5);
+    // Held behind a flush, which returns only once the peer applied it.
+    conn.update_lazily(&remote, 24, 6).unwrap();
+    conn.flush().unwrap();
+    assert_eq!(theirs.load_u64(24).unwrap(), 6);
+}

@@ -535,7 +535,9 @@ impl Link {
                 }
                 Ok(())
             }
-            Posting::Staged { .. } => self.connection.update_and_sync(&self.theirs, FREED, self.consumed),
+            // The peer needs this credit only to reuse the slot a few messages on: a network
+            // transport sends it with its next frame, or before this rank waits.
+            Posting::Staged { .. } => self.connection.update_lazily(&self.theirs, FREED, self.consumed),
         }
     }
 }
