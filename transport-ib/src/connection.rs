@@ -24,6 +24,7 @@
 //! the peer, for this call and every later one. `flush` returns once the peer's device has
 //! everything; the peer's flags are then stored by its next progress (or its watcher).
 
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -53,32 +54,24 @@ const SIGNAL_EVERY: u32 = 32;
 /// Bytes of each slot of the record outbox.
 const RECORD_SLOT_BYTES: usize = 32;
 
-/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing).
+/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing,
+/// and only the entries used are written).
 struct Chain {
-    requests: [WorkRequest; MAX_CHAIN],
+    /// The first `len` entries are initialized.
+    requests: [MaybeUninit<WorkRequest>; MAX_CHAIN],
     len: usize,
 }
 
 impl Chain {
     fn new() -> Self {
-        let none = WorkRequest {
-            wr_id: 0,
-            op: Operation::Write,
-            local: std::ptr::null(),
-            len: 0,
-            lkey: 0,
-            remote: 0,
-            rkey: 0,
-            signaled: false,
-        };
-        Chain { requests: [none; MAX_CHAIN], len: 0 }
+        Chain { requests: [const { MaybeUninit::uninit() }; MAX_CHAIN], len: 0 }
     }
 
     /// Appends `request`; `false` when the chain is full.
     fn push(&mut self, request: WorkRequest) -> bool {
         match self.requests.get_mut(self.len) {
             Some(slot) => {
-                *slot = request;
+                slot.write(request);
                 self.len += 1;
                 true
             }
@@ -87,7 +80,10 @@ impl Chain {
     }
 
     fn as_mut_slice(&mut self) -> &mut [WorkRequest] {
-        &mut self.requests[..self.len]
+        let used = &mut self.requests[..self.len];
+        // SAFETY: the first `len` entries were written by `push`; `MaybeUninit<T>` has `T`'s
+        // layout.
+        unsafe { &mut *(std::ptr::from_mut(used) as *mut [WorkRequest]) }
     }
 }
 
@@ -194,6 +190,10 @@ impl IbConnection {
 
     /// Reaps completions until `done(outstanding)` holds; bounded by the timeout and abort flag.
     fn reap(&self, state: &mut State, operation: &str, done: impl Fn(u32) -> bool) -> Result<()> {
+        // The common case, on every post: room already (no completions to clear and poll).
+        if state.failed.is_none() && done(state.outstanding) {
+            return Ok(());
+        }
         let mut deadline: Option<Deadline> = None;
         let mut backoff = Backoff::new();
         let mut completions = [empty_completion(); 16];
