@@ -331,8 +331,9 @@ impl IbConnection {
             let request = WorkRequest {
                 wr_id: 0,
                 op: Operation::Write,
-                // SAFETY: the source range lies inside `write.src` (checked), mapped here.
-                local: unsafe { write.src.as_ptr().add(write.src_offset + done) },
+                // Inside `write.src` (checked): host memory mapped here, or device memory the
+                // device reads at its device address (so no host pointer arithmetic).
+                local: write.src.as_ptr().wrapping_add(write.src_offset + done),
                 len: k as u32,
                 lkey,
                 remote: remote.addr + (write.dst_offset + done) as u64,
