@@ -268,7 +268,9 @@ pub fn wait_until_rung(
                 return Err(Error::Aborted(format!("{} was aborted", ctx.operation)));
             }
             if let Err(e) = (ctx.check_peer)() {
-                // The peer is gone, but what it did before going may be just what we wait for.
+                // The peer is gone, but what it did before going may be just what we wait for,
+                // and may still need this thread's progress to land (a flag in a receive queue).
+                let _ = progress();
                 return if ready() { Ok(()) } else { Err(e) };
             }
             let deadline = deadline.get_or_insert_with(|| Deadline::after(ctx.timeout));
@@ -361,6 +363,31 @@ mod tests {
             check_peer: &lost,
         };
         assert!(matches!(spin_until(&ctx, || false), Err(Error::PeerLost { peer: 3, .. })));
+    }
+
+    #[test]
+    fn what_a_lost_peer_sent_before_it_went_still_lands_with_one_more_progress() {
+        // The peer's last flag sits in a receive queue that only this thread's progress
+        // applies, and the peer is seen gone before that progress ran.
+        let abort = AtomicBool::new(false);
+        let gone = std::cell::Cell::new(false);
+        let landed = std::cell::Cell::new(false);
+        let lost = || {
+            gone.set(true);
+            Err(Error::peer_lost(3, "t", "gone"))
+        };
+        let progress = || {
+            landed.set(gone.get());
+            Ok(())
+        };
+        let ctx = WaitContext {
+            operation: "t",
+            peer: Some(3),
+            timeout: Duration::from_secs(10),
+            abort: &abort,
+            check_peer: &lost,
+        };
+        spin_until_progress(&ctx, &progress, || landed.get()).unwrap();
     }
 
     /// Runs `wait` on this thread while another thread, once `bell` has a sleeper (the wait

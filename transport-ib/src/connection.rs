@@ -24,6 +24,7 @@
 //! the peer, for this call and every later one. `flush` returns once the peer's device has
 //! everything; the peer's flags are then stored by its next progress (or its watcher).
 
+use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -35,11 +36,13 @@ use comm_core::spin::Backoff;
 use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
+use crate::device_sources::{DeviceSource, DeviceSources, PinnedBuffer, device_ordinal};
 use crate::flags::{Outbound, RECORD_BYTES, Record, Signal};
 use crate::inbound::Inbound;
 use crate::region::{IbRegion, PRIVATE, RemoteRegion, SourceRegistrations};
+use crate::staging::{ChunkSink, CopyEngine, StagingRing};
 use crate::verbs::{
-    CompletionQueue, MAX_CHAIN, Operation, ProtectionDomain, QueuePair, WorkRequest, completion_failure,
+    CompletionQueue, MAX_CHAIN, Operation, ProtectionDomain, QueuePair, Registration, WorkRequest, completion_failure,
     empty_completion,
 };
 use crate::watcher::Watcher;
@@ -53,32 +56,24 @@ const SIGNAL_EVERY: u32 = 32;
 /// Bytes of each slot of the record outbox.
 const RECORD_SLOT_BYTES: usize = 32;
 
-/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing).
+/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing,
+/// and only the entries used are written).
 struct Chain {
-    requests: [WorkRequest; MAX_CHAIN],
+    /// The first `len` entries are initialized.
+    requests: [MaybeUninit<WorkRequest>; MAX_CHAIN],
     len: usize,
 }
 
 impl Chain {
     fn new() -> Self {
-        let none = WorkRequest {
-            wr_id: 0,
-            op: Operation::Write,
-            local: std::ptr::null(),
-            len: 0,
-            lkey: 0,
-            remote: 0,
-            rkey: 0,
-            signaled: false,
-        };
-        Chain { requests: [none; MAX_CHAIN], len: 0 }
+        Chain { requests: [const { MaybeUninit::uninit() }; MAX_CHAIN], len: 0 }
     }
 
     /// Appends `request`; `false` when the chain is full.
     fn push(&mut self, request: WorkRequest) -> bool {
         match self.requests.get_mut(self.len) {
             Some(slot) => {
-                *slot = request;
+                slot.write(request);
                 self.len += 1;
                 true
             }
@@ -87,7 +82,10 @@ impl Chain {
     }
 
     fn as_mut_slice(&mut self) -> &mut [WorkRequest] {
-        &mut self.requests[..self.len]
+        let used = &mut self.requests[..self.len];
+        // SAFETY: the first `len` entries were written by `push`; `MaybeUninit<T>` has `T`'s
+        // layout.
+        unsafe { &mut *(std::ptr::from_mut(used) as *mut [WorkRequest]) }
     }
 }
 
@@ -113,6 +111,30 @@ struct State {
     outbound: Outbound,
     /// The first failure, which breaks the connection for good.
     failed: Option<String>,
+    /// Requests posted so far (numbers staged writes, see [`StagedSink`]).
+    posted: u64,
+    /// Where device memory is staged, once a staged write needed it.
+    staging: Option<Staging>,
+}
+
+/// The registrations a connection sends from: host memory other transports allocated, and
+/// device memory.
+pub(crate) struct Sources {
+    pub(crate) host: Arc<SourceRegistrations>,
+    pub(crate) device: Arc<DeviceSources>,
+}
+
+/// Slots of a connection's staging ring, and bytes of each: four writes of 1 MiB in flight
+/// while the next chunk is copied.
+const STAGING_SLOTS: usize = 4;
+const STAGING_SLOT_BYTES: usize = 1 << 20;
+
+/// A connection's staging ring in pinned host memory registered with the device.
+struct Staging {
+    ring: StagingRing,
+    /// Declared before the memory: deregistered first.
+    registration: Registration,
+    _memory: Box<dyn PinnedBuffer>,
 }
 
 /// A connection to one peer over InfiniBand or RoCE.
@@ -121,7 +143,7 @@ pub struct IbConnection {
     state: Mutex<State>,
     inbound: Arc<Inbound>,
     pd: Arc<ProtectionDomain>,
-    sources: Arc<SourceRegistrations>,
+    sources: Sources,
     /// Where records are staged for the device when the queue pair carries none inline (one
     /// slot per request in flight).
     record_outbox: IbRegion,
@@ -153,7 +175,7 @@ impl IbConnection {
         peer: usize,
         wire: Wire,
         pd: &Arc<ProtectionDomain>,
-        sources: &Arc<SourceRegistrations>,
+        sources: Sources,
         bounds: Bounds,
         watcher: &Arc<Watcher>,
     ) -> Result<Self> {
@@ -169,9 +191,11 @@ impl IbConnection {
                 records: 0,
                 outbound: Outbound::default(),
                 failed: None,
+                posted: 0,
+                staging: None,
             }),
             pd: pd.clone(),
-            sources: sources.clone(),
+            sources,
             record_outbox,
             max_msg_bytes: pd.port().max_msg_bytes(),
             bounds,
@@ -194,6 +218,10 @@ impl IbConnection {
 
     /// Reaps completions until `done(outstanding)` holds; bounded by the timeout and abort flag.
     fn reap(&self, state: &mut State, operation: &str, done: impl Fn(u32) -> bool) -> Result<()> {
+        // The common case, on every post: room already (no completions to clear and poll).
+        if state.failed.is_none() && done(state.outstanding) {
+            return Ok(());
+        }
         let mut deadline: Option<Deadline> = None;
         let mut backoff = Backoff::new();
         let mut completions = [empty_completion(); 16];
@@ -280,6 +308,7 @@ impl IbConnection {
             return Err(self.lost(operation, &e.to_string()));
         }
         state.outstanding += k;
+        state.posted += u64::from(k);
         state.unsignaled = if signal { 0 } else { covered };
         Ok(())
     }
@@ -288,15 +317,23 @@ impl IbConnection {
     /// to `push`; stops at the first `false` from it and returns `false` then.
     fn write_requests(&self, write: &CheckedWrite<'_>, mut push: impl FnMut(WorkRequest) -> bool) -> Result<bool> {
         let remote = self.remote(write.dst)?;
-        let lkey = self.sources.lkey(&self.pd, write.src.region())?;
+        let lkey = match device_ordinal(write.src.region().as_ref()) {
+            None => self.sources.host.lkey(&self.pd, write.src.region())?,
+            Some(ordinal) => match self.sources.device.source(&self.pd, write.src.region(), ordinal)? {
+                DeviceSource::Registered(lkey) => lkey,
+                // The callers send staged sources through `write_staged` instead.
+                DeviceSource::Staged(..) => return Err(Error::invalid("ib: a staged source reached the write path")),
+            },
+        };
         let mut done = 0;
         while done < write.len {
             let k = (write.len - done).min(self.max_msg_bytes);
             let request = WorkRequest {
                 wr_id: 0,
                 op: Operation::Write,
-                // SAFETY: the source range lies inside `write.src` (checked), mapped here.
-                local: unsafe { write.src.as_ptr().add(write.src_offset + done) },
+                // Inside `write.src` (checked): host memory mapped here, or device memory the
+                // device reads at its device address (so no host pointer arithmetic).
+                local: write.src.as_ptr().wrapping_add(write.src_offset + done),
                 len: k as u32,
                 lkey,
                 remote: remote.addr + (write.dst_offset + done) as u64,
@@ -371,6 +408,89 @@ impl IbConnection {
     }
 }
 
+impl IbConnection {
+    /// The copy engine and device of `write`'s source when it is device memory sent by staging.
+    fn staged(&self, write: &CheckedWrite<'_>) -> Result<Option<(Arc<dyn CopyEngine>, u32)>> {
+        let Some(ordinal) = device_ordinal(write.src.region().as_ref()) else {
+            return Ok(None);
+        };
+        Ok(match self.sources.device.source(&self.pd, write.src.region(), ordinal)? {
+            DeviceSource::Staged(engine, ordinal) => Some((engine, ordinal)),
+            DeviceSource::Registered(_) => None,
+        })
+    }
+
+    /// `write`, whose source is device memory, copied chunk by chunk through this connection's
+    /// staging ring (made the first time) and written from there.
+    fn write_staged(&self, write: &CheckedWrite<'_>, engine: &dyn CopyEngine, ordinal: u32) -> Result<()> {
+        let remote = self.remote(write.dst)?;
+        let mut state = self.lock();
+        let mut staging = match state.staging.take() {
+            Some(s) => s,
+            None => {
+                let len = STAGING_SLOTS * STAGING_SLOT_BYTES;
+                let memory = self.sources.device.pinned(ordinal, len)?;
+                if memory.len() < len {
+                    return Err(Error::transport(
+                        crate::NAME,
+                        format!("ib staging: asked for {len} bytes of pinned memory, got {}", memory.len()),
+                    ));
+                }
+                // SAFETY: the staging value drops the registration before the memory.
+                let registration = unsafe { Registration::new(&self.pd, memory.as_ptr(), len)? };
+                // SAFETY: the ring's memory is the pinned buffer kept beside it, registered above.
+                let ring = unsafe { StagingRing::new(memory.as_ptr(), STAGING_SLOT_BYTES, STAGING_SLOTS) };
+                Staging { ring, registration, _memory: memory }
+            }
+        };
+        let lkey = staging.registration.lkey();
+        let dst = remote.addr + write.dst_offset as u64;
+        let mut sink = StagedSink { connection: self, state: &mut state, lkey, dst, rkey: remote.rkey };
+        let src = write.src.as_ptr() as u64 + write.src_offset as u64;
+        // SAFETY: the source range lies inside the device region `write.src` (checked), on the
+        // device whose engine this is.
+        let result = unsafe { staging.ring.write(engine, src, write.len, 0, &mut sink) };
+        state.staging = Some(staging);
+        result
+    }
+}
+
+/// Posts a staging ring's chunks on a connection: each write asks for a completion, so the
+/// ring learns when its slot is free.
+struct StagedSink<'a, 'b> {
+    connection: &'a IbConnection,
+    state: &'a mut std::sync::MutexGuard<'b, State>,
+    lkey: u32,
+    dst: u64,
+    rkey: u32,
+}
+
+impl ChunkSink for StagedSink<'_, '_> {
+    unsafe fn post(&mut self, local: *const u8, len: usize, dst_offset: usize) -> Result<u64> {
+        let mut write = [WorkRequest {
+            wr_id: 0,
+            op: Operation::Write,
+            local,
+            len: len as u32,
+            lkey: self.lkey,
+            remote: self.dst + dst_offset as u64,
+            rkey: self.rkey,
+            signaled: true,
+        }];
+        // SAFETY: the slot stays untouched until the write retires (the ring's contract), and
+        // the remote range lies inside the peer's registration (the write was checked).
+        unsafe { self.connection.post(self.state, &mut write, None, true, "ib staged write")? };
+        Ok(self.state.posted)
+    }
+
+    fn retire(&mut self, seq: u64) -> Result<()> {
+        // Requests complete in order, so `seq` has retired once no more than the ones posted
+        // after it are outstanding.
+        let after = self.state.posted.saturating_sub(seq);
+        self.connection.reap(self.state, "ib staged write", |outstanding| u64::from(outstanding) <= after)
+    }
+}
+
 impl Connection for IbConnection {
     fn transport(&self) -> Transport {
         crate::transport()
@@ -381,6 +501,9 @@ impl Connection for IbConnection {
     }
 
     fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
+        if let Some((engine, ordinal)) = self.staged(&write)? {
+            return self.write_staged(&write, engine.as_ref(), ordinal);
+        }
         let mut requests = Vec::with_capacity(write.len.div_ceil(self.max_msg_bytes.max(1)));
         self.write_requests(&write, |r| {
             requests.push(r);
@@ -404,6 +527,12 @@ impl Connection for IbConnection {
     }
 
     fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {
+        if let Some((engine, ordinal)) = self.staged(&write)? {
+            // The staged writes first, then the flag alone: ordered behind them on the queue.
+            self.write_staged(&write, engine.as_ref(), ordinal)?;
+            // SAFETY: no writes: the flag alone.
+            return unsafe { self.sync(Chain::new(), write.dst, flag_offset, value, "ib write_and_sync") };
+        }
         let mut requests = Chain::new();
         // The writes may take all but the chain's last place: that is the flag's.
         let fits = self.write_requests(&write, |r| requests.len < MAX_CHAIN - 1 && requests.push(r))?;

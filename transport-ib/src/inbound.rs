@@ -27,7 +27,7 @@ use ibverbs_sys as ffi;
 use crate::flags::{InboundSlots, RECORD_BYTES, Record};
 use crate::region::{IbRegion, LocalRegions, PRIVATE};
 use crate::verbs::{
-    CompletionQueue, ProtectionDomain, QueuePair, ReceiveRequest, completion_failure, empty_completion,
+    CompletionQueue, MAX_CHAIN, ProtectionDomain, QueuePair, ReceiveRequest, completion_failure, empty_completion,
 };
 
 /// Receives a connection keeps posted.
@@ -37,6 +37,8 @@ const BUFFER_BYTES: usize = 32;
 /// Applied receives gathered before they are posted again (one call into the provider for
 /// them all): at most this many of the ring are out of use at a time.
 const REPOST_BATCH: usize = 16;
+/// Completions taken per poll.
+const POLL_BATCH: usize = 16;
 
 /// The receiving side of the connection to one peer.
 pub(crate) struct Inbound {
@@ -59,6 +61,9 @@ struct State {
     slots: InboundSlots,
     /// Buffers applied in this drain, to post again.
     repost: Vec<u64>,
+    /// Where polled completions land (kept: a poll that finds nothing, which is most of a
+    /// waiter's, clears no memory).
+    completions: [ffi::ibv_wc; POLL_BATCH],
 }
 
 impl Inbound {
@@ -85,7 +90,8 @@ impl Inbound {
                 qp: qp.clone(),
                 buffers,
                 slots: InboundSlots::default(),
-                repost: Vec::with_capacity(REPOST_BATCH + 16),
+                repost: Vec::with_capacity(REPOST_BATCH + POLL_BATCH),
+                completions: [empty_completion(); POLL_BATCH],
             }),
         })
     }
@@ -130,10 +136,10 @@ impl Inbound {
     }
 
     fn drain_locked(&self, state: &mut State) -> std::result::Result<(), String> {
-        let mut completions = [empty_completion(); 16];
         loop {
-            let n = self.cq.poll(&mut completions).map_err(|e| e.to_string())?;
-            for wc in &completions[..n] {
+            let n = self.cq.poll(&mut state.completions).map_err(|e| e.to_string())?;
+            for i in 0..n {
+                let wc = &state.completions[i];
                 if let Some(why) = completion_failure(wc) {
                     return Err(format!("a receive failed on {}: {why}", self.device));
                 }
@@ -165,11 +171,18 @@ impl Inbound {
                 state.repost.push(index);
             }
             if state.repost.len() >= REPOST_BATCH {
-                let again: Vec<ReceiveRequest> = state.repost.drain(..).map(|i| receive(&state.buffers, i)).collect();
-                // SAFETY: as in `new`.
-                unsafe { state.qp.post_receives(&again) }.map_err(|e| e.to_string())?;
+                // On the stack, a provider call's worth at a time: a repost allocates nothing.
+                for chunk in state.repost.chunks(MAX_CHAIN) {
+                    let mut again = [receive(&state.buffers, 0); MAX_CHAIN];
+                    for (request, &index) in again.iter_mut().zip(chunk) {
+                        *request = receive(&state.buffers, index);
+                    }
+                    // SAFETY: as in `new`.
+                    unsafe { state.qp.post_receives(&again[..chunk.len()]) }.map_err(|e| e.to_string())?;
+                }
+                state.repost.clear();
             }
-            if n < completions.len() {
+            if n < POLL_BATCH {
                 return Ok(());
             }
         }

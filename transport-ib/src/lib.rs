@@ -14,7 +14,11 @@
 //! - **Memory**: [`IbBackend`] allocates host memory registered for remote write and atomics;
 //!   peers name it by (address, key, number), checked against the exported length. Memory imported
 //!   through this transport is not mapped here (`direct_access` is false), so the collectives
-//!   run their channel family over it. Device memory is not carried yet.
+//!   run their channel family over it.
+//! - **Device memory** (the feature `cuda`): a connection sends from CUDA device memory through
+//!   a dmabuf registration, else `nvidia_peermem`, else staging through pinned host memory
+//!   (module `gpu_direct` chooses, `WEAVE_IB_GPU_DIRECT` overrides; module `staging`). Device
+//!   memory as a destination is [`Error::Unsupported`]. None of it has run on real hardware yet.
 //! - **Connection** ([`IbConnection`]): RDMA writes, and flags that the peer's receive queue
 //!   takes — in the immediate of the data's last write where they fit, else as a small send — and
 //!   the peer stores itself, after the data: on the thread that waits for them
@@ -25,10 +29,15 @@
 //! (`transport-ib/vm/softroce-guest.sh DIR` runs `DIR/test.sh` there).
 
 mod connection;
+#[cfg(feature = "cuda")]
+mod cuda;
+mod device_sources;
 mod endpoint;
 mod flags;
+mod gpu_direct;
 mod inbound;
 mod region;
+mod staging;
 pub mod verbs;
 mod watcher;
 
@@ -43,7 +52,8 @@ use comm_core::{Error, Result};
 pub use connection::IbConnection;
 pub use verbs::PortChoice;
 
-use connection::{Bounds, SEND_QUEUE_DEPTH, Wire};
+use connection::{Bounds, SEND_QUEUE_DEPTH, Sources, Wire};
+use device_sources::{CudaAccess, DeviceSources};
 use endpoint::Endpoint;
 use inbound::{Inbound, RECEIVES};
 use region::{IbRegion, LocalRegions, RemoteRegion, SourceRegistrations};
@@ -113,6 +123,8 @@ pub struct IbBackend {
     wires: Mutex<Vec<Option<Wire>>>,
     endpoint: Endpoint,
     sources: Arc<SourceRegistrations>,
+    /// Device memory connections send from.
+    device_sources: Arc<DeviceSources>,
     /// The regions peers write into, by number (where their flags land).
     regions: Arc<LocalRegions>,
     pd: Arc<ProtectionDomain>,
@@ -130,6 +142,15 @@ impl std::fmt::Debug for IbBackend {
 impl IbBackend {
     /// Opens the port and makes one queue pair per peer.
     pub fn open(ctx: &TransportContext, choice: &PortChoice) -> Result<Self> {
+        Self::open_with(ctx, choice, cuda_access())
+    }
+
+    /// [`open`](Self::open) with `cuda` for device memory (the tests stand host memory in).
+    pub(crate) fn open_with(
+        ctx: &TransportContext,
+        choice: &PortChoice,
+        cuda: Option<Arc<dyn CudaAccess>>,
+    ) -> Result<Self> {
         let port = Port::open(choice)?;
         let pd = ProtectionDomain::new(&port)?;
         let watcher = Watcher::start(&port)?;
@@ -160,12 +181,21 @@ impl IbBackend {
             wires: Mutex::new(wires),
             endpoint: Endpoint { port: port.address(), queue_pairs },
             sources: Arc::default(),
+            device_sources: Arc::new(DeviceSources::new(cuda, gpu_direct::PathRequest::from_env()?)),
             regions,
             pd,
             bounds: Bounds { timeout: ctx.config.timeout, abort: ctx.abort.clone(), liveness: ctx.liveness.clone() },
             watcher,
         })
     }
+}
+
+/// CUDA for device memory, where this build has it (the feature `cuda`).
+fn cuda_access() -> Option<Arc<dyn CudaAccess>> {
+    #[cfg(feature = "cuda")]
+    return Some(Arc::new(cuda::Cuda::default()));
+    #[cfg(not(feature = "cuda"))]
+    return None;
 }
 
 /// A first packet sequence number that differs between pairs and communicators (24 bits).
@@ -200,9 +230,15 @@ impl TransportBackend for IbBackend {
     fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
         match kind {
             MemoryKind::Host => Ok(self.regions.allocate(&self.pd, len)?),
-            MemoryKind::Device(_) => {
-                Err(Error::Unsupported("transport ib does not carry device memory yet (dmabuf is not built)".into()))
-            }
+            // A device destination needs the NIC's writes flushed to the GPU (a read back)
+            // before the peer's flag is stored, which is not built: GPU channel links put their
+            // inboxes in pinned host memory instead. Device memory can be a source (module
+            // `device_sources`).
+            MemoryKind::Device(_) => Err(Error::Unsupported(
+                "transport ib does not allocate device memory: a device destination needs a flush of the \
+                 NIC's writes before the flag, which is not built (device memory can be sent from)"
+                    .into(),
+            )),
         }
     }
 
@@ -226,7 +262,8 @@ impl TransportBackend for IbBackend {
             .and_then(Option::take)
             .ok_or_else(|| Error::invalid(format!("ib: no queue pair left for rank {peer} (connected twice?)")))?;
         wire.qp.connect(&remote)?;
-        Ok(Arc::new(IbConnection::new(peer, wire, &self.pd, &self.sources, self.bounds.clone(), &self.watcher)?))
+        let sources = Sources { host: self.sources.clone(), device: self.device_sources.clone() };
+        Ok(Arc::new(IbConnection::new(peer, wire, &self.pd, sources, self.bounds.clone(), &self.watcher)?))
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -213,3 +213,104 @@ fn without_a_device_the_backend_is_unsupported() {
     let e = IbBackend::open(&context(0, Duration::from_secs(1)), &asked).unwrap_err();
     assert!(matches!(e, Error::Unsupported(_)), "{e}");
 }
+
+/// Host memory that poses as device 0's, for the staging path over a real verbs device where
+/// there is no GPU: copied with memcpy, staged in heap memory.
+struct HostAsDevice;
+
+/// A host allocation that says it is device memory.
+struct DeviceStandIn(comm_core::memory::HeapRegion);
+
+impl comm_core::memory::MemoryRegion for DeviceStandIn {
+    fn as_ptr(&self) -> *mut u8 {
+        comm_core::memory::MemoryRegion::as_ptr(&self.0)
+    }
+    fn len(&self) -> usize {
+        comm_core::memory::MemoryRegion::len(&self.0)
+    }
+    fn kind(&self) -> comm_core::memory::MemoryKind {
+        comm_core::memory::MemoryKind::Device(0)
+    }
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+}
+
+struct MemCopy;
+
+impl crate::staging::CopyEngine for MemCopy {
+    unsafe fn device_to_host(&self, dst: *mut u8, src: u64, len: usize) -> comm_core::Result<()> {
+        // SAFETY: the "device" address is a host pointer of a DeviceStandIn (the test's).
+        unsafe { std::ptr::copy_nonoverlapping(src as *const u8, dst, len) };
+        Ok(())
+    }
+}
+
+struct HeapPinned(comm_core::memory::HeapRegion);
+
+impl crate::device_sources::PinnedBuffer for HeapPinned {
+    fn as_ptr(&self) -> *mut u8 {
+        comm_core::memory::MemoryRegion::as_ptr(&self.0)
+    }
+    fn len(&self) -> usize {
+        comm_core::memory::MemoryRegion::len(&self.0)
+    }
+}
+
+impl crate::device_sources::CudaAccess for HostAsDevice {
+    fn support(&self, _: u32) -> crate::gpu_direct::GpuDirectSupport {
+        crate::gpu_direct::GpuDirectSupport { staging: true, ..Default::default() }
+    }
+    fn dmabuf(&self, _: u32, _: u64, _: usize) -> comm_core::Result<(std::os::fd::OwnedFd, u64)> {
+        Err(Error::Unsupported("no GPU here".into()))
+    }
+    fn copy_engine(&self, _: u32) -> comm_core::Result<Arc<dyn crate::staging::CopyEngine>> {
+        Ok(Arc::new(MemCopy))
+    }
+    fn pinned(&self, _: u32, len: usize) -> comm_core::Result<Box<dyn crate::device_sources::PinnedBuffer>> {
+        Ok(Box::new(HeapPinned(comm_core::memory::HeapRegion::new(len)?)))
+    }
+}
+
+/// `len` bytes of host memory posing as device memory, filled with a pattern of `seed`.
+fn device_stand_in(len: usize) -> (RegisteredMemory, *mut u8) {
+    let region: Arc<dyn comm_core::memory::MemoryRegion> =
+        Arc::new(DeviceStandIn(comm_core::memory::HeapRegion::new(len).unwrap()));
+    let at = region.as_ptr();
+    let d = comm_core::memory::MemoryDescriptor::new(0, 0, "t", comm_core::memory::MemoryKind::Device(0), len, vec![]);
+    (RegisteredMemory::new_local(d, region, transport()).unwrap(), at)
+}
+
+#[test]
+#[ignore = "needs an RDMA device: transport-ib/vm/softroce-guest.sh runs it"]
+fn device_sources_without_gpudirect_are_staged_through_host_memory() {
+    let t = Duration::from_secs(20);
+    let a = IbBackend::open_with(&context(0, t), &PortChoice::default(), Some(Arc::new(HostAsDevice))).unwrap();
+    let b = IbBackend::open(&context(1, t), &PortChoice::default()).unwrap();
+    let conn = a.connect(1, &b.local_endpoint().unwrap()).unwrap();
+    let back = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    // Five chunks of the ring's four 1 MiB slots: the fifth waits for the first one's write.
+    let len = 4 * (1 << 20) + 12_345;
+    let (theirs_local, theirs) = remote_region(&b, &a, len + 64).unwrap();
+    let (src, at) = device_stand_in(len);
+    for round in 1..=2u64 {
+        // SAFETY: `at` holds `len` bytes of the stand-in, which no write reads any more (the
+        // previous round's flag came after its data).
+        let bytes = unsafe { std::slice::from_raw_parts_mut(at, len) };
+        for (i, v) in bytes.iter_mut().enumerate() {
+            *v = (i as u8).wrapping_mul(13).wrapping_add(round as u8);
+        }
+        let write = comm_core::connection::CheckedWrite::new(&theirs, 64, &src, 0, len).unwrap();
+        conn.write_and_sync(write, 0, round).unwrap();
+        wait_for(Some(back.as_ref()), &theirs_local, 0, round);
+        // SAFETY: the destination's bytes were placed before the flag that was just seen.
+        let arrived = unsafe { std::slice::from_raw_parts(theirs_local.as_ptr().add(64), len) };
+        assert!(arrived == bytes, "round {round}: the staged bytes differ");
+    }
+    // Rank 1 has no CUDA stand-in: its device memory cannot be sent, and says so.
+    let (mine_local, mine) = remote_region(&a, &b, 4096).unwrap();
+    let (src, _) = device_stand_in(4096);
+    let e = back.write(&mine, 0, &src, 0, 4096).unwrap_err();
+    assert!(matches!(&e, Error::Unsupported(m) if m.contains("device memory")), "{e}");
+    drop(mine_local);
+}

@@ -161,3 +161,27 @@ fn immediates_and_sends_complete_receives_in_order_and_wake_the_channel() {
     assert_eq!(&inbox[32..56], &src[..24], "the send landed in the second receive's buffer");
     println!("inline bytes of this queue pair: {}", a.max_inline());
 }
+
+#[test]
+#[ignore = "needs an RDMA device: cargo xtask ib-vm runs it"]
+fn device_registrations_the_device_cannot_make_are_unsupported() {
+    let port = Port::open(&PortChoice::default()).unwrap();
+    let pd = ProtectionDomain::new(&port).unwrap();
+    // No GPU here: an address nothing is mapped at stands for device memory the kernel cannot
+    // resolve without nvidia_peermem.
+    // SAFETY: a registration that fails touches no memory; one that succeeded would be dropped
+    // at once.
+    let e = unsafe { Registration::device_pointer(&pd, 0x1000, 4096) }.err().expect("registered unmapped memory");
+    assert!(matches!(&e, Error::Unsupported(m) if m.contains("nvidia_peermem")), "{e}");
+    // A descriptor that is no dmabuf: SoftRoCE registers no dmabufs at all (unsupported); a
+    // device that does refuses this one.
+    let not_a_dmabuf = std::fs::File::open("/dev/null").unwrap();
+    use std::os::fd::AsFd;
+    // SAFETY: as above.
+    let e = unsafe { Registration::dmabuf(&pd, not_a_dmabuf.as_fd(), 0, 4096, 0x10000) }
+        .err()
+        .expect("registered /dev/null");
+    if port.device().starts_with("rxe") {
+        assert!(matches!(&e, Error::Unsupported(m) if m.contains("dmabuf")), "{e}");
+    }
+}

@@ -20,8 +20,10 @@ use std::sync::Arc;
 use comm_core::{Error, Result};
 use ibverbs_sys as ffi;
 
+mod device_memory;
 mod queue;
 
+pub use device_memory::dmabuf_registration_available;
 pub use queue::{
     CompletionChannel, CompletionQueue, MAX_CHAIN, Operation, QueuePair, QueuePairAddress, ReceiveRequest, WorkRequest,
     completion_failure, empty_completion,
