@@ -8,6 +8,10 @@
 //! usage: latency [ITERS] [SIZE ...]   (default 20000 round trips of 8, 64, 512 and 4096 bytes).
 //! Prints `MODE SIZE USEC` per line: half the median round trip. `WEAVE_TCP_SOCKETS` sets the
 //! sockets per connection, as for the collectives.
+//!
+//! Launched as two ranks (`RANK` and `MASTER_ADDR` set, as `cargo xtask multinode -N 2 -n 1`
+//! sets them), it runs the plain socket ping-pong between the two processes instead — across
+//! the nodes' network — and rank 0 prints `raw-across SIZE USEC`.
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -145,12 +149,57 @@ fn weave(iters: usize, size: usize, credits: bool) -> f64 {
     one_way_us(rtts)
 }
 
+/// The plain ping-pong between two processes: rank 0 listens on `MASTER_ADDR`, port
+/// `MASTER_PORT + 7`, and times round trips; rank 1 connects and echoes.
+fn raw_across(rank: usize, master: &str, iters: usize, size: usize) {
+    let port: u16 = std::env::var("MASTER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(29500) + 7;
+    let mut s = if rank == 0 {
+        let listener = TcpListener::bind((master, port)).expect("bind");
+        listener.accept().expect("accept").0
+    } else {
+        let started = Instant::now();
+        loop {
+            match TcpStream::connect((master, port)) {
+                Ok(s) => break s,
+                Err(_) if started.elapsed() < Duration::from_secs(20) => std::thread::sleep(Duration::from_millis(20)),
+                Err(e) => panic!("connect: {e}"),
+            }
+        }
+    };
+    s.set_nodelay(true).expect("nodelay");
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut buf = vec![1u8; size];
+    let mut rtts = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        if rank == 0 {
+            s.write_all(&buf).expect("write");
+            spin_read(&mut s, &mut buf);
+        } else {
+            spin_read(&mut s, &mut buf);
+            s.write_all(&buf).expect("write");
+        }
+        rtts.push(t.elapsed());
+    }
+    if rank == 0 {
+        println!("raw-across {size} {:.2}", one_way_us(rtts));
+    }
+}
+
 fn main() {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let iters = args.first().and_then(|a| a.parse().ok()).unwrap_or(20_000);
     let mut sizes: Vec<usize> = args.iter().skip(1).filter_map(|a| a.parse().ok()).collect();
     if sizes.is_empty() {
         sizes = vec![8, 64, 512, 4096];
+    }
+    if let (Some(rank), Ok(master)) =
+        (std::env::var("RANK").ok().and_then(|r| r.parse::<usize>().ok()), std::env::var("MASTER_ADDR"))
+    {
+        for &size in &sizes {
+            raw_across(rank, &master, iters, size);
+        }
+        return;
     }
     for &size in &sizes {
         println!("raw {size} {:.2}", raw(iters, size));
