@@ -17,6 +17,9 @@
 //! | broadcast | | broadcast on the root's rail | broadcast from the root's local rank |
 //! | reduce | reduce to the root's local rank | reduce on the root's rail | |
 //!
+//! An all-reduce of at least 8 MiB runs its three steps in chunks, the rail step of one chunk
+//! beside the node steps of the next and the previous ([`pipeline`]).
+//!
 //! An all-reduce also runs its last `count % L` elements as an all-reduce in the node and then
 //! across the rail (steps of no elements included, see below). `Avg` sums through the steps
 //! and divides once at the end, as the flat algorithms do.
@@ -30,6 +33,8 @@
 //! every rank those steps reach: in an all-reduce, all-gather and reduce-scatter that is every
 //! rank. A broadcast or reduce tells the ranks its steps receive at, as its flat algorithms
 //! do (small steps run eagerly, whose senders hear of nothing).
+
+mod pipeline;
 
 use std::cell::RefCell;
 
@@ -152,15 +157,20 @@ impl Hierarchy {
         // Every step runs even when it has no elements: (shard, tail) differs between any two
         // counts, so a mismatched count fails some step on every rank instead of leaving one
         // rank waiting in a step the others skipped.
-        // SAFETY: local * shard + shard <= main <= count: inside recv.
-        let mine = unsafe { recv.add(self.local * shard) };
-        let rs = ChannelCall::ReduceScatter { send, recv: mine, count: shard, op: step_op };
-        steps.run(&self.intra, main * size, rs)?;
-        let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: shard, op: step_op };
-        steps.run(&self.rail, shard * size, ar)?;
-        // SAFETY: the shard holds the sum over every rank.
-        unsafe { self.finish_avg(steps, op, mine, shard) };
-        steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
+        if main * size >= pipeline::MIN_BYTES {
+            // SAFETY: forwarded from the caller; main <= count.
+            unsafe { self.all_reduce_pipelined(steps, send, recv, main, op)? };
+        } else {
+            // SAFETY: local * shard + shard <= main <= count: inside recv.
+            let mine = unsafe { recv.add(self.local * shard) };
+            let rs = ChannelCall::ReduceScatter { send, recv: mine, count: shard, op: step_op };
+            steps.run(&self.intra, main * size, rs)?;
+            let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: shard, op: step_op };
+            steps.run(&self.rail, shard * size, ar)?;
+            // SAFETY: the shard holds the sum over every rank.
+            unsafe { self.finish_avg(steps, op, mine, shard) };
+            steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
+        }
         // SAFETY: main + tail = count: inside both buffers.
         let (s, r) = unsafe { (send.add(main), recv.add(main)) };
         steps.run(&self.intra, tail * size, ChannelCall::AllReduce { send: s, recv: r, count: tail, op: step_op })?;

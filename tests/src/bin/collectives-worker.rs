@@ -595,5 +595,41 @@ fn hierarchical_everywhere(spec: &MatrixSpec) -> Result<usize> {
         return Err(Error::protocol("hierarchical all_reduce after the mismatches is wrong"));
     }
     checked += 5;
+    checked += pipelined_all_reduces(&comm)?;
     Ok(checked)
+}
+
+/// All-reduces large enough to run in chunks (`hierarchy/pipeline.rs`): out of place and in
+/// place, a sum and an average, a count with a tail past the ranks per node; then counts that
+/// differ by one element fail on every rank, and the communicator still works.
+fn pipelined_all_reduces(comm: &Communicator) -> Result<usize> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let count = (10 << 20) / 4 + 3;
+    let input = |r: usize, i: usize| (r + 1) as f32 + (i % 7) as f32;
+    let sum = |i: usize| (n * (n + 1) / 2) as f32 + (n * (i % 7)) as f32;
+    let send: Vec<f32> = (0..count).map(|i| input(me, i)).collect();
+    let mut recv = vec![0.0f32; count];
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+    if let Some(i) = (0..count).find(|&i| recv[i] != sum(i)) {
+        return Err(Error::protocol(format!("pipelined all_reduce: element {i} is {} not {}", recv[i], sum(i))));
+    }
+    let mut buf = send.clone();
+    comm.all_reduce_in_place(&mut buf, ReduceOp::Avg)?;
+    if let Some(i) = (0..count).find(|&i| buf[i] != sum(i) / n as f32) {
+        return Err(Error::protocol(format!(
+            "pipelined in-place avg: element {i} is {} not {}",
+            buf[i],
+            sum(i) / n as f32
+        )));
+    }
+    let mut uneven = vec![1.0f32; count + me % 2];
+    match comm.all_reduce_in_place(&mut uneven, ReduceOp::Sum) {
+        Err(Error::InvalidArgument(_)) => {}
+        other => return Err(Error::protocol(format!("pipelined all_reduce of different counts: {other:?}"))),
+    }
+    comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+    if recv[count - 1] != sum(count - 1) {
+        return Err(Error::protocol("pipelined all_reduce after the mismatch is wrong"));
+    }
+    Ok(4)
 }
