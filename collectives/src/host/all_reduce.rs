@@ -4,7 +4,7 @@
 use comm_core::Result;
 
 use super::workspace::{INLINE_BYTES, Publication};
-use super::{Agree, HostEngine, capacity, chunks, copy, scratch, share, signature, with_all_scratch};
+use super::{Agree, HostEngine, capacity, chunks, copy, ring, scratch, share, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
@@ -113,34 +113,19 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             }
         }
         Algorithm::Ring => {
-            let left = (me + n - 1) % n;
             for (o, k) in chunks(count, cap) {
                 let acc = scratch::<T>(&e.ws, me, 0, k)?;
                 // SAFETY: as in one-shot.
                 unsafe { copy(send.add(o), acc, k) };
                 e.step("all_reduce", publication, agree)?;
-                // Reduce-scatter: at sub-step t, fold the left neighbour's partial sum of segment
-                // (me - t - 1) into ours. After n-1 sub-steps segment (me + 1) is complete here.
-                for t in 0..n.saturating_sub(1) {
-                    let c = (me + 2 * n - t - 1) % n;
+                // Segment c is share c of the chunk. The reduce-scatter completes segment
+                // (me + 1) here, and the all-gather starts with the left neighbour's (me).
+                let segment = |c| {
                     let (a, b) = share(k, n, c);
-                    let last = t + 2 == n;
-                    let step_op = if op == ReduceOp::Avg && !last { ReduceOp::Sum } else { op };
-                    let mine = scratch::<T>(&e.ws, me, a, b - a)?;
-                    let theirs = scratch::<T>(&e.ws, left, a, b - a)?;
-                    // SAFETY: `mine` aliases the first source exactly (allowed); the left
-                    // neighbour wrote segment c before the last phase and does not touch it now.
-                    unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], b - a) };
-                    e.phase("all_reduce ring reduce-scatter")?;
-                }
-                // All-gather: copy the complete segment the left neighbour holds.
-                for t in 0..n.saturating_sub(1) {
-                    let c = (me + n - t) % n;
-                    let (a, b) = share(k, n, c);
-                    // SAFETY: segment c of the left neighbour is complete and not written now.
-                    unsafe { copy(scratch::<T>(&e.ws, left, a, b - a)?, scratch::<T>(&e.ws, me, a, b - a)?, b - a) };
-                    e.phase("all_reduce ring all-gather")?;
-                }
+                    (a, b - a)
+                };
+                ring::reduce_scatter::<T>(e, op, (me + 1) % n, segment, "all_reduce ring reduce-scatter")?;
+                ring::all_gather::<T>(e, me, segment, "all_reduce ring all-gather")?;
                 // SAFETY: the accumulator holds k reduced elements; recv + o valid for k.
                 unsafe { copy(acc, recv.add(o), k) };
                 e.ws.finish_step();

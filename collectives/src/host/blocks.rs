@@ -4,7 +4,7 @@
 use comm_core::{Error, Result};
 
 use super::workspace::Publication;
-use super::{Agree, HostEngine, capacity, chunks, copy, scratch, signature, with_all_scratch};
+use super::{Agree, HostEngine, capacity, chunks, copy, ring, scratch, signature, with_all_scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
@@ -68,25 +68,20 @@ pub(crate) unsafe fn all_gather<T: Element>(
         e.ws.finish_step();
         return failure.map_or(Ok(()), Err);
     }
-    let ring = algo == Algorithm::Ring;
-    let cap = if ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
-    let left = (me + n - 1) % n;
+    let by_ring = algo == Algorithm::Ring;
+    let cap = if by_ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
     for (o, k) in chunks(count, cap) {
         // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
-        let seg = |q: usize| if ring { q * k } else { 0 };
+        let seg = |q: usize| (if by_ring { q * k } else { 0 }, k);
         // SAFETY: o + k <= count; scratch holds the segment.
-        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, seg(me), k)?, k) };
+        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, seg(me).0, k)?, k) };
         e.step("all_gather", publication, EQUAL)?;
-        if ring {
-            for t in 0..n - 1 {
-                let c = (me + 2 * n - t - 1) % n;
-                // SAFETY: the left neighbour finished segment c before the last phase.
-                unsafe { copy(scratch::<T>(&e.ws, left, seg(c), k)?, scratch::<T>(&e.ws, me, seg(c), k)?, k) };
-                e.phase("all_gather ring")?;
-            }
+        if by_ring {
+            // Each rank starts with its own segment: the left neighbour's comes first.
+            ring::all_gather::<T>(e, (me + n - 1) % n, seg, "all_gather ring")?;
             for q in 0..n {
                 // SAFETY: recv + q*count + o valid for k writes.
-                unsafe { copy(scratch::<T>(&e.ws, me, seg(q), k)?, recv.add(q * count + o), k) };
+                unsafe { copy(scratch::<T>(&e.ws, me, seg(q).0, k)?, recv.add(q * count + o), k) };
             }
         } else {
             for q in 0..n {
@@ -117,7 +112,6 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
     let sig = signature(Collective::ReduceScatter, T::DTYPE, Some(op), algo);
     let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
     let cap = capacity::<T>(&e.ws) / n;
-    let left = (me + n - 1) % n;
     // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
     for (o, k) in chunks(count, cap) {
         for q in 0..n {
@@ -126,19 +120,8 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
         }
         e.step("reduce_scatter", publication, EQUAL)?;
         if algo == Algorithm::Ring {
-            // Fold the left neighbour's partial sum of segment (me - t - 2); after n-1 sub-steps
-            // segment `me` is complete here.
-            for t in 0..n - 1 {
-                let c = (me + 2 * n - t - 2) % n;
-                let last = t + 2 == n;
-                let step_op = if op == ReduceOp::Avg && !last { ReduceOp::Sum } else { op };
-                let mine = scratch::<T>(&e.ws, me, c * k, k)?;
-                let theirs = scratch::<T>(&e.ws, left, c * k, k)?;
-                // SAFETY: `mine` aliases the first source exactly; the neighbour's segment is
-                // complete and unchanged during this sub-step.
-                unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], k) };
-                e.phase("reduce_scatter ring")?;
-            }
+            // Block c is segment c; after the pass segment `me` is complete here.
+            ring::reduce_scatter::<T>(e, op, me, |c| (c * k, k), "reduce_scatter ring")?;
             // SAFETY: segment `me` holds the result.
             unsafe { copy(scratch::<T>(&e.ws, me, me * k, k)?, recv.add(o), k) };
         } else {

@@ -8,6 +8,7 @@
 mod all_reduce;
 mod blocks;
 mod p2p;
+mod ring;
 pub(crate) mod workspace;
 
 pub(crate) use p2p::P2pState;
