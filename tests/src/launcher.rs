@@ -62,6 +62,17 @@ pub fn assert_survivors_saw_the_killed_rank(report: &LaunchReport, scenario: &st
     }
 }
 
+/// The number in `line` right after `marker`, up to the next space, comma or `}`: a time in an
+/// `OK` line (`failed 120 ms`), a field of a JSON result line (`"time_us":3.5,`). Panics naming
+/// the line when there is none.
+pub fn number_after<T: std::str::FromStr>(line: &str, marker: &str) -> T {
+    line.split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split([' ', ',', '}']).next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {marker:?} in {line:?}"))
+}
+
 /// Every rank's captured output, for failure messages.
 pub fn dump(report: &LaunchReport) -> String {
     let mut s = String::new();

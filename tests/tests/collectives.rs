@@ -5,7 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use weave_tests::launcher::{
-    assert_survivors_saw_the_killed_rank, launch_serialized, leftover_segments, random_secret, run_ok, scenario_spec,
+    assert_survivors_saw_the_killed_rank, launch_serialized, leftover_segments, number_after, random_secret, run_ok,
+    scenario_spec,
 };
 
 const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
@@ -185,12 +186,7 @@ fn twenty_kills_at_random_points_across_2x2_namespace_nodes_fail_every_survivor_
         assert_survivors_saw_the_killed_rank(&report, "node-kill");
         for r in &report.ranks[..3] {
             let line = r.stdout.iter().find(|l| l.starts_with("OK node-kill")).expect("an OK line");
-            let ms: u64 = line
-                .split("failed ")
-                .nth(1)
-                .and_then(|t| t.split(' ').next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no time in {line:?}"));
+            let ms: u64 = number_after(line, "failed ");
             assert!((ms as f64) < WEAVE_TIMEOUT_S * 1000.0, "trial {trial}: rank {} failed only after {ms} ms", r.rank);
             after_ms.push(ms);
         }
@@ -216,8 +212,7 @@ fn all_reduce_busbw(rate: Option<weave_launch::Rate>) -> f64 {
     let report = launch_serialized(&spec).expect("launch bench-worker");
     assert!(report.success(), "{}\n{}", report.summary(), weave_tests::launcher::dump(&report));
     let line = report.ranks[0].stdout.iter().find(|l| l.contains("\"busbw\":")).expect("a result line");
-    let value = line.split("\"busbw\":").nth(1).and_then(|v| v.split([',', '}']).next()).expect("busbw");
-    value.parse().unwrap_or_else(|e| panic!("busbw in {line}: {e}"))
+    number_after(line, "\"busbw\":")
 }
 
 #[test]
