@@ -3,8 +3,8 @@
 
 use comm_core::Result;
 
-use super::workspace::{INLINE_BYTES, Publication};
-use super::{Agree, HostEngine, capacity, chunks, copy, ring, scratch, share, signature, with_all_scratch};
+use super::workspace::INLINE_BYTES;
+use super::{Agree, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch, share};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
@@ -22,10 +22,8 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     count: usize,
     op: ReduceOp,
 ) -> Result<()> {
-    let n = e.ws.world_size();
-    let me = e.ws.rank();
-    let sig = signature(Collective::AllReduce, T::DTYPE, Some(op), algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let publication = call_publication::<T>(Collective::AllReduce, Some(op), algo, count, 0);
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
     // Every algorithm but the two-phase and the ring runs one-shot here: the GPU's two-shots,
@@ -137,11 +135,8 @@ pub(crate) unsafe fn all_reduce<T: Element>(
                 // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
                 unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
                 e.step("all_reduce", publication, agree)?;
-                with_all_scratch(e, 0, k, |srcs| {
-                    // SAFETY: every source is a rank's scratch of k elements, stable until the
-                    // next step; `recv + o` is valid for k writes and distinct from scratch.
-                    unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
-                })?;
+                // SAFETY: `recv + o` is valid for k writes and distinct from scratch.
+                unsafe { reduce_scratch(e, op, 0, k, recv.add(o))? };
                 e.ws.finish_step();
             }
         }
@@ -163,10 +158,8 @@ pub(crate) unsafe fn reduce<T: Element>(
     op: ReduceOp,
     root: usize,
 ) -> Result<()> {
-    let n = e.ws.world_size();
-    let me = e.ws.rank();
-    let sig = signature(Collective::Reduce, T::DTYPE, Some(op), algo);
-    let publication = Publication { signature: sig, count: count as u64, root: root as u64, ..Publication::default() };
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let publication = call_publication::<T>(Collective::Reduce, Some(op), algo, count, root);
     let agree = Agree { count: true, root: true };
     let cap = capacity::<T>(&e.ws);
     let two_phase = algo == Algorithm::TwoPhase;
@@ -178,10 +171,8 @@ pub(crate) unsafe fn reduce<T: Element>(
         if two_phase {
             let (a, b) = share(k, n, me);
             let out = scratch::<T>(&e.ws, me, chunk + a, b - a)?;
-            with_all_scratch(e, a, b - a, |srcs| {
-                // SAFETY: as in the two-phase all-reduce.
-                unsafe { reduce_raw(op, n, out, srcs, b - a) }
-            })?;
+            // SAFETY: `out` is this rank's output area, disjoint from every input share.
+            unsafe { reduce_scratch(e, op, a, b - a, out)? };
             e.phase("reduce gather")?;
             if me == root {
                 for q in 0..n {
@@ -191,10 +182,8 @@ pub(crate) unsafe fn reduce<T: Element>(
                 }
             }
         } else if me == root {
-            with_all_scratch(e, 0, k, |srcs| {
-                // SAFETY: as in the one-shot all-reduce.
-                unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
-            })?;
+            // SAFETY: on the root `recv + o` is valid for k writes and distinct from scratch.
+            unsafe { reduce_scratch(e, op, 0, k, recv.add(o))? };
         }
         e.ws.finish_step();
     }

@@ -3,11 +3,9 @@
 
 use comm_core::{Error, Result};
 
-use super::workspace::Publication;
-use super::{Agree, HostEngine, capacity, chunks, copy, ring, scratch, signature, with_all_scratch};
+use super::{Agree, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
-use crate::reduce::reduce_raw;
 use crate::table::{Algorithm, Collective};
 
 const EQUAL: Agree = Agree { count: true, root: false };
@@ -31,8 +29,7 @@ pub(crate) unsafe fn all_gather<T: Element>(
     count: usize,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::AllGather, T::DTYPE, None, algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let publication = call_publication::<T>(Collective::AllGather, None, algo, count, 0);
     let sz = std::mem::size_of::<T>();
     // Large blocks, direct algorithm, cross-memory attach available on every rank (the same
     // decision everywhere: it depends only on agreed values): each rank reads every peer's
@@ -109,8 +106,7 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
     op: ReduceOp,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::ReduceScatter, T::DTYPE, Some(op), algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let publication = call_publication::<T>(Collective::ReduceScatter, Some(op), algo, count, 0);
     let cap = capacity::<T>(&e.ws) / n;
     // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
     for (o, k) in chunks(count, cap) {
@@ -125,11 +121,9 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
             // SAFETY: segment `me` holds the result.
             unsafe { copy(scratch::<T>(&e.ws, me, me * k, k)?, recv.add(o), k) };
         } else {
-            with_all_scratch(e, me * k, k, |srcs| {
-                // SAFETY: every rank's staged block for this rank; recv + o valid for k writes
-                // and disjoint from scratch.
-                unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
-            })?;
+            // SAFETY: every rank staged its block for this rank there; recv + o valid for k
+            // writes and disjoint from scratch.
+            unsafe { reduce_scratch(e, op, me * k, k, recv.add(o))? };
         }
         e.ws.finish_step();
     }
@@ -150,8 +144,7 @@ pub(crate) unsafe fn broadcast<T: Element>(
     root: usize,
 ) -> Result<()> {
     let me = e.ws.rank();
-    let sig = signature(Collective::Broadcast, T::DTYPE, None, algo);
-    let publication = Publication { signature: sig, count: count as u64, root: root as u64, ..Publication::default() };
+    let publication = call_publication::<T>(Collective::Broadcast, None, algo, count, root);
     let cap = capacity::<T>(&e.ws);
     for (o, k) in chunks(count, cap) {
         if me == root {
@@ -183,8 +176,7 @@ pub(crate) unsafe fn all_to_all<T: Element>(
     count: usize,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::AllToAll, T::DTYPE, None, algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let publication = call_publication::<T>(Collective::AllToAll, None, algo, count, 0);
     let cap = capacity::<T>(&e.ws) / n;
     // Blocks lie back to back, `k` apart, so a small call touches few scratch pages.
     for (o, k) in chunks(count, cap) {
@@ -225,7 +217,6 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
     v: AllToAllv<'_>,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::AllToAllv, T::DTYPE, None, algo);
     // Step 1: publish counts (2n u64: what I send to each rank, what I expect from each).
     let table = scratch::<u64>(&e.ws, me, 0, 2 * n)?;
     for q in 0..n {
@@ -237,7 +228,7 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
     }
     e.step(
         "all_to_allv",
-        Publication { signature: sig, ..Publication::default() },
+        call_publication::<T>(Collective::AllToAllv, None, algo, 0, 0),
         Agree { count: false, root: false },
     )?;
     let mut longest = 0u64;

@@ -21,6 +21,7 @@ use comm_core::{Error, Result};
 
 use crate::dtype::{DataType, Element};
 use crate::op::ReduceOp;
+use crate::reduce::reduce_raw;
 use crate::table::{Algorithm, Collective};
 use workspace::{Publication, Workspace};
 
@@ -262,20 +263,43 @@ pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// Calls `f` with every rank's scratch address of elements `[elem, elem + len)` for the
-/// current step, in rank order, without allocating for up to 64 ranks.
-pub(crate) fn with_all_scratch<T: Element, R>(
+/// Reduces every rank's scratch elements `[elem, elem + len)` of the current step, in rank
+/// order, with `op` into `out`, without allocating for up to 64 ranks.
+///
+/// # Safety
+/// `out` valid for `len` writes and disjoint from every rank's range; every rank finished
+/// writing its range before the step's arrival and does not write it until the next step.
+pub(crate) unsafe fn reduce_scratch<T: Element>(
     e: &HostEngine,
+    op: ReduceOp,
     elem: usize,
     len: usize,
-    f: impl FnOnce(&[*const T]) -> R,
-) -> Result<R> {
-    let mut srcs = crate::per_rank::PerRank::new(e.ws.world_size(), std::ptr::null::<T>());
+    out: *mut T,
+) -> Result<()> {
+    let n = e.ws.world_size();
+    let mut srcs = crate::per_rank::PerRank::new(n, std::ptr::null::<T>());
     let srcs = srcs.as_mut_slice();
     for (r, src) in srcs.iter_mut().enumerate() {
         *src = scratch::<T>(&e.ws, r, elem, len)?;
     }
-    Ok(f(srcs))
+    // SAFETY: every source is a rank's stable scratch range of `len` elements; `out` as the
+    // caller promised.
+    unsafe { reduce_raw(op, n, out, srcs, len) };
+    Ok(())
+}
+
+/// What a rank publishes for a call of `collective` on `count` elements of `T` (with `op`,
+/// `algo` and `root` where the collective has them): the signature every rank must share, the
+/// count and the root.
+pub(crate) fn call_publication<T: Element>(
+    collective: Collective,
+    op: Option<ReduceOp>,
+    algo: Algorithm,
+    count: usize,
+    root: usize,
+) -> Publication {
+    let signature = signature(collective, T::DTYPE, op, algo);
+    Publication { signature, count: count as u64, root: root as u64, ..Publication::default() }
 }
 
 /// Scratch capacity in elements of `T`.

@@ -20,9 +20,7 @@ pub(super) fn reduce_scatter<T: Element>(
     segment: impl Fn(usize) -> (usize, usize),
     what: &str,
 ) -> Result<()> {
-    let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let left = (me + n - 1) % n;
-    for t in 0..n.saturating_sub(1) {
+    sub_steps(e, what, |e, n, t, me, left| {
         let (offset, len) = segment((done + 2 * n - 2 - t) % n);
         let step_op = if op == ReduceOp::Avg && t + 2 != n { ReduceOp::Sum } else { op };
         let mine = scratch::<T>(&e.ws, me, offset, len)?;
@@ -30,9 +28,8 @@ pub(super) fn reduce_scatter<T: Element>(
         // SAFETY: `mine` aliases the first source exactly (allowed); the left neighbour finished
         // this segment before the last phase and does not touch it during this sub-step.
         unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], len) };
-        e.phase(what)?;
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// All-gather pass: at sub-step `t`, copies segment `(first - t) mod n`, complete in the left
@@ -44,13 +41,26 @@ pub(super) fn all_gather<T: Element>(
     segment: impl Fn(usize) -> (usize, usize),
     what: &str,
 ) -> Result<()> {
-    let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let left = (me + n - 1) % n;
-    for t in 0..n.saturating_sub(1) {
+    sub_steps(e, what, |e, n, t, me, left| {
         let (offset, len) = segment((first + n - t) % n);
         // SAFETY: the left neighbour's segment is complete and not written during this sub-step;
         // this rank's is its own to write.
         unsafe { copy(scratch::<T>(&e.ws, left, offset, len)?, scratch::<T>(&e.ws, me, offset, len)?, len) };
+        Ok(())
+    })
+}
+
+/// Runs the `n - 1` sub-steps of a pass, each `sub_step(e, n, t, me, left)` (world size,
+/// sub-step, this rank, its left neighbour) followed by one phase named `what`.
+fn sub_steps(
+    e: &mut HostEngine,
+    what: &str,
+    mut sub_step: impl FnMut(&HostEngine, usize, usize, usize, usize) -> Result<()>,
+) -> Result<()> {
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let left = (me + n - 1) % n;
+    for t in 0..n.saturating_sub(1) {
+        sub_step(e, n, t, me, left)?;
         e.phase(what)?;
     }
     Ok(())
