@@ -11,9 +11,11 @@ use weave_tests::launcher::{
 
 const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
 
-fn run(scenario: &str, arg: Option<&str>, worlds: &[usize], job_timeout: Duration) {
+/// Runs `scenario` (with `arg`) with each number of ranks in `worlds`, each job within
+/// `job_timeout_s`.
+fn run(scenario: &str, arg: Option<&str>, worlds: &[usize], job_timeout_s: u64) {
     for &n in worlds {
-        let mut spec = scenario_spec(Path::new(WORKER), scenario, n, 30.0, job_timeout);
+        let mut spec = scenario_spec(Path::new(WORKER), scenario, n, 30.0, Duration::from_secs(job_timeout_s));
         if let Some(a) = arg {
             spec = spec.arg(a);
         }
@@ -28,47 +30,18 @@ fn long() -> bool {
 #[test]
 fn every_collective_dtype_op_and_count_with_1_2_3_4_5_and_8_ranks() {
     let which = if long() { "long" } else { "ci" };
-    run("matrix", Some(which), &[1, 2, 3, 4, 5, 8], Duration::from_secs(if long() { 3600 } else { 300 }));
+    run("matrix", Some(which), &[1, 2, 3, 4, 5, 8], if long() { 3600 } else { 300 });
 }
 
-#[test]
-fn every_algorithm_forced_gives_the_same_results() {
-    run("algorithms", None, &[1, 2, 3, 4, 8], Duration::from_secs(600));
-}
-
-#[test]
-fn the_channel_family_runs_the_matrix_with_16_ranks() {
-    run("matrix", Some("channel"), &[16], Duration::from_secs(600));
-}
-
-#[test]
-fn a_thousand_calls_with_changing_sizes() {
-    run("stale-state", None, &[2, 3], Duration::from_secs(120));
-}
-
-#[test]
-fn split_communicators_and_a_buffer_used_with_two_communicators() {
-    run("split", None, &[1, 2, 4, 5], Duration::from_secs(120));
-}
-
-#[test]
-fn mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank() {
-    run("mismatch", None, &[1, 2, 3, 4], Duration::from_secs(120));
-}
-
-#[test]
-fn send_recv_and_groups() {
-    run("p2p", None, &[1, 2, 3, 4], Duration::from_secs(120));
-}
-
-#[test]
-fn send_recv_and_groups_over_channel_links() {
-    run("p2p-channel", None, &[1, 2, 3, 4], Duration::from_secs(120));
-}
-
-#[test]
-fn zero_copy_shared_buffers_mixed_with_plain_slices() {
-    run("shared", None, &[1, 2, 3, 4], Duration::from_secs(300));
+weave_tests::scenario_tests! { run;
+    every_algorithm_forced_gives_the_same_results: "algorithms", None, &[1, 2, 3, 4, 8], 600;
+    the_channel_family_runs_the_matrix_with_16_ranks: "matrix", Some("channel"), &[16], 600;
+    a_thousand_calls_with_changing_sizes: "stale-state", None, &[2, 3], 120;
+    split_communicators_and_a_buffer_used_with_two_communicators: "split", None, &[1, 2, 4, 5], 120;
+    mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank: "mismatch", None, &[1, 2, 3, 4], 120;
+    send_recv_and_groups: "p2p", None, &[1, 2, 3, 4], 120;
+    send_recv_and_groups_over_channel_links: "p2p-channel", None, &[1, 2, 3, 4], 120;
+    zero_copy_shared_buffers_mixed_with_plain_slices: "shared", None, &[1, 2, 3, 4], 300;
 }
 
 #[test]
