@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use weave_launch::{
     CancelToken, LaunchReport, LaunchSpec, RankExit, Signal, launch, namespace_holders, namespace_nodes_available,
-    node_address,
+    node_address, wait_namespaces_released,
 };
 
 /// Set in the child process of [`namespace_launcher_killed_with_sigkill_leaves_nothing`].
@@ -50,10 +50,9 @@ fn host_mounts() -> BTreeSet<String> {
 /// Waits up to 5 s until nothing holds the job's namespaces; panics with what still does.
 fn assert_namespaces_gone(report: &LaunchReport) {
     assert!(!report.namespaces.is_empty(), "the report names no namespaces");
-    assert_soon_gone("namespaces still held after the job", || {
-        let left = namespace_holders(&report.namespaces);
-        (!left.is_empty()).then(|| left.join("\n"))
-    });
+    if let Err(held) = wait_namespaces_released(&report.namespaces, Duration::from_secs(5)) {
+        panic!("namespaces still held after the job:\n{}", held.join("\n"));
+    }
 }
 
 /// Asks `left` every 50 ms, for up to 5 s, what is still there, until it answers `None`; panics

@@ -88,14 +88,8 @@ fn require_namespaces() {
 /// segment of the job with `secret`.
 fn assert_nothing_left(report: &weave_launch::LaunchReport, secret: &str) {
     assert!(!report.namespaces.is_empty(), "the job made no namespaces");
-    let end = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let held = weave_launch::namespace_holders(&report.namespaces);
-        if held.is_empty() {
-            break;
-        }
-        assert!(std::time::Instant::now() < end, "namespaces still held after the job:\n{}", held.join("\n"));
-        std::thread::sleep(Duration::from_millis(50));
+    if let Err(held) = weave_launch::wait_namespaces_released(&report.namespaces, Duration::from_secs(5)) {
+        panic!("namespaces still held after the job:\n{}", held.join("\n"));
     }
     let left = leftover_segments(secret);
     assert!(left.is_empty(), "shared-memory segments in the host's /dev/shm: {left:?}");
