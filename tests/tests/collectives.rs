@@ -5,8 +5,8 @@ use std::path::Path;
 use std::time::Duration;
 
 use weave_tests::launcher::{
-    assert_survivors_saw_the_killed_rank, launch_serialized, leftover_segments, number_after, random_secret, run_ok,
-    scenario_spec,
+    assert_survivors_saw_the_killed_rank, launch_serialized, leftover_segments, median_and_max, number_after, ok_line,
+    random_secret, run_ok, scenario_spec,
 };
 
 const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
@@ -105,6 +105,23 @@ fn namespace_job(scenario: &str, ranks: usize, nodes: usize, weave_timeout: f64)
     (spec, secret)
 }
 
+/// [`namespace_job`] of `scenario ARG` whose last rank is killed: checks that every survivor
+/// reported the dead rank and that nothing is left, and returns the report.
+fn namespace_kill_job(
+    scenario: &str,
+    arg: &str,
+    ranks: usize,
+    nodes: usize,
+    weave_timeout: f64,
+) -> weave_launch::LaunchReport {
+    let (spec, secret) = namespace_job(scenario, ranks, nodes, weave_timeout);
+    let report =
+        launch_serialized(&spec.arg(arg).keep_going(true)).unwrap_or_else(|e| panic!("launch {scenario}: {e}"));
+    assert_survivors_saw_the_killed_rank(&report, scenario);
+    assert_nothing_left(&report, &secret);
+    report
+}
+
 #[test]
 #[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
 fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
@@ -113,7 +130,7 @@ fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
         let (spec, secret) = namespace_job("nodes", nodes * per_node, nodes, 30.0);
         let report = run_ok(&spec, "nodes");
         for r in &report.ranks {
-            let line = r.stdout.iter().find(|l| l.starts_with("OK nodes")).expect("OK line");
+            let line = ok_line(r, "nodes").expect("OK line");
             assert!(line.contains(&format!("on {nodes} nodes")), "{line}");
             // Shared memory inside a node (its own /dev/shm), TCP between nodes.
             for p in (0..nodes * per_node).filter(|&p| p != r.rank) {
@@ -130,11 +147,7 @@ fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
 fn a_rank_killed_across_namespace_nodes_fails_the_others_and_leaks_nothing() {
     require_namespaces();
     for (nodes, per_node) in [(2, 1), (2, 2)] {
-        let (spec, secret) = namespace_job("channel-kill", nodes * per_node, nodes, 10.0);
-        let spec = spec.arg("shm").keep_going(true);
-        let report = launch_serialized(&spec).expect("launch channel-kill");
-        assert_survivors_saw_the_killed_rank(&report, "channel-kill");
-        assert_nothing_left(&report, &secret);
+        namespace_kill_job("channel-kill", "shm", nodes * per_node, nodes, 10.0);
     }
 }
 
@@ -147,24 +160,16 @@ fn twenty_kills_at_random_points_across_2x2_namespace_nodes_fail_every_survivor_
     for trial in 0..20u64 {
         // A spread of points: 0–390 ms into the loop, in a scrambled order.
         let delay = (trial * 7 % 20) * 20;
-        let (spec, secret) = namespace_job("node-kill", 4, 2, WEAVE_TIMEOUT_S);
-        let spec = spec.arg(delay.to_string()).keep_going(true);
-        let report = launch_serialized(&spec).expect("launch node-kill");
-        assert_survivors_saw_the_killed_rank(&report, "node-kill");
+        let report = namespace_kill_job("node-kill", &delay.to_string(), 4, 2, WEAVE_TIMEOUT_S);
         for r in &report.ranks[..3] {
-            let line = r.stdout.iter().find(|l| l.starts_with("OK node-kill")).expect("an OK line");
+            let line = ok_line(r, "node-kill").expect("an OK line");
             let ms: u64 = number_after(line, "failed ");
             assert!((ms as f64) < WEAVE_TIMEOUT_S * 1000.0, "trial {trial}: rank {} failed only after {ms} ms", r.rank);
             after_ms.push(ms);
         }
-        assert_nothing_left(&report, &secret);
     }
-    after_ms.sort_unstable();
-    println!(
-        "2x2 namespace nodes, 20 kills: survivors failed {} ms (median) / {} ms (max) after the kill",
-        after_ms[after_ms.len() / 2],
-        after_ms[after_ms.len() - 1]
-    );
+    let (median, max) = median_and_max(&mut after_ms);
+    println!("2x2 namespace nodes, 20 kills: survivors failed {median} ms (median) / {max} ms (max) after the kill");
 }
 
 /// The bus bandwidth (GB/s) of a 32 MiB all-reduce between two namespace nodes of one rank.
