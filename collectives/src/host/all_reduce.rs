@@ -4,7 +4,9 @@
 use comm_core::Result;
 
 use super::workspace::INLINE_BYTES;
-use super::{Agree, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch, share};
+use super::{
+    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch, share,
+};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
@@ -17,9 +19,7 @@ use crate::table::{Algorithm, Collective};
 pub(crate) unsafe fn all_reduce<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     op: ReduceOp,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
@@ -152,9 +152,7 @@ pub(crate) unsafe fn all_reduce<T: Element>(
 pub(crate) unsafe fn reduce<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     op: ReduceOp,
     root: usize,
 ) -> Result<()> {

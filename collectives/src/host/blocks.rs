@@ -3,7 +3,7 @@
 
 use comm_core::{Error, Result};
 
-use super::{Agree, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch};
+use super::{Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
@@ -24,9 +24,7 @@ const CMA_SOURCE: u64 = u64::MAX;
 pub(crate) unsafe fn all_gather<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
     let publication = call_publication::<T>(Collective::AllGather, None, algo, count, 0);
@@ -100,9 +98,7 @@ pub(crate) unsafe fn all_gather<T: Element>(
 pub(crate) unsafe fn reduce_scatter<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     op: ReduceOp,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
@@ -138,9 +134,7 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
 pub(crate) unsafe fn broadcast<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     root: usize,
 ) -> Result<()> {
     let me = e.ws.rank();
@@ -171,9 +165,7 @@ pub(crate) unsafe fn broadcast<T: Element>(
 pub(crate) unsafe fn all_to_all<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
     let publication = call_publication::<T>(Collective::AllToAll, None, algo, count, 0);

@@ -28,6 +28,15 @@ use workspace::{Publication, Workspace};
 pub(crate) use all_reduce::{all_reduce, reduce};
 pub(crate) use blocks::{AllToAllv, all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter};
 
+/// The user's buffers of a call and its element count, as the collective defines it: what the
+/// host and the channel executors take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Buffers<T> {
+    pub(crate) send: *const T,
+    pub(crate) recv: *mut T,
+    pub(crate) count: usize,
+}
+
 /// Set in a publication's signature by a rank whose arguments were invalid.
 const INVALID_MARK: u64 = 1 << 63;
 
