@@ -5,7 +5,8 @@ use comm_core::Result;
 
 use super::workspace::INLINE_BYTES;
 use super::{
-    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch, share,
+    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, in_chunks, reduce_scratch, ring, scratch,
+    share, stage_chunk,
 };
 use crate::dtype::Element;
 use crate::op::ReduceOp;
@@ -26,6 +27,8 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     let publication = call_publication::<T>(Collective::AllReduce, Some(op), algo, count, 0);
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
+    // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_chunk(e, send, o, k, 0) };
     // Every algorithm but the two-phase and the ring runs one-shot here: the GPU's two-shots,
     // the channel family and the hierarchical steps run elsewhere (the plan never sends them
     // here), and one-shot is the safe reading of them.
@@ -111,11 +114,7 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             }
         }
         Algorithm::Ring => {
-            for (o, k) in chunks(count, cap) {
-                let acc = scratch::<T>(&e.ws, me, 0, k)?;
-                // SAFETY: as in one-shot.
-                unsafe { copy(send.add(o), acc, k) };
-                e.step("all_reduce", publication, agree)?;
+            in_chunks(e, chunks(count, cap), "all_reduce", publication, agree, stage, |e, o, k| {
                 // Segment c is share c of the chunk. The reduce-scatter completes segment
                 // (me + 1) here, and the all-gather starts with the left neighbour's (me).
                 let segment = |c| {
@@ -124,22 +123,16 @@ pub(crate) unsafe fn all_reduce<T: Element>(
                 };
                 ring::reduce_scatter::<T>(e, op, (me + 1) % n, segment, "all_reduce ring reduce-scatter")?;
                 ring::all_gather::<T>(e, me, segment, "all_reduce ring all-gather")?;
-                // SAFETY: the accumulator holds k reduced elements; recv + o valid for k.
-                unsafe { copy(acc, recv.add(o), k) };
-                e.ws.finish_step();
-            }
+                // SAFETY: the scratch's first k elements hold the result; recv + o valid for k.
+                unsafe { copy(scratch::<T>(&e.ws, me, 0, k)?, recv.add(o), k) };
+                Ok(())
+            })?;
         }
         // One-shot (see `one_shot` above).
-        _ => {
-            for (o, k) in chunks(count, cap) {
-                // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
-                unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-                e.step("all_reduce", publication, agree)?;
-                // SAFETY: `recv + o` is valid for k writes and distinct from scratch.
-                unsafe { reduce_scratch(e, op, 0, k, recv.add(o))? };
-                e.ws.finish_step();
-            }
-        }
+        _ => in_chunks(e, chunks(count, cap), "all_reduce", publication, agree, stage, |e, o, k| {
+            // SAFETY: `recv + o` is valid for k writes and distinct from scratch.
+            unsafe { reduce_scratch(e, op, 0, k, recv.add(o)) }
+        })?,
     }
     Ok(())
 }
@@ -162,10 +155,9 @@ pub(crate) unsafe fn reduce<T: Element>(
     let cap = capacity::<T>(&e.ws);
     let two_phase = algo == Algorithm::TwoPhase;
     let chunk = if two_phase { cap / 2 } else { cap };
-    for (o, k) in chunks(count, chunk) {
-        // SAFETY: o + k <= count; scratch holds `chunk` elements.
-        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-        e.step("reduce", publication, agree)?;
+    // SAFETY: o + k <= count; the scratch's input area holds `chunk` elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_chunk(e, send, o, k, 0) };
+    in_chunks(e, chunks(count, chunk), "reduce", publication, agree, stage, |e, o, k| {
         if two_phase {
             let (a, b) = share(k, n, me);
             let out = scratch::<T>(&e.ws, me, chunk + a, b - a)?;
@@ -183,7 +175,6 @@ pub(crate) unsafe fn reduce<T: Element>(
             // SAFETY: on the root `recv + o` is valid for k writes and distinct from scratch.
             unsafe { reduce_scratch(e, op, 0, k, recv.add(o))? };
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -3,7 +3,10 @@
 
 use comm_core::{Error, Result};
 
-use super::{Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, reduce_scratch, ring, scratch};
+use super::{
+    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, in_chunks, reduce_scratch, ring, scratch,
+    stage_chunk,
+};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
@@ -65,28 +68,24 @@ pub(crate) unsafe fn all_gather<T: Element>(
     }
     let by_ring = algo == Algorithm::Ring;
     let cap = if by_ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
-    for (o, k) in chunks(count, cap) {
-        // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
-        let seg = |q: usize| (if by_ring { q * k } else { 0 }, k);
-        // SAFETY: o + k <= count; scratch holds the segment.
-        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, seg(me).0, k)?, k) };
-        e.step("all_gather", publication, EQUAL)?;
+    // With the ring, rank q's segment lies in every rank's scratch at `q * k` (back to back, so
+    // a small call touches few scratch pages); without, at the start of rank q's scratch.
+    let segment = move |q: usize, k: usize| if by_ring { (me, q * k) } else { (q, 0) };
+    // SAFETY: o + k <= count; scratch holds the segment.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_chunk(e, send, o, k, segment(me, k).1) };
+    in_chunks(e, chunks(count, cap), "all_gather", publication, EQUAL, stage, |e, o, k| {
         if by_ring {
             // Each rank starts with its own segment: the left neighbour's comes first.
-            ring::all_gather::<T>(e, (me + n - 1) % n, seg, "all_gather ring")?;
-            for q in 0..n {
-                // SAFETY: recv + q*count + o valid for k writes.
-                unsafe { copy(scratch::<T>(&e.ws, me, seg(q).0, k)?, recv.add(q * count + o), k) };
-            }
-        } else {
-            for q in 0..n {
-                // SAFETY: rank q's staged chunk; recv + q*count + o valid for k writes.
-                unsafe { copy(scratch::<T>(&e.ws, q, 0, k)?, recv.add(q * count + o), k) };
-            }
+            ring::all_gather::<T>(e, (me + n - 1) % n, |q| (segment(q, k).1, k), "all_gather ring")?;
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        for q in 0..n {
+            let (holder, at) = segment(q, k);
+            // SAFETY: rank q's chunk, complete where `segment` says; recv + q*count + o valid
+            // for k writes.
+            unsafe { copy(scratch::<T>(&e.ws, holder, at, k)?, recv.add(q * count + o), k) };
+        }
+        Ok(())
+    })
 }
 
 /// Reduce-scatter: `send` holds `n * count` elements; rank r gets the reduction of every rank's
@@ -103,25 +102,34 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
     let publication = call_publication::<T>(Collective::ReduceScatter, Some(op), algo, count, 0);
-    let cap = capacity::<T>(&e.ws) / n;
-    // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
-    for (o, k) in chunks(count, cap) {
-        for q in 0..n {
-            // SAFETY: block q, chunk [o, o+k) of the send buffer; scratch segment q.
-            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * k, k)?, k) };
-        }
-        e.step("reduce_scatter", publication, EQUAL)?;
+    let chunks = chunks(count, capacity::<T>(&e.ws) / n);
+    // SAFETY: send holds n blocks of count elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_blocks(e, send, count, o, k) };
+    in_chunks(e, chunks, "reduce_scatter", publication, EQUAL, stage, |e, o, k| {
         if algo == Algorithm::Ring {
             // Block c is segment c; after the pass segment `me` is complete here.
             ring::reduce_scatter::<T>(e, op, me, |c| (c * k, k), "reduce_scatter ring")?;
             // SAFETY: segment `me` holds the result.
             unsafe { copy(scratch::<T>(&e.ws, me, me * k, k)?, recv.add(o), k) };
+            Ok(())
         } else {
             // SAFETY: every rank staged its block for this rank there; recv + o valid for k
             // writes and disjoint from scratch.
-            unsafe { reduce_scratch(e, op, me * k, k, recv.add(o))? };
+            unsafe { reduce_scratch(e, op, me * k, k, recv.add(o)) }
         }
-        e.ws.finish_step();
+    })
+}
+
+/// Stages chunk `[o, o + k)` of each of the world's blocks of `count` elements at `send` into
+/// this rank's scratch, block q's at `q * k`: back to back, so a small call touches few scratch
+/// pages.
+///
+/// # Safety
+/// `send` valid for `n * count` reads; `o + k <= count`.
+unsafe fn stage_blocks<T: Element>(e: &HostEngine, send: *const T, count: usize, o: usize, k: usize) -> Result<()> {
+    for q in 0..e.ws.world_size() {
+        // SAFETY: block q, chunk [o, o+k) of the send buffer.
+        unsafe { stage_chunk(e, send, q * count + o, k, q * k)? };
     }
     Ok(())
 }
@@ -139,13 +147,10 @@ pub(crate) unsafe fn broadcast<T: Element>(
 ) -> Result<()> {
     let me = e.ws.rank();
     let publication = call_publication::<T>(Collective::Broadcast, None, algo, count, root);
-    let cap = capacity::<T>(&e.ws);
-    for (o, k) in chunks(count, cap) {
-        if me == root {
-            // SAFETY: root's send chunk into its scratch.
-            unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-        }
-        e.step("broadcast", publication, Agree { count: true, root: true })?;
+    let chunks = chunks(count, capacity::<T>(&e.ws));
+    // SAFETY: the root's send chunk into its scratch.
+    let stage = |e: &mut HostEngine, o, k| if me == root { unsafe { stage_chunk(e, send, o, k, 0) } } else { Ok(()) };
+    in_chunks(e, chunks, "broadcast", publication, Agree { count: true, root: true }, stage, |e, o, k| {
         if me == root {
             // SAFETY: out of place on the root: its own data (no-op when identical).
             unsafe { copy(send.add(o), recv.add(o), k) };
@@ -153,9 +158,8 @@ pub(crate) unsafe fn broadcast<T: Element>(
             // SAFETY: root's staged chunk; recv + o valid for k writes.
             unsafe { copy(scratch::<T>(&e.ws, root, 0, k)?, recv.add(o), k) };
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// All-to-all with `count` elements per (sender, receiver) block.
@@ -169,21 +173,16 @@ pub(crate) unsafe fn all_to_all<T: Element>(
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
     let publication = call_publication::<T>(Collective::AllToAll, None, algo, count, 0);
-    let cap = capacity::<T>(&e.ws) / n;
-    // Blocks lie back to back, `k` apart, so a small call touches few scratch pages.
-    for (o, k) in chunks(count, cap) {
-        for q in 0..n {
-            // SAFETY: block for q, chunk [o, o+k).
-            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * k, k)?, k) };
-        }
-        e.step("all_to_all", publication, EQUAL)?;
+    let chunks = chunks(count, capacity::<T>(&e.ws) / n);
+    // SAFETY: send holds n blocks of count elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_blocks(e, send, count, o, k) };
+    in_chunks(e, chunks, "all_to_all", publication, EQUAL, stage, |e, o, k| {
         for p in 0..n {
             // SAFETY: rank p's staged block for this rank; recv block p, chunk [o, o+k).
             unsafe { copy(scratch::<T>(&e.ws, p, me * k, k)?, recv.add(p * count + o), k) };
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Counts and displacements (in elements) of an all-to-all-v, indexed by peer.

@@ -272,6 +272,45 @@ pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
+/// The protocol of a collective that passes its elements through scratch in `chunks` (see
+/// [`chunks`] and the module doc): for each chunk (offset `o`, length `k`), `stage(e, o, k)` puts
+/// this rank's part into its scratch, one step named `what` publishes `mine` and checks that
+/// every rank agrees as `agree` says, and `take(e, o, k)` takes what it needs from the ranks'
+/// scratch; then the step ends.
+pub(crate) fn in_chunks(
+    e: &mut HostEngine,
+    chunks: impl Iterator<Item = (usize, usize)>,
+    what: &str,
+    mine: Publication,
+    agree: Agree,
+    mut stage: impl FnMut(&mut HostEngine, usize, usize) -> Result<()>,
+    mut take: impl FnMut(&mut HostEngine, usize, usize) -> Result<()>,
+) -> Result<()> {
+    for (o, k) in chunks {
+        stage(e, o, k)?;
+        e.step(what, mine, agree)?;
+        take(e, o, k)?;
+        e.ws.finish_step();
+    }
+    Ok(())
+}
+
+/// Stages input chunk `[o, o + k)` of `send` into this rank's scratch at element `at`.
+///
+/// # Safety
+/// `send + o` valid for `k` reads.
+pub(crate) unsafe fn stage_chunk<T: Element>(
+    e: &HostEngine,
+    send: *const T,
+    o: usize,
+    k: usize,
+    at: usize,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller; `scratch` checked that the area holds k elements.
+    unsafe { copy(send.add(o), scratch::<T>(&e.ws, e.ws.rank(), at, k)?, k) };
+    Ok(())
+}
+
 /// Reduces every rank's scratch elements `[elem, elem + len)` of the current step, in rank
 /// order, with `op` into `out`, without allocating for up to 64 ranks.
 ///
