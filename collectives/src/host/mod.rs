@@ -277,6 +277,7 @@ pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
 /// this rank's part into its scratch, one step named `what` publishes `mine` and checks that
 /// every rank agrees as `agree` says, and `take(e, o, k)` takes what it needs from the ranks'
 /// scratch; then the step ends.
+#[inline]
 pub(crate) fn in_chunks(
     e: &mut HostEngine,
     chunks: impl Iterator<Item = (usize, usize)>,
@@ -299,6 +300,7 @@ pub(crate) fn in_chunks(
 ///
 /// # Safety
 /// `send + o` valid for `k` reads.
+#[inline]
 pub(crate) unsafe fn stage_chunk<T: Element>(
     e: &HostEngine,
     send: *const T,
@@ -317,6 +319,7 @@ pub(crate) unsafe fn stage_chunk<T: Element>(
 /// # Safety
 /// `out` valid for `len` writes and disjoint from every rank's range; every rank finished
 /// writing its range before the step's arrival and does not write it until the next step.
+#[inline]
 pub(crate) unsafe fn reduce_scratch<T: Element>(
     e: &HostEngine,
     op: ReduceOp,
@@ -339,6 +342,7 @@ pub(crate) unsafe fn reduce_scratch<T: Element>(
 /// What a rank publishes for a call of `collective` on `count` elements of `T` (with `op`,
 /// `algo` and `root` where the collective has them): the signature every rank must share, the
 /// count and the root.
+#[inline]
 pub(crate) fn call_publication<T: Element>(
     collective: Collective,
     op: Option<ReduceOp>,
