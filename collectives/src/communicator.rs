@@ -19,7 +19,7 @@ use crate::dtype::Element;
 use crate::group::P2pOp;
 use crate::hierarchy::Hierarchy;
 use crate::host::workspace::default_scratch_bytes;
-use crate::host::{self, AllToAllv, HostEngine};
+use crate::host::{self, AllToAllv, Buffers, HostEngine};
 use crate::op::ReduceOp;
 use crate::select::{CallShape, Executor, Plan, plan};
 use crate::split::SubBootstrap;
@@ -717,14 +717,20 @@ unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: Cha
     // SAFETY: (every arm) forwarded from the caller.
     unsafe {
         match call {
-            ChannelCall::AllReduce { send, recv, count, op } => host::all_reduce(e, algo, send, recv, count, op),
-            ChannelCall::AllGather { send, recv, count } => host::all_gather(e, algo, send, recv, count),
-            ChannelCall::ReduceScatter { send, recv, count, op } => {
-                host::reduce_scatter(e, algo, send, recv, count, op)
+            ChannelCall::AllReduce { send, recv, count, op } => {
+                host::all_reduce(e, algo, Buffers { send, recv, count }, op)
             }
-            ChannelCall::Broadcast { send, recv, count, root } => host::broadcast(e, algo, send, recv, count, root),
-            ChannelCall::Reduce { send, recv, count, op, root } => host::reduce(e, algo, send, recv, count, op, root),
-            ChannelCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, send, recv, count),
+            ChannelCall::AllGather { send, recv, count } => host::all_gather(e, algo, Buffers { send, recv, count }),
+            ChannelCall::ReduceScatter { send, recv, count, op } => {
+                host::reduce_scatter(e, algo, Buffers { send, recv, count }, op)
+            }
+            ChannelCall::Broadcast { send, recv, count, root } => {
+                host::broadcast(e, algo, Buffers { send, recv, count }, root)
+            }
+            ChannelCall::Reduce { send, recv, count, op, root } => {
+                host::reduce(e, algo, Buffers { send, recv, count }, op, root)
+            }
+            ChannelCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, Buffers { send, recv, count }),
         }
     }
 }

@@ -278,17 +278,13 @@ pub struct DirectLauncher {
     verbose: bool,
 }
 
-impl std::fmt::Debug for DirectLauncher {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DirectLauncher")
-            .field("arch", &self.arch)
-            .field("modules", &self.modules.len())
-            .field("full_program", &self.full.is_some())
-            .field("functions", &self.functions.len())
-            .field("overlapped", &self.overlapped)
-            .finish()
-    }
-}
+comm_core::debug_fields!(DirectLauncher {
+    arch,
+    modules: |l| l.modules.len(),
+    full_program: |l| l.full.is_some(),
+    functions: |l| l.functions.len(),
+    overlapped,
+});
 
 impl DirectLauncher {
     /// A launcher for `ctx`'s GPU of architecture `arch`; nothing is loaded yet.

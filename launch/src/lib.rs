@@ -65,7 +65,7 @@ pub use cancel::{CancelToken, forward_signals_to};
 pub use error::{Error, Result};
 pub use netns::{
     MAX_NAMESPACE_NODES, NAMESPACE_MASTER_PORT, NamespaceNodes, namespace_holders, namespace_nodes_available,
-    node_address, node_hostname,
+    node_address, node_hostname, wait_namespaces_released,
 };
 pub use nodes::{NodeFabric, run_in_node};
 pub use output::{Echo, OUTPUT_GRACE};

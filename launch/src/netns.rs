@@ -340,6 +340,27 @@ pub fn namespace_holders(namespaces: &[String]) -> Vec<String> {
     found
 }
 
+/// Waits, checking every 50 ms for up to `within`, until nothing holds any of `namespaces`
+/// ([`namespace_holders`]): the kernel frees a job's namespaces only as the job's last
+/// processes finish exiting, a moment after the job has ended. `Err` with what still holds
+/// them at the deadline.
+pub fn wait_namespaces_released(
+    namespaces: &[String],
+    within: std::time::Duration,
+) -> std::result::Result<(), Vec<String>> {
+    let end = std::time::Instant::now() + within;
+    loop {
+        let held = namespace_holders(namespaces);
+        if held.is_empty() {
+            return Ok(());
+        }
+        if std::time::Instant::now() >= end {
+            return Err(held);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -12,7 +12,7 @@ use std::time::{Duration, Instant};
 
 use weave_launch::{
     CancelToken, LaunchReport, LaunchSpec, RankExit, Signal, launch, namespace_holders, namespace_nodes_available,
-    node_address,
+    node_address, wait_namespaces_released,
 };
 
 /// Set in the child process of [`namespace_launcher_killed_with_sigkill_leaves_nothing`].
@@ -50,13 +50,17 @@ fn host_mounts() -> BTreeSet<String> {
 /// Waits up to 5 s until nothing holds the job's namespaces; panics with what still does.
 fn assert_namespaces_gone(report: &LaunchReport) {
     assert!(!report.namespaces.is_empty(), "the report names no namespaces");
+    if let Err(held) = wait_namespaces_released(&report.namespaces, Duration::from_secs(5)) {
+        panic!("namespaces still held after the job:\n{}", held.join("\n"));
+    }
+}
+
+/// Asks `left` every 50 ms, for up to 5 s, what is still there, until it answers `None`; panics
+/// with `what` and its last answer otherwise.
+fn assert_soon_gone(what: &str, mut left: impl FnMut() -> Option<String>) {
     let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = namespace_holders(&report.namespaces);
-        if left.is_empty() {
-            return;
-        }
-        assert!(Instant::now() < end, "namespaces still held after the job:\n{}", left.join("\n"));
+    while let Some(still) = left() {
+        assert!(Instant::now() < end, "{what}:\n{still}");
         thread::sleep(Duration::from_millis(50));
     }
 }
@@ -186,16 +190,11 @@ fn namespace_launcher_killed_with_sigkill_leaves_nothing() {
     assert_eq!(namespaces.len(), 1 + 3 * 2, "{namespaces:?}");
     child.kill().unwrap();
     child.wait().unwrap();
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
+    assert_soon_gone("left after the launcher died", || {
         let alive: Vec<u32> = started.iter().copied().filter(|&p| alive(p)).collect();
         let held = namespace_holders(&namespaces);
-        if alive.is_empty() && held.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < end, "after the launcher died: alive {alive:?}, held:\n{}", held.join("\n"));
-        thread::sleep(Duration::from_millis(50));
-    }
+        (!alive.is_empty() || !held.is_empty()).then(|| format!("alive {alive:?}, held:\n{}", held.join("\n")))
+    });
 }
 
 /// The launcher of [`namespace_launcher_killed_with_sigkill_leaves_nothing`], run only as its

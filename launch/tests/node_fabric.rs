@@ -3,10 +3,11 @@
 //! Run by hand without root it fails, saying why.
 
 use std::process::Command;
-use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use weave_launch::{Error, LaunchSpec, NamespaceNodes, NodeFabric, launch_on, namespace_holders};
+use weave_launch::{
+    Error, LaunchSpec, NamespaceNodes, NodeFabric, launch_on, namespace_holders, wait_namespaces_released,
+};
 
 #[test]
 #[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
@@ -41,13 +42,7 @@ fn namespace_fabric_outlives_its_jobs_and_takes_their_leftovers_along() {
     // Dropping the fabric kills what is left inside, so the namespaces go.
     let namespaces = fabric.namespaces();
     drop(fabric);
-    let end = Instant::now() + Duration::from_secs(5);
-    loop {
-        let left = namespace_holders(&namespaces);
-        if left.is_empty() {
-            break;
-        }
-        assert!(Instant::now() < end, "namespaces still held after the fabric was dropped:\n{}", left.join("\n"));
-        thread::sleep(Duration::from_millis(50));
+    if let Err(held) = wait_namespaces_released(&namespaces, Duration::from_secs(5)) {
+        panic!("namespaces still held after the fabric was dropped:\n{}", held.join("\n"));
     }
 }

@@ -146,6 +146,18 @@ fn check_out<T>(p: *mut T, what: &str) -> CallResult {
     if p.is_null() { Err(Fail::invalid(format!("{what} is NULL"))) } else { Ok(()) }
 }
 
+/// [`check_out`] for the communicator handle a call makes, which is then set to NULL: a call
+/// that fails leaves the caller no handle.
+///
+/// # Safety
+/// `p` is NULL or writable.
+unsafe fn clear_out(p: *mut NcclCommPtr, what: &str) -> CallResult {
+    check_out(p, what)?;
+    // SAFETY: checked non-null; writable as the caller guarantees.
+    unsafe { *p = std::ptr::null_mut() };
+    Ok(())
+}
+
 /// Checks `nranks` and `rank` and decodes the id.
 fn rank_args(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Result<(UniqueId, usize, usize), Fail> {
     let n = usize::try_from(nranks)
@@ -214,9 +226,8 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
     config: *mut NcclConfig,
 ) -> NcclResult {
     guard("ncclCommInitRankConfig", || {
-        check_out(comm, "comm")?;
-        // SAFETY: checked non-null.
-        unsafe { *comm = std::ptr::null_mut() };
+        // SAFETY: the caller passes NULL or a writable handle.
+        unsafe { clear_out(comm, "comm") }?;
         // SAFETY: the caller passes NULL or an initialized config.
         let (blocking, name) = unsafe { read_config(config, true) }?;
         let (id, rank, nranks) = rank_args(nranks, &comm_id, rank)?;
@@ -243,9 +254,8 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
     config: *mut NcclConfig,
 ) -> NcclResult {
     guard("ncclCommInitRankScalable", || {
-        check_out(comm, "comm")?;
-        // SAFETY: checked non-null.
-        unsafe { *comm = std::ptr::null_mut() };
+        // SAFETY: the caller passes NULL or a writable handle.
+        unsafe { clear_out(comm, "comm") }?;
         let count = usize::try_from(n_id).ok().filter(|&k| k >= 1 && !comm_ids.is_null()).ok_or_else(|| {
             Fail::invalid(format!("commIds is {comm_ids:p} with nId {n_id}; at least one id is needed"))
         })?;
@@ -337,9 +347,8 @@ pub unsafe extern "C" fn ncclCommSplit(
     config: *mut NcclConfig,
 ) -> NcclResult {
     guard("ncclCommSplit", || {
-        check_out(newcomm, "newcomm")?;
-        // SAFETY: checked non-null.
-        unsafe { *newcomm = std::ptr::null_mut() };
+        // SAFETY: the caller passes NULL or a writable handle.
+        unsafe { clear_out(newcomm, "newcomm") }?;
         let parent = handle::lookup(comm)?;
         // SAFETY: NULL or initialized, as the caller guarantees.
         let (blocking, name) = unsafe { read_config(config, parent.blocking) }?;

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use weave_launch::{LaunchReport, LaunchSpec, RankExit, launch};
+use weave_launch::{LaunchReport, LaunchSpec, RankExit, RankReport, launch};
 
 /// A job of `ranks` copies of `program SCENARIO`, with `WEAVE_TIMEOUT` set to `weave_timeout`
 /// seconds and the whole job bounded by `job_timeout`.
@@ -37,8 +37,7 @@ pub fn launch_serialized(spec: &LaunchSpec) -> weave_launch::Result<LaunchReport
 /// its `OK SCENARIO` line. Returns the report for further checks.
 pub fn run_ok(spec: &LaunchSpec, scenario: &str) -> LaunchReport {
     let report = launch_serialized(spec).unwrap_or_else(|e| panic!("launching {scenario}: {e}"));
-    let all_ok = report.success()
-        && report.ranks.iter().all(|r| r.stdout.iter().any(|l| l.starts_with(&format!("OK {scenario} "))));
+    let all_ok = report.success() && report.ranks.iter().all(|r| ok_line(r, scenario).is_some());
     assert!(all_ok, "{scenario} with {} ranks failed: {}\n{}", spec.ranks, report.summary(), dump(&report));
     report
 }
@@ -54,12 +53,38 @@ pub fn assert_survivors_saw_the_killed_rank(report: &LaunchReport, scenario: &st
     assert_eq!(victim.exit, RankExit::Signal(9), "victim must die by SIGKILL\n{}", dump(report));
     for r in survivors {
         assert!(
-            r.exit.success() && r.stdout.iter().any(|l| l.starts_with(&format!("OK {scenario}"))),
+            r.exit.success() && ok_line(r, scenario).is_some(),
             "rank {} did not report the dead peer as an error\n{}",
             r.rank,
             dump(report)
         );
     }
+}
+
+/// The number in `line` right after `marker`, up to the next space, comma or `}`: a time in an
+/// `OK` line (`failed 120 ms`), a field of a JSON result line (`"time_us":3.5,`). Panics naming
+/// the line when there is none.
+pub fn number_after<T: std::str::FromStr>(line: &str, marker: &str) -> T {
+    line.split(marker)
+        .nth(1)
+        .and_then(|rest| rest.split([' ', ',', '}']).next())
+        .and_then(|value| value.parse().ok())
+        .unwrap_or_else(|| panic!("no number after {marker:?} in {line:?}"))
+}
+
+/// The line `OK SCENARIO rank R: DETAIL` the worker prints when `scenario` succeeded on
+/// `rank`, if it printed one.
+pub fn ok_line<'r>(rank: &'r RankReport, scenario: &str) -> Option<&'r str> {
+    let done =
+        |l: &&String| l.strip_prefix("OK ").and_then(|l| l.strip_prefix(scenario)).is_some_and(|l| l.starts_with(' '));
+    rank.stdout.iter().find(done).map(String::as_str)
+}
+
+/// The median and the largest of `values`, which this sorts; panics when there are none.
+pub fn median_and_max<T: Ord + Copy>(values: &mut [T]) -> (T, T) {
+    values.sort_unstable();
+    let last = values.last().copied().expect("no values to take the median of");
+    (values[values.len() / 2], last)
 }
 
 /// Every rank's captured output, for failure messages.

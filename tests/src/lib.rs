@@ -11,6 +11,26 @@ pub mod launcher;
 pub mod matrix;
 pub mod worker;
 
+/// Tests that differ only in what they hand one runner, as a table: each row
+/// `test_name: arg, arg, ...;` becomes `#[test] fn test_name() { runner(arg, arg, ...); }`.
+///
+/// ```ignore
+/// weave_tests::scenario_tests! { each_world;
+///     exchange_with_2_ranks: "exchange", &[2], Duration::from_secs(60);
+/// }
+/// ```
+#[macro_export]
+macro_rules! scenario_tests {
+    ($runner:path; $($name:ident: $($arg:expr),+;)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $runner($($arg),+);
+            }
+        )*
+    };
+}
+
 /// A small, fast, deterministic generator (SplitMix64) so a receiver can recompute what a
 /// sender wrote without sending it twice.
 #[derive(Debug, Clone)]

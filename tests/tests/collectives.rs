@@ -5,14 +5,17 @@ use std::path::Path;
 use std::time::Duration;
 
 use weave_tests::launcher::{
-    assert_survivors_saw_the_killed_rank, launch_serialized, leftover_segments, random_secret, run_ok, scenario_spec,
+    assert_survivors_saw_the_killed_rank, launch_serialized, leftover_segments, median_and_max, number_after, ok_line,
+    random_secret, run_ok, scenario_spec,
 };
 
 const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
 
-fn run(scenario: &str, arg: Option<&str>, worlds: &[usize], job_timeout: Duration) {
+/// Runs `scenario` (with `arg`) with each number of ranks in `worlds`, each job within
+/// `job_timeout_s`.
+fn run(scenario: &str, arg: Option<&str>, worlds: &[usize], job_timeout_s: u64) {
     for &n in worlds {
-        let mut spec = scenario_spec(Path::new(WORKER), scenario, n, 30.0, job_timeout);
+        let mut spec = scenario_spec(Path::new(WORKER), scenario, n, 30.0, Duration::from_secs(job_timeout_s));
         if let Some(a) = arg {
             spec = spec.arg(a);
         }
@@ -27,47 +30,18 @@ fn long() -> bool {
 #[test]
 fn every_collective_dtype_op_and_count_with_1_2_3_4_5_and_8_ranks() {
     let which = if long() { "long" } else { "ci" };
-    run("matrix", Some(which), &[1, 2, 3, 4, 5, 8], Duration::from_secs(if long() { 3600 } else { 300 }));
+    run("matrix", Some(which), &[1, 2, 3, 4, 5, 8], if long() { 3600 } else { 300 });
 }
 
-#[test]
-fn every_algorithm_forced_gives_the_same_results() {
-    run("algorithms", None, &[1, 2, 3, 4, 8], Duration::from_secs(600));
-}
-
-#[test]
-fn the_channel_family_runs_the_matrix_with_16_ranks() {
-    run("matrix", Some("channel"), &[16], Duration::from_secs(600));
-}
-
-#[test]
-fn a_thousand_calls_with_changing_sizes() {
-    run("stale-state", None, &[2, 3], Duration::from_secs(120));
-}
-
-#[test]
-fn split_communicators_and_a_buffer_used_with_two_communicators() {
-    run("split", None, &[1, 2, 4, 5], Duration::from_secs(120));
-}
-
-#[test]
-fn mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank() {
-    run("mismatch", None, &[1, 2, 3, 4], Duration::from_secs(120));
-}
-
-#[test]
-fn send_recv_and_groups() {
-    run("p2p", None, &[1, 2, 3, 4], Duration::from_secs(120));
-}
-
-#[test]
-fn send_recv_and_groups_over_channel_links() {
-    run("p2p-channel", None, &[1, 2, 3, 4], Duration::from_secs(120));
-}
-
-#[test]
-fn zero_copy_shared_buffers_mixed_with_plain_slices() {
-    run("shared", None, &[1, 2, 3, 4], Duration::from_secs(300));
+weave_tests::scenario_tests! { run;
+    every_algorithm_forced_gives_the_same_results: "algorithms", None, &[1, 2, 3, 4, 8], 600;
+    the_channel_family_runs_the_matrix_with_16_ranks: "matrix", Some("channel"), &[16], 600;
+    a_thousand_calls_with_changing_sizes: "stale-state", None, &[2, 3], 120;
+    split_communicators_and_a_buffer_used_with_two_communicators: "split", None, &[1, 2, 4, 5], 120;
+    mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank: "mismatch", None, &[1, 2, 3, 4], 120;
+    send_recv_and_groups: "p2p", None, &[1, 2, 3, 4], 120;
+    send_recv_and_groups_over_channel_links: "p2p-channel", None, &[1, 2, 3, 4], 120;
+    zero_copy_shared_buffers_mixed_with_plain_slices: "shared", None, &[1, 2, 3, 4], 300;
 }
 
 #[test]
@@ -114,14 +88,8 @@ fn require_namespaces() {
 /// segment of the job with `secret`.
 fn assert_nothing_left(report: &weave_launch::LaunchReport, secret: &str) {
     assert!(!report.namespaces.is_empty(), "the job made no namespaces");
-    let end = std::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        let held = weave_launch::namespace_holders(&report.namespaces);
-        if held.is_empty() {
-            break;
-        }
-        assert!(std::time::Instant::now() < end, "namespaces still held after the job:\n{}", held.join("\n"));
-        std::thread::sleep(Duration::from_millis(50));
+    if let Err(held) = weave_launch::wait_namespaces_released(&report.namespaces, Duration::from_secs(5)) {
+        panic!("namespaces still held after the job:\n{}", held.join("\n"));
     }
     let left = leftover_segments(secret);
     assert!(left.is_empty(), "shared-memory segments in the host's /dev/shm: {left:?}");
@@ -137,6 +105,23 @@ fn namespace_job(scenario: &str, ranks: usize, nodes: usize, weave_timeout: f64)
     (spec, secret)
 }
 
+/// [`namespace_job`] of `scenario ARG` whose last rank is killed: checks that every survivor
+/// reported the dead rank and that nothing is left, and returns the report.
+fn namespace_kill_job(
+    scenario: &str,
+    arg: &str,
+    ranks: usize,
+    nodes: usize,
+    weave_timeout: f64,
+) -> weave_launch::LaunchReport {
+    let (spec, secret) = namespace_job(scenario, ranks, nodes, weave_timeout);
+    let report =
+        launch_serialized(&spec.arg(arg).keep_going(true)).unwrap_or_else(|e| panic!("launch {scenario}: {e}"));
+    assert_survivors_saw_the_killed_rank(&report, scenario);
+    assert_nothing_left(&report, &secret);
+    report
+}
+
 #[test]
 #[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
 fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
@@ -145,7 +130,7 @@ fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
         let (spec, secret) = namespace_job("nodes", nodes * per_node, nodes, 30.0);
         let report = run_ok(&spec, "nodes");
         for r in &report.ranks {
-            let line = r.stdout.iter().find(|l| l.starts_with("OK nodes")).expect("OK line");
+            let line = ok_line(r, "nodes").expect("OK line");
             assert!(line.contains(&format!("on {nodes} nodes")), "{line}");
             // Shared memory inside a node (its own /dev/shm), TCP between nodes.
             for p in (0..nodes * per_node).filter(|&p| p != r.rank) {
@@ -162,11 +147,7 @@ fn every_collective_across_namespace_nodes_over_tcp_2x2_and_3x1() {
 fn a_rank_killed_across_namespace_nodes_fails_the_others_and_leaks_nothing() {
     require_namespaces();
     for (nodes, per_node) in [(2, 1), (2, 2)] {
-        let (spec, secret) = namespace_job("channel-kill", nodes * per_node, nodes, 10.0);
-        let spec = spec.arg("shm").keep_going(true);
-        let report = launch_serialized(&spec).expect("launch channel-kill");
-        assert_survivors_saw_the_killed_rank(&report, "channel-kill");
-        assert_nothing_left(&report, &secret);
+        namespace_kill_job("channel-kill", "shm", nodes * per_node, nodes, 10.0);
     }
 }
 
@@ -179,29 +160,16 @@ fn twenty_kills_at_random_points_across_2x2_namespace_nodes_fail_every_survivor_
     for trial in 0..20u64 {
         // A spread of points: 0–390 ms into the loop, in a scrambled order.
         let delay = (trial * 7 % 20) * 20;
-        let (spec, secret) = namespace_job("node-kill", 4, 2, WEAVE_TIMEOUT_S);
-        let spec = spec.arg(delay.to_string()).keep_going(true);
-        let report = launch_serialized(&spec).expect("launch node-kill");
-        assert_survivors_saw_the_killed_rank(&report, "node-kill");
+        let report = namespace_kill_job("node-kill", &delay.to_string(), 4, 2, WEAVE_TIMEOUT_S);
         for r in &report.ranks[..3] {
-            let line = r.stdout.iter().find(|l| l.starts_with("OK node-kill")).expect("an OK line");
-            let ms: u64 = line
-                .split("failed ")
-                .nth(1)
-                .and_then(|t| t.split(' ').next())
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_else(|| panic!("no time in {line:?}"));
+            let line = ok_line(r, "node-kill").expect("an OK line");
+            let ms: u64 = number_after(line, "failed ");
             assert!((ms as f64) < WEAVE_TIMEOUT_S * 1000.0, "trial {trial}: rank {} failed only after {ms} ms", r.rank);
             after_ms.push(ms);
         }
-        assert_nothing_left(&report, &secret);
     }
-    after_ms.sort_unstable();
-    println!(
-        "2x2 namespace nodes, 20 kills: survivors failed {} ms (median) / {} ms (max) after the kill",
-        after_ms[after_ms.len() / 2],
-        after_ms[after_ms.len() - 1]
-    );
+    let (median, max) = median_and_max(&mut after_ms);
+    println!("2x2 namespace nodes, 20 kills: survivors failed {median} ms (median) / {max} ms (max) after the kill");
 }
 
 /// The bus bandwidth (GB/s) of a 32 MiB all-reduce between two namespace nodes of one rank.
@@ -216,8 +184,7 @@ fn all_reduce_busbw(rate: Option<weave_launch::Rate>) -> f64 {
     let report = launch_serialized(&spec).expect("launch bench-worker");
     assert!(report.success(), "{}\n{}", report.summary(), weave_tests::launcher::dump(&report));
     let line = report.ranks[0].stdout.iter().find(|l| l.contains("\"busbw\":")).expect("a result line");
-    let value = line.split("\"busbw\":").nth(1).and_then(|v| v.split([',', '}']).next()).expect("busbw");
-    value.parse().unwrap_or_else(|e| panic!("busbw in {line}: {e}"))
+    number_after(line, "\"busbw\":")
 }
 
 #[test]

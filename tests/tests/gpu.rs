@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use comm_core::testing::{report_skipped, run_named_tests};
-use weave_tests::launcher::{assert_survivors_saw_the_killed_rank, dump, launch_serialized, run_ok, scenario_spec};
+use weave_tests::launcher::{
+    assert_survivors_saw_the_killed_rank, dump, launch_serialized, median_and_max, run_ok, scenario_spec,
+};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_gpu-worker");
 
@@ -202,12 +204,8 @@ fn kill_trials(gpus: usize) {
                 delays.push(delay);
             }
         }
-        delays.sort();
-        println!(
-            "    [{n} ranks] {op}: 20 kills, survivors failed after median {:?}, max {:?}",
-            delays[delays.len() / 2],
-            delays[delays.len() - 1]
-        );
+        let (median, max) = median_and_max(&mut delays);
+        println!("    [{n} ranks] {op}: 20 kills, survivors failed after median {median:?}, max {max:?}");
     }
 }
 

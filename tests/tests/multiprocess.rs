@@ -14,55 +14,23 @@ fn worker() -> &'static Path {
     Path::new(WORKER)
 }
 
-fn each_world(scenario: &str, worlds: &[usize], job_timeout: Duration) {
+/// Runs `scenario` with each number of ranks in `worlds`, each job within `job_timeout_s`.
+fn each_world(scenario: &str, worlds: &[usize], job_timeout_s: u64) {
     for &n in worlds {
-        run_ok(&scenario_spec(worker(), scenario, n, 30.0, job_timeout), scenario);
+        run_ok(&scenario_spec(worker(), scenario, n, 30.0, Duration::from_secs(job_timeout_s)), scenario);
     }
 }
 
-#[test]
-fn bootstrap_primitives_with_1_2_3_4_and_8_ranks() {
-    each_world("bootstrap", &[1, 2, 3, 4, 8], Duration::from_secs(60));
-}
-
-#[test]
-fn register_exchange_import_with_1_2_3_4_and_8_ranks() {
-    each_world("exchange", &[1, 2, 3, 4, 8], Duration::from_secs(60));
-}
-
-#[test]
-fn memory_channels_move_random_data_with_1_2_3_4_and_8_ranks() {
-    each_world("memory-channel", &[1, 2, 3, 4, 8], Duration::from_secs(120));
-}
-
-#[test]
-fn port_channels_through_the_proxy_with_1_2_3_4_and_8_ranks() {
-    each_world("port-channel", &[1, 2, 3, 4, 8], Duration::from_secs(120));
-}
-
-#[test]
-fn ten_thousand_signal_wait_round_trips() {
-    each_world("signal-storm", &[2, 3], Duration::from_secs(120));
-}
-
-#[test]
-fn strangers_at_the_bootstrap_port_are_refused_and_the_job_goes_on() {
-    each_world("bad-connections", &[2, 4], Duration::from_secs(60));
-}
-
-#[test]
-fn write_past_a_registered_range_is_invalid_argument() {
-    each_world("out-of-range", &[2, 3], Duration::from_secs(60));
-}
-
-#[test]
-fn damaged_descriptors_are_errors() {
-    each_world("bad-descriptor", &[2, 3], Duration::from_secs(60));
-}
-
-#[test]
-fn registration_order_mismatch_is_reported_on_every_rank() {
-    each_world("registration-mismatch", &[2, 3], Duration::from_secs(60));
+weave_tests::scenario_tests! { each_world;
+    bootstrap_primitives_with_1_2_3_4_and_8_ranks: "bootstrap", &[1, 2, 3, 4, 8], 60;
+    register_exchange_import_with_1_2_3_4_and_8_ranks: "exchange", &[1, 2, 3, 4, 8], 60;
+    memory_channels_move_random_data_with_1_2_3_4_and_8_ranks: "memory-channel", &[1, 2, 3, 4, 8], 120;
+    port_channels_through_the_proxy_with_1_2_3_4_and_8_ranks: "port-channel", &[1, 2, 3, 4, 8], 120;
+    ten_thousand_signal_wait_round_trips: "signal-storm", &[2, 3], 120;
+    strangers_at_the_bootstrap_port_are_refused_and_the_job_goes_on: "bad-connections", &[2, 4], 60;
+    write_past_a_registered_range_is_invalid_argument: "out-of-range", &[2, 3], 60;
+    damaged_descriptors_are_errors: "bad-descriptor", &[2, 3], 60;
+    registration_order_mismatch_is_reported_on_every_rank: "registration-mismatch", &[2, 3], 60;
 }
 
 #[test]

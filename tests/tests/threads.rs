@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use collectives::{Algorithm, Collective, Communicator, DataType, ReduceOp};
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
+use weave_tests::launcher::number_after;
 use weave_tests::matrix::{MatrixSpec, run_matrix};
 
 /// Set to make the matrix tests stop once their communicators are built.
@@ -77,27 +78,29 @@ fn small_spec() -> MatrixSpec {
     }
 }
 
+/// Runs [`small_spec`] on `ranks` thread ranks within `timeout`, checks that calls were
+/// checked, and prints how long building and running took.
+fn small_matrix_on_threads(ranks: usize, timeout: Duration) {
+    let (checked, built, ran) = matrix_on_threads(ranks, &small_spec(), timeout);
+    assert!(checked > 0);
+    println!("{ranks} thread ranks: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}");
+}
+
 #[test]
 fn the_host_matrix_at_small_sizes_with_256_thread_ranks() {
-    let (checked, built, ran) = matrix_on_threads(256, &small_spec(), Duration::from_secs(120));
-    assert!(checked > 0);
-    println!("256 thread ranks: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}");
+    small_matrix_on_threads(256, Duration::from_secs(120));
 }
 
 #[test]
 #[ignore = "512 threads: about 0.8 GB and 12 s on two cores (docs/PERF.md); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_512_thread_ranks() {
-    let (checked, built, ran) = matrix_on_threads(512, &small_spec(), Duration::from_secs(300));
-    assert!(checked > 0);
-    println!("512 thread ranks: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}");
+    small_matrix_on_threads(512, Duration::from_secs(300));
 }
 
 #[test]
 #[ignore = "1,024 threads: about 2.8 GB and 80 s on two cores (docs/PERF.md); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_1024_thread_ranks() {
-    let (checked, built, ran) = matrix_on_threads(1024, &small_spec(), Duration::from_secs(600));
-    assert!(checked > 0);
-    println!("1024 thread ranks: built in {built:.2?}, {checked} calls checked per rank in {ran:.2?}");
+    small_matrix_on_threads(1024, Duration::from_secs(600));
 }
 
 #[test]
@@ -180,12 +183,7 @@ fn the_bench_worker_times_a_world_of_thread_ranks() {
         for field in [format!("\"bytes\":{bytes},"), "\"ranks\":16,".into(), "\"wrong\":0,".into()] {
             assert!(line.contains(&field), "{field} missing from {line}");
         }
-        let time: f64 = line
-            .split("\"time_us\":")
-            .nth(1)
-            .and_then(|v| v.split(',').next())
-            .and_then(|v| v.parse().ok())
-            .unwrap_or_else(|| panic!("no time_us in {line}"));
+        let time: f64 = number_after(line, "\"time_us\":");
         assert!(time > 0.0, "{line}");
     }
 }

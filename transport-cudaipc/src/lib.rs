@@ -184,17 +184,13 @@ pub struct CudaIpcBackend {
     server: FdServer,
 }
 
-impl std::fmt::Debug for CudaIpcBackend {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("CudaIpcBackend")
-            .field("rank", &self.rank)
-            .field("device", &self.gpu.ordinal())
-            .field("pci_bus_id", &self.endpoint.pci_bus_id)
-            .field("granularity", &self.gpu.granularity())
-            .field("fd_server", &self.server.name())
-            .finish_non_exhaustive()
-    }
-}
+comm_core::debug_fields!(CudaIpcBackend {
+    rank,
+    device: |b| b.gpu.ordinal(),
+    pci_bus_id: |b| b.endpoint.pci_bus_id.clone(),
+    granularity: |b| b.gpu.granularity(),
+    fd_server: |b| b.server.name().to_owned(),
+});
 
 impl CudaIpcBackend {
     /// Opens the transport for the communicator described by `ctx` on device `device` (default:

@@ -163,17 +163,13 @@ pub struct ShmRegion {
     owner: Option<Owner>,
 }
 
-impl std::fmt::Debug for ShmRegion {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ShmRegion")
-            .field("name", &self.name)
-            .field("len", &self.len)
-            .field("mapped_len", &self.map.len())
-            .field("owner", &self.is_owner())
-            .field("sealed", &self.is_sealed())
-            .finish()
-    }
-}
+comm_core::debug_fields!(ShmRegion {
+    name,
+    len,
+    mapped_len: |r| r.map.len(),
+    owner: |r| r.is_owner(),
+    sealed: |r| r.is_sealed(),
+});
 
 /// Removes a freshly created name unless creation got all the way through.
 struct UnlinkOnError<'a> {

@@ -276,31 +276,19 @@ impl BenchArgs {
 
     /// The arguments both bench programs take.
     fn program_args(&self) -> Vec<String> {
-        let mut v: Vec<String> = [
-            "--op",
-            self.op.name(),
-            "-b",
-            &self.min_bytes.to_string(),
-            "-e",
-            &self.max_bytes.to_string(),
-            "-f",
-            &self.factor.to_string(),
-            "--dtype",
-            self.dtype,
-            "--redop",
-            self.redop,
-            "--iters",
-            &self.iters.to_string(),
-            "--warmup",
-            &self.warmup.to_string(),
-            "--rounds",
-            &self.rounds.to_string(),
-            "--turn-timeout",
-            &self.timeout.as_secs().max(1).to_string(),
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect();
+        let flags = [
+            ("--op", self.op.name().to_string()),
+            ("-b", self.min_bytes.to_string()),
+            ("-e", self.max_bytes.to_string()),
+            ("-f", self.factor.to_string()),
+            ("--dtype", self.dtype.to_string()),
+            ("--redop", self.redop.to_string()),
+            ("--iters", self.iters.to_string()),
+            ("--warmup", self.warmup.to_string()),
+            ("--rounds", self.rounds.to_string()),
+            ("--turn-timeout", self.timeout.as_secs().max(1).to_string()),
+        ];
+        let mut v: Vec<String> = flags.into_iter().flat_map(|(flag, value)| [flag.to_string(), value]).collect();
         if self.check {
             v.push("--check".into());
         }

@@ -12,7 +12,7 @@
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args};
+use crate::args::{Arg, Args, UsageError};
 use crate::gpu_bundle_cmd::{cargo_artifacts, shell_quote, workspace_root};
 
 /// One line for the command list of `cargo xtask help`.
@@ -38,40 +38,37 @@ options:
 ";
 
 /// Runs the command.
-pub(crate) fn run(mut args: Args) -> ExitCode {
+pub(crate) fn run(args: Args) -> ExitCode {
     let mut ranks = vec![2usize];
     let mut nodes = 1usize;
     let mut bench = false;
     let mut filters = Vec::new();
-    loop {
-        match args.next() {
-            Ok(None) => break,
-            Ok(Some(Arg::Flag(f))) if f == "--bench" => bench = true,
-            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
-                print!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            Ok(Some(Arg::Flag(f))) if f == "--nodes" => {
-                match args.value("--nodes").ok().and_then(|v| v.to_str()?.parse().ok()) {
-                    Some(n @ (1 | 2)) => nodes = n,
-                    _ => return usage_error("--nodes takes 1 or 2"),
-                }
-            }
-            Ok(Some(Arg::Flag(f))) if f == "--ranks" => {
+    let read = crate::read_args(args, "ib-vm", USAGE, |arg, args| {
+        let wrong = |message: &str| Err(UsageError(message.into()));
+        match arg {
+            Arg::Flag(f) if f == "--bench" => bench = true,
+            Arg::Flag(f) if f == "--nodes" => match args.value("--nodes").ok().and_then(|v| v.to_str()?.parse().ok()) {
+                Some(n @ (1 | 2)) => nodes = n,
+                _ => return wrong("--nodes takes 1 or 2"),
+            },
+            Arg::Flag(f) if f == "--ranks" => {
                 let parsed = args.value("--ranks").ok().and_then(|v| {
                     let v = v.to_string_lossy().into_owned();
                     v.split(',').map(|s| s.trim().parse::<usize>().ok()).collect::<Option<Vec<usize>>>()
                 });
                 match parsed {
                     Some(list) => ranks = list.into_iter().filter(|&n| n > 0).collect(),
-                    None => return usage_error("--ranks takes world sizes separated by commas, e.g. 2,4"),
+                    None => return wrong("--ranks takes world sizes separated by commas, e.g. 2,4"),
                 }
             }
-            Ok(Some(Arg::Flag(f))) => return usage_error(&format!("unknown option {f:?}")),
-            Ok(Some(Arg::Positional(p))) => filters.push(p.to_string_lossy().into_owned()),
-            Ok(Some(Arg::Separator)) => {}
-            Err(e) => return usage_error(&e.to_string()),
+            Arg::Flag(f) => return wrong(&format!("unknown option {f:?}")),
+            Arg::Positional(p) => filters.push(p.to_string_lossy().into_owned()),
+            Arg::Separator => {}
         }
+        Ok(())
+    });
+    if let Some(exit) = read {
+        return exit;
     }
     let result = stage_and_run(&ranks, bench, &filters)
         .and_then(|status| if nodes == 2 && status == ExitCode::SUCCESS { stage_and_run_pair() } else { Ok(status) });
@@ -117,11 +114,6 @@ fn guest_status(command: &mut Command) -> Result<ExitCode, String> {
         Some(c) => ExitCode::from(u8::try_from(c).unwrap_or(1)),
         None => ExitCode::from(1),
     })
-}
-
-fn usage_error(message: &str) -> ExitCode {
-    eprintln!("error: {message}\nrun `cargo xtask help ib-vm` for usage");
-    ExitCode::from(2)
 }
 
 /// Runs the guest with `ranks` world sizes of the matrix; `Ok(status)` is the guest's.

@@ -20,7 +20,7 @@ mod test_cmd;
 
 use std::process::ExitCode;
 
-use args::{Args, UsageError};
+use args::{Arg, Args, UsageError};
 
 /// One subcommand.
 struct Command {
@@ -71,6 +71,32 @@ fn usage() -> String {
 fn usage_error(err: &UsageError, command: &str) -> ExitCode {
     eprintln!("error: {err}\nrun `cargo xtask help {command}` for usage");
     ExitCode::from(2)
+}
+
+/// Reads the command line of subcommand `command`: `-h` or `--help` prints `usage` and ends the
+/// command with success; every other token goes to `take`, with the tokens left (for a flag's
+/// value); a mistake, found by `args` or by `take`, ends the command with [`usage_error`].
+/// `None` once every token is taken: the command goes on.
+fn read_args(
+    mut args: Args,
+    command: &str,
+    usage: &str,
+    mut take: impl FnMut(Arg, &mut Args) -> Result<(), UsageError>,
+) -> Option<ExitCode> {
+    loop {
+        let taken = match args.next() {
+            Ok(None) => return None,
+            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
+                print!("{usage}");
+                return Some(ExitCode::SUCCESS);
+            }
+            Ok(Some(arg)) => take(arg, &mut args),
+            Err(e) => Err(e),
+        };
+        if let Err(e) = taken {
+            return Some(usage_error(&e, command));
+        }
+    }
 }
 
 fn main() -> ExitCode {

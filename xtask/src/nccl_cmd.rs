@@ -5,7 +5,7 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args};
+use crate::args::{Arg, Args, UsageError};
 
 /// One line for the command list of `cargo xtask help`.
 pub(crate) const SUMMARY: &str =
@@ -168,21 +168,17 @@ fn check(lib: &Path) -> Result<Vec<String>, String> {
 }
 
 /// Runs the command.
-pub(crate) fn run(mut args: Args) -> ExitCode {
+pub(crate) fn run(args: Args) -> ExitCode {
     let mut want_check = false;
-    loop {
-        match args.next() {
-            Ok(None) => break,
-            Ok(Some(Arg::Flag(f))) if f == "--check" => want_check = true,
-            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
-                print!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            Ok(Some(other)) => {
-                return crate::usage_error(&crate::args::UsageError(format!("unexpected argument {other:?}")), "nccl");
-            }
-            Err(e) => return crate::usage_error(&e, "nccl"),
+    let read = crate::read_args(args, "nccl", USAGE, |arg, _| match arg {
+        Arg::Flag(f) if f == "--check" => {
+            want_check = true;
+            Ok(())
         }
+        other => Err(UsageError(format!("unexpected argument {other:?}"))),
+    });
+    if let Some(exit) = read {
+        return exit;
     }
     let result = build(&[]).and_then(|lib| if want_check { check(&lib) } else { Ok(Vec::new()) });
     match result {

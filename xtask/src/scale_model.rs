@@ -389,32 +389,26 @@ struct Fitted<'a> {
 }
 
 /// Runs the command.
-pub(crate) fn run(mut args: Args) -> ExitCode {
+pub(crate) fn run(args: Args) -> ExitCode {
     let mut files: Vec<(&'static Source, String)> = Vec::new();
     let bad = |msg: String| crate::usage_error(&UsageError(msg), "scale-model");
-    loop {
-        match args.next() {
-            Ok(None) => break,
-            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
-                print!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            Ok(Some(Arg::Flag(f))) if f == "--measured" => match args.value(&f) {
-                Ok(v) => match v.to_str().and_then(|v| v.split_once(':')) {
-                    Some((fabric, file)) => match SOURCES.iter().find(|s| s.key == fabric) {
-                        Some(source) => files.push((source, file.to_string())),
-                        None => {
-                            let keys: Vec<&str> = SOURCES.iter().map(|s| s.key).collect();
-                            return bad(format!("--measured: unknown fabric {fabric:?} (one of {})", keys.join(", ")));
-                        }
-                    },
-                    None => return bad(format!("--measured takes FABRIC:FILE, got {v:?}")),
-                },
-                Err(e) => return crate::usage_error(&e, "scale-model"),
-            },
-            Ok(Some(other)) => return bad(format!("unexpected {other:?}")),
-            Err(e) => return crate::usage_error(&e, "scale-model"),
+    let read = crate::read_args(args, "scale-model", USAGE, |arg, args| match arg {
+        Arg::Flag(f) if f == "--measured" => {
+            let v = args.value(&f)?;
+            let Some((fabric, file)) = v.to_str().and_then(|v| v.split_once(':')) else {
+                return Err(UsageError(format!("--measured takes FABRIC:FILE, got {v:?}")));
+            };
+            let Some(source) = SOURCES.iter().find(|s| s.key == fabric) else {
+                let keys: Vec<&str> = SOURCES.iter().map(|s| s.key).collect();
+                return Err(UsageError(format!("--measured: unknown fabric {fabric:?} (one of {})", keys.join(", "))));
+            };
+            files.push((source, file.to_string()));
+            Ok(())
         }
+        other => Err(UsageError(format!("unexpected {other:?}"))),
+    });
+    if let Some(exit) = read {
+        return exit;
     }
     if files.is_empty() {
         return bad("give at least one --measured FABRIC:FILE (the model's constants are fitted to them)".into());

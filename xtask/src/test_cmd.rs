@@ -3,7 +3,7 @@
 
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args};
+use crate::args::{Arg, Args, UsageError};
 
 /// One line for the command list of `cargo xtask help`.
 pub(crate) const SUMMARY: &str = "run every test (add --long for the full collective matrix)";
@@ -34,34 +34,26 @@ options:
 ";
 
 /// Runs the command.
-pub(crate) fn run(mut args: Args) -> ExitCode {
+pub(crate) fn run(args: Args) -> ExitCode {
     let mut long = false;
     let mut release = false;
     let mut ib = true;
     let mut netns = true;
     let mut extra = Vec::new();
-    loop {
-        match args.next() {
-            Ok(None) => break,
-            Ok(Some(Arg::Flag(f))) if f == "--long" => long = true,
-            Ok(Some(Arg::Flag(f))) if f == "--release" => release = true,
-            Ok(Some(Arg::Flag(f))) if f == "--no-ib" => ib = false,
-            Ok(Some(Arg::Flag(f))) if f == "--no-netns" => netns = false,
-            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
-                print!("{USAGE}");
-                return ExitCode::SUCCESS;
-            }
-            Ok(Some(Arg::Flag(f))) => {
-                eprintln!("error: unknown option {f:?}\nrun `cargo xtask help test` for usage");
-                return ExitCode::from(2);
-            }
-            Ok(Some(Arg::Positional(p))) => extra.push(p),
-            Ok(Some(Arg::Separator)) => {}
-            Err(e) => {
-                eprintln!("error: {e}\nrun `cargo xtask help test` for usage");
-                return ExitCode::from(2);
-            }
+    let read = crate::read_args(args, "test", USAGE, |arg, _| {
+        match arg {
+            Arg::Flag(f) if f == "--long" => long = true,
+            Arg::Flag(f) if f == "--release" => release = true,
+            Arg::Flag(f) if f == "--no-ib" => ib = false,
+            Arg::Flag(f) if f == "--no-netns" => netns = false,
+            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
+            Arg::Positional(p) => extra.push(p),
+            Arg::Separator => {}
         }
+        Ok(())
+    });
+    if let Some(exit) = read {
+        return exit;
     }
     let mut cmd = Command::new(cargo());
     cmd.args(["test", "--workspace"]);

@@ -107,15 +107,7 @@ pub(crate) struct DeviceChannels {
     timeout: Duration,
 }
 
-impl std::fmt::Debug for DeviceChannels {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceChannels")
-            .field("rank", &self.rank)
-            .field("links", &self.links.iter().filter(|l| l.is_some()).count())
-            .field("calls", &self.calls)
-            .finish_non_exhaustive()
-    }
-}
+comm_core::debug_fields!(DeviceChannels { rank, links: |c| c.links.iter().filter(|l| l.is_some()).count(), calls });
 
 impl DeviceChannels {
     /// The family's state for this rank's GPU `device` of `ctx` (compiled for `arch`): the proxy

@@ -37,6 +37,7 @@ use comm_core::{Error, Result};
 
 use crate::dtype::{DataType, Element};
 use crate::health::Health;
+use crate::host::Buffers;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
 use link::{Header, Link};
@@ -451,14 +452,6 @@ pub(super) struct Run<'a, T> {
     pub(super) core: &'a CoreCommunicator,
     pub(super) spec: CallSpec,
     pub(super) c: ChannelCall<T>,
-}
-
-/// The user's buffers of a call and its element count, as the collective defines it.
-#[derive(Debug, Clone, Copy)]
-struct Buffers<T> {
-    send: *const T,
-    recv: *mut T,
-    count: usize,
 }
 
 impl<T> ChannelCall<T> {

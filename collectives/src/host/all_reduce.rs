@@ -3,8 +3,11 @@
 
 use comm_core::Result;
 
-use super::workspace::{INLINE_BYTES, Publication};
-use super::{Agree, HostEngine, capacity, chunks, copy, scratch, share, signature, with_all_scratch};
+use super::workspace::INLINE_BYTES;
+use super::{
+    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, in_chunks, reduce_scratch, ring, scratch,
+    share, stage_chunk,
+};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
@@ -17,17 +20,15 @@ use crate::table::{Algorithm, Collective};
 pub(crate) unsafe fn all_reduce<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     op: ReduceOp,
 ) -> Result<()> {
-    let n = e.ws.world_size();
-    let me = e.ws.rank();
-    let sig = signature(Collective::AllReduce, T::DTYPE, Some(op), algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let publication = call_publication::<T>(Collective::AllReduce, Some(op), algo, count, 0);
     let agree = Agree { count: true, root: false };
     let cap = capacity::<T>(&e.ws);
+    // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_chunk(e, send, o, k, 0) };
     // Every algorithm but the two-phase and the ring runs one-shot here: the GPU's two-shots,
     // the channel family and the hierarchical steps run elsewhere (the plan never sends them
     // here), and one-shot is the safe reading of them.
@@ -113,53 +114,25 @@ pub(crate) unsafe fn all_reduce<T: Element>(
             }
         }
         Algorithm::Ring => {
-            let left = (me + n - 1) % n;
-            for (o, k) in chunks(count, cap) {
-                let acc = scratch::<T>(&e.ws, me, 0, k)?;
-                // SAFETY: as in one-shot.
-                unsafe { copy(send.add(o), acc, k) };
-                e.step("all_reduce", publication, agree)?;
-                // Reduce-scatter: at sub-step t, fold the left neighbour's partial sum of segment
-                // (me - t - 1) into ours. After n-1 sub-steps segment (me + 1) is complete here.
-                for t in 0..n.saturating_sub(1) {
-                    let c = (me + 2 * n - t - 1) % n;
+            in_chunks(e, chunks(count, cap), "all_reduce", publication, agree, stage, |e, o, k| {
+                // Segment c is share c of the chunk. The reduce-scatter completes segment
+                // (me + 1) here, and the all-gather starts with the left neighbour's (me).
+                let segment = |c| {
                     let (a, b) = share(k, n, c);
-                    let last = t + 2 == n;
-                    let step_op = if op == ReduceOp::Avg && !last { ReduceOp::Sum } else { op };
-                    let mine = scratch::<T>(&e.ws, me, a, b - a)?;
-                    let theirs = scratch::<T>(&e.ws, left, a, b - a)?;
-                    // SAFETY: `mine` aliases the first source exactly (allowed); the left
-                    // neighbour wrote segment c before the last phase and does not touch it now.
-                    unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], b - a) };
-                    e.phase("all_reduce ring reduce-scatter")?;
-                }
-                // All-gather: copy the complete segment the left neighbour holds.
-                for t in 0..n.saturating_sub(1) {
-                    let c = (me + n - t) % n;
-                    let (a, b) = share(k, n, c);
-                    // SAFETY: segment c of the left neighbour is complete and not written now.
-                    unsafe { copy(scratch::<T>(&e.ws, left, a, b - a)?, scratch::<T>(&e.ws, me, a, b - a)?, b - a) };
-                    e.phase("all_reduce ring all-gather")?;
-                }
-                // SAFETY: the accumulator holds k reduced elements; recv + o valid for k.
-                unsafe { copy(acc, recv.add(o), k) };
-                e.ws.finish_step();
-            }
+                    (a, b - a)
+                };
+                ring::reduce_scatter::<T>(e, op, (me + 1) % n, segment, "all_reduce ring reduce-scatter")?;
+                ring::all_gather::<T>(e, me, segment, "all_reduce ring all-gather")?;
+                // SAFETY: the scratch's first k elements hold the result; recv + o valid for k.
+                unsafe { copy(scratch::<T>(&e.ws, me, 0, k)?, recv.add(o), k) };
+                Ok(())
+            })?;
         }
         // One-shot (see `one_shot` above).
-        _ => {
-            for (o, k) in chunks(count, cap) {
-                // SAFETY: o + k <= count; the scratch holds `cap >= k` elements.
-                unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-                e.step("all_reduce", publication, agree)?;
-                with_all_scratch(e, 0, k, |srcs| {
-                    // SAFETY: every source is a rank's scratch of k elements, stable until the
-                    // next step; `recv + o` is valid for k writes and distinct from scratch.
-                    unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
-                })?;
-                e.ws.finish_step();
-            }
-        }
+        _ => in_chunks(e, chunks(count, cap), "all_reduce", publication, agree, stage, |e, o, k| {
+            // SAFETY: `recv + o` is valid for k writes and distinct from scratch.
+            unsafe { reduce_scratch(e, op, 0, k, recv.add(o)) }
+        })?,
     }
     Ok(())
 }
@@ -172,31 +145,24 @@ pub(crate) unsafe fn all_reduce<T: Element>(
 pub(crate) unsafe fn reduce<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     op: ReduceOp,
     root: usize,
 ) -> Result<()> {
-    let n = e.ws.world_size();
-    let me = e.ws.rank();
-    let sig = signature(Collective::Reduce, T::DTYPE, Some(op), algo);
-    let publication = Publication { signature: sig, count: count as u64, root: root as u64, ..Publication::default() };
+    let (n, me) = (e.ws.world_size(), e.ws.rank());
+    let publication = call_publication::<T>(Collective::Reduce, Some(op), algo, count, root);
     let agree = Agree { count: true, root: true };
     let cap = capacity::<T>(&e.ws);
     let two_phase = algo == Algorithm::TwoPhase;
     let chunk = if two_phase { cap / 2 } else { cap };
-    for (o, k) in chunks(count, chunk) {
-        // SAFETY: o + k <= count; scratch holds `chunk` elements.
-        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-        e.step("reduce", publication, agree)?;
+    // SAFETY: o + k <= count; the scratch's input area holds `chunk` elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_chunk(e, send, o, k, 0) };
+    in_chunks(e, chunks(count, chunk), "reduce", publication, agree, stage, |e, o, k| {
         if two_phase {
             let (a, b) = share(k, n, me);
             let out = scratch::<T>(&e.ws, me, chunk + a, b - a)?;
-            with_all_scratch(e, a, b - a, |srcs| {
-                // SAFETY: as in the two-phase all-reduce.
-                unsafe { reduce_raw(op, n, out, srcs, b - a) }
-            })?;
+            // SAFETY: `out` is this rank's output area, disjoint from every input share.
+            unsafe { reduce_scratch(e, op, a, b - a, out)? };
             e.phase("reduce gather")?;
             if me == root {
                 for q in 0..n {
@@ -206,12 +172,9 @@ pub(crate) unsafe fn reduce<T: Element>(
                 }
             }
         } else if me == root {
-            with_all_scratch(e, 0, k, |srcs| {
-                // SAFETY: as in the one-shot all-reduce.
-                unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
-            })?;
+            // SAFETY: on the root `recv + o` is valid for k writes and distinct from scratch.
+            unsafe { reduce_scratch(e, op, 0, k, recv.add(o))? };
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        Ok(())
+    })
 }

@@ -3,11 +3,12 @@
 
 use comm_core::{Error, Result};
 
-use super::workspace::Publication;
-use super::{Agree, HostEngine, capacity, chunks, copy, scratch, signature, with_all_scratch};
+use super::{
+    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, in_chunks, reduce_scratch, ring, scratch,
+    stage_chunk,
+};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
-use crate::reduce::reduce_raw;
 use crate::table::{Algorithm, Collective};
 
 const EQUAL: Agree = Agree { count: true, root: false };
@@ -26,13 +27,10 @@ const CMA_SOURCE: u64 = u64::MAX;
 pub(crate) unsafe fn all_gather<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::AllGather, T::DTYPE, None, algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
+    let publication = call_publication::<T>(Collective::AllGather, None, algo, count, 0);
     let sz = std::mem::size_of::<T>();
     // Large blocks, direct algorithm, cross-memory attach available on every rank (the same
     // decision everywhere: it depends only on agreed values): each rank reads every peer's
@@ -68,35 +66,26 @@ pub(crate) unsafe fn all_gather<T: Element>(
         e.ws.finish_step();
         return failure.map_or(Ok(()), Err);
     }
-    let ring = algo == Algorithm::Ring;
-    let cap = if ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
-    let left = (me + n - 1) % n;
-    for (o, k) in chunks(count, cap) {
-        // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
-        let seg = |q: usize| if ring { q * k } else { 0 };
-        // SAFETY: o + k <= count; scratch holds the segment.
-        unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, seg(me), k)?, k) };
-        e.step("all_gather", publication, EQUAL)?;
-        if ring {
-            for t in 0..n - 1 {
-                let c = (me + 2 * n - t - 1) % n;
-                // SAFETY: the left neighbour finished segment c before the last phase.
-                unsafe { copy(scratch::<T>(&e.ws, left, seg(c), k)?, scratch::<T>(&e.ws, me, seg(c), k)?, k) };
-                e.phase("all_gather ring")?;
-            }
-            for q in 0..n {
-                // SAFETY: recv + q*count + o valid for k writes.
-                unsafe { copy(scratch::<T>(&e.ws, me, seg(q), k)?, recv.add(q * count + o), k) };
-            }
-        } else {
-            for q in 0..n {
-                // SAFETY: rank q's staged chunk; recv + q*count + o valid for k writes.
-                unsafe { copy(scratch::<T>(&e.ws, q, 0, k)?, recv.add(q * count + o), k) };
-            }
+    let by_ring = algo == Algorithm::Ring;
+    let cap = if by_ring { capacity::<T>(&e.ws) / n } else { capacity::<T>(&e.ws) };
+    // With the ring, rank q's segment lies in every rank's scratch at `q * k` (back to back, so
+    // a small call touches few scratch pages); without, at the start of rank q's scratch.
+    let segment = move |q: usize, k: usize| if by_ring { (me, q * k) } else { (q, 0) };
+    // SAFETY: o + k <= count; scratch holds the segment.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_chunk(e, send, o, k, segment(me, k).1) };
+    in_chunks(e, chunks(count, cap), "all_gather", publication, EQUAL, stage, |e, o, k| {
+        if by_ring {
+            // Each rank starts with its own segment: the left neighbour's comes first.
+            ring::all_gather::<T>(e, (me + n - 1) % n, |q| (segment(q, k).1, k), "all_gather ring")?;
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        for q in 0..n {
+            let (holder, at) = segment(q, k);
+            // SAFETY: rank q's chunk, complete where `segment` says; recv + q*count + o valid
+            // for k writes.
+            unsafe { copy(scratch::<T>(&e.ws, holder, at, k)?, recv.add(q * count + o), k) };
+        }
+        Ok(())
+    })
 }
 
 /// Reduce-scatter: `send` holds `n * count` elements; rank r gets the reduction of every rank's
@@ -108,47 +97,39 @@ pub(crate) unsafe fn all_gather<T: Element>(
 pub(crate) unsafe fn reduce_scatter<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     op: ReduceOp,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::ReduceScatter, T::DTYPE, Some(op), algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
-    let cap = capacity::<T>(&e.ws) / n;
-    let left = (me + n - 1) % n;
-    // Segments lie back to back, `k` apart, so a small call touches few scratch pages.
-    for (o, k) in chunks(count, cap) {
-        for q in 0..n {
-            // SAFETY: block q, chunk [o, o+k) of the send buffer; scratch segment q.
-            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * k, k)?, k) };
-        }
-        e.step("reduce_scatter", publication, EQUAL)?;
+    let publication = call_publication::<T>(Collective::ReduceScatter, Some(op), algo, count, 0);
+    let chunks = chunks(count, capacity::<T>(&e.ws) / n);
+    // SAFETY: send holds n blocks of count elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_blocks(e, send, count, o, k) };
+    in_chunks(e, chunks, "reduce_scatter", publication, EQUAL, stage, |e, o, k| {
         if algo == Algorithm::Ring {
-            // Fold the left neighbour's partial sum of segment (me - t - 2); after n-1 sub-steps
-            // segment `me` is complete here.
-            for t in 0..n - 1 {
-                let c = (me + 2 * n - t - 2) % n;
-                let last = t + 2 == n;
-                let step_op = if op == ReduceOp::Avg && !last { ReduceOp::Sum } else { op };
-                let mine = scratch::<T>(&e.ws, me, c * k, k)?;
-                let theirs = scratch::<T>(&e.ws, left, c * k, k)?;
-                // SAFETY: `mine` aliases the first source exactly; the neighbour's segment is
-                // complete and unchanged during this sub-step.
-                unsafe { reduce_raw(step_op, n, mine, &[mine as *const T, theirs as *const T], k) };
-                e.phase("reduce_scatter ring")?;
-            }
+            // Block c is segment c; after the pass segment `me` is complete here.
+            ring::reduce_scatter::<T>(e, op, me, |c| (c * k, k), "reduce_scatter ring")?;
             // SAFETY: segment `me` holds the result.
             unsafe { copy(scratch::<T>(&e.ws, me, me * k, k)?, recv.add(o), k) };
+            Ok(())
         } else {
-            with_all_scratch(e, me * k, k, |srcs| {
-                // SAFETY: every rank's staged block for this rank; recv + o valid for k writes
-                // and disjoint from scratch.
-                unsafe { reduce_raw(op, n, recv.add(o), srcs, k) }
-            })?;
+            // SAFETY: every rank staged its block for this rank there; recv + o valid for k
+            // writes and disjoint from scratch.
+            unsafe { reduce_scratch(e, op, me * k, k, recv.add(o)) }
         }
-        e.ws.finish_step();
+    })
+}
+
+/// Stages chunk `[o, o + k)` of each of the world's blocks of `count` elements at `send` into
+/// this rank's scratch, block q's at `q * k`: back to back, so a small call touches few scratch
+/// pages.
+///
+/// # Safety
+/// `send` valid for `n * count` reads; `o + k <= count`.
+unsafe fn stage_blocks<T: Element>(e: &HostEngine, send: *const T, count: usize, o: usize, k: usize) -> Result<()> {
+    for q in 0..e.ws.world_size() {
+        // SAFETY: block q, chunk [o, o+k) of the send buffer.
+        unsafe { stage_chunk(e, send, q * count + o, k, q * k)? };
     }
     Ok(())
 }
@@ -161,21 +142,15 @@ pub(crate) unsafe fn reduce_scatter<T: Element>(
 pub(crate) unsafe fn broadcast<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
     root: usize,
 ) -> Result<()> {
     let me = e.ws.rank();
-    let sig = signature(Collective::Broadcast, T::DTYPE, None, algo);
-    let publication = Publication { signature: sig, count: count as u64, root: root as u64, ..Publication::default() };
-    let cap = capacity::<T>(&e.ws);
-    for (o, k) in chunks(count, cap) {
-        if me == root {
-            // SAFETY: root's send chunk into its scratch.
-            unsafe { copy(send.add(o), scratch::<T>(&e.ws, me, 0, k)?, k) };
-        }
-        e.step("broadcast", publication, Agree { count: true, root: true })?;
+    let publication = call_publication::<T>(Collective::Broadcast, None, algo, count, root);
+    let chunks = chunks(count, capacity::<T>(&e.ws));
+    // SAFETY: the root's send chunk into its scratch.
+    let stage = |e: &mut HostEngine, o, k| if me == root { unsafe { stage_chunk(e, send, o, k, 0) } } else { Ok(()) };
+    in_chunks(e, chunks, "broadcast", publication, Agree { count: true, root: true }, stage, |e, o, k| {
         if me == root {
             // SAFETY: out of place on the root: its own data (no-op when identical).
             unsafe { copy(send.add(o), recv.add(o), k) };
@@ -183,9 +158,8 @@ pub(crate) unsafe fn broadcast<T: Element>(
             // SAFETY: root's staged chunk; recv + o valid for k writes.
             unsafe { copy(scratch::<T>(&e.ws, root, 0, k)?, recv.add(o), k) };
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// All-to-all with `count` elements per (sender, receiver) block.
@@ -195,28 +169,20 @@ pub(crate) unsafe fn broadcast<T: Element>(
 pub(crate) unsafe fn all_to_all<T: Element>(
     e: &mut HostEngine,
     algo: Algorithm,
-    send: *const T,
-    recv: *mut T,
-    count: usize,
+    Buffers { send, recv, count }: Buffers<T>,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::AllToAll, T::DTYPE, None, algo);
-    let publication = Publication { signature: sig, count: count as u64, ..Publication::default() };
-    let cap = capacity::<T>(&e.ws) / n;
-    // Blocks lie back to back, `k` apart, so a small call touches few scratch pages.
-    for (o, k) in chunks(count, cap) {
-        for q in 0..n {
-            // SAFETY: block for q, chunk [o, o+k).
-            unsafe { copy(send.add(q * count + o), scratch::<T>(&e.ws, me, q * k, k)?, k) };
-        }
-        e.step("all_to_all", publication, EQUAL)?;
+    let publication = call_publication::<T>(Collective::AllToAll, None, algo, count, 0);
+    let chunks = chunks(count, capacity::<T>(&e.ws) / n);
+    // SAFETY: send holds n blocks of count elements.
+    let stage = |e: &mut HostEngine, o, k| unsafe { stage_blocks(e, send, count, o, k) };
+    in_chunks(e, chunks, "all_to_all", publication, EQUAL, stage, |e, o, k| {
         for p in 0..n {
             // SAFETY: rank p's staged block for this rank; recv block p, chunk [o, o+k).
             unsafe { copy(scratch::<T>(&e.ws, p, me * k, k)?, recv.add(p * count + o), k) };
         }
-        e.ws.finish_step();
-    }
-    Ok(())
+        Ok(())
+    })
 }
 
 /// Counts and displacements (in elements) of an all-to-all-v, indexed by peer.
@@ -242,7 +208,6 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
     v: AllToAllv<'_>,
 ) -> Result<()> {
     let (n, me) = (e.ws.world_size(), e.ws.rank());
-    let sig = signature(Collective::AllToAllv, T::DTYPE, None, algo);
     // Step 1: publish counts (2n u64: what I send to each rank, what I expect from each).
     let table = scratch::<u64>(&e.ws, me, 0, 2 * n)?;
     for q in 0..n {
@@ -254,7 +219,7 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
     }
     e.step(
         "all_to_allv",
-        Publication { signature: sig, ..Publication::default() },
+        call_publication::<T>(Collective::AllToAllv, None, algo, 0, 0),
         Agree { count: false, root: false },
     )?;
     let mut longest = 0u64;

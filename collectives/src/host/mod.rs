@@ -8,6 +8,7 @@
 mod all_reduce;
 mod blocks;
 mod p2p;
+mod ring;
 pub(crate) mod workspace;
 
 pub(crate) use p2p::P2pState;
@@ -20,11 +21,21 @@ use comm_core::{Error, Result};
 
 use crate::dtype::{DataType, Element};
 use crate::op::ReduceOp;
+use crate::reduce::reduce_raw;
 use crate::table::{Algorithm, Collective};
 use workspace::{Publication, Workspace};
 
 pub(crate) use all_reduce::{all_reduce, reduce};
 pub(crate) use blocks::{AllToAllv, all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter};
+
+/// The user's buffers of a call and its element count, as the collective defines it: what the
+/// host and the channel executors take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Buffers<T> {
+    pub(crate) send: *const T,
+    pub(crate) recv: *mut T,
+    pub(crate) count: usize,
+}
 
 /// Set in a publication's signature by a rank whose arguments were invalid.
 const INVALID_MARK: u64 = 1 << 63;
@@ -262,20 +273,86 @@ pub(crate) fn cma_read(pid: i32, remote: u64, out: &mut [u8]) -> Result<()> {
     Ok(())
 }
 
-/// Calls `f` with every rank's scratch address of elements `[elem, elem + len)` for the
-/// current step, in rank order, without allocating for up to 64 ranks.
-pub(crate) fn with_all_scratch<T: Element, R>(
+/// The protocol of a collective that passes its elements through scratch in `chunks` (see
+/// [`chunks`] and the module doc): for each chunk (offset `o`, length `k`), `stage(e, o, k)` puts
+/// this rank's part into its scratch, one step named `what` publishes `mine` and checks that
+/// every rank agrees as `agree` says, and `take(e, o, k)` takes what it needs from the ranks'
+/// scratch; then the step ends.
+#[inline]
+pub(crate) fn in_chunks(
+    e: &mut HostEngine,
+    chunks: impl Iterator<Item = (usize, usize)>,
+    what: &str,
+    mine: Publication,
+    agree: Agree,
+    mut stage: impl FnMut(&mut HostEngine, usize, usize) -> Result<()>,
+    mut take: impl FnMut(&mut HostEngine, usize, usize) -> Result<()>,
+) -> Result<()> {
+    for (o, k) in chunks {
+        stage(e, o, k)?;
+        e.step(what, mine, agree)?;
+        take(e, o, k)?;
+        e.ws.finish_step();
+    }
+    Ok(())
+}
+
+/// Stages input chunk `[o, o + k)` of `send` into this rank's scratch at element `at`.
+///
+/// # Safety
+/// `send + o` valid for `k` reads.
+#[inline]
+pub(crate) unsafe fn stage_chunk<T: Element>(
     e: &HostEngine,
+    send: *const T,
+    o: usize,
+    k: usize,
+    at: usize,
+) -> Result<()> {
+    // SAFETY: forwarded from the caller; `scratch` checked that the area holds k elements.
+    unsafe { copy(send.add(o), scratch::<T>(&e.ws, e.ws.rank(), at, k)?, k) };
+    Ok(())
+}
+
+/// Reduces every rank's scratch elements `[elem, elem + len)` of the current step, in rank
+/// order, with `op` into `out`, without allocating for up to 64 ranks.
+///
+/// # Safety
+/// `out` valid for `len` writes and disjoint from every rank's range; every rank finished
+/// writing its range before the step's arrival and does not write it until the next step.
+#[inline]
+pub(crate) unsafe fn reduce_scratch<T: Element>(
+    e: &HostEngine,
+    op: ReduceOp,
     elem: usize,
     len: usize,
-    f: impl FnOnce(&[*const T]) -> R,
-) -> Result<R> {
-    let mut srcs = crate::per_rank::PerRank::new(e.ws.world_size(), std::ptr::null::<T>());
+    out: *mut T,
+) -> Result<()> {
+    let n = e.ws.world_size();
+    let mut srcs = crate::per_rank::PerRank::new(n, std::ptr::null::<T>());
     let srcs = srcs.as_mut_slice();
     for (r, src) in srcs.iter_mut().enumerate() {
         *src = scratch::<T>(&e.ws, r, elem, len)?;
     }
-    Ok(f(srcs))
+    // SAFETY: every source is a rank's stable scratch range of `len` elements; `out` as the
+    // caller promised.
+    unsafe { reduce_raw(op, n, out, srcs, len) };
+    Ok(())
+}
+
+/// What a rank publishes for a call of `collective` on `count` elements of `T` (with `op`,
+/// `algo` and `root` where the collective has them): the signature every rank must share, the
+/// count and the root.
+#[inline]
+pub(crate) fn call_publication<T: Element>(
+    collective: Collective,
+    op: Option<ReduceOp>,
+    algo: Algorithm,
+    count: usize,
+    root: usize,
+) -> Publication {
+    let signature = signature(collective, T::DTYPE, op, algo);
+    Publication { signature, count: count as u64, root: root as u64, ..Publication::default() }
 }
 
 /// Scratch capacity in elements of `T`.

@@ -142,17 +142,7 @@ pub(crate) struct Workspace {
     abort: Arc<AtomicBool>,
 }
 
-impl std::fmt::Debug for Workspace {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Workspace")
-            .field("rank", &self.rank)
-            .field("ranks", &self.all.len())
-            .field("scratch_bytes", &self.scratch_bytes)
-            .field("phase", &self.phase)
-            .field("step", &self.step)
-            .finish()
-    }
-}
+comm_core::debug_fields!(Workspace { rank, ranks: |w| w.all.len(), scratch_bytes, phase, step });
 
 impl Workspace {
     /// Collective: registers and exchanges this rank's workspace with `scratch_bytes` per half

@@ -92,16 +92,14 @@ fn matrix(which: &str) -> Result<String> {
 /// A smaller matrix with each algorithm forced, so every implementation runs at every size.
 fn algorithms() -> Result<String> {
     use Collective::*;
-    let channel_ring: &[(Collective, Algorithm)] = &[
-        (AllReduce, Algorithm::ChannelRing),
-        (AllGather, Algorithm::ChannelRing),
-        (ReduceScatter, Algorithm::ChannelRing),
-        (Broadcast, Algorithm::ChannelRing),
-        (Reduce, Algorithm::ChannelRing),
-        (AllToAll, Algorithm::ChannelDirect),
-        (AllToAllv, Algorithm::ChannelDirect),
-        (SendRecv, Algorithm::ChannelDirect),
-    ];
+    // The ring where the channel family has one, direct exchanges for the rest.
+    let channel_ring: Vec<(Collective, Algorithm)> = Collective::ALL
+        .iter()
+        .map(|&c| match c {
+            AllToAll | AllToAllv | SendRecv => (c, Algorithm::ChannelDirect),
+            _ => (c, Algorithm::ChannelRing),
+        })
+        .collect();
     let channel_direct: Vec<(Collective, Algorithm)> =
         Collective::ALL.iter().map(|&c| (c, Algorithm::ChannelDirect)).collect();
     // The logarithmic algorithms of large worlds, forced at every world size.
@@ -124,7 +122,7 @@ fn algorithms() -> Result<String> {
                 (Collective::ReduceScatter, Algorithm::Ring),
             ],
         ),
-        ("channel_ring", channel_ring),
+        ("channel_ring", &channel_ring),
         ("channel_direct", &channel_direct),
         ("channel_eager", &[(Broadcast, Algorithm::ChannelEager), (Reduce, Algorithm::ChannelEager)]),
         ("channel_doubling, channel_bruck, channel_halving (reduce-scatter), channel_tree", logarithmic),

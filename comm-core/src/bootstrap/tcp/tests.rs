@@ -13,22 +13,47 @@ pub(super) fn new_id() -> UniqueId {
     UniqueId::on_free_port(LOCALHOST).unwrap()
 }
 
+/// Runs `body(rank)` on `world_size` threads, one a rank, and returns their results by rank.
+/// The threads' stacks are small (256 KiB), so that a thousand ranks fit.
+pub(super) fn on_ranks<T: Send>(world_size: usize, body: impl Fn(usize) -> T + Sync) -> Vec<T> {
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = (0..world_size)
+            .map(|rank| {
+                let body = &body;
+                std::thread::Builder::new().stack_size(256 << 10).spawn_scoped(scope, move || body(rank)).unwrap()
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    })
+}
+
 /// Runs `body` on `world_size` ranks (threads) of one job and returns their results by rank.
 pub(super) fn run_job<T: Send>(
     world_size: usize,
     timeout: Duration,
     body: impl Fn(TcpBootstrap) -> T + Sync,
 ) -> Vec<T> {
-    let id = new_id();
-    std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..world_size)
-            .map(|rank| {
-                let (id, body) = (&id, &body);
-                scope.spawn(move || body(TcpBootstrap::new(id, rank, world_size, timeout).unwrap()))
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).collect()
-    })
+    run_job_at(&new_id(), world_size, timeout, body)
+}
+
+/// [`run_job`] for the job identified by `id`.
+fn run_job_at<T: Send>(
+    id: &UniqueId,
+    world_size: usize,
+    timeout: Duration,
+    body: impl Fn(TcpBootstrap) -> T + Sync,
+) -> Vec<T> {
+    on_ranks(world_size, |rank| body(TcpBootstrap::new(id, rank, world_size, timeout).unwrap()))
+}
+
+/// Connects to a rank's listener at `addr` as a peer would and sends `hello` as the first,
+/// length-prefixed frame.
+fn connect_with_hello(addr: std::net::SocketAddr, hello: &[u8]) -> std::net::TcpStream {
+    use std::io::Write;
+    let mut s = std::net::TcpStream::connect(addr).unwrap();
+    s.write_all(&(hello.len() as u32).to_le_bytes()).unwrap();
+    s.write_all(hello).unwrap();
+    s
 }
 
 /// Everything a job of any size must do right.
@@ -166,27 +191,17 @@ fn create_at_scale(world_size: usize, roots: usize, timeout: Duration) -> (f64, 
     let ids: Vec<UniqueId> = (0..roots).map(|_| new_id()).collect();
     let started = Instant::now();
     let done = Barrier::new(world_size);
-    let sockets = std::thread::scope(|scope| {
-        let handles: Vec<_> = (0..world_size)
-            .map(|rank| {
-                let (ids, done) = (&ids, &done);
-                std::thread::Builder::new()
-                    .stack_size(256 << 10)
-                    .spawn_scoped(scope, move || {
-                        let b = TcpBootstrap::with_roots(ids, rank, world_size, timeout).unwrap();
-                        let all = b.all_gather(&(rank as u32).to_le_bytes()).unwrap();
-                        assert!(all.iter().enumerate().all(|(r, v)| v[..] == (r as u32).to_le_bytes()));
-                        b.barrier().unwrap();
-                        let sockets = b.open_links() + 1;
-                        // Everyone holds its bootstrap until all are counted.
-                        done.wait();
-                        sockets
-                    })
-                    .unwrap()
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().unwrap()).max().unwrap_or(0)
+    let sockets = on_ranks(world_size, |rank| {
+        let b = TcpBootstrap::with_roots(&ids, rank, world_size, timeout).unwrap();
+        let all = b.all_gather(&(rank as u32).to_le_bytes()).unwrap();
+        assert!(all.iter().enumerate().all(|(r, v)| v[..] == (r as u32).to_le_bytes()));
+        b.barrier().unwrap();
+        let sockets = b.open_links() + 1;
+        // Everyone holds its bootstrap until all are counted.
+        done.wait();
+        sockets
     });
+    let sockets = sockets.into_iter().max().unwrap_or(0);
     (started.elapsed().as_secs_f64(), sockets)
 }
 
@@ -216,18 +231,7 @@ fn a_thousand_and_twenty_four_ranks_join_within_ten_seconds_and_leave_nothing() 
 #[test]
 fn a_second_job_meets_at_the_same_address_while_the_first_lives() {
     let id = new_id();
-    let timeout = Duration::from_secs(10);
-    let join = |world_size: usize| {
-        std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..world_size)
-                .map(|rank| {
-                    let id = &id;
-                    scope.spawn(move || TcpBootstrap::new(id, rank, world_size, timeout).unwrap())
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
-        })
-    };
+    let join = |world_size: usize| run_job_at(&id, world_size, Duration::from_secs(10), |b| b);
     let first = join(3);
     let second = join(3);
     std::thread::scope(|scope| {
@@ -241,18 +245,10 @@ fn a_second_job_meets_at_the_same_address_while_the_first_lives() {
 fn several_roots_make_one_job() {
     for (world_size, roots) in [(2, 2), (7, 3), (10, 4)] {
         let ids: Vec<UniqueId> = (0..roots).map(|_| new_id()).collect();
-        let keys = std::thread::scope(|scope| {
-            let handles: Vec<_> = (0..world_size)
-                .map(|rank| {
-                    let ids = &ids;
-                    scope.spawn(move || {
-                        let b = TcpBootstrap::with_roots(ids, rank, world_size, Duration::from_secs(10)).unwrap();
-                        exercise(&b);
-                        b.job_key()
-                    })
-                })
-                .collect();
-            handles.into_iter().map(|h| h.join().unwrap()).collect::<Vec<_>>()
+        let keys = on_ranks(world_size, |rank| {
+            let b = TcpBootstrap::with_roots(&ids, rank, world_size, Duration::from_secs(10)).unwrap();
+            exercise(&b);
+            b.job_key()
         });
         assert!(keys.iter().all(|k| *k == ids[0].job_key()), "{keys:?}");
     }
@@ -306,39 +302,27 @@ fn links_open_on_demand_and_watch_their_peer() {
 
 #[test]
 fn strangers_at_a_member_listener_are_refused_and_the_job_goes_on() {
-    use std::io::{Read, Write};
-    let timeout = Duration::from_secs(10);
+    use std::io::Read;
     let id = new_id();
     let sync = Barrier::new(3);
-    std::thread::scope(|scope| {
-        let ranks: Vec<_> = (0..3)
-            .map(|rank| {
-                let (id, sync) = (&id, &sync);
-                scope.spawn(move || {
-                    let b = TcpBootstrap::new(id, rank, 3, timeout).unwrap();
-                    let addr = b.addrs[2];
-                    sync.wait();
-                    if rank == 0 {
-                        // A wrong secret, an old version, garbage: each is closed unanswered.
-                        let stranger = UniqueId::with_secret(id.addr, [0x77; 16]);
-                        let mut old = messages::encode_peer_hello(id, 0, 2, 3);
-                        old[4..6].copy_from_slice(&1u16.to_le_bytes());
-                        for hello in [messages::encode_peer_hello(&stranger, 0, 2, 3), old, b"garbage".to_vec()] {
-                            let mut s = std::net::TcpStream::connect(addr).unwrap();
-                            s.write_all(&(hello.len() as u32).to_le_bytes()).unwrap();
-                            s.write_all(&hello).unwrap();
-                            s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                            let mut answer = Vec::new();
-                            let read = s.read_to_end(&mut answer);
-                            assert!(read.is_ok() && answer.is_empty(), "{read:?}: {answer:?}");
-                        }
-                    }
-                    sync.wait();
-                    exercise(&b);
-                })
-            })
-            .collect();
-        ranks.into_iter().for_each(|r| r.join().unwrap());
+    run_job_at(&id, 3, Duration::from_secs(10), |b| {
+        let addr = b.addrs[2];
+        sync.wait();
+        if b.rank() == 0 {
+            // A wrong secret, an old version, garbage: each is closed unanswered.
+            let stranger = UniqueId::with_secret(id.addr, [0x77; 16]);
+            let mut old = messages::encode_peer_hello(&id, 0, 2, 3);
+            old[4..6].copy_from_slice(&1u16.to_le_bytes());
+            for hello in [messages::encode_peer_hello(&stranger, 0, 2, 3), old, b"garbage".to_vec()] {
+                let mut s = connect_with_hello(addr, &hello);
+                s.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut answer = Vec::new();
+                let read = s.read_to_end(&mut answer);
+                assert!(read.is_ok() && answer.is_empty(), "{read:?}: {answer:?}");
+            }
+        }
+        sync.wait();
+        exercise(&b);
     });
 }
 
@@ -361,41 +345,28 @@ fn bad_arguments_are_invalid() {
 #[test]
 fn a_garbage_frame_on_a_link_marks_its_peer_lost() {
     use std::io::{Read, Write};
-    let timeout = Duration::from_secs(10);
     let id = new_id();
     let linked = Barrier::new(2);
-    std::thread::scope(|scope| {
-        let ranks: Vec<_> = (0..2)
-            .map(|rank| {
-                let (id, linked) = (&id, &linked);
-                scope.spawn(move || {
-                    let b = TcpBootstrap::new(id, rank, 2, timeout).unwrap();
-                    if rank == 0 {
-                        // A second link that claims to come from rank 0, then a frame of 2^64-1 bytes.
-                        let mut s = std::net::TcpStream::connect(b.addrs[1]).unwrap();
-                        let hello = messages::encode_peer_hello(id, 0, 1, 2);
-                        s.write_all(&(hello.len() as u32).to_le_bytes()).unwrap();
-                        s.write_all(&hello).unwrap();
-                        let mut answer = [0u8; 4];
-                        s.read_exact(&mut answer).unwrap();
-                        let mut frame = 5u64.to_le_bytes().to_vec();
-                        frame.extend_from_slice(&u64::MAX.to_le_bytes());
-                        s.write_all(&frame).unwrap();
-                        linked.wait();
-                    } else {
-                        linked.wait();
-                        let lost = b.recv(0, 5);
-                        match lost {
-                            Err(Error::PeerLost { peer: 0, reason, .. }) => {
-                                assert!(reason.contains("protocol error"), "{reason}")
-                            }
-                            other => panic!("{other:?}"),
-                        }
-                        assert!(b.peer_lost(0).is_some());
-                    }
-                })
-            })
-            .collect();
-        ranks.into_iter().for_each(|r| r.join().unwrap());
+    run_job_at(&id, 2, Duration::from_secs(10), |b| {
+        if b.rank() == 0 {
+            // A second link that claims to come from rank 0, then a frame of 2^64-1 bytes.
+            let mut s = connect_with_hello(b.addrs[1], &messages::encode_peer_hello(&id, 0, 1, 2));
+            let mut answer = [0u8; 4];
+            s.read_exact(&mut answer).unwrap();
+            let mut frame = 5u64.to_le_bytes().to_vec();
+            frame.extend_from_slice(&u64::MAX.to_le_bytes());
+            s.write_all(&frame).unwrap();
+            linked.wait();
+        } else {
+            linked.wait();
+            let lost = b.recv(0, 5);
+            match lost {
+                Err(Error::PeerLost { peer: 0, reason, .. }) => {
+                    assert!(reason.contains("protocol error"), "{reason}")
+                }
+                other => panic!("{other:?}"),
+            }
+            assert!(b.peer_lost(0).is_some());
+        }
     });
 }
