@@ -20,6 +20,7 @@ mod checks;
 pub mod config;
 mod device_group;
 mod hierarchy;
+mod staging;
 mod typed;
 mod watch;
 
@@ -41,6 +42,7 @@ pub use kernels::direct::{
     BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
     PIPE_MAX_BLOCKS, WorkspaceLayout,
 };
+pub(crate) use staging::DeviceStaging;
 
 /// LL16 packets per (writer, parity) unless `WEAVE_GPU_PACKETS` says otherwise: packet
 /// messages up to 512 KiB per peer.

@@ -4,6 +4,7 @@
 //! `graph`, `stale-state`, `fault-kill`, `kill-trial`, `p2p`, `typed` (the safe calls on cudarc
 //! buffers, `typed.rs`).
 
+mod hierarchy;
 mod typed;
 
 use std::sync::Arc;
@@ -274,8 +275,10 @@ fn forced() -> Result<String> {
     Ok(format!("{checked} device calls checked in {:.1?} with WEAVE_ALGO={algo:?}", started.elapsed()))
 }
 
-/// A world too large for the direct kernels (more than 8 ranks): every collective at small and odd
-/// sizes through the channel family, which the plan must pick by itself.
+/// A world too large for the direct kernels (more than 8 ranks), or one across posed nodes: every
+/// collective at small and odd sizes through the channel family, which the plan must pick by
+/// itself, and on a grid of nodes the hierarchical steps of every collective that has them
+/// (`hierarchy.rs`).
 fn wide() -> Result<String> {
     let g = gpu()?;
     let started = Instant::now();
@@ -298,6 +301,7 @@ fn wide() -> Result<String> {
     let mut checked = run_typed::<f32>(&g, &[1, 50_000, 50_001], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<i32>(&g, &[4095], &[ReduceOp::Max])?;
     checked += same_bits_on_every_rank(&g, &[50_000])?;
+    checked += hierarchy::hierarchical_calls(&g)?;
     ring_shift(&g, 300_001)?;
     Ok(format!(
         "{} device calls checked on {} ranks in {:.1?}; a {large} B all-reduce runs {}",
