@@ -6,6 +6,10 @@
 //! synchronized once, so a call's staging copies must be ordered after the step before them and
 //! before the next call's steps; a smaller call after the larger ones reuses the staging. Off a
 //! grid the f32 calls run flat and are checked alike.
+//!
+//! `WEAVE_TEST_SYNC_EACH=1` makes the section diagnosable: every call is printed (collective,
+//! type, count, operator, root, in place or not) to stderr before it is queued, and the stream
+//! is synchronized after it, so a call that hangs or fails is the last one printed.
 
 use collectives::select::{CallShape, Executor};
 use collectives::{Collective, Element, MemorySpace, ReduceOp, f16};
@@ -63,6 +67,40 @@ fn expect_plans(g: &Gpu, block: usize) -> Result<bool> {
     Ok(steps)
 }
 
+/// Whether `WEAVE_TEST_SYNC_EACH=1` asks for a printed, synchronized call at a time.
+fn sync_each() -> bool {
+    std::env::var("WEAVE_TEST_SYNC_EACH").is_ok_and(|v| v == "1")
+}
+
+/// One call as [`queued`] prints it: collective, type, count, operator, root, in place or not.
+fn describe(
+    collective: &str,
+    d: collectives::DataType,
+    count: usize,
+    op: Option<ReduceOp>,
+    root: Option<usize>,
+    in_place: bool,
+) -> String {
+    let op = op.map_or(String::new(), |op| format!(" {}", op.name()));
+    let root = root.map_or(String::new(), |r| format!(" to/from root {r}"));
+    let place = if in_place { "in place" } else { "out of place" };
+    format!("{collective} {} count {count}{op}{root} {place}", d.name())
+}
+
+/// Queues one call (`queue`) described by `what`; with [`sync_each`], prints `what` first and
+/// synchronizes after it, naming the call in any error.
+fn queued(g: &Gpu, each: bool, what: &str, queue: impl FnOnce() -> Result<()>) -> Result<()> {
+    let me = g.comm.rank();
+    if each {
+        eprintln!("hierarchical_calls rank {me}: {what} ...");
+    }
+    let done = queue().and_then(|()| if each { g.sync() } else { Ok(()) });
+    if each && done.is_ok() {
+        eprintln!("hierarchical_calls rank {me}: {what} done");
+    }
+    done.map_err(|e| Error::protocol(format!("{what} (rank {me}): {e}")))
+}
+
 /// What one queued call left to check once the stream has run it.
 struct Check {
     what: String,
@@ -84,8 +122,10 @@ fn calls_of<T: Element + 'static>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -
     let mut check = |what: String, buffer: CudaSlice<u8>, from: usize, len: usize, want: Box<dyn Fn(usize) -> f64>| {
         checks.push(Check { what, buffer, from, len, want });
     };
+    let each = sync_each();
     for &count in counts {
         for &op in ops {
+            let call = |c: &str, root: Option<usize>, in_place: bool| describe(c, d, count, Some(op), root, in_place);
             let tag =
                 |c: &str| format!("hierarchical {c} {} {} count {count} on {n} GPUs (rank {me})", d.name(), op.name());
             let all = move |i: usize| reference::<T>(op, (0..n).map(|r| input(d, op, r, i)));
@@ -93,14 +133,18 @@ fn calls_of<T: Element + 'static>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -
             let send = g.upload(&fill::<T>(d, op, me, count))?;
             let recv = g.zeros(count * sz)?;
             // SAFETY: both hold count elements and live until after the sync below.
-            unsafe { g.comm.all_reduce_device_raw(g.addr(&send), g.addr(&recv), count, d, op, &g.stream)? };
+            queued(g, each, &call("all_reduce", None, false), || unsafe {
+                g.comm.all_reduce_device_raw(g.addr(&send), g.addr(&recv), count, d, op, &g.stream)
+            })?;
             check(tag("all_reduce"), recv, 0, count, Box::new(all));
             keep.push(send);
             // reduce_scatter out of place: the input must stay as it was.
             let send = g.upload(&fill::<T>(d, op, me, n * count))?;
             let recv = g.zeros(count * sz)?;
             // SAFETY: send holds n × count, recv count elements.
-            unsafe { g.comm.reduce_scatter_device_raw(g.addr(&send), g.addr(&recv), count, d, op, &g.stream)? };
+            queued(g, each, &call("reduce_scatter", None, false), || unsafe {
+                g.comm.reduce_scatter_device_raw(g.addr(&send), g.addr(&recv), count, d, op, &g.stream)
+            })?;
             check(tag("reduce_scatter"), recv, 0, count, Box::new(move |i| all(me * count + i)));
             let own = move |i: usize| T::from_f64(input(d, op, me, i)).to_f64();
             check(tag("reduce_scatter's input"), send, 0, n * count, Box::new(own));
@@ -108,7 +152,9 @@ fn calls_of<T: Element + 'static>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -
             let buf = g.upload(&fill::<T>(d, op, me, n * count))?;
             let block = g.addr(&buf) + (me * count * sz) as u64;
             // SAFETY: buf holds n × count elements; block `me` is inside it.
-            unsafe { g.comm.reduce_scatter_device_raw(g.addr(&buf), block, count, d, op, &g.stream)? };
+            queued(g, each, &call("reduce_scatter", None, true), || unsafe {
+                g.comm.reduce_scatter_device_raw(g.addr(&buf), block, count, d, op, &g.stream)
+            })?;
             check(tag("reduce_scatter in place"), buf, me * count, count, Box::new(move |i| all(me * count + i)));
             // reduce out of place to every root (three in a wide world): the root's recv holds
             // the result, every other rank's recv is untouched.
@@ -117,7 +163,9 @@ fn calls_of<T: Element + 'static>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -
                 let send = g.upload(&fill::<T>(d, op, me, count))?;
                 let recv = g.zeros(count * sz)?;
                 // SAFETY: both hold count elements.
-                unsafe { g.comm.reduce_device_raw(g.addr(&send), g.addr(&recv), count, d, op, root, &g.stream)? };
+                queued(g, each, &call("reduce", Some(root), false), || unsafe {
+                    g.comm.reduce_device_raw(g.addr(&send), g.addr(&recv), count, d, op, root, &g.stream)
+                })?;
                 let want: Box<dyn Fn(usize) -> f64> = if me == root { Box::new(all) } else { Box::new(|_| 0.0) };
                 check(tag(&format!("reduce to {root}")), recv, 0, count, want);
                 keep.push(send);
@@ -125,7 +173,9 @@ fn calls_of<T: Element + 'static>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -
             // reduce in place, to the last rank (another node than rank 0's).
             let buf = g.upload(&fill::<T>(d, op, me, count))?;
             // SAFETY: count elements, in place.
-            unsafe { g.comm.reduce_device_raw(g.addr(&buf), g.addr(&buf), count, d, op, n - 1, &g.stream)? };
+            queued(g, each, &call("reduce", Some(n - 1), true), || unsafe {
+                g.comm.reduce_device_raw(g.addr(&buf), g.addr(&buf), count, d, op, n - 1, &g.stream)
+            })?;
             if me == n - 1 {
                 check(tag("reduce in place"), buf, 0, count, Box::new(all));
             } else {
@@ -135,11 +185,14 @@ fn calls_of<T: Element + 'static>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -
         // Data movement, once per count.
         let op = ops[0];
         let tag = |c: &str| format!("hierarchical {c} {} count {count} on {n} GPUs (rank {me})", d.name());
+        let call = |c: &str, root: Option<usize>, in_place: bool| describe(c, d, count, None, root, in_place);
         let own = move |r: usize, i: usize| T::from_f64(input(d, op, r, i)).to_f64();
         let send = g.upload(&fill::<T>(d, op, me, count))?;
         let recv = g.zeros(n * count * sz)?;
         // SAFETY: send count, recv n × count elements.
-        unsafe { g.comm.all_gather_device_raw(g.addr(&send), g.addr(&recv), count, d, &g.stream)? };
+        queued(g, each, &call("all_gather", None, false), || unsafe {
+            g.comm.all_gather_device_raw(g.addr(&send), g.addr(&recv), count, d, &g.stream)
+        })?;
         check(tag("all_gather"), recv, 0, n * count, Box::new(move |j| own(j / count, j % count)));
         keep.push(send);
         // In place: this rank's block already sits in its place of the output.
@@ -148,16 +201,26 @@ fn calls_of<T: Element + 'static>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -
         let buf = g.upload(&staged)?;
         let block = g.addr(&buf) + (me * count * sz) as u64;
         // SAFETY: buf holds n × count elements; the send block is block `me` of it.
-        unsafe { g.comm.all_gather_device_raw(block, g.addr(&buf), count, d, &g.stream)? };
+        queued(g, each, &call("all_gather", None, true), || unsafe {
+            g.comm.all_gather_device_raw(block, g.addr(&buf), count, d, &g.stream)
+        })?;
         check(tag("all_gather in place"), buf, 0, n * count, Box::new(move |j| own(j / count, j % count)));
         // broadcast from a root on the last node, in place.
         let root = n - 1;
         let buf = if me == root { g.upload(&fill::<T>(d, op, me, count))? } else { g.zeros(count * sz)? };
         // SAFETY: count elements, in place.
-        unsafe { g.comm.broadcast_device_raw(g.addr(&buf), g.addr(&buf), count, d, root, &g.stream)? };
+        queued(g, each, &call("broadcast", Some(root), true), || unsafe {
+            g.comm.broadcast_device_raw(g.addr(&buf), g.addr(&buf), count, d, root, &g.stream)
+        })?;
         check(tag("broadcast"), buf, 0, count, Box::new(move |i| own(root, i)));
     }
-    g.sync()?;
+    g.sync().map_err(|e| {
+        Error::protocol(format!(
+            "{} queued hierarchical calls of {} (rank {me}): {e}; WEAVE_TEST_SYNC_EACH=1 names the call",
+            checks.len(),
+            d.name()
+        ))
+    })?;
     drop(keep);
     let checked = checks.len();
     for c in checks {

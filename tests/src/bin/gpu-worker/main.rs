@@ -303,6 +303,14 @@ fn wide() -> Result<String> {
     checked += same_bits_on_every_rank(&g, &[50_000])?;
     checked += hierarchy::hierarchical_calls(&g)?;
     ring_shift(&g, 300_001)?;
+    // No rank leaves before every rank's device calls are done. A rank's calls complete at
+    // different times on different ranks (a chain broadcast ends at its head first, a reduce's
+    // senders before its root), and a rank that exits then is a lost peer to every rank whose
+    // kernels still run: their GPU peer watch aborts them ("peer rank r was lost"), even where
+    // they no longer need that rank. Without this barrier the hierarchical section's queued
+    // calls (ending with a broadcast from the last rank) let the ranks near the head of the
+    // chain finish the ring shift and exit while those near its end were still in their calls.
+    g.comm.core().bootstrap().barrier()?;
     Ok(format!(
         "{} device calls checked on {} ranks in {:.1?}; a {large} B all-reduce runs {}",
         checked + 1,
