@@ -61,6 +61,9 @@ pub(crate) struct Hierarchy {
     /// Staging for the steps that reorder blocks or hold a node's partial result, kept
     /// between calls (words, so that every element type is aligned in it).
     scratch: RefCell<Vec<u64>>,
+    /// The same for hierarchical calls on device buffers, in GPU memory (`gpu/staging.rs`).
+    #[cfg(feature = "cudaipc")]
+    pub(crate) device_staging: RefCell<crate::gpu::DeviceStaging>,
 }
 
 impl Hierarchy {
@@ -83,7 +86,16 @@ impl Hierarchy {
                 rail.rank()
             )));
         }
-        Ok(Hierarchy { grid, node, local, intra, rail, scratch: RefCell::new(Vec::new()) })
+        Ok(Hierarchy {
+            grid,
+            node,
+            local,
+            intra,
+            rail,
+            scratch: RefCell::new(Vec::new()),
+            #[cfg(feature = "cudaipc")]
+            device_staging: RefCell::new(crate::gpu::DeviceStaging::default()),
+        })
     }
 
     /// The node's grid.

@@ -302,6 +302,39 @@ impl DirectLauncher {
         }
     }
 
+    /// Loads the full program now (when there is one: embedded, or in the kernel cache) and
+    /// every kernel of it, so that no later [`launch`](Self::launch) loads code.
+    ///
+    /// With the driver's lazy loading (`CUDA_MODULE_LOADING=LAZY`, the default since CUDA 12.2),
+    /// loading a module or a kernel first waits, holding the context's lock, until the GPU has
+    /// run all work queued in the context: a first launch queued behind a kernel that waits for
+    /// a peer would wait with it, and every other thread's driver call on the context (a
+    /// proxy's copy that the waiting kernel's peers need) would wait behind the lock, so the
+    /// kernel never finishes. Call this where nothing of the context waits on peers (at
+    /// communicator setup). Without a full program each kernel is still compiled and loaded
+    /// at its first launch.
+    pub fn preload(&mut self) -> Result<()> {
+        // Compiling and loading is no stream work: allowed while capturing.
+        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+        if !self.looked_for_full {
+            // Marked only once found (or found absent): after an error, the first launch
+            // looks again and reports it.
+            self.full = self.find_full_program()?;
+            self.looked_for_full = true;
+        }
+        if let Some(full) = &self.full {
+            let started = std::time::Instant::now();
+            let names = crate::program_text::direct_kernel_names();
+            for name in &names {
+                // The handle is dropped: what matters is that the driver has loaded the kernel,
+                // which it keeps for the module's life; `load` asks for the handle again.
+                full.function(name)?;
+            }
+            self.log(format_args!("{} kernels of the full program loaded in {:.2?}", names.len(), started.elapsed()));
+        }
+        Ok(())
+    }
+
     /// Launches `kernel(args)` on `stream` with `blocks` blocks of [`BLOCK_THREADS`].
     ///
     /// # Safety
@@ -437,6 +470,22 @@ impl DirectLauncher {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn preload_names_every_entry_point_of_the_full_program_once() {
+        let names = crate::program_text::direct_kernel_names();
+        let mut unique = names.clone();
+        unique.sort();
+        unique.dedup();
+        assert_eq!(unique.len(), names.len(), "a name twice: {names:?}");
+        for name in &names {
+            assert!(has_direct_kernel(name), "{name} is not an entry point of the direct program");
+        }
+        // The launches' names are among them.
+        for k in [DirectKernel::typed("weave_all_reduce_ll", "f16"), DirectKernel::untyped("weave_sendrecv")] {
+            assert!(names.contains(&k.name()), "{k}");
+        }
+    }
     use comm_core::device::Layout;
 
     #[test]

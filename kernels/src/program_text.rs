@@ -172,6 +172,19 @@ impl EntryPoint {
     }
 }
 
+/// The names of every entry point of the direct program (`weave_all_reduce_ll_f32`, …).
+pub fn direct_kernel_names() -> Vec<String> {
+    ENTRY_POINTS
+        .iter()
+        .flat_map(|e| match *e {
+            EntryPoint::Reducing { kernel, .. } => {
+                REDUCING_TYPES.iter().map(|(t, _)| format!("weave_{kernel}_{t}")).collect::<Vec<_>>()
+            }
+            EntryPoint::Plain { kernel, .. } => vec![format!("weave_{kernel}")],
+        })
+        .collect()
+}
+
 /// Whether the direct program has an entry point named `name`.
 pub fn has_direct_kernel(name: &str) -> bool {
     ENTRY_POINTS.iter().any(|e| !e.lines(&|n| n == name).is_empty())

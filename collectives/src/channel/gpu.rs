@@ -9,8 +9,9 @@
 //! rank (as on the host, [`super::ChannelEngine`]): each link is a pair of device regions (each
 //! side's inbox, written by the other), a private outbox per side, two signal-only semaphores
 //! per direction (`ready` after each message, `freed` after each consumed one) and one entry of
-//! the device link table the kernels read. Each kernel of the family is compiled the first time
-//! a call needs it.
+//! the device link table the kernels read. Every kernel of the family that the kernel cache
+//! holds is loaded when the family is set up (see `preload_cached`); any other is compiled the
+//! first time a call needs it.
 //!
 //! The logarithmic algorithms (recursive doubling and halving, Bruck, binomial trees) run the
 //! host's schedules (`kernels/cuda/channel_log.cu` mirrors `recursive.rs`, `bruck.rs` and
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::config::LogLevel;
 use comm_core::device::DeviceStatusHandle;
 use comm_core::fifo::TriggerFifo;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
@@ -129,7 +131,7 @@ impl DeviceChannels {
             let (address, _sync) = table.device_ptr(&table_stream);
             address
         };
-        Ok(DeviceChannels {
+        let mut channels = DeviceChannels {
             ctx: ctx.clone(),
             device,
             rank: core.rank(),
@@ -145,7 +147,43 @@ impl DeviceChannels {
             scratch: Vec::new(),
             calls: 0,
             timeout: core.config().timeout,
-        })
+        };
+        channels.preload_cached(core);
+        Ok(channels)
+    }
+
+    /// Loads every kernel of the family that the kernel cache holds, so that a later call
+    /// loads no code behind calls still queued (a first load then could deadlock them: see
+    /// `kernels::direct::DirectLauncher::preload`). A kernel not in the cache, or one that does
+    /// not load here, is compiled and loaded at its first call, which reports any error.
+    fn preload_cached(&mut self, core: &CoreCommunicator) {
+        if !kernels::compile::nvrtc_available() {
+            // The cache is keyed by NVRTC's version; the first call will say what is missing.
+            return;
+        }
+        let compiler = kernels::compile::Compiler::from_env();
+        let every = std::iter::once(ChannelKernel::Moving)
+            .chain(kernels::channel::REDUCING_TYPES.iter().map(|(t, _)| ChannelKernel::Reducing(t)));
+        for kernel in every {
+            let loaded = (|| -> Result<Option<CudaFunction>> {
+                // Loading is no stream work: allowed while capturing.
+                let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+                let Some(compiled) = compiler.cached(&kernel.program()?, &self.arch)? else {
+                    return Ok(None);
+                };
+                KernelModule::load(&self.ctx, &compiled)?.function(&kernel.name()).map(Some)
+            })();
+            match loaded {
+                Ok(Some(f)) => {
+                    self.functions.insert(kernel, f);
+                }
+                Ok(None) => {}
+                Err(e) if core.config().logs(LogLevel::Info) => {
+                    eprintln!("weave[{}]: {} not loaded at setup: {e}", self.rank, kernel.name());
+                }
+                Err(_) => {}
+            }
+        }
     }
 
     /// The proxy's recorded failure, if any (a copy or signal that failed: the kernels waiting

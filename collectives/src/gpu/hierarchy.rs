@@ -8,14 +8,23 @@
 //! | collective | inside the node | across nodes (the rail) | inside the node |
 //! |---|---|---|---|
 //! | all-reduce | reduce-scatter into this rank's shard of `recv` | all-reduce of the shard, in place | all-gather of the shards, in place |
+//! | all-gather | | all-gather of `send` into staging (`[node]`) | all-gather into staging (`[local][node]`), then blocks copied into `recv` by rank |
+//! | reduce-scatter | blocks of `send` copied into staging by local rank (`[local][node]`), reduce-scatter into staging | reduce-scatter into `recv` | |
 //! | broadcast | | broadcast on the root's rail into `recv` | broadcast in place from the root's local rank |
+//! | reduce | reduce to the root's local rank (into staging on its rail) | reduce from the staging into the root's `recv` | |
 //!
 //! An all-reduce's last `count % L` elements (`L` ranks per node) go as an all-reduce in the
 //! node, then one across the rail, both in place in `recv`. `Avg` averages in every step — the
 //! mean over the nodes of each node's mean, which is the mean over every rank because the
 //! nodes hold equally many ranks; integer averages would truncate at each step, so the plan
-//! keeps those flat ([`crate::select::plan_flat`]). All-gather, reduce-scatter and reduce would
-//! need device staging to reorder blocks or hold a node's partial result, and stay flat.
+//! keeps those flat ([`crate::select::plan_flat`]).
+//!
+//! The staging (`staging.rs`) is device memory of this communicator, kept between calls; the
+//! block reorderings are strided device-to-device copies queued on the caller's stream between
+//! the steps. Every step's buffers are distinct from its other buffers (the sub-communicators'
+//! in-place forms are used only where the all-reduce and broadcast used them before), so a
+//! caller's in-place call reads all of `send` in the first step or copy and writes `recv` only
+//! in the last.
 //!
 //! The node and rail communicators are split from this one at its first hierarchical call
 //! (host or device), which every rank makes at the same point because every rank plans the
@@ -24,10 +33,12 @@
 
 use std::sync::Arc;
 
+use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
-use cudarc::driver::CudaStream;
+use cudarc::driver::{CudaContext, CudaStream};
 
-use crate::communicator::Communicator;
+use super::staging::{BlockGrid, transpose_blocks};
+use crate::communicator::{Communicator, already_in_a_call};
 use crate::dtype::DataType;
 use crate::hierarchy::Hierarchy;
 use crate::op::ReduceOp;
@@ -40,6 +51,27 @@ struct Buffers<'a> {
     count: usize,
     dtype: DataType,
     stream: &'a Arc<CudaStream>,
+}
+
+/// Where a hierarchical device call may allocate staging and copy: the parent communicator's
+/// core (whose registration path allocates), its GPU's ordinal and context.
+struct Device<'a> {
+    core: &'a CoreCommunicator,
+    ordinal: u32,
+    ctx: &'a Arc<CudaContext>,
+}
+
+impl Buffers<'_> {
+    /// Bytes of `blocks` blocks of the call's count of elements, or an error naming the overflow.
+    fn bytes(&self, blocks: usize) -> Result<usize> {
+        self.count.checked_mul(blocks).and_then(|e| e.checked_mul(self.dtype.size())).ok_or_else(|| {
+            Error::invalid(format!(
+                "a hierarchical device call of {blocks} blocks of {} {} elements overflows",
+                self.count,
+                self.dtype.name()
+            ))
+        })
+    }
 }
 
 impl Hierarchy {
@@ -69,6 +101,82 @@ impl Hierarchy {
             let (s, r) = (at(send, main), at(recv, main));
             intra.all_reduce_device_raw(s, r, tail, dtype, op, stream)?;
             rail.all_reduce_device_raw(r, r, tail, dtype, op, stream)
+        }
+    }
+
+    /// All-gather of the call's `count` elements per rank from `send` into `recv` (`world ×
+    /// count`; in place where `send` is this rank's block of `recv`), as steps and copies on its
+    /// stream (see the module doc).
+    ///
+    /// # Safety
+    /// As [`Communicator::all_gather_device_raw`].
+    unsafe fn all_gather_device(&self, call: &Buffers<'_>, gpu: &Device<'_>) -> Result<()> {
+        let Buffers { send, recv, count, dtype, stream } = *call;
+        let grid = self.grid();
+        let (l, nodes) = (grid.ranks_per_node, grid.nodes);
+        let (block, by_rank) = (call.bytes(1)?, call.bytes(l * nodes)?);
+        let mut staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        // Across the rail, this rank's block from every node ([node]); then inside the node,
+        // those of every local rank ([local][node]).
+        let (across, inside) = staging.areas(gpu.core, gpu.ordinal, block * nodes, by_rank)?;
+        let max_pitch = staging.max_pitch(gpu.ctx)?;
+        // SAFETY: the staging areas hold `nodes` and `world` blocks and live as long as the
+        // communicator; `send` and `recv` are the caller's (valid until the stream has run
+        // the steps); each step's buffers are disjoint.
+        unsafe {
+            self.rail().all_gather_device_raw(send, across, count, dtype, stream)?;
+            self.intra().all_gather_device_raw(across, inside, count * nodes, dtype, stream)?;
+            // [local][node] to [node][local], the rank order of `recv`.
+            transpose_blocks(inside, recv, BlockGrid { rows: l, cols: nodes, block }, max_pitch, stream)
+        }
+    }
+
+    /// Reduce-scatter of the call's `world × count` elements at `send` into this rank's
+    /// `count` at `recv` (in place where `recv` is this rank's block of `send`), as copies and
+    /// steps on its stream (see the module doc).
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce_scatter_device_raw`].
+    unsafe fn reduce_scatter_device(&self, call: &Buffers<'_>, op: ReduceOp, gpu: &Device<'_>) -> Result<()> {
+        let Buffers { send, recv, count, dtype, stream } = *call;
+        let grid = self.grid();
+        let (l, nodes) = (grid.ranks_per_node, grid.nodes);
+        let (block, by_rank) = (call.bytes(1)?, call.bytes(l * nodes)?);
+        let mut staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let (by_local, node_sums) = staging.areas(gpu.core, gpu.ordinal, by_rank, block * nodes)?;
+        let max_pitch = staging.max_pitch(gpu.ctx)?;
+        // SAFETY: as in `all_gather_device`: the staging holds `world` and `nodes` blocks.
+        unsafe {
+            // `send` from [node][local] to [local][node], so that the node step hands each
+            // local rank the blocks of its rail.
+            transpose_blocks(send, by_local, BlockGrid { rows: nodes, cols: l, block }, max_pitch, stream)?;
+            self.intra().reduce_scatter_device_raw(by_local, node_sums, count * nodes, dtype, op, stream)?;
+            self.rail().reduce_scatter_device_raw(node_sums, recv, count, dtype, op, stream)
+        }
+    }
+
+    /// Reduce of the call's `count` elements to rank `root`'s `recv`, as steps on its stream
+    /// (see the module doc).
+    ///
+    /// # Safety
+    /// As [`Communicator::reduce_device_raw`].
+    unsafe fn reduce_device(&self, call: &Buffers<'_>, op: ReduceOp, root: usize, gpu: &Device<'_>) -> Result<()> {
+        let Buffers { send, recv, count, dtype, stream } = *call;
+        let grid = self.grid();
+        let (root_node, root_local) = (grid.node_of(root), grid.local_of(root));
+        if self.local() != root_local {
+            // SAFETY: forwarded from the caller (`recv` is not used off the root).
+            return unsafe { self.intra().reduce_device_raw(send, recv, count, dtype, op, root_local, stream) };
+        }
+        // The node's partial result, in staging on every rank of the root's rail (the root's
+        // too, so that no step reduces in place).
+        let mut staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let (partial, _) = staging.areas(gpu.core, gpu.ordinal, call.bytes(1)?, 0)?;
+        // SAFETY: the staging holds `count` elements; the rail step reads it and writes `recv`
+        // on the root only.
+        unsafe {
+            self.intra().reduce_device_raw(send, partial, count, dtype, op, root_local, stream)?;
+            self.rail().reduce_device_raw(partial, recv, count, dtype, op, root_node, stream)
         }
     }
 
@@ -110,13 +218,25 @@ impl Communicator {
         root: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        use crate::table::Collective::*;
         let h = self.hierarchy()?;
+        let gpu = self.gpu.as_ref().ok_or_else(super::calls::no_gpu)?;
+        let (ordinal, ctx) = {
+            let g = gpu.try_borrow().map_err(|_| already_in_a_call())?;
+            (g.device, g.context().clone())
+        };
+        // The copies between the steps are driver calls of this thread: its context current.
+        ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
+        let device = Device { core: self.core(), ordinal, ctx: &ctx };
         let call = Buffers { send: buffers.0, recv: buffers.1, count, dtype, stream };
         // SAFETY: forwarded from the caller.
         unsafe {
             match (collective, op) {
-                (crate::table::Collective::AllReduce, Some(op)) => h.all_reduce_device(&call, op),
-                (crate::table::Collective::Broadcast, _) => h.broadcast_device(&call, root),
+                (AllReduce, Some(op)) => h.all_reduce_device(&call, op),
+                (AllGather, _) => h.all_gather_device(&call, &device),
+                (ReduceScatter, Some(op)) => h.reduce_scatter_device(&call, op, &device),
+                (Broadcast, _) => h.broadcast_device(&call, root),
+                (Reduce, Some(op)) => h.reduce_device(&call, op, root, &device),
                 (c, _) => Err(Error::Unsupported(format!("{c} on device buffers has no hierarchical steps"))),
             }
         }

@@ -2,9 +2,12 @@
 //!
 //! Each rank owns one device workspace (packets for the one-shot kernel, data slots for the
 //! others, epoch flags), allocated through the CUDA IPC transport and mapped by every peer.
-//! Each kernel family is compiled once per device architecture with NVRTC (cached on disk) when
-//! a call first needs it: the direct kernels (`kernels::direct`) at the first direct call, each
-//! channel kernel (`kernels::channel`) at the first call that runs it. A call validates its arguments,
+//! Each kernel family is compiled once per device architecture with NVRTC (cached on disk), and
+//! loaded when the communicator sets it up, so that no call loads code behind calls still queued
+//! (with CUDA's lazy loading that can deadlock them: `DirectLauncher::preload` says how): the
+//! direct kernels (`kernels::direct`, the full program) with the engine, the channel kernels
+//! (`kernels::channel`) that the kernel cache holds with the channel family at its first call;
+//! a kernel without either is compiled and loaded at the first call that runs it. A call validates its arguments,
 //! checks the device error word of earlier launches, picks the algorithm from the same table as
 //! the host path, and launches one kernel through `kernels` (`DirectLauncher`,
 //! `launch_with_args`) — no host synchronization, so calls can be captured in a CUDA graph.
@@ -20,6 +23,7 @@ mod checks;
 pub mod config;
 mod device_group;
 mod hierarchy;
+mod staging;
 mod typed;
 mod watch;
 
@@ -41,6 +45,7 @@ pub use kernels::direct::{
     BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
     PIPE_MAX_BLOCKS, WorkspaceLayout,
 };
+pub(crate) use staging::DeviceStaging;
 
 /// LL16 packets per (writer, parity) unless `WEAVE_GPU_PACKETS` says otherwise: packet
 /// messages up to 512 KiB per peer.
@@ -384,10 +389,20 @@ impl DirectKernels {
         };
         let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
         let workspaces = core.exchange(&mine)?;
+        // Launch as programmatic dependents of the previous kernel on the stream (sm_90+, the
+        // kernels then start with griddepcontrol.wait; `WEAVE_GPU_OVERLAP`).
+        let mut launcher = DirectLauncher::new(ctx, arch, overlap_launches);
+        // Every kernel loaded now, while no call of this communicator is queued: a kernel's first
+        // load later, behind queued calls, can deadlock them (see `DirectLauncher::preload`).
+        // A failure here is no failure of the communicator (its host collectives work): the
+        // first direct call loads what is missing and reports the error then.
+        if let Err(e) = launcher.preload()
+            && core.config().logs(LogLevel::Info)
+        {
+            eprintln!("weave[{}]: direct GPU kernels not loaded at setup: {e}", core.rank());
+        }
         Ok(DirectKernels {
-            // Launch as programmatic dependents of the previous kernel on the stream (sm_90+,
-            // the kernels then start with griddepcontrol.wait; `WEAVE_GPU_OVERLAP`).
-            launcher: DirectLauncher::new(ctx, arch, overlap_launches),
+            launcher,
             workspaces,
             layout,
             max_blocks,

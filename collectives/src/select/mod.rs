@@ -233,8 +233,13 @@ mod tests {
             (Collective::AllReduce, 1 << 20, true),
             (Collective::AllReduce, 8, false),
             (Collective::Broadcast, 8, true),
-            (Collective::AllGather, 1 << 20, false),
-            (Collective::Reduce, 1 << 20, false),
+            (Collective::AllGather, 1 << 20, true),
+            (Collective::AllGather, (64 << 10) - 1, false),
+            (Collective::ReduceScatter, 64 << 10, true),
+            (Collective::ReduceScatter, 8, false),
+            (Collective::Reduce, 1 << 20, true),
+            (Collective::Reduce, 8, true),
+            (Collective::AllToAll, 1 << 20, false),
         ] {
             let p = plan(&t, device(c, bytes), &topo, Some(&caps)).unwrap();
             assert_eq!(p.executor == Executor::Hierarchical, steps, "{c} {bytes}: {p:?}");

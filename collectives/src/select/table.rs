@@ -303,14 +303,18 @@ pub const HIERARCHICAL_HOST_ROWS: &[Row] = {
 };
 
 /// The device rows for jobs of several nodes in a grid (first in the table, as the host ones):
-/// steps of device calls over the node and rail sub-communicators (`gpu/hierarchy.rs`) for
-/// the collectives whose steps need no staging.
+/// steps of device calls over the node and rail sub-communicators, with device staging and
+/// copies on the caller's stream where blocks are reordered or a node's partial result is
+/// held (`gpu/hierarchy.rs`). The sizes follow the host rows'.
 pub const HIERARCHICAL_DEVICE_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
     &[
         device(ANY_GPU, AllReduce, (1, ANY), (64 << 10, ANY), Hierarchical),
+        device(ANY_GPU, AllGather, (1, ANY), (64 << 10, ANY), Hierarchical),
+        device(ANY_GPU, ReduceScatter, (1, ANY), (64 << 10, ANY), Hierarchical),
         device(ANY_GPU, Broadcast, (1, ANY), (0, ANY), Hierarchical),
+        device(ANY_GPU, Reduce, (1, ANY), (0, ANY), Hierarchical),
     ]
 };
 

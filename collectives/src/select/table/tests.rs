@@ -46,11 +46,11 @@ fn what_runs_where_follows_from_the_rows() {
             Hierarchical
         ]
     );
-    assert_eq!(device(AllGather), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelBruck]);
-    assert_eq!(device(ReduceScatter), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelHalving]);
+    assert_eq!(device(AllGather), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelBruck, Hierarchical]);
+    assert_eq!(device(ReduceScatter), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelHalving, Hierarchical]);
     assert_eq!(device(AllToAll), [OneShot, Direct, ChannelDirect, ChannelBruck]);
     assert_eq!(device(Broadcast), [OneShot, TwoPhase, Ring, ChannelRing, ChannelDirect, ChannelTree, Hierarchical]);
-    assert_eq!(device(Reduce), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelTree]);
+    assert_eq!(device(Reduce), [OneShot, Direct, ChannelRing, ChannelDirect, ChannelTree, Hierarchical]);
     assert_eq!(device(AllToAllv), [Direct, ChannelDirect]);
     assert_eq!(device(SendRecv), [Direct, ChannelDirect]);
 }

@@ -4,6 +4,7 @@
 //! `graph`, `stale-state`, `fault-kill`, `kill-trial`, `p2p`, `typed` (the safe calls on cudarc
 //! buffers, `typed.rs`).
 
+mod hierarchy;
 mod typed;
 
 use std::sync::Arc;
@@ -274,8 +275,10 @@ fn forced() -> Result<String> {
     Ok(format!("{checked} device calls checked in {:.1?} with WEAVE_ALGO={algo:?}", started.elapsed()))
 }
 
-/// A world too large for the direct kernels (more than 8 ranks): every collective at small and odd
-/// sizes through the channel family, which the plan must pick by itself.
+/// A world too large for the direct kernels (more than 8 ranks), or one across posed nodes: every
+/// collective at small and odd sizes through the channel family, which the plan must pick by
+/// itself, and on a grid of nodes the hierarchical steps of every collective that has them
+/// (`hierarchy.rs`).
 fn wide() -> Result<String> {
     let g = gpu()?;
     let started = Instant::now();
@@ -298,7 +301,16 @@ fn wide() -> Result<String> {
     let mut checked = run_typed::<f32>(&g, &[1, 50_000, 50_001], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<i32>(&g, &[4095], &[ReduceOp::Max])?;
     checked += same_bits_on_every_rank(&g, &[50_000])?;
+    checked += hierarchy::hierarchical_calls(&g)?;
     ring_shift(&g, 300_001)?;
+    // No rank leaves before every rank's device calls are done. A rank's calls complete at
+    // different times on different ranks (a chain broadcast ends at its head first, a reduce's
+    // senders before its root), and a rank that exits then is a lost peer to every rank whose
+    // kernels still run: their GPU peer watch aborts them ("peer rank r was lost"), even where
+    // they no longer need that rank. Without this barrier the hierarchical section's queued
+    // calls (ending with a broadcast from the last rank) let the ranks near the head of the
+    // chain finish the ring shift and exit while those near its end were still in their calls.
+    g.comm.core().bootstrap().barrier()?;
     Ok(format!(
         "{} device calls checked on {} ranks in {:.1?}; a {large} B all-reduce runs {}",
         checked + 1,
