@@ -46,13 +46,14 @@
 //! Posting directly, a sender rings the receiver's doorbell after storing a sequence word and
 //! a receiver rings the sender's after storing `freed` (a load while nobody sleeps, and a fence
 //! on a crowded host), so a waiter that has gone to sleep on its own region's doorbell wakes at
-//! once.
+//! once. Staged, the transport stores into the region, and a sleeping waiter naps instead.
 //!
 //! Posting directly, a receiver that takes a message asks the cache for the first lines of the
 //! peer's next slot right away: the sender of small back-to-back messages runs ahead, so the
 //! next message is usually there already, and its line crosses between the cores while this
-//! call finishes instead of at the start of the next.
-//! Staged, the transport stores into the region, and a sleeping waiter naps instead.
+//! call finishes instead of at the start of the next. Likewise a sender that posts a message
+//! asks for ownership of its next slot's lines, where the credits it knows say the receiver is
+//! done with that slot.
 //!
 //! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
 //! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
@@ -427,12 +428,29 @@ impl Link {
                     self.doorbell_at(*theirs_base).ring();
                 }
                 self.posted = sequence;
+                self.prefetch_next_slot(*theirs_base, len);
                 Ok(())
             }
             Posting::Staged { outbox, outbox_base } => {
                 self.post_staged((outbox, *outbox_base), header.to_words(), offset, len)?;
                 self.posted = sequence;
                 Ok(())
+            }
+        }
+    }
+
+    /// Posting directly into the peer's region at `theirs_base`, asks for the lines of the slot
+    /// of this rank's next message, as many as one of `len` bytes takes (at most
+    /// [`PREFETCH_LINES`]), to be made this core's own — but only where the credits known
+    /// already say the peer is done with that slot, so the hint never takes a line the peer
+    /// still reads. A store to a line another core holds waits for it, and on x86 every later
+    /// store of the thread queues behind; asked for now, the line is here by the next post.
+    #[inline(always)]
+    fn prefetch_next_slot(&self, theirs_base: usize, len: usize) {
+        if self.posted < self.freed + self.slots as u64 {
+            let next = theirs_base + self.slot_offset(self.posted);
+            for line in 0..(HEADER_BYTES + len).div_ceil(64).min(PREFETCH_LINES) {
+                prefetch_for_write(next + 64 * line);
             }
         }
     }
@@ -578,6 +596,23 @@ fn prefetch_for_read(addr: usize) {
     // memory and never faults, whatever the address; SSE is part of every x86-64 CPU.
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+/// A hint that the cache line holding `addr` will be written soon: the line is fetched for
+/// ownership. A prefetch never faults, so any address may be named; elsewhere than x86-64 it
+/// does nothing.
+#[inline(always)]
+fn prefetch_for_write(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW only moves a line into the cache: it reads no value, changes no memory
+    // and never faults, whatever the address. x86-64 CPUs without it (Intel before Broadwell)
+    // execute it as a no-op; it is written out because the compiler turns a write prefetch
+    // into a read prefetch unless the build targets such CPUs only.
+    unsafe {
+        std::arch::asm!("prefetchw byte ptr [{0}]", in(reg) addr, options(nostack, preserves_flags, readonly))
     };
     #[cfg(not(target_arch = "x86_64"))]
     let _ = addr;
