@@ -48,12 +48,12 @@
 //! on a crowded host), so a waiter that has gone to sleep on its own region's doorbell wakes at
 //! once. Staged, the transport stores into the region, and a sleeping waiter naps instead.
 //!
-//! Posting directly, a receiver that takes a message asks the cache for the first lines of the
-//! peer's next slot right away: the sender of small back-to-back messages runs ahead, so the
-//! next message is usually there already, and its line crosses between the cores while this
-//! call finishes instead of at the start of the next. Likewise a sender that posts a message
-//! asks for ownership of its next slot's lines, where the credits it knows say the receiver is
-//! done with that slot.
+//! Posting directly on a link that batches credits, a receiver that takes a message asks the
+//! cache for the first lines of the peer's next slot right away: the sender of small
+//! back-to-back messages runs ahead, so the next message is usually there already, and its
+//! line crosses between the cores while this call finishes instead of at the start of the
+//! next. Likewise a sender that posts a message asks for ownership of its next slot's lines,
+//! where the credits it knows say the receiver is done with that slot.
 //!
 //! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
 //! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
@@ -447,7 +447,7 @@ impl Link {
     /// store of the thread queues behind; asked for now, the line is here by the next post.
     #[inline(always)]
     fn prefetch_next_slot(&self, theirs_base: usize, len: usize) {
-        if self.posted < self.freed + self.slots as u64 {
+        if self.sender_runs_ahead() && self.posted < self.freed + self.slots as u64 {
             let next = theirs_base + self.slot_offset(self.posted);
             for line in 0..(HEADER_BYTES + len).div_ceil(64).min(PREFETCH_LINES) {
                 prefetch_for_write(next + 64 * line);
@@ -543,6 +543,15 @@ impl Link {
         Ok((header, (self.mine_base + offset + HEADER_BYTES) as *const u8))
     }
 
+    /// Whether this link's senders run ahead of their receivers: a link that batches credits
+    /// (an eager algorithm's, see the module doc). Only there do the prefetch hints pay: on a
+    /// link whose receiver usually waits for the next message, it is polling the very line a
+    /// hint would fetch, and the line would only cross between the cores once more.
+    #[inline(always)]
+    fn sender_runs_ahead(&self) -> bool {
+        self.credit_batch > 1
+    }
+
     /// Posting directly, asks the cache for the lines the peer's next message will occupy if it
     /// is as long as the one received now (`len` bytes; at most [`PREFETCH_LINES`]): a sender
     /// that runs ahead has stored it already, and its lines then cross from the sender's cache
@@ -552,7 +561,7 @@ impl Link {
     /// at that moment moves once more.
     #[inline(always)]
     fn prefetch_next_message(&self, len: u64) {
-        if let Posting::Direct { .. } = self.posting {
+        if self.sender_runs_ahead() && matches!(self.posting, Posting::Direct { .. }) {
             let next = self.mine_base + self.slot_offset(self.consumed + 1);
             let bytes = HEADER_BYTES.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
             for line in 0..bytes.div_ceil(64).min(PREFETCH_LINES) {
