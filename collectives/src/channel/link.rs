@@ -44,9 +44,16 @@
 //! a message before it is whole.
 //!
 //! Posting directly, a sender rings the receiver's doorbell after storing a sequence word and
-//! a receiver rings the sender's after storing `freed` (a fence and a load while nobody
-//! sleeps), so a waiter that has gone to sleep on its own region's doorbell wakes at once.
-//! Staged, the transport stores into the region, and a sleeping waiter naps instead.
+//! a receiver rings the sender's after storing `freed` (a load while nobody sleeps, and a fence
+//! on a crowded host), so a waiter that has gone to sleep on its own region's doorbell wakes at
+//! once. Staged, the transport stores into the region, and a sleeping waiter naps instead.
+//!
+//! Posting directly on a link that batches credits, a receiver that takes a message asks the
+//! cache for the first lines of the peer's next slot right away: the sender of small
+//! back-to-back messages runs ahead, so the next message is usually there already, and its
+//! line crosses between the cores while this call finishes instead of at the start of the
+//! next. Likewise a sender that posts a message asks for ownership of its next slot's lines,
+//! where the credits it knows say the receiver is done with that slot.
 //!
 //! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
 //! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
@@ -421,12 +428,29 @@ impl Link {
                     self.doorbell_at(*theirs_base).ring();
                 }
                 self.posted = sequence;
+                self.prefetch_next_slot(*theirs_base, len);
                 Ok(())
             }
             Posting::Staged { outbox, outbox_base } => {
                 self.post_staged((outbox, *outbox_base), header.to_words(), offset, len)?;
                 self.posted = sequence;
                 Ok(())
+            }
+        }
+    }
+
+    /// Posting directly into the peer's region at `theirs_base`, asks for the lines of the slot
+    /// of this rank's next message, as many as one of `len` bytes takes (at most
+    /// [`PREFETCH_LINES`]), to be made this core's own — but only where the credits known
+    /// already say the peer is done with that slot, so the hint never takes a line the peer
+    /// still reads. A store to a line another core holds waits for it, and on x86 every later
+    /// store of the thread queues behind; asked for now, the line is here by the next post.
+    #[inline(always)]
+    fn prefetch_next_slot(&self, theirs_base: usize, len: usize) {
+        if self.sender_runs_ahead() && self.posted < self.freed + self.slots as u64 {
+            let next = theirs_base + self.slot_offset(self.posted);
+            for line in 0..(HEADER_BYTES + len).div_ceil(64).min(PREFETCH_LINES) {
+                prefetch_for_write(next + 64 * line);
             }
         }
     }
@@ -513,9 +537,37 @@ impl Link {
         if header.len > self.payload() as u64 {
             return Err(too_long_received(self.peer, header.len, self.payload()));
         }
+        self.prefetch_next_message(header.len);
         // The payload lies inside this rank's mapped region (slot layout), and the peer wrote it
         // before the store observed above with acquire ordering.
         Ok((header, (self.mine_base + offset + HEADER_BYTES) as *const u8))
+    }
+
+    /// Whether this link's senders run ahead of their receivers: a link that batches credits
+    /// (an eager algorithm's, see the module doc). Only there do the prefetch hints pay: on a
+    /// link whose receiver usually waits for the next message, it is polling the very line a
+    /// hint would fetch, and the line would only cross between the cores once more.
+    #[inline(always)]
+    fn sender_runs_ahead(&self) -> bool {
+        self.credit_batch > 1
+    }
+
+    /// Posting directly, asks the cache for the lines the peer's next message will occupy if it
+    /// is as long as the one received now (`len` bytes; at most [`PREFETCH_LINES`]): a sender
+    /// that runs ahead has stored it already, and its lines then cross from the sender's cache
+    /// while this rank finishes the current call, instead of stalling the next one. A line the
+    /// sender has not written yet is usually still in this rank's cache from the slot's
+    /// previous round, so there the hint costs little; only a line the sender is storing into
+    /// at that moment moves once more.
+    #[inline(always)]
+    fn prefetch_next_message(&self, len: u64) {
+        if self.sender_runs_ahead() && matches!(self.posting, Posting::Direct { .. }) {
+            let next = self.mine_base + self.slot_offset(self.consumed + 1);
+            let bytes = HEADER_BYTES.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
+            for line in 0..bytes.div_ceil(64).min(PREFETCH_LINES) {
+                prefetch_for_read(next + 64 * line);
+            }
+        }
     }
 
     /// Gives the slot of the message last received back to the peer (its credit goes back
@@ -540,6 +592,41 @@ impl Link {
             Posting::Staged { .. } => self.connection.update_lazily(&self.theirs, FREED, self.consumed),
         }
     }
+}
+
+/// Lines of the peer's next message a receiver asks the cache for ahead of time: the header
+/// and up to 224 bytes of payload (the hardware prefetchers follow a longer copy themselves).
+const PREFETCH_LINES: usize = 4;
+
+/// A hint that the cache line holding `addr` will be read soon. A prefetch never faults, so any
+/// address may be named; elsewhere than x86-64 it does nothing.
+#[inline(always)]
+fn prefetch_for_read(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHT0 only moves a line into the cache: it reads no value, changes no
+    // memory and never faults, whatever the address; SSE is part of every x86-64 CPU.
+    unsafe {
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(addr as *const i8)
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
+}
+
+/// A hint that the cache line holding `addr` will be written soon: the line is fetched for
+/// ownership. A prefetch never faults, so any address may be named; elsewhere than x86-64 it
+/// does nothing.
+#[inline(always)]
+fn prefetch_for_write(addr: usize) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: PREFETCHW only moves a line into the cache: it reads no value, changes no memory
+    // and never faults, whatever the address. x86-64 CPUs without it (Intel before Broadwell)
+    // execute it as a no-op; it is written out because the compiler turns a write prefetch
+    // into a read prefetch unless the build targets such CPUs only.
+    unsafe {
+        std::arch::asm!("prefetchw byte ptr [{0}]", in(reg) addr, options(nostack, preserves_flags, readonly))
+    };
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = addr;
 }
 
 /// The error of a message longer than the link's slots (a caller's bug), kept off the path of
