@@ -348,6 +348,11 @@ mod tests {
         spin_until_progress(&ctx, &last, || arrived.load(Ordering::Relaxed) == 1).unwrap();
     }
 
+    /// A 10 s wait on peer 3, aborted by `abort`, whose peer check is `check_peer`.
+    fn watching<'a>(abort: &'a AtomicBool, check_peer: &'a dyn Fn() -> Result<()>) -> WaitContext<'a> {
+        WaitContext { operation: "t", peer: Some(3), timeout: Duration::from_secs(10), abort, check_peer }
+    }
+
     #[test]
     fn abort_and_lost_peer_stop_the_wait() {
         let abort = AtomicBool::new(true);
@@ -355,13 +360,7 @@ mod tests {
         assert!(matches!(spin_until(&ctx, || false), Err(Error::Aborted(_))));
         let abort = AtomicBool::new(false);
         let lost = || Err(Error::peer_lost(3, "t", "gone"));
-        let ctx = WaitContext {
-            operation: "t",
-            peer: Some(3),
-            timeout: Duration::from_secs(10),
-            abort: &abort,
-            check_peer: &lost,
-        };
+        let ctx = watching(&abort, &lost);
         assert!(matches!(spin_until(&ctx, || false), Err(Error::PeerLost { peer: 3, .. })));
     }
 
@@ -380,13 +379,7 @@ mod tests {
             landed.set(gone.get());
             Ok(())
         };
-        let ctx = WaitContext {
-            operation: "t",
-            peer: Some(3),
-            timeout: Duration::from_secs(10),
-            abort: &abort,
-            check_peer: &lost,
-        };
+        let ctx = watching(&abort, &lost);
         spin_until_progress(&ctx, &progress, || landed.get()).unwrap();
     }
 

@@ -43,30 +43,31 @@ fn spin_read(s: &mut TcpStream, buf: &mut [u8]) {
     }
 }
 
-fn raw(iters: usize, size: usize) -> f64 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
-    let addr = listener.local_addr().expect("addr");
-    let echo = std::thread::spawn(move || {
-        let (mut s, _) = listener.accept().expect("accept");
-        s.set_nodelay(true).expect("nodelay");
-        s.set_nonblocking(true).expect("nonblocking");
-        let mut buf = vec![0u8; size];
-        for _ in 0..iters {
-            spin_read(&mut s, &mut buf);
-            s.write_all(&buf).expect("write");
-        }
-    });
-    let mut s = TcpStream::connect(addr).expect("connect");
+/// Times `iters` round trips of `size` bytes on `s`; the echoing side reads first and answers.
+fn ping_pong(mut s: TcpStream, iters: usize, size: usize, echo: bool) -> Vec<Duration> {
     s.set_nodelay(true).expect("nodelay");
     s.set_nonblocking(true).expect("nonblocking");
     let mut buf = vec![1u8; size];
     let mut rtts = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
-        s.write_all(&buf).expect("write");
-        spin_read(&mut s, &mut buf);
+        if echo {
+            spin_read(&mut s, &mut buf);
+            s.write_all(&buf).expect("write");
+        } else {
+            s.write_all(&buf).expect("write");
+            spin_read(&mut s, &mut buf);
+        }
         rtts.push(t.elapsed());
     }
+    rtts
+}
+
+fn raw(iters: usize, size: usize) -> f64 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("bind");
+    let addr = listener.local_addr().expect("addr");
+    let echo = std::thread::spawn(move || ping_pong(listener.accept().expect("accept").0, iters, size, true));
+    let rtts = ping_pong(TcpStream::connect(addr).expect("connect"), iters, size, false);
     echo.join().expect("echo thread");
     one_way_us(rtts)
 }
@@ -153,7 +154,7 @@ fn weave(iters: usize, size: usize, credits: bool) -> f64 {
 /// `MASTER_PORT + 7`, and times round trips; rank 1 connects and echoes.
 fn raw_across(rank: usize, master: &str, iters: usize, size: usize) {
     let port: u16 = std::env::var("MASTER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(29500) + 7;
-    let mut s = if rank == 0 {
+    let s = if rank == 0 {
         let listener = TcpListener::bind((master, port)).expect("bind");
         listener.accept().expect("accept").0
     } else {
@@ -166,21 +167,7 @@ fn raw_across(rank: usize, master: &str, iters: usize, size: usize) {
             }
         }
     };
-    s.set_nodelay(true).expect("nodelay");
-    s.set_nonblocking(true).expect("nonblocking");
-    let mut buf = vec![1u8; size];
-    let mut rtts = Vec::with_capacity(iters);
-    for _ in 0..iters {
-        let t = Instant::now();
-        if rank == 0 {
-            s.write_all(&buf).expect("write");
-            spin_read(&mut s, &mut buf);
-        } else {
-            spin_read(&mut s, &mut buf);
-            s.write_all(&buf).expect("write");
-        }
-        rtts.push(t.elapsed());
-    }
+    let rtts = ping_pong(s, iters, size, rank != 0);
     if rank == 0 {
         println!("raw-across {size} {:.2}", one_way_us(rtts));
     }
