@@ -6,17 +6,18 @@
 //!
 //! **Ordering.** A reliable connection executes a queue pair's requests at the responder in the
 //! order they were posted, and a receive completes only once the bytes of every request before
-//! it are placed: a flag is stored after the data written ahead of it. An atomic (like an RDMA
-//! read) is executed by the responder after the requests before it on the queue pair, and the
-//! verbs ordering rules let it pass none of the writes before it (it is later requests that may
-//! pass an unfinished read or atomic, unless fenced); so a fetch-and-add posted behind the data
-//! changes the word once the data is placed. What a CPU polling the word then sees: on an HCA,
-//! the data's DMA writes and the atomic's read-modify-write of the word reach memory in that
-//! order (PCIe lets neither a write nor a read pass an earlier posted write; no registration
-//! here asks for relaxed ordering); in SoftRoCE (`rdma_rxe`) one responder task takes a queue
-//! pair's packets in sequence order and copies a write's payload into memory before it takes
-//! the next packet, the atomic included. Two plain writes, by contrast, have no promised order
-//! of placement, which is why a flag is never one.
+//! it are placed: a flag is stored after the data written ahead of it. For atomics, the
+//! InfiniBand specification (1.4, vol. 1, the responder's ordering rules) has the responder
+//! execute send, RDMA write and atomic requests in the message order it receives them in, and a
+//! request may pass an earlier one only the other way round (a write or send behind an
+//! unfinished read or atomic, unless fenced): so a fetch-and-add posted behind the data changes
+//! the word after the data is placed. What a CPU polling the word then sees: on an HCA, the
+//! data's DMA writes and the atomic's read-modify-write reach memory in that order (PCIe lets
+//! neither a write nor a read pass an earlier posted write; no registration here asks for
+//! relaxed ordering); in SoftRoCE (`rdma_rxe`) one responder task takes a queue pair's packets
+//! in sequence order and copies a write's payload into memory before it takes the next one,
+//! the atomic included. Two plain writes, by contrast, have no promised order of placement,
+//! which is why a flag is never one.
 //!
 //! **One operation per small message.** [`write_and_sync`](Connection::write_and_sync) — how a
 //! channel link posts a message — sends the data's last write *with* the flag as its immediate
