@@ -464,7 +464,7 @@ impl IbConnection {
         value: u64,
         operation: &str,
     ) -> Result<()> {
-        // From here the store counts as done: the post happens or the connection breaks.
+        // Once the table counts the store (below), the post happens or the connection breaks.
         let addend = match state.atomic_words.addend(word.0, word.1, value) {
             Some(addend) => addend,
             None => {
