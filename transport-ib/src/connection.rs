@@ -1,12 +1,23 @@
 //! A connection over one RC queue pair: [`write`](Connection::write) is a train of RDMA writes,
 //! [`update_and_sync`](Connection::update_and_sync) a flag that the peer's receive queue takes
-//! and the peer applies ([`crate::flags`], [`crate::inbound`]), [`flush`](Connection::flush) a
-//! wait for every completion; [`progress`](Connection::progress) applies the flags the peer sent
-//! this rank.
+//! and the peer applies ([`crate::flags`], [`crate::inbound`]) or, with `WEAVE_IB_FLAG=atomic`,
+//! a fetch-and-add on the peer's word; [`flush`](Connection::flush) a wait for every completion;
+//! [`progress`](Connection::progress) applies the flags the peer sent this rank.
 //!
 //! **Ordering.** A reliable connection executes a queue pair's requests at the responder in the
 //! order they were posted, and a receive completes only once the bytes of every request before
-//! it are placed: a flag is stored after the data written ahead of it.
+//! it are placed: a flag is stored after the data written ahead of it. For atomics, the
+//! InfiniBand specification (1.4, vol. 1, the responder's ordering rules) has the responder
+//! execute send, RDMA write and atomic requests in the message order it receives them in, and a
+//! request may pass an earlier one only the other way round (a write or send behind an
+//! unfinished read or atomic, unless fenced): so a fetch-and-add posted behind the data changes
+//! the word after the data is placed. What a CPU polling the word then sees: on an HCA, the
+//! data's DMA writes and the atomic's read-modify-write reach memory in that order (PCIe lets
+//! neither a write nor a read pass an earlier posted write; no registration here asks for
+//! relaxed ordering); in SoftRoCE (`rdma_rxe`) one responder task takes a queue pair's packets
+//! in sequence order and copies a write's payload into memory before it takes the next one,
+//! the atomic included. Two plain writes, by contrast, have no promised order of placement,
+//! which is why a flag is never one.
 //!
 //! **One operation per small message.** [`write_and_sync`](Connection::write_and_sync) — how a
 //! channel link posts a message — sends the data's last write *with* the flag as its immediate
@@ -37,7 +48,7 @@ use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
 use crate::device_sources::{DeviceSource, DeviceSources, PinnedBuffer, device_ordinal};
-use crate::flags::{Outbound, RECORD_BYTES, Record, Signal};
+use crate::flags::{AtomicWords, FlagPath, Outbound, RECORD_BYTES, Record, Signal};
 use crate::inbound::Inbound;
 use crate::region::{IbRegion, PRIVATE, RemoteRegion, SourceRegistrations};
 use crate::staging::{ChunkSink, CopyEngine, StagingRing};
@@ -55,6 +66,10 @@ pub(crate) const SEND_QUEUE_DEPTH: u32 = 128;
 const SIGNAL_EVERY: u32 = 32;
 /// Bytes of each slot of the record outbox.
 const RECORD_SLOT_BYTES: usize = 32;
+/// Offset in the record outbox where the read of a flag word lands (atomic flags).
+const READ_BACK: usize = 0;
+/// Offset in the record outbox where fetch-and-adds put the old value (atomic flags).
+const DISCARD: usize = 8;
 
 /// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing,
 /// and only the entries used are written).
@@ -107,8 +122,11 @@ struct State {
     marker: Option<(u64, u32)>,
     /// Records posted: picks each one's slot in the record outbox.
     records: u64,
-    /// The slot and last value of each of the peer's words this connection stores into.
+    /// The slot and last value of each of the peer's words this connection stores into
+    /// ([`FlagPath::Immediate`]).
     outbound: Outbound,
+    /// The value of each of the peer's words this connection stores into ([`FlagPath::Atomic`]).
+    atomic_words: AtomicWords,
     /// The first failure, which breaks the connection for good.
     failed: Option<String>,
     /// Requests posted so far (numbers staged writes, see [`StagedSink`]).
@@ -144,8 +162,12 @@ pub struct IbConnection {
     inbound: Arc<Inbound>,
     pd: Arc<ProtectionDomain>,
     sources: Sources,
+    /// How this connection stores flags (`WEAVE_IB_FLAG`).
+    flag_path: FlagPath,
     /// Where records are staged for the device when the queue pair carries none inline (one
-    /// slot per request in flight).
+    /// slot per request in flight). With [`FlagPath::Atomic`], which sends no records, its
+    /// first words take what a read of a flag word returns ([`READ_BACK`]) and the old values
+    /// fetch-and-adds return, which nobody reads ([`DISCARD`]).
     record_outbox: IbRegion,
     max_msg_bytes: usize,
     bounds: Bounds,
@@ -190,12 +212,14 @@ impl IbConnection {
                 marker: None,
                 records: 0,
                 outbound: Outbound::default(),
+                atomic_words: AtomicWords::default(),
                 failed: None,
                 posted: 0,
                 staging: None,
             }),
             pd: pd.clone(),
             sources,
+            flag_path: FlagPath::from_env()?,
             record_outbox,
             max_msg_bytes: pd.port().max_msg_bytes(),
             bounds,
@@ -375,6 +399,20 @@ impl IbConnection {
         // the connection break), else the two ends' views of the word would part.
         let k = requests.len as u32 + 1;
         self.reap(&mut state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
+        if self.flag_path == FlagPath::Atomic {
+            // SAFETY: forwarded from the caller.
+            return unsafe {
+                self.sync_atomic(
+                    &mut state,
+                    requests,
+                    (remote.id, flag_offset as u64),
+                    addr,
+                    remote.rkey,
+                    value,
+                    operation,
+                )
+            };
+        }
         let signal = state.outbound.signal(remote.id, flag_offset as u64, value);
         let flag_alone = WorkRequest {
             wr_id: 0,
@@ -409,6 +447,76 @@ impl IbConnection {
 }
 
 impl IbConnection {
+    /// [`sync`](Self::sync) with [`FlagPath::Atomic`]: `requests` and a fetch-and-add behind
+    /// them that takes the word `word` (region, offset) at `addr` to `value`. The first store
+    /// into a word reads it first.
+    ///
+    /// # Safety
+    /// As [`QueuePair::post_chain`] for the writes.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn sync_atomic(
+        &self,
+        state: &mut State,
+        mut requests: Chain,
+        word: (u32, u64),
+        addr: u64,
+        rkey: u32,
+        value: u64,
+        operation: &str,
+    ) -> Result<()> {
+        // Once the table counts the store (below), the post happens or the connection breaks.
+        let addend = match state.atomic_words.addend(word.0, word.1, value) {
+            Some(addend) => addend,
+            None => {
+                let current = self.read_word(state, addr, rkey, operation)?;
+                state.atomic_words.learn(word.0, word.1, value);
+                value.wrapping_sub(current)
+            }
+        };
+        let add = WorkRequest {
+            wr_id: 0,
+            op: Operation::FetchAdd(addend),
+            // SAFETY: DISCARD + 8 lies inside the outbox.
+            local: unsafe { self.record_outbox.as_ptr().add(DISCARD) },
+            len: 8,
+            lkey: self.record_outbox.lkey(),
+            remote: addr,
+            rkey,
+            signaled: false,
+        };
+        if !requests.push(add) {
+            // The callers leave room for the flag; this would be a bug here, not the user's.
+            return Err(Error::invalid(format!("{operation}: no room left in the chain for the flag")));
+        }
+        // SAFETY: forwarded from the caller for the writes; the fetch-and-add's old value lands
+        // in the outbox, which lives as long as the connection.
+        unsafe { self.post(state, requests.as_mut_slice(), None, false, operation) }
+    }
+
+    /// The peer's word at `addr` as its memory holds it, by an RDMA read waited for (with every
+    /// request before it).
+    fn read_word(&self, state: &mut State, addr: u64, rkey: u32, operation: &str) -> Result<u64> {
+        // SAFETY: READ_BACK + 8 lies inside the outbox.
+        let at = unsafe { self.record_outbox.as_ptr().add(READ_BACK) };
+        let mut read = [WorkRequest {
+            wr_id: 0,
+            op: Operation::Read,
+            local: at,
+            len: 8,
+            lkey: self.record_outbox.lkey(),
+            remote: addr,
+            rkey,
+            signaled: true,
+        }];
+        // SAFETY: the read lands in the outbox, private memory of this connection that no other
+        // request in flight touches (reads are waited for here, one at a time).
+        unsafe { self.post(state, &mut read, None, true, operation)? };
+        self.reap(state, operation, |outstanding| outstanding == 0)?;
+        // SAFETY: 8 bytes inside the outbox (64-byte aligned memory, READ_BACK is a multiple of
+        // 8), which the device wrote before the read's completion was reaped above.
+        Ok(unsafe { std::ptr::read_volatile(at.cast::<u64>()) })
+    }
+
     /// The copy engine and device of `write`'s source when it is device memory sent by staging.
     fn staged(&self, write: &CheckedWrite<'_>) -> Result<Option<(Arc<dyn CopyEngine>, u32)>> {
         let Some(ordinal) = device_ordinal(write.src.region().as_ref()) else {

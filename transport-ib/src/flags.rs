@@ -1,14 +1,18 @@
-//! How a flag travels: `update_and_sync` and the flag behind `write_and_sync` are not atomics on
-//! the peer's memory but messages its receive queue takes, which the peer applies itself (see
-//! [`crate::inbound`]). A flag word is named by (region number, offset); stores into it arrive
-//! in the order they were posted, after the data posted before them.
+//! How a flag travels: `update_and_sync` and the flag behind `write_and_sync` store a value into
+//! an 8-byte word of the peer, after the data posted before them. Two ways, picked by
+//! `WEAVE_IB_FLAG` ([`FlagPath`]); each is the sending rank's own choice (the receiver needs
+//! nothing from either but its posted receives), so ranks may differ.
 //!
-//! - **Immediates.** The first store into a word goes as a *record* (a 24-byte send: region,
-//!   offset, value, and a slot number), which gives the word one of [`SLOTS`] slots of this
-//!   connection. A later store whose value exceeds the last one by less than 2^20 (modulo
-//!   2^64) travels in the 32-bit immediate of an RDMA write: the slot (12 bits) and the
-//!   difference (20 bits). That write is the data's last one, or one of no bytes for a flag
-//!   alone, so a small message and its flag are one verbs operation and one packet.
+//! **Immediates** (`imm`, the default): not atomics on the peer's memory but messages its
+//! receive queue takes, which the peer applies itself (see [`crate::inbound`]). A flag word is
+//! named by (region number, offset); stores into it arrive in the order they were posted.
+//!
+//! - The first store into a word goes as a *record* (a 24-byte send: region, offset, value, and
+//!   a slot number), which gives the word one of [`SLOTS`] slots of this connection. A later
+//!   store whose value exceeds the last one by less than 2^20 (modulo 2^64) travels in the
+//!   32-bit immediate of an RDMA write: the slot (12 bits) and the difference (20 bits). That
+//!   write is the data's last one, or one of no bytes for a flag alone, so a small message and
+//!   its flag are one verbs operation and one packet.
 //! - **Records** carry every other store: the first into a word, one whose difference does not
 //!   fit, and every store into a word once the slots ran out.
 //!
@@ -16,6 +20,16 @@
 //! changed by the same stores in the same order, so a difference applies to the value the
 //! sender meant. The words a peer updates (semaphores, flags, link counters) are written only by
 //! that peer, through one connection.
+//!
+//! **Atomics** (`atomic`): a fetch-and-add on the word itself, posted behind the data on the
+//! same queue pair, whose addend takes the word from the value the sender knows it holds to the
+//! new one ([`AtomicWords`]); the receiver polls its memory and takes no completion. The first
+//! store into a word learns that value with an RDMA read (waited for, once per word and
+//! connection): a read returns the word's bytes as they are in memory, where the old value a
+//! fetch-and-add returns is big-endian on some HCAs. Stores are values, not increments: any
+//! sequence of values works (the addend wraps modulo 2^64), given, as above, that only this
+//! connection writes the word. Why the word changes only after the data is placed: see
+//! [`crate::connection`]'s module doc.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasherDefault, Hasher};
@@ -141,6 +155,57 @@ impl Outbound {
     }
 }
 
+/// How this rank stores flags into its peers' words (`WEAVE_IB_FLAG`; see the module doc).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FlagPath {
+    /// In immediates and records that the peer applies (`imm`, the default).
+    Immediate,
+    /// As fetch-and-adds on the word (`atomic`).
+    Atomic,
+}
+
+impl FlagPath {
+    /// The path `WEAVE_IB_FLAG` names (`imm` or `atomic`; unset is `imm`).
+    pub(crate) fn from_env() -> Result<Self> {
+        match std::env::var("WEAVE_IB_FLAG") {
+            Err(_) => Ok(FlagPath::Immediate),
+            Ok(v) => Self::parse(&v),
+        }
+    }
+
+    fn parse(v: &str) -> Result<Self> {
+        match v {
+            "" | "imm" => Ok(FlagPath::Immediate),
+            "atomic" => Ok(FlagPath::Atomic),
+            other => Err(Error::invalid(format!("WEAVE_IB_FLAG={other:?}: use imm or atomic"))),
+        }
+    }
+}
+
+/// The sending side of atomic flags: the value each of the peer's words holds once this
+/// connection's stores into it so far are done.
+#[derive(Debug, Default)]
+pub(crate) struct AtomicWords {
+    words: HashMap<(u32, u64), u64, BuildHasherDefault<WordHasher>>,
+}
+
+impl AtomicWords {
+    /// The addend that takes the word at `offset` of the peer's region `region` to `value`,
+    /// counting the store as done (the caller must post it, or give up on the connection);
+    /// `None` while the word's value is unknown (see [`learn`](Self::learn)).
+    pub(crate) fn addend(&mut self, region: u32, offset: u64, value: u64) -> Option<u64> {
+        let last = self.words.get_mut(&(region, offset))?;
+        let addend = value.wrapping_sub(*last);
+        *last = value;
+        Some(addend)
+    }
+
+    /// Records that the word holds `current` (read from the peer before any store into it).
+    pub(crate) fn learn(&mut self, region: u32, offset: u64, current: u64) {
+        self.words.insert((region, offset), current);
+    }
+}
+
 /// The receiving side: the word and last value of each slot the peer defined.
 #[derive(Default)]
 pub(crate) struct InboundSlots {
@@ -239,6 +304,28 @@ mod tests {
                 Signal::Record(Record { region: 1, slot: None, offset: extra, value: v })
             );
         }
+    }
+
+    #[test]
+    fn atomic_addends_take_the_word_to_each_value() {
+        let mut words = AtomicWords::default();
+        assert_eq!(words.addend(2, 8, 5), None, "unknown until read");
+        words.learn(2, 8, 3);
+        // The word as the peer's memory would hold it after each fetch-and-add.
+        let mut word = 3u64;
+        for value in [5, 5, 6, 1 << 40, 2, u64::MAX, 0] {
+            word = word.wrapping_add(words.addend(2, 8, value).unwrap());
+            assert_eq!(word, value);
+        }
+        assert_eq!(words.addend(2, 16, 1), None, "another word is unknown");
+    }
+
+    #[test]
+    fn flag_paths_parse() {
+        assert_eq!(FlagPath::parse("imm").unwrap(), FlagPath::Immediate);
+        assert_eq!(FlagPath::parse("").unwrap(), FlagPath::Immediate);
+        assert_eq!(FlagPath::parse("atomic").unwrap(), FlagPath::Atomic);
+        assert!(FlagPath::parse("cas").unwrap_err().to_string().contains("WEAVE_IB_FLAG"));
     }
 
     #[test]

@@ -25,7 +25,8 @@ usage: cargo xtask ib-vm [--ranks N,...] [--nodes 1|2] [--bench] [-- TEST-FILTER
 Runs the InfiniBand transport on a real verbs device: SoftRoCE (rdma_rxe) in a QEMU guest
 (software emulation, no KVM needed), set up on first use (Debian packages, the Debian 12
 generic kernel unpacked into target/ib-vm; about a minute). In the guest: transport-ib's tests
-including those that need a device (TEST-FILTERS narrow them), then the host correctness matrix
+including those that need a device (TEST-FILTERS narrow them), with flags as immediates and
+again as atomics (WEAVE_IB_FLAG), then the host correctness matrix
 over verbs alone (WEAVE_TRANSPORTS=ib) with each world size of --ranks (default 2). Exits with
 the guest's status. With --nodes 2, then two guests (one vCPU each) joined by a virtual wire
 (UDP on 127.0.0.1), rxe0 on each one's eth0, run the matrix with one rank per guest.
@@ -132,10 +133,11 @@ pub(crate) fn stage_and_run(ranks: &[usize], bench: bool, filters: &[String]) ->
     stage_ib_worker(&run)?;
     copy(&vm.join("matrix.sh"), &run.join("matrix.sh"))?;
     let mut script = String::from("#!/bin/sh\n# Written by cargo xtask ib-vm.\n");
-    script.push_str(&format!(
-        "./ib-tests --include-ignored --test-threads=1 {} || exit 1\n",
-        filters.iter().map(|f| shell_quote(f)).collect::<Vec<_>>().join(" ")
-    ));
+    // Both ways a flag travels (transport-ib's `flags` module): the default, then atomics.
+    let filters = filters.iter().map(|f| shell_quote(f)).collect::<Vec<_>>().join(" ");
+    script.push_str(&format!("./ib-tests --include-ignored --test-threads=1 {filters} || exit 1\n"));
+    script
+        .push_str(&format!("WEAVE_IB_FLAG=atomic ./ib-tests --include-ignored --test-threads=1 {filters} || exit 1\n"));
     if !ranks.is_empty() {
         let worlds: Vec<String> = ranks.iter().map(ToString::to_string).collect();
         script.push_str(&format!("WORLDS='{}' sh ./matrix.sh || exit 1\n", worlds.join(" ")));

@@ -403,6 +403,10 @@ impl QueuePair {
                     wr.wr.rdma = rdma;
                     wr.__bindgen_anon_1.imm_data = imm.to_be();
                 }
+                Operation::Read => {
+                    wr.opcode = ffi::ibv_wr_opcode::IBV_WR_RDMA_READ;
+                    wr.wr.rdma = rdma;
+                }
                 Operation::Send => wr.opcode = ffi::ibv_wr_opcode::IBV_WR_SEND,
                 Operation::FetchAdd(add) => {
                     wr.opcode = ffi::ibv_wr_opcode::IBV_WR_ATOMIC_FETCH_AND_ADD;
@@ -414,7 +418,8 @@ impl QueuePair {
                     };
                 }
             }
-            if !matches!(request.op, Operation::FetchAdd(_)) && request.len > 0 && request.len <= self.max_inline {
+            let reads_back = matches!(request.op, Operation::FetchAdd(_) | Operation::Read);
+            if !reads_back && request.len > 0 && request.len <= self.max_inline {
                 flags |= ffi::ibv_send_flags::IBV_SEND_INLINE.0;
             }
             wr.send_flags = flags;
@@ -516,6 +521,8 @@ pub enum Operation {
     WriteWithImm(u32),
     /// A send of `len` bytes from `local` into the peer's next posted receive.
     Send,
+    /// An RDMA read of `len` bytes from `remote` into `local`.
+    Read,
     /// An atomic fetch-and-add of this value on the 8-byte word at `remote`; the old value lands
     /// at `local`.
     FetchAdd(u64),
@@ -528,7 +535,8 @@ pub struct WorkRequest {
     pub wr_id: u64,
     /// What it does.
     pub op: Operation,
-    /// Local address (source of a write or send, target of a fetch-and-add's old value).
+    /// Local address (source of a write or send, target of a read or of a fetch-and-add's old
+    /// value).
     pub local: *const u8,
     /// Bytes to write or send (8 for a fetch-and-add; 0 is allowed for writes and sends).
     pub len: u32,
