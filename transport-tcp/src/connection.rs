@@ -111,6 +111,10 @@ impl Stripe {
 /// A credit this connection holds back (see the module doc), and what sending it needs.
 struct Held {
     flag: Mutex<Option<Job>>,
+    /// Whether [`comm_core::deferred`] holds this holder now: it registers once per wait that
+    /// sends it, not once per credit (a rank whose messages are always there before it looks
+    /// may return many credits between two waits).
+    registered: AtomicBool,
     /// Stripe 0, while the connection lives.
     stripe: Weak<Stripe>,
     shared: Arc<Shared>,
@@ -125,6 +129,8 @@ impl Held {
 
 impl HeldSends for Held {
     fn send_held(&self) {
+        // Cleared before the take: a credit held after it registers again.
+        self.registered.store(false, Ordering::Release);
         let Some(flag) = self.take() else { return };
         if let Some(stripe) = self.stripe.upgrade() {
             // A failure marks the connection lost; its next call reports it.
@@ -214,6 +220,7 @@ impl TcpConnection {
         }
         let held = Arc::new(Held {
             flag: Mutex::new(None),
+            registered: AtomicBool::new(false),
             stripe: Arc::downgrade(&stripes[0]),
             shared: shared.clone(),
             peer,
@@ -437,7 +444,9 @@ impl Connection for TcpConnection {
                 None => {
                     *held = Some(flag);
                     drop(held);
-                    comm_core::deferred::hold(self.held.clone());
+                    if !self.held.registered.swap(true, Ordering::AcqRel) {
+                        comm_core::deferred::hold(self.held.clone());
+                    }
                     return Ok(());
                 }
                 Some(earlier) => earlier,
