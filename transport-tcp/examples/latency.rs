@@ -10,8 +10,10 @@
 //! sockets per connection, as for the collectives.
 //!
 //! Launched as two ranks (`RANK` and `MASTER_ADDR` set, as `cargo xtask multinode -N 2 -n 1`
-//! sets them), it runs the plain socket ping-pong between the two processes instead — across
-//! the nodes' network — and rank 0 prints `raw-across SIZE USEC`.
+//! sets them), it runs plain sockets between the two processes instead — across the nodes'
+//! network: an exchange (both write, then both read, as one call of a two-rank all-reduce;
+//! rank 0 prints `raw-exchange-across SIZE USEC`, the median exchange) and the ping-pong
+//! (`raw-across SIZE USEC`, half the median round trip).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -41,6 +43,22 @@ fn spin_read(s: &mut TcpStream, buf: &mut [u8]) {
             Err(e) => panic!("read: {e}"),
         }
     }
+}
+
+/// Times `iters` exchanges of `size` bytes on `s`: both sides write, then read the other's
+/// message, as a two-rank all-reduce does; each entry is one exchange as this side saw it.
+fn exchange(s: &mut TcpStream, iters: usize, size: usize) -> Vec<Duration> {
+    let mut out = vec![1u8; size];
+    let mut buf = vec![0u8; size];
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters {
+        let t = Instant::now();
+        s.write_all(&out).expect("write");
+        spin_read(s, &mut buf);
+        times.push(t.elapsed());
+        out[0] = out[0].wrapping_add(1);
+    }
+    times
 }
 
 /// Times `iters` round trips of `size` bytes on `s`; the echoing side reads first and answers.
@@ -167,9 +185,15 @@ fn raw_across(rank: usize, master: &str, iters: usize, size: usize) {
             }
         }
     };
+    let mut s = s;
+    s.set_nodelay(true).expect("nodelay");
+    s.set_nonblocking(true).expect("nonblocking");
+    let mut times = exchange(&mut s, iters, size);
     let rtts = ping_pong(s, iters, size, rank != 0);
     if rank == 0 {
         println!("raw-across {size} {:.2}", one_way_us(rtts));
+        // An exchange's median, not halved: what one call of a two-rank all-reduce could take.
+        println!("raw-exchange-across {size} {:.2}", 2.0 * one_way_us(std::mem::take(&mut times)));
     }
 }
 

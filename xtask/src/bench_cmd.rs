@@ -822,7 +822,25 @@ fn run_mpi(
     if rows.len() != a.sizes().len() {
         return Err(format!("mpi_bench reported {} sizes, expected {}", rows.len(), a.sizes().len()));
     }
+    if let Some(nodes) = nodes {
+        check_mpi_placement(&rows, nodes.count())?;
+    }
     Ok(rows)
+}
+
+/// Checks that Open MPI ran its ranks on `nodes` distinct hosts, as it was asked to: ranks it
+/// packed onto fewer nodes would talk through shared memory where weave's cross a network, and
+/// its times would be no baseline for a run across nodes.
+fn check_mpi_placement(rows: &[Row], nodes: usize) -> Result<(), String> {
+    match rows.iter().find(|r| r.nodes != Some(nodes as u64)) {
+        None => Ok(()),
+        Some(r) => Err(format!(
+            "Open MPI ran its ranks on {} host(s), not on the {nodes} nodes of this run: it placed \
+             them against the hostfile's slots, so its times would not cross the network as weave's do \
+             (look at mpirun's mapping options in xtask/src/bench_nodes.rs)",
+            r.nodes.map_or("an unreported number of".to_string(), |n| n.to_string())
+        )),
+    }
 }
 
 /// Waits for `child` (`what`, in errors) to exit, killing it after `timeout` or once `token`
@@ -1231,6 +1249,20 @@ fn bench_on(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn open_mpi_packed_onto_fewer_nodes_is_an_error() {
+        let row = |nodes: &str| {
+            Row::from_json(&format!(
+                r#"{{"op":"all_reduce","bytes":8,"count":2,"dtype":"float","redop":"sum","inplace":false,"ranks":2,"time_us":2,"algbw":0.004,"busbw":0.004,"wrong":0,"algorithm":"mpi"{nodes}}}"#
+            ))
+            .unwrap()
+        };
+        assert!(check_mpi_placement(&[row(r#","nodes":2"#), row(r#","nodes":2"#)], 2).is_ok());
+        let packed = check_mpi_placement(&[row(r#","nodes":2"#), row(r#","nodes":1"#)], 2).unwrap_err();
+        assert!(packed.contains("on 1 host(s), not on the 2 nodes"), "{packed}");
+        assert!(check_mpi_placement(&[row("")], 2).unwrap_err().contains("unreported"));
+    }
 
     #[test]
     fn a_saved_log_yields_the_eager_out_of_place_table_of_the_op() {

@@ -70,6 +70,11 @@ impl BenchNodes {
         &self.fabric
     }
 
+    /// How many nodes this run has.
+    pub(crate) fn count(&self) -> usize {
+        self.fabric.options().nodes
+    }
+
     /// "2 nodes x 2 ranks (network namespaces …)", for the table's title.
     pub(crate) fn describe(&self) -> String {
         let o = self.fabric.options();
@@ -91,7 +96,7 @@ impl BenchNodes {
     /// all nodes outnumber this host's CPUs (see [`mpirun_node_args`]).
     pub(crate) fn mpirun(&self, mpirun: &Path, major: u32, oversubscribed: bool) -> Result<Command, String> {
         let mut cmd = Command::new(mpirun);
-        cmd.args(mpirun_node_args(major, &self.hostfile, &self.agent, oversubscribed));
+        cmd.args(mpirun_node_args(major, self.per_node, &self.hostfile, &self.agent, oversubscribed));
         self.fabric.enter_on_spawn(0, &mut cmd).map_err(|e| format!("cannot place mpirun on node 0: {e}"))?;
         Ok(cmd)
     }
@@ -134,8 +139,9 @@ fn remove_stale_files(dir: &Path) {
 }
 
 /// mpirun's options for Open MPI `major` across namespace nodes: root, more ranks than
-/// cores, no binding (each node's daemon would bind as if it had the host to itself), ranks
-/// filled node by node as weave's are, shared memory in a node and TCP on `eth0` across, and
+/// cores, no binding (each node's daemon would bind as if it had the host to itself),
+/// `per_node` ranks on each node, filled node by node as weave's are (`ppr`: the hostfile's
+/// slots alone let Open MPI 4.1.6 pack a 2 x 1 job onto node 0), shared memory in a node and TCP on `eth0` across, and
 /// daemons started through `agent` (in a tree, the default: with `plm_rsh_no_tree_spawn`
 /// mpirun would add `--daemonize`, and a daemon that left its agent survives a killed
 /// xtask, its ranks spinning on). `oversubscribed` (the ranks of all
@@ -143,7 +149,13 @@ fn remove_stale_files(dir: &Path) {
 /// itself on one host with more ranks than cores but cannot see here, as each node's slots
 /// hold its ranks: without it the waiting ranks spin and starve the ones with work (8 B
 /// all-reduce on 2 x 2 ranks on 2 cores: 8-26 ms instead of 55 us).
-pub(crate) fn mpirun_node_args(major: u32, hostfile: &Path, agent: &Path, oversubscribed: bool) -> Vec<OsString> {
+pub(crate) fn mpirun_node_args(
+    major: u32,
+    per_node: usize,
+    hostfile: &Path,
+    agent: &Path,
+    oversubscribed: bool,
+) -> Vec<OsString> {
     let btl = if major >= 5 { "self,sm,tcp" } else { "self,vader,tcp" };
     let mut v: Vec<OsString> = [
         "--allow-run-as-root",
@@ -151,7 +163,7 @@ pub(crate) fn mpirun_node_args(major: u32, hostfile: &Path, agent: &Path, oversu
         "--bind-to",
         "none",
         "--map-by",
-        "slot",
+        &format!("ppr:{per_node}:node"),
         "--mca",
         "pml",
         "ob1",
@@ -171,6 +183,9 @@ pub(crate) fn mpirun_node_args(major: u32, hostfile: &Path, agent: &Path, oversu
     if oversubscribed {
         v.extend(["--mca", "mpi_yield_when_idle", "1"].map(OsString::from));
     }
+    // `plm rsh` by name: an environment that sets OMPI_MCA_plm=isolated (the GPU hosts do) would
+    // otherwise keep every rank on node 0.
+    v.extend(["--mca", "plm", "rsh"].map(OsString::from));
     v.extend(["--mca".into(), "plm_rsh_agent".into(), agent.into(), "--hostfile".into(), hostfile.into()]);
     v
 }
@@ -315,16 +330,17 @@ mod tests {
 
     #[test]
     fn mpirun_runs_tcp_across_nodes_through_the_agent() {
-        let args: Vec<String> = mpirun_node_args(4, Path::new("/t/hosts"), Path::new("/t/agent.sh"), false)
+        let args: Vec<String> = mpirun_node_args(4, 2, Path::new("/t/hosts"), Path::new("/t/agent.sh"), false)
             .into_iter()
             .map(|a| a.into_string().unwrap())
             .collect();
         let joined = args.join(" ");
         assert!(joined.contains("--mca btl self,vader,tcp --mca btl_tcp_if_include eth0"), "{joined}");
         assert!(joined.contains("--mca oob_tcp_if_include eth0"), "{joined}");
-        assert!(joined.ends_with("--mca plm_rsh_agent /t/agent.sh --hostfile /t/hosts"), "{joined}");
+        assert!(joined.ends_with("--mca plm rsh --mca plm_rsh_agent /t/agent.sh --hostfile /t/hosts"), "{joined}");
+        assert!(joined.contains("--map-by ppr:2:node"), "{joined}");
         assert!(joined.contains("--bind-to none") && !joined.contains("yield") && !joined.contains("tree_spawn"));
-        let five = mpirun_node_args(5, Path::new("h"), Path::new("a"), true);
+        let five = mpirun_node_args(5, 1, Path::new("h"), Path::new("a"), true);
         assert!(five.iter().any(|a| a == "self,sm,tcp") && five.iter().any(|a| a == "mpi_yield_when_idle"));
         let script = agent_script(Path::new("/x/it's/xtask"), &[7, 9]);
         assert!(script.contains(r"exec '/x/it'\''s/xtask' node-exec --node 10.57.0.1=7 --node weave-node0=7"));

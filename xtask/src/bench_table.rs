@@ -118,6 +118,9 @@ pub(crate) struct Row {
     /// Seconds the slowest rank took to create the communicator (weave) or initialize MPI,
     /// when the line says.
     pub(crate) create_s: Option<f64>,
+    /// How many distinct hosts the ranks ran on, when the line says (the Open MPI baseline's
+    /// do: it is checked against the nodes it was asked to use).
+    pub(crate) nodes: Option<u64>,
 }
 
 impl Row {
@@ -149,6 +152,10 @@ impl Row {
             create_s: match o.get("create_s") {
                 None | Some(Value::Null) => None,
                 Some(_) => Some(o.num("create_s")?),
+            },
+            nodes: match o.get("nodes") {
+                None | Some(Value::Null) => None,
+                Some(_) => Some(o.uint("nodes")?),
             },
         };
         if row.time_us < 0.0 {

@@ -23,7 +23,8 @@
  * ranks and calls. Inputs are the same small integers as the weave worker's. `shared_cpu`: two
  * ranks were on one CPU (sched_getcpu) at the end of the size. `create_s`: the slowest rank's
  * MPI_Init, in seconds (CLOCK_MONOTONIC around it; weave's worker times its communicator's
- * creation).
+ * creation). `nodes`: how many distinct host names (gethostname) the ranks ran under, so the
+ * caller can check that Open MPI placed them on the nodes it was asked to.
  *
  * Mapping to MPI: MPI_Allreduce, MPI_Allgather, MPI_Reduce_scatter_block, MPI_Bcast,
  * MPI_Reduce, MPI_Alltoall; in place through MPI_IN_PLACE (reduce_scatter's in-place result is
@@ -74,7 +75,7 @@ struct options {
     const char *turns;
 };
 
-static int rank, nranks;
+static int rank, nranks, nodes;
 
 /* ---- turns (the driver's socket) ---------------------------------------------------------- */
 
@@ -450,10 +451,10 @@ static int json_line(const struct options *o, size_t bytes, size_t count, double
     else snprintf(w, sizeof w, "null");
     return printf("{\"op\":\"%s\",\"bytes\":%zu,\"count\":%zu,\"dtype\":\"%s\",\"redop\":\"%s\",\"inplace\":%s,"
                   "\"ranks\":%d,\"time_us\":%.9g,\"algbw\":%.9g,\"busbw\":%.9g,\"wrong\":%s,\"algorithm\":\"mpi\","
-                  "\"shared_cpu\":%s,\"create_s\":%.9g}\n",
+                  "\"shared_cpu\":%s,\"create_s\":%.9g,\"nodes\":%d}\n",
                   COLL_NAMES[o->coll], bytes, count, DTYPE_NAMES[o->dtype],
                   reduces(o->coll) ? REDOP_NAMES[o->redop] : "none", o->inplace ? "true" : "false", nranks,
-                  time_us, algbw, algbw * factor, w, shared_cpu ? "true" : "false", create_s);
+                  time_us, algbw, algbw * factor, w, shared_cpu ? "true" : "false", create_s, nodes);
 }
 
 static void run_size(const struct options *o, size_t size, double create_s) {
@@ -652,6 +653,23 @@ static const char *parse_args(int argc, char **argv, struct options *o) {
     return NULL;
 }
 
+/* How many distinct host names the ranks run under (each simulated node has its own). */
+static int count_hosts(void) {
+    enum { NAME = 256 };
+    char mine[NAME] = {0};
+    if (gethostname(mine, NAME - 1) != 0) snprintf(mine, NAME, "?");
+    char *all = xalloc((size_t)nranks * NAME);
+    MPI_Allgather(mine, NAME, MPI_CHAR, all, NAME, MPI_CHAR, MPI_COMM_WORLD);
+    int distinct = 0;
+    for (int r = 0; r < nranks; r++) {
+        int seen = 0;
+        for (int q = 0; q < r && !seen; q++) seen = strncmp(all + (size_t)r * NAME, all + (size_t)q * NAME, NAME) == 0;
+        distinct += !seen;
+    }
+    free(all);
+    return distinct;
+}
+
 int main(int argc, char **argv) {
     double init_start = now_us();
     MPI_Init(&argc, &argv);
@@ -671,6 +689,7 @@ int main(int argc, char **argv) {
         return 2;
     }
     MPI_Allreduce(MPI_IN_PLACE, &create_s, 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
+    nodes = count_hosts();
     turn_connect(&o);
     for (size_t size = o.min_bytes; size <= o.max_bytes;) {
         turn_wait(&o);
