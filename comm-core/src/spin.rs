@@ -3,7 +3,7 @@
 //! (see [`Backoff`]); where the writer rings a [`Doorbell`] after its stores
 //! ([`wait_until_rung`]), the sleep ends as soon as it does.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use crate::config::Deadline;
@@ -45,6 +45,8 @@ static OVERSUBSCRIBED: AtomicBool = AtomicBool::new(false);
 
 /// Set when this host runs more than [`CROWDED_RANKS_PER_CORE`] ranks per core.
 static CROWDED: AtomicBool = AtomicBool::new(false);
+/// This host's CPUs per rank on it, rounded down (0 until [`set_local_ranks`] runs).
+static CPUS_PER_RANK: AtomicUsize = AtomicUsize::new(0);
 
 /// Tells every wait in this process whether ranks outnumber cores on this host.
 pub fn set_oversubscribed(oversubscribed: bool) {
@@ -71,6 +73,15 @@ pub fn set_local_ranks(local_ranks: usize) {
     let cpus = host_cpus();
     set_oversubscribed(local_ranks > cpus);
     CROWDED.store(local_ranks > CROWDED_RANKS_PER_CORE * cpus, Ordering::Relaxed);
+    CPUS_PER_RANK.store(cpus / local_ranks.max(1), Ordering::Relaxed);
+}
+
+/// This host's CPUs per rank on it, rounded down, as [`set_local_ranks`] last saw them; 0
+/// before it ran. Helpers that would keep a thread of their own awake beside each waiting
+/// rank (a transport's readers napping instead of sleeping) ask it whether cores are spare.
+#[inline]
+pub fn cpus_per_local_rank() -> usize {
+    CPUS_PER_RANK.load(Ordering::Relaxed)
 }
 
 /// CPUs online on this host (`/sys/devices/system/cpu/online`), not this thread's affinity

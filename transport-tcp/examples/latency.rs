@@ -12,8 +12,9 @@
 //! Launched as two ranks (`RANK` and `MASTER_ADDR` set, as `cargo xtask multinode -N 2 -n 1`
 //! sets them), it runs plain sockets between the two processes instead — across the nodes'
 //! network: an exchange (both write, then both read, as one call of a two-rank all-reduce;
-//! rank 0 prints `raw-exchange-across SIZE USEC`, the median exchange) and the ping-pong
-//! (`raw-across SIZE USEC`, half the median round trip).
+//! rank 0 prints `raw-exchange-across SIZE USEC`, the median exchange), the same exchange over
+//! a socket per direction (`raw-exchange-split-across`), and the ping-pong (`raw-across SIZE
+//! USEC`, half the median round trip).
 
 use std::io::{Read, Write};
 use std::net::{TcpListener, TcpStream};
@@ -45,18 +46,19 @@ fn spin_read(s: &mut TcpStream, buf: &mut [u8]) {
     }
 }
 
-/// Times `iters` exchanges of `size` bytes on `s`: both sides write, then read the other's
-/// message, as a two-rank all-reduce does; each entry is one exchange as this side saw it.
-fn exchange(s: &mut TcpStream, iters: usize, size: usize) -> Vec<Duration> {
-    let mut out = vec![1u8; size];
+/// Times `iters` exchanges of `size` bytes: both sides write on `out`, then read the other's
+/// message from `inp` (the same socket, or one that carries the other direction), as a
+/// two-rank all-reduce does; each entry is one exchange as this side saw it.
+fn exchange(out: &mut TcpStream, inp: &mut TcpStream, iters: usize, size: usize) -> Vec<Duration> {
+    let mut message = vec![1u8; size];
     let mut buf = vec![0u8; size];
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters {
         let t = Instant::now();
-        s.write_all(&out).expect("write");
-        spin_read(s, &mut buf);
+        out.write_all(&message).expect("write");
+        spin_read(inp, &mut buf);
         times.push(t.elapsed());
-        out[0] = out[0].wrapping_add(1);
+        message[0] = message[0].wrapping_add(1);
     }
     times
 }
@@ -172,28 +174,41 @@ fn weave(iters: usize, size: usize, credits: bool) -> f64 {
 /// `MASTER_PORT + 7`, and times round trips; rank 1 connects and echoes.
 fn raw_across(rank: usize, master: &str, iters: usize, size: usize) {
     let port: u16 = std::env::var("MASTER_PORT").ok().and_then(|p| p.parse().ok()).unwrap_or(29500) + 7;
-    let s = if rank == 0 {
+    // Two sockets between the ranks: the first carries both directions, the second and the
+    // first one direction each (as a transport with a socket per direction has them).
+    let mut sockets: Vec<TcpStream> = if rank == 0 {
         let listener = TcpListener::bind((master, port)).expect("bind");
-        listener.accept().expect("accept").0
+        (0..2).map(|_| listener.accept().expect("accept").0).collect()
     } else {
         let started = Instant::now();
-        loop {
+        let mut v = Vec::new();
+        while v.len() < 2 {
             match TcpStream::connect((master, port)) {
-                Ok(s) => break s,
+                Ok(s) => v.push(s),
                 Err(_) if started.elapsed() < Duration::from_secs(20) => std::thread::sleep(Duration::from_millis(20)),
                 Err(e) => panic!("connect: {e}"),
             }
         }
+        v
     };
-    let mut s = s;
-    s.set_nodelay(true).expect("nodelay");
-    s.set_nonblocking(true).expect("nonblocking");
-    let mut times = exchange(&mut s, iters, size);
-    let rtts = ping_pong(s, iters, size, rank != 0);
+    for s in &sockets {
+        s.set_nodelay(true).expect("nodelay");
+        s.set_nonblocking(true).expect("nonblocking");
+    }
+    let mut both = sockets.remove(0);
+    let mut other = sockets.remove(0);
+    let mut times = exchange(&mut both.try_clone().expect("clone"), &mut both, iters, size);
+    let mut split = if rank == 0 {
+        exchange(&mut both.try_clone().expect("clone"), &mut other, iters, size)
+    } else {
+        exchange(&mut other, &mut both, iters, size)
+    };
+    let rtts = ping_pong(both, iters, size, rank != 0);
     if rank == 0 {
         println!("raw-across {size} {:.2}", one_way_us(rtts));
         // An exchange's median, not halved: what one call of a two-rank all-reduce could take.
         println!("raw-exchange-across {size} {:.2}", 2.0 * one_way_us(std::mem::take(&mut times)));
+        println!("raw-exchange-split-across {size} {:.2}", 2.0 * one_way_us(std::mem::take(&mut split)));
     }
 }
 

@@ -1,5 +1,7 @@
 //! The sending side: a connection to one peer over several sockets (stripes), each fed by a
-//! thread of its own, so large writes cross the network on every socket at once.
+//! thread of its own, so large writes cross the network on every socket at once. The sockets
+//! are the pair's one set, which carries the peer's frames to this rank too (see
+//! [`crate::listener`]): the lower rank dials it, the higher takes it as accepted.
 //!
 //! [`write`](Connection::write) cuts the bytes into frames of at most `MAX_FRAME_BYTES`, deals
 //! them round-robin to the stripes and returns (the source must stay untouched until the peer
@@ -24,7 +26,7 @@
 
 use std::io::{IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
 use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
@@ -36,10 +38,11 @@ use comm_core::memory::RegisteredMemory;
 use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 
-use crate::listener::Inbound;
+use crate::listener::{Inbound, OFFER_GRACE};
 use crate::receive::PeerInbound;
 use crate::region::RemoteRegion;
 use crate::wire::{FrameHeader, FrameKind, HANDSHAKE_OK, Handshake, MAX_FRAME_BYTES};
+use crate::writer::SocketWriter;
 
 /// One unit of work for a stripe's thread.
 enum Job {
@@ -62,8 +65,9 @@ const INLINE_MAX_BYTES: usize = MAX_FRAME_BYTES;
 /// One socket of the connection: its thread's queue, and what the thread and the callers share.
 struct Stripe {
     queue: Sender<Job>,
-    /// Written by the stripe's thread, one frame per lock, and by callers sending inline.
-    socket: Arc<Mutex<TcpStream>>,
+    /// Written by the stripe's thread, one frame per lock, by callers sending inline, and by
+    /// this rank's answers to the peer's flushes.
+    socket: Arc<SocketWriter>,
     /// Jobs handed to the thread and not written yet (decremented under the socket lock).
     queued: Arc<AtomicUsize>,
 }
@@ -82,19 +86,24 @@ impl Stripe {
             Job::Control { header, .. } => header.kind == FrameKind::Flag,
         };
         if small && self.queued.load(Ordering::Acquire) == 0 {
-            let mut socket = self.socket.lock().unwrap_or_else(|p| p.into_inner());
+            let mut socket = self.socket.lock();
             // The thread decrements under this lock: zero here means all it was given is out.
             if self.queued.load(Ordering::Acquire) == 0 {
                 let prefix = match &first {
                     Some(Job::Control { header, counts }) => control_frame(header, counts),
                     _ => Vec::new(),
                 };
-                if let Err(e) = write_job(&mut socket, &prefix, &job, shared) {
-                    shared.fail(format!("tcp socket to rank {peer}: {e}"));
+                let written = write_job(&mut socket, &prefix, &job);
+                if written.is_err() {
                     let _ = socket.shutdown(std::net::Shutdown::Both);
+                }
+                drop(socket);
+                if let Err(e) = written.and_then(|()| self.socket.send_owed()) {
+                    shared.fail(format!("tcp socket to rank {peer}: {e}"));
                 }
                 return Ok(());
             }
+            drop(socket);
         }
         if let Some(first) = first {
             self.enqueue(first, peer)?;
@@ -142,8 +151,6 @@ impl HeldSends for Held {
 /// What the stripes' threads share with the connection.
 struct Shared {
     failure: Mutex<Option<String>>,
-    /// Highest flush sequence the peer has answered.
-    answered: AtomicU64,
 }
 
 impl Shared {
@@ -196,18 +203,19 @@ pub(crate) struct Dial {
 }
 
 impl TcpConnection {
-    /// Opens `dial.stripes` sockets to `peer` at `addr`, presenting its `token`.
+    /// The connection to `peer` at `addr` (whose `token` its sockets present): on the set of
+    /// sockets the peer dialled to this rank when the peer is the lower rank and its set comes
+    /// within [`OFFER_GRACE`], else on `dial.stripes` sockets dialled here.
     pub(crate) fn open(peer: usize, addr: SocketAddr, token: [u8; 16], dial: Dial) -> Result<Self> {
-        let shared = Arc::new(Shared { failure: Mutex::new(None), answered: AtomicU64::new(0) });
+        let offered =
+            if peer < dial.rank { dial.inbound.take_offered(peer, OFFER_GRACE.min(dial.timeout)) } else { None };
+        let sockets = match offered {
+            Some(set) => set,
+            None => dial_set(peer, addr, token, &dial)?,
+        };
+        let shared = Arc::new(Shared { failure: Mutex::new(None) });
         let (mut stripes, mut threads) = (Vec::new(), Vec::new());
-        for stripe in 0..dial.stripes {
-            let hello = Handshake {
-                token,
-                rank: u32::try_from(dial.rank).map_err(|_| Error::invalid("rank does not fit the tcp handshake"))?,
-                stripe: stripe as u16,
-                stripes: dial.stripes as u16,
-            };
-            let socket = Arc::new(Mutex::new(dial_socket(peer, addr, &hello, dial.timeout)?));
+        for (stripe, socket) in sockets.into_iter().enumerate() {
             let queued = Arc::new(AtomicUsize::new(0));
             let (tx, rx) = channel();
             let (shared, thread_socket, thread_queued) = (shared.clone(), socket.clone(), queued.clone());
@@ -286,6 +294,19 @@ impl TcpConnection {
     }
 }
 
+/// Dials `dial.stripes` sockets to `peer` at `addr` and reads each of them here as well.
+fn dial_set(peer: usize, addr: SocketAddr, token: [u8; 16], dial: &Dial) -> Result<Vec<Arc<SocketWriter>>> {
+    let rank = u32::try_from(dial.rank).map_err(|_| Error::invalid("rank does not fit the tcp handshake"))?;
+    let stripes = u16::try_from(dial.stripes).map_err(|_| Error::invalid("too many tcp sockets"))?;
+    (0..stripes)
+        .map(|stripe| {
+            let hello = Handshake { token, rank, stripe, stripes };
+            let socket = dial_socket(peer, addr, &hello, dial.timeout)?;
+            dial.inbound.attach(socket, peer, stripe, stripes)
+        })
+        .collect()
+}
+
 fn dial_socket(peer: usize, addr: SocketAddr, hello: &Handshake, timeout: Duration) -> Result<TcpStream> {
     let what = |e| Error::peer_lost(peer, format!("tcp connect to {addr}"), format!("{e}"));
     let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(what)?;
@@ -329,8 +350,8 @@ fn write_all_vectored(socket: &mut TcpStream, mut bufs: &mut [IoSlice<'_>]) -> s
 }
 
 /// Writes `prefix` (frames sent ahead, or nothing) and one job's frames to `socket`, in one
-/// system call where the socket takes them; for a flush, also reads the peer's answer.
-fn write_job(socket: &mut TcpStream, prefix: &[u8], job: &Job, shared: &Shared) -> std::io::Result<()> {
+/// system call where the socket takes them.
+fn write_job(socket: &mut TcpStream, prefix: &[u8], job: &Job) -> std::io::Result<()> {
     match job {
         Job::Data { header, src, offset } => {
             let head = header.encode();
@@ -349,31 +370,28 @@ fn write_job(socket: &mut TcpStream, prefix: &[u8], job: &Job, shared: &Shared) 
         }
         Job::Control { header, counts } => {
             let frame = control_frame(header, counts);
-            write_all_vectored(socket, &mut [IoSlice::new(prefix), IoSlice::new(&frame)])?;
-            if header.kind == FrameKind::Flush {
-                let mut answer = [0u8; 8];
-                socket.read_exact(&mut answer)?;
-                shared.answered.fetch_max(u64::from_le_bytes(answer), Ordering::AcqRel);
-            }
-            Ok(())
+            write_all_vectored(socket, &mut [IoSlice::new(prefix), IoSlice::new(&frame)])
         }
     }
 }
 
 /// A stripe's thread: writes its jobs in order, one frame per hold of the socket lock, and
-/// counts each one out of `queued` before it lets go.
-fn send_loop(socket: &Mutex<TcpStream>, jobs: Receiver<Job>, shared: &Shared, queued: &AtomicUsize, peer: usize) {
+/// counts each one out of `queued` before it lets go (then sends any flush answer owed).
+fn send_loop(socket: &SocketWriter, jobs: Receiver<Job>, shared: &Shared, queued: &AtomicUsize, peer: usize) {
     for job in jobs {
-        let mut s = socket.lock().unwrap_or_else(|p| p.into_inner());
-        let r = write_job(&mut s, &[], &job, shared);
+        let mut s = socket.lock();
+        let r = write_job(&mut s, &[], &job);
         queued.fetch_sub(1, Ordering::AcqRel);
-        if let Err(e) = r {
-            shared.fail(format!("tcp socket to rank {peer}: {e}"));
+        if r.is_err() {
             let _ = s.shutdown(std::net::Shutdown::Both);
+        }
+        drop(s);
+        if let Err(e) = r.and_then(|()| socket.send_owed()) {
+            shared.fail(format!("tcp socket to rank {peer}: {e}"));
             return;
         }
     }
-    let s = socket.lock().unwrap_or_else(|p| p.into_inner());
+    let s = socket.lock();
     let _ = s.shutdown(std::net::Shutdown::Write);
 }
 
@@ -492,9 +510,7 @@ impl Connection for TcpConnection {
             order.flushes
         };
         let operation = format!("tcp flush to rank {}", self.peer);
-        spin_until_peer(self, &operation, self.timeout, &self.abort, || {
-            self.shared.answered.load(Ordering::Acquire) >= sequence
-        })
+        spin_until_peer(self, &operation, self.timeout, &self.abort, || self.from_peer.answered() >= sequence)
     }
 
     fn progress(&self) -> Result<()> {

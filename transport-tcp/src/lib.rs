@@ -28,6 +28,7 @@ mod listener;
 mod receive;
 mod region;
 pub mod wire;
+mod writer;
 
 use std::any::Any;
 use std::sync::Arc;
@@ -39,7 +40,7 @@ use comm_core::memory::{MemoryKind, MemoryRegion};
 use comm_core::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};
 use comm_core::{Error, Result};
 
-pub use config::TcpConfig;
+pub use config::{TcpConfig, Tending};
 pub use connection::TcpConnection;
 use endpoint::Endpoint;
 use listener::Listener;
@@ -106,7 +107,7 @@ impl TcpBackend {
         let ip = endpoint::listen_ip(config.interface.as_deref(), config.master_addr.as_deref())?;
         let token = comm_core::wire::random_bytes("read /dev/urandom for the tcp token")?;
         let regions = Arc::new(Regions::default());
-        let listener = Listener::start(ip, token, regions.clone(), ctx.config.timeout)?;
+        let listener = Listener::start(ip, token, regions.clone(), ctx.config.timeout, config.tending)?;
         Ok(TcpBackend {
             rank: ctx.rank,
             config,

@@ -1,7 +1,14 @@
 //! The receiving side: a listener that authenticates every socket, and one reader thread per
-//! socket that applies the peer's frames to this rank's regions — checking every region id,
-//! range and length — in the order [`crate::wire`] defines. Waiting ranks apply frames too:
-//! [`crate::receive`] says how the two share a socket.
+//! socket — accepted or dialled — that applies the peer's frames to this rank's regions —
+//! checking every region id, range and length — in the order [`crate::wire`] defines. Waiting
+//! ranks apply frames too: [`crate::receive`] says how the two share a socket.
+//!
+//! **One set of sockets per pair.** A socket carries both directions: the lower rank of a pair
+//! dials its set, and the higher rank's connection to it writes on the sockets it accepted
+//! from it ([`Inbound::take_offered`]), so each side's messages carry the TCP acknowledgement
+//! of the other's instead of costing a segment of its own both ways (docs/PERF.md, session
+//! 14). A higher rank whose peer has not dialled within [`OFFER_GRACE`] dials a set of its own
+//! (a pair connected one way only, by the higher rank): correct, only slower.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};
@@ -10,21 +17,30 @@ use std::os::fd::{AsFd, BorrowedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use comm_core::spin::Backoff;
 use comm_core::{Error, Result};
 use nix::poll::{PollFd, PollFlags};
 
+use crate::config::Tending;
 use crate::receive::{Drained, InSocket, PeerInbound};
 use crate::region::Regions;
 use crate::wire::{HANDSHAKE_BYTES, HANDSHAKE_OK, Handshake};
+use crate::writer::SocketWriter;
 
 /// How often the accept loop looks at its stop flag.
 const ACCEPT_POLL_MS: u16 = 50;
 /// How often an idle reader thread looks at the stop flag (the listener also shuts its
 /// sockets down, which wakes it at once).
 const READER_POLL_MS: u16 = 1000;
+/// How long a reader thread naps while waiters tend its peer (see [`crate::receive`]) or hold
+/// its socket, before it looks again: what a message landing just as the waiter stopped waits
+/// at most, beyond [`TENDED_FOR`](crate::receive::TENDED_FOR).
+const TENDED_NAP: Duration = Duration::from_micros(50);
+/// How long a higher rank's connection waits for the lower rank's sockets before it dials its
+/// own (see the module doc).
+pub(crate) const OFFER_GRACE: Duration = Duration::from_secs(2);
 
 /// What the listener and its socket threads share.
 pub(crate) struct Inbound {
@@ -32,6 +48,8 @@ pub(crate) struct Inbound {
     regions: Arc<Regions>,
     /// Bounds every wait of the receiving side (a flag's data, a flush answer's write).
     pub(crate) timeout: Duration,
+    /// Whether waiters tend this rank's peers (see [`crate::receive`]).
+    pub(crate) tending: Tending,
     stop: AtomicBool,
     /// Test hook: while set, reader threads leave their sockets alone (waiters still drain
     /// them), standing for readers the scheduler has not run yet.
@@ -43,9 +61,83 @@ pub(crate) struct Inbound {
     closed: Mutex<HashMap<usize, u16>>,
     sockets: Mutex<Vec<TcpStream>>,
     threads: Mutex<Vec<JoinHandle<()>>>,
+    /// Sets of sockets that lower ranks dialled, by rank, for this rank's connection to them to
+    /// write on: one slot per stripe, filled as they are accepted.
+    offered: Mutex<HashMap<usize, Vec<OfferedSet>>>,
 }
 
+/// A set of sockets a lower rank dialled, its stripes' writing ends as they are accepted.
+type OfferedSet = Vec<Option<Arc<SocketWriter>>>;
+
 impl Inbound {
+    /// Reads `socket` (authenticated: stripe `stripe` of `stripes` of a set to or from `rank`)
+    /// on a reader thread of its own and in waiters' drains; returns its writing end.
+    pub(crate) fn attach(
+        self: &Arc<Self>,
+        socket: TcpStream,
+        rank: usize,
+        stripe: u16,
+        stripes: u16,
+    ) -> Result<Arc<SocketWriter>> {
+        let what = |e| Error::io(format!("prepare a tcp socket of rank {rank}"), e);
+        let writer = Arc::new(SocketWriter::new(socket.try_clone().map_err(what)?));
+        let for_shutdown = socket.try_clone().map_err(what)?;
+        let peer = self.peer(rank);
+        let in_socket = Arc::new(InSocket::new(socket, stripe, stripes, writer.clone()));
+        peer.add(in_socket.clone());
+        let shared = self.clone();
+        let thread = std::thread::Builder::new()
+            .name(format!("weave-tcp-recv-{rank}.{stripe}"))
+            .spawn(move || receive_loop(in_socket, rank, peer, shared))
+            .map_err(|e| Error::io("spawn a tcp reader thread", e))?;
+        self.sockets.lock().unwrap_or_else(|p| p.into_inner()).push(for_shutdown);
+        self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
+        Ok(writer)
+    }
+
+    /// Offers the writing end of stripe `stripe` of `stripes` of a set `rank` dialled.
+    fn offer(&self, rank: usize, stripe: u16, stripes: u16, writer: Arc<SocketWriter>) {
+        let mut offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
+        let sets = offered.entry(rank).or_default();
+        // The first set of this size still missing this stripe: sets are dialled one by one.
+        let n = usize::from(stripes);
+        let at = match sets.iter().position(|set| set.len() == n && set[usize::from(stripe)].is_none()) {
+            Some(at) => at,
+            None => {
+                sets.push(vec![None; n]);
+                sets.len() - 1
+            }
+        };
+        sets[at][usize::from(stripe)] = Some(writer);
+    }
+
+    /// Takes the first whole set of sockets `rank` dialled to this rank, waiting up to `grace`
+    /// for one; `None` if none came.
+    pub(crate) fn take_offered(&self, rank: usize, grace: Duration) -> Option<Vec<Arc<SocketWriter>>> {
+        let start = Instant::now();
+        let mut backoff = Backoff::new();
+        loop {
+            {
+                let mut offered = self.offered.lock().unwrap_or_else(|p| p.into_inner());
+                if let Some(sets) = offered.get_mut(&rank)
+                    && let Some(at) = sets.iter().position(|set| set.iter().all(Option::is_some))
+                {
+                    return Some(sets.remove(at).into_iter().flatten().collect());
+                }
+            }
+            if start.elapsed() >= grace || self.stopping() {
+                return None;
+            }
+            backoff.snooze();
+        }
+    }
+
+    /// Sockets this rank reads, accepted and dialled (for tests).
+    #[cfg(test)]
+    pub(crate) fn socket_count(&self) -> usize {
+        self.sockets.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
     /// `Some(why)` once a socket from `peer` closed or sent garbage.
     pub(crate) fn lost(&self, peer: usize) -> Option<String> {
         self.lost.lock().unwrap_or_else(|p| p.into_inner()).get(&peer).cloned()
@@ -101,6 +193,7 @@ impl Listener {
         token: [u8; 16],
         regions: Arc<Regions>,
         timeout: Duration,
+        tending: Tending,
     ) -> Result<Self> {
         let listener = TcpListener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| Error::io(format!("bind the tcp transport's listener on {ip}"), e))?;
@@ -110,6 +203,7 @@ impl Listener {
             token,
             regions,
             timeout,
+            tending,
             stop: AtomicBool::new(false),
             readers_paused: AtomicBool::new(false),
             peers: Mutex::new(HashMap::new()),
@@ -117,6 +211,7 @@ impl Listener {
             closed: Mutex::new(HashMap::new()),
             sockets: Mutex::new(Vec::new()),
             threads: Mutex::new(Vec::new()),
+            offered: Mutex::new(HashMap::new()),
         });
         let shared = inbound.clone();
         let accept = std::thread::Builder::new()
@@ -163,22 +258,10 @@ fn accept_loop(listener: TcpListener, inbound: Arc<Inbound>) {
         // A stranger that never completes its handshake costs at most one timeout of this
         // thread; a wrong token or garbage closes the socket at once.
         if let Ok((socket, hello)) = handshake(socket, &inbound) {
-            let clone = socket.try_clone();
             let rank = hello.rank as usize;
-            let peer = inbound.peer(rank);
-            let socket = Arc::new(InSocket::new(socket, hello.stripe, hello.stripes));
-            peer.add(socket.clone());
-            let shared = inbound.clone();
-            let spawned = std::thread::Builder::new()
-                .name(format!("weave-tcp-recv-{}.{}", hello.rank, hello.stripe))
-                .spawn(move || receive_loop(socket, rank, peer, shared));
-            match (spawned, clone) {
-                (Ok(t), Ok(c)) => {
-                    inbound.sockets.lock().unwrap_or_else(|p| p.into_inner()).push(c);
-                    inbound.threads.lock().unwrap_or_else(|p| p.into_inner()).push(t);
-                }
-                (Ok(t), Err(_)) => inbound.threads.lock().unwrap_or_else(|p| p.into_inner()).push(t),
-                (Err(_), _) => {}
+            // A socket that cannot be prepared is dropped: its peer sees it close.
+            if let Ok(writer) = inbound.attach(socket, rank, hello.stripe, hello.stripes) {
+                inbound.offer(rank, hello.stripe, hello.stripes, writer);
             }
         }
     }
@@ -199,7 +282,8 @@ fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handsha
     }
     socket.write_all(&[HANDSHAKE_OK]).map_err(|e| Error::io("answer a tcp handshake", e))?;
     socket.set_read_timeout(None).map_err(|e| Error::io("tcp socket timeout", e))?;
-    // Flush answers go back on this socket; a peer that stops reading them fails the write.
+    // This rank's frames to the peer go back on this socket; a peer that stops reading them
+    // fails the write.
     socket.set_write_timeout(Some(inbound.timeout)).map_err(|e| Error::io("tcp socket write timeout", e))?;
     let _ = socket.set_nodelay(true);
     Ok((socket, hello))
@@ -207,14 +291,16 @@ fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handsha
 
 /// A socket's reader thread: waits in `poll(2)` (not holding the socket's lock) until bytes
 /// come, then drains them (see [`crate::receive`]); while a flag waits for other stripes it
-/// snoozes instead. Ends when the socket ends (whoever saw the end reported it) or the
-/// listener stops.
+/// snoozes instead, and while waiters tend the peer or hold the socket it naps. Ends when the socket ends (whoever saw the end reported it) or the listener stops.
 fn receive_loop(socket: Arc<InSocket>, rank: usize, peer: Arc<PeerInbound>, inbound: Arc<Inbound>) {
     let mut last = Drained::Idle;
     let mut backoff = Backoff::new();
     while !inbound.stopping() {
         if last == Drained::Waiting {
             backoff.snooze();
+        } else if peer.tended() {
+            backoff.reset();
+            std::thread::sleep(TENDED_NAP);
         } else {
             backoff.reset();
             // SAFETY: `socket.fd` stays open while `socket` (which owns the stream) lives.
@@ -234,7 +320,11 @@ fn receive_loop(socket: Arc<InSocket>, rank: usize, peer: Arc<PeerInbound>, inbo
             std::thread::sleep(Duration::from_millis(1));
             continue;
         }
-        let mut st = socket.lock();
+        let Some(mut st) = socket.try_lock() else {
+            // A waiter is draining this socket: look again after a nap (it may leave bytes).
+            std::thread::sleep(TENDED_NAP);
+            continue;
+        };
         let outcome = socket.drain(&mut st, &peer, &inbound);
         match outcome {
             Ok(d @ (Drained::Idle | Drained::Waiting)) => last = d,

@@ -16,18 +16,25 @@
 //!   socket of the peer and drains it, so a small message is applied by the very thread that
 //!   waits for it, with no thread wake-up on the way.
 //!
+//! While waiters **tend** a peer (one drained its sockets within [`TENDED_FOR`]), the peer's
+//! reader threads nap instead of sleeping in `poll(2)`: a thread asleep on a socket is woken by
+//! every segment that lands, and the peer's sending system call pays for that wake-up (an
+//! inter-processor interrupt, on a virtual machine an exit) on every small message. Napping
+//! readers wake on a timer of their own, which costs a core now and then: whether waiters tend
+//! is [`Tending`](crate::config::Tending)'s choice. A reader never blocks on the lock either: a
+//! waiter holding it is draining, so the reader naps.
+//!
 //! Frames are applied exactly once, in each socket's order; a flag or flush waits (in
 //! [`Partial::Waiting`], without blocking) until the other stripes applied the data frames it
 //! counts, and blocks its own socket meanwhile. Ranges are checked as [`crate::wire`] says;
 //! garbage, a reset or an end of stream inside a frame is an error that marks the peer lost,
 //! a clean end at a frame boundary a closed socket.
 
-use std::io::Write;
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::{AsRawFd, RawFd};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock, TryLockError};
+use std::time::{Duration, Instant};
 
 use comm_core::memory::MemoryRegion;
 use comm_core::{Error, Result};
@@ -38,9 +45,15 @@ use crate::config::MAX_SOCKETS;
 use crate::listener::Inbound;
 use crate::region::TcpRegion;
 use crate::wire::{FRAME_HEADER_BYTES, FrameHeader, FrameKind};
+use crate::writer::SocketWriter;
 
 /// Bytes of an inbound socket's read buffer: one `recv` takes several small frames at once.
 const BUFFER_BYTES: usize = 64 << 10;
+
+/// How recently a waiter must have drained a peer's sockets for the peer's reader threads to
+/// leave them to it (see the module doc). A waiter drains on every turn of its spin and
+/// yield (the first millisecond of a wait), so this only lapses once it sleeps or is done.
+pub(crate) const TENDED_FOR: Duration = Duration::from_micros(100);
 
 /// What one sending peer's sockets share: the data frames applied per stripe (which its flags
 /// wait for), and the sockets themselves, for waiters to drain.
@@ -50,9 +63,30 @@ pub(crate) struct PeerInbound {
     /// The peer's sockets, highest stripe first: data frames are drained before the flags on
     /// stripe 0 that wait for them.
     sockets: Mutex<Vec<Arc<InSocket>>>,
+    /// When a waiter last drained this peer, in nanoseconds of [`since_start`].
+    tended_at: AtomicU64,
+    /// The highest of this rank's flushes to the peer that the peer answered.
+    answered: AtomicU64,
+}
+
+/// Nanoseconds since this process first asked (a clock that fits an atomic word).
+fn since_start() -> u64 {
+    static START: OnceLock<Instant> = OnceLock::new();
+    u64::try_from(START.get_or_init(Instant::now).elapsed().as_nanos()).unwrap_or(u64::MAX)
 }
 
 impl PeerInbound {
+    /// The highest of this rank's flushes to this peer that the peer has answered.
+    pub(crate) fn answered(&self) -> u64 {
+        self.answered.load(Ordering::Acquire)
+    }
+
+    /// Whether a waiter drained this peer within [`TENDED_FOR`]: its reader threads nap then.
+    pub(crate) fn tended(&self) -> bool {
+        let at = self.tended_at.load(Ordering::Relaxed);
+        at != 0 && since_start().saturating_sub(at) < TENDED_FOR.as_nanos() as u64
+    }
+
     /// Adds a socket of this peer.
     pub(crate) fn add(&self, socket: Arc<InSocket>) {
         let mut sockets = self.sockets.lock().unwrap_or_else(|p| p.into_inner());
@@ -64,6 +98,10 @@ impl PeerInbound {
     /// waiter's side of the module doc. `Err` when a socket broke or lied (the peer is then
     /// marked lost, with `peer` naming it).
     pub(crate) fn progress(&self, peer: usize, inbound: &Inbound) -> Result<()> {
+        if inbound.tending.tends() {
+            // Never 0, which stands for "never tended".
+            self.tended_at.store(since_start().max(1), Ordering::Relaxed);
+        }
         // Another waiter of this rank is draining this peer: it does the work for both.
         let sockets = match self.sockets.try_lock() {
             Ok(s) => s,
@@ -180,7 +218,8 @@ fn receive(fd: RawFd, buf: &mut [u8]) -> std::io::Result<Option<usize>> {
     }
 }
 
-/// One inbound socket of a peer, stripe `stripe` of `stripes`, and its reading state.
+/// One socket to a peer, stripe `stripe` of `stripes` of the set it belongs to, as this rank
+/// reads it: its reading state, and its writing end, where flushes are answered.
 pub(crate) struct InSocket {
     /// The socket's stripe.
     pub(crate) stripe: u16,
@@ -188,11 +227,13 @@ pub(crate) struct InSocket {
     /// The socket's descriptor, for `poll(2)` without the lock (valid while `state` lives).
     pub(crate) fd: RawFd,
     state: Mutex<SocketState>,
+    writer: Arc<SocketWriter>,
 }
 
 impl InSocket {
-    /// Wraps an authenticated socket that says it is `stripe` of `stripes`.
-    pub(crate) fn new(socket: TcpStream, stripe: u16, stripes: u16) -> Self {
+    /// Wraps an authenticated socket, stripe `stripe` of `stripes`, whose writing end is
+    /// `writer`.
+    pub(crate) fn new(socket: TcpStream, stripe: u16, stripes: u16, writer: Arc<SocketWriter>) -> Self {
         let fd = socket.as_raw_fd();
         let state = SocketState {
             socket,
@@ -202,17 +243,27 @@ impl InSocket {
             frame: Partial::Header,
             ended: false,
         };
-        InSocket { stripe, stripes, fd, state: Mutex::new(state) }
+        InSocket { stripe, stripes, fd, state: Mutex::new(state), writer }
     }
 
-    /// Takes the lock, waiting for another holder (the reader thread's way).
+    /// Takes the lock, waiting for another holder (for ending the socket).
     pub(crate) fn lock(&self) -> MutexGuard<'_, SocketState> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    /// Takes the lock if nobody holds it (the reader thread's way: a holder is draining).
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, SocketState>> {
+        match self.state.try_lock() {
+            Ok(st) => Some(st),
+            Err(TryLockError::Poisoned(p)) => Some(p.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
+    }
+
     /// Applies every whole frame the kernel already has, keeping a partial one for the next
-    /// holder of the lock; never blocks on the socket (a flush answer is written with the
-    /// socket's write timeout). An `Err` or [`Drained::Ended`] is reported by the caller
+    /// holder of the lock; never blocks on the socket's reading end, nor waits for its writing
+    /// end (a flush answer another writer holds up goes out when it lets go, see
+    /// [`crate::writer`]). An `Err` or [`Drained::Ended`] is reported by the caller
     /// through [`end`](Self::end).
     pub(crate) fn drain(&self, st: &mut SocketState, peer: &PeerInbound, inbound: &Inbound) -> Result<Drained> {
         if st.ended {
@@ -274,6 +325,10 @@ impl InSocket {
                         Partial::Counts { header, flag: Some((region, at)) }
                     }
                     FrameKind::Flush => Partial::Counts { header, flag: None },
+                    FrameKind::Answer => {
+                        peer.answered.fetch_max(header.sequence, Ordering::AcqRel);
+                        Partial::Header
+                    }
                 };
                 Ok(None)
             }
@@ -347,10 +402,7 @@ impl InSocket {
                         let word = unsafe { &*region.as_ptr().add(at).cast::<AtomicU64>() };
                         word.store(header.value, Ordering::Release);
                     }
-                    None => st
-                        .socket
-                        .write_all(&header.sequence.to_le_bytes())
-                        .map_err(|e| Error::io("answer a tcp flush", e))?,
+                    None => self.writer.answer(header.sequence).map_err(|e| Error::io("answer a tcp flush", e))?,
                 }
                 Ok(None)
             }
@@ -359,7 +411,9 @@ impl InSocket {
 
     /// Marks the socket ended after `outcome` (a drain's `Err` or [`Drained::Ended`]) and
     /// reports it: a clean end counts towards the peer's close, an error marks it lost (unless
-    /// the listener is stopping). Only the first report counts.
+    /// the listener is stopping). Only the first report counts. After a clean end the socket
+    /// still carries this rank's frames to the peer (which only closed its own direction);
+    /// after an error it carries nothing more.
     pub(crate) fn end(&self, st: &mut SocketState, outcome: &Result<Drained>, rank: usize, inbound: &Inbound) {
         if st.ended {
             return;
@@ -371,7 +425,8 @@ impl InSocket {
                 Ok(_) => inbound.mark_closed(rank, self.stripes),
             }
         }
-        let _ = st.socket.shutdown(Shutdown::Both);
+        let how = if outcome.is_err() { Shutdown::Both } else { Shutdown::Read };
+        let _ = st.socket.shutdown(how);
     }
 }
 

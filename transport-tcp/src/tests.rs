@@ -10,16 +10,16 @@ use std::time::{Duration, Instant};
 use comm_core::Error;
 use comm_core::connection::Connection;
 use comm_core::memory::MemoryKind;
-use comm_core::testing::{patterned_source, remote_region, same_bytes};
+use comm_core::testing::{patterned_source, region_of, remote_region, same_bytes};
 use comm_core::transport::TransportBackend;
 
 use crate::endpoint::Endpoint;
 use crate::wire::{FrameHeader, FrameKind, Handshake, MAX_FRAME_BYTES};
-use crate::{TcpBackend, TcpConfig};
+use crate::{TcpBackend, TcpConfig, Tending};
 
 fn backend(rank: usize, timeout: Duration) -> TcpBackend {
     let ctx = comm_core::testing::context(rank, "tcptest", timeout);
-    let config = TcpConfig { sockets: 3, interface: Some("lo".into()), master_addr: None };
+    let config = TcpConfig { sockets: 3, interface: Some("lo".into()), ..TcpConfig::default() };
     TcpBackend::open(&ctx, config).unwrap()
 }
 
@@ -297,4 +297,104 @@ fn a_lazy_update_rides_the_next_frame_or_goes_out_at_the_next_wait() {
     conn.update_lazily(&remote, 24, 6).unwrap();
     conn.flush().unwrap();
     assert_eq!(theirs.load_u64(24).unwrap(), 6);
+}
+
+#[test]
+fn a_tended_peer_is_drained_by_its_waiter_and_its_readers_take_over_when_it_stops() {
+    let tending = |t: Tending| {
+        let ctx = comm_core::testing::context(1, "tcptest", Duration::from_secs(20));
+        TcpBackend::open(
+            &ctx,
+            TcpConfig { sockets: 3, interface: Some("lo".into()), tending: t, ..TcpConfig::default() },
+        )
+        .unwrap()
+    };
+    for t in [Tending::On, Tending::Off] {
+        let (a, b) = (backend(0, Duration::from_secs(20)), tending(t));
+        let conn = a.connect(1, &b.local_endpoint().unwrap()).unwrap();
+        let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+        let peer = b.listener.inbound().peer(0);
+        assert!(!peer.tended(), "tended before anyone waited");
+        waiter.progress().unwrap();
+        assert_eq!(peer.tended(), t == Tending::On, "{t:?}");
+        // While the waiter tends, a striped transfer larger than the socket buffers and its
+        // flag land through the waiter's drains.
+        let len = 5 * MAX_FRAME_BYTES + 123;
+        let src = patterned_source(&a, len, 5).unwrap();
+        let (theirs, remote) = remote_region(&b, &a, len + 64).unwrap();
+        let flag_at = len.next_multiple_of(8);
+        let sender = std::thread::spawn(move || {
+            conn.write(&remote, 0, &src, 0, len).unwrap();
+            conn.update_and_sync(&remote, flag_at, 1).unwrap();
+            conn.flush().unwrap();
+            (src, conn, remote)
+        });
+        let started = Instant::now();
+        while theirs.load_u64(flag_at).unwrap() != 1 {
+            assert!(started.elapsed() < Duration::from_secs(30), "{t:?}: the tended transfer stalled");
+            waiter.progress().unwrap();
+        }
+        let (src, conn, remote) = sender.join().unwrap();
+        assert!(same_bytes(&theirs, 0, &src, 0, len).unwrap(), "{t:?}: the striped bytes differ");
+        // Once nobody waits, the readers apply what comes, however small.
+        std::thread::sleep(crate::receive::TENDED_FOR * 2);
+        assert!(!peer.tended(), "{t:?}: still tended with no waiter");
+        let w = comm_core::connection::CheckedWrite::new(&remote, 0, &src, 0, 8).unwrap();
+        conn.write_and_sync(w, flag_at, 2).unwrap();
+        let started = Instant::now();
+        while theirs.load_u64(flag_at).unwrap() != 2 {
+            assert!(started.elapsed() < Duration::from_secs(5), "{t:?}: no reader took the message");
+            std::thread::yield_now();
+        }
+    }
+}
+
+#[test]
+fn a_pair_shares_one_set_of_sockets_both_ways() {
+    let (a, b) = (backend(0, Duration::from_secs(20)), backend(1, Duration::from_secs(20)));
+    let sockets = |x: &TcpBackend| x.listener.inbound().socket_count();
+    let a_to_b = a.connect(1, &b.local_endpoint().unwrap()).unwrap();
+    let b_to_a = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    // Rank 0 dialled three sockets; rank 1 writes on them instead of dialling its own.
+    assert_eq!((sockets(&a), sockets(&b)), (3, 3));
+    let len = 3 * MAX_FRAME_BYTES + 77; // striped, and larger than the socket buffers
+    let send = |from: &TcpBackend, to: (&TcpBackend, usize), conn: Arc<dyn Connection>, seed: u8| {
+        let src = patterned_source(from, len, seed).unwrap();
+        let (theirs, remote) = region_of(to.0, to.1, from, len + 64).unwrap();
+        let flag_at = len.next_multiple_of(8);
+        let sender = std::thread::spawn(move || {
+            for round in 1..=3u64 {
+                conn.write(&remote, 0, &src, 0, len).map_err(|e| format!("{seed} write {round}: {e}"))?;
+                conn.update_and_sync(&remote, flag_at, round).map_err(|e| format!("{seed} flag {round}: {e}"))?;
+                conn.flush().map_err(|e| format!("{seed} flush {round}: {e}"))?;
+            }
+            Ok::<_, String>((src, conn))
+        });
+        (sender, theirs, flag_at)
+    };
+    // Both directions at once, each with flushes whose answers share the sockets with data.
+    let (to_b, at_b, flag_b) = send(&a, (&b, 1), a_to_b, 11);
+    let (to_a, at_a, flag_a) = send(&b, (&a, 0), b_to_a, 12);
+    // Each side keeps its connection until both are done: a connection dropped closes its
+    // direction, and its peer then counts it gone.
+    let ((src_a, _a), (src_b, _b)) = (to_b.join().unwrap().unwrap(), to_a.join().unwrap().unwrap());
+    assert_eq!((at_b.load_u64(flag_b).unwrap(), at_a.load_u64(flag_a).unwrap()), (3, 3));
+    assert!(same_bytes(&at_b, 0, &src_a, 0, len).unwrap(), "rank 0's bytes differ at rank 1");
+    assert!(same_bytes(&at_a, 0, &src_b, 0, len).unwrap(), "rank 1's bytes differ at rank 0");
+}
+
+#[test]
+fn a_higher_rank_whose_peer_never_dials_dials_its_own_set() {
+    let (a, b) = (backend(0, Duration::from_secs(20)), backend(1, Duration::from_secs(20)));
+    let started = Instant::now();
+    let b_to_a = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+    let waited = started.elapsed();
+    assert!(waited >= crate::listener::OFFER_GRACE, "connected after {waited:?} without rank 0's sockets");
+    let src = patterned_source(&b, 64, 6).unwrap();
+    let (theirs, remote) = region_of(&a, 0, &b, 128).unwrap();
+    let w = comm_core::connection::CheckedWrite::new(&remote, 0, &src, 0, 64).unwrap();
+    b_to_a.write_and_sync(w, 64, 1).unwrap();
+    b_to_a.flush().unwrap();
+    assert_eq!(theirs.load_u64(64).unwrap(), 1);
+    assert!(same_bytes(&theirs, 0, &src, 0, 64).unwrap());
 }

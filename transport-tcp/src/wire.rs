@@ -6,14 +6,17 @@
 //! the connection's stripe count `u16`. The listener answers one byte, `HANDSHAKE_OK` (`0x5a`), or
 //! closes the socket.
 //!
-//! **Frames** (connector → listener): a 40-byte header — kind `u8`, seven
-//! zero bytes, region id `u64`, offset `u64`, length or value `u64`, sequence `u64` — then:
-//! - data: `length` bytes to store at `offset` of the listener's region;
+//! **Frames**, in both directions once the handshake is done (a socket carries the frames of
+//! both ranks of a pair, so each side's messages carry the TCP acknowledgement of the other's):
+//! a 40-byte header — kind `u8`, seven zero bytes, region id `u64`, offset `u64`, length or
+//! value `u64`, sequence `u64` — then:
+//! - data: `length` bytes to store at `offset` of the receiver's region;
 //! - flag: one `u64` per stripe (the data frames sent on it so far); the
-//!   listener stores `value` into the 8-byte word at `offset` once every stripe has applied
+//!   receiver stores `value` into the 8-byte word at `offset` once every stripe has applied
 //!   that many data frames, so the flag never lands before the data it covers;
-//! - flush: the same counts; once they are applied the listener answers the
-//!   8-byte `sequence` on the same socket.
+//! - flush: the same counts; once they are applied the receiver answers on the same socket;
+//! - answer: nothing more; `sequence` is the highest flush of the receiver's that the sender
+//!   has applied everything before.
 //!
 //! Nothing from the wire is trusted: kinds, region ids, ranges, lengths and counts are checked,
 //! and anything wrong is [`Error::Protocol`] for that connection.
@@ -24,7 +27,7 @@ use comm_core::{Error, Result};
 /// Magic of the handshake.
 pub(crate) const HANDSHAKE_MAGIC: [u8; 4] = *b"WVTH";
 /// Version of the handshake and frame formats.
-pub(crate) const WIRE_VERSION: u16 = 1;
+pub(crate) const WIRE_VERSION: u16 = 2;
 /// Bytes of an encoded handshake.
 pub(crate) const HANDSHAKE_BYTES: usize = 4 + 2 + 16 + 4 + 2 + 2;
 /// The listener's answer to a good handshake.
@@ -78,6 +81,8 @@ pub(crate) enum FrameKind {
     Flag = 2,
     /// A request for an answer once everything before it is applied.
     Flush = 3,
+    /// The answer to the flushes up to `sequence`.
+    Answer = 4,
 }
 
 /// A frame header.
@@ -107,6 +112,7 @@ impl FrameHeader {
             1 => FrameKind::Data,
             2 => FrameKind::Flag,
             3 => FrameKind::Flush,
+            4 => FrameKind::Answer,
             k => return Err(Error::protocol(format!("tcp frame of unknown kind {k}"))),
         };
         if bytes[1..8].iter().any(|&b| b != 0) {
