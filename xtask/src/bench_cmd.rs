@@ -137,7 +137,10 @@ with --mca btl self,vader,tcp (self,sm,tcp from Open MPI 5), btl_tcp_if_include 
 oob_tcp_if_include eth0, --bind-to none (so no --bind: each node's daemon would bind as if it
 had the host alone), and --mca mpi_yield_when_idle 1 when the ranks of all nodes outnumber
 this host's CPUs (as mpirun does by itself on one host); --mpi-args come after these.
-Consecutive ranks share a node in both jobs.
+Consecutive ranks share a node in both jobs. With --gpu (and --vs-nccl), gpu-bench runs on the
+nodes instead, one rank per node unless -n, rank r on GPU r % GPUs: weave as across any nodes
+(CUDA IPC in a node, TCP staged through pinned host memory across), NCCL over its socket
+transport (NCCL_SOCKET_IFNAME=eth0, NCCL_IB_DISABLE=1; shared memory and P2P in a node).
 Without root the command fails: on posed nodes Open MPI would see one host and use shared
 memory throughout, so it would not compare like with like (`cargo xtask multinode --posed`
 runs weave alone that way). Whatever the outcome, the nodes and every process in them are gone
@@ -457,8 +460,13 @@ fn parse(args: &mut Args) -> Result<Parsed, UsageError> {
         return Err(UsageError("--rate shapes the links between nodes; give --nodes too".into()));
     }
     if let Some(nodes) = a.nodes {
-        if a.gpu || a.vs_nccl || a.graph {
-            return Err(UsageError("--nodes benchmarks host memory; drop --gpu, --vs-nccl and --graph".into()));
+        if a.gpu && a.vs_mpi {
+            return Err(UsageError(
+                "--nodes --gpu compares with NCCL (--vs-nccl); Open MPI (--vs-mpi) is the host-memory baseline".into(),
+            ));
+        }
+        if (a.vs_nccl || a.graph) && !a.gpu {
+            return Err(UsageError("--vs-nccl and --graph benchmark device buffers; give --gpu too".into()));
         }
         if a.bind == Some(true) {
             return Err(UsageError(
@@ -601,7 +609,12 @@ fn bench_gpu(a: &BenchArgs, root: &Path, target: &Path, token: &CancelToken) -> 
         return Err(format!("{} does not exist; run without --no-build to build it", worker.display()));
     }
     let explicit = std::env::args().any(|x| x == "-n" || x == "--ranks");
-    let ranks = if explicit { a.ranks } else { gpu_count().ok_or("no GPU found by nvidia-smi; pass -n RANKS")? };
+    let ranks = match a.nodes {
+        // One rank per node unless -n says how many per node.
+        Some(nodes) => nodes * if explicit { a.ranks } else { 1 },
+        None if explicit => a.ranks,
+        None => gpu_count().ok_or("no GPU found by nvidia-smi; pass -n RANKS")?,
+    };
     let mut args: Vec<String> = vec![
         "--op".into(),
         a.op.name().into(),
@@ -633,7 +646,25 @@ fn bench_gpu(a: &BenchArgs, root: &Path, target: &Path, token: &CancelToken) -> 
         .capture(a.plot.is_some())
         .timeout(a.timeout)
         .cancel_token(token.clone());
-    let report = launch(&spec).map_err(|e| format!("cannot start the GPU bench ranks: {e}"))?;
+    let report = match a.nodes {
+        None => launch(&spec).map_err(|e| format!("cannot start the GPU bench ranks: {e}"))?,
+        Some(n) => {
+            let per_node = ranks / n;
+            let nodes = BenchNodes::make(n, per_node, a.rate, &target.join("weave-bench"))?;
+            println!(
+                "# across {}; NCCL over its socket transport on eth0 (NCCL_SOCKET_IFNAME=eth0, \
+                 NCCL_IB_DISABLE=1), shared memory and peer access in a node; rank r on GPU r % GPUs",
+                nodes.describe()
+            );
+            // NCCL finds the nodes' interface and stays off InfiniBand; weave reads the same eth0.
+            let spec = spec.env("NCCL_SOCKET_IFNAME", "eth0").env("NCCL_IB_DISABLE", "1");
+            let report = launch_on(&spec, nodes.fabric()).map_err(|e| format!("cannot start the GPU bench ranks: {e}"));
+            let left = nodes.finish();
+            let report = report?;
+            left?;
+            report
+        }
+    };
     if !report.success() {
         return Err(format!("the GPU benchmark failed:\n{}", report.summary()));
     }
@@ -1391,7 +1422,13 @@ mod tests {
         assert!(err(&["-N", "0"]).contains("at least 1"));
         assert!(err(&["-N", "251"]).contains("at most 250"));
         assert!(err(&["-N", "2", "--bind"]).contains("--bind cannot be used with --nodes"));
-        assert!(err(&["-N", "2", "--gpu"]).contains("host memory"));
+        assert!(err(&["-N", "2", "--gpu", "--vs-mpi"]).contains("compares with NCCL"));
+        assert!(err(&["-N", "2", "--vs-nccl"]).contains("give --gpu too"));
+        let Parsed::Run(g) = parse_line(&["-N", "2", "-n", "1", "--gpu", "--vs-nccl", "--rate", "10gbit"]).unwrap()
+        else {
+            panic!()
+        };
+        assert_eq!((g.nodes, g.total_ranks(), g.gpu, g.vs_nccl), (Some(2), 2, true, true));
         assert!(err(&["-N", "200", "-n", "10000"]).contains("too many ranks"));
     }
 
