@@ -35,7 +35,6 @@
 //! the peer, for this call and every later one. `flush` returns once the peer's device has
 //! everything; the peer's flags are then stored by its next progress (or its watcher).
 
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,6 +46,7 @@ use comm_core::spin::Backoff;
 use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
+use crate::chain::{Chain, post_in_chains, split_writes, writes_needed};
 use crate::device_sources::{DeviceSource, DeviceSources, PinnedBuffer, device_ordinal};
 use crate::flags::{AtomicWords, FlagPath, Outbound, RECORD_BYTES, Record, Signal};
 use crate::inbound::Inbound;
@@ -70,44 +70,6 @@ const RECORD_SLOT_BYTES: usize = 32;
 const READ_BACK: usize = 0;
 /// Offset in the record outbox where fetch-and-adds put the old value (atomic flags).
 const DISCARD: usize = 8;
-
-/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing,
-/// and only the entries used are written).
-struct Chain {
-    /// The first `len` entries are initialized.
-    requests: [MaybeUninit<WorkRequest>; MAX_CHAIN],
-    len: usize,
-}
-
-impl Chain {
-    fn new() -> Self {
-        Chain { requests: [const { MaybeUninit::uninit() }; MAX_CHAIN], len: 0 }
-    }
-
-    /// Appends `request`; `false` when the chain is full.
-    fn push(&mut self, request: WorkRequest) -> bool {
-        match self.requests.get_mut(self.len) {
-            Some(slot) => {
-                slot.write(request);
-                self.len += 1;
-                true
-            }
-            None => false,
-        }
-    }
-
-    /// Forgets every entry (they are plain data: nothing to drop).
-    fn clear(&mut self) {
-        self.len = 0;
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [WorkRequest] {
-        let used = &mut self.requests[..self.len];
-        // SAFETY: the first `len` entries were written by `push`; `MaybeUninit<T>` has `T`'s
-        // layout.
-        unsafe { &mut *(std::ptr::from_mut(used) as *mut [WorkRequest]) }
-    }
-}
 
 /// Where a write's source is read from.
 enum Source {
@@ -400,70 +362,16 @@ impl IbConnection {
         Ok(Source::Key(lkey))
     }
 
-    /// Posts the RDMA writes of `write` (see [`write_requests`](Self::write_requests)), a
-    /// chain at a time as they are made: nothing allocated, one provider call per chain.
+    /// Posts the RDMA writes of `write` (its source read under `lkey`, its destination the
+    /// peer's `remote`), a chain at a time: nothing allocated, one provider call per chain.
     fn write_locked(&self, state: &mut State, write: &CheckedWrite<'_>, lkey: u32, remote: RemoteKey) -> Result<()> {
-        let mut chain = Chain::new();
-        let mut post = |chain: &mut Chain| {
+        post_in_chains(split_writes(write, lkey, remote, self.max_msg_bytes), |chain| {
             // SAFETY: the source lies inside a registration that outlives the request (the
             // backend keeps source registrations with their regions; the caller keeps the bytes
             // unchanged until the peer acknowledges them, as every connection requires), and the
             // remote range lies inside the peer's registration (checked against its length).
-            let posted = unsafe { self.post(state, chain.as_mut_slice(), None, false, "ib write") };
-            chain.clear();
-            posted
-        };
-        let mut failed = None;
-        self.write_requests(write, lkey, remote, |request| {
-            if chain.push(request) {
-                return true;
-            }
-            match post(&mut chain) {
-                Ok(()) => chain.push(request),
-                Err(e) => {
-                    failed = Some(e);
-                    false
-                }
-            }
-        });
-        match failed {
-            Some(e) => Err(e),
-            None if chain.len > 0 => post(&mut chain),
-            None => Ok(()),
-        }
-    }
-
-    /// The RDMA writes of `write` (its source read under `lkey`, its destination the peer's
-    /// `remote`), split at the port's message limit, unsignaled, each handed to `push`; stops
-    /// at the first `false` from it and returns `false` then.
-    fn write_requests(
-        &self,
-        write: &CheckedWrite<'_>,
-        lkey: u32,
-        remote: RemoteKey,
-        mut push: impl FnMut(WorkRequest) -> bool,
-    ) -> bool {
-        let mut done = 0;
-        while done < write.len {
-            let k = (write.len - done).min(self.max_msg_bytes);
-            let request = WorkRequest {
-                wr_id: 0,
-                op: Operation::Write,
-                // Inside `write.src` (checked): host memory mapped here, or device memory the
-                // device reads at its device address (so no host pointer arithmetic).
-                local: write.src.as_ptr().wrapping_add(write.src_offset + done),
-                len: k as u32,
-                lkey,
-                remote: remote.addr + (write.dst_offset + done) as u64,
-                rkey: remote.rkey,
-                signaled: false,
-            };
-            if !push(request) {
-                return false;
-            }
-            done += k;
-        }
-        true
+            unsafe { self.post(state, chain, None, false, "ib write") }
+        })
     }
 
     /// Posts `requests` (writes into the peer's region `remote`, at most `MAX_CHAIN - 1`) and
@@ -485,7 +393,7 @@ impl IbConnection {
     ) -> Result<()> {
         // Room first: once the flag table has counted this store, the post must happen (or
         // the connection break), else the two ends' views of the word would part.
-        let k = requests.len as u32 + 1;
+        let k = requests.len() as u32 + 1;
         self.reap(state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
         if self.flag_path == FlagPath::Atomic {
             // SAFETY: forwarded from the caller.
@@ -709,14 +617,14 @@ impl Connection for IbConnection {
         let addr = Self::flag_word(write.dst, remote, flag_offset, OPERATION)?;
         let mut requests = Chain::new();
         match source {
-            Source::Key(lkey) => {
-                // The writes may take all but the chain's last place: that is the flag's.
-                if !self.write_requests(&write, lkey, remote, |r| requests.len < MAX_CHAIN - 1 && requests.push(r)) {
-                    // Too long for one chain: the writes first, then the flag alone.
-                    requests.clear();
-                    self.write_locked(&mut state, &write, lkey, remote)?;
+            // The writes may take all but the chain's last place: that is the flag's.
+            Source::Key(lkey) if writes_needed(write.len, self.max_msg_bytes) < MAX_CHAIN => {
+                for request in split_writes(&write, lkey, remote, self.max_msg_bytes) {
+                    requests.push(request);
                 }
             }
+            // Too long for one chain: the writes first, then the flag alone.
+            Source::Key(lkey) => self.write_locked(&mut state, &write, lkey, remote)?,
             // The staged writes first, then the flag alone: ordered behind them on the queue.
             Source::Staged(engine, ordinal) => {
                 self.write_staged(&mut state, &write, remote, engine.as_ref(), ordinal)?;
