@@ -106,6 +106,7 @@ impl<'a> CheckedWrite<'a> {
     /// A write of `len` bytes from `src[src_offset..]` to `dst[dst_offset..]` once both ranges
     /// lie inside their regions, else [`Error::InvalidArgument`] naming the region, its owner
     /// and its length.
+    #[inline]
     pub fn new(
         dst: &'a RegisteredMemory,
         dst_offset: usize,

@@ -356,16 +356,23 @@ impl RegisteredMemory {
     }
 
     /// `Err(InvalidArgument)` unless `[offset, offset + len)` lies inside the registration.
+    /// Inlined (every write checks two ranges; the error is built out of line).
+    #[inline]
     pub fn check_range(&self, offset: usize, len: usize) -> Result<()> {
         match offset.checked_add(len) {
             Some(end) if end <= self.len() => Ok(()),
-            _ => Err(Error::invalid(format!(
-                "range [{offset}, {offset}+{len}) is outside {:?} (rank {}, {} bytes)",
-                self.label(),
-                self.owner(),
-                self.len()
-            ))),
+            _ => Err(self.range_error(offset, len)),
         }
+    }
+
+    #[cold]
+    fn range_error(&self, offset: usize, len: usize) -> Error {
+        Error::invalid(format!(
+            "range [{offset}, {offset}+{len}) is outside {:?} (rank {}, {} bytes)",
+            self.label(),
+            self.owner(),
+            self.len()
+        ))
     }
 
     fn host_ptr(&self, offset: usize, len: usize) -> Result<*mut u8> {

@@ -35,7 +35,6 @@
 //! the peer, for this call and every later one. `flush` returns once the peer's device has
 //! everything; the peer's flags are then stored by its next progress (or its watcher).
 
-use std::mem::MaybeUninit;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,10 +46,11 @@ use comm_core::spin::Backoff;
 use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
+use crate::chain::{Chain, post_in_chains, split_writes, writes_needed};
 use crate::device_sources::{DeviceSource, DeviceSources, PinnedBuffer, device_ordinal};
 use crate::flags::{AtomicWords, FlagPath, Outbound, RECORD_BYTES, Record, Signal};
 use crate::inbound::Inbound;
-use crate::region::{IbRegion, PRIVATE, RemoteRegion, SourceRegistrations};
+use crate::region::{IbRegion, PRIVATE, RecentRegions, RemoteKey, RemoteRegion, SourceRegistrations};
 use crate::staging::{ChunkSink, CopyEngine, StagingRing};
 use crate::verbs::{
     CompletionQueue, MAX_CHAIN, Operation, ProtectionDomain, QueuePair, Registration, WorkRequest, completion_failure,
@@ -71,37 +71,14 @@ const READ_BACK: usize = 0;
 /// Offset in the record outbox where fetch-and-adds put the old value (atomic flags).
 const DISCARD: usize = 8;
 
-/// Up to [`MAX_CHAIN`] work requests, kept on the stack (a small message allocates nothing,
-/// and only the entries used are written).
-struct Chain {
-    /// The first `len` entries are initialized.
-    requests: [MaybeUninit<WorkRequest>; MAX_CHAIN],
-    len: usize,
-}
-
-impl Chain {
-    fn new() -> Self {
-        Chain { requests: [const { MaybeUninit::uninit() }; MAX_CHAIN], len: 0 }
-    }
-
-    /// Appends `request`; `false` when the chain is full.
-    fn push(&mut self, request: WorkRequest) -> bool {
-        match self.requests.get_mut(self.len) {
-            Some(slot) => {
-                slot.write(request);
-                self.len += 1;
-                true
-            }
-            None => false,
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [WorkRequest] {
-        let used = &mut self.requests[..self.len];
-        // SAFETY: the first `len` entries were written by `push`; `MaybeUninit<T>` has `T`'s
-        // layout.
-        unsafe { &mut *(std::ptr::from_mut(used) as *mut [WorkRequest]) }
-    }
+/// Where a write's source is read from.
+enum Source {
+    /// Memory the device reads under this local key: host memory, or device memory registered
+    /// with the device.
+    Key(u32),
+    /// Device memory the device cannot read, copied through the staging ring by this engine of
+    /// this device.
+    Staged(Arc<dyn CopyEngine>, u32),
 }
 
 /// One queue pair, the completion queue of its sends and its receiving side, for one peer.
@@ -133,6 +110,8 @@ struct State {
     posted: u64,
     /// Where device memory is staged, once a staged write needed it.
     staging: Option<Staging>,
+    /// The regions of the last write, whose keys need not be found again.
+    recent: RecentRegions,
 }
 
 /// The registrations a connection sends from: host memory other transports allocated, and
@@ -216,6 +195,7 @@ impl IbConnection {
                 failed: None,
                 posted: 0,
                 staging: None,
+                recent: RecentRegions::default(),
             }),
             pd: pd.clone(),
             sources,
@@ -238,6 +218,32 @@ impl IbConnection {
     /// The peer's registration that `dst` names, checked to belong to this connection's peer.
     fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
         comm_core::connection::peer_region(dst, self.peer, crate::NAME)
+    }
+
+    /// What requests into `dst` need of the peer's registration ([`remote`](Self::remote)),
+    /// remembered from the last write into the same region.
+    fn remote_key(&self, state: &mut State, dst: &RegisteredMemory) -> Result<RemoteKey> {
+        if dst.owner() == self.peer
+            && let Some(key) = state.recent.destination(dst.region())
+        {
+            return Ok(key);
+        }
+        let key = self.remote(dst)?.key();
+        state.recent.remember_destination(dst.region(), key);
+        Ok(key)
+    }
+
+    /// The address of the flag word at `dst[offset]`, an 8-byte aligned word inside it.
+    fn flag_word(dst: &RegisteredMemory, remote: RemoteKey, offset: usize, operation: &str) -> Result<u64> {
+        dst.check_range(offset, 8)?;
+        let addr = remote.addr + offset as u64;
+        if !addr.is_multiple_of(8) {
+            return Err(Error::invalid(format!(
+                "{operation} at offset {offset} of {:?}: the word is not 8-byte aligned",
+                dst.label()
+            )));
+        }
+        Ok(addr)
     }
 
     /// Reaps completions until `done(outstanding)` holds; bounded by the timeout and abort flag.
@@ -337,80 +343,62 @@ impl IbConnection {
         Ok(())
     }
 
-    /// The RDMA writes of `write`, split at the port's message limit, unsignaled, each handed
-    /// to `push`; stops at the first `false` from it and returns `false` then.
-    fn write_requests(&self, write: &CheckedWrite<'_>, mut push: impl FnMut(WorkRequest) -> bool) -> Result<bool> {
-        let remote = self.remote(write.dst)?;
-        let lkey = match device_ordinal(write.src.region().as_ref()) {
-            None => self.sources.host.lkey(&self.pd, write.src.region())?,
-            Some(ordinal) => match self.sources.device.source(&self.pd, write.src.region(), ordinal)? {
+    /// Where `write`'s source is read from: the local key of host memory or of registered
+    /// device memory (remembered from the last write from the same region), or the staging
+    /// ring for device memory the device cannot read.
+    fn source(&self, state: &mut State, write: &CheckedWrite<'_>) -> Result<Source> {
+        let region = write.src.region();
+        if let Some(lkey) = state.recent.source(region) {
+            return Ok(Source::Key(lkey));
+        }
+        let lkey = match device_ordinal(region.as_ref()) {
+            None => self.sources.host.lkey(&self.pd, region)?,
+            Some(ordinal) => match self.sources.device.source(&self.pd, region, ordinal)? {
                 DeviceSource::Registered(lkey) => lkey,
-                // The callers send staged sources through `write_staged` instead.
-                DeviceSource::Staged(..) => return Err(Error::invalid("ib: a staged source reached the write path")),
+                DeviceSource::Staged(engine, ordinal) => return Ok(Source::Staged(engine, ordinal)),
             },
         };
-        let mut done = 0;
-        while done < write.len {
-            let k = (write.len - done).min(self.max_msg_bytes);
-            let request = WorkRequest {
-                wr_id: 0,
-                op: Operation::Write,
-                // Inside `write.src` (checked): host memory mapped here, or device memory the
-                // device reads at its device address (so no host pointer arithmetic).
-                local: write.src.as_ptr().wrapping_add(write.src_offset + done),
-                len: k as u32,
-                lkey,
-                remote: remote.addr + (write.dst_offset + done) as u64,
-                rkey: remote.rkey,
-                signaled: false,
-            };
-            if !push(request) {
-                return Ok(false);
-            }
-            done += k;
-        }
-        Ok(true)
+        state.recent.remember_source(region, lkey);
+        Ok(Source::Key(lkey))
     }
 
-    /// Posts `requests` (writes into `dst`, at most `MAX_CHAIN - 1`) and the store of `value`
-    /// into the word at `dst[flag_offset]` behind them.
+    /// Posts the RDMA writes of `write` (its source read under `lkey`, its destination the
+    /// peer's `remote`), a chain at a time: nothing allocated, one provider call per chain.
+    fn write_locked(&self, state: &mut State, write: &CheckedWrite<'_>, lkey: u32, remote: RemoteKey) -> Result<()> {
+        post_in_chains(split_writes(write, lkey, remote, self.max_msg_bytes), |chain| {
+            // SAFETY: the source lies inside a registration that outlives the request (the
+            // backend keeps source registrations with their regions; the caller keeps the bytes
+            // unchanged until the peer acknowledges them, as every connection requires), and the
+            // remote range lies inside the peer's registration (checked against its length).
+            unsafe { self.post(state, chain, None, false, "ib write") }
+        })
+    }
+
+    /// Posts `requests` (writes into the peer's region `remote`, at most `MAX_CHAIN - 1`) and
+    /// the store of `value` into its word at `flag_offset` (at `addr`, see
+    /// [`flag_word`](Self::flag_word)) behind them.
     ///
     /// # Safety
     /// As [`QueuePair::post_chain`] for the writes.
+    #[allow(clippy::too_many_arguments)]
     unsafe fn sync(
         &self,
-        mut requests: Chain,
-        dst: &RegisteredMemory,
+        state: &mut State,
+        requests: &mut Chain,
+        remote: RemoteKey,
         flag_offset: usize,
+        addr: u64,
         value: u64,
         operation: &str,
     ) -> Result<()> {
-        dst.check_range(flag_offset, 8)?;
-        let remote = self.remote(dst)?;
-        let addr = remote.addr + flag_offset as u64;
-        if !addr.is_multiple_of(8) {
-            return Err(Error::invalid(format!(
-                "{operation} at offset {flag_offset} of {:?}: the word is not 8-byte aligned",
-                dst.label()
-            )));
-        }
-        let mut state = self.lock();
         // Room first: once the flag table has counted this store, the post must happen (or
         // the connection break), else the two ends' views of the word would part.
-        let k = requests.len as u32 + 1;
-        self.reap(&mut state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
+        let k = requests.len() as u32 + 1;
+        self.reap(state, operation, |outstanding| outstanding + k <= SEND_QUEUE_DEPTH)?;
         if self.flag_path == FlagPath::Atomic {
             // SAFETY: forwarded from the caller.
             return unsafe {
-                self.sync_atomic(
-                    &mut state,
-                    requests,
-                    (remote.id, flag_offset as u64),
-                    addr,
-                    remote.rkey,
-                    value,
-                    operation,
-                )
+                self.sync_atomic(state, requests, (remote.id, flag_offset as u64), addr, remote.rkey, value, operation)
             };
         }
         let signal = state.outbound.signal(remote.id, flag_offset as u64, value);
@@ -442,7 +430,7 @@ impl IbConnection {
             return Err(Error::invalid(format!("{operation}: no room left in the chain for the flag")));
         }
         // SAFETY: forwarded from the caller for the writes; a flag alone reads no memory.
-        unsafe { self.post(&mut state, requests.as_mut_slice(), record.as_ref(), false, operation) }
+        unsafe { self.post(state, requests.as_mut_slice(), record.as_ref(), false, operation) }
     }
 }
 
@@ -457,7 +445,7 @@ impl IbConnection {
     unsafe fn sync_atomic(
         &self,
         state: &mut State,
-        mut requests: Chain,
+        requests: &mut Chain,
         word: (u32, u64),
         addr: u64,
         rkey: u32,
@@ -517,22 +505,16 @@ impl IbConnection {
         Ok(unsafe { std::ptr::read_volatile(at.cast::<u64>()) })
     }
 
-    /// The copy engine and device of `write`'s source when it is device memory sent by staging.
-    fn staged(&self, write: &CheckedWrite<'_>) -> Result<Option<(Arc<dyn CopyEngine>, u32)>> {
-        let Some(ordinal) = device_ordinal(write.src.region().as_ref()) else {
-            return Ok(None);
-        };
-        Ok(match self.sources.device.source(&self.pd, write.src.region(), ordinal)? {
-            DeviceSource::Staged(engine, ordinal) => Some((engine, ordinal)),
-            DeviceSource::Registered(_) => None,
-        })
-    }
-
     /// `write`, whose source is device memory, copied chunk by chunk through this connection's
     /// staging ring (made the first time) and written from there.
-    fn write_staged(&self, write: &CheckedWrite<'_>, engine: &dyn CopyEngine, ordinal: u32) -> Result<()> {
-        let remote = self.remote(write.dst)?;
-        let mut state = self.lock();
+    fn write_staged(
+        &self,
+        state: &mut State,
+        write: &CheckedWrite<'_>,
+        remote: RemoteKey,
+        engine: &dyn CopyEngine,
+        ordinal: u32,
+    ) -> Result<()> {
         let mut staging = match state.staging.take() {
             Some(s) => s,
             None => {
@@ -553,7 +535,7 @@ impl IbConnection {
         };
         let lkey = staging.registration.lkey();
         let dst = remote.addr + write.dst_offset as u64;
-        let mut sink = StagedSink { connection: self, state: &mut state, lkey, dst, rkey: remote.rkey };
+        let mut sink = StagedSink { connection: self, state, lkey, dst, rkey: remote.rkey };
         let src = write.src.as_ptr() as u64 + write.src_offset as u64;
         // SAFETY: the source range lies inside the device region `write.src` (checked), on the
         // device whose engine this is.
@@ -565,15 +547,15 @@ impl IbConnection {
 
 /// Posts a staging ring's chunks on a connection: each write asks for a completion, so the
 /// ring learns when its slot is free.
-struct StagedSink<'a, 'b> {
+struct StagedSink<'a> {
     connection: &'a IbConnection,
-    state: &'a mut std::sync::MutexGuard<'b, State>,
+    state: &'a mut State,
     lkey: u32,
     dst: u64,
     rkey: u32,
 }
 
-impl ChunkSink for StagedSink<'_, '_> {
+impl ChunkSink for StagedSink<'_> {
     unsafe fn post(&mut self, local: *const u8, len: usize, dst_offset: usize) -> Result<u64> {
         let mut write = [WorkRequest {
             wr_id: 0,
@@ -609,48 +591,47 @@ impl Connection for IbConnection {
     }
 
     fn write_checked(&self, write: CheckedWrite<'_>) -> Result<()> {
-        if let Some((engine, ordinal)) = self.staged(&write)? {
-            return self.write_staged(&write, engine.as_ref(), ordinal);
-        }
-        let mut requests = Vec::with_capacity(write.len.div_ceil(self.max_msg_bytes.max(1)));
-        self.write_requests(&write, |r| {
-            requests.push(r);
-            true
-        })?;
         let mut state = self.lock();
-        for chain in requests.chunks(MAX_CHAIN) {
-            let mut chain = chain.to_vec();
-            // SAFETY: the source lies inside a registration that outlives the request (the
-            // backend keeps source registrations with their regions; the caller keeps the bytes
-            // unchanged until the peer acknowledges them, as every connection requires), and the
-            // remote range lies inside the peer's registration (checked against its length).
-            unsafe { self.post(&mut state, &mut chain, None, false, "ib write")? };
+        let source = self.source(&mut state, &write)?;
+        let remote = self.remote_key(&mut state, write.dst)?;
+        match source {
+            Source::Key(lkey) => self.write_locked(&mut state, &write, lkey, remote),
+            Source::Staged(engine, ordinal) => self.write_staged(&mut state, &write, remote, engine.as_ref(), ordinal),
         }
-        Ok(())
     }
 
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
+        const OPERATION: &str = "ib update_and_sync";
+        let mut state = self.lock();
+        let remote = self.remote_key(&mut state, dst)?;
+        let addr = Self::flag_word(dst, remote, dst_offset, OPERATION)?;
         // SAFETY: no writes: the flag alone.
-        unsafe { self.sync(Chain::new(), dst, dst_offset, value, "ib update_and_sync") }
+        unsafe { self.sync(&mut state, &mut Chain::new(), remote, dst_offset, addr, value, OPERATION) }
     }
 
     fn write_and_sync(&self, write: CheckedWrite<'_>, flag_offset: usize, value: u64) -> Result<()> {
-        if let Some((engine, ordinal)) = self.staged(&write)? {
-            // The staged writes first, then the flag alone: ordered behind them on the queue.
-            self.write_staged(&write, engine.as_ref(), ordinal)?;
-            // SAFETY: no writes: the flag alone.
-            return unsafe { self.sync(Chain::new(), write.dst, flag_offset, value, "ib write_and_sync") };
-        }
+        const OPERATION: &str = "ib write_and_sync";
+        let mut state = self.lock();
+        let source = self.source(&mut state, &write)?;
+        let remote = self.remote_key(&mut state, write.dst)?;
+        let addr = Self::flag_word(write.dst, remote, flag_offset, OPERATION)?;
         let mut requests = Chain::new();
-        // The writes may take all but the chain's last place: that is the flag's.
-        let fits = self.write_requests(&write, |r| requests.len < MAX_CHAIN - 1 && requests.push(r))?;
-        if !fits {
+        match source {
+            // The writes may take all but the chain's last place: that is the flag's.
+            Source::Key(lkey) if writes_needed(write.len, self.max_msg_bytes) < MAX_CHAIN => {
+                for request in split_writes(&write, lkey, remote, self.max_msg_bytes) {
+                    requests.push(request);
+                }
+            }
             // Too long for one chain: the writes first, then the flag alone.
-            self.write_checked(write)?;
-            requests = Chain::new();
+            Source::Key(lkey) => self.write_locked(&mut state, &write, lkey, remote)?,
+            // The staged writes first, then the flag alone: ordered behind them on the queue.
+            Source::Staged(engine, ordinal) => {
+                self.write_staged(&mut state, &write, remote, engine.as_ref(), ordinal)?;
+            }
         }
-        // SAFETY: as in write_checked for the writes.
-        unsafe { self.sync(requests, write.dst, flag_offset, value, "ib write_and_sync") }
+        // SAFETY: as in `write_locked` for the writes.
+        unsafe { self.sync(&mut state, &mut requests, remote, flag_offset, addr, value, OPERATION) }
     }
 
     fn flush(&self) -> Result<()> {

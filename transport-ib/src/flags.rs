@@ -99,8 +99,13 @@ pub(crate) enum Signal {
 /// The sending side: the slot and last value of each word this connection stored into.
 #[derive(Debug, Default)]
 pub(crate) struct Outbound {
-    words: HashMap<(u32, u64), OutWord, BuildHasherDefault<WordHasher>>,
-    slots_used: u32,
+    /// Each word's slot, by (region, offset).
+    slots: HashMap<(u32, u64), u32, BuildHasherDefault<WordHasher>>,
+    /// The last value stored into each slot's word, by slot.
+    last: Vec<u64>,
+    /// The word of the last store and its slot: most stores go where the one before went (a
+    /// link's flag, message after message), found without hashing.
+    recent: Option<((u32, u64), u32)>,
 }
 
 /// A multiplicative hash of a (region, offset) key: the keys are this rank's own, so SipHash's
@@ -126,30 +131,32 @@ impl Hasher for WordHasher {
     }
 }
 
-#[derive(Debug)]
-struct OutWord {
-    slot: u32,
-    last: u64,
-}
-
 impl Outbound {
     /// How the store of `value` into the word at `offset` of the peer's region `region` travels;
     /// the caller must post it (or give up on the connection: the two ends' views would part).
+    #[inline]
     pub(crate) fn signal(&mut self, region: u32, offset: u64, value: u64) -> Signal {
-        if let Some(word) = self.words.get_mut(&(region, offset)) {
-            let delta = value.wrapping_sub(word.last);
-            word.last = value;
+        let word = (region, offset);
+        let known = match self.recent {
+            Some((recent, slot)) if recent == word => Some(slot),
+            _ => self.slots.get(&word).copied(),
+        };
+        if let Some(slot) = known
+            && let Some(last) = self.last.get_mut(slot as usize)
+        {
+            self.recent = Some((word, slot));
+            let delta = value.wrapping_sub(*last);
+            *last = value;
             if delta < 1 << DELTA_BITS {
-                return Signal::Immediate(word.slot << DELTA_BITS | delta as u32);
+                return Signal::Immediate(slot << DELTA_BITS | delta as u32);
             }
-            return Signal::Record(Record { region, slot: Some(word.slot), offset, value });
+            return Signal::Record(Record { region, slot: Some(slot), offset, value });
         }
-        let slot = (self.slots_used < SLOTS).then(|| {
-            self.slots_used += 1;
-            self.slots_used - 1
-        });
+        let slot = u32::try_from(self.last.len()).ok().filter(|&s| s < SLOTS);
         if let Some(slot) = slot {
-            self.words.insert((region, offset), OutWord { slot, last: value });
+            self.last.push(value);
+            self.slots.insert(word, slot);
+            self.recent = Some((word, slot));
         }
         Signal::Record(Record { region, slot, offset, value })
     }

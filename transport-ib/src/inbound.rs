@@ -10,9 +10,11 @@
 //! - the backend's **watcher** thread ([`crate::watcher`]), for the connections nobody waits on
 //!   at the moment (a rank busy elsewhere, a wait that does not make progress).
 //!
-//! Applied receives are posted again in batches of [`REPOST_BATCH`]. The ring holds at least
-//! [`RECEIVES`] minus a batch of flags not yet applied; past that the peer's device retries
-//! until there is room again.
+//! Applied receives are posted again in batches, off the path of the flag that freed them: once
+//! [`REPOST_BATCH`] are gathered, by the next poll that finds nothing (the thread would wait
+//! then anyway), or at once when [`REPOST_LIMIT`] are gathered. The ring holds at least
+//! [`RECEIVES`] minus those and a poll's worth of flags not yet applied; past that the peer's
+//! device retries until there is room again.
 //!
 //! A failed receive (the queue pair broke) or a flag the peer got wrong breaks the connection for
 //! good: [`Error::PeerLost`] naming the peer, from then on.
@@ -34,9 +36,12 @@ use crate::verbs::{
 pub(crate) const RECEIVES: u32 = 128;
 /// Bytes of each receive's buffer (a record, rounded up).
 const BUFFER_BYTES: usize = 32;
-/// Applied receives gathered before they are posted again (one call into the provider for
-/// them all): at most this many of the ring are out of use at a time.
+/// Applied receives gathered before a poll that finds nothing posts them again (one call into
+/// the provider for them all).
 const REPOST_BATCH: usize = 16;
+/// Applied receives posted again at once, found something or not: at most this many of the
+/// ring are out of use at a time.
+const REPOST_LIMIT: usize = 48;
 /// Completions taken per poll.
 const POLL_BATCH: usize = 16;
 
@@ -90,7 +95,7 @@ impl Inbound {
                 qp: qp.clone(),
                 buffers,
                 slots: InboundSlots::default(),
-                repost: Vec::with_capacity(REPOST_BATCH + POLL_BATCH),
+                repost: Vec::with_capacity(REPOST_LIMIT + POLL_BATCH),
                 completions: [empty_completion(); POLL_BATCH],
             }),
         })
@@ -170,7 +175,8 @@ impl Inbound {
                 }
                 state.repost.push(index);
             }
-            if state.repost.len() >= REPOST_BATCH {
+            let gathered = state.repost.len();
+            if gathered >= REPOST_LIMIT || (n == 0 && gathered >= REPOST_BATCH) {
                 // On the stack, a provider call's worth at a time: a repost allocates nothing.
                 for chunk in state.repost.chunks(MAX_CHAIN) {
                     let mut again = [receive(&state.buffers, 0); MAX_CHAIN];

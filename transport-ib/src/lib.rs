@@ -30,6 +30,7 @@
 //! need a device are `#[ignore]`d and run inside a QEMU guest with SoftRoCE
 //! (`transport-ib/vm/softroce-guest.sh DIR` runs `DIR/test.sh` there).
 
+mod chain;
 mod connection;
 #[cfg(feature = "cuda")]
 mod cuda;

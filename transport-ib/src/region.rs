@@ -113,6 +113,21 @@ pub(crate) struct RemoteRegion {
     len: usize,
 }
 
+/// What a work request needs of a peer's region: [`RemoteRegion`]'s address, key and number.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RemoteKey {
+    pub(crate) addr: u64,
+    pub(crate) rkey: u32,
+    pub(crate) id: u32,
+}
+
+impl RemoteRegion {
+    /// Its address, key and number.
+    pub(crate) fn key(&self) -> RemoteKey {
+        RemoteKey { addr: self.addr, rkey: self.rkey, id: self.id }
+    }
+}
+
 impl RemoteRegion {
     /// Decodes `owner`'s export, which must describe exactly `len` bytes.
     pub(crate) fn decode(owner: usize, payload: &[u8], len: usize) -> Result<Self> {
@@ -140,6 +155,43 @@ impl HostRegion for RemoteRegion {
     }
     fn host_len(&self) -> usize {
         self.len
+    }
+}
+
+/// The keys of the regions a connection last wrote from and into. A channel link posts message
+/// after message from the same outbox into the same peer buffer, and finding a region's key
+/// anew means calls through its trait object (on an emulated CPU, where every indirect call
+/// is a lookup, a good part of a small message's own work). Regions are known by the address
+/// of their allocation; the `Weak` kept with each pins that allocation, so a region at the
+/// remembered address is the remembered one, never a new one where a dropped one was.
+#[derive(Default)]
+pub(crate) struct RecentRegions {
+    destination: Option<(Weak<dyn MemoryRegion>, RemoteKey)>,
+    source: Option<(Weak<dyn MemoryRegion>, u32)>,
+}
+
+impl RecentRegions {
+    /// The remembered key of the peer's region `region`, if it is the last destination.
+    pub(crate) fn destination(&self, region: &Arc<dyn MemoryRegion>) -> Option<RemoteKey> {
+        let (last, key) = self.destination.as_ref()?;
+        std::ptr::addr_eq(last.as_ptr(), Arc::as_ptr(region)).then_some(*key)
+    }
+
+    /// Remembers `key` as that of the peer's region `region`.
+    pub(crate) fn remember_destination(&mut self, region: &Arc<dyn MemoryRegion>, key: RemoteKey) {
+        self.destination = Some((Arc::downgrade(region), key));
+    }
+
+    /// The remembered local key of `region`, if it is the last source.
+    pub(crate) fn source(&self, region: &Arc<dyn MemoryRegion>) -> Option<u32> {
+        let (last, lkey) = self.source.as_ref()?;
+        std::ptr::addr_eq(last.as_ptr(), Arc::as_ptr(region)).then_some(*lkey)
+    }
+
+    /// Remembers `lkey` as the key the device reads `region` under (valid while the region
+    /// lives: its registration lives as long).
+    pub(crate) fn remember_source(&mut self, region: &Arc<dyn MemoryRegion>, lkey: u32) {
+        self.source = Some((Arc::downgrade(region), lkey));
     }
 }
 

@@ -146,7 +146,9 @@ impl CompletionQueue {
         Ok(Arc::new(CompletionQueue { port: port.clone(), cq, _channel: channel.cloned() }))
     }
 
-    /// Takes the completions that are there (at most `out.len()`), without waiting.
+    /// Takes the completions that are there (at most `out.len()`), without waiting. Inlined: a
+    /// waiter polls on every turn of its spin.
+    #[inline]
     pub fn poll(&self, out: &mut [ffi::ibv_wc]) -> Result<usize> {
         // SAFETY: the context outlives the queue (`port`); `poll_cq` is set by every provider.
         let poll = unsafe { (*self.port.context.as_ptr()).ops.poll_cq }
@@ -374,6 +376,7 @@ impl QueuePair {
     ///
     /// # Safety
     /// As [`post`](Self::post), for every request.
+    #[inline]
     pub unsafe fn post_chain(&self, requests: &[WorkRequest]) -> Result<()> {
         if requests.is_empty() || requests.len() > MAX_CHAIN {
             return Err(Error::invalid(format!(
@@ -564,9 +567,16 @@ pub struct ReceiveRequest {
 }
 
 /// What went wrong with a failed completion (status and vendor error), or `None` for success.
+#[inline]
 pub fn completion_failure(wc: &ffi::ibv_wc) -> Option<String> {
     let (status, vendor) = wc.error()?;
+    Some(failure_text(status, vendor))
+}
+
+/// A failed completion's status and vendor error, in words.
+#[cold]
+fn failure_text(status: ffi::ibv_wc_status::Type, vendor: u32) -> String {
     // SAFETY: ibv_wc_status_str returns a static C string for any status.
     let text = unsafe { std::ffi::CStr::from_ptr(ffi::ibv_wc_status_str(status)) };
-    Some(format!("{} (vendor error {vendor})", text.to_string_lossy()))
+    format!("{} (vendor error {vendor})", text.to_string_lossy())
 }
