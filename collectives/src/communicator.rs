@@ -130,6 +130,8 @@ pub struct Communicator {
     last_host_plan: Cell<Option<(CallShape, Plan)>>,
     /// The node and rail sub-communicators of hierarchical calls (built at the first).
     hierarchy: OnceCell<Box<Hierarchy>>,
+    /// Steps of hierarchical calls run on this communicator (a node or rail one) so far.
+    steps_run: Cell<u64>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Config,
     root: Arc<dyn Bootstrap>,
@@ -236,6 +238,7 @@ impl Communicator {
             table,
             last_host_plan: Cell::new(None),
             hierarchy: OnceCell::new(),
+            steps_run: Cell::new(0),
             factories,
             config,
             root,
@@ -263,6 +266,14 @@ impl Communicator {
     /// The algorithm table in force (after `WEAVE_ALGO` and builder overrides).
     pub fn algorithm_table(&self) -> &AlgorithmTable {
         &self.table
+    }
+
+    /// How many steps this communicator's hierarchical calls on host memory have run so far
+    /// inside the node and across the rail, in that order (`None` before its first
+    /// hierarchical call): how a test sees which steps a call took, e.g. that an all-reduce
+    /// crosses the network once.
+    pub fn hierarchical_steps(&self) -> Option<(u64, u64)> {
+        self.hierarchy.get().map(|h| (h.intra().steps_run.get(), h.rail().steps_run.get()))
     }
 
     /// The algorithm this communicator would run for a call of `bytes` bytes on host memory.
@@ -345,6 +356,7 @@ impl Communicator {
     /// what they called): one step of a hierarchical call.
     #[inline]
     pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
+        self.steps_run.set(self.steps_run.get() + 1);
         let (c, op) = call.collective();
         // SAFETY: the user API built `call` from slices whose lengths it checked (the
         // validation); an invalid rank takes part with no data.

@@ -11,22 +11,43 @@
 //!
 //! | collective | inside the node | across nodes (the rail) | inside the node |
 //! |---|---|---|---|
-//! | all-reduce | reduce-scatter into this rank's shard | all-reduce of the shard | all-gather of the shards |
+//! | all-reduce | reduce-scatter into this rank's shard; all-reduce of the tail | all-reduce of the shard (and the tail, on the last local rank's rail) | all-gather of the shards; broadcast of the tail from the last local rank |
 //! | all-gather | | all-gather of this rank's block | all-gather, then blocks reordered |
 //! | reduce-scatter | blocks reordered, reduce-scatter | reduce-scatter | |
 //! | broadcast | | broadcast on the root's rail | broadcast from the root's local rank |
 //! | reduce | reduce to the root's local rank | reduce on the root's rail | |
 //!
-//! An all-reduce of at least 8 MiB runs its three steps in chunks, the rail step of one chunk
-//! beside the node steps of the next and the previous ([`pipeline`]).
+//! **All-reduce.** The `count` elements split into a main part of `L` shards of `count / L`
+//! elements and a tail of the last `count % L`. Six steps, in this order:
 //!
-//! An all-reduce also runs its last `count % L` elements as an all-reduce in the node and then
-//! across the rail (steps of no elements included, see below). `Avg` sums through the steps
-//! and divides once at the end, as the flat algorithms do.
+//! 1. reduce-scatter of the main part in the node, into this rank's shard of `recv`;
+//! 2. all-reduce of the tail in the node;
+//! 3. one all-reduce across the rail, in place: of the shard, and on the last local rank
+//!    (`L - 1`) of its shard and the tail together, which lie next to each other in `recv`;
+//! 4. `Avg` divides what that step summed;
+//! 5. all-gather of the shards in the node;
+//! 6. broadcast of the tail in the node from the last local rank.
+//!
+//! So a call crosses the network once, in one step per rail, all rails at once: a TCP exchange
+//! costs more than the node steps around it, and a second rail step (the tail's, once run on
+//! its own) doubled the latency of small calls. Each rail is its own communicator, so the
+//! counts agree within a rail although the last one carries more.
+//!
+//! A call of less than 64 KiB in all ([`SMALL_BYTES`]) keeps no shards: the main part is empty
+//! and the whole buffer is the tail, so one rail (the last local rank's) carries it while the
+//! others run their rail step with no elements beside it. One network message per node beats
+//! `L` smaller ones with a reduce-scatter and an all-gather around them.
+//!
+//! A main part of at least 8 MiB runs steps 1, 3 and 5 in chunks instead, the rail step of one
+//! chunk beside the node steps of the next and the previous ([`pipeline`]), and then its tail
+//! as an all-reduce in the node and one across the rail. `Avg` sums through the steps and
+//! divides once its elements hold the sum over every rank, as the flat algorithms do.
 //!
 //! Every step a rank runs is one its peers in that step run too, whatever the counts: steps
 //! go even with no elements (they still exchange their headers), so ranks whose counts differ
 //! meet in a step that reports it rather than one rank waiting in a step the others skipped.
+//! (In an all-reduce, two counts that differ differ in the shard, which steps 1 and 5 and every
+//! rail compare, or in the last rail's elements.)
 //!
 //! **Agreement.** A step that finds a mismatch (or a rank whose own arguments were invalid)
 //! makes the rank take part in its later steps as an invalid rank, so the error travels on to
@@ -46,6 +67,12 @@ use crate::communicator::Communicator;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
+
+/// Bytes of a whole all-reduce below which its node keeps no shards: every element goes the
+/// tail's way (all-reduce in the node, one rail, broadcast in the node), so the call crosses
+/// the network once on one rail instead of once on every rail with a reduce-scatter and an
+/// all-gather around it. A starting point to be measured across nodes (docs/PERF.md).
+const SMALL_BYTES: usize = 64 << 10;
 
 /// The sub-communicators and staging of a communicator's hierarchical calls.
 pub(crate) struct Hierarchy {
@@ -161,35 +188,43 @@ impl Hierarchy {
     unsafe fn all_reduce<T: Element>(&self, steps: &mut Steps, part: Part<T>, op: ReduceOp) -> Result<()> {
         let Part { send, recv, count } = part;
         let l = self.grid.ranks_per_node;
-        let shard = count / l;
+        let size = std::mem::size_of::<T>();
+        let step_op = summing(op);
+        let whole = count.saturating_mul(size);
+        let shard = if whole < SMALL_BYTES { 0 } else { count / l };
         let main = shard * l;
         let tail = count - main;
-        let step_op = summing(op);
-        let size = std::mem::size_of::<T>();
-        // Every step runs even when it has no elements: (shard, tail) differs between any two
-        // counts, so a mismatched count fails some step on every rank instead of leaving one
-        // rank waiting in a step the others skipped.
+        // SAFETY: main + tail = count: inside both buffers.
+        let (s, r) = unsafe { (send.add(main), recv.add(main)) };
+        let tail_in_node = ChannelCall::AllReduce { send: s, recv: r, count: tail, op: step_op };
         if main * size >= pipeline::MIN_BYTES {
             // SAFETY: forwarded from the caller; main <= count.
             unsafe { self.all_reduce_pipelined(steps, send, recv, main, op)? };
-        } else {
-            // SAFETY: local * shard + shard <= main <= count: inside recv.
-            let mine = unsafe { recv.add(self.local * shard) };
-            let rs = ChannelCall::ReduceScatter { send, recv: mine, count: shard, op: step_op };
-            steps.run(&self.intra, main * size, rs)?;
-            let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: shard, op: step_op };
-            steps.run(&self.rail, shard * size, ar)?;
-            // SAFETY: the shard holds the sum over every rank.
-            unsafe { self.finish_avg(steps, op, mine, shard) };
-            steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
+            steps.run(&self.intra, tail * size, tail_in_node)?;
+            let tail_across = ChannelCall::AllReduce { send: r, recv: r, count: tail, op: step_op };
+            steps.run(&self.rail, tail * size, tail_across)?;
+            // SAFETY: the tail holds the sum over every rank.
+            unsafe { self.finish_avg(steps, op, r, tail) };
+            return Ok(());
         }
-        // SAFETY: main + tail = count: inside both buffers.
-        let (s, r) = unsafe { (send.add(main), recv.add(main)) };
-        steps.run(&self.intra, tail * size, ChannelCall::AllReduce { send: s, recv: r, count: tail, op: step_op })?;
-        steps.run(&self.rail, tail * size, ChannelCall::AllReduce { send: r, recv: r, count: tail, op: step_op })?;
-        // SAFETY: the tail holds the sum over every rank.
-        unsafe { self.finish_avg(steps, op, r, tail) };
-        Ok(())
+        // The same six steps for every count, even those of no elements: a mismatched count
+        // changes the shard (compared by the node steps and every rail) or the last rail's
+        // elements, so some step fails on some rank, and the node steps after the rail step
+        // carry that to the rest.
+        // The last local rank's rail carries its shard and the tail, contiguous in recv.
+        let across = if self.local == l - 1 { shard + tail } else { shard };
+        // SAFETY: local·shard + across <= count: inside recv.
+        let mine = unsafe { recv.add(self.local * shard) };
+        let rs = ChannelCall::ReduceScatter { send, recv: mine, count: shard, op: step_op };
+        steps.run(&self.intra, main * size, rs)?;
+        steps.run(&self.intra, tail * size, tail_in_node)?;
+        let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: across, op: step_op };
+        steps.run(&self.rail, across * size, ar)?;
+        // SAFETY: the rail step's range holds the sum over every rank.
+        unsafe { self.finish_avg(steps, op, mine, across) };
+        steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
+        let root = l - 1;
+        steps.run(&self.intra, tail * size, ChannelCall::Broadcast { send: r, recv: r, count: tail, root })
     }
 
     /// # Safety

@@ -544,7 +544,7 @@ fn nodes() -> Result<String> {
     let spec = MatrixSpec { large: Some(((1 << 20) + 5, vec![(DataType::F32, ReduceOp::Sum)])), ..MatrixSpec::ci() };
     let mut checked = run_matrix(&comm, &spec)?;
     if grid {
-        checked += hierarchical_everywhere(&spec)?;
+        checked += hierarchical_everywhere(&spec, per_node)?;
     }
     let reach = |p: usize| topo.reach(p).and_then(|r| r.preferred()).map_or("-", |t| t.name());
     let peers: Vec<String> = (0..n).filter(|&p| p != comm.rank()).map(|p| format!("{p}:{}", reach(p))).collect();
@@ -552,9 +552,9 @@ fn nodes() -> Result<String> {
 }
 
 /// Across nodes of several ranks: the matrix with the hierarchical algorithm forced at every
-/// size, then mismatched counts (by one element, and by less than the ranks per node) and an
-/// invalid root fail on every rank, and the communicator still works.
-fn hierarchical_everywhere(spec: &MatrixSpec) -> Result<usize> {
+/// size, then mismatched counts (by one element, and by less than the ranks per node; between
+/// nodes only) and an invalid root fail on every rank, and the communicator still works.
+fn hierarchical_everywhere(spec: &MatrixSpec, per_node: usize) -> Result<usize> {
     use Collective::*;
     let mut b = Communicator::builder(comm_core::bootstrap::from_env()?);
     for c in [AllReduce, AllGather, ReduceScatter, Broadcast, Reduce] {
@@ -572,6 +572,17 @@ fn hierarchical_everywhere(spec: &MatrixSpec) -> Result<usize> {
         let mut buf = vec![1.0f32; count];
         expect_invalid("all_reduce of different counts", comm.all_reduce_in_place(&mut buf, ReduceOp::Sum))?;
     }
+    // Counts that agree inside each node: only rail steps see the mismatch.
+    let node = me / per_node;
+    let mut buf = vec![1i32; 100 + node];
+    expect_invalid(
+        "all_reduce of counts that differ between nodes",
+        comm.all_reduce_in_place(&mut buf, ReduceOp::Sum),
+    )?;
+    // Node 0 below the small-call size (no shards: its last rail carries all 16,383 elements),
+    // node 1 with shards of 16,383 and no tail: the last rail agrees, the others do not.
+    let mut buf = vec![1.0f32; if node == 0 { 16383 } else { 16383 * per_node }];
+    expect_invalid("all_reduce of a small and a sharded count", comm.all_reduce_in_place(&mut buf, ReduceOp::Sum))?;
     let count = 10 + me % 2;
     let mut recv = vec![0u32; count * n];
     expect_invalid("all_gather of different counts", comm.all_gather(&vec![1u32; count], &mut recv))?;
@@ -592,8 +603,49 @@ fn hierarchical_everywhere(spec: &MatrixSpec) -> Result<usize> {
     if ok.iter().any(|&v| v != (n * (n - 1) / 2) as i64) {
         return Err(Error::protocol("hierarchical all_reduce after the mismatches is wrong"));
     }
-    checked += 5;
+    checked += 7;
+    checked += one_rail_step_per_all_reduce(&comm)?;
     checked += pipelined_all_reduces(&comm)?;
+    Ok(checked)
+}
+
+/// Every hierarchical all-reduce below the pipelined size, small or sharded, with a tail or
+/// without, in place or not, runs four steps inside the node and exactly one across the rail
+/// (the network), and gets the right sum.
+fn one_rail_step_per_all_reduce(comm: &Communicator) -> Result<usize> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let want = |i: usize| (n * (n - 1) / 2 + n * (i % 5)) as i64;
+    let mut checked = 0;
+    for count in [1, 3, 7, 1023, (64 << 10) / 8 - 1, (64 << 10) / 8, (64 << 10) / 8 + 3, (1 << 19) + 1] {
+        for in_place in [false, true] {
+            let send: Vec<i64> = (0..count).map(|i| (me + i % 5) as i64).collect();
+            let mut recv = vec![0i64; count];
+            let before = comm.hierarchical_steps();
+            if in_place {
+                recv.copy_from_slice(&send);
+                comm.all_reduce_in_place(&mut recv, ReduceOp::Sum)?;
+            } else {
+                comm.all_reduce(&send, &mut recv, ReduceOp::Sum)?;
+            }
+            let (intra, rail) = comm.hierarchical_steps().ok_or_else(|| Error::protocol("no hierarchical steps"))?;
+            let (intra0, rail0) = before.unwrap_or((0, 0));
+            if (intra - intra0, rail - rail0) != (4, 1) {
+                return Err(Error::protocol(format!(
+                    "hierarchical all_reduce of {count} i64 ran {} node and {} rail steps, not 4 and 1",
+                    intra - intra0,
+                    rail - rail0
+                )));
+            }
+            if let Some(i) = (0..count).find(|&i| recv[i] != want(i)) {
+                return Err(Error::protocol(format!(
+                    "hierarchical all_reduce of {count} i64 (in place: {in_place}): element {i} is {} not {}",
+                    recv[i],
+                    want(i)
+                )));
+            }
+            checked += 1;
+        }
+    }
     Ok(checked)
 }
 
