@@ -212,10 +212,9 @@ mod tests {
         }
     }
 
-    #[test]
-    fn device_calls_across_a_node_grid_take_steps_where_the_rows_say() {
-        let t = AlgorithmTable::default();
-        // Two nodes of two ranks: rank 1 maps its node's peer 0, reaches 2 and 3 over the network.
+    /// Rank 1 of two nodes of two ranks: it maps its node's peer 0 and reaches 2 and 3 over the
+    /// network.
+    fn grid_2x2_rank_1() -> Topology {
         let hosts: Vec<String> = ["a", "a", "b", "b"].map(String::from).to_vec();
         let reach = (0..4)
             .map(|p| comm_core::topology::PeerReach {
@@ -226,7 +225,33 @@ mod tests {
                 },
             })
             .collect();
-        let topo = Topology::new(1, &hosts, reach);
+        Topology::new(1, &hosts, reach)
+    }
+
+    #[test]
+    fn host_calls_across_a_node_grid_take_steps_where_the_rows_say() {
+        let t = AlgorithmTable::default();
+        let topo = grid_2x2_rank_1();
+        for (c, bytes, steps) in [
+            (Collective::AllReduce, 8, true),
+            (Collective::AllReduce, 1 << 20, true),
+            (Collective::AllGather, 8, true),
+            (Collective::AllGather, 1 << 20, true),
+            (Collective::ReduceScatter, (64 << 10) - 1, false),
+            (Collective::ReduceScatter, 64 << 10, true),
+            (Collective::Broadcast, 8, true),
+            (Collective::Reduce, 8, true),
+            (Collective::AllToAll, 8, false),
+        ] {
+            let p = plan(&t, shape(c, bytes), &topo, None).unwrap();
+            assert_eq!(p.executor == Executor::Hierarchical, steps, "{c} {bytes}: {p:?}");
+        }
+    }
+
+    #[test]
+    fn device_calls_across_a_node_grid_take_steps_where_the_rows_say() {
+        let t = AlgorithmTable::default();
+        let topo = grid_2x2_rank_1();
         let caps = GpuCaps { direct: false, ..device::TEST_CAPS };
         let device = |c, bytes| CallShape { collective: c, memory: MemorySpace::Device, bytes, payload: bytes };
         for (c, bytes, steps) in [

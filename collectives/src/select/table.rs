@@ -292,9 +292,12 @@ pub const HIERARCHICAL_HOST_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
     &[
+        // At every size: one crossing of the network (a small all-reduce on one rail) and
+        // node steps in shared memory beat a flat hop that sends a TCP message per peer
+        // (docs/PERF.md).
+        host(AllReduce, (1, ANY), (0, ANY), Hierarchical),
+        host(AllGather, (1, ANY), (0, ANY), Hierarchical),
         // Below 64 KiB one flat hop beats three steps.
-        host(AllReduce, (1, ANY), (64 << 10, ANY), Hierarchical),
-        host(AllGather, (1, ANY), (64 << 10, ANY), Hierarchical),
         host(ReduceScatter, (1, ANY), (64 << 10, ANY), Hierarchical),
         // The root's data crosses the network once per node instead of once per rank.
         host(Broadcast, (1, ANY), (0, ANY), Hierarchical),
@@ -305,7 +308,9 @@ pub const HIERARCHICAL_HOST_ROWS: &[Row] = {
 /// The device rows for jobs of several nodes in a grid (first in the table, as the host ones):
 /// steps of device calls over the node and rail sub-communicators, with device staging and
 /// copies on the caller's stream where blocks are reordered or a node's partial result is
-/// held (`gpu/hierarchy.rs`). The sizes follow the host rows'.
+/// held (`gpu/hierarchy.rs`). All-reduce and all-gather start at 64 KiB, where the host rows
+/// started before their small calls were measured: the device all-reduce still crosses the
+/// network twice per call, and device timings across nodes are still to be taken.
 pub const HIERARCHICAL_DEVICE_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
