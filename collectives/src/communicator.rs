@@ -130,7 +130,7 @@ pub struct Communicator {
     last_host_plan: Cell<Option<(CallShape, Plan)>>,
     /// The node and rail sub-communicators of hierarchical calls (built at the first).
     hierarchy: OnceCell<Box<Hierarchy>>,
-    /// Steps of hierarchical calls run on this communicator (a node or rail one) so far.
+    /// Steps of hierarchical calls this communicator (a node or rail one) has run so far.
     steps_run: Cell<u64>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Config,
@@ -356,7 +356,6 @@ impl Communicator {
     /// what they called): one step of a hierarchical call.
     #[inline]
     pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
-        self.steps_run.set(self.steps_run.get() + 1);
         let (c, op) = call.collective();
         // SAFETY: the user API built `call` from slices whose lengths it checked (the
         // validation); an invalid rank takes part with no data.
@@ -366,6 +365,11 @@ impl Communicator {
         // SAFETY: as above.
         let in_steps = |h: &Hierarchy, validation| unsafe { h.run(call, validation) };
         self.run_planned::<T>(c, op, bytes, validation, through_links, on_host, in_steps)
+    }
+
+    /// Counts one step of a hierarchical call run on this (node or rail) communicator.
+    pub(crate) fn count_step(&self) {
+        self.steps_run.set(self.steps_run.get() + 1);
     }
 
     /// The node and rail sub-communicators of hierarchical calls, split at the first one.

@@ -403,6 +403,7 @@ impl Steps {
             Some(_) => Err(Error::invalid("an earlier step of this hierarchical call failed")),
             None => Ok(()),
         };
+        comm.count_step();
         match comm.step(bytes, validation, call) {
             Ok(()) => Ok(()),
             Err(e @ Error::InvalidArgument(_)) => {

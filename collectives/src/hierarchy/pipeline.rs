@@ -53,8 +53,8 @@ impl<'a> LentRail<'a> {
     }
 }
 
-// SAFETY: a Communicator is not Sync only because of the Cells and RefCells of its engines and
-// plan cache. While a pipelined call runs, only the rail thread calls into the rail communicator
+// SAFETY: a Communicator is not Sync only because of the Cells and RefCells of its engines,
+// plan cache and step count. While a pipelined call runs, only the rail thread calls into the rail communicator
 // (the calling thread uses the node communicator, and joins the rail thread before it returns),
 // so none of those cells is ever touched from two threads at once; what the rail communicator
 // shares with other communicators (bootstrap, transports, registry) is Sync.
