@@ -291,14 +291,16 @@ fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handsha
 
 /// A socket's reader thread: waits in `poll(2)` (not holding the socket's lock) until bytes
 /// come, then drains them (see [`crate::receive`]); while a flag waits for other stripes it
-/// snoozes instead, and while waiters tend the peer or hold the socket it naps. Ends when the socket ends (whoever saw the end reported it) or the listener stops.
+/// snoozes instead, and while waiters tend the peer (stripe 0, which carries the small
+/// messages; the other stripes carry only large writes, which a reader keeps draining beside
+/// the waiter) or hold the socket it naps. Ends when the socket ends (whoever saw the end reported it) or the listener stops.
 fn receive_loop(socket: Arc<InSocket>, rank: usize, peer: Arc<PeerInbound>, inbound: Arc<Inbound>) {
     let mut last = Drained::Idle;
     let mut backoff = Backoff::new();
     while !inbound.stopping() {
         if last == Drained::Waiting {
             backoff.snooze();
-        } else if peer.tended() {
+        } else if socket.stripe == 0 && peer.tended() {
             backoff.reset();
             std::thread::sleep(TENDED_NAP);
         } else {

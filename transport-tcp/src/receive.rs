@@ -16,8 +16,9 @@
 //!   socket of the peer and drains it, so a small message is applied by the very thread that
 //!   waits for it, with no thread wake-up on the way.
 //!
-//! While waiters **tend** a peer (one drained its sockets within [`TENDED_FOR`]), the peer's
-//! reader threads nap instead of sleeping in `poll(2)`: a thread asleep on a socket is woken by
+//! While waiters **tend** a peer (one drained its sockets within [`TENDED_FOR`]), the reader
+//! thread of the peer's stripe 0 — where small messages travel — naps instead of sleeping in
+//! `poll(2)` (the other stripes' readers go on draining large writes beside the waiter): a thread asleep on a socket is woken by
 //! every segment that lands, and the peer's sending system call pays for that wake-up (an
 //! inter-processor interrupt, on a virtual machine an exit) on every small message. Napping
 //! readers wake on a timer of their own, which costs a core now and then: whether waiters tend
@@ -81,7 +82,7 @@ impl PeerInbound {
         self.answered.load(Ordering::Acquire)
     }
 
-    /// Whether a waiter drained this peer within [`TENDED_FOR`]: its reader threads nap then.
+    /// Whether a waiter drained this peer within [`TENDED_FOR`]: its stripe-0 reader naps then.
     pub(crate) fn tended(&self) -> bool {
         let at = self.tended_at.load(Ordering::Relaxed);
         at != 0 && since_start().saturating_sub(at) < TENDED_FOR.as_nanos() as u64
