@@ -103,32 +103,31 @@ impl HostRegion for IbRegion {
     }
 }
 
-/// A peer's registered memory as this rank names it: its address in the peer, its key and its
-/// number there (its owner is the registration's). Not mapped here.
+/// A peer's registered memory as this rank names it: its key (see [`RemoteKey`]; its owner is
+/// the registration's) and its length. Not mapped here.
 #[derive(Debug)]
 pub(crate) struct RemoteRegion {
-    pub(crate) addr: u64,
-    pub(crate) rkey: u32,
-    pub(crate) id: u32,
+    key: RemoteKey,
     len: usize,
 }
 
-/// What a work request needs of a peer's region: [`RemoteRegion`]'s address, key and number.
+/// What a work request needs of a peer's region.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct RemoteKey {
+    /// The region's address in the peer.
     pub(crate) addr: u64,
+    /// The peer's remote key for it.
     pub(crate) rkey: u32,
+    /// Its number among the peer's regions (what flags name).
     pub(crate) id: u32,
 }
 
 impl RemoteRegion {
     /// Its address, key and number.
     pub(crate) fn key(&self) -> RemoteKey {
-        RemoteKey { addr: self.addr, rkey: self.rkey, id: self.id }
+        self.key
     }
-}
 
-impl RemoteRegion {
     /// Decodes `owner`'s export, which must describe exactly `len` bytes.
     pub(crate) fn decode(owner: usize, payload: &[u8], len: usize) -> Result<Self> {
         let mut d = Decoder::new(payload, EXPORT_MAGIC, EXPORT_VERSION, "ib memory export")?;
@@ -145,7 +144,7 @@ impl RemoteRegion {
         if id == PRIVATE {
             return Err(Error::protocol(format!("rank {owner} exported an ib region without a number")));
         }
-        Ok(RemoteRegion { addr, rkey, id, len })
+        Ok(RemoteRegion { key: RemoteKey { addr, rkey, id }, len })
     }
 }
 

@@ -198,7 +198,8 @@ fn a_flag_for_a_region_the_receiver_never_had_breaks_the_connection_naming_the_p
     // The same memory under a region number rank 1 never gave out (an export that lies).
     let region = theirs.region().as_any().downcast_ref::<crate::region::RemoteRegion>().unwrap();
     let mut e = comm_core::wire::Encoder::new(*b"WVIR", 2);
-    e.u64(region.addr).u32(region.rkey).usize(4096).u32(region.id + 1000);
+    let key = region.key();
+    e.u64(key.addr).u32(key.rkey).usize(4096).u32(key.id + 1000);
     let ep = b.local_endpoint().unwrap();
     let export = comm_core::transport::PeerExport {
         peer: 1,

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use comm_core::Error;
 use comm_core::connection::Connection;
-use comm_core::memory::MemoryKind;
+use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::testing::{patterned_source, region_of, remote_region, same_bytes};
 use comm_core::transport::TransportBackend;
 
@@ -234,16 +234,27 @@ fn a_waiter_that_reads_garbage_gets_peer_lost_and_marks_the_peer() {
     inbound.readers_paused.store(false, Ordering::Release);
 }
 
+/// A transfer from `a` (rank 0) to `b` (rank 1) of six frames over three stripes, more than
+/// the socket buffers hold: its length, `a`'s source (patterned by `seed`), `b`'s region and
+/// `a`'s view of it, and the offset of a flag behind the bytes.
+fn striped_transfer(
+    a: &TcpBackend,
+    b: &TcpBackend,
+    seed: u8,
+) -> (usize, RegisteredMemory, RegisteredMemory, RegisteredMemory, usize) {
+    let len = 5 * MAX_FRAME_BYTES + 123;
+    let src = patterned_source(a, len, seed).unwrap();
+    let (theirs, remote) = remote_region(b, a, len + 64).unwrap();
+    (len, src, theirs, remote, len.next_multiple_of(8))
+}
+
 #[test]
 fn a_waiter_applies_striped_data_flags_and_flushes_while_the_readers_stall() {
     let (a, b) = (backend(0, Duration::from_secs(20)), backend(1, Duration::from_secs(20)));
     let conn = a.connect(1, &b.local_endpoint().unwrap()).unwrap();
     let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
     b.listener.inbound().readers_paused.store(true, Ordering::Release);
-    let len = 5 * MAX_FRAME_BYTES + 123; // six frames over three stripes, more than the buffers hold
-    let src = patterned_source(&a, len, 3).unwrap();
-    let (theirs, remote) = remote_region(&b, &a, len + 64).unwrap();
-    let flag_at = len.next_multiple_of(8);
+    let (len, src, theirs, remote, flag_at) = striped_transfer(&a, &b, 3);
     let sender = std::thread::spawn(move || {
         conn.write(&remote, 0, &src, 0, len).unwrap();
         conn.update_and_sync(&remote, flag_at, 9).unwrap();
@@ -319,10 +330,7 @@ fn a_tended_peer_is_drained_by_its_waiter_and_its_readers_take_over_when_it_stop
         assert_eq!(peer.tended(), t == Tending::On, "{t:?}");
         // While the waiter tends, a striped transfer larger than the socket buffers and its
         // flag land through the waiter's drains.
-        let len = 5 * MAX_FRAME_BYTES + 123;
-        let src = patterned_source(&a, len, 5).unwrap();
-        let (theirs, remote) = remote_region(&b, &a, len + 64).unwrap();
-        let flag_at = len.next_multiple_of(8);
+        let (len, src, theirs, remote, flag_at) = striped_transfer(&a, &b, 5);
         let sender = std::thread::spawn(move || {
             conn.write(&remote, 0, &src, 0, len).unwrap();
             conn.update_and_sync(&remote, flag_at, 1).unwrap();

@@ -30,32 +30,28 @@ struct Command {
     run: fn(Args) -> ExitCode,
 }
 
+/// A [`Command`] named `$name`: from a module's `SUMMARY`, `USAGE` and `run`, or from the
+/// three given.
+macro_rules! command {
+    ($name:literal, $module:ident) => {
+        command!($name, $module::SUMMARY, $module::USAGE, $module::run)
+    };
+    ($name:literal, $summary:expr, $usage:expr, $run:expr) => {
+        Command { name: $name, summary: $summary, usage: $usage, run: $run }
+    };
+}
+
 /// Every subcommand, in the order `help` lists them.
 const COMMANDS: &[Command] = &[
-    Command {
-        name: "gpu-bundle",
-        summary: gpu_bundle_cmd::SUMMARY,
-        usage: gpu_bundle_cmd::USAGE,
-        run: gpu_bundle_cmd::run,
-    },
-    Command { name: "ib-vm", summary: ib_vm_cmd::SUMMARY, usage: ib_vm_cmd::USAGE, run: ib_vm_cmd::run },
-    Command { name: "launch", summary: launch_cmd::SUMMARY, usage: launch_cmd::USAGE, run: launch_cmd::run },
-    Command {
-        name: "multinode",
-        summary: launch_cmd::MULTINODE_SUMMARY,
-        usage: launch_cmd::MULTINODE_USAGE,
-        run: launch_cmd::run_multinode,
-    },
-    Command { name: "nccl", summary: nccl_cmd::SUMMARY, usage: nccl_cmd::USAGE, run: nccl_cmd::run },
-    Command { name: "scale-model", summary: scale_model::SUMMARY, usage: scale_model::USAGE, run: scale_model::run },
-    Command { name: "test", summary: test_cmd::SUMMARY, usage: test_cmd::USAGE, run: test_cmd::run },
-    Command { name: "bench", summary: bench_cmd::SUMMARY, usage: bench_cmd::USAGE, run: bench_cmd::run },
-    Command {
-        name: "node-exec",
-        summary: bench_nodes::NODE_EXEC_SUMMARY,
-        usage: bench_nodes::NODE_EXEC_USAGE,
-        run: bench_nodes::run_node_exec,
-    },
+    command!("gpu-bundle", gpu_bundle_cmd),
+    command!("ib-vm", ib_vm_cmd),
+    command!("launch", launch_cmd),
+    command!("multinode", launch_cmd::MULTINODE_SUMMARY, launch_cmd::MULTINODE_USAGE, launch_cmd::run_multinode),
+    command!("nccl", nccl_cmd),
+    command!("scale-model", scale_model),
+    command!("test", test_cmd),
+    command!("bench", bench_cmd),
+    command!("node-exec", bench_nodes::NODE_EXEC_SUMMARY, bench_nodes::NODE_EXEC_USAGE, bench_nodes::run_node_exec),
 ];
 
 fn usage() -> String {

@@ -619,25 +619,14 @@ impl AlgorithmTable {
     /// channel families may run): an override that applies, else the first matching row that
     /// is not tied to a GPU architecture.
     pub fn select(&self, c: Collective, memory: MemorySpace, ranks: usize, bytes: usize) -> Result<Algorithm> {
-        self.select_for(c, memory, ranks, bytes, None)
+        self.select_among(c, memory, ranks, bytes, None, &[Family::Direct, Family::Channel])
     }
 
-    /// As [`select`](Self::select), on GPUs of architecture `arch` (compute capability × 10):
-    /// rows tuned for `arch` and rows for any architecture match.
-    pub fn select_for(
-        &self,
-        c: Collective,
-        memory: MemorySpace,
-        ranks: usize,
-        bytes: usize,
-        arch: Option<u32>,
-    ) -> Result<Algorithm> {
-        self.select_among(c, memory, ranks, bytes, arch, &[Family::Direct, Family::Channel])
-    }
-
-    /// As [`select_for`](Self::select_for), among the algorithms of `families` only (the
-    /// families the topology allows). An override outside them is an error naming why; with a
-    /// family forced by [`set_family`](Self::set_family), its rows come first where it runs.
+    /// As [`select`](Self::select), on GPUs of architecture `arch` (compute capability × 10:
+    /// rows tuned for `arch` and rows for any architecture match; `None`: any), among the
+    /// algorithms of `families` only (the families the topology allows). An override outside
+    /// them is an error naming why; with a family forced by [`set_family`](Self::set_family),
+    /// its rows come first where it runs.
     pub fn select_among(
         &self,
         c: Collective,

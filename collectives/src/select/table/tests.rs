@@ -2,6 +2,9 @@
 
 use super::*;
 
+/// The families a job of one node allows.
+const DIRECT_AND_CHANNEL: &[Family] = &[Family::Direct, Family::Channel];
+
 #[test]
 fn every_host_collective_has_an_algorithm_for_every_size_and_world() {
     let t = AlgorithmTable::default();
@@ -87,7 +90,7 @@ fn every_device_collective_has_an_algorithm_at_every_world_size() {
 #[test]
 fn hopper_rows_are_per_world_size_and_cover_every_size() {
     let t = AlgorithmTable::default();
-    let sel = |c, n, b| t.select_for(c, MemorySpace::Device, n, b, Some(90)).unwrap();
+    let sel = |c, n, b| t.select_among(c, MemorySpace::Device, n, b, Some(90), DIRECT_AND_CHANNEL).unwrap();
     assert_eq!(sel(Collective::AllReduce, 2, 256 << 10), Algorithm::OneShot);
     assert_eq!(sel(Collective::AllReduce, 2, 1 << 20), Algorithm::TwoShotLl128);
     assert_eq!(sel(Collective::AllReduce, 4, 256 << 10), Algorithm::OneShot);
@@ -109,7 +112,7 @@ fn hopper_rows_are_per_world_size_and_cover_every_size() {
     }
     // Another architecture gets the generic rows.
     assert_eq!(
-        t.select_for(Collective::AllReduce, MemorySpace::Device, 2, 128 << 10, Some(80)).unwrap(),
+        t.select_among(Collective::AllReduce, MemorySpace::Device, 2, 128 << 10, Some(80), DIRECT_AND_CHANNEL).unwrap(),
         Algorithm::TwoShot
     );
 }
