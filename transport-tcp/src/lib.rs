@@ -10,16 +10,19 @@
 //! - **Memory**: [`TcpBackend::allocate`](comm_core::transport::TransportBackend::allocate)
 //!   gives host memory with an id; peers name it by that id. Frames carry (region id, offset,
 //!   length) and the receiver checks the range — no pointer ever travels (see [`wire`]).
-//! - **Connection**: several sockets per peer (`WEAVE_TCP_SOCKETS`), large writes cut into
-//!   frames and striped over them; a flag lands only after the data it covers; `flush` returns
-//!   when the peer has applied everything. EOF, a reset or a lying peer is
-//!   `Error::PeerLost`; a silent one a timeout — never a hang.
-//! - **Receiving**: a reader thread per inbound socket applies frames as they come, and a rank
-//!   that waits for a peer applies that peer's frames itself (`Connection::progress`), so a
-//!   small message is stored by the thread that waits for it.
+//! - **Connection**: several sockets per pair of ranks (`WEAVE_TCP_SOCKETS`), which carry
+//!   both directions (the lower rank dials them, the higher writes on what it accepted);
+//!   large writes cut into frames and striped over them; a flag lands only after the data it
+//!   covers; `flush` returns when the peer has applied everything. EOF, a reset or a lying
+//!   peer is `Error::PeerLost`; a silent one a timeout — never a hang.
+//! - **Receiving**: a reader thread per socket applies frames as they come, and a rank that
+//!   waits for a peer applies that peer's frames itself (`Connection::progress`), so a small
+//!   message is stored by the thread that waits for it; meanwhile the peer's stripe-0 reader
+//!   naps instead of being woken by every segment ([`Tending`]).
 //!
 //! Memory imported through this transport is not mapped here (`direct_access` is false), so
-//! the collectives run their channel family over it. Device buffers are not carried yet.
+//! the collectives run their channel family over it. Device buffers cross it staged through
+//! pinned host memory by the collectives (this crate carries host memory only).
 
 pub mod config;
 mod connection;
