@@ -142,12 +142,25 @@ port=$((20000 + $$ % 20000))
 wire() { # wire LOCAL-PORT REMOTE-PORT MAC-BYTE
   echo "-netdev dgram,id=n0,local.type=inet,local.host=127.0.0.1,local.port=$1,remote.type=inet,remote.host=127.0.0.1,remote.port=$2 -device virtio-net-pci,netdev=n0,mac=52:54:00:00:77:$3"
 }
-# shellcheck disable=SC2046
-guest guest0 "weave_guest=0 weave_netdev=eth0 weave_ip=10.77.0.1/24" -smp 1 $(wire $port $((port + 1)) 01) & g0=$!
-# shellcheck disable=SC2046
-guest guest1 "weave_guest=1 weave_netdev=eth0 weave_ip=10.77.0.2/24" -smp 1 $(wire $((port + 1)) $port 02) & g1=$!
-wait $g0; wait $g1
-report guest0; s0=$?
-report guest1; s1=$?
-[ $s0 -ge $s1 ] && exit $s0
-exit $s1
+# pair: boots both guests, reports them; its status is the worse guest's.
+pair() {
+  # shellcheck disable=SC2046
+  guest guest0 "weave_guest=0 weave_netdev=eth0 weave_ip=10.77.0.1/24" -smp 1 $(wire $port $((port + 1)) 01) & g0=$!
+  # shellcheck disable=SC2046
+  guest guest1 "weave_guest=1 weave_netdev=eth0 weave_ip=10.77.0.2/24" -smp 1 $(wire $((port + 1)) $port 02) & g1=$!
+  wait $g0; wait $g1
+  report guest0; s0=$?
+  report guest1; s1=$?
+  [ $s0 -ge $s1 ] && return $s0
+  return $s1
+}
+pair; s=$?
+# The emulated NIC of a guest sometimes stops sending on a loaded 2-core host ("NETDEV
+# WATCHDOG: transmit queue 0 timed out", sessions 12-14): the emulator's fault, after which
+# the ranks time out. Such a run is booted once more; any other failure stands.
+if [ $s -ne 0 ] && cat "$WORK/guest0.log" "$WORK/guest1.log" | grep -q "NETDEV WATCHDOG"; then
+  echo "softroce-guest: a guest's virtual NIC stalled (NETDEV WATCHDOG in its log): booting the pair once more" >&2
+  port=$((port + 2))
+  pair; s=$?
+fi
+exit $s
