@@ -144,7 +144,7 @@ fn ib_guest(wanted: bool) -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    let single = crate::ib_vm_cmd::stage_and_run(&[2], false, &[]);
+    let single = crate::ib_vm_cmd::stage_and_run(&[2, 4], false, &[]);
     let both = single.and_then(|s| if s == ExitCode::SUCCESS { crate::ib_vm_cmd::stage_and_run_pair() } else { Ok(s) });
     match both {
         Ok(status) => status,
