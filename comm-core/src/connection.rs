@@ -42,8 +42,8 @@ pub trait Connection: Send + Sync {
     fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()>;
 
     /// [`update_and_sync`](Self::update_and_sync) that the transport may hold back until it
-    /// next sends to this peer, or until this process next waits for anything
-    /// ([`crate::deferred`]), whichever comes first. For stores the peer needs only for a later
+    /// next sends to this peer, until this process next waits on this peer, or until any of its
+    /// waits outlasts its spin ([`crate::deferred`]), whichever comes first. For stores the peer needs only for a later
     /// step — a slot credit — never for one it waits on now. The default stores at once.
     fn update_lazily(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
         self.update_and_sync(dst, dst_offset, value)
@@ -68,7 +68,9 @@ pub trait Connection: Send + Sync {
     /// [`spin_until_progress`]), so that a transport whose
     /// incoming bytes are stored by software (TCP) stores them on the waiting thread instead of
     /// waking a thread of its own first. It must return quickly: no blocking, no sleeping;
-    /// another thread already at work on the same bytes is a reason to return at once.
+    /// another thread already at work on the same bytes is a reason to return at once. A
+    /// transport that holds a store back for this peer ([`update_lazily`](Self::update_lazily))
+    /// sends it here: the wait may be for what the peer does once it has it.
     ///
     /// The default does nothing, which is right wherever the peer's writes land by themselves
     /// (shared memory, RDMA) or a transport's own thread stores them. `Err(PeerLost)` when it

@@ -7,12 +7,18 @@
 //! the next frame to that peer anyway — or until this process next waits for anything, since
 //! the waited-for event may depend, through any chain of ranks, on the store held back.
 //!
-//! The rule that keeps this deadlock-free: **no wait spins while a send is held back.** Every
-//! wait of the library runs [`send_all`] before it spins (see [`crate::spin`]), which sends
-//! whatever any holder in this process holds. A holder registers with [`hold`] when it starts
-//! holding; registering is cheap, and a wait that finds nothing registered reads one atomic.
-//! What is held back is only ever a store its peer needs for a *later* step — a credit for a
-//! slot the peer reuses a few messages on — never one the current step waits for.
+//! The rule that keeps this deadlock-free: **no wait outlasts its spin while a send is held
+//! back.** Every wait of the library runs [`send_all`] once it has spun for its few
+//! microseconds without its condition coming true (see [`crate::spin`]), which sends whatever
+//! any holder in this process holds; a wait on the very peer a holder holds a send for sends
+//! that one at once (the transport's [`progress`](crate::connection::Connection::progress)).
+//! A holder registers with [`hold`] when it starts holding; registering is cheap, and a wait
+//! that finds nothing registered reads one atomic. What is held back is only ever a store its
+//! peer needs for a *later* step — a credit for a slot the peer reuses a few messages on —
+//! never one the current step waits for, so the short grace costs a waiting peer a few
+//! microseconds at most, while a rank whose other waits end quickly (a partner in the node,
+//! a step of shared memory between two network messages) sends the credit in front of its
+//! next message instead of in a frame of its own.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -36,8 +42,8 @@ pub fn hold(holder: Arc<dyn HeldSends>) {
     HOLDING.store(holders.len(), Ordering::Release);
 }
 
-/// Sends everything held back in this process: call it before spinning on anything a peer
-/// is to make true.
+/// Sends everything held back in this process: call it before waiting long on anything a
+/// peer is to make true.
 #[inline]
 pub fn send_all() {
     if HOLDING.load(Ordering::Acquire) != 0 {

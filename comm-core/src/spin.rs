@@ -169,6 +169,12 @@ impl Backoff {
         self.stage == Stage::Sleep
     }
 
+    /// Whether snoozes are still spin hints: the wait is younger than the spin budget (a few
+    /// microseconds), and ranks do not outnumber cores.
+    pub fn is_spinning(&self) -> bool {
+        self.stage == Stage::Spin
+    }
+
     /// Counts one snooze and spins or yields for it; true when the caller is to sleep instead.
     fn advance(&mut self) -> bool {
         self.calls = self.calls.wrapping_add(1);
@@ -257,10 +263,9 @@ pub fn wait_until_rung(
     if ready() {
         return Ok(());
     }
-    // What this process holds back may be what the peer needs to make `ready()` true.
-    crate::deferred::send_all();
     let mut deadline: Option<Deadline> = None;
     let mut backoff = Backoff::new();
+    let mut held_sent = false;
     let mut i: u32 = 0;
     loop {
         if let Err(e) = progress() {
@@ -270,6 +275,12 @@ pub fn wait_until_rung(
             return Ok(());
         }
         i = i.wrapping_add(1);
+        // What this process holds back may be what the peer needs to make `ready()` true: it
+        // goes out once the wait outlasts its spin (see `crate::deferred`).
+        if !held_sent && !backoff.is_spinning() {
+            crate::deferred::send_all();
+            held_sent = true;
+        }
         match doorbell {
             Some(bell) => backoff.snooze_on(bell, &mut ready),
             None => backoff.snooze(),
@@ -465,6 +476,23 @@ mod tests {
         );
         assert!(matches!(r, Err(Error::PeerLost { peer: 2, .. })), "{r:?}");
         assert!(took < Duration::from_secs(5), "noticed after {took:?}");
+    }
+
+    #[test]
+    fn a_wait_that_outlasts_its_spin_sends_what_the_process_holds_back() {
+        struct Held(AtomicU64);
+        impl crate::deferred::HeldSends for Held {
+            fn send_held(&self) {
+                self.0.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        let held = std::sync::Arc::new(Held(AtomicU64::new(0)));
+        crate::deferred::hold(held.clone());
+        let abort = AtomicBool::new(false);
+        let ctx = context("t", Some(1), Duration::from_secs(10), &abort);
+        // The held send is what the condition waits for, as a peer's next message may be.
+        spin_until(&ctx, || held.0.load(Ordering::Relaxed) > 0).unwrap();
+        assert_eq!(held.0.load(Ordering::Relaxed), 1, "sent once");
     }
 
     #[test]

@@ -21,7 +21,8 @@
 //!
 //! A credit ([`update_lazily`](Connection::update_lazily)) is held back rather than sent in a
 //! frame of its own: it goes out in front of the next frame on stripe 0 — in the same `writev`
-//! as the next message to this peer, typically — or when this process next waits
+//! as the next message to this peer, typically — or when this rank next waits on this peer
+//! ([`progress`](Connection::progress)), or when any wait of this process outlasts its spin
 //! ([`comm_core::deferred`]). At most one is held per connection: a second one sends both.
 
 use std::io::{IoSlice, Read, Write};
@@ -514,6 +515,10 @@ impl Connection for TcpConnection {
     }
 
     fn progress(&self) -> Result<()> {
+        // The wait this serves is on the peer, which may need the credit to go on.
+        if let Some(flag) = self.held.take() {
+            self.stripes[0].send(None, flag, &self.shared, self.peer)?;
+        }
         self.from_peer.progress(self.peer, &self.inbound)
     }
 

@@ -275,7 +275,7 @@ fn a_waiter_applies_striped_data_flags_and_flushes_while_the_readers_stall() {
 }
 
 #[test]
-fn a_lazy_update_rides_the_next_frame_or_goes_out_at_the_next_wait() {
+fn a_lazy_update_rides_the_next_frame_or_goes_out_when_the_rank_waits() {
     let (a, b, conn) = pair();
     let src = patterned_source(&a, 64, 4).unwrap();
     let (theirs, remote) = remote_region(&b, &a, 256).unwrap();
@@ -296,10 +296,24 @@ fn a_lazy_update_rides_the_next_frame_or_goes_out_at_the_next_wait() {
     landed(16, 2);
     assert_eq!(theirs.load_u64(8).unwrap(), 1);
     assert!(same_bytes(&theirs, 64, &src, 0, 64).unwrap());
-    // A wait anywhere in the process sends it.
+    // A wait on another peer that outlasts its spin sends it.
     conn.update_lazily(&remote, 8, 3).unwrap();
-    comm_core::deferred::send_all();
+    let abort = std::sync::atomic::AtomicBool::new(false);
+    let ok = || Ok(());
+    let ctx = comm_core::spin::WaitContext {
+        operation: "a wait on something else",
+        peer: None,
+        timeout: Duration::from_secs(10),
+        abort: &abort,
+        check_peer: &ok,
+    };
+    let until = Instant::now() + Duration::from_millis(2);
+    comm_core::spin::spin_until(&ctx, || Instant::now() >= until).unwrap();
     landed(8, 3);
+    // A wait on this peer sends it at once: its first look makes progress on the connection.
+    conn.update_lazily(&remote, 8, 7).unwrap();
+    conn.progress().unwrap();
+    landed(8, 7);
     // A second lazy update sends both at once: the later value wins.
     conn.update_lazily(&remote, 8, 4).unwrap();
     conn.update_lazily(&remote, 8, 5).unwrap();
