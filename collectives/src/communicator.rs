@@ -356,10 +356,25 @@ impl Communicator {
     /// what they called): one step of a hierarchical call.
     #[inline]
     pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
+        self.step_as(bytes, validation, call, 0)
+    }
+
+    /// [`step`](Self::step) in form `variant` of its collective: where it runs through links
+    /// (every step across nodes does), a peer that runs it in another form fails the header
+    /// check (a hierarchical call's forms that must not meet).
+    #[inline]
+    pub(crate) fn step_as<T: Element>(
+        &self,
+        bytes: usize,
+        validation: Result<()>,
+        call: ChannelCall<T>,
+        variant: u8,
+    ) -> Result<()> {
         let (c, op) = call.collective();
         // SAFETY: the user API built `call` from slices whose lengths it checked (the
         // validation); an invalid rank takes part with no data.
-        let through_links = |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, call, invalid) };
+        let through_links =
+            |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, call, invalid, variant) };
         // SAFETY: as above; the host algorithms run only once the validation passed.
         let on_host = |e: &mut HostEngine, algo| unsafe { run_on_host(e, algo, call) };
         // SAFETY: as above.

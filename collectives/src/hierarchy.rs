@@ -33,10 +33,11 @@
 //! its own) doubled the latency of small calls. Each rail is its own communicator, so the
 //! counts agree within a rail although the last one carries more.
 //!
-//! A call of less than 64 KiB in all ([`SMALL_BYTES`]) keeps no shards: the main part is empty
-//! and the whole buffer is the tail, so one rail (the last local rank's) carries it while the
-//! others run their rail step with no elements beside it. One network message per node beats
-//! `L` smaller ones with a reduce-scatter and an all-gather around them.
+//! A call of less than 64 KiB in all ([`SMALL_BYTES`]) keeps no shards and runs three steps:
+//! a reduce to the last local rank in the node, an all-reduce on that rank's rail, and a
+//! broadcast from it in the node. The other rails stay quiet: one network message per node
+//! beats `L` smaller ones with a reduce-scatter and an all-gather around them, and an empty
+//! step on every other rail still cost each of them a message across.
 //!
 //! A main part of at least 8 MiB runs steps 1, 3 and 5 in chunks instead, the rail step of one
 //! chunk beside the node steps of the next and the previous ([`pipeline`]), and then its tail
@@ -47,7 +48,15 @@
 //! go even with no elements (they still exchange their headers), so ranks whose counts differ
 //! meet in a step that reports it rather than one rank waiting in a step the others skipped.
 //! (In an all-reduce, two counts that differ differ in the shard, which steps 1 and 5 and every
-//! rail compare, or in the last rail's elements.)
+//! rail compare, or in the last rail's elements; a small all-reduce's first step in the node
+//! and its one rail compare the counts.) The exceptions are the steps that depend on what
+//! ranks must agree on: a broadcast's or reduce's root picks the rail that runs, and an
+//! all-reduce's size whether the other rails run. Where nodes disagree on those, a rank may
+//! wait in a rail step its peer skipped until its timeout, as a rank that passes a non-zero
+//! count where the others pass zero does. An all-reduce small on one node and sharded on
+//! another still fails on the last rail, whose steps carry their form (`SMALL_FORM`,
+//! `SHARDED_FORM`) in the header: the small node's ranks and the sharded node's last rank
+//! report the mismatch, the sharded node's other ranks time out.
 //!
 //! **Agreement.** A step that finds a mismatch (or a rank whose own arguments were invalid)
 //! makes the rank take part in its later steps as an invalid rank, so the error travels on to
@@ -68,11 +77,17 @@ use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 
-/// Bytes of a whole all-reduce below which its node keeps no shards: every element goes the
-/// tail's way (all-reduce in the node, one rail, broadcast in the node), so the call crosses
-/// the network once on one rail instead of once on every rail with a reduce-scatter and an
-/// all-gather around it. A starting point to be measured across nodes (docs/PERF.md).
+/// Bytes of a whole all-reduce below which it keeps no shards: a reduce to the last local rank,
+/// an all-reduce on its rail alone and a broadcast in the node, so the call crosses the network
+/// once per node instead of once on every rail with a reduce-scatter and an all-gather around
+/// it (docs/PERF.md, "Across nodes").
 const SMALL_BYTES: usize = 64 << 10;
+
+/// The form of a small all-reduce's rail step, and of a sharded one's: a call whose count is
+/// small on one node and sharded on another (counts that differ) would otherwise meet on the
+/// last rail with counts that may agree, and compute a wrong sum without a word.
+const SMALL_FORM: u8 = 1;
+const SHARDED_FORM: u8 = 2;
 
 /// The sub-communicators and staging of a communicator's hierarchical calls.
 pub(crate) struct Hierarchy {
@@ -190,8 +205,11 @@ impl Hierarchy {
         let l = self.grid.ranks_per_node;
         let size = std::mem::size_of::<T>();
         let step_op = summing(op);
-        let whole = count.saturating_mul(size);
-        let shard = if whole < SMALL_BYTES { 0 } else { count / l };
+        if count.saturating_mul(size) < SMALL_BYTES {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.all_reduce_small(steps, part, op) };
+        }
+        let shard = count / l;
         let main = shard * l;
         let tail = count - main;
         // SAFETY: main + tail = count: inside both buffers.
@@ -207,10 +225,10 @@ impl Hierarchy {
             unsafe { self.finish_avg(steps, op, r, tail) };
             return Ok(());
         }
-        // The same six steps for every count, even those of no elements: a mismatched count
-        // changes the shard (compared by the node steps and every rail) or the last rail's
-        // elements, so some step fails on some rank, and the node steps after the rail step
-        // carry that to the rest.
+        // The same six steps for every count of this size, even an empty tail: a mismatched
+        // count changes the shard (compared by the node steps and every rail) or the last
+        // rail's elements, so some step fails on some rank, and the node steps after the rail
+        // step carry that to the rest.
         // The last local rank's rail carries its shard and the tail, contiguous in recv.
         let across = if self.local == l - 1 { shard + tail } else { shard };
         // SAFETY: local·shard + across <= count: inside recv.
@@ -219,12 +237,33 @@ impl Hierarchy {
         steps.run(&self.intra, main * size, rs)?;
         steps.run(&self.intra, tail * size, tail_in_node)?;
         let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: across, op: step_op };
-        steps.run(&self.rail, across * size, ar)?;
+        steps.run_as(&self.rail, across * size, ar, SHARDED_FORM)?;
         // SAFETY: the rail step's range holds the sum over every rank.
         unsafe { self.finish_avg(steps, op, mine, across) };
         steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
         let root = l - 1;
         steps.run(&self.intra, tail * size, ChannelCall::Broadcast { send: r, recv: r, count: tail, root })
+    }
+
+    /// A small all-reduce: a reduce to the last local rank in the node, an all-reduce on that
+    /// rank's rail, a broadcast from it in the node. The other rails stay quiet, so the network
+    /// carries one message per node and step instead of one per rank.
+    ///
+    /// # Safety
+    /// As [`run`](Self::run) for an all-reduce of `count` elements.
+    unsafe fn all_reduce_small<T: Element>(&self, steps: &mut Steps, part: Part<T>, op: ReduceOp) -> Result<()> {
+        let Part { send, recv, count } = part;
+        let root = self.grid.ranks_per_node - 1;
+        let bytes = count * std::mem::size_of::<T>();
+        let step_op = summing(op);
+        steps.run(&self.intra, bytes, ChannelCall::Reduce { send, recv, count, op: step_op, root })?;
+        if self.local == root {
+            let across = ChannelCall::AllReduce { send: recv, recv, count, op: step_op };
+            steps.run_as(&self.rail, bytes, across, SMALL_FORM)?;
+            // SAFETY: recv holds the sum over every rank.
+            unsafe { self.finish_avg(steps, op, recv, count) };
+        }
+        steps.run(&self.intra, bytes, ChannelCall::Broadcast { send: recv, recv, count, root })
     }
 
     /// # Safety
@@ -399,12 +438,23 @@ impl Steps {
     /// (or an earlier one) makes this rank take part without data, so every rank of `comm`
     /// hears of it; other errors (a lost peer, a timeout) end the call.
     fn run<T: Element>(&mut self, comm: &Communicator, bytes: usize, call: ChannelCall<T>) -> Result<()> {
+        self.run_as(comm, bytes, call, 0)
+    }
+
+    /// [`run`](Self::run) in form `variant` of its collective (see [`SMALL_FORM`]).
+    fn run_as<T: Element>(
+        &mut self,
+        comm: &Communicator,
+        bytes: usize,
+        call: ChannelCall<T>,
+        variant: u8,
+    ) -> Result<()> {
         let validation = match self.problem {
             Some(_) => Err(Error::invalid("an earlier step of this hierarchical call failed")),
             None => Ok(()),
         };
         comm.count_step();
-        match comm.step(bytes, validation, call) {
+        match comm.step_as(bytes, validation, call, variant) {
             Ok(()) => Ok(()),
             Err(e @ Error::InvalidArgument(_)) => {
                 self.problem.get_or_insert(e);

@@ -71,6 +71,12 @@ fn every_collective_across_posed_nodes_over_tcp_2x2_and_3x1() {
     }
 }
 
+#[test]
+fn a_hierarchical_all_reduce_small_on_one_node_and_sharded_on_another_fails_on_every_rank() {
+    let spec = scenario_spec(Path::new(WORKER), "nodes-straddle", 4, 2.0, Duration::from_secs(120)).posed_nodes(2);
+    run_ok(&spec, "nodes-straddle");
+}
+
 // Namespace nodes: each node a network, UTS and mount namespace (own hostname and /dev/shm,
 // eth0 on a bridge). They need root, so they are ignored; `cargo xtask test` runs them as root
 // (`--ignored namespace`), and run without root they fail saying why.

@@ -130,6 +130,7 @@ pub(crate) unsafe fn all_to_allv<T: Element>(
         count: 0,
         root: 0,
         invalid,
+        variant: 0,
     };
     let others: Vec<usize> = (0..n).filter(|&p| p != me).collect();
     let zero = |_: usize| (0, 0);

@@ -85,12 +85,16 @@ pub(crate) const HEADER_BYTES: usize = 8 * HEADER_WORDS;
 const STAGED_MARK: u64 = 1 << 63;
 /// Payload bytes a slot may hold at most: the length field of the packed header word.
 const MAX_SLOT_PAYLOAD: usize = (1 << LEN_BITS) - 1;
-/// Bits of the packed header word: root (0..32), payload length (32..56), marks (56..59).
+/// Bits of the packed header word: root (0..32), payload length (32..56), marks (56..59),
+/// variant (59..63).
 const LEN_SHIFT: u32 = 32;
 const LEN_BITS: u32 = 24;
 const TAINTED_BIT: u64 = 1 << 56;
 const LAST_BIT: u64 = 1 << 57;
 const INVALID_BIT: u64 = 1 << 58;
+const VARIANT_SHIFT: u32 = 59;
+/// Variants a header can tell apart (see [`Header::variant`]).
+pub(crate) const VARIANTS: u8 = 1 << 4;
 /// The signature bits that travel in the call word; the top bit, [`INVALID_SIGNATURE`],
 /// travels as [`INVALID_BIT`].
 const SIGNATURE_BITS: u64 = u32::MAX as u64;
@@ -119,6 +123,9 @@ pub(crate) struct Header {
     /// whose receivers take messages until they see it, so that a mismatched call still
     /// leaves the link in step).
     pub(crate) last: bool,
+    /// Which form of its collective the call takes, where a caller runs one collective in
+    /// forms that must not meet (below [`VARIANTS`]; 0 for an ordinary call).
+    pub(crate) variant: u8,
 }
 
 impl Header {
@@ -130,18 +137,20 @@ impl Header {
             && self.signature == mine.signature
             && self.count == mine.count
             && self.root == mine.root
+            && self.variant == mine.variant
             && !self.tainted
     }
 
     /// The header words after the sequence word; `len` must fit the length field, `call` and
-    /// the signature's bits other than the invalid mark 32 bits.
+    /// the signature's bits other than the invalid mark 32 bits, `variant` 4 bits.
     #[inline(always)]
     fn to_words(self) -> [u64; HEADER_WORDS - 1] {
         let packed = self.root.min(u64::from(u32::MAX))
             | (self.len << LEN_SHIFT)
             | if self.tainted { TAINTED_BIT } else { 0 }
             | if self.last { LAST_BIT } else { 0 }
-            | if self.signature & INVALID_SIGNATURE != 0 { INVALID_BIT } else { 0 };
+            | if self.signature & INVALID_SIGNATURE != 0 { INVALID_BIT } else { 0 }
+            | u64::from(self.variant % VARIANTS) << VARIANT_SHIFT;
         [(self.call & SIGNATURE_BITS) | (self.signature & SIGNATURE_BITS) << 32, self.count, packed]
     }
 
@@ -156,6 +165,7 @@ impl Header {
             tainted: packed & TAINTED_BIT != 0,
             len: (packed >> LEN_SHIFT) & ((1 << LEN_BITS) - 1),
             last: packed & LAST_BIT != 0,
+            variant: (packed >> VARIANT_SHIFT) as u8 % VARIANTS,
         }
     }
 }
@@ -671,6 +681,7 @@ mod tests {
             tainted: true,
             len: MAX_SLOT_PAYLOAD as u64,
             last: true,
+            variant: VARIANTS - 1,
         };
         for h in [plain, marked, Header::default()] {
             assert_eq!(Header::from_words(h.to_words()), h);
@@ -679,5 +690,9 @@ mod tests {
         let invalid = Header { signature: plain.signature | INVALID_SIGNATURE, ..plain };
         assert_ne!(Header::from_words(invalid.to_words()), plain);
         assert!(!Header::from_words(invalid.to_words()).agrees_with(&plain));
+        // Another form of the same call disagrees, and leaves every other field as it was.
+        let other_form = Header::from_words(Header { variant: 1, ..plain }.to_words());
+        assert!(!other_form.agrees_with(&plain));
+        assert_eq!(Header { variant: 0, ..other_form }, plain);
     }
 }

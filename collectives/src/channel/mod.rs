@@ -151,6 +151,13 @@ impl Call {
                 "{what}: rank {from} named root {}, rank {me} named root {}",
                 theirs.root, mine.root
             )))
+        } else if theirs.variant != mine.variant {
+            Some(Error::invalid(format!(
+                "{what}: rank {from} ran this step in form {} of its call, rank {me} in form {}; the ranks chose \
+                 different forms (a hierarchical all-reduce is small on one node and sharded on another when their \
+                 counts differ)",
+                theirs.variant, mine.variant
+            )))
         } else if theirs.tainted && mine.signature & INVALID_MARK == 0 {
             Some(Error::invalid(format!(
                 "{what}: a rank upstream of rank {from} found mismatched arguments (its error says which); this call \
@@ -223,6 +230,7 @@ impl ChannelEngine {
             signature,
             count: spec.count as u64,
             root: (spec.root as u64).min(u64::from(u32::MAX)),
+            variant: spec.variant,
             ..Header::default()
         };
         // An invalid rank's own error is what it returns; this only keeps it from judging the
@@ -379,6 +387,9 @@ pub(crate) struct CallSpec {
     pub(crate) root: usize,
     /// This rank's arguments were invalid: it takes part with no data and fails.
     pub(crate) invalid: bool,
+    /// Which form of its collective the call takes ([`Header::variant`]; 0 but for the steps
+    /// of a hierarchical call that has several).
+    pub(crate) variant: u8,
 }
 
 /// One collective call with this rank's buffers, for the channel executor or the host one.
@@ -399,8 +410,9 @@ pub(crate) enum ChannelCall<T> {
 }
 
 impl ChannelEngine {
-    /// Runs `c` with `algorithm` (a channel algorithm), or — when `invalid` — takes part in it
-    /// with no data so that every peer fails too.
+    /// Runs `c` with `algorithm` (a channel algorithm) in form `variant` (0 for an ordinary
+    /// call, see [`Header::variant`]), or — when `invalid` — takes part in it with no data so
+    /// that every peer fails too.
     ///
     /// # Safety
     /// Pointers as the matching method of the user API guarantees: valid for their counts,
@@ -413,10 +425,11 @@ impl ChannelEngine {
         algorithm: Algorithm,
         c: ChannelCall<T>,
         invalid: bool,
+        variant: u8,
     ) -> Result<()> {
         // The caller took this engine through `Communicator::channel_engine`, which checked
         // that it is usable.
-        let spec = spec_of(&c, algorithm, invalid);
+        let spec = CallSpec { variant, ..spec_of(&c, algorithm, invalid) };
         let r = match algorithm {
             // SAFETY: forwarded from the caller.
             Algorithm::ChannelRing => unsafe { ring::run(Run { e: self, core, spec, c }) },
@@ -490,7 +503,16 @@ fn spec_of<T: Element>(c: &ChannelCall<T>, algorithm: Algorithm, invalid: bool) 
         | ChannelCall::ReduceScatter { count, .. }
         | ChannelCall::AllToAll { count, .. } => (count, 0),
     };
-    CallSpec { collective, algorithm, dtype: T::DTYPE, op, count: if invalid { 0 } else { count }, root, invalid }
+    CallSpec {
+        collective,
+        algorithm,
+        dtype: T::DTYPE,
+        op,
+        count: if invalid { 0 } else { count },
+        root,
+        invalid,
+        variant: 0,
+    }
 }
 
 /// Messages a block of `elems` elements takes at `chunk` elements a message (at least one:

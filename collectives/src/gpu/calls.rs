@@ -161,6 +161,7 @@ impl Communicator {
                 count: call.count,
                 root: call.root,
                 invalid: false,
+                variant: 0,
             };
             let channel_call = DeviceChannelCall { spec, send: call.send, recv: call.recv, aux: call.aux };
             // SAFETY: forwarded from the caller.

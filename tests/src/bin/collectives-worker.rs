@@ -17,6 +17,7 @@ fn main() {
         "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
         "channel-kill" => channel_kill(arg),
         "nodes" => nodes(),
+        "nodes-straddle" => nodes_straddle(),
         "node-kill" => node_kill(arg),
         "p2p-channel" => comm_core::bootstrap::from_env()
             .and_then(|b| {
@@ -579,10 +580,6 @@ fn hierarchical_everywhere(spec: &MatrixSpec, per_node: usize) -> Result<usize> 
         "all_reduce of counts that differ between nodes",
         comm.all_reduce_in_place(&mut buf, ReduceOp::Sum),
     )?;
-    // Node 0 below the small-call size (no shards: its last rail carries all 16,383 elements),
-    // node 1 with shards of 16,383 and no tail: the last rail agrees, the others do not.
-    let mut buf = vec![1.0f32; if node == 0 { 16383 } else { 16383 * per_node }];
-    expect_invalid("all_reduce of a small and a sharded count", comm.all_reduce_in_place(&mut buf, ReduceOp::Sum))?;
     let count = 10 + me % 2;
     let mut recv = vec![0u32; count * n];
     expect_invalid("all_gather of different counts", comm.all_gather(&vec![1u32; count], &mut recv))?;
@@ -609,11 +606,44 @@ fn hierarchical_everywhere(spec: &MatrixSpec, per_node: usize) -> Result<usize> 
     Ok(checked)
 }
 
+/// A hierarchical all-reduce small on node 0 (16,383 floats, just below 64 KiB: its last rail
+/// carries them all) and sharded on the other nodes (shards of 16,383 and no tail), so that the
+/// last rail's counts agree: its steps' forms differ, so node 0's ranks fail with the mismatch
+/// instead of a wrong sum, and the other nodes' ranks, whose other rails wait for node 0's
+/// ranks that skipped theirs, fail within the timeout. No rank returns Ok.
+fn nodes_straddle() -> Result<String> {
+    let comm = Communicator::builder(comm_core::bootstrap::from_env()?)
+        .with_algorithm(Collective::AllReduce, Algorithm::Hierarchical)
+        .build()?;
+    let grid = comm.core().topology().node_grid().ok_or_else(|| Error::protocol("no node grid"))?;
+    let (me, per_node) = (comm.rank(), grid.ranks_per_node);
+    let node = grid.node_of(me);
+    let mut buf = vec![1.0f32; if node == 0 { 16383 } else { 16383 * per_node }];
+    let started = std::time::Instant::now();
+    let r = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+    let took = started.elapsed();
+    let limit = 3 * comm.core().config().timeout;
+    let expected = match (&r, node) {
+        (Err(Error::InvalidArgument(_)), 0) => true,
+        (Err(Error::Timeout { .. } | Error::PeerLost { .. }), n) => n != 0,
+        _ => false,
+    };
+    if !expected || took > limit {
+        return Err(Error::protocol(format!(
+            "rank {me} (node {node}): a small-and-sharded all_reduce ended after {took:?} with {r:?}"
+        )));
+    }
+    Ok(format!("node {node}: {} after {took:?}", r.err().map_or(String::new(), |e| e.to_string())))
+}
+
 /// Every hierarchical all-reduce below the pipelined size, small or sharded, with a tail or
-/// without, in place or not, runs four steps inside the node and exactly one across the rail
-/// (the network), and gets the right sum.
+/// without, in place or not, crosses the network in one rail step and gets the right sum: a
+/// sharded one runs four steps inside the node and one on every rail, a small one (below
+/// 64 KiB) two inside the node and one on the last local rank's rail only.
 fn one_rail_step_per_all_reduce(comm: &Communicator) -> Result<usize> {
     let (me, n) = (comm.rank(), comm.world_size());
+    let grid = comm.core().topology().node_grid().ok_or_else(|| Error::protocol("no node grid"))?;
+    let last_local = grid.local_of(me) == grid.ranks_per_node - 1;
     let want = |i: usize| (n * (n - 1) / 2 + n * (i % 5)) as i64;
     let mut checked = 0;
     for count in [1, 3, 7, 1023, (64 << 10) / 8 - 1, (64 << 10) / 8, (64 << 10) / 8 + 3, (1 << 19) + 1] {
@@ -629,11 +659,18 @@ fn one_rail_step_per_all_reduce(comm: &Communicator) -> Result<usize> {
             }
             let (intra, rail) = comm.hierarchical_steps().ok_or_else(|| Error::protocol("no hierarchical steps"))?;
             let (intra0, rail0) = before.unwrap_or((0, 0));
-            if (intra - intra0, rail - rail0) != (4, 1) {
+            let want_steps = match (count * 8 < (64 << 10), last_local) {
+                (false, _) => (4, 1),
+                (true, true) => (2, 1),
+                (true, false) => (2, 0),
+            };
+            if (intra - intra0, rail - rail0) != want_steps {
                 return Err(Error::protocol(format!(
-                    "hierarchical all_reduce of {count} i64 ran {} node and {} rail steps, not 4 and 1",
+                    "hierarchical all_reduce of {count} i64 ran {} node and {} rail steps, not {} and {}",
                     intra - intra0,
-                    rail - rail0
+                    rail - rail0,
+                    want_steps.0,
+                    want_steps.1
                 )));
             }
             if let Some(i) = (0..count).find(|&i| recv[i] != want(i)) {
