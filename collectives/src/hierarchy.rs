@@ -12,7 +12,9 @@
 //! | collective | inside the node | across nodes (the rail) | inside the node |
 //! |---|---|---|---|
 //! | all-reduce | reduce-scatter into this rank's shard; all-reduce of the tail | all-reduce of the shard (and the tail, on the last local rank's rail) | all-gather of the shards; broadcast of the tail from the last local rank |
+//! | all-reduce, small | reduce to the last local rank | all-reduce on its rail | broadcast from it |
 //! | all-gather | | all-gather of this rank's block | all-gather, then blocks reordered |
+//! | all-gather, small | all-gather of the node's blocks | all-gather of them on the last local rank's rail | broadcast from the last local rank |
 //! | reduce-scatter | blocks reordered, reduce-scatter | reduce-scatter | |
 //! | broadcast | | broadcast on the root's rail | broadcast from the root's local rank |
 //! | reduce | reduce to the root's local rank | reduce on the root's rail | |
@@ -54,9 +56,9 @@
 //! all-reduce's size whether the other rails run. Where nodes disagree on those, a rank may
 //! wait in a rail step its peer skipped until its timeout, as a rank that passes a non-zero
 //! count where the others pass zero does. An all-reduce small on one node and sharded on
-//! another still fails on the last rail, whose steps carry their form (`SMALL_FORM`,
-//! `SHARDED_FORM`) in the header: the small node's ranks and the sharded node's last rank
-//! report the mismatch, the sharded node's other ranks time out.
+//! another still fails on the last rail, whose steps carry their form (`ONE_RAIL`,
+//! `EVERY_RAIL`) in the header: the small node's ranks and the sharded node's last rank
+//! report the mismatch, the sharded node's other ranks time out. Small all-gathers likewise.
 //!
 //! **Agreement.** A step that finds a mismatch (or a rank whose own arguments were invalid)
 //! makes the rank take part in its later steps as an invalid rank, so the error travels on to
@@ -77,17 +79,18 @@ use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 
-/// Bytes of a whole all-reduce below which it keeps no shards: a reduce to the last local rank,
-/// an all-reduce on its rail alone and a broadcast in the node, so the call crosses the network
-/// once per node instead of once on every rail with a reduce-scatter and an all-gather around
-/// it (docs/PERF.md, "Across nodes").
+/// Bytes of a whole all-reduce (or of an all-gather's whole output) below which the call
+/// crosses the network on the last local rank's rail alone: a reduce (an all-gather) to that
+/// rank in the node, its rail step, a broadcast from it in the node — one network message per
+/// node instead of one on every rail (docs/PERF.md, "Across nodes").
 const SMALL_BYTES: usize = 64 << 10;
 
-/// The form of a small all-reduce's rail step, and of a sharded one's: a call whose count is
-/// small on one node and sharded on another (counts that differ) would otherwise meet on the
-/// last rail with counts that may agree, and compute a wrong sum without a word.
-const SMALL_FORM: u8 = 1;
-const SHARDED_FORM: u8 = 2;
+/// The forms of a rail step, carried in its headers: of a small call, which crosses the network
+/// on the last local rank's rail alone, and of a larger one, which runs every rail. A call small
+/// on one node and larger on another (counts that differ) would otherwise meet on the last rail
+/// with counts that may agree, and compute a wrong result without a word.
+const ONE_RAIL: u8 = 1;
+const EVERY_RAIL: u8 = 2;
 
 /// The sub-communicators and staging of a communicator's hierarchical calls.
 pub(crate) struct Hierarchy {
@@ -237,7 +240,7 @@ impl Hierarchy {
         steps.run(&self.intra, main * size, rs)?;
         steps.run(&self.intra, tail * size, tail_in_node)?;
         let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: across, op: step_op };
-        steps.run_as(&self.rail, across * size, ar, SHARDED_FORM)?;
+        steps.run_as(&self.rail, across * size, ar, EVERY_RAIL)?;
         // SAFETY: the rail step's range holds the sum over every rank.
         unsafe { self.finish_avg(steps, op, mine, across) };
         steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
@@ -259,7 +262,7 @@ impl Hierarchy {
         steps.run(&self.intra, bytes, ChannelCall::Reduce { send, recv, count, op: step_op, root })?;
         if self.local == root {
             let across = ChannelCall::AllReduce { send: recv, recv, count, op: step_op };
-            steps.run_as(&self.rail, bytes, across, SMALL_FORM)?;
+            steps.run_as(&self.rail, bytes, across, ONE_RAIL)?;
             // SAFETY: recv holds the sum over every rank.
             unsafe { self.finish_avg(steps, op, recv, count) };
         }
@@ -273,11 +276,16 @@ impl Hierarchy {
         let (l, nodes) = (self.grid.ranks_per_node, self.grid.nodes);
         let n = l * nodes;
         let size = std::mem::size_of::<T>();
+        if n.saturating_mul(count).saturating_mul(size) < SMALL_BYTES {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.all_gather_small(steps, part) };
+        }
         let mut scratch = self.scratch.borrow_mut();
         // Across the rail, this rank's block from every node ([node]); then inside the node,
         // those of every local rank ([local][node]); then reordered into rank order.
         let (across, inside) = staging::<T>(&mut scratch, nodes * count, n * count)?;
-        steps.run(&self.rail, nodes * count * size, ChannelCall::AllGather { send, recv: across, count })?;
+        let on_rail = ChannelCall::AllGather { send, recv: across, count };
+        steps.run_as(&self.rail, nodes * count * size, on_rail, EVERY_RAIL)?;
         steps.run(
             &self.intra,
             n * count * size,
@@ -288,6 +296,29 @@ impl Hierarchy {
             unsafe { transpose_blocks(inside, recv, l, nodes, count) };
         }
         Ok(())
+    }
+
+    /// A small all-gather: in the node, into the node's place in `recv` (its ranks' blocks
+    /// lie there in rank order); across the last local rank's rail, node blocks in node order,
+    /// which is rank order; a broadcast of the whole from that rank in the node. The other
+    /// rails stay quiet, as in [`all_reduce_small`](Self::all_reduce_small).
+    ///
+    /// # Safety
+    /// As [`run`](Self::run) for an all-gather of `count` elements per rank.
+    unsafe fn all_gather_small<T: Element>(&self, steps: &mut Steps, part: Part<T>) -> Result<()> {
+        let Part { send, recv, count } = part;
+        let (l, nodes) = (self.grid.ranks_per_node, self.grid.nodes);
+        let (root, size) = (l - 1, std::mem::size_of::<T>());
+        // SAFETY: node·l·count + l·count <= n·count: inside recv.
+        let node_blocks = unsafe { recv.add(self.node * l * count) };
+        let inside = ChannelCall::AllGather { send, recv: node_blocks, count };
+        steps.run(&self.intra, l * count * size, inside)?;
+        let all = nodes * l * count;
+        if self.local == root {
+            let across = ChannelCall::AllGather { send: node_blocks, recv, count: l * count };
+            steps.run_as(&self.rail, all * size, across, ONE_RAIL)?;
+        }
+        steps.run(&self.intra, all * size, ChannelCall::Broadcast { send: recv, recv, count: all, root })
     }
 
     /// # Safety
@@ -441,7 +472,7 @@ impl Steps {
         self.run_as(comm, bytes, call, 0)
     }
 
-    /// [`run`](Self::run) in form `variant` of its collective (see [`SMALL_FORM`]).
+    /// [`run`](Self::run) in form `variant` of its collective (see [`ONE_RAIL`]).
     fn run_as<T: Element>(
         &mut self,
         comm: &Communicator,

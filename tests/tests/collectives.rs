@@ -72,9 +72,12 @@ fn every_collective_across_posed_nodes_over_tcp_2x2_and_3x1() {
 }
 
 #[test]
-fn a_hierarchical_all_reduce_small_on_one_node_and_sharded_on_another_fails_on_every_rank() {
-    let spec = scenario_spec(Path::new(WORKER), "nodes-straddle", 4, 2.0, Duration::from_secs(120)).posed_nodes(2);
-    run_ok(&spec, "nodes-straddle");
+fn a_hierarchical_call_small_on_one_node_and_larger_on_another_fails_on_every_rank() {
+    for op in ["all_reduce", "all_gather"] {
+        let spec =
+            scenario_spec(Path::new(WORKER), "nodes-straddle", 4, 2.0, Duration::from_secs(120)).arg(op).posed_nodes(2);
+        run_ok(&spec, "nodes-straddle");
+    }
 }
 
 // Namespace nodes: each node a network, UTS and mount namespace (own hostname and /dev/shm,

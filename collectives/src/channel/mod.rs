@@ -154,8 +154,8 @@ impl Call {
         } else if theirs.variant != mine.variant {
             Some(Error::invalid(format!(
                 "{what}: rank {from} ran this step in form {} of its call, rank {me} in form {}; the ranks chose \
-                 different forms (a hierarchical all-reduce is small on one node and sharded on another when their \
-                 counts differ)",
+                 different forms (a hierarchical call is small on one node and larger on another when their counts \
+                 differ)",
                 theirs.variant, mine.variant
             )))
         } else if theirs.tainted && mine.signature & INVALID_MARK == 0 {

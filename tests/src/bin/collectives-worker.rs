@@ -17,7 +17,7 @@ fn main() {
         "p2p" => Communicator::from_env().and_then(|c| p2p(&c)),
         "channel-kill" => channel_kill(arg),
         "nodes" => nodes(),
-        "nodes-straddle" => nodes_straddle(),
+        "nodes-straddle" => nodes_straddle(arg),
         "node-kill" => node_kill(arg),
         "p2p-channel" => comm_core::bootstrap::from_env()
             .and_then(|b| {
@@ -602,25 +602,44 @@ fn hierarchical_everywhere(spec: &MatrixSpec, per_node: usize) -> Result<usize> 
     }
     checked += 7;
     checked += one_rail_step_per_all_reduce(&comm)?;
+    checked += one_rail_step_per_small_all_gather(&comm)?;
     checked += pipelined_all_reduces(&comm)?;
     Ok(checked)
 }
 
-/// A hierarchical all-reduce small on node 0 (16,383 floats, just below 64 KiB: its last rail
-/// carries them all) and sharded on the other nodes (shards of 16,383 and no tail), so that the
-/// last rail's counts agree: its steps' forms differ, so node 0's ranks fail with the mismatch
-/// instead of a wrong sum, and the other nodes' ranks, whose other rails wait for node 0's
-/// ranks that skipped theirs, fail within the timeout. No rank returns Ok.
-fn nodes_straddle() -> Result<String> {
+/// A hierarchical call (`arg`: `all_reduce` or `all_gather`) small on node 0 and larger on the
+/// other nodes, with counts chosen so that the last rail's counts agree: an all-reduce of
+/// 16,383 floats on node 0 (just below 64 KiB: its last rail carries them all) and of
+/// 16,383 × L elsewhere (shards of 16,383, no tail); an all-gather of 4,095 floats a rank on
+/// node 0 (its last rail carries L × 4,095) and of L × 4,095 elsewhere. The rail steps' forms
+/// differ, so node 0's ranks fail with the mismatch instead of a wrong result, and the other
+/// nodes' ranks, whose other rails wait for node 0's ranks that skipped theirs, fail within
+/// the timeout. No rank returns Ok.
+fn nodes_straddle(arg: &str) -> Result<String> {
     let comm = Communicator::builder(comm_core::bootstrap::from_env()?)
         .with_algorithm(Collective::AllReduce, Algorithm::Hierarchical)
+        .with_algorithm(Collective::AllGather, Algorithm::Hierarchical)
         .build()?;
     let grid = comm.core().topology().node_grid().ok_or_else(|| Error::protocol("no node grid"))?;
-    let (me, per_node) = (comm.rank(), grid.ranks_per_node);
+    let (me, n, per_node) = (comm.rank(), comm.world_size(), grid.ranks_per_node);
     let node = grid.node_of(me);
-    let mut buf = vec![1.0f32; if node == 0 { 16383 } else { 16383 * per_node }];
     let started = std::time::Instant::now();
-    let r = comm.all_reduce_in_place(&mut buf, ReduceOp::Sum);
+    let r = match arg {
+        "all_reduce" => {
+            let mut buf = vec![1.0f32; if node == 0 { 16383 } else { 16383 * per_node }];
+            comm.all_reduce_in_place(&mut buf, ReduceOp::Sum)
+        }
+        "all_gather" => {
+            let count = if node == 0 { 4095 } else { 4095 * per_node };
+            if (n * count * 4 < (64 << 10)) == (node == 0) {
+                let mut recv = vec![0.0f32; n * count];
+                comm.all_gather(&vec![1.0f32; count], &mut recv)
+            } else {
+                return Err(Error::protocol(format!("{count} floats a rank are not on the intended side of 64 KiB")));
+            }
+        }
+        other => return Err(Error::invalid(format!("nodes-straddle takes all_reduce or all_gather, not {other:?}"))),
+    };
     let took = started.elapsed();
     let limit = 3 * comm.core().config().timeout;
     let expected = match (&r, node) {
@@ -630,7 +649,7 @@ fn nodes_straddle() -> Result<String> {
     };
     if !expected || took > limit {
         return Err(Error::protocol(format!(
-            "rank {me} (node {node}): a small-and-sharded all_reduce ended after {took:?} with {r:?}"
+            "rank {me} (node {node}): a small-and-larger {arg:?} ended after {took:?} with {r:?}"
         )));
     }
     Ok(format!("node {node}: {} after {took:?}", r.err().map_or(String::new(), |e| e.to_string())))
@@ -678,6 +697,53 @@ fn one_rail_step_per_all_reduce(comm: &Communicator) -> Result<usize> {
                     "hierarchical all_reduce of {count} i64 (in place: {in_place}): element {i} is {} not {}",
                     recv[i],
                     want(i)
+                )));
+            }
+            checked += 1;
+        }
+    }
+    Ok(checked)
+}
+
+/// Every hierarchical all-gather crosses the network in one rail step and gets every block in
+/// rank order: below 64 KiB of output on the last local rank's rail only, between two steps
+/// in the node; larger on every rail, before one step in the node.
+fn one_rail_step_per_small_all_gather(comm: &Communicator) -> Result<usize> {
+    let (me, n) = (comm.rank(), comm.world_size());
+    let grid = comm.core().topology().node_grid().ok_or_else(|| Error::protocol("no node grid"))?;
+    let last_local = grid.local_of(me) == grid.ranks_per_node - 1;
+    let value = |r: usize, i: usize| (r * 1000 + i % 977) as i64;
+    let mut checked = 0;
+    for count in [1, 5, 8191 / n, (64 << 10) / 8 / n, (64 << 10) / 8 / n + 1, 20_000] {
+        for in_place in [false, true] {
+            let mine: Vec<i64> = (0..count).map(|i| value(me, i)).collect();
+            let mut recv = vec![-1i64; n * count];
+            let before = comm.hierarchical_steps().unwrap_or((0, 0));
+            if in_place {
+                recv[me * count..(me + 1) * count].copy_from_slice(&mine);
+                comm.all_gather_in_place(&mut recv)?;
+            } else {
+                comm.all_gather(&mine, &mut recv)?;
+            }
+            let (intra, rail) = comm.hierarchical_steps().ok_or_else(|| Error::protocol("no hierarchical steps"))?;
+            let want_steps = match (n * count * 8 < (64 << 10), last_local) {
+                (false, _) => (1, 1),
+                (true, true) => (2, 1),
+                (true, false) => (2, 0),
+            };
+            if (intra - before.0, rail - before.1) != want_steps {
+                return Err(Error::protocol(format!(
+                    "hierarchical all_gather of {count} i64 a rank ran {} node and {} rail steps, not {} and {}",
+                    intra - before.0,
+                    rail - before.1,
+                    want_steps.0,
+                    want_steps.1
+                )));
+            }
+            if let Some(i) = (0..n * count).find(|&i| recv[i] != value(i / count, i % count)) {
+                return Err(Error::protocol(format!(
+                    "hierarchical all_gather of {count} i64 a rank (in place: {in_place}): element {i} is {}",
+                    recv[i]
                 )));
             }
             checked += 1;
