@@ -7,14 +7,16 @@
 //!
 //! | collective | inside the node | across nodes (the rail) | inside the node |
 //! |---|---|---|---|
-//! | all-reduce | reduce-scatter into this rank's shard of `recv` | all-reduce of the shard, in place | all-gather of the shards, in place |
+//! | all-reduce | reduce-scatter into this rank's shard of `recv`; all-reduce of the tail | all-reduce of the shard (and the tail, on the last local rank's rail), in place | all-gather of the shards, in place; broadcast of the tail from the last local rank |
 //! | all-gather | | all-gather of `send` into staging (`[node]`) | all-gather into staging (`[local][node]`), then blocks copied into `recv` by rank |
 //! | reduce-scatter | blocks of `send` copied into staging by local rank (`[local][node]`), reduce-scatter into staging | reduce-scatter into `recv` | |
 //! | broadcast | | broadcast on the root's rail into `recv` | broadcast in place from the root's local rank |
 //! | reduce | reduce to the root's local rank (into staging on its rail) | reduce from the staging into the root's `recv` | |
 //!
 //! An all-reduce's last `count % L` elements (`L` ranks per node) go as an all-reduce in the
-//! node, then one across the rail, both in place in `recv`. `Avg` averages in every step — the
+//! node, then across the last local rank's rail in the same step as its shard (they lie next
+//! to each other in `recv`), then as a broadcast from it in the node: the call crosses the
+//! network once. `Avg` averages in every step — the
 //! mean over the nodes of each node's mean, which is the mean over every rank because the
 //! nodes hold equally many ranks; integer averages would truncate at each step, so the plan
 //! keeps those flat ([`crate::select::plan_flat`]).
@@ -31,12 +33,14 @@
 //! same call alike. That split allocates GPU memory for the sub-communicators, so the first
 //! hierarchical device call must not be inside a stream capture.
 
+use std::cell::RefMut;
 use std::sync::Arc;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 
+use super::DeviceStaging;
 use super::staging::{BlockGrid, transpose_blocks};
 use crate::communicator::{Communicator, already_in_a_call};
 use crate::dtype::DataType;
@@ -74,7 +78,28 @@ impl Buffers<'_> {
     }
 }
 
+/// What a call that reorders blocks between its steps works with: the grid's ranks per node
+/// (`l`) and nodes, the bytes of one block of the call's count and of one block per rank, and
+/// the communicator's device staging.
+struct Reordering<'a> {
+    l: usize,
+    nodes: usize,
+    block: usize,
+    by_rank: usize,
+    staging: RefMut<'a, DeviceStaging>,
+}
+
 impl Hierarchy {
+    /// The grid, block sizes and staging of `call` (see [`Reordering`]); the staging is this
+    /// call's until it returns.
+    fn reordering(&self, call: &Buffers<'_>) -> Result<Reordering<'_>> {
+        let grid = self.grid();
+        let (l, nodes) = (grid.ranks_per_node, grid.nodes);
+        let (block, by_rank) = (call.bytes(1)?, call.bytes(l * nodes)?);
+        let staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        Ok(Reordering { l, nodes, block, by_rank, staging })
+    }
+
     /// All-reduce of the call's elements from `send` into `recv` (may be equal), as steps on
     /// its stream (see the module doc).
     ///
@@ -88,7 +113,12 @@ impl Hierarchy {
         let tail = count - main;
         let at = |base: u64, elements: usize| base + elements as u64 * size;
         let mine = at(recv, self.local() * shard);
+        // The last local rank's rail carries its shard and the tail, which lie next to each
+        // other in `recv`: one crossing of the network per call.
+        let last = l - 1;
+        let across = if self.local() == last { shard + tail } else { shard };
         let (intra, rail) = (self.intra(), self.rail());
+        let (tail_send, tail_recv) = (at(send, main), at(recv, main));
         // Every step is queued even when it has no elements, as on the host: every rank of a
         // sub-communicator makes the same calls.
         // SAFETY: (every step) the shard, the main part and the tail lie inside `send` and
@@ -96,11 +126,10 @@ impl Hierarchy {
         // forms are the ones each call documents.
         unsafe {
             intra.reduce_scatter_device_raw(send, mine, shard, dtype, op, stream)?;
-            rail.all_reduce_device_raw(mine, mine, shard, dtype, op, stream)?;
+            intra.all_reduce_device_raw(tail_send, tail_recv, tail, dtype, op, stream)?;
+            rail.all_reduce_device_raw(mine, mine, across, dtype, op, stream)?;
             intra.all_gather_device_raw(mine, recv, shard, dtype, stream)?;
-            let (s, r) = (at(send, main), at(recv, main));
-            intra.all_reduce_device_raw(s, r, tail, dtype, op, stream)?;
-            rail.all_reduce_device_raw(r, r, tail, dtype, op, stream)
+            intra.broadcast_device_raw(tail_recv, tail_recv, tail, dtype, last, stream)
         }
     }
 
@@ -112,10 +141,7 @@ impl Hierarchy {
     /// As [`Communicator::all_gather_device_raw`].
     unsafe fn all_gather_device(&self, call: &Buffers<'_>, gpu: &Device<'_>) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
-        let grid = self.grid();
-        let (l, nodes) = (grid.ranks_per_node, grid.nodes);
-        let (block, by_rank) = (call.bytes(1)?, call.bytes(l * nodes)?);
-        let mut staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call)?;
         // Across the rail, this rank's block from every node ([node]); then inside the node,
         // those of every local rank ([local][node]).
         let (across, inside) = staging.areas(gpu.core, gpu.ordinal, block * nodes, by_rank)?;
@@ -139,10 +165,7 @@ impl Hierarchy {
     /// As [`Communicator::reduce_scatter_device_raw`].
     unsafe fn reduce_scatter_device(&self, call: &Buffers<'_>, op: ReduceOp, gpu: &Device<'_>) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
-        let grid = self.grid();
-        let (l, nodes) = (grid.ranks_per_node, grid.nodes);
-        let (block, by_rank) = (call.bytes(1)?, call.bytes(l * nodes)?);
-        let mut staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call)?;
         let (by_local, node_sums) = staging.areas(gpu.core, gpu.ordinal, by_rank, block * nodes)?;
         let max_pitch = staging.max_pitch(gpu.ctx)?;
         // SAFETY: as in `all_gather_device`: the staging holds `world` and `nodes` blocks.
