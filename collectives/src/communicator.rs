@@ -213,6 +213,9 @@ impl Communicator {
         if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::spin::host_cpus() {
             table.for_crowded_host();
         }
+        if one_rank_per_node(core.topology()) {
+            table.for_one_rank_per_node();
+        }
         let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
         // Every rank computes the same topology, so they agree on building the workspace.
         let host =
@@ -699,8 +702,18 @@ impl Communicator {
         };
         let mut comm = Communicator::build(builder, Lineage { root: Some(self.root.clone()), namespace, root_ranks })?;
         comm.table = self.table.clone();
+        // A rail of a grid is one rank per node where its parent was not.
+        if one_rank_per_node(comm.core.topology()) {
+            comm.table.for_one_rank_per_node();
+        }
         Ok(Some(comm))
     }
+}
+
+/// Whether every rank of a communicator of several is on a node of its own (see
+/// [`ONE_RANK_PER_NODE_ROWS`](crate::select::table::ONE_RANK_PER_NODE_ROWS)).
+fn one_rank_per_node(topology: &comm_core::topology::Topology) -> bool {
+    topology.world_size() > 1 && topology.node_count() == topology.world_size()
 }
 
 /// Point-to-point operations that progress together; see [`Communicator::group`].

@@ -335,6 +335,18 @@ pub const CROWDED_HOST_ROWS: &[Row] = {
     &[host(AllReduce, (LOG_WORLD, 129), (0, 16 << 10), OneShot)]
 };
 
+/// Rows put in front of the others where every rank is a node of its own
+/// ([`AlgorithmTable::for_one_rank_per_node`]: jobs of one rank per host, and the rails of
+/// hierarchical calls): every message then crosses the network, where the one-hop
+/// `channel_direct` sends `n − 1` messages a rank at once, which queue behind each other on
+/// each node's link, and a step of recursive doubling sends one. Powers of two only: at 3
+/// ranks doubling's fold step lost to the one hop (docs/PERF.md, "Across nodes").
+pub const ONE_RANK_PER_NODE_ROWS: &[Row] = {
+    use Algorithm::*;
+    use Collective::*;
+    &[host(AllReduce, (4, 5), (0, 16 << 10), ChannelDoubling), host(AllReduce, (8, 9), (0, 16 << 10), ChannelDoubling)]
+};
+
 /// The host rows, tuned on a 2-core x86 machine (see docs/PERF.md). "Bytes" is the size of the
 /// largest buffer of the call (the receive buffer of an all-gather, the send buffer of a
 /// reduce-scatter), as in the nccl-tests tables.
@@ -553,6 +565,17 @@ impl AlgorithmTable {
     pub fn for_crowded_host(&mut self) {
         for row in CROWDED_HOST_ROWS.iter().rev() {
             self.prepend(*row);
+        }
+    }
+
+    /// Puts [`ONE_RANK_PER_NODE_ROWS`] in front, unless they are there already: for a
+    /// communicator whose every rank is on a node of its own (all its ranks see the same
+    /// topology, so all agree).
+    pub fn for_one_rank_per_node(&mut self) {
+        if !self.rows.starts_with(ONE_RANK_PER_NODE_ROWS) {
+            for row in ONE_RANK_PER_NODE_ROWS.iter().rev() {
+                self.prepend(*row);
+            }
         }
     }
 

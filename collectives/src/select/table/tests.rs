@@ -157,3 +157,24 @@ fn a_crowded_host_keeps_small_all_reduces_of_up_to_128_ranks_on_one_arrival() {
     t.apply_overrides("all_reduce=channel_doubling").unwrap();
     assert_eq!(small(&t, 32), Algorithm::ChannelDoubling);
 }
+
+#[test]
+fn one_rank_per_node_sends_small_all_reduces_of_four_and_eight_ranks_through_doubling() {
+    let mut t = AlgorithmTable::default();
+    let channel = |t: &AlgorithmTable, ranks, bytes| {
+        t.select_among(Collective::AllReduce, MemorySpace::Host, ranks, bytes, None, &[Family::Channel]).unwrap()
+    };
+    assert_eq!(channel(&t, 4, 8), Algorithm::ChannelDirect);
+    t.for_one_rank_per_node();
+    t.for_one_rank_per_node();
+    assert_eq!(t.rows().iter().filter(|r| ONE_RANK_PER_NODE_ROWS.contains(r)).count(), ONE_RANK_PER_NODE_ROWS.len());
+    for ranks in [4, 8] {
+        assert_eq!(channel(&t, ranks, 8), Algorithm::ChannelDoubling, "{ranks} ranks");
+        assert_eq!(channel(&t, ranks, 16 << 10), Algorithm::ChannelDirect, "{ranks} ranks, 16 KiB");
+    }
+    for ranks in [2, 3, 5] {
+        assert_eq!(channel(&t, ranks, 8), Algorithm::ChannelDirect, "{ranks} ranks");
+    }
+    t.apply_overrides("all_reduce=channel_direct").unwrap();
+    assert_eq!(channel(&t, 4, 8), Algorithm::ChannelDirect);
+}
