@@ -339,12 +339,19 @@ pub const CROWDED_HOST_ROWS: &[Row] = {
 /// ([`AlgorithmTable::for_one_rank_per_node`]: jobs of one rank per host, and the rails of
 /// hierarchical calls): every message then crosses the network, where the one-hop
 /// `channel_direct` sends `n − 1` messages a rank at once, which queue behind each other on
-/// each node's link, and a step of recursive doubling sends one. Powers of two only: at 3
+/// each node's link, and a step of recursive doubling sends one; from 32 KiB, halving's
+/// reduce-scatter and all-gather move a fraction of the bytes doubling does, in as few
+/// messages at once, up to where the ring's pipeline catches up. Powers of two only: at 3
 /// ranks doubling's fold step lost to the one hop (docs/PERF.md, "Across nodes").
 pub const ONE_RANK_PER_NODE_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
-    &[host(AllReduce, (4, 5), (0, 16 << 10), ChannelDoubling), host(AllReduce, (8, 9), (0, 16 << 10), ChannelDoubling)]
+    &[
+        host(AllReduce, (4, 5), (0, 32 << 10), ChannelDoubling),
+        host(AllReduce, (8, 9), (0, 32 << 10), ChannelDoubling),
+        host(AllReduce, (4, 5), (0, 1 << 20), ChannelHalving),
+        host(AllReduce, (8, 9), (0, 1 << 20), ChannelHalving),
+    ]
 };
 
 /// The host rows, tuned on a 2-core x86 machine (see docs/PERF.md). "Bytes" is the size of the

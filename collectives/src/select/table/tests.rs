@@ -159,7 +159,7 @@ fn a_crowded_host_keeps_small_all_reduces_of_up_to_128_ranks_on_one_arrival() {
 }
 
 #[test]
-fn one_rank_per_node_sends_small_all_reduces_of_four_and_eight_ranks_through_doubling() {
+fn one_rank_per_node_sends_all_reduces_of_four_and_eight_ranks_through_doubling_then_halving() {
     let mut t = AlgorithmTable::default();
     let channel = |t: &AlgorithmTable, ranks, bytes| {
         t.select_among(Collective::AllReduce, MemorySpace::Host, ranks, bytes, None, &[Family::Channel]).unwrap()
@@ -170,7 +170,9 @@ fn one_rank_per_node_sends_small_all_reduces_of_four_and_eight_ranks_through_dou
     assert_eq!(t.rows().iter().filter(|r| ONE_RANK_PER_NODE_ROWS.contains(r)).count(), ONE_RANK_PER_NODE_ROWS.len());
     for ranks in [4, 8] {
         assert_eq!(channel(&t, ranks, 8), Algorithm::ChannelDoubling, "{ranks} ranks");
-        assert_eq!(channel(&t, ranks, 16 << 10), Algorithm::ChannelDirect, "{ranks} ranks, 16 KiB");
+        assert_eq!(channel(&t, ranks, 16 << 10), Algorithm::ChannelDoubling, "{ranks} ranks, 16 KiB");
+        assert_eq!(channel(&t, ranks, 32 << 10), Algorithm::ChannelHalving, "{ranks} ranks, 32 KiB");
+        assert_eq!(channel(&t, ranks, 1 << 20), Algorithm::ChannelRing, "{ranks} ranks, 1 MiB");
     }
     for ranks in [2, 3, 5] {
         assert_eq!(channel(&t, ranks, 8), Algorithm::ChannelDirect, "{ranks} ranks");
