@@ -16,7 +16,7 @@ use crate::arguments::{check_v, divisible, same_len};
 use crate::buffer::SharedBuffer;
 use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
 use crate::dtype::Element;
-use crate::group::P2pOp;
+use crate::group::Group;
 use crate::hierarchy::Hierarchy;
 use crate::host::workspace::default_scratch_bytes;
 use crate::host::{self, AllToAllv, Buffers, HostEngine};
@@ -213,7 +213,7 @@ impl Communicator {
         if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::spin::host_cpus() {
             table.for_crowded_host();
         }
-        if one_rank_per_node(core.topology()) {
+        if crate::select::one_rank_per_node(core.topology()) {
             table.for_one_rank_per_node();
         }
         let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
@@ -322,7 +322,7 @@ impl Communicator {
         }
     }
 
-    fn engine(&self) -> Result<RefMut<'_, HostEngine>> {
+    pub(crate) fn engine(&self) -> Result<RefMut<'_, HostEngine>> {
         let host = self.host.as_ref().ok_or_else(|| {
             Error::Unsupported(
                 "this communicator reaches some peers only through connections, so it has no shared host \
@@ -336,7 +336,7 @@ impl Communicator {
     }
 
     #[inline]
-    fn channel_engine(&self) -> Result<RefMut<'_, ChannelEngine>> {
+    pub(crate) fn channel_engine(&self) -> Result<RefMut<'_, ChannelEngine>> {
         let e = self.channel.try_borrow_mut().map_err(|_| already_in_a_call())?;
         e.check_usable()?;
         Ok(e)
@@ -645,7 +645,7 @@ impl Communicator {
     /// Starts a group of point-to-point operations that progress together (no order of sends
     /// and receives inside a group can deadlock).
     pub fn group(&self) -> Group<'_> {
-        Group { comm: self, ops: Vec::new() }
+        Group::new(self)
     }
 
     #[inline(always)]
@@ -703,52 +703,10 @@ impl Communicator {
         let mut comm = Communicator::build(builder, Lineage { root: Some(self.root.clone()), namespace, root_ranks })?;
         comm.table = self.table.clone();
         // A rail of a grid is one rank per node where its parent was not.
-        if one_rank_per_node(comm.core.topology()) {
+        if crate::select::one_rank_per_node(comm.core.topology()) {
             comm.table.for_one_rank_per_node();
         }
         Ok(Some(comm))
-    }
-}
-
-/// Whether every rank of a communicator of several is on a node of its own (see
-/// [`ONE_RANK_PER_NODE_ROWS`](crate::select::table::ONE_RANK_PER_NODE_ROWS)).
-fn one_rank_per_node(topology: &comm_core::topology::Topology) -> bool {
-    topology.world_size() > 1 && topology.node_count() == topology.world_size()
-}
-
-/// Point-to-point operations that progress together; see [`Communicator::group`].
-pub struct Group<'a> {
-    comm: &'a Communicator,
-    ops: Vec<P2pOp>,
-}
-
-impl<'a> Group<'a> {
-    /// Adds a send of `data` to `peer`.
-    pub fn send<T: Element>(&mut self, data: &'a [T], peer: usize) -> &mut Self {
-        self.ops.push(P2pOp::Send { peer, data: data.as_ptr().cast(), len: std::mem::size_of_val(data) });
-        self
-    }
-
-    /// Adds a receive of exactly `data.len()` elements from `peer`.
-    pub fn recv<T: Element>(&mut self, data: &'a mut [T], peer: usize) -> &mut Self {
-        self.ops.push(P2pOp::Recv { peer, data: data.as_mut_ptr().cast(), len: std::mem::size_of_val(data) });
-        self
-    }
-
-    /// Runs every operation to completion.
-    pub fn run(self) -> Result<()> {
-        let bytes: usize = self.ops.iter().map(P2pOp::len).sum();
-        if self.comm.plan(CallShape::host(Collective::SendRecv, bytes))?.executor == Executor::HostChannel {
-            let mut e = self.comm.channel_engine()?;
-            // SAFETY: as below.
-            return unsafe { crate::channel::run_group(&mut e, &self.comm.core, &self.ops) };
-        }
-        let mut e = self.comm.engine()?;
-        let timeout = e.timeout();
-        // SAFETY: every pointer comes from a slice borrowed for 'a, which outlives this call;
-        // receive slices are exclusive borrows, so they are disjoint from everything else.
-        let r = unsafe { e.p2p.run(&self.ops, timeout) };
-        r.map_err(|err| e.poison(err))
     }
 }
 

@@ -1,5 +1,5 @@
-//! Progressing a group of point-to-point operations together: what the host mailboxes and the
-//! channel links share.
+//! Groups of point-to-point operations: the user's [`Group`], and how its operations progress
+//! together — what the host mailboxes and the channel links share.
 //!
 //! Every round visits each unfinished operation, except one whose peer and direction an
 //! earlier operation of the group still occupies (operations with one peer in one direction go
@@ -14,6 +14,52 @@ use std::time::Duration;
 use comm_core::config::Deadline;
 use comm_core::spin::Backoff;
 use comm_core::{Error, Result};
+
+use crate::communicator::Communicator;
+use crate::dtype::Element;
+use crate::select::{CallShape, Executor};
+use crate::table::Collective;
+
+/// Point-to-point operations that progress together; see [`Communicator::group`].
+pub struct Group<'a> {
+    comm: &'a Communicator,
+    ops: Vec<P2pOp>,
+}
+
+impl<'a> Group<'a> {
+    /// An empty group of `comm`.
+    pub(crate) fn new(comm: &'a Communicator) -> Self {
+        Group { comm, ops: Vec::new() }
+    }
+
+    /// Adds a send of `data` to `peer`.
+    pub fn send<T: Element>(&mut self, data: &'a [T], peer: usize) -> &mut Self {
+        self.ops.push(P2pOp::Send { peer, data: data.as_ptr().cast(), len: std::mem::size_of_val(data) });
+        self
+    }
+
+    /// Adds a receive of exactly `data.len()` elements from `peer`.
+    pub fn recv<T: Element>(&mut self, data: &'a mut [T], peer: usize) -> &mut Self {
+        self.ops.push(P2pOp::Recv { peer, data: data.as_mut_ptr().cast(), len: std::mem::size_of_val(data) });
+        self
+    }
+
+    /// Runs every operation to completion.
+    pub fn run(self) -> Result<()> {
+        let bytes: usize = self.ops.iter().map(P2pOp::len).sum();
+        if self.comm.plan(CallShape::host(Collective::SendRecv, bytes))?.executor == Executor::HostChannel {
+            let mut e = self.comm.channel_engine()?;
+            // SAFETY: as below.
+            return unsafe { crate::channel::run_group(&mut e, self.comm.core(), &self.ops) };
+        }
+        let mut e = self.comm.engine()?;
+        let timeout = e.timeout();
+        // SAFETY: every pointer comes from a slice borrowed for 'a, which outlives this call;
+        // receive slices are exclusive borrows, so they are disjoint from everything else.
+        let r = unsafe { e.p2p.run(&self.ops, timeout) };
+        r.map_err(|err| e.poison(err))
+    }
+}
 
 /// One operation of a group.
 #[derive(Debug, Clone, Copy)]

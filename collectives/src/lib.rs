@@ -40,8 +40,9 @@ pub use select::table;
 
 pub use buffer::SharedBuffer;
 pub use comm_core as core;
-pub use communicator::{AbortHandle, Builder, Communicator, Group, default_transports};
+pub use communicator::{AbortHandle, Builder, Communicator, default_transports};
 pub use dtype::{DataType, Element};
+pub use group::Group;
 pub use half::{bf16, f16};
 pub use op::ReduceOp;
 pub use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};

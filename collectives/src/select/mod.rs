@@ -14,6 +14,12 @@ use comm_core::topology::Topology;
 use device::{GpuCaps, KernelPlan};
 use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
 
+/// Whether every rank of a communicator of several is on a node of its own (the table then
+/// puts [`ONE_RANK_PER_NODE_ROWS`](table::ONE_RANK_PER_NODE_ROWS) first).
+pub(crate) fn one_rank_per_node(topology: &Topology) -> bool {
+    topology.world_size() > 1 && topology.node_count() == topology.world_size()
+}
+
 /// What is asked: the collective, where its buffers live and how big it is ("bytes" as the
 /// table defines it: the largest buffer of the call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
