@@ -92,13 +92,11 @@ impl Rendezvous<'_> {
         }
         // std's `TcpListener::bind` sets SO_REUSEADDR on Unix, so a port that an earlier job left
         // in TIME_WAIT can be bound again at once (a port with a live listener cannot).
-        let root_listener = TcpListener::bind(root_id.addr)
-            .map_err(|e| Error::io(format!("bind the bootstrap root listener on {}", root_id.addr), e))?;
+        let root_listener = super::io::bind_listener(root_id.addr, "root listener")?;
         // Links come to another port, so the id's port is free again once the rendezvous is
         // over (a process may bootstrap another job at the same address while this one lives).
         let link_addr = SocketAddr::new(root_id.addr.ip(), 0);
-        let listener = TcpListener::bind(link_addr)
-            .map_err(|e| Error::io(format!("bind the bootstrap listener on {link_addr}"), e))?;
+        let listener = super::io::bind_listener(link_addr, "listener")?;
         let link_addr = listener.local_addr().map_err(|e| Error::io("read the bootstrap listener's address", e))?;
         let own = RankEntry { listen_addr: link_addr, host: self.host.clone() };
         let entries = self.gather(&root_listener, group, range.clone(), own)?;
