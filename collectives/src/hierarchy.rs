@@ -19,8 +19,8 @@
 //! | broadcast | | broadcast on the root's rail | broadcast from the root's local rank |
 //! | reduce | reduce to the root's local rank | reduce on the root's rail | |
 //!
-//! **All-reduce.** The `count` elements split into a main part of `L` shards of `count / L`
-//! elements and a tail of the last `count % L`. Six steps, in this order:
+//! **All-reduce.** From 64 KiB, the `count` elements split into a main part of `L` shards of
+//! `count / L` elements and a tail of the last `count % L`. Six steps, in this order:
 //!
 //! 1. reduce-scatter of the main part in the node, into this rank's shard of `recv`;
 //! 2. all-reduce of the tail in the node;
@@ -53,7 +53,7 @@
 //! rail compare, or in the last rail's elements; a small all-reduce's first step in the node
 //! and its one rail compare the counts.) The exceptions are the steps that depend on what
 //! ranks must agree on: a broadcast's or reduce's root picks the rail that runs, and an
-//! all-reduce's size whether the other rails run. Where nodes disagree on those, a rank may
+//! all-reduce's or all-gather's size whether the other rails run. Where nodes disagree on those, a rank may
 //! wait in a rail step its peer skipped until its timeout, as a rank that passes a non-zero
 //! count where the others pass zero does. An all-reduce small on one node and sharded on
 //! another still fails on the last rail, whose steps carry their form (`ONE_RAIL`,
