@@ -29,6 +29,7 @@ mod registration;
 pub mod same_host;
 pub mod semaphore;
 pub mod spin;
+pub mod tcp_listener;
 pub mod testing;
 pub mod topology;
 pub mod transport;

@@ -195,17 +195,10 @@ impl Listener {
         timeout: Duration,
         tending: Tending,
     ) -> Result<Self> {
-        let listener = TcpListener::bind(SocketAddr::new(ip, 0))
+        // Every lower rank dials all its sockets to this rank at once while communicators are
+        // set up: the deepest accept queue the system allows.
+        let listener = comm_core::tcp_listener::bind(SocketAddr::new(ip, 0))
             .map_err(|e| Error::io(format!("bind the tcp transport's listener on {ip}"), e))?;
-        // Every lower rank dials every socket of its pair at once while communicators are set
-        // up; std binds with a backlog of 128, past which the kernel drops handshakes.
-        // listen(2) again only deepens the queue (to somaxconn).
-        nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::MAXALLOWABLE).map_err(|e| {
-            Error::io(
-                format!("deepen the accept queue of the tcp transport's listener on {ip}"),
-                std::io::Error::from(e),
-            )
-        })?;
         let addr = listener.local_addr().map_err(|e| Error::io("tcp listener address", e))?;
         listener.set_nonblocking(true).map_err(|e| Error::io("tcp listener non-blocking", e))?;
         let inbound = Arc::new(Inbound {

@@ -266,15 +266,9 @@ impl<'a> Acceptor<'a> {
 
 /// Binds a listener of the bootstrap on `addr` (`what` names it in the error) with the deepest
 /// accept queue the system allows: a root's rendezvous takes a connection from every rank of
-/// its group at once, and std binds with a backlog of 128, past which the kernel drops
-/// handshakes — under load, a rank then got a reset instead of its acknowledgement.
+/// its group at once ([`crate::tcp_listener`]).
 pub(super) fn bind_listener(addr: SocketAddr, what: &str) -> Result<TcpListener> {
-    let listener = TcpListener::bind(addr).map_err(|e| Error::io(format!("bind the bootstrap {what} on {addr}"), e))?;
-    // listen(2) on a listening socket only sets its backlog again (capped at somaxconn).
-    nix::sys::socket::listen(&listener, nix::sys::socket::Backlog::MAXALLOWABLE).map_err(|e| {
-        Error::io(format!("deepen the accept queue of the bootstrap {what} on {addr}"), io::Error::from(e))
-    })?;
-    Ok(listener)
+    crate::tcp_listener::bind(addr).map_err(|e| Error::io(format!("bind the bootstrap {what} on {addr}"), e))
 }
 
 /// Binds the listener of a non-root rank: on the root's own address if that is loopback, else on
