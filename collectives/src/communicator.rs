@@ -208,14 +208,7 @@ impl Communicator {
             core = core.with_transport_arc(f.clone());
         }
         let core = core.build()?;
-        // One host whose ranks outnumber its cores: the ranks all count the same ranks and
-        // the same cores, so they agree on the crowded rows.
-        if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::spin::host_cpus() {
-            table.for_crowded_host();
-        }
-        if crate::select::one_rank_per_node(core.topology()) {
-            table.for_one_rank_per_node();
-        }
+        fit_to_placement(&mut table, &core);
         let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
         // Every rank computes the same topology, so they agree on building the workspace.
         let host =
@@ -703,10 +696,20 @@ impl Communicator {
         let mut comm = Communicator::build(builder, Lineage { root: Some(self.root.clone()), namespace, root_ranks })?;
         comm.table = self.table.clone();
         // A rail of a grid is one rank per node where its parent was not.
-        if crate::select::one_rank_per_node(comm.core.topology()) {
-            comm.table.for_one_rank_per_node();
-        }
+        fit_to_placement(&mut comm.table, &comm.core);
         Ok(Some(comm))
+    }
+}
+
+/// Puts in front of `table` the rows that depend on where the ranks of `core` run (each set at
+/// most once): every rank sees the same topology, ranks and cores, so all agree.
+fn fit_to_placement(table: &mut AlgorithmTable, core: &CoreCommunicator) {
+    // One host whose ranks outnumber its cores.
+    if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::spin::host_cpus() {
+        table.for_crowded_host();
+    }
+    if crate::select::one_rank_per_node(core.topology()) {
+        table.for_one_rank_per_node();
     }
 }
 

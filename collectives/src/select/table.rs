@@ -567,22 +567,25 @@ impl AlgorithmTable {
         &self.rows
     }
 
-    /// Puts [`CROWDED_HOST_ROWS`] in front: for a communicator whose host runs more ranks than
-    /// it has cores (every rank of a one-host job sees the same host, so all agree).
+    /// Puts [`CROWDED_HOST_ROWS`] in front, unless they are there already: for a communicator
+    /// whose host runs more ranks than it has cores (every rank of a one-host job sees the same
+    /// host, so all agree).
     pub fn for_crowded_host(&mut self) {
-        for row in CROWDED_HOST_ROWS.iter().rev() {
-            self.prepend(*row);
-        }
+        self.put_first(CROWDED_HOST_ROWS);
     }
 
     /// Puts [`ONE_RANK_PER_NODE_ROWS`] in front, unless they are there already: for a
     /// communicator whose every rank is on a node of its own (all its ranks see the same
     /// topology, so all agree).
     pub fn for_one_rank_per_node(&mut self) {
-        if !self.rows.starts_with(ONE_RANK_PER_NODE_ROWS) {
-            for row in ONE_RANK_PER_NODE_ROWS.iter().rev() {
-                self.prepend(*row);
-            }
+        self.put_first(ONE_RANK_PER_NODE_ROWS);
+    }
+
+    /// Puts `rows` in front of the existing rows, unless some row already holds them: a table
+    /// copied from a parent communicator may have them.
+    fn put_first(&mut self, rows: &[Row]) {
+        if !self.rows.windows(rows.len()).any(|w| w == rows) {
+            self.rows.splice(0..0, rows.iter().copied());
         }
     }
 

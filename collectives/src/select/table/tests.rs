@@ -148,6 +148,9 @@ fn a_crowded_host_keeps_small_all_reduces_of_up_to_128_ranks_on_one_arrival() {
     let small = |t: &AlgorithmTable, ranks| t.select(Collective::AllReduce, MemorySpace::Host, ranks, 8).unwrap();
     assert_eq!(small(&t, 32), Algorithm::ChannelDoubling);
     t.for_crowded_host();
+    let rows = t.rows().len();
+    t.for_crowded_host();
+    assert_eq!(t.rows().len(), rows, "the crowded rows went in twice");
     assert_eq!(small(&t, 8), Algorithm::OneShot);
     assert_eq!(small(&t, 32), Algorithm::OneShot);
     assert_eq!(small(&t, 128), Algorithm::OneShot);
