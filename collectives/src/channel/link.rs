@@ -55,12 +55,19 @@
 //! next. Likewise a sender that posts a message asks for ownership of its next slot's lines,
 //! where the credits it knows say the receiver is done with that slot.
 //!
+//! A receiver that has caught up with such a sender — its next message is not there yet —
+//! waits a moment ([`CAUGHT_UP_PAUSE`]) before it looks at the message's line. Polling at once,
+//! it would hold that line shared just as the sender writes it: the sender's store then waits
+//! for the line, the receiver's next look fetches it back, and two transfers a message keep
+//! both ranks in step, at about twice the pace of a sender that runs ahead — a state the pair
+//! would not leave by itself. A moment off the line lets the sender get ahead again.
+//!
 //! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
 //! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::connection::{CheckedWrite, Connection};
@@ -513,10 +520,18 @@ impl Link {
         word.load(Ordering::Acquire) & !STAGED_MARK >= target
     }
 
-    /// Waits until the peer's next message has arrived.
+    /// Waits until the peer's next message has arrived. On a link whose sender runs ahead,
+    /// posting directly, the receiver first stays off the message's line for
+    /// [`CAUGHT_UP_PAUSE`] (see the module doc).
     #[inline(never)]
     fn wait_for_message(&self, operation: &str) -> Result<()> {
         let (_, word, target) = self.next_arrival();
+        if self.sender_runs_ahead() && matches!(self.posting, Posting::Direct { .. }) {
+            let start = Instant::now();
+            while start.elapsed() < CAUGHT_UP_PAUSE {
+                std::hint::spin_loop();
+            }
+        }
         self.wait(operation, || word.load(Ordering::Acquire) & !STAGED_MARK >= target)
     }
 
@@ -603,6 +618,13 @@ impl Link {
         }
     }
 }
+
+/// How long a receiver that has caught up with a sender running ahead (its next message is
+/// not there yet) waits before it looks at the message's line: long enough for a sender to
+/// post a message or two. Looking at once, it would hold the line the sender is about to
+/// write, each message would then cost both ranks two line transfers, and the pair would stay
+/// in step at that pace (see the module doc).
+const CAUGHT_UP_PAUSE: Duration = Duration::from_nanos(200);
 
 /// Lines of the peer's next message a receiver asks the cache for ahead of time: the header
 /// and up to 224 bytes of payload (the hardware prefetchers follow a longer copy themselves).
