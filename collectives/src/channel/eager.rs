@@ -117,8 +117,9 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
                 call.finish()
             }
             (None, false) => {
+                let pair = n == 2;
                 let link = e.eager.get(root)?;
-                take_all(link, &mut call, me, count, |piece, (at, k)| copy(piece, recv.add(at), k))?;
+                take_all(link, &mut call, (me, pair), count, |piece, (at, k)| copy(piece, recv.add(at), k))?;
                 call.finish()
             }
             (Some(_), false) => {
@@ -176,19 +177,20 @@ unsafe fn post_all<T: Element>(link: &mut Link, call: &Call, src: *const T, coun
 
 /// Takes the peer's messages of this call over `link` until its last one, giving each piece
 /// of `count` elements to `use_piece` (its payload, and its first element and length) while
-/// the call has no mismatch.
+/// the call has no mismatch. `pair`: the world is this rank and the peer (see
+/// [`Link::receive_paced`]).
 #[inline(always)]
 fn take_all<T: Element>(
     link: &mut Link,
     call: &mut Call,
-    me: usize,
+    (me, pair): (usize, bool),
     count: usize,
     mut use_piece: impl FnMut(*const T, (usize, usize)),
 ) -> Result<()> {
     let peer = link.peer();
     let mut c = 0;
     loop {
-        let (header, payload) = link.receive(call.what)?;
+        let (header, payload) = link.receive_paced(call.what, pair)?;
         call.check(peer, &header, me)?;
         if call.problem.is_none() {
             let part = expect_piece::<T>(call, peer, me, c, count, header.len, header.last)?;
@@ -278,7 +280,7 @@ unsafe fn reduce_at_root<T: Element>(
                 continue;
             }
             let link = e.eager.get(p)?;
-            let (header, payload) = link.receive(call.what)?;
+            let (header, payload) = link.receive_paced(call.what, n == 2)?;
             call.check(p, &header, me)?;
             if header.last {
                 finished.add(p);

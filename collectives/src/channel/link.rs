@@ -55,12 +55,16 @@
 //! next. Likewise a sender that posts a message asks for ownership of its next slot's lines,
 //! where the credits it knows say the receiver is done with that slot.
 //!
-//! A receiver that has caught up with such a sender — its next message is not there yet —
-//! waits a moment ([`CAUGHT_UP_PAUSE`]) before it looks at the message's line. Polling at once,
-//! it would hold that line shared just as the sender writes it: the sender's store then waits
-//! for the line, the receiver's next look fetches it back, and two transfers a message keep
-//! both ranks in step, at about twice the pace of a sender that runs ahead — a state the pair
-//! would not leave by itself. A moment off the line lets the sender get ahead again.
+//! Where sender and receiver do the same work per message — a pair of ranks, each the other's
+//! only peer — a receiver that has caught up with such a sender (its next message is not there
+//! yet) waits a moment ([`CAUGHT_UP_PAUSE`]) before it looks at the message's line
+//! ([`receive_paced`](Link::receive_paced)). Polling at once, it would hold that line shared
+//! just as the sender writes it: the sender's store then waits for the line, the receiver's
+//! next look fetches it back, and two transfers a message keep both ranks in step, at about
+//! twice the pace of a sender that runs ahead — a state the pair would not leave by itself. A
+//! moment off the line lets the sender get ahead again. A sender with several receivers (the
+//! root of a larger broadcast) is slower than each of them anyway; they catch up every call,
+//! and a pause would only delay them.
 //!
 //! A staged outbox slot of message `m` is reused by message `m + SLOTS`, which is posted only
 //! after the peer freed `m` — so an asynchronous transport has finished reading it by then.
@@ -520,13 +524,13 @@ impl Link {
         word.load(Ordering::Acquire) & !STAGED_MARK >= target
     }
 
-    /// Waits until the peer's next message has arrived. On a link whose sender runs ahead,
-    /// posting directly, the receiver first stays off the message's line for
+    /// Waits until the peer's next message has arrived; with `pause`, on a link whose sender
+    /// runs ahead, posting directly, the receiver first stays off the message's line for
     /// [`CAUGHT_UP_PAUSE`] (see the module doc).
     #[inline(never)]
-    fn wait_for_message(&self, operation: &str) -> Result<()> {
+    fn wait_for_message(&self, operation: &str, pause: bool) -> Result<()> {
         let (_, word, target) = self.next_arrival();
-        if self.sender_runs_ahead() && matches!(self.posting, Posting::Direct { .. }) {
+        if pause && self.sender_runs_ahead() && matches!(self.posting, Posting::Direct { .. }) {
             let start = Instant::now();
             while start.elapsed() < CAUGHT_UP_PAUSE {
                 std::hint::spin_loop();
@@ -540,9 +544,18 @@ impl Link {
     /// other than the one expected, is a protocol error.
     #[inline(always)]
     pub(crate) fn receive(&mut self, operation: &str) -> Result<(Header, *const u8)> {
+        self.receive_paced(operation, false)
+    }
+
+    /// [`receive`](Self::receive) by a receiver that, finding the message not there yet,
+    /// pauses before it polls where `caught_up_pause` says so: where this rank is its sender's
+    /// only receiver and the sender's only source, so that the two run at the same pace (see
+    /// the module doc).
+    #[inline(always)]
+    pub(crate) fn receive_paced(&mut self, operation: &str, caught_up_pause: bool) -> Result<(Header, *const u8)> {
         let (sequence, word, target) = self.next_arrival();
         if word.load(Ordering::Acquire) & !STAGED_MARK < target {
-            self.wait_for_message(operation)?;
+            self.wait_for_message(operation, caught_up_pause)?;
         }
         let offset = self.slot_offset(self.consumed);
         // SAFETY: the slot's header lies inside this rank's region (checked to hold the layout,
