@@ -117,9 +117,8 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
                 call.finish()
             }
             (None, false) => {
-                let pair = n == 2;
                 let link = e.eager.get(root)?;
-                take_all(link, &mut call, (me, pair), count, |piece, (at, k)| copy(piece, recv.add(at), k))?;
+                take_all(link, &mut call, me, count, n == 2, |piece, (at, k)| copy(piece, recv.add(at), k))?;
                 call.finish()
             }
             (Some(_), false) => {
@@ -177,14 +176,15 @@ unsafe fn post_all<T: Element>(link: &mut Link, call: &Call, src: *const T, coun
 
 /// Takes the peer's messages of this call over `link` until its last one, giving each piece
 /// of `count` elements to `use_piece` (its payload, and its first element and length) while
-/// the call has no mismatch. `pair`: the world is this rank and the peer (see
-/// [`Link::receive_paced`]).
+/// the call has no mismatch. `pair`: the world is this rank and the peer, whose receiver
+/// pauses when it has caught up (see [`Link::receive_paced`]).
 #[inline(always)]
 fn take_all<T: Element>(
     link: &mut Link,
     call: &mut Call,
-    (me, pair): (usize, bool),
+    me: usize,
     count: usize,
+    pair: bool,
     mut use_piece: impl FnMut(*const T, (usize, usize)),
 ) -> Result<()> {
     let peer = link.peer();
@@ -280,6 +280,7 @@ unsafe fn reduce_at_root<T: Element>(
                 continue;
             }
             let link = e.eager.get(p)?;
+            // A pair's root pauses when it has caught up (see `Link::receive_paced`).
             let (header, payload) = link.receive_paced(call.what, n == 2)?;
             call.check(p, &header, me)?;
             if header.last {

@@ -547,10 +547,9 @@ impl Link {
         self.receive_paced(operation, false)
     }
 
-    /// [`receive`](Self::receive) by a receiver that, finding the message not there yet,
-    /// pauses before it polls where `caught_up_pause` says so: where this rank is its sender's
-    /// only receiver and the sender's only source, so that the two run at the same pace (see
-    /// the module doc).
+    /// [`receive`](Self::receive) by a receiver that, with `caught_up_pause`, pauses before it
+    /// polls when the message is not there yet: for ranks that are each other's only peer,
+    /// which do the same work per message (see the module doc).
     #[inline(always)]
     pub(crate) fn receive_paced(&mut self, operation: &str, caught_up_pause: bool) -> Result<(Header, *const u8)> {
         let (sequence, word, target) = self.next_arrival();
