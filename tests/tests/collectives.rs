@@ -52,10 +52,10 @@ fn a_rank_killed_mid_channel_all_reduce_fails_the_others_and_leaks_nothing() {
             .arg(over)
             .env("WEAVE_SECRET", &secret)
             .keep_going(true);
-        let started = std::time::Instant::now();
         let report = launch_serialized(&spec).expect("launch channel-kill");
         assert_survivors_saw_the_killed_rank(&report, "channel-kill");
-        assert!(started.elapsed() < Duration::from_secs(30), "job took {:?}", started.elapsed());
+        // The job's own time: the wait for another test's job to finish does not count.
+        assert!(report.elapsed < Duration::from_secs(30), "job took {:?}", report.elapsed);
         let left = leftover_segments(&secret);
         assert!(left.is_empty(), "shared-memory segments left behind: {left:?}");
     }
