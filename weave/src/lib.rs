@@ -64,5 +64,5 @@
 //! A transport of your own implements [`core::transport::TransportFactory`] and is handed to
 //! [`Builder::with_transport`].
 
+pub use collectives::core::{Error, Result};
 pub use collectives::*;
-pub use comm_core::{Error, Result};
