@@ -22,6 +22,12 @@
 # init line (proof the preload took effect).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
+# Kernels compiled where the bundle was built (cargo xtask gpu-bundle --kernel-cache), unless
+# the caller chose a cache of its own.
+if [ -f "$HERE/../kernel-cache.tar.xz" ] && [ -z "${WEAVE_KERNEL_CACHE:-}" ]; then
+  export WEAVE_KERNEL_CACHE="${TMPDIR:-/tmp}/weave-bundle-kernel-cache"
+  mkdir -p "$WEAVE_KERNEL_CACHE" && tar -xJf "$HERE/../kernel-cache.tar.xz" -C "$WEAVE_KERNEL_CACHE"
+fi
 LIB="$HERE/libnccl.so.2"
 OUT=${OUT:-/tmp/weave-nccl-checks}
 mkdir -p "$OUT"

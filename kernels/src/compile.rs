@@ -232,7 +232,11 @@ fn read_entry(dir: &Path, key: u128, need_cubin: bool) -> Option<(String, Option
     decode_entry(&data, key).filter(|(_, cubin)| cubin.is_some() || !need_cubin)
 }
 
-fn entry_path(dir: &Path, key: u128) -> PathBuf {
+/// The file of the cache entry for `key` in the cache directory `dir`
+/// ([`CompiledKernel::key`] names a result's key). Each result is one such file, complete in
+/// itself, so copying some of them into another cache directory carries those results
+/// (`cargo xtask gpu-bundle --kernel-cache` packs the ones the GPU tests need).
+pub fn entry_path(dir: &Path, key: u128) -> PathBuf {
     dir.join(format!("{key:032x}.weavekernel"))
 }
 

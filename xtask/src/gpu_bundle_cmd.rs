@@ -14,7 +14,7 @@ pub(crate) const SUMMARY: &str = "build the GPU test binaries into .gpu-bundle/ 
 
 /// The help text of `cargo xtask gpu-bundle`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask gpu-bundle [--bin NAME]... [--example NAME]... [--embed-kernels ARCHS] [--no-strip]
+usage: cargo xtask gpu-bundle [--bin NAME]... [--example NAME]... [--embed-kernels ARCHS] [--kernel-cache] [--no-strip]
 
 Builds in release every test binary of the packages that hold GPU tests (kernels,
 transport-cudaipc, weave-tests; those not in the workspace are skipped), plus the binaries
@@ -38,10 +38,18 @@ WEAVE_BUILD_KERNEL_ARCHS=ARCHS: the direct kernels are compiled here (NVRTC need
 LD_LIBRARY_PATH) and embedded, so the GPU host compiles none at a first call; each binary that
 links the kernels grows by the CUBINs (12.7 MiB per architecture for sm_90).
 
+With --kernel-cache every kernel program the GPU tests use (the direct kernels and each
+channel kernel, sm_90) is compiled here into target/kernel-cache (NVRTC needed here, on
+LD_LIBRARY_PATH; kept between bundles, so only changed programs compile again — minutes on a
+cold cache) and packed as kernel-cache.tar.xz (a few MiB); run.sh unpacks it into
+${TMPDIR:-/tmp}/weave-bundle-kernel-cache and points WEAVE_KERNEL_CACHE there unless it is set,
+so the GPU host's warm-up finds every program instead of compiling for minutes.
+
 options:
       --bin NAME             also bundle the binary NAME (repeatable)
       --example NAME         also bundle the example NAME (repeatable)
       --embed-kernels ARCHS  compile the direct kernels for ARCHS into the binaries
+      --kernel-cache         compile the GPU tests' kernels here and bundle the cache
       --no-strip             keep debug info
   -h, --help       print this help
 ";
@@ -61,6 +69,8 @@ struct BundleArgs {
     examples: Vec<String>,
     /// `WEAVE_BUILD_KERNEL_ARCHS` for builds that embed the direct kernels.
     embed_archs: Option<String>,
+    /// Compile the GPU tests' kernels here and bundle them as a kernel cache.
+    kernel_cache: bool,
     strip: bool,
 }
 
@@ -88,6 +98,7 @@ fn parse(mut args: Args) -> Result<Option<BundleArgs>, UsageError> {
                 out.embed_archs = Some(archs.to_string());
             }
             Arg::Flag(f) if f == "--no-strip" => out.strip = false,
+            Arg::Flag(f) if f == "--kernel-cache" => out.kernel_cache = true,
             Arg::Flag(f) if f == "-h" || f == "--help" => return Ok(None),
             Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
             Arg::Positional(p) => return Err(UsageError(format!("unexpected argument {p:?}"))),
@@ -244,6 +255,13 @@ export LD_LIBRARY_PATH=/usr/local/cuda/lib64${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH
 LOG=/dev/null
 if [ -n "${OUT:-}" ]; then mkdir -p "$OUT" && LOG="$OUT/gpu-bundle.log" && : >"$LOG"; fi
 
+# Kernels compiled where the bundle was built (gpu-bundle --kernel-cache), unless the caller
+# chose a cache of its own.
+if [ -f kernel-cache.tar.xz ] && [ -z "${WEAVE_KERNEL_CACHE:-}" ]; then
+  export WEAVE_KERNEL_CACHE="${TMPDIR:-/tmp}/weave-bundle-kernel-cache"
+  mkdir -p "$WEAVE_KERNEL_CACHE" && tar -xJf kernel-cache.tar.xz -C "$WEAVE_KERNEL_CACHE"
+fi
+
 # Tests find their helper binaries at the absolute paths cargo compiled in.
 link() {
   if [ ! -e "$2" ]; then mkdir -p "$(dirname "$2")" && ln -s "$HERE/$1" "$2"; fi
@@ -377,6 +395,11 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
         }
     }
     total += bundle_nccl(&root, &dir, args.strip, &env)?;
+    if args.kernel_cache {
+        let worker = links.iter().find(|(name, _)| name == "gpu-worker").map(|(name, _)| dir.join(name));
+        let worker = worker.ok_or("--kernel-cache needs the gpu-worker binary, which this build did not make")?;
+        total += bundle_kernel_cache(&root, &dir, &worker)?;
+    }
     let script = dir.join("run.sh");
     fs::write(&script, run_script(&tests, &links)).map_err(|e| format!("writing {}: {e}", script.display()))?;
     set_executable(&script)?;
@@ -395,6 +418,47 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
         println!("gpu-bundle: warning: the bundle is close to the {} limit", human(SIZE_LIMIT));
     }
     Ok(())
+}
+
+/// The name of the packed kernel cache in the bundle.
+const KERNEL_CACHE_ARCHIVE: &str = "kernel-cache.tar.xz";
+
+/// Compiles every kernel program of the GPU tests into `<root>/target/kernel-cache` with the
+/// bundled `worker` (`gpu-worker precompile EXPORT_DIR`, which also copies their entries into a
+/// fresh directory) and packs that directory into `<bundle>/kernel-cache.tar.xz`. Returns the
+/// bytes added.
+fn bundle_kernel_cache(root: &Path, dir: &Path, worker: &Path) -> Result<u64, String> {
+    let cache = root.join("target").join("kernel-cache");
+    let export = root.join("target").join("kernel-cache-export");
+    if export.exists() {
+        fs::remove_dir_all(&export).map_err(|e| format!("removing {}: {e}", export.display()))?;
+    }
+    println!("gpu-bundle: compiling the GPU tests' kernels into {} (minutes on a cold cache)", cache.display());
+    let out = Command::new(worker)
+        .arg("precompile")
+        .arg(&export)
+        .env("WEAVE_KERNEL_CACHE", &cache)
+        .output()
+        .map_err(|e| format!("could not run {}: {e}", worker.display()))?;
+    if !out.status.success() {
+        return Err(format!(
+            "compiling the kernels here failed ({}): {}{}\n(--kernel-cache needs NVRTC here: put the lib \
+             directory of a libnvrtc.so.13 on LD_LIBRARY_PATH; .ci/run installs one with pip)",
+            out.status,
+            String::from_utf8_lossy(&out.stdout).trim(),
+            String::from_utf8_lossy(&out.stderr).trim()
+        ));
+    }
+    println!("  {}", String::from_utf8_lossy(&out.stdout).trim());
+    let archive = dir.join(KERNEL_CACHE_ARCHIVE);
+    let packed = Command::new("tar").arg("-cJf").arg(&archive).arg("-C").arg(&export).arg(".").status();
+    if !matches!(packed, Ok(s) if s.success()) {
+        return Err(format!("packing {} into {} failed ({packed:?})", export.display(), archive.display()));
+    }
+    let _ = fs::remove_dir_all(&export);
+    let size = fs::metadata(&archive).map(|m| m.len()).unwrap_or(0);
+    println!("  cache    {KERNEL_CACHE_ARCHIVE} ({})", human(size));
+    Ok(size)
 }
 
 /// Builds weave's libnccl.so.2 (`cargo xtask nccl`) and copies it with its GPU-host checks
@@ -527,6 +591,7 @@ mod tests {
         assert!(s.contains("link 'rank-worker' '/w/it'\\''s'\n"));
         assert!(s.contains("--test-threads=1"));
         assert!(s.contains("LD_LIBRARY_PATH=/usr/local/cuda/lib64"));
+        assert!(s.contains("tar -xJf kernel-cache.tar.xz -C \"$WEAVE_KERNEL_CACHE\""));
         assert!(s.contains("GPU bundle: $passed passed, $failed failed, $skipped skipped"));
     }
 
@@ -537,6 +602,7 @@ mod tests {
         assert_eq!(e.embed_archs.as_deref(), Some("sm_90,sm_100"));
         assert!(parse(Args::new(["--embed-kernels", "compute_90"])).is_err());
         assert!(parse(Args::new(["--embed-kernels", "sm_90,"])).is_err());
+        assert!(parse(Args::new(["--kernel-cache"])).unwrap().unwrap().kernel_cache);
         let a = parse(Args::new(["--bin", "x", "--bin=y", "--no-strip"])).unwrap().unwrap();
         assert_eq!(a, BundleArgs { bins: vec!["x".into(), "y".into()], strip: false, ..BundleArgs::default() });
         assert_eq!(parse(Args::new(["-h"])).unwrap(), None);

@@ -1,6 +1,7 @@
 //! One rank of a weave GPU test: `gpu-worker SCENARIO`, launched once per GPU by the GPU test
 //! target. Prints `OK SCENARIO …` and exits 0 on success; prints the error and exits 1.
-//! Scenarios: `precompile` (fills the kernel cache, no GPU needed), `matrix`, `forced`, `wide`,
+//! Scenarios: `precompile [EXPORT_DIR]` (fills the kernel cache, no GPU needed; copies the
+//! entries of every program into `EXPORT_DIR` when given), `matrix`, `forced`, `wide`,
 //! `graph`, `stale-state`, `fault-kill`, `kill-trial`, `p2p`, `typed` (the safe calls on cudarc
 //! buffers, `typed.rs`).
 
@@ -18,7 +19,7 @@ use weave_tests::worker;
 
 fn main() {
     worker::run(|scenario, arg| match scenario {
-        "precompile" => precompile(),
+        "precompile" => precompile(arg),
         "matrix" => matrix(),
         "forced" => forced(),
         "wide" => wide(),
@@ -37,18 +38,40 @@ fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
 }
 
 /// Compiles the collective kernels and every channel kernel for sm_90 into the kernel cache
-/// (`WEAVE_KERNEL_CACHE`), so GPU hosts load them instead of compiling.
-fn precompile() -> Result<String> {
+/// (`WEAVE_KERNEL_CACHE`), so GPU hosts load them instead of compiling; with a non-empty
+/// `export_dir`, also copies each program's cache entry there (a cache of exactly these
+/// programs, for `cargo xtask gpu-bundle --kernel-cache`).
+fn precompile(export_dir: &str) -> Result<String> {
     use kernels::channel::{ChannelKernel, REDUCING_TYPES};
     let compiler = kernels::compile::Compiler::from_env();
-    let compiled = compiler.compile(&kernels::direct::program(), "sm_90")?;
+    let mut programs = vec![("collective kernels".to_string(), kernels::direct::program())];
     let channel =
         std::iter::once(ChannelKernel::Moving).chain(REDUCING_TYPES.iter().map(|(t, _)| ChannelKernel::Reducing(t)));
-    let mut outcomes = Vec::new();
     for k in channel {
-        outcomes.push(format!("{}: {:?}", k.name(), compiler.compile(&k.program()?, "sm_90")?.cache()));
+        programs.push((k.name().to_string(), k.program()?));
     }
-    Ok(format!("collective kernels for sm_90: {:?}; channel kernels: {}", compiled.cache(), outcomes.join(", ")))
+    let mut outcomes = Vec::new();
+    for (name, program) in &programs {
+        let compiled = compiler.compile(program, "sm_90")?;
+        outcomes.push(format!("{name}: {:?}", compiled.cache()));
+        if !export_dir.is_empty() {
+            export_entry(&compiler, compiled.key(), std::path::Path::new(export_dir))?;
+        }
+    }
+    let exported = if export_dir.is_empty() { String::new() } else { format!("; exported to {export_dir}") };
+    Ok(format!("sm_90 programs: {}{exported}", outcomes.join(", ")))
+}
+
+/// Copies the cache entry of `key` from `compiler`'s cache into `dir`.
+fn export_entry(compiler: &kernels::compile::Compiler, key: u128, dir: &std::path::Path) -> Result<()> {
+    let cache = compiler.cache_dir().ok_or_else(|| {
+        Error::invalid("precompile EXPORT_DIR needs a kernel cache to export from; WEAVE_KERNEL_CACHE disables it")
+    })?;
+    let (from, to) = (kernels::compile::entry_path(cache, key), kernels::compile::entry_path(dir, key));
+    std::fs::create_dir_all(dir).map_err(|e| Error::io(format!("creating {}", dir.display()), e))?;
+    std::fs::copy(&from, &to)
+        .map_err(|e| Error::io(format!("copying {} to {} (was the entry stored?)", from.display(), to.display()), e))?;
+    Ok(())
 }
 
 struct Gpu {
