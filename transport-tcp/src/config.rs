@@ -14,8 +14,8 @@ pub const DEFAULT_SOCKETS: usize = 2;
 /// Most sockets per connection.
 pub const MAX_SOCKETS: usize = 16;
 
-/// Whether a rank waiting for a peer's message keeps that peer's reader threads out of
-/// `poll(2)` while it drains the peer's sockets itself (`WEAVE_TCP_TEND`). A reader asleep in
+/// Whether a rank waiting for a peer's message keeps that peer's stripe-0 socket out of the
+/// reader thread's `poll(2)` while it drains the peer's sockets itself (`WEAVE_TCP_TEND`). A reader asleep in
 /// `poll(2)` is woken by every segment that lands, and the sender's system call pays for the
 /// wake-up; a tended peer's stripe-0 reader naps on a timer instead, which costs a core now and then.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -15,10 +15,11 @@
 //!   large writes cut into frames and striped over them; a flag lands only after the data it
 //!   covers; `flush` returns when the peer has applied everything. EOF, a reset or a lying
 //!   peer is `Error::PeerLost`; a silent one a timeout — never a hang.
-//! - **Receiving**: a reader thread per socket applies frames as they come, and a rank that
-//!   waits for a peer applies that peer's frames itself (`Connection::progress`), so a small
-//!   message is stored by the thread that waits for it; meanwhile the peer's stripe-0 reader
-//!   naps instead of being woken by every segment ([`Tending`]).
+//! - **Receiving**: a reader thread per stripe number — one `poll(2)` over that stripe's
+//!   sockets of every peer — applies frames as they come, and a rank that waits for a peer
+//!   applies that peer's frames itself (`Connection::progress`), so a small message is stored
+//!   by the thread that waits for it; meanwhile the stripe-0 reader leaves that peer's socket
+//!   out of its `poll` and naps instead of being woken by every segment ([`Tending`]).
 //!
 //! Memory imported through this transport is not mapped here (`direct_access` is false), so
 //! the collectives run their channel family over it. Device buffers cross it staged through
@@ -28,6 +29,7 @@ pub mod config;
 mod connection;
 mod endpoint;
 mod listener;
+mod reader;
 mod receive;
 mod region;
 pub mod wire;

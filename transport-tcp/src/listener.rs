@@ -1,7 +1,8 @@
-//! The receiving side: a listener that authenticates every socket, and one reader thread per
-//! socket — accepted or dialled — that applies the peer's frames to this rank's regions —
-//! checking every region id, range and length — in the order [`crate::wire`] defines. Waiting
-//! ranks apply frames too: [`crate::receive`] says how the two share a socket.
+//! The receiving side: a listener that authenticates every socket, and the reader threads
+//! ([`crate::reader`], one per stripe number) that read every socket — accepted or dialled —
+//! and apply the peer's frames to this rank's regions — checking every region id, range and
+//! length — in the order [`crate::wire`] defines. Waiting ranks apply frames too:
+//! [`crate::receive`] says how the two share a socket.
 //!
 //! **One set of sockets per pair.** A socket carries both directions: the lower rank of a pair
 //! dials its set, and the higher rank's connection to it writes on the sockets it accepted
@@ -13,7 +14,7 @@
 use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, BorrowedFd};
+use std::os::fd::AsFd;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -21,23 +22,16 @@ use std::time::{Duration, Instant};
 
 use comm_core::spin::Backoff;
 use comm_core::{Error, Result};
-use nix::poll::{PollFd, PollFlags};
 
 use crate::config::Tending;
-use crate::receive::{Drained, InSocket, PeerInbound};
+use crate::reader::Readers;
+use crate::receive::{InSocket, PeerInbound};
 use crate::region::Regions;
 use crate::wire::{HANDSHAKE_BYTES, HANDSHAKE_OK, Handshake};
 use crate::writer::SocketWriter;
 
 /// How often the accept loop looks at its stop flag.
 const ACCEPT_POLL_MS: u16 = 50;
-/// How often an idle reader thread looks at the stop flag (the listener also shuts its
-/// sockets down, which wakes it at once).
-const READER_POLL_MS: u16 = 1000;
-/// How long a reader thread naps while waiters tend its peer (see [`crate::receive`]) or hold
-/// its socket, before it looks again: what a message landing just as the waiter stopped waits
-/// at most, beyond [`TENDED_FOR`](crate::receive::TENDED_FOR).
-const TENDED_NAP: Duration = Duration::from_micros(50);
 /// How long a higher rank's connection waits for the lower rank's sockets before it dials its
 /// own (see the module doc).
 pub(crate) const OFFER_GRACE: Duration = Duration::from_secs(2);
@@ -60,7 +54,7 @@ pub(crate) struct Inbound {
     /// Sockets of each peer that reached a clean end of stream.
     closed: Mutex<HashMap<usize, u16>>,
     sockets: Mutex<Vec<TcpStream>>,
-    threads: Mutex<Vec<JoinHandle<()>>>,
+    readers: Readers,
     /// Sets of sockets that lower ranks dialled, by rank, for this rank's connection to them to
     /// write on: one slot per stripe, filled as they are accepted.
     offered: Mutex<HashMap<usize, Vec<OfferedSet>>>,
@@ -71,7 +65,7 @@ type OfferedSet = Vec<Option<Arc<SocketWriter>>>;
 
 impl Inbound {
     /// Reads `socket` (authenticated: stripe `stripe` of `stripes` of a set to or from `rank`)
-    /// on a reader thread of its own and in waiters' drains; returns its writing end.
+    /// on its stripe's reader thread and in waiters' drains; returns its writing end.
     pub(crate) fn attach(
         self: &Arc<Self>,
         socket: TcpStream,
@@ -85,13 +79,8 @@ impl Inbound {
         let peer = self.peer(rank);
         let in_socket = Arc::new(InSocket::new(socket, stripe, stripes, writer.clone()));
         peer.add(in_socket.clone());
-        let shared = self.clone();
-        let thread = std::thread::Builder::new()
-            .name(format!("weave-tcp-recv-{rank}.{stripe}"))
-            .spawn(move || receive_loop(in_socket, rank, peer, shared))
-            .map_err(|e| Error::io("spawn a tcp reader thread", e))?;
+        self.readers.add(in_socket, rank, peer, self)?;
         self.sockets.lock().unwrap_or_else(|p| p.into_inner()).push(for_shutdown);
-        self.threads.lock().unwrap_or_else(|p| p.into_inner()).push(thread);
         Ok(writer)
     }
 
@@ -136,6 +125,12 @@ impl Inbound {
     #[cfg(test)]
     pub(crate) fn socket_count(&self) -> usize {
         self.sockets.lock().unwrap_or_else(|p| p.into_inner()).len()
+    }
+
+    /// Reader threads started so far, one per stripe number (for tests).
+    #[cfg(test)]
+    pub(crate) fn reader_threads(&self) -> usize {
+        self.readers.thread_count()
     }
 
     /// `Some(why)` once a socket from `peer` closed or sent garbage.
@@ -212,7 +207,7 @@ impl Listener {
             lost: Mutex::new(HashMap::new()),
             closed: Mutex::new(HashMap::new()),
             sockets: Mutex::new(Vec::new()),
-            threads: Mutex::new(Vec::new()),
+            readers: Readers::default(),
             offered: Mutex::new(HashMap::new()),
         });
         let shared = inbound.clone();
@@ -243,10 +238,7 @@ impl Drop for Listener {
         for s in self.inbound.sockets.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
-        let threads: Vec<_> = self.inbound.threads.lock().unwrap_or_else(|p| p.into_inner()).drain(..).collect();
-        for t in threads {
-            let _ = t.join();
-        }
+        self.inbound.readers.stop();
     }
 }
 
@@ -289,53 +281,4 @@ fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handsha
     socket.set_write_timeout(Some(inbound.timeout)).map_err(|e| Error::io("tcp socket write timeout", e))?;
     let _ = socket.set_nodelay(true);
     Ok((socket, hello))
-}
-
-/// A socket's reader thread: waits in `poll(2)` (not holding the socket's lock) until bytes
-/// come, then drains them (see [`crate::receive`]); while a flag waits for other stripes it
-/// snoozes instead, and while waiters tend the peer (stripe 0, which carries the small
-/// messages; the other stripes carry only large writes, which a reader keeps draining beside
-/// the waiter) or hold the socket it naps. Ends when the socket ends (whoever saw the end reported it) or the listener stops.
-fn receive_loop(socket: Arc<InSocket>, rank: usize, peer: Arc<PeerInbound>, inbound: Arc<Inbound>) {
-    let mut last = Drained::Idle;
-    let mut backoff = Backoff::new();
-    while !inbound.stopping() {
-        if last == Drained::Waiting {
-            backoff.snooze();
-        } else if socket.stripe == 0 && peer.tended() {
-            backoff.reset();
-            std::thread::sleep(TENDED_NAP);
-        } else {
-            backoff.reset();
-            // SAFETY: `socket.fd` stays open while `socket` (which owns the stream) lives.
-            let fd = unsafe { BorrowedFd::borrow_raw(socket.fd) };
-            let mut fds = [PollFd::new(fd, PollFlags::POLLIN)];
-            match nix::poll::poll(&mut fds, READER_POLL_MS) {
-                Ok(0) | Err(nix::errno::Errno::EINTR) => continue,
-                Ok(_) => {}
-                Err(e) => {
-                    let mut st = socket.lock();
-                    socket.end(&mut st, &Err(Error::io("poll a tcp socket", e.into())), rank, &inbound);
-                    return;
-                }
-            }
-        }
-        if inbound.readers_paused.load(Ordering::Acquire) {
-            std::thread::sleep(Duration::from_millis(1));
-            continue;
-        }
-        let Some(mut st) = socket.try_lock() else {
-            // A waiter is draining this socket: look again after a nap (it may leave bytes).
-            std::thread::sleep(TENDED_NAP);
-            continue;
-        };
-        let outcome = socket.drain(&mut st, &peer, &inbound);
-        match outcome {
-            Ok(d @ (Drained::Idle | Drained::Waiting)) => last = d,
-            Ok(Drained::Ended) | Err(_) => {
-                socket.end(&mut st, &outcome, rank, &inbound);
-                return;
-            }
-        }
-    }
 }

@@ -8,22 +8,24 @@
 //! holds the lock, and a frame begun by one thread is finished by the next. Two kinds of thread
 //! take the lock:
 //!
-//! - the socket's **reader thread** (see [`crate::listener`]) blocks in `poll(2)` *without* the
-//!   lock, then takes it and drains: it carries what arrives while nobody waits (large
-//!   transfers, flush answers, the end of the stream);
+//! - the **reader thread** of the socket's stripe number ([`crate::reader`]) waits in one
+//!   `poll(2)` over that stripe's sockets *without* their locks, then takes each ready one's
+//!   lock and drains it: it carries what arrives while nobody waits (large transfers, flush
+//!   answers, the end of the stream);
 //! - a rank **waiting** for memory this peer writes (a channel link's spin, through
 //!   [`Connection::progress`](comm_core::connection::Connection::progress)) `try_lock`s every
 //!   socket of the peer and drains it, so a small message is applied by the very thread that
 //!   waits for it, with no thread wake-up on the way.
 //!
-//! While waiters **tend** a peer (one drained its sockets within [`TENDED_FOR`]), the reader
-//! thread of the peer's stripe 0 — where small messages travel — naps instead of sleeping in
-//! `poll(2)` (the other stripes' readers go on draining large writes beside the waiter): a thread asleep on a socket is woken by
-//! every segment that lands, and the peer's sending system call pays for that wake-up (an
-//! inter-processor interrupt, on a virtual machine an exit) on every small message. Napping
-//! readers wake on a timer of their own, which costs a core now and then: whether waiters tend
-//! is [`Tending`](crate::config::Tending)'s choice. A reader never blocks on the lock either: a
-//! waiter holding it is draining, so the reader naps.
+//! While waiters **tend** a peer (one drained its sockets within [`TENDED_FOR`]), the stripe-0
+//! reader — stripe 0 is where small messages travel — leaves the peer's socket out of its
+//! `poll(2)` and drains it after a nap instead (the other stripes' readers go on draining
+//! large writes beside the waiter): a thread asleep on a socket is woken by every segment
+//! that lands, and the peer's sending system call pays for that wake-up (an inter-processor
+//! interrupt, on a virtual machine an exit) on every small message. A napping reader wakes on
+//! a timer of its own, which costs a core now and then: whether waiters tend is
+//! [`Tending`](crate::config::Tending)'s choice. A reader never blocks on a lock either: a
+//! waiter holding it is draining, so the reader naps and looks again.
 //!
 //! Frames are applied exactly once, in each socket's order; a flag or flush waits (in
 //! [`Partial::Waiting`], without blocking) until the other stripes applied the data frames it

@@ -420,3 +420,40 @@ fn a_higher_rank_whose_peer_never_dials_dials_its_own_set() {
     assert_eq!(theirs.load_u64(64).unwrap(), 1);
     assert!(same_bytes(&theirs, 0, &src, 0, 64).unwrap());
 }
+
+#[test]
+fn three_peers_writing_at_once_are_read_by_one_thread_per_stripe() {
+    let hub = backend(0, Duration::from_secs(20));
+    let peers: Vec<TcpBackend> = (1..=3).map(|r| backend(r, Duration::from_secs(20))).collect();
+    // The hub dials a set of three sockets to each peer; each peer writes on the set it accepted.
+    let _hub_to: Vec<_> =
+        peers.iter().enumerate().map(|(i, p)| hub.connect(i + 1, &p.local_endpoint().unwrap()).unwrap()).collect();
+    let inbound = hub.listener.inbound();
+    assert_eq!((inbound.socket_count(), inbound.reader_threads()), (9, 3), "sockets and reader threads of the hub");
+    let len = 2 * MAX_FRAME_BYTES + 13; // striped over all three sockets of each peer
+    let senders: Vec<_> = peers
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let conn = p.connect(0, &hub.local_endpoint().unwrap()).unwrap();
+            let src = patterned_source(p, len, 20 + i as u8).unwrap();
+            let (theirs, remote) = region_of(&hub, 0, p, len + 64).unwrap();
+            let flag_at = len.next_multiple_of(8);
+            let sender = std::thread::spawn(move || {
+                for round in 1..=3u64 {
+                    conn.write(&remote, 0, &src, 0, len).map_err(|e| format!("peer {} write {round}: {e}", i + 1))?;
+                    conn.update_and_sync(&remote, flag_at, round).map_err(|e| format!("peer {} flag: {e}", i + 1))?;
+                    conn.flush().map_err(|e| format!("peer {} flush {round}: {e}", i + 1))?;
+                }
+                Ok::<_, String>((src, conn))
+            });
+            (sender, theirs, flag_at)
+        })
+        .collect();
+    for (i, (sender, theirs, flag_at)) in senders.into_iter().enumerate() {
+        let (src, _conn) = sender.join().unwrap().unwrap();
+        assert_eq!(theirs.load_u64(flag_at).unwrap(), 3, "peer {}'s last flag", i + 1);
+        assert!(same_bytes(&theirs, 0, &src, 0, len).unwrap(), "peer {}'s bytes differ at the hub", i + 1);
+    }
+    assert_eq!(inbound.reader_threads(), 3, "no reader thread per socket");
+}
