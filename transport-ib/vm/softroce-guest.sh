@@ -14,8 +14,9 @@
 # runs in software emulation (no KVM here), so the guest is slow: correctness, not speed.
 #
 # Work files live in $WEAVE_IB_VM_DIR (default target/ib-vm): the kernel and the initramfs are
-# built once and reused. $WEAVE_IB_VM_TIMEOUT bounds the guest (default 600 s), $WEAVE_IB_VM_MEMORY
-# sizes it (default 4G).
+# built once and reused. $WEAVE_IB_VM_TIMEOUT bounds the guest (default 1200 s: on a 2-core host
+# the full run — transport-ib's tests twice, the 2- and 4-rank matrices and kills — took 600 s
+# and more of emulated time, the 4-rank part alone 430 s), $WEAVE_IB_VM_MEMORY sizes it (default 4G).
 set -euo pipefail
 
 PAIR=0
@@ -26,7 +27,7 @@ DIR=$(cd "$DIR" && pwd)
 HERE=$(cd "$(dirname "$0")" && pwd)
 WORK=${WEAVE_IB_VM_DIR:-$HERE/../../target/ib-vm}
 mkdir -p "$WORK"; WORK=$(cd "$WORK" && pwd)
-TIMEOUT=${WEAVE_IB_VM_TIMEOUT:-600}
+TIMEOUT=${WEAVE_IB_VM_TIMEOUT:-1200}
 MEMORY=${WEAVE_IB_VM_MEMORY:-4G}
 
 need=()
