@@ -65,7 +65,7 @@ struct ReaderSet {
     added: Arc<Mutex<Vec<Watched>>>,
     /// Written to wake the thread (new sockets, stop); the thread reads the other end.
     wake: UnixStream,
-    thread: Option<JoinHandle<()>>,
+    thread: JoinHandle<()>,
 }
 
 /// The reader threads of one listener, by stripe number, started with their first socket.
@@ -120,10 +120,8 @@ impl Readers {
         for set in &sets {
             let _ = (&set.wake).write(&[1]);
         }
-        for mut set in sets {
-            if let Some(t) = set.thread.take() {
-                let _ = t.join();
-            }
+        for set in sets {
+            let _ = set.thread.join();
         }
     }
 }
@@ -141,7 +139,7 @@ impl ReaderSet {
             .name(format!("weave-tcp-recv-s{stripe}"))
             .spawn(move || read_loop(&woken, &thread_added, &inbound))
             .map_err(|e| Error::io("spawn a tcp reader thread", e))?;
-        Ok(ReaderSet { added, wake, thread: Some(thread) })
+        Ok(ReaderSet { added, wake, thread })
     }
 }
 
@@ -153,9 +151,8 @@ impl ReaderSet {
 fn read_loop(woken: &UnixStream, added: &Mutex<Vec<Watched>>, inbound: &Inbound) {
     let mut watched: Vec<Watched> = Vec::new();
     let mut backoff = Backoff::new();
-    let mut ready: Vec<bool> = Vec::new();
+    let (mut ready, mut polled): (Vec<bool>, Vec<usize>) = (Vec::new(), Vec::new());
     while !inbound.stopping() {
-        watched.append(&mut added.lock().unwrap_or_else(|p| p.into_inner()));
         let waiting = watched.iter().any(|w| w.last == Drained::Waiting);
         let napping = watched.iter().any(Watched::napping);
         let timeout = if waiting {
@@ -169,7 +166,8 @@ fn read_loop(woken: &UnixStream, added: &Mutex<Vec<Watched>>, inbound: &Inbound)
         // stand for "ready" below.
         ready.clear();
         ready.extend(watched.iter().map(|w| w.last == Drained::Waiting || w.napping()));
-        let polled: Vec<usize> = (0..watched.len()).filter(|&i| !ready[i]).collect();
+        polled.clear();
+        polled.extend((0..watched.len()).filter(|&i| !ready[i]));
         // SAFETY: each descriptor stays open while its `InSocket` (which owns the stream) lives,
         // and `watched` holds every one of them until after this poll.
         let borrow = |i: usize| unsafe { BorrowedFd::borrow_raw(watched[i].socket.fd) };
@@ -188,14 +186,19 @@ fn read_loop(woken: &UnixStream, added: &Mutex<Vec<Watched>>, inbound: &Inbound)
                 continue;
             }
         }
-        if fds[0].any().unwrap_or(false) {
-            let mut bytes = [0u8; 64];
-            while matches!((&*woken).read(&mut bytes), Ok(n) if n > 0) {}
-        }
+        let was_woken = fds[0].any().unwrap_or(false);
         for (k, &i) in polled.iter().enumerate() {
             ready[i] = fds[k + 1].any().unwrap_or(true);
         }
         drop(fds);
+        // Every socket added comes with a wake-up byte: the list is looked at only then.
+        if was_woken {
+            let mut bytes = [0u8; 64];
+            while matches!((&*woken).read(&mut bytes), Ok(n) if n > 0) {}
+            let mut new = std::mem::take(&mut *added.lock().unwrap_or_else(|p| p.into_inner()));
+            ready.resize(watched.len() + new.len(), true);
+            watched.append(&mut new);
+        }
         if inbound.readers_paused.load(Ordering::Acquire) {
             std::thread::sleep(Duration::from_millis(1));
             continue;
