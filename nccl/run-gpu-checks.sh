@@ -22,12 +22,8 @@
 # init line (proof the preload took effect).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
-# Kernels compiled where the bundle was built (cargo xtask gpu-bundle --kernel-cache), unless
-# the caller chose a cache of its own.
-if [ -f "$HERE/../kernel-cache.tar.xz" ] && [ -z "${WEAVE_KERNEL_CACHE:-}" ]; then
-  export WEAVE_KERNEL_CACHE="${TMPDIR:-/tmp}/weave-bundle-kernel-cache"
-  mkdir -p "$WEAVE_KERNEL_CACHE" && tar -xJf "$HERE/../kernel-cache.tar.xz" -C "$WEAVE_KERNEL_CACHE"
-fi
+# Kernels compiled where the bundle was built (cargo xtask gpu-bundle --kernel-cache).
+if [ -f "$HERE/../kernel-cache.sh" ]; then . "$HERE/../kernel-cache.sh"; fi
 LIB="$HERE/libnccl.so.2"
 OUT=${OUT:-/tmp/weave-nccl-checks}
 mkdir -p "$OUT"
