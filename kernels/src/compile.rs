@@ -414,8 +414,8 @@ pub(crate) mod tests {
         }
         if std::env::var_os("CI").is_some() {
             panic!(
-                "{test}: NVRTC not found and CI is set: device code must compile in CI. Install \
-                 nvidia-cuda-nvrtc (see .ci/run) and put its lib directory on LD_LIBRARY_PATH"
+                "{test}: NVRTC not found and CI is set: device code must compile in CI. Run the \
+                 suite with `cargo xtask test`, which installs NVRTC and puts it on LD_LIBRARY_PATH"
             );
         }
         // Straight to stderr: the test harness captures print! output of passing tests.

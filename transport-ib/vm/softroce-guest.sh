@@ -30,13 +30,14 @@ mkdir -p "$WORK"; WORK=$(cd "$WORK" && pwd)
 TIMEOUT=${WEAVE_IB_VM_TIMEOUT:-1200}
 MEMORY=${WEAVE_IB_VM_MEMORY:-4G}
 
+# The packages are provided by `cargo xtask ib-vm` / `cargo xtask test` (xtask's prerequisites).
 need=()
 for p in qemu-system-x86 busybox-static rdma-core ibverbs-providers ibverbs-utils perftest cpio kmod dash iproute2; do
   dpkg -s "$p" >/dev/null 2>&1 || need+=("$p")
 done
 if [ ${#need[@]} -gt 0 ]; then
-  echo "softroce-guest: installing ${need[*]}" >&2
-  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null
+  echo "softroce-guest: missing Debian packages: ${need[*]} (cargo xtask ib-vm installs them as root)" >&2
+  exit 2
 fi
 
 # The kernel: Debian 12's generic flavour, unpacked.

@@ -14,6 +14,7 @@ use std::process::{Command, ExitCode};
 
 use crate::args::{Arg, Args, UsageError};
 use crate::gpu_bundle_cmd::{cargo_artifacts, shell_quote, workspace_root};
+use crate::prerequisites::{on_path, running_as_root};
 
 /// One line for the command list of `cargo xtask help`.
 pub(crate) const SUMMARY: &str = "run the InfiniBand tests in a QEMU guest with SoftRoCE";
@@ -70,6 +71,12 @@ pub(crate) fn run(args: Args) -> ExitCode {
     });
     if let Some(exit) = read {
         return exit;
+    }
+    if let Err(e) =
+        crate::prerequisites::provide_packages(&crate::prerequisites::packages(true), "cargo xtask ib-vm", true)
+    {
+        eprintln!("cargo xtask ib-vm: {e}");
+        return ExitCode::from(1);
     }
     let result = stage_and_run(&ranks, bench, &filters)
         .and_then(|status| if nodes == 2 && status == ExitCode::SUCCESS { stage_and_run_pair() } else { Ok(status) });
@@ -159,17 +166,7 @@ pub(crate) fn stage_and_run(ranks: &[usize], bench: bool, filters: &[String]) ->
 /// Whether this machine can run the guest: QEMU is installed, or can be (Debian's apt-get, run
 /// as root).
 pub(crate) fn guest_possible() -> bool {
-    let on_path = |name: &str| {
-        std::env::var_os("PATH").is_some_and(|p| std::env::split_paths(&p).any(|d| d.join(name).is_file()))
-    };
     on_path("qemu-system-x86_64") || (on_path("apt-get") && running_as_root())
-}
-
-/// Whether this process runs as root (its real uid in `/proc/self/status` is 0).
-fn running_as_root() -> bool {
-    std::fs::read_to_string("/proc/self/status").ok().is_some_and(|s| {
-        s.lines().find_map(|l| l.strip_prefix("Uid:")).and_then(|v| v.split_whitespace().next()) == Some("0")
-    })
 }
 
 fn strings(parts: &[&str]) -> Vec<String> {

@@ -15,6 +15,7 @@ mod json;
 mod launch_cmd;
 mod nccl_cmd;
 mod plot;
+mod prerequisites;
 mod scale_model;
 mod test_cmd;
 

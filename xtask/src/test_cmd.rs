@@ -1,9 +1,11 @@
-//! `cargo xtask test`: runs every test of the workspace (unit, multi-process, doc tests) and
-//! compiles every example.
+//! `cargo xtask test`: provides what the tests need ([`crate::prerequisites`]), then runs every
+//! test of the workspace (unit, multi-process, doc tests), compiles every example, compiles every
+//! kernel with a second NVRTC, and runs the namespace-node and InfiniBand guest tests.
 
 use std::process::{Command, ExitCode};
 
 use crate::args::{Arg, Args, UsageError};
+use crate::prerequisites::Provided;
 
 /// One line for the command list of `cargo xtask help`.
 pub(crate) const SUMMARY: &str = "run every test (add --long for the full collective matrix)";
@@ -12,9 +14,18 @@ pub(crate) const SUMMARY: &str = "run every test (add --long for the full collec
 pub(crate) const USAGE: &str = "\
 usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [-- CARGO-TEST-ARGS...]
 
-Runs `cargo test --workspace`: unit tests, the multi-process tests (which launch ranks through
+First it provides what the tests need, before building anything: the Debian packages of the
+verbs bindings' build (cmake, clang, libclang-dev, libibverbs-dev, libnl-3-dev,
+libnl-route-3-dev, pkg-config, python3), g++ and python3-pip, and, for the InfiniBand guest,
+qemu-system-x86 and the guest's userland — installed with apt-get when run as root, otherwise
+it prints the apt-get command to run and stops; then NVRTC 13.0 and 12.2 from PyPI into
+$WEAVE_TOOLS_CACHE (default ~/.cache/weave), so the kernel tests compile every CUDA kernel
+without a GPU. It says what it installed.
+
+Then it runs `cargo test --workspace`: unit tests, the multi-process tests (which launch ranks through
 the same launcher as `cargo xtask launch`), doc tests, and a compile of every example. GPU
 tests report that they did not run when no GPU is present; they never count as passed there.
+Then the kernels crate's tests once more with NVRTC 12.2 (what a CUDA 12 driver loads).
 Then the namespace-node tests (ignored by plain `cargo test`: they need root to make network
 namespaces; about 30 s): the launcher's nodes, nothing left behind after a killed rank or a
 killed launcher, a node fabric shared by several jobs, `cargo xtask node-exec` (mpirun's agent
@@ -27,6 +38,8 @@ or apt-get can install it (as root); with CI set they must run.
 
 options:
   --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
+  --no-install check what the tests need, print the commands that provide what is missing,
+               but install nothing
   --release    build with optimizations
   --no-netns   leave out the namespace-node tests (they report that they did not run)
   --no-ib      leave out the InfiniBand guest (it reports that it did not run)
@@ -39,6 +52,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let mut release = false;
     let mut ib = true;
     let mut netns = true;
+    let mut install = true;
     let mut extra = Vec::new();
     let read = crate::read_args(args, "test", USAGE, |arg, _| {
         match arg {
@@ -46,6 +60,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             Arg::Flag(f) if f == "--release" => release = true,
             Arg::Flag(f) if f == "--no-ib" => ib = false,
             Arg::Flag(f) if f == "--no-netns" => netns = false,
+            Arg::Flag(f) if f == "--no-install" => install = false,
             Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
             Arg::Positional(p) => extra.push(p),
             Arg::Separator => {}
@@ -55,7 +70,16 @@ pub(crate) fn run(args: Args) -> ExitCode {
     if let Some(exit) = read {
         return exit;
     }
-    let mut cmd = Command::new(cargo());
+    let guest = ib && extra.is_empty() && (ci() || crate::ib_vm_cmd::guest_possible());
+    let tools = match crate::prerequisites::provide(guest, ci(), install) {
+        Ok(tools) => tools,
+        Err(e) => {
+            eprintln!("cargo xtask test: {e}");
+            return ExitCode::from(1);
+        }
+    };
+    let env = TestEnv { tools, release };
+    let mut cmd = env.cargo();
     cmd.args(["test", "--workspace"]);
     if release {
         cmd.arg("--release");
@@ -66,20 +90,78 @@ pub(crate) fn run(args: Args) -> ExitCode {
     if long {
         cmd.env("WEAVE_TEST_LONG", "1");
     }
-    match cmd.status() {
-        Ok(s) if s.success() => match namespace_tests(netns && extra.is_empty(), release) {
-            code if code == ExitCode::SUCCESS => ib_guest(ib && extra.is_empty()),
-            code => code,
-        },
-        Ok(s) => {
-            eprintln!("cargo xtask test: cargo test failed ({s})");
-            ExitCode::from(1)
-        }
+    let everything = extra.is_empty();
+    let outcome = run_cargo(&mut cmd, "cargo test")
+        .and_then(|()| kernels_with_nvrtc_12(&env, everything))
+        .and_then(|()| namespace_tests(&env, netns && everything))
+        .and_then(|()| ib_guest(ib && everything));
+    match outcome {
+        Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("cargo xtask test: could not run cargo: {e}");
+            eprintln!("cargo xtask test: {e}");
             ExitCode::from(1)
         }
     }
+}
+
+/// How every cargo command of the test runs: with the NVRTC provided on the library path.
+struct TestEnv {
+    tools: Provided,
+    release: bool,
+}
+
+impl TestEnv {
+    /// `cargo`, with NVRTC 13 (where provided) first on `LD_LIBRARY_PATH`. Release builds with
+    /// NVRTC loadable would embed every kernel for three architectures (half an hour of NVRTC on
+    /// two cores); the kernel tests compile each kernel instead, so `WEAVE_BUILD_KERNELS` is 0
+    /// unless set.
+    fn cargo(&self) -> Command {
+        let mut cmd = Command::new(cargo());
+        if let Some(dir) = &self.tools.nvrtc_13 {
+            cmd.env("LD_LIBRARY_PATH", prepend_path(dir));
+        }
+        if std::env::var_os("WEAVE_BUILD_KERNELS").is_none() {
+            cmd.env("WEAVE_BUILD_KERNELS", "0");
+        }
+        cmd
+    }
+}
+
+/// `LD_LIBRARY_PATH` with `dir` first.
+fn prepend_path(dir: &std::path::Path) -> std::ffi::OsString {
+    let mut dirs = vec![dir.to_path_buf()];
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH") {
+        dirs.extend(std::env::split_paths(&old));
+    }
+    std::env::join_paths(dirs).unwrap_or_else(|_| dir.as_os_str().to_owned())
+}
+
+/// Runs `cmd`; `Err` names `what` when it fails or cannot start.
+fn run_cargo(cmd: &mut Command, what: &str) -> Result<(), String> {
+    match cmd.status() {
+        Ok(s) if s.success() => Ok(()),
+        Ok(s) => Err(format!("{what} failed ({s})")),
+        Err(e) => Err(format!("could not run cargo for {what}: {e}")),
+    }
+}
+
+/// The kernels crate's tests once more with NVRTC 12.2, which a CUDA 12 driver loads (weave
+/// loads the NVRTC of the driver's major version): every kernel must compile with it too.
+fn kernels_with_nvrtc_12(env: &TestEnv, wanted: bool) -> Result<(), String> {
+    if !wanted {
+        return Ok(());
+    }
+    let Some(dir) = &env.tools.nvrtc_12 else {
+        println!("cargo xtask test: the kernels' compile with NVRTC 12 did not run (NVRTC 12 could not be installed)");
+        return Ok(());
+    };
+    let mut cmd = env.cargo();
+    cmd.args(["test", "-p", "kernels", "--lib"]);
+    if env.release {
+        cmd.arg("--release");
+    }
+    cmd.env("WEAVE_NVRTC", "libnvrtc.so.12").env("LD_LIBRARY_PATH", prepend_path(dir));
+    run_cargo(&mut cmd, "the kernels' tests with NVRTC 12")
 }
 
 fn cargo() -> std::ffi::OsString {
@@ -92,16 +174,16 @@ fn ci() -> bool {
 
 /// The `#[ignore]`d namespace-node tests (their names hold `namespace`), when asked for and
 /// possible (always under CI, where they fail if namespaces cannot be made).
-fn namespace_tests(wanted: bool, release: bool) -> ExitCode {
+fn namespace_tests(env: &TestEnv, wanted: bool) -> Result<(), String> {
     if !wanted {
         println!("cargo xtask test: the namespace-node tests did not run (--no-netns, or cargo test filters given)");
-        return ExitCode::SUCCESS;
+        return Ok(());
     }
     if let Err(e) = weave_launch::namespace_nodes_available(None)
         && !ci()
     {
         println!("cargo xtask test: the namespace-node tests did not run (they need root: {e})");
-        return ExitCode::SUCCESS;
+        return Ok(());
     }
     let targets = [
         &["-p", "weave-launch"][..],
@@ -109,48 +191,35 @@ fn namespace_tests(wanted: bool, release: bool) -> ExitCode {
         &["-p", "weave-tests", "--test", "collectives"],
     ];
     for target in targets {
-        let package = target[1];
-        let mut cmd = Command::new(cargo());
+        let mut cmd = env.cargo();
         cmd.arg("test").args(target);
-        if release {
+        if env.release {
             cmd.arg("--release");
         }
         cmd.args(["--", "--ignored", "namespace"]);
-        match cmd.status() {
-            Ok(s) if s.success() => {}
-            Ok(s) => {
-                eprintln!("cargo xtask test: the namespace-node tests of {package} failed ({s})");
-                return ExitCode::from(1);
-            }
-            Err(e) => {
-                eprintln!("cargo xtask test: could not run cargo: {e}");
-                return ExitCode::from(1);
-            }
-        }
+        run_cargo(&mut cmd, &format!("the namespace-node tests of {}", target[1]))?;
     }
-    ExitCode::SUCCESS
+    Ok(())
 }
 
 /// The InfiniBand guest, when asked for and possible (always under CI).
-fn ib_guest(wanted: bool) -> ExitCode {
+fn ib_guest(wanted: bool) -> Result<(), String> {
     if !wanted {
         println!("cargo xtask test: the InfiniBand guest tests did not run (--no-ib, or cargo test filters given)");
-        return ExitCode::SUCCESS;
+        return Ok(());
     }
     if !ci() && !crate::ib_vm_cmd::guest_possible() {
         println!(
             "cargo xtask test: the InfiniBand guest tests did not run (no qemu-system-x86_64, and no apt-get run as \
              root to install it)"
         );
-        return ExitCode::SUCCESS;
+        return Ok(());
     }
     let single = crate::ib_vm_cmd::stage_and_run(&[2, 4], false, &[]);
     let both = single.and_then(|s| if s == ExitCode::SUCCESS { crate::ib_vm_cmd::stage_and_run_pair() } else { Ok(s) });
     match both {
-        Ok(status) => status,
-        Err(e) => {
-            eprintln!("cargo xtask test: the InfiniBand guest: {e}");
-            ExitCode::from(1)
-        }
+        Ok(status) if status == ExitCode::SUCCESS => Ok(()),
+        Ok(status) => Err(format!("the InfiniBand guest failed ({status:?})")),
+        Err(e) => Err(format!("the InfiniBand guest: {e}")),
     }
 }
