@@ -24,9 +24,12 @@ named with --bin and the examples named with --example, and copies them into .gp
   - recreates the absolute paths that tests compiled in for their helper binaries
     (env!(\"CARGO_BIN_EXE_...\")) as links into the bundle, when those paths do not exist;
   - appends all output to $OUT/gpu-bundle.log when OUT is set;
-  - prints one line per binary and `GPU bundle: N passed, M failed, K skipped` (a binary
-    that printed `SKIPPED: no CUDA device` counts as skipped); exits non-zero unless every
-    binary passed.
+  - on a host with one GPU, sets WEAVE_TEST_SHARE_GPU=1 (the multi-rank GPU tests run with
+    their ranks sharing it) and says so;
+  - reads each binary's own closing line (`gpu: N passed, M failed, K skipped`, or libtest's
+    `test result:`) and prints one line per binary and `GPU bundle: N passed, M failed, K
+    skipped binaries; ... tests`: a binary none of whose tests ran counts as skipped, never as
+    passed; exits non-zero unless every binary passed.
 It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh and
 torch_check.py (run nccl/run-gpu-checks.sh there; with NCCL_TESTS_SRC=<nccl-tests checkout or
 git dir> the nccl-tests source goes into nccl/nccl-tests/ and the script builds it).
@@ -241,6 +244,29 @@ pub(crate) fn shell_quote(s: &str) -> String {
     format!("'{}'", s.replace('\'', "'\\''"))
 }
 
+/// The shell function of `run.sh` that judges one binary from its exit status and its own
+/// closing line.
+const VERDICT_SH: &str = r#"# A binary's verdict from its exit status and its own closing line: a custom harness's
+# "NAME: N passed, M failed, K skipped" or libtest's "test result: ok. N passed; M failed; ...".
+# A binary none of whose tests ran (all skipped, or every passing test said SKIPPED) is skipped,
+# never passed. Prints "VERDICT PASSED FAILED SKIPPED".
+verdict() {
+  local rc=$1 out=$2 line p f s said
+  line=$(grep -E '^([a-z_]+: [0-9]+ passed, [0-9]+ failed|test result: )' "$out" | tail -n 1)
+  if [[ $line =~ ^[a-z_]+:\ ([0-9]+)\ passed,\ ([0-9]+)\ failed(,\ ([0-9]+)\ skipped)? ]]; then
+    p=${BASH_REMATCH[1]}; f=${BASH_REMATCH[2]}; s=${BASH_REMATCH[4]:-0}
+  elif [[ $line =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
+    p=${BASH_REMATCH[1]}; f=${BASH_REMATCH[2]}
+    said=$(grep -c '^SKIPPED' "$out" || true); s=$((said < p ? said : p)); p=$((p - s))
+  else
+    echo "failed 0 0 0"; return
+  fi
+  if [ "$rc" -ne 0 ] || [ "$f" -gt 0 ]; then echo "failed $p $f $s"
+  elif [ "$p" -eq 0 ]; then echo "skipped $p $f $s"
+  else echo "passed $p $f $s"; fi
+}
+"#;
+
 /// The runner script for the bundle: `tests` are bundled test binaries, `links` are
 /// (bundled name, absolute path compiled into the tests).
 fn run_script(tests: &[String], links: &[(String, String)]) -> String {
@@ -268,9 +294,20 @@ link() {
     for (name, path) in links {
         let _ = writeln!(s, "link {} {}", shell_quote(name), shell_quote(path));
     }
+    s.push('\n');
+    s.push_str(VERDICT_SH);
     s.push_str(
         r#"
-passed=0; failed=0; skipped=0; lines=""
+# One GPU: the multi-rank GPU tests run with their ranks sharing it (rank r on device r % 1).
+gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
+shared=""
+if [ "${gpus:-0}" -eq 1 ] && [ -z "${WEAVE_TEST_SHARE_GPU:-}" ]; then
+  export WEAVE_TEST_SHARE_GPU=1
+  shared=" (one GPU: multi-rank tests ran with their ranks sharing it, WEAVE_TEST_SHARE_GPU=1)"
+  echo "GPU bundle: one GPU here; the multi-rank GPU tests run with their ranks sharing it" | tee -a "$LOG"
+fi
+
+passed=0; failed=0; skipped=0; tests_passed=0; tests_failed=0; tests_skipped=0; lines=""
 run() {
   local name=$1; shift
   local out; out=$(mktemp)
@@ -279,13 +316,15 @@ run() {
   "./$name" --test-threads=1 "$@" 2>&1 | tee "$out" | tee -a "$LOG"
   local rc=${PIPESTATUS[0]}
   local took=$((SECONDS - start))
-  if [ "$rc" -ne 0 ]; then
-    failed=$((failed + 1)); lines+="  FAILED  $name (exit $rc, ${took}s)"$'\n'
-  elif grep -q "SKIPPED: no CUDA device" "$out"; then
-    skipped=$((skipped + 1)); lines+="  SKIPPED $name (reported: no CUDA device)"$'\n'
-  else
-    passed=$((passed + 1)); lines+="  passed  $name (${took}s)"$'\n'
-  fi
+  local v p f s
+  read -r v p f s < <(verdict "$rc" "$out")
+  tests_passed=$((tests_passed + p)); tests_failed=$((tests_failed + f)); tests_skipped=$((tests_skipped + s))
+  local counts="$p passed, $f failed, $s skipped"
+  case $v in
+    failed) failed=$((failed + 1)); lines+="  FAILED  $name (exit $rc, $counts, ${took}s)"$'\n' ;;
+    skipped) skipped=$((skipped + 1)); lines+="  SKIPPED $name ($counts: nothing ran)"$'\n' ;;
+    *) passed=$((passed + 1)); lines+="  passed  $name ($counts, ${took}s)"$'\n' ;;
+  esac
   rm -f "$out"
 }
 "#,
@@ -298,7 +337,8 @@ run() {
 {
   echo
   printf '%s' "$lines"
-  echo "GPU bundle: $passed passed, $failed failed, $skipped skipped"
+  echo "GPU bundle: $passed passed, $failed failed, $skipped skipped binaries;" \
+    "$tests_passed passed, $tests_failed failed, $tests_skipped skipped tests$shared"
 } | tee -a "$LOG"
 [ "$failed" -eq 0 ] && [ "$skipped" -eq 0 ]
 "#,
@@ -603,7 +643,38 @@ mod tests {
         assert!(s.contains("LD_LIBRARY_PATH=/usr/local/cuda/lib64"));
         assert!(s.contains("if [ -f kernel-cache.sh ]; then . ./kernel-cache.sh; fi"));
         assert!(KERNEL_CACHE_SCRIPT.contains("/kernel-cache.tar.xz\" -C \"$WEAVE_KERNEL_CACHE\""));
-        assert!(s.contains("GPU bundle: $passed passed, $failed failed, $skipped skipped"));
+        assert!(s.contains("GPU bundle: $passed passed, $failed failed, $skipped skipped binaries;"));
+    }
+
+    /// Runs `run.sh`'s verdict on a binary's exit status and output.
+    fn verdict(rc: i32, output: &str) -> String {
+        let dir = std::env::temp_dir().join(format!("weave-verdict-{}-{rc}-{}", std::process::id(), output.len()));
+        fs::create_dir_all(&dir).unwrap();
+        fs::write(dir.join("out"), output).unwrap();
+        let script = format!("{VERDICT_SH}verdict {rc} out\n");
+        let result = Command::new("bash").arg("-c").arg(script).current_dir(&dir).output().unwrap();
+        fs::remove_dir_all(&dir).unwrap();
+        assert!(result.status.success(), "{}", String::from_utf8_lossy(&result.stderr));
+        String::from_utf8(result.stdout).unwrap().trim().to_string()
+    }
+
+    #[test]
+    fn a_binary_whose_tests_all_skipped_is_skipped_and_never_passed() {
+        let harness_skipped =
+            "test a ... SKIPPED\nSKIPPED: 1 GPU(s); these tests need 2\ngpu: 0 passed, 0 failed, 7 skipped\n";
+        assert_eq!(verdict(0, harness_skipped), "skipped 0 0 7");
+        assert_eq!(verdict(0, "test a ... ok\ngpu: 5 passed, 0 failed, 0 skipped\n"), "passed 5 0 0");
+        assert_eq!(verdict(0, "gpu: 5 passed, 0 failed\n"), "passed 5 0 0", "the older summary");
+        assert_eq!(verdict(1, "gpu_primitives: 3 passed, 1 failed, 0 skipped\n"), "failed 3 1 0");
+        assert_eq!(verdict(0, "gpu_primitives: 0 passed, 0 failed, 9 skipped\n"), "skipped 0 0 9");
+        let libtest = "running 4 tests\ntest result: ok. 4 passed; 0 failed; 1 ignored; 0 measured\n";
+        assert_eq!(verdict(0, libtest), "passed 4 0 0");
+        let libtest_saying_skipped =
+            "SKIPPED: no NVRTC\nSKIPPED: no NVRTC\ntest result: ok. 2 passed; 0 failed; 0 ignored\n";
+        assert_eq!(verdict(0, libtest_saying_skipped), "skipped 0 0 2");
+        assert_eq!(verdict(0, "no closing line at all\n"), "failed 0 0 0");
+        assert_eq!(verdict(101, "test result: FAILED. 1 passed; 1 failed; 0 ignored\n"), "failed 1 1 0");
+        assert_eq!(verdict(139, "gpu: 2 passed, 0 failed, 0 skipped\n"), "failed 2 0 0", "a crash after the summary");
     }
 
     #[test]
