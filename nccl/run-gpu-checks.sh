@@ -18,7 +18,7 @@
 # NVCC_GENCODE (default: this GPU's architecture), then every binary runs 8 B..1 GiB with -c 1
 # (eager, then -G 1 graph), printing one line each. NCCL_TESTS_ARGS adds arguments (e.g.
 # "-n 5 -w 1" for fewer iterations). Env: WEAVE_TIMEOUT bounds weave's waits (the dead-peer
-# check uses WEAVE_TIMEOUT=20s). Weave runs set NCCL_DEBUG=INFO and must show weave-nccl's
+# check uses WEAVE_TIMEOUT=20s). Weave runs set NCCL_DEBUG=INFO and must show weave::nccl's
 # init line (proof the preload took effect).
 set -u
 HERE=$(cd "$(dirname "$0")" && pwd)
@@ -72,7 +72,7 @@ else
     >"$OUT/torch-weave.log" 2>&1
   rc_w=$?
   [ $rc_n -eq 0 ] && line PASS torch-on-$reference || line FAIL torch-on-$reference "exit $rc_n, $OUT/torch-$reference.log"
-  grep -q "weave-nccl" "$OUT/torch-weave.log" || { rc_w=99; echo "weave's library was not loaded" >>"$OUT/torch-weave.log"; }
+  grep -q "weave::nccl" "$OUT/torch-weave.log" || { rc_w=99; echo "weave's library was not loaded" >>"$OUT/torch-weave.log"; }
   [ $rc_w -eq 0 ] && line PASS torch-on-weave || line FAIL torch-on-weave "exit $rc_w, $OUT/torch-weave.log"
   if [ $rc_n -eq 0 ] && [ $rc_w -eq 0 ]; then
     if $PY "$HERE/torch_check.py" --compare "$OUT/weave" "$OUT/$reference" $subset >"$OUT/torch-compare.log" 2>&1; then
@@ -137,7 +137,7 @@ else
             NCCL_DEBUG=WARN launch "$bin" -b 8 -e 1G -f 2 -c 1 $extra ${NCCL_TESTS_ARGS:-} >"$log" 2>&1
           fi
           rc=$?
-          if [ $lib = weave ] && ! grep -q "weave-nccl" "$log"; then
+          if [ $lib = weave ] && ! grep -q "weave::nccl" "$log"; then
             line FAIL "nccl-tests-$t-$mode-$lib" "weave's library was not loaded, $log"
           elif [ $rc -eq 0 ] && grep -q "Out of bounds values : 0 OK" "$log"; then
             line PASS "nccl-tests-$t-$mode-$lib" "$(grep 'Avg bus bandwidth' "$log" | sed 's/.*: *//') GB/s avg busbw"

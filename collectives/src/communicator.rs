@@ -7,7 +7,8 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator as CoreCommunicator;
-use comm_core::config::{Config, LogLevel};
+use comm_core::config::Config;
+use comm_core::diagnostics;
 use comm_core::transport::TransportFactory;
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
@@ -432,9 +433,7 @@ impl Communicator {
             }
         };
         let algo = plan.algorithm;
-        if self.config.logs(LogLevel::Info) {
-            eprintln!("weave[{}]: {c} of {bytes} B on {} ranks -> {algo}", self.rank(), self.world_size());
-        }
+        tracing::info!(target: diagnostics::PLAN, rank = self.rank(), "{c} of {bytes} B on {} ranks -> {algo}", self.world_size());
         if plan.executor == Executor::Hierarchical {
             return in_steps(self.hierarchy()?, validation);
         }

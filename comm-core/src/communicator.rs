@@ -17,8 +17,9 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crate::bootstrap::Bootstrap;
-use crate::config::{Config, LogLevel};
+use crate::config::Config;
 use crate::connection::Connection;
+use crate::diagnostics;
 use crate::error::{Error, Result};
 use crate::fifo::DEFAULT_FIFO_CAPACITY;
 use crate::memory::RegisteredMemory;
@@ -81,6 +82,8 @@ impl CommunicatorBuilder {
         let bootstrap = self.bootstrap;
         let (rank, world_size) = (bootstrap.rank(), bootstrap.world_size());
         let id = next_communicator_id();
+        let started = std::time::Instant::now();
+        let _span = tracing::info_span!(target: diagnostics::INIT, "communicator", rank, world_size, id).entered();
         let abort = Arc::new(AtomicBool::new(false));
         let ctx = TransportContext {
             rank,
@@ -101,13 +104,15 @@ impl CommunicatorBuilder {
             if backends.iter().any(|b| b.transport() == t) {
                 return Err(Error::invalid(format!("transport {} was added twice", t.name())));
             }
+            let opening = std::time::Instant::now();
             match f.open(&ctx) {
-                Ok(b) => backends.push(b),
+                Ok(b) => {
+                    tracing::debug!(target: diagnostics::TRANSPORT, rank, transport = t.name(), took = ?opening.elapsed(), "transport {} opened", t.name());
+                    backends.push(b);
+                }
                 Err(e) => {
                     // Expected on machines without the hardware (no GPU for cudaipc): info, not warn.
-                    if config.logs(LogLevel::Info) {
-                        eprintln!("weave[{rank}]: transport {} is not available here: {e}", t.name());
-                    }
+                    tracing::info!(target: diagnostics::TRANSPORT, rank, transport = t.name(), "transport {} is not available here: {e}", t.name());
                 }
             }
         }
@@ -160,12 +165,20 @@ impl CommunicatorBuilder {
             next_private_registration: AtomicU64::new(0),
             tokens: Mutex::new(HashMap::new()),
         };
-        if comm.config.logs(LogLevel::Info) {
+        if tracing::enabled!(target: diagnostics::INIT, tracing::Level::INFO) {
             let routes: Vec<String> = (0..world_size)
                 .filter(|&p| p != rank)
                 .map(|p| format!("{p}:{}", comm.transport_to(p).map(|t| t.name()).unwrap_or_default()))
                 .collect();
-            eprintln!("weave[{rank}]: communicator {id} ready; transports to peers {}", routes.join(" "));
+            tracing::info!(
+                target: diagnostics::INIT,
+                rank,
+                world_size,
+                communicator = id,
+                took = ?started.elapsed(),
+                "communicator {id} ready; transports to peers {}",
+                routes.join(" ")
+            );
         }
         Ok(comm)
     }
@@ -393,7 +406,10 @@ impl Communicator {
         if let Some(c) = conns.get(&(peer, t)) {
             return Ok(c.clone());
         }
+        let connecting = std::time::Instant::now();
         let c = backend.connect(peer, ep)?;
+        let rank = self.rank();
+        tracing::debug!(target: diagnostics::TRANSPORT, rank, peer, took = ?connecting.elapsed(), "connected to rank {peer} over {}", t.name());
         conns.insert((peer, t), c.clone());
         Ok(c)
     }

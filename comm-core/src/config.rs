@@ -7,7 +7,7 @@
 //! | `WEAVE_TIMEOUT` | seconds any blocking call may wait (fractions allowed; or with a unit: `20s`, `500ms`, `2min`) | `60` |
 //! | `WEAVE_TRANSPORTS` | comma list of transport names to use (e.g. `shm`; preference stays the builder's order), see [`TransportSet`] | every transport given to the builder |
 //! | `WEAVE_HOST_ID` | this rank's host identity: ranks with equal ids form one node (lets one machine pose as several nodes) | `hostname/boot-id` |
-//! | `WEAVE_DEBUG` | log level on stderr: `off`, `warn`, `info`, `trace` | `warn` |
+//! | `WEAVE_DEBUG` | what a binary's subscriber prints on stderr: `off`, `warn`, `info`, `debug`, `trace` or `tracing` filter directives (read by [`crate::diagnostics`], not here) | `warn` |
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
 //! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
@@ -23,19 +23,6 @@ use crate::transport::Transport;
 /// Default bound on every blocking call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
 
-/// How much weave prints on stderr.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum LogLevel {
-    /// Nothing.
-    Off,
-    /// Warnings only.
-    Warn,
-    /// Decisions (algorithm choices, transport choices).
-    Info,
-    /// Everything.
-    Trace,
-}
-
 /// Settings shared by one communicator and everything it builds.
 #[derive(Debug, Clone)]
 pub struct Config {
@@ -47,8 +34,6 @@ pub struct Config {
     /// Host identity override (`WEAVE_HOST_ID`); `None` means `hostname/boot-id`
     /// (see [`crate::host`]).
     pub host_id: Option<String>,
-    /// Log level.
-    pub log_level: LogLevel,
     /// Algorithm overrides, as written in `WEAVE_ALGO` (parsed by the collectives crate).
     pub algorithm_overrides: Option<String>,
     /// Bytes of each half of the host scratch of a collectives communicator (`None`: the
@@ -62,7 +47,6 @@ impl Default for Config {
             timeout: DEFAULT_TIMEOUT,
             transports: None,
             host_id: None,
-            log_level: LogLevel::Warn,
             algorithm_overrides: None,
             host_scratch_bytes: None,
         }
@@ -82,9 +66,6 @@ impl Config {
                 Some(TransportSet::parse(&v).map_err(|e| Error::invalid(format!("WEAVE_TRANSPORTS={v:?}: {e}")))?);
         }
         c.host_id = host_id_from_env()?;
-        if let Some(v) = var("WEAVE_DEBUG") {
-            c.log_level = parse_log_level(&v)?;
-        }
         c.algorithm_overrides = var("WEAVE_ALGO");
         if let Some(v) = var("WEAVE_HOST_SCRATCH") {
             c.host_scratch_bytes =
@@ -96,11 +77,6 @@ impl Config {
     /// A deadline [`Config::timeout`] from now.
     pub fn deadline(&self) -> Deadline {
         Deadline::after(self.timeout)
-    }
-
-    /// True when messages at `level` should be printed.
-    pub fn logs(&self, level: LogLevel) -> bool {
-        level <= self.log_level && level != LogLevel::Off
     }
 }
 
@@ -217,16 +193,6 @@ pub fn parse_bytes(v: &str) -> Result<usize> {
         .ok_or_else(|| Error::invalid(format!("{v:?} is not a byte count like 4096, 64K, 4M or 1G")))
 }
 
-fn parse_log_level(v: &str) -> Result<LogLevel> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "off" | "0" | "none" => Ok(LogLevel::Off),
-        "warn" | "1" => Ok(LogLevel::Warn),
-        "info" | "2" => Ok(LogLevel::Info),
-        "trace" | "3" | "debug" => Ok(LogLevel::Trace),
-        _ => Err(Error::invalid(format!("WEAVE_DEBUG={v:?}: expected off, warn, info or trace"))),
-    }
-}
-
 /// A point in time after which a blocking call gives up.
 #[derive(Debug, Clone, Copy)]
 pub struct Deadline {
@@ -278,8 +244,6 @@ mod tests {
         assert!(parse_timeout("-1").is_err());
         assert!(parse_timeout("abc").is_err());
         assert!(parse_timeout("inf").is_err());
-        assert_eq!(parse_log_level("INFO").unwrap(), LogLevel::Info);
-        assert!(parse_log_level("loud").is_err());
         assert_eq!(parse_bytes("4M").unwrap(), 4 << 20);
         assert_eq!(parse_bytes("64k").unwrap(), 64 << 10);
         assert_eq!(parse_bytes("4096").unwrap(), 4096);

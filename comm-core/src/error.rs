@@ -95,14 +95,20 @@ impl Error {
         Error::Protocol(message.into())
     }
 
-    /// Shorthand for [`Error::Timeout`].
+    /// Shorthand for [`Error::Timeout`]; a `warn` event of [`crate::diagnostics::FAULT`] names
+    /// the operation and the peer.
     pub fn timeout(operation: impl Into<String>, peer: Option<usize>, waited: Duration) -> Self {
-        Error::Timeout { operation: operation.into(), peer, waited }
+        let operation = operation.into();
+        tracing::warn!(target: crate::diagnostics::FAULT, peer, ?waited, "timed out: {operation}");
+        Error::Timeout { operation, peer, waited }
     }
 
-    /// Shorthand for [`Error::PeerLost`].
+    /// Shorthand for [`Error::PeerLost`]; a `warn` event of [`crate::diagnostics::FAULT`] names
+    /// the peer, the operation and why.
     pub fn peer_lost(peer: usize, operation: impl Into<String>, reason: impl Into<String>) -> Self {
-        Error::PeerLost { peer, operation: operation.into(), reason: reason.into() }
+        let (operation, reason) = (operation.into(), reason.into());
+        tracing::warn!(target: crate::diagnostics::FAULT, peer, "rank {peer} lost during {operation}: {reason}");
+        Error::PeerLost { peer, operation, reason }
     }
 
     /// Shorthand for [`Error::Transport`].

@@ -15,6 +15,7 @@ pub mod connection;
 mod debug_fields;
 pub mod deferred;
 pub mod device;
+pub mod diagnostics;
 pub mod doorbell;
 pub mod error;
 pub mod fifo;

@@ -274,8 +274,6 @@ pub struct DirectLauncher {
     /// Launch each kernel overlapped with its predecessor (sm_90 and later: the kernels wait for
     /// it in their first instruction).
     overlapped: bool,
-    /// `WEAVE_DEBUG=info`: say what was loaded or compiled, and how long it took.
-    verbose: bool,
 }
 
 comm_core::debug_fields!(DirectLauncher {
@@ -289,7 +287,6 @@ comm_core::debug_fields!(DirectLauncher {
 impl DirectLauncher {
     /// A launcher for `ctx`'s GPU of architecture `arch`; nothing is loaded yet.
     pub fn new(ctx: &Arc<CudaContext>, arch: &str, overlapped: bool) -> Self {
-        let verbose = comm_core::config::Config::from_env().is_ok_and(|c| c.logs(comm_core::config::LogLevel::Info));
         DirectLauncher {
             ctx: ctx.clone(),
             arch: arch.to_string(),
@@ -298,7 +295,6 @@ impl DirectLauncher {
             looked_for_full: false,
             functions: HashMap::new(),
             overlapped,
-            verbose,
         }
     }
 
@@ -460,10 +456,10 @@ impl DirectLauncher {
         m.function(&kernel.name())
     }
 
+    /// An `info` event of [`comm_core::diagnostics::KERNELS`] naming the device and architecture.
     fn log(&self, what: std::fmt::Arguments<'_>) {
-        if self.verbose {
-            eprintln!("weave: direct kernels on device {} ({}): {what}", self.ctx.ordinal(), self.arch);
-        }
+        let device = self.ctx.ordinal();
+        tracing::info!(target: comm_core::diagnostics::KERNELS, device, arch = %self.arch, "direct kernels on device {device} ({}): {what}", self.arch);
     }
 }
 
@@ -548,14 +544,16 @@ mod tests {
 
     /// The build script compiles the program with the checks of `cuda/generated/direct_checks.inc`
     /// (it has no comm-core); they must be the ones comm-core generates, or the embedded images
-    /// are never used. `WEAVE_BLESS=1` rewrites the file.
+    /// are never used. The file is embedded, so the test binary runs anywhere (a GPU bundle);
+    /// `WEAVE_BLESS=1` rewrites it in the source tree.
     #[test]
     fn the_build_scripts_checks_are_current() {
         let path = concat!(env!("CARGO_MANIFEST_DIR"), "/cuda/generated/direct_checks.inc");
         if std::env::var_os("WEAVE_BLESS").is_some() {
             std::fs::write(path, checks()).unwrap();
+            return;
         }
-        let file = std::fs::read_to_string(path).unwrap_or_default();
+        let file = include_str!("../cuda/generated/direct_checks.inc");
         assert!(
             file == checks(),
             "{path} differs from kernels::direct::checks(): regenerate it with \

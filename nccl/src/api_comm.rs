@@ -22,7 +22,7 @@ use comm_core::bootstrap::{TcpBootstrap, UniqueId};
 
 use crate::abi::{self, CONFIG_UNDEF_INT, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId, SPLIT_NOCOLOR};
 use crate::cuda;
-use crate::error::{self, CallResult, DebugLevel, Fail, guard, log};
+use crate::error::{self, CallResult, Fail, guard};
 use crate::group;
 use crate::handle::{self, Live, NcclComm, State};
 use crate::unique_id;
@@ -69,12 +69,18 @@ fn build(a: &InitArgs) -> Result<Communicator, Fail> {
     if a.device.is_some() && !comm.has_gpu() {
         return Err(Fail::usage(
             "weave's GPU path is off for this communicator on every rank: every rank needs a CUDA device and all \
-             of them must be on one host (run with WEAVE_LOG=info to see why)",
+             of them must be on one host (run with NCCL_DEBUG=INFO or WEAVE_DEBUG=info to see why)",
         ));
     }
-    log(
-        DebugLevel::Info,
-        &format!("init {}: rank {} of {} on device {:?} ({})", a.name, a.rank, a.nranks, a.device, a.ids[0].job_key()),
+    tracing::info!(
+        target: crate::debug::NCCL,
+        rank = a.rank,
+        "init {}: rank {} of {} on device {:?} ({})",
+        a.name,
+        a.rank,
+        a.nranks,
+        a.device,
+        a.ids[0].job_key()
     );
     Ok(comm)
 }
@@ -359,7 +365,7 @@ pub unsafe extern "C" fn ncclCommSplit(
         };
         let child = parent.with_live(|live| Ok(live.comm.split(color, i64::from(key))?))?;
         let Some(child) = child else { return Ok(()) };
-        log(DebugLevel::Info, &format!("split {name}: rank {} of {}", child.rank(), child.world_size()));
+        tracing::info!(target: crate::debug::NCCL, rank = child.rank(), "split {name}: rank {} of {}", child.rank(), child.world_size());
         let (rank, n) = (child.rank(), child.world_size());
         let state = State::Ready(Box::new(Live { comm: child, last_stream: usize::MAX }));
         let p = handle::register(NcclComm::new(rank, n, parent.device, blocking, state))?;

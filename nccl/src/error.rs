@@ -17,7 +17,7 @@ use std::cell::RefCell;
 use std::collections::HashSet;
 use std::ffi::{CStr, CString, c_char};
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
 use comm_core::Error;
 
@@ -75,35 +75,6 @@ impl From<Error> for Fail {
 /// Result of the body of an exported function.
 pub type CallResult = std::result::Result<(), Fail>;
 
-/// `NCCL_DEBUG` levels this library honours.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub enum DebugLevel {
-    /// Unset or `VERSION`/`NONE`: print nothing.
-    None,
-    /// `WARN`: print every failure.
-    Warn,
-    /// `INFO` (or `TRACE`): also print init, split and destroy.
-    Info,
-}
-
-/// The `NCCL_DEBUG` level, read once.
-pub fn debug_level() -> DebugLevel {
-    static LEVEL: OnceLock<DebugLevel> = OnceLock::new();
-    *LEVEL.get_or_init(|| match std::env::var("NCCL_DEBUG").map(|v| v.to_ascii_uppercase()).as_deref() {
-        Ok("WARN") => DebugLevel::Warn,
-        Ok("INFO") | Ok("TRACE") | Ok("ABORT") => DebugLevel::Info,
-        _ => DebugLevel::None,
-    })
-}
-
-/// Prints `message` on stderr when `NCCL_DEBUG` is at least `level`.
-pub fn log(level: DebugLevel, message: &str) {
-    if debug_level() >= level && level != DebugLevel::None {
-        let tag = if level == DebugLevel::Warn { "WARN" } else { "INFO" };
-        eprintln!("weave-nccl {}: {tag} {message}", std::process::id());
-    }
-}
-
 /// Logs `message` at WARN the first time `symbol` is called (for calls this library refuses).
 pub fn warn_once(symbol: &'static str, message: &str) {
     static SEEN: Mutex<Option<HashSet<&'static str>>> = Mutex::new(None);
@@ -112,7 +83,7 @@ pub fn warn_once(symbol: &'static str, message: &str) {
         Err(_) => false,
     };
     if first {
-        log(DebugLevel::Warn, &format!("{symbol}: {message}"));
+        tracing::warn!(target: crate::debug::NCCL, "{symbol}: {message}");
     }
 }
 
@@ -147,6 +118,7 @@ pub fn last_error_ptr(preferred: Option<String>) -> *const c_char {
 /// Runs the body of exported function `name`: a failure is logged, recorded and turned into
 /// its code; a panic becomes `ncclInternalError`.
 pub fn guard(name: &'static str, body: impl FnOnce() -> CallResult) -> NcclResult {
+    crate::debug::install_subscriber_once();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => NcclResult::SUCCESS,
         Ok(Err(fail)) => report(name, fail),
@@ -170,7 +142,7 @@ pub fn report(name: &str, fail: Fail) -> NcclResult {
         return fail.code;
     }
     let message = format!("{name} failed ({}): {}", error_string(fail.code), fail.message);
-    log(DebugLevel::Warn, &message);
+    tracing::warn!(target: crate::debug::NCCL, "{message}");
     set_last_error(&message);
     fail.code
 }

@@ -13,8 +13,10 @@
 //! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (data types weave
 //!   lacks: FP8 is moved but never reduced).
 //! - Pre-multiplied sums: [`premul`]. Refused calls and their codes: [`api_misc`].
-//! - Errors: [`error`] (weave error → `ncclResult_t`; `NCCL_DEBUG=WARN|INFO` prints on
-//!   stderr). Every exported function checks its pointers and catches panics.
+//! - Errors: [`error`] (weave error → `ncclResult_t`). Every exported function checks its
+//!   pointers and catches panics.
+//! - Diagnostics: [`debug`] (`NCCL_DEBUG`, `NCCL_DEBUG_SUBSYS` and `WEAVE_DEBUG` install one
+//!   `tracing` subscriber on stderr).
 //!
 //! Environment: `NCCL_DEBUG`, `NCCL_COMM_ID` (root address of `ncclGetUniqueId`), weave's
 //! `WEAVE_*` (`WEAVE_TIMEOUT` bounds every wait), and `WEAVE_NCCL_ALLOW_CPU=1` (tests only:
@@ -28,6 +30,7 @@ pub mod api_comm;
 pub mod api_misc;
 pub mod coll;
 pub mod cuda;
+pub mod debug;
 pub mod error;
 pub mod group;
 pub mod handle;

@@ -9,6 +9,7 @@ use comm_core::{Error, Result};
 /// `scenario(name, arg)` (`arg` is empty when not given), prints the outcome with this rank
 /// (`RANK`) and exits with its status.
 pub fn run(scenario: impl FnOnce(&str, &str) -> Result<String>) -> ! {
+    install_subscriber();
     let mut args = std::env::args().skip(1);
     let name = args.next().unwrap_or_default();
     let arg = args.next().unwrap_or_default();
@@ -28,4 +29,12 @@ pub fn run(scenario: impl FnOnce(&str, &str) -> Result<String>) -> ! {
 /// The error of a scenario name the worker does not know.
 pub fn unknown_scenario(name: &str) -> Error {
     Error::invalid(format!("unknown scenario {name:?}"))
+}
+
+/// weave's diagnostics on stderr, filtered by `WEAVE_DEBUG` (every worker binary calls this
+/// first); a malformed value is reported and the worker goes on without them.
+pub fn install_subscriber() {
+    if let Err(e) = comm_core::diagnostics::install_subscriber_from_env() {
+        eprintln!("{e}");
+    }
 }

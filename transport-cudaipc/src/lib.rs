@@ -98,7 +98,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use comm_core::config::LogLevel;
 use comm_core::connection::Connection;
 use comm_core::error::{Error, Result};
 use comm_core::memory::{MemoryKind, MemoryRegion};
@@ -223,14 +222,14 @@ impl CudaIpcBackend {
         let exports: Arc<ExportTable> = Arc::new(Mutex::new(HashMap::new()));
         let name = socket_name(&ctx.job_key, ctx.rank, ctx.communicator_id);
         let server = FdServer::start(name, gpu.context().clone(), exports.clone(), ctx.config.timeout)?;
-        if ctx.config.logs(LogLevel::Info) {
-            eprintln!(
-                "weave[{}]: cudaipc on device {ordinal} ({}), granularity {granularity} bytes, fd server @{}",
-                ctx.rank,
-                endpoint.pci_bus_id,
-                server.name()
-            );
-        }
+        tracing::info!(
+            target: comm_core::diagnostics::TRANSPORT,
+            rank = ctx.rank,
+            device = ordinal,
+            "cudaipc on device {ordinal} ({}), granularity {granularity} bytes, fd server @{}",
+            endpoint.pci_bus_id,
+            server.name()
+        );
         Ok(CudaIpcBackend {
             id: NEXT_BACKEND_ID.fetch_add(1, Ordering::Relaxed),
             rank: ctx.rank,

@@ -10,6 +10,10 @@
 //! Started without a launcher (no `RANK` in the environment) it launches its own ranks with
 //! `weave-launch`, the library behind `cargo xtask launch`, and reports how they ended. Each rank
 //! checks every result and prints one line; any wrong element or error makes it exit 1.
+//!
+//! weave reports through `tracing`; each rank installs a subscriber on stderr filtered by
+//! `RUST_LOG`: `RUST_LOG=weave=debug` shows the communicator's creation (transports to each
+//! peer, timings) and the plan of every call, `RUST_LOG=weave::plan=info` the plans alone.
 
 use std::time::{Duration, Instant};
 
@@ -31,6 +35,9 @@ fn main() {
 
 /// One rank: the three collectives, each result checked.
 fn rank_main() -> Result<()> {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("weave=warn"));
+    tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).init();
     let comm = Communicator::from_env()?;
     let (rank, n) = (comm.rank(), comm.world_size());
 

@@ -34,6 +34,54 @@ fn four_processes_reach_every_call_through_the_facade() {
     }
 }
 
+/// A user's own subscriber (`tracing_subscriber::fmt().with_env_filter("weave=debug")`) sees the
+/// communicator's creation and each call's plan: the README example's two ranks, each asked
+/// through `RUST_LOG`.
+#[test]
+fn a_users_subscriber_sees_the_communicators_creation_and_plan_choices() {
+    // This binary is target/<profile>/deps/processes-*; the examples are built beside deps/.
+    let exe = std::env::current_exe().expect("the path of this test binary");
+    let example = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>").join("examples/all_reduce");
+    if !example.exists() {
+        // `cargo test` builds the examples before it runs tests; a lone `cargo test --test` may not.
+        let profile: &[&str] = if cfg!(debug_assertions) { &[] } else { &["--release"] };
+        let built = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "weave", "--example", "all_reduce"])
+            .args(profile)
+            .status()
+            .expect("run cargo to build the example");
+        assert!(built.success(), "the all_reduce example did not build");
+    }
+    let spec = weave_launch::LaunchSpec::new(2, &example)
+        .env("WEAVE_TIMEOUT", "20")
+        .env("RUST_LOG", "weave=debug")
+        .capture(true)
+        .timeout(Duration::from_secs(120));
+    let report = weave_launch::launch(&spec).expect("starting 2 ranks of the example");
+    assert!(report.success(), "{}", report.summary());
+    for r in &report.ranks {
+        let says = |what: &str| r.stderr.iter().any(|l| l.contains(what));
+        assert!(
+            says("weave::init") && says("ready; transports to peers"),
+            "rank {}: no creation event: {:?}",
+            r.rank,
+            r.stderr
+        );
+        assert!(
+            says("weave::transport") && says("connected to rank"),
+            "rank {}: no transport event: {:?}",
+            r.rank,
+            r.stderr
+        );
+        assert!(
+            says("weave::plan") && says("all_reduce of 4194304 B on 2 ranks -> "),
+            "rank {}: no plan event for the all_reduce: {:?}",
+            r.rank,
+            r.stderr
+        );
+    }
+}
+
 /// One rank: each call's result against its exact value (small integers, exact in f64).
 fn rank_body() {
     let comm = Communicator::from_env().expect("a communicator from the launcher's variables");

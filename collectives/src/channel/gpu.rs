@@ -26,8 +26,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
-use comm_core::config::LogLevel;
 use comm_core::device::DeviceStatusHandle;
+use comm_core::diagnostics;
 use comm_core::fifo::TriggerFifo;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::proxy::ProxyService;
@@ -148,7 +148,7 @@ impl DeviceChannels {
             calls: 0,
             timeout: core.config().timeout,
         };
-        channels.preload_cached(core);
+        channels.preload_cached();
         Ok(channels)
     }
 
@@ -156,7 +156,7 @@ impl DeviceChannels {
     /// loads no code behind calls still queued (a first load then could deadlock them: see
     /// `kernels::direct::DirectLauncher::preload`). A kernel not in the cache, or one that does
     /// not load here, is compiled and loaded at its first call, which reports any error.
-    fn preload_cached(&mut self, core: &CoreCommunicator) {
+    fn preload_cached(&mut self) {
         if !kernels::compile::nvrtc_available() {
             // The cache is keyed by NVRTC's version; the first call will say what is missing.
             return;
@@ -178,10 +178,10 @@ impl DeviceChannels {
                     self.functions.insert(kernel, f);
                 }
                 Ok(None) => {}
-                Err(e) if core.config().logs(LogLevel::Info) => {
-                    eprintln!("weave[{}]: {} not loaded at setup: {e}", self.rank, kernel.name());
+                Err(e) => {
+                    let rank = self.rank;
+                    tracing::info!(target: diagnostics::KERNELS, rank, "{} not loaded at setup: {e}", kernel.name());
                 }
-                Err(_) => {}
             }
         }
     }

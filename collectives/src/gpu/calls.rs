@@ -5,7 +5,7 @@
 
 use std::sync::Arc;
 
-use comm_core::config::LogLevel;
+use comm_core::diagnostics;
 use comm_core::{Error, Result};
 use cudarc::driver::CudaStream;
 
@@ -113,14 +113,8 @@ impl Communicator {
         if plan.executor == Executor::Hierarchical {
             if call.op != Some(ReduceOp::Avg) || call.dtype.is_float() {
                 drop(g);
-                if self.core().config().logs(LogLevel::Info) {
-                    let c = call.collective;
-                    eprintln!(
-                        "weave[{}]: {c} of {} B on {n} GPUs -> hierarchical (node, rail steps)",
-                        self.rank(),
-                        call.bytes
-                    );
-                }
+                let c = call.collective;
+                tracing::info!(target: diagnostics::PLAN, rank = self.rank(), "{c} of {} B on {n} GPUs -> hierarchical (node, rail steps)", call.bytes);
                 let buffers = (call.send, call.recv);
                 // SAFETY: forwarded from the caller.
                 return unsafe {
@@ -142,14 +136,15 @@ impl Communicator {
             Some(k) => (plan.algorithm, k),
             None => return Err(Error::Unsupported(format!("{}: no kernel for {}", call.collective, plan.algorithm))),
         };
-        if self.core().config().logs(LogLevel::Info) {
-            eprintln!(
-                "weave[{}]: {} of {} B on {n} GPUs -> {algo} ({}{})",
-                self.rank(),
+        if tracing::enabled!(target: diagnostics::PLAN, tracing::Level::INFO) {
+            let typed = if k.typed { format!("_{}", call.dtype.rust_name()) } else { String::new() };
+            tracing::info!(
+                target: diagnostics::PLAN,
+                rank = self.rank(),
+                "{} of {} B on {n} GPUs -> {algo} ({}{typed})",
                 call.collective,
                 call.bytes,
-                k.family,
-                if k.typed { format!("_{}", call.dtype.rust_name()) } else { String::new() }
+                k.family
             );
         }
         if plan.executor == Executor::GpuChannel {

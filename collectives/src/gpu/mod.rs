@@ -31,7 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
-use comm_core::config::LogLevel;
+use comm_core::diagnostics;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
@@ -154,9 +154,7 @@ impl GpuEngine {
             .all(|p| topology.reach(p).is_some_and(|r| r.transports.iter().any(|&(t, _)| t == cudaipc)));
         let all = core.bootstrap().all_gather(&[u8::from(backend.is_some())])?;
         if all.iter().any(|v| v.first() != Some(&1)) {
-            if core.config().logs(LogLevel::Info) {
-                eprintln!("weave[{}]: GPU collectives off: not every rank has a CUDA device", core.rank());
-            }
+            tracing::info!(target: diagnostics::INIT, rank = core.rank(), "GPU collectives off: not every rank has a CUDA device");
             return Ok(None);
         }
         let backend = backend.ok_or_else(|| Error::Unsupported("CUDA IPC transport vanished".into()))?;
@@ -174,17 +172,16 @@ impl GpuEngine {
         let direct = if world <= MAX_GPU_RANKS && every_peer {
             Some(DirectKernels::new(core, gpu, &ctx, device, &arch, &status)?)
         } else {
-            if core.config().logs(LogLevel::Info) {
-                let why = if every_peer {
-                    format!("more than {MAX_GPU_RANKS} GPUs")
-                } else {
-                    "some GPUs are on other nodes".into()
-                };
-                eprintln!(
-                    "weave[{}]: direct GPU kernels off ({why}): device calls run the channel family",
-                    core.rank()
-                );
-            }
+            let why = if every_peer {
+                format!("more than {MAX_GPU_RANKS} GPUs")
+            } else {
+                "some GPUs are on other nodes".into()
+            };
+            tracing::info!(
+                target: diagnostics::INIT,
+                rank = core.rank(),
+                "direct GPU kernels off ({why}): device calls run the channel family"
+            );
             None
         };
         Ok(Some(GpuEngine {
@@ -396,10 +393,8 @@ impl DirectKernels {
         // load later, behind queued calls, can deadlock them (see `DirectLauncher::preload`).
         // A failure here is no failure of the communicator (its host collectives work): the
         // first direct call loads what is missing and reports the error then.
-        if let Err(e) = launcher.preload()
-            && core.config().logs(LogLevel::Info)
-        {
-            eprintln!("weave[{}]: direct GPU kernels not loaded at setup: {e}", core.rank());
+        if let Err(e) = launcher.preload() {
+            tracing::info!(target: diagnostics::KERNELS, rank = core.rank(), "direct GPU kernels not loaded at setup: {e}");
         }
         Ok(DirectKernels {
             launcher,

@@ -118,6 +118,7 @@ impl Default for Options {
 }
 
 fn main() {
+    weave_tests::worker::install_subscriber();
     let opts = match parse_args(std::env::args().skip(1)) {
         Ok(o) => o,
         Err(e) => {

@@ -100,6 +100,7 @@ fn main() {
     // NVLink multicast (NVLS) must never run on these hosts: forced off before NCCL loads.
     // SAFETY: the first statement of main, before any other thread exists.
     unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
+    weave_tests::worker::install_subscriber();
     let o = match parse() {
         Ok(o) => o,
         Err(e) => {

@@ -175,7 +175,6 @@ pub(super) struct Acceptor<'a> {
     listener: &'a TcpListener,
     pending: Vec<PendingHandshake>,
     rank: usize,
-    warn: bool,
 }
 
 /// A connection that sent a complete hello (not yet checked).
@@ -186,16 +185,15 @@ pub(super) struct Incoming {
 }
 
 impl<'a> Acceptor<'a> {
-    pub(super) fn new(listener: &'a TcpListener, rank: usize, warn: bool) -> Result<Self> {
+    pub(super) fn new(listener: &'a TcpListener, rank: usize) -> Result<Self> {
         listener.set_nonblocking(true).map_err(|e| Error::io("make the bootstrap listener non-blocking", e))?;
-        Ok(Acceptor { listener, pending: Vec::new(), rank, warn })
+        Ok(Acceptor { listener, pending: Vec::new(), rank })
     }
 
-    /// Logs why a connection is closed (when warnings are on).
+    /// Reports why a connection is closed (a warning event).
     pub(super) fn refuse(&self, from: SocketAddr, reason: &str) {
-        if self.warn {
-            eprintln!("weave: warning: bootstrap rank {} refused a connection from {from}: {reason}", self.rank);
-        }
+        let rank = self.rank;
+        tracing::warn!(target: crate::diagnostics::BOOTSTRAP, rank, %from, "bootstrap rank {rank} refused a connection from {from}: {reason}");
     }
 
     /// The next connection with a complete hello, or `None` once `deadline` has passed.

@@ -64,7 +64,7 @@ use self::rendezvous::{Rendezvous, group_range, local_host_identity};
 use super::tree;
 use super::unique_id::UniqueId;
 use super::{Bootstrap, RESERVED_TAG_BASE, TAG_ALL_GATHER, TAG_BARRIER, TAG_BROADCAST};
-use crate::config::{Config, Deadline, LogLevel};
+use crate::config::Deadline;
 use crate::error::{Error, Result};
 
 /// Tag of the rank table on its way down the tree (step 3); 1 to 3 are the collectives', 0x100
@@ -100,7 +100,6 @@ pub struct TcpBootstrap {
     local_world_size: usize,
     job_key: String,
     timeout: Duration,
-    warn: bool,
     /// Every rank's listen address (from the rank table).
     addrs: Vec<SocketAddr>,
     shared: Arc<Shared>,
@@ -147,9 +146,6 @@ impl TcpBootstrap {
                 ids.len()
             )));
         }
-        // A malformed WEAVE_* variable is reported by whoever builds the Config; here it only
-        // decides whether warnings are printed, so fall back to the default (warn).
-        let warn = Config::from_env().map(|c| c.logs(LogLevel::Warn)).unwrap_or(true);
         let deadline = Deadline::after(timeout);
         let host = local_host_identity();
         let (wake_rx, wake_tx) =
@@ -162,7 +158,6 @@ impl TcpBootstrap {
             local_world_size: 1,
             job_key: ids[0].job_key(),
             timeout,
-            warn,
             addrs: Vec::new(),
             shared: Arc::new(Shared::new(world_size, wake_tx)),
             poller: None,
@@ -170,13 +165,12 @@ impl TcpBootstrap {
         if world_size == 1 {
             return Ok(bootstrap);
         }
-        let rendezvous = Rendezvous { ids, rank, world_size, deadline, warn, host };
+        let rendezvous = Rendezvous { ids, rank, world_size, deadline, host };
         let (listener, table) = rendezvous.join()?;
         let setup = PollerSetup {
             id: ids[0].clone(),
             rank,
             world_size,
-            warn,
             listener,
             wake: wake_rx,
             shared: Arc::clone(&bootstrap.shared),
@@ -413,10 +407,11 @@ impl Drop for TcpBootstrap {
         if stopped {
             // It set `stopped` as its very last step, so joining it returns at once.
             let _ = poller.join();
-        } else if self.warn {
-            eprintln!(
-                "weave: warning: bootstrap rank {}: the poller thread did not stop within {DROP_JOIN_LIMIT:?}; leaving \
-                 it detached",
+        } else {
+            tracing::warn!(
+                target: crate::diagnostics::BOOTSTRAP,
+                rank = self.rank,
+                "bootstrap rank {}: the poller thread did not stop within {DROP_JOIN_LIMIT:?}; leaving it detached",
                 self.rank
             );
         }

@@ -47,7 +47,6 @@ pub(super) struct PollerSetup {
     pub(super) id: UniqueId,
     pub(super) rank: usize,
     pub(super) world_size: usize,
-    pub(super) warn: bool,
     pub(super) listener: TcpListener,
     /// The reading end of the wake-up pair.
     pub(super) wake: UnixStream,
@@ -155,9 +154,8 @@ impl Poller {
     }
 
     fn refuse(&self, from: SocketAddr, reason: &str) {
-        if self.setup.warn {
-            eprintln!("weave: warning: bootstrap rank {} refused a connection from {from}: {reason}", self.setup.rank);
-        }
+        let rank = self.setup.rank;
+        tracing::warn!(target: crate::diagnostics::BOOTSTRAP, rank, %from, "bootstrap rank {rank} refused a connection from {from}: {reason}");
     }
 
     /// Reads what link `index` has; on its end, forgets it and marks its peer lost.

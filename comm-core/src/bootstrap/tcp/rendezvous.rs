@@ -49,7 +49,6 @@ pub(super) struct Rendezvous<'a> {
     pub(super) rank: usize,
     pub(super) world_size: usize,
     pub(super) deadline: Deadline,
-    pub(super) warn: bool,
     pub(super) host: String,
 }
 
@@ -121,7 +120,7 @@ impl Rendezvous<'_> {
     ) -> Result<Vec<RankEntry>> {
         let (n, roots) = (self.world_size, self.roots());
         let id = &self.ids[group];
-        let mut acceptor = Acceptor::new(listener, self.rank, self.warn)?;
+        let mut acceptor = Acceptor::new(listener, self.rank)?;
         let covered = if group == 0 { 0..n } else { range.clone() };
         let mut joined: Vec<Option<RankEntry>> = vec![None; covered.len()];
         joined[0] = Some(own);
