@@ -14,11 +14,12 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
-/// Packages every test run needs: the verbs bindings' build (cmake, clang, libclang, the verbs and
+/// Packages every test run needs: the verbs bindings' build (cmake with make, clang, libclang, the verbs and
 /// netlink headers, pkg-config, python3 for rdma-core's build), a C++ compiler for the host
 /// simulation of the channel kernels, and pip for NVRTC.
 const BUILD_PACKAGES: &[&str] = &[
     "cmake",
+    "make",
     "clang",
     "libclang-dev",
     "libibverbs-dev",

@@ -15,7 +15,7 @@ pub(crate) const USAGE: &str = "\
 usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [-- CARGO-TEST-ARGS...]
 
 First it provides what the tests need, before building anything: the Debian packages of the
-verbs bindings' build (cmake, clang, libclang-dev, libibverbs-dev, libnl-3-dev,
+verbs bindings' build (cmake, make, clang, libclang-dev, libibverbs-dev, libnl-3-dev,
 libnl-route-3-dev, pkg-config, python3), g++ and python3-pip, and, for the InfiniBand guest,
 qemu-system-x86 and the guest's userland — installed with apt-get when run as root, otherwise
 it prints the apt-get command to run and stops; then NVRTC 13.0 and 12.2 from PyPI into
