@@ -9,6 +9,8 @@ use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::config::Config;
 use comm_core::diagnostics;
+use comm_core::notice::NoticeService;
+use comm_core::resilience::Resilience;
 use comm_core::transport::TransportFactory;
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
@@ -86,19 +88,35 @@ impl Builder {
         self
     }
 
+    /// The builder of a child of `parent` (a split or shrink) over `bootstrap`: the parent's
+    /// transports and settings.
+    pub(crate) fn for_child(parent: &Communicator, bootstrap: Arc<dyn Bootstrap>) -> Builder {
+        Builder {
+            bootstrap,
+            factories: parent.factories.clone(),
+            config: Some(parent.config.clone()),
+            #[cfg(feature = "cudaipc")]
+            gpu_config: Some(parent.gpu_config.clone()),
+            overrides: Vec::new(),
+            family: None,
+        }
+    }
+
     /// Collective: connects the ranks and builds the host workspace.
     pub fn build(self) -> Result<Communicator> {
         let n = self.bootstrap.world_size();
-        Communicator::build(self, Lineage { root: None, namespace: 0, root_ranks: (0..n).collect() })
+        Communicator::build(self, Lineage { root: None, namespace: 0, root_ranks: (0..n).collect(), notices: None })
     }
 }
 
-/// Where a communicator sits in the job: the root bootstrap, its tag namespace and the root
-/// ranks of its members.
-struct Lineage {
-    root: Option<Arc<dyn Bootstrap>>,
-    namespace: u64,
-    root_ranks: Vec<usize>,
+/// Where a communicator sits in the job: the root bootstrap, its tag namespace, the root ranks
+/// of its members and the notice service of the root bootstrap (started with a job's first
+/// communicator, shared by its splits and shrinks).
+pub(crate) struct Lineage {
+    pub(crate) root: Option<Arc<dyn Bootstrap>>,
+    pub(crate) namespace: u64,
+    pub(crate) root_ranks: Vec<usize>,
+    pub(crate) notices: Option<Arc<NoticeService>>,
 }
 
 /// One rank's handle on a group of ranks for collectives and point-to-point calls.
@@ -134,11 +152,18 @@ pub struct Communicator {
     /// Steps of hierarchical calls this communicator (a node or rail one) has run so far.
     steps_run: Cell<u64>,
     factories: Vec<Arc<dyn TransportFactory>>,
-    config: Config,
-    root: Arc<dyn Bootstrap>,
-    namespace: u64,
-    root_ranks: Vec<usize>,
-    splits: AtomicU64,
+    pub(crate) config: Config,
+    pub(crate) root: Arc<dyn Bootstrap>,
+    pub(crate) namespace: u64,
+    pub(crate) root_ranks: Vec<usize>,
+    /// Splits and shrinks made so far (numbering their namespaces).
+    pub(crate) splits: AtomicU64,
+    /// Revocation and failure agreements of this communicator.
+    pub(crate) resilience: Arc<Resilience>,
+    /// The root bootstrap's notice service.
+    pub(crate) notices: Arc<NoticeService>,
+    /// Agreements run so far (failed ranks learned from them stay known).
+    pub(crate) known_failed: RefCell<std::collections::BTreeSet<usize>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -177,7 +202,7 @@ impl Communicator {
         Self::builder(TcpBootstrap::new(id, rank, world_size, config.timeout)?).with_config(config).build()
     }
 
-    fn build(b: Builder, lineage: Lineage) -> Result<Self> {
+    pub(crate) fn build(b: Builder, lineage: Lineage) -> Result<Self> {
         let config = match b.config {
             Some(c) => c,
             None => Config::from_env()?,
@@ -210,18 +235,38 @@ impl Communicator {
         }
         let core = core.build()?;
         fit_to_placement(&mut table, &core);
+        let root = lineage.root.clone().unwrap_or_else(|| b.bootstrap.clone());
+        let notices = match lineage.notices {
+            Some(n) => n,
+            None => NoticeService::start(root.clone())?,
+        };
+        let resilience = Resilience::new(
+            lineage.namespace,
+            lineage.root_ranks.clone(),
+            core.rank(),
+            root.clone(),
+            core.abort_flag().clone(),
+        );
+        notices.register(&resilience);
         let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
         // Every rank computes the same topology, so they agree on building the workspace.
-        let host =
-            if core.topology().all_direct() { Some(RefCell::new(HostEngine::new(&core, scratch)?)) } else { None };
-        let channel = RefCell::new(ChannelEngine::new(&core));
+        let host = if core.topology().all_direct() {
+            Some(RefCell::new(HostEngine::new(&core, scratch, resilience.clone())?))
+        } else {
+            None
+        };
+        let channel = RefCell::new(ChannelEngine::new(&core, resilience.clone()));
         #[cfg(feature = "cudaipc")]
         let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?;
         #[cfg(feature = "cudaipc")]
         let gpu_status = gpu.as_ref().map(|g| g.status().clone());
         #[cfg(feature = "cudaipc")]
         let gpu = gpu.map(RefCell::new);
-        let root = lineage.root.unwrap_or(b.bootstrap);
+        #[cfg(feature = "cudaipc")]
+        if let Some(status) = &gpu_status {
+            let status = status.clone();
+            resilience.on_revoke(Box::new(move || status.abort()));
+        }
         Ok(Communicator {
             core,
             #[cfg(feature = "cudaipc")]
@@ -242,6 +287,9 @@ impl Communicator {
             namespace: lineage.namespace,
             root_ranks: lineage.root_ranks,
             splits: AtomicU64::new(0),
+            resilience,
+            notices,
+            known_failed: RefCell::new(std::collections::BTreeSet::new()),
         })
     }
 
@@ -311,6 +359,7 @@ impl Communicator {
     pub fn abort_handle(&self) -> AbortHandle {
         AbortHandle {
             flag: self.core.abort_flag().clone(),
+            resilience: Arc::downgrade(&self.resilience),
             #[cfg(feature = "cudaipc")]
             gpu: self.gpu_status.clone(),
         }
@@ -683,20 +732,20 @@ impl Communicator {
         let root_ranks: Vec<usize> = members.iter().map(|&(_, r)| self.root_ranks[r]).collect();
         let namespace = self.namespace * 64 + seq;
         let sub = SubBootstrap::new(self.root.clone(), root_ranks.clone(), namespace, color)?;
-        let builder = Builder {
-            bootstrap: Arc::new(sub),
-            factories: self.factories.clone(),
-            config: Some(self.config.clone()),
-            #[cfg(feature = "cudaipc")]
-            gpu_config: Some(self.gpu_config.clone()),
-            overrides: Vec::new(),
-            family: None,
-        };
-        let mut comm = Communicator::build(builder, Lineage { root: Some(self.root.clone()), namespace, root_ranks })?;
-        comm.table = self.table.clone();
+        let builder = Builder::for_child(self, Arc::new(sub));
+        let lineage =
+            Lineage { root: Some(self.root.clone()), namespace, root_ranks, notices: Some(self.notices.clone()) };
+        Communicator::build_child(builder, lineage, self).map(Some)
+    }
+
+    /// Collective over `lineage`'s members: a split's or shrink's communicator, with this
+    /// communicator's algorithm table fitted to where the members run.
+    pub(crate) fn build_child(builder: Builder, lineage: Lineage, parent: &Communicator) -> Result<Communicator> {
+        let mut comm = Communicator::build(builder, lineage)?;
+        comm.table = parent.table.clone();
         // A rail of a grid is one rank per node where its parent was not.
         fit_to_placement(&mut comm.table, &comm.core);
-        Ok(Some(comm))
+        Ok(comm)
     }
 }
 
@@ -758,6 +807,8 @@ pub(crate) fn already_in_a_call() -> Error {
 #[derive(Clone)]
 pub struct AbortHandle {
     flag: Arc<AtomicBool>,
+    /// Weak: a handle that outlives its communicator keeps nothing of it alive.
+    resilience: std::sync::Weak<Resilience>,
     #[cfg(feature = "cudaipc")]
     gpu: Option<Arc<weave_cuda::DeviceStatus>>,
 }
@@ -769,6 +820,14 @@ impl AbortHandle {
         #[cfg(feature = "cudaipc")]
         if let Some(status) = &self.gpu {
             status.abort();
+        }
+    }
+
+    /// Revokes the communicator, as [`Communicator::revoke`] does (nothing once the
+    /// communicator is gone).
+    pub fn revoke(&self) {
+        if let Some(r) = self.resilience.upgrade() {
+            r.revoke();
         }
     }
 }

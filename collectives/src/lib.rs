@@ -25,6 +25,7 @@ pub mod buffer;
 mod channel;
 pub mod communicator;
 pub mod dtype;
+mod elastic;
 #[cfg(feature = "cudaipc")]
 pub mod gpu;
 mod group;

@@ -108,4 +108,14 @@ impl Bootstrap for SubBootstrap {
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
         self.root.recv(self.member(peer)?, self.map_tag(tag)?)
     }
+    fn recv_or_abort(&self, peer: usize, tag: u64, abort: &std::sync::atomic::AtomicBool) -> Result<Vec<u8>> {
+        self.root.recv_or_abort(self.member(peer)?, self.map_tag(tag)?, abort)
+    }
+    fn carries_notices(&self) -> bool {
+        self.root.carries_notices()
+    }
+    /// The root bootstrap's notices (senders in root ranks): notices name their communicator.
+    fn recv_notice(&self, timeout: Duration) -> Result<Option<(usize, Vec<u8>)>> {
+        self.root.recv_notice(timeout)
+    }
 }

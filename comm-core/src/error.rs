@@ -66,6 +66,11 @@ pub enum Error {
     /// earlier error).
     #[error("aborted: {0}")]
     Aborted(String),
+    /// The communicator was revoked (by a rank of it, or because its members hold this rank
+    /// failed): its calls fail until it is shrunk into a new communicator
+    /// (`Communicator::shrink`), which works on a revoked one.
+    #[error("revoked: {0}")]
+    Revoked(String),
     /// An operating-system call failed.
     #[error("{operation} failed: {source}")]
     Io {
@@ -134,6 +139,7 @@ impl Error {
             Error::Timeout { .. }
                 | Error::PeerLost { .. }
                 | Error::Aborted(_)
+                | Error::Revoked(_)
                 | Error::Protocol(_)
                 | Error::RegistrationMismatch(_)
         )

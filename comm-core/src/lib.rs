@@ -8,6 +8,7 @@
 //! comm-core knows no transport but the in-process [`loopback`] one (for tests); transports live
 //! in their own crates and plug in through [`transport::TransportFactory`].
 
+pub mod agreement;
 pub mod bootstrap;
 pub mod communicator;
 pub mod config;
@@ -23,10 +24,12 @@ pub mod host;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;
+pub mod notice;
 pub mod peer_watch;
 pub mod port_channel;
 pub mod proxy;
 mod registration;
+pub mod resilience;
 pub mod same_host;
 pub mod semaphore;
 pub mod spin;

@@ -195,8 +195,18 @@ impl LoopbackBootstrap {
         (0..n).map(|rank| LoopbackBootstrap { shared: shared.clone(), rank, timeout }).collect()
     }
 
+    /// Makes this rank vanish as a killed process would: peers see it lost, and its own sends
+    /// and notice reads fail from now on (for fault tests).
+    pub fn kill(&self) {
+        self.shared.gone[self.rank].store(true, Ordering::Release);
+        drop(self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner()));
+        for c in &self.shared.arrived {
+            c.notify_all();
+        }
+    }
+
     fn check_peer(&self, peer: usize) -> Result<()> {
-        if peer >= self.shared.gone.len() || peer == self.rank {
+        if peer >= self.shared.gone.len() {
             return Err(Error::invalid(format!(
                 "rank {} cannot talk to rank {peer} in a {}-rank loopback group",
                 self.rank,
@@ -238,13 +248,28 @@ impl Bootstrap for LoopbackBootstrap {
         self.timeout
     }
 
+    fn peer_lost(&self, peer: usize) -> Option<String> {
+        let gone = self.shared.gone.get(peer)?.load(Ordering::Acquire);
+        (gone && peer != self.rank).then(|| "peer dropped its bootstrap".to_string())
+    }
+
     fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
         self.check_peer(peer)?;
+        if self.shared.gone[self.rank].load(Ordering::Acquire) {
+            return Err(Error::Aborted(format!("loopback rank {} was killed", self.rank)));
+        }
         if self.shared.gone[peer].load(Ordering::Acquire) {
             return Err(Error::peer_lost(peer, format!("loopback send tag {tag:#x}"), "peer dropped its bootstrap"));
         }
         let mut boxes = self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner());
-        boxes.entry((self.rank, peer, tag)).or_default().push_back(data.to_vec());
+        if tag == crate::bootstrap::TAG_NOTICE {
+            // One queue of notices per receiver, each prefixed with its sender.
+            let mut notice = (self.rank as u64).to_le_bytes().to_vec();
+            notice.extend_from_slice(data);
+            boxes.entry((NOTICES, peer, tag)).or_default().push_back(notice);
+        } else {
+            boxes.entry((self.rank, peer, tag)).or_default().push_back(data.to_vec());
+        }
         self.shared.arrived[peer].notify_all();
         Ok(())
     }
@@ -272,7 +297,37 @@ impl Bootstrap for LoopbackBootstrap {
             boxes = arrived.wait_timeout(boxes, left).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
+
+    fn carries_notices(&self) -> bool {
+        true
+    }
+
+    fn recv_notice(&self, timeout: Duration) -> Result<Option<(usize, Vec<u8>)>> {
+        let deadline = Deadline::after(timeout);
+        let mut boxes = self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let key = (NOTICES, self.rank, crate::bootstrap::TAG_NOTICE);
+            if let Some(mut m) = boxes.get_mut(&key).and_then(VecDeque::pop_front) {
+                let from =
+                    m.get(..8).map_or(usize::MAX, |b| u64::from_le_bytes(b.try_into().unwrap_or([0xff; 8])) as usize);
+                m.drain(..8.min(m.len()));
+                return Ok(Some((from, m)));
+            }
+            if self.shared.gone[self.rank].load(Ordering::Acquire) {
+                return Err(Error::Aborted(format!("loopback rank {} was killed", self.rank)));
+            }
+            let left = deadline.remaining();
+            if left.is_zero() {
+                return Ok(None);
+            }
+            let arrived = &self.shared.arrived[self.rank];
+            boxes = arrived.wait_timeout(boxes, left).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
 }
+
+/// The sender slot of the notice queues' keys (no rank has it).
+const NOTICES: usize = usize::MAX;
 
 #[cfg(test)]
 mod tests {
@@ -306,7 +361,9 @@ mod tests {
         assert!(matches!(r, Err(Error::Timeout { peer: Some(1), .. })), "{r:?}");
         group.pop();
         assert!(matches!(group[0].recv(1, 1), Err(Error::PeerLost { peer: 1, .. })));
-        assert!(matches!(group[0].send(0, 1, &[]), Err(Error::InvalidArgument(_))));
+        assert!(matches!(group[0].send(2, 1, &[]), Err(Error::InvalidArgument(_))), "no rank 2");
+        group[0].send(0, 1, b"self").unwrap();
+        assert_eq!(group[0].recv(0, 1).unwrap(), b"self", "a rank's message to itself");
     }
 
     #[test]

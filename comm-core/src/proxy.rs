@@ -74,6 +74,7 @@ fn duplicate(e: &Error) -> Error {
         Error::Cuda { operation, message } => Error::Cuda { operation: operation.clone(), message: message.clone() },
         Error::Unsupported(m) => Error::Unsupported(m.clone()),
         Error::Aborted(m) => Error::Aborted(m.clone()),
+        Error::Revoked(m) => Error::Revoked(m.clone()),
         Error::Io { operation, source } => Error::Io {
             operation: operation.clone(),
             source: match source.raw_os_error() {

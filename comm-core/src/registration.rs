@@ -262,7 +262,7 @@ impl Communicator {
         let descriptor = self.describe(&region, seq, len, kind, label)?;
         let local = RegisteredMemory::new_local(descriptor, region, backend.transport())?.in_communicator(self.id);
         self.bootstrap.send(peer, TAG_PAIR_MEMORY, &local.descriptor().encode())?;
-        let theirs = MemoryDescriptor::decode(&self.bootstrap.recv(peer, TAG_PAIR_MEMORY)?)?;
+        let theirs = MemoryDescriptor::decode(&self.bootstrap.recv_or_abort(peer, TAG_PAIR_MEMORY, &self.abort)?)?;
         if theirs.owner != peer || theirs.label != label || theirs.len != len {
             return Err(Error::RegistrationMismatch(format!(
                 "rank {peer} sent {:?} (owner {}, {} bytes) while rank {} built {label:?} ({len} bytes)",
@@ -274,7 +274,7 @@ impl Communicator {
         }
         let imported = self.import(theirs);
         self.bootstrap.send(peer, TAG_PAIR_MEMORY_ACK, &encode_status(imported.as_ref().err()))?;
-        let ack = self.bootstrap.recv(peer, TAG_PAIR_MEMORY_ACK)?;
+        let ack = self.bootstrap.recv_or_abort(peer, TAG_PAIR_MEMORY_ACK, &self.abort)?;
         let remote = imported?;
         if let Some(msg) = decode_status(&ack, peer)? {
             return Err(Error::transport(
@@ -329,7 +329,7 @@ impl Communicator {
         }
         let hello = Encoder::new(SEMAPHORE_MAGIC, WIRE_VERSION).u64(slot as u64).finish();
         self.bootstrap.send(peer, TAG_SEMAPHORE, &hello)?;
-        let reply = self.bootstrap.recv(peer, TAG_SEMAPHORE)?;
+        let reply = self.bootstrap.recv_or_abort(peer, TAG_SEMAPHORE, &self.abort)?;
         let mut d = Decoder::new(&reply, SEMAPHORE_MAGIC, WIRE_VERSION, "semaphore handshake")?;
         let their_slot = d.u64()?;
         d.finish()?;

@@ -9,6 +9,7 @@ use comm_core::{Error, Result};
 
 pub mod launcher;
 pub mod matrix;
+pub mod survive;
 pub mod worker;
 
 /// Tests that differ only in what they hand one runner, as a table: each row

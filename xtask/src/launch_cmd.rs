@@ -44,12 +44,14 @@ options:
       --posed                  posed nodes even where namespaces can be made
       --master-addr ADDR       with --posed: MASTER_ADDR (default 127.0.0.1)
   -t, --timeout SECS           kill every rank after SECS seconds
+      --keep-going             let the other ranks run on when one fails (for jobs that
+                               survive failures: revoke, agree_on_failed, shrink)
   -h, --help                   print this help
 ";
 
 /// The help text of `cargo xtask launch`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask launch -n N [--timeout SECS] [--master-addr ADDR] [--] CMD [ARGS...]
+usage: cargo xtask launch -n N [--timeout SECS] [--master-addr ADDR] [--keep-going] [--] CMD [ARGS...]
 
 Runs N copies of CMD on this host as the ranks of one weave job. Each rank gets RANK,
 WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT (a free port) and
@@ -61,6 +63,9 @@ options:
   -n, --ranks N           number of ranks (required, at least 1)
   -t, --timeout SECS      kill every rank after SECS seconds (fractions allowed)
       --master-addr ADDR  MASTER_ADDR for the ranks (default 127.0.0.1)
+      --keep-going        let the other ranks run on when one fails (for jobs that survive
+                          failures: revoke, agree_on_failed, shrink); the exit status is
+                          still 1 unless every rank exited 0
   -h, --help              print this help
 
 exit status: 0 when every rank exited 0; 1 otherwise (a summary goes to stderr);
@@ -79,6 +84,8 @@ struct LaunchArgs {
     posed: bool,
     timeout: Option<Duration>,
     master_addr: Option<String>,
+    /// `--keep-going`: the others run on when a rank fails.
+    keep_going: bool,
     command: Vec<OsString>,
 }
 
@@ -103,6 +110,7 @@ fn parse_as(args: &mut Args, mode: Mode) -> Result<Parsed, UsageError> {
     let mut ranks = None;
     let mut timeout = None;
     let mut master_addr = None;
+    let mut keep_going = false;
     let mut command = Vec::new();
     while let Some(arg) = args.next()? {
         match arg {
@@ -135,6 +143,7 @@ fn parse_as(args: &mut Args, mode: Mode) -> Result<Parsed, UsageError> {
                     .ok_or_else(|| UsageError(format!("{f} must be a positive number of seconds, got {secs}")))?;
                 timeout = Some(t);
             }
+            Arg::Flag(f) if f == "--keep-going" => keep_going = true,
             Arg::Flag(f) if f == "--master-addr" => {
                 let v = args.value(&f)?;
                 let addr = v.into_string().map_err(|v| UsageError(format!("{f} must be UTF-8, got {v:?}")))?;
@@ -176,7 +185,7 @@ fn parse_as(args: &mut Args, mode: Mode) -> Result<Parsed, UsageError> {
             "--master-addr is node 0's address in network namespaces; give it only with --posed".into(),
         ));
     }
-    Ok(Parsed::Run(LaunchArgs { ranks, nodes, rate, posed, timeout, master_addr, command }))
+    Ok(Parsed::Run(LaunchArgs { ranks, nodes, rate, posed, timeout, master_addr, keep_going, command }))
 }
 
 /// Runs `cargo xtask launch` with the arguments after the subcommand name.
@@ -211,6 +220,7 @@ fn run_as(mut args: Args, mode: Mode) -> ExitCode {
     let program = command.next().unwrap_or_default();
     let mut spec = LaunchSpec::new(parsed.ranks, program).args(command).echo(true).cancel_token(token);
     spec.timeout = parsed.timeout;
+    spec = spec.keep_going(parsed.keep_going);
     if let Some(nodes) = parsed.nodes {
         match choose_nodes(nodes, parsed.ranks / nodes, parsed.rate, parsed.posed) {
             Ok(NodeMode::Namespaces) => {
@@ -299,12 +309,14 @@ mod tests {
             posed: false,
             timeout: Some(Duration::from_millis(1500)),
             master_addr: Some("10.0.0.1".into()),
+            keep_going: true,
             command: vec!["prog".into(), "-n".into(), "--x".into()],
         };
-        let with_dashes = ["-n", "4", "--timeout", "1.5", "--master-addr=10.0.0.1", "--", "prog", "-n", "--x"];
+        let with_dashes =
+            ["-n", "4", "--timeout", "1.5", "--master-addr=10.0.0.1", "--keep-going", "--", "prog", "-n", "--x"];
         assert_eq!(parse_line(&with_dashes).unwrap(), Parsed::Run(want));
         let Parsed::Run(plain) = parse_line(&["--ranks=2", "echo", "-n", "hi"]).unwrap() else { panic!() };
-        assert_eq!((plain.ranks, plain.timeout, plain.command.len()), (2, None, 3));
+        assert_eq!((plain.ranks, plain.timeout, plain.command.len(), plain.keep_going), (2, None, 3, false));
         assert_eq!(parse_line(&["-n", "2", "--help"]).unwrap(), Parsed::Help);
     }
 

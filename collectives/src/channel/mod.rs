@@ -180,7 +180,7 @@ impl Call {
 
 impl ChannelEngine {
     /// An engine with no links yet (links are built by the first call that needs them).
-    pub(crate) fn new(core: &CoreCommunicator) -> Self {
+    pub(crate) fn new(core: &CoreCommunicator, revocation: std::sync::Arc<comm_core::resilience::Resilience>) -> Self {
         let n = core.world_size();
         ChannelEngine {
             rank: core.rank(),
@@ -188,7 +188,7 @@ impl ChannelEngine {
             links: Links::new(n, SLOTS, payload_for(n), 1),
             eager: Links::new(n, eager_slots_for(n), EAGER_PAYLOAD_BYTES, eager_slots_for(n) / EAGER_CREDIT_BATCHES),
             calls: 0,
-            health: Health::default(),
+            health: Health::new(revocation),
         }
     }
 

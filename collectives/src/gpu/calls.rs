@@ -95,6 +95,9 @@ impl Communicator {
     /// The addresses in `call` must be valid device memory for the call until it completes on
     /// `stream`.
     unsafe fn device_call(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        if self.is_revoked() {
+            return Err(crate::health::revoked());
+        }
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
         let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
         let n = self.world_size();
@@ -306,6 +309,9 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
+        if self.is_revoked() {
+            return Err(crate::health::revoked());
+        }
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
         let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
         let (me, n) = (self.rank(), self.world_size());

@@ -87,14 +87,25 @@ pub(crate) struct HostEngine {
 
 impl HostEngine {
     /// Collective: builds the workspace, whose tail holds the point-to-point mailboxes.
-    pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize) -> Result<Self> {
+    pub(crate) fn new(
+        core: &CoreCommunicator,
+        scratch_bytes: usize,
+        revocation: std::sync::Arc<comm_core::resilience::Resilience>,
+    ) -> Result<Self> {
         // Ranks pinned one per CPU see one CPU in their affinity mask, yet do not outnumber the
         // host's cores: judged on the CPUs online, their waits spin before they yield.
         comm_core::spin::set_local_ranks(core.bootstrap().local_world_size());
         let mut ws = Workspace::new(core, scratch_bytes, P2pState::area_bytes(core.world_size()))?;
         let p2p = P2pState::new(core, ws.memories(), ws.tail_offset())?;
         let cma = probe_cma(&mut ws)?;
-        Ok(HostEngine { ws, p2p, cma, shared: Vec::new(), health: Default::default(), timeout: core.config().timeout })
+        Ok(HostEngine {
+            ws,
+            p2p,
+            cma,
+            shared: Vec::new(),
+            health: crate::health::Health::new(revocation),
+            timeout: core.config().timeout,
+        })
     }
 
     /// Collective: allocates a shared buffer of `bytes` on every rank and maps every rank's.

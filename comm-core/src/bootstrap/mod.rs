@@ -29,6 +29,9 @@ pub const TAG_ALL_GATHER: u64 = RESERVED_TAG_BASE | 1;
 pub const TAG_BROADCAST: u64 = RESERVED_TAG_BASE | 2;
 /// Tag of the messages of the default [`Bootstrap::barrier`].
 pub const TAG_BARRIER: u64 = RESERVED_TAG_BASE | 3;
+/// Tag of notices: messages any rank may send any other at any time (revocations, agreement
+/// rounds), read from every peer at once with [`Bootstrap::recv_notice`], never by `recv`.
+pub const TAG_NOTICE: u64 = RESERVED_TAG_BASE | 5;
 
 /// Small-message exchange among the ranks of a job.
 ///
@@ -71,6 +74,15 @@ pub trait Bootstrap: Send + Sync {
     /// Receives the next message from `peer` under `tag`.
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>>;
 
+    /// [`recv`](Self::recv) that gives up with [`Error::Aborted`](crate::Error::Aborted) once
+    /// `abort` is set: how a communicator's own exchanges (registrations, connection set-up in
+    /// the middle of a call) stop when it is aborted or revoked. The default waits as `recv`
+    /// does, without looking at `abort`.
+    fn recv_or_abort(&self, peer: usize, tag: u64, abort: &std::sync::atomic::AtomicBool) -> Result<Vec<u8>> {
+        let _ = abort;
+        self.recv(peer, tag)
+    }
+
     /// Every rank contributes `data`; returns all contributions indexed by rank.
     ///
     /// The default gathers up a tree of the ranks and spreads the result down it ([`tree`]):
@@ -88,5 +100,20 @@ pub trait Bootstrap: Send + Sync {
     /// Returns once every rank has called it. The default goes up and down the tree of [`tree`].
     fn barrier(&self) -> Result<()> {
         tree::barrier(self)
+    }
+
+    /// Whether this bootstrap carries notices ([`recv_notice`](Self::recv_notice) works).
+    fn carries_notices(&self) -> bool {
+        false
+    }
+
+    /// The next notice — a message some rank (this one included) sent here with `send(…,
+    /// TAG_NOTICE, …)` — and its sender, waiting at most `timeout`; `Ok(None)` when none came.
+    /// One thread of the process reads them ([`crate::notice::NoticeService`]), whatever the
+    /// rank's other threads do. The default is [`Error::Unsupported`](crate::Error::Unsupported):
+    /// communicators over a bootstrap without notices cannot be revoked across ranks or agree.
+    fn recv_notice(&self, timeout: Duration) -> Result<Option<(usize, Vec<u8>)>> {
+        let _ = timeout;
+        Err(crate::Error::Unsupported("this bootstrap carries no notices (revoke, agree)".into()))
     }
 }

@@ -26,6 +26,7 @@ fn main() {
             .and_then(|c| p2p(&c)),
         "shared" => shared(),
         "create" => create(arg),
+        "survive" => weave_tests::survive::survive(arg),
         other => Err(worker::unknown_scenario(other)),
     })
 }

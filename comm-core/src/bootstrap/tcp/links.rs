@@ -107,6 +107,8 @@ pub(super) enum Command {
 /// What the lock of [`Shared`] guards.
 pub(super) struct State {
     queues: HashMap<(usize, u64), VecDeque<Vec<u8>>>,
+    /// Notices from any peer, oldest first, with their senders.
+    pub(super) notices: VecDeque<(usize, Vec<u8>)>,
     /// Per peer: why it is known to be gone, once it is.
     pub(super) lost: Vec<Option<String>>,
     /// Per peer with a link: the link its messages go out on — the first one established; a
@@ -174,6 +176,7 @@ impl Shared {
         Shared {
             state: Mutex::new(State {
                 queues: HashMap::new(),
+                notices: VecDeque::new(),
                 lost: vec![None; world_size],
                 senders: HashMap::new(),
                 links: Vec::new(),
@@ -193,9 +196,16 @@ impl Shared {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Files a message from `peer` under `tag` and wakes the waiters.
+    /// Files a message from `peer` under `tag` (a notice in the queue of notices) and wakes
+    /// the waiters.
     pub(super) fn deliver(&self, peer: usize, tag: u64, payload: Vec<u8>) {
-        self.lock().queues.entry((peer, tag)).or_default().push_back(payload);
+        let mut state = self.lock();
+        if tag == crate::bootstrap::TAG_NOTICE {
+            state.notices.push_back((peer, payload));
+        } else {
+            state.queues.entry((peer, tag)).or_default().push_back(payload);
+        }
+        drop(state);
         self.changed.notify_all();
     }
 

@@ -72,6 +72,8 @@ use crate::error::{Error, Result};
 const TAG_RANK_TABLE: u64 = RESERVED_TAG_BASE | 4;
 /// On drop, how long to wait for peers to close their side too (a clean close on both sides).
 const DROP_GRACE: Duration = Duration::from_millis(100);
+/// How often `recv_or_abort` looks at its abort flag while it waits.
+const ABORT_LOOK: Duration = Duration::from_millis(5);
 /// On drop, how long to wait for the poller thread once told to stop.
 const DROP_JOIN_LIMIT: Duration = Duration::from_secs(2);
 
@@ -379,6 +381,48 @@ impl Bootstrap for TcpBootstrap {
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
         self.check_peer(peer, "recv")?;
         self.recv_until(peer, tag, &Deadline::after(self.timeout), || format!("bootstrap recv {}", describe_tag(tag)))
+    }
+
+    fn carries_notices(&self) -> bool {
+        true
+    }
+
+    fn recv_or_abort(&self, peer: usize, tag: u64, abort: &std::sync::atomic::AtomicBool) -> Result<Vec<u8>> {
+        self.check_peer(peer, "recv")?;
+        let deadline = Deadline::after(self.timeout);
+        let operation = || format!("bootstrap recv {}", describe_tag(tag));
+        let mut state = self.shared.lock();
+        loop {
+            if let Some(message) = state.take(peer, tag) {
+                return Ok(message);
+            }
+            if let Some(reason) = state.lost.get(peer).cloned().flatten() {
+                return Err(Error::peer_lost(peer, operation(), reason));
+            }
+            if abort.load(std::sync::atomic::Ordering::Acquire) {
+                return Err(Error::Aborted(format!("{} was aborted", operation())));
+            }
+            if deadline.expired() {
+                return Err(Error::timeout(operation(), Some(peer), deadline.elapsed()));
+            }
+            // Nothing wakes this wait when `abort` is set: look again every few milliseconds.
+            let slice = Deadline::after(ABORT_LOOK.min(deadline.remaining()));
+            state = self.wait(state, &slice);
+        }
+    }
+
+    fn recv_notice(&self, timeout: Duration) -> Result<Option<(usize, Vec<u8>)>> {
+        let deadline = Deadline::after(timeout);
+        let mut state = self.shared.lock();
+        loop {
+            if let Some(notice) = state.notices.pop_front() {
+                return Ok(Some(notice));
+            }
+            if deadline.expired() {
+                return Ok(None);
+            }
+            state = self.wait(state, &deadline);
+        }
     }
 }
 

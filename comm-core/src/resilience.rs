@@ -1,0 +1,333 @@
+//! One communicator's fault tolerance: its revocation, spread to every reachable member, and
+//! the mailboxes of its failure agreements ([`crate::agreement`]).
+//!
+//! # Revocation
+//!
+//! [`Resilience::revoke`] raises the communicator's abort flag (every wait of it, host or
+//! device, ends with an error) and runs its revocation hooks (the GPU status words), then the
+//! [`NoticeService`](crate::notice::NoticeService) passes a [`NoticeKind::Revoke`] on over a
+//! binomial graph: member `r` tells `r ± 2^i` (mod n) for every `2^i < n`, about `2·log₂ n`
+//! peers, skipping those known lost. A member forwards only on first receipt, so each member
+//! sends its share once; a member that is lost breaks no path, since every member hears from
+//! about `2·log₂ n` others (ULFM's reliable broadcast). The revocation reaches every member that
+//! is alive within a few notice hops — milliseconds — whatever its threads are doing.
+//!
+//! # Agreements
+//!
+//! Each agreement of the communicator has an instance number (the members call
+//! [`crate::agreement::agree`] in the same order). Its messages go to a slot: queued for the
+//! thread running that agreement, or, once this member decided, answered at once by the service
+//! thread with the decision — so a member that returned keeps answering members that are still
+//! agreeing.
+
+use std::collections::{BTreeSet, HashMap, VecDeque};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use crate::agreement::{AgreementMessage, Step};
+use crate::bootstrap::Bootstrap;
+use crate::diagnostics;
+use crate::notice::{NoticeKind, send_notice};
+
+/// Decided agreements kept to answer members still agreeing; older ones are dropped.
+const KEPT_DECISIONS: u64 = 64;
+
+/// A hook run once when the communicator is revoked (e.g. raising its GPU abort word).
+pub type RevocationHook = Box<dyn Fn() + Send + Sync>;
+
+/// Where one agreement of this member stands.
+enum Slot {
+    /// Messages waiting for the agreeing thread, oldest first: (sender's rank, message).
+    Open(VecDeque<(usize, AgreementMessage)>),
+    /// This member decided `value`.
+    Decided(BTreeSet<usize>),
+}
+
+/// The fault-tolerance state of one communicator of one rank (see the module documentation).
+pub struct Resilience {
+    namespace: u64,
+    /// Root-bootstrap rank of each member, by communicator rank.
+    members: Vec<usize>,
+    rank: usize,
+    bootstrap: Arc<dyn Bootstrap>,
+    abort: Arc<AtomicBool>,
+    revoked: AtomicBool,
+    hooks: Mutex<Vec<RevocationHook>>,
+    agreements: Mutex<HashMap<u64, Slot>>,
+    arrived: Condvar,
+    next_agreement: AtomicU64,
+}
+
+impl std::fmt::Debug for Resilience {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Resilience")
+            .field("namespace", &self.namespace)
+            .field("rank", &self.rank)
+            .field("size", &self.members.len())
+            .field("revoked", &self.is_revoked())
+            .finish()
+    }
+}
+
+impl Resilience {
+    /// The state of member `rank` of the communicator `namespace` whose members are the root
+    /// ranks `members` of `bootstrap`; revocation raises `abort`.
+    pub fn new(
+        namespace: u64,
+        members: Vec<usize>,
+        rank: usize,
+        bootstrap: Arc<dyn Bootstrap>,
+        abort: Arc<AtomicBool>,
+    ) -> Arc<Self> {
+        Arc::new(Resilience {
+            namespace,
+            members,
+            rank,
+            bootstrap,
+            abort,
+            revoked: AtomicBool::new(false),
+            hooks: Mutex::new(Vec::new()),
+            agreements: Mutex::new(HashMap::new()),
+            arrived: Condvar::new(),
+            next_agreement: AtomicU64::new(0),
+        })
+    }
+
+    /// The communicator's namespace (what notices name it by).
+    pub fn namespace(&self) -> u64 {
+        self.namespace
+    }
+
+    /// This member's rank in the communicator.
+    pub fn rank(&self) -> usize {
+        self.rank
+    }
+
+    /// Number of members.
+    pub fn size(&self) -> usize {
+        self.members.len()
+    }
+
+    /// The root bootstrap the notices travel on.
+    pub fn bootstrap(&self) -> &Arc<dyn Bootstrap> {
+        &self.bootstrap
+    }
+
+    /// Why member `member` is known to be gone (its root-bootstrap link ended), if it is.
+    pub fn member_lost(&self, member: usize) -> Option<String> {
+        self.bootstrap.peer_lost(*self.members.get(member)?)
+    }
+
+    /// Adds a hook run when the communicator is revoked (at once if it already is).
+    pub fn on_revoke(&self, hook: RevocationHook) {
+        if self.is_revoked() {
+            hook();
+        }
+        self.hooks.lock().unwrap_or_else(PoisonError::into_inner).push(hook);
+    }
+
+    /// Whether the communicator is revoked (here, or by a notice from another member).
+    #[inline]
+    pub fn is_revoked(&self) -> bool {
+        self.revoked.load(Ordering::Acquire)
+    }
+
+    /// Revokes the communicator: stops its calls here and tells every reachable member (see
+    /// the module documentation). Idempotent; never blocks on a peer.
+    pub fn revoke(&self) {
+        self.mark_revoked("revoked by this rank");
+        // The notice to oneself makes the service thread pass it on, off the caller's thread.
+        let me = self.members[self.rank];
+        send_notice(&*self.bootstrap, me, NoticeKind::Revoke, self.namespace, &[]);
+    }
+
+    /// Marks the communicator revoked and stops its calls; whether this was the first time.
+    fn mark_revoked(&self, why: &str) -> bool {
+        if self.revoked.swap(true, Ordering::AcqRel) {
+            return false;
+        }
+        self.abort.store(true, Ordering::Release);
+        for hook in self.hooks.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+            hook();
+        }
+        tracing::warn!(
+            target: diagnostics::FAULT,
+            rank = self.rank,
+            namespace = self.namespace,
+            "communicator revoked: {why}"
+        );
+        true
+    }
+
+    /// Tells this member's binomial-graph peers that the communicator is revoked.
+    fn pass_revocation_on(&self, bootstrap: &dyn Bootstrap) {
+        for peer in binomial_peers(self.rank, self.size()) {
+            let root = self.members[peer];
+            if bootstrap.peer_lost(root).is_none() {
+                send_notice(bootstrap, root, NoticeKind::Revoke, self.namespace, &[]);
+            }
+        }
+    }
+
+    /// Handles a notice from root rank `from` (called by the notice service thread).
+    pub(crate) fn handle_notice(&self, bootstrap: &dyn Bootstrap, from: usize, kind: NoticeKind, body: &[u8]) {
+        let Some(sender) = self.members.iter().position(|&m| m == from) else {
+            tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a notice from a non-member was dropped");
+            return;
+        };
+        match kind {
+            NoticeKind::Revoke => {
+                let first = self.mark_revoked(&format!("revoked by a notice from rank {sender}"));
+                if first || sender == self.rank {
+                    self.pass_revocation_on(bootstrap);
+                }
+            }
+            NoticeKind::Agreement => match AgreementMessage::decode(body, self.size()) {
+                Ok(message) => self.deliver(bootstrap, sender, message),
+                Err(e) => {
+                    tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a malformed agreement message was dropped: {e}");
+                }
+            },
+            NoticeKind::Stop => {}
+        }
+    }
+
+    fn slots(&self) -> MutexGuard<'_, HashMap<u64, Slot>> {
+        self.agreements.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Files an agreement message from member `sender`, or answers it with this member's
+    /// decision.
+    fn deliver(&self, bootstrap: &dyn Bootstrap, sender: usize, message: AgreementMessage) {
+        let mut slots = self.slots();
+        match slots.entry(message.instance).or_insert_with(|| Slot::Open(VecDeque::new())) {
+            Slot::Open(queue) => {
+                queue.push_back((sender, message));
+                drop(slots);
+                self.arrived.notify_all();
+            }
+            Slot::Decided(value) => {
+                if matches!(message.step, Step::Up | Step::Probe | Step::NewView) {
+                    let answer = AgreementMessage::decided(message.instance, value);
+                    drop(slots);
+                    self.send_agreement(bootstrap, sender, &answer);
+                }
+            }
+        }
+    }
+
+    /// A new agreement's instance number (members number their agreements alike).
+    pub(crate) fn next_agreement(&self) -> u64 {
+        self.next_agreement.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// The next message of agreement `instance`, waiting at most `timeout`.
+    pub(crate) fn next_message(&self, instance: u64, timeout: Duration) -> Option<(usize, AgreementMessage)> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut slots = self.slots();
+        loop {
+            if let Slot::Open(queue) = slots.entry(instance).or_insert_with(|| Slot::Open(VecDeque::new()))
+                && let Some(m) = queue.pop_front()
+            {
+                return Some(m);
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return None;
+            }
+            slots = self.arrived.wait_timeout(slots, left).unwrap_or_else(PoisonError::into_inner).0;
+        }
+    }
+
+    /// Puts a message back in front of agreement `instance`'s queue (it belongs to the attempt
+    /// it just started).
+    pub(crate) fn put_back(&self, instance: u64, sender: usize, message: AgreementMessage) {
+        if let Some(Slot::Open(queue)) = self.slots().get_mut(&instance) {
+            queue.push_front((sender, message));
+        }
+    }
+
+    /// Records this member's decision of agreement `instance` and answers the messages still
+    /// queued for it; later ones are answered by the service thread.
+    pub(crate) fn decide(&self, instance: u64, value: &BTreeSet<usize>) {
+        let queued = {
+            let mut slots = self.slots();
+            let old = slots.insert(instance, Slot::Decided(value.clone()));
+            slots.retain(|&i, _| i + KEPT_DECISIONS > instance);
+            match old {
+                Some(Slot::Open(queue)) => queue,
+                _ => VecDeque::new(),
+            }
+        };
+        let answer = AgreementMessage::decided(instance, value);
+        for (sender, m) in queued {
+            if matches!(m.step, Step::Up | Step::Probe | Step::NewView) {
+                self.send_agreement(&*self.bootstrap, sender, &answer);
+            }
+        }
+    }
+
+    /// Sends an agreement message to member `to`; whether it left.
+    pub(crate) fn send_agreement(&self, bootstrap: &dyn Bootstrap, to: usize, message: &AgreementMessage) -> bool {
+        match self.members.get(to) {
+            Some(&root) => {
+                send_notice(bootstrap, root, NoticeKind::Agreement, self.namespace, &message.encode(self.size()))
+            }
+            None => false,
+        }
+    }
+}
+
+/// The members `rank` tells of a revocation in an `n`-member communicator: `rank ± 2^i` (mod n)
+/// for every `2^i < n`, without itself and without repeats.
+pub fn binomial_peers(rank: usize, n: usize) -> Vec<usize> {
+    let mut peers = Vec::new();
+    let mut d = 1;
+    while d < n {
+        for p in [(rank + d) % n, (rank + n - d % n) % n] {
+            if p != rank && !peers.contains(&p) {
+                peers.push(p);
+            }
+        }
+        d *= 2;
+    }
+    peers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn binomial_peers_reach_everyone_in_log_steps() {
+        assert_eq!(binomial_peers(0, 1), Vec::<usize>::new());
+        assert_eq!(binomial_peers(0, 2), vec![1]);
+        assert_eq!(binomial_peers(3, 8), vec![4, 2, 5, 1, 7]);
+        for n in [2usize, 3, 5, 16, 100, 1024] {
+            let log = (usize::BITS - (n - 1).leading_zeros()) as usize;
+            // Flooding from rank 0 reaches every rank within log2(n) + 1 rounds.
+            let mut reached = vec![false; n];
+            reached[0] = true;
+            let mut frontier = vec![0];
+            let mut rounds = 0;
+            while !frontier.is_empty() {
+                let mut next = Vec::new();
+                for r in frontier {
+                    let peers = binomial_peers(r, n);
+                    assert!(peers.len() <= 2 * log, "{n} ranks: rank {r} tells {} peers", peers.len());
+                    for p in peers {
+                        if !reached[p] {
+                            reached[p] = true;
+                            next.push(p);
+                        }
+                    }
+                }
+                frontier = next;
+                rounds += 1;
+            }
+            assert!(reached.iter().all(|&r| r), "{n} ranks: not everyone was reached");
+            assert!(rounds <= log + 2, "{n} ranks: {rounds} rounds");
+        }
+    }
+}

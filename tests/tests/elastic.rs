@@ -1,0 +1,95 @@
+//! Carrying on after a failure, as processes: ranks SIGKILL themselves at a random moment of a
+//! loop of checked collectives; every survivor must fail, revoke, agree on exactly the killed
+//! ranks, shrink, and run 100 checked calls on the shrunk communicator (`collectives-worker
+//! survive SEED`, see `weave_tests::survive`). The launcher keeps the survivors running
+//! (`keep_going`). `WEAVE_SURVIVE_TRIALS` sets the number of 16-rank trials (default 6).
+
+use std::time::Duration;
+
+use weave_launch::{LaunchReport, RankExit};
+use weave_tests::launcher::{dump, launch_serialized, leftover_segments, number_after, random_secret, scenario_spec};
+use weave_tests::survive::victims;
+
+const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
+
+/// Figures of one trial, from the survivors' `OK` lines: the largest time from the kill to the
+/// error, and the largest agreement and shrink times, in milliseconds.
+struct Trial {
+    failed_after: u64,
+    agreed: u64,
+    shrunk: u64,
+}
+
+/// One trial of `n` ranks with `seed`: the killed ranks died by SIGKILL, every other rank printed
+/// its OK line, no shared-memory segment is left.
+fn trial(n: usize, seed: u64) -> Trial {
+    let secret = random_secret();
+    let spec = scenario_spec(WORKER.as_ref(), "survive", n, 5.0, Duration::from_secs(120))
+        .arg(seed.to_string())
+        .env("WEAVE_SECRET", &secret)
+        .keep_going(true);
+    let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));
+    let (killed, _) = victims(seed, n);
+    check(&report, &killed, n, seed);
+    let left = leftover_segments(&secret);
+    assert!(left.is_empty(), "seed {seed}: segments left behind: {left:?}");
+    let mut t = Trial { failed_after: 0, agreed: 0, shrunk: 0 };
+    for r in report.ranks.iter().filter(|r| !killed.contains(&r.rank)) {
+        let line = r.stdout.iter().find(|l| l.starts_with("OK survive")).expect("checked above");
+        // The first recovery of the line (a later one may follow a rank that died during it).
+        t.failed_after = t.failed_after.max(number_after(line, "error after "));
+        t.agreed = t.agreed.max(number_after(line, "] in "));
+        t.shrunk = t.shrunk.max(number_after(line, "shrunk in "));
+    }
+    t
+}
+
+fn check(report: &LaunchReport, killed: &[usize], n: usize, seed: u64) {
+    for r in &report.ranks {
+        if killed.contains(&r.rank) {
+            assert_eq!(
+                r.exit,
+                RankExit::Signal(9),
+                "seed {seed}: rank {} was to die by SIGKILL\n{}",
+                r.rank,
+                dump(report)
+            );
+            continue;
+        }
+        let ok = r.stdout.iter().any(|l| l.starts_with("OK survive"));
+        assert!(
+            ok && r.exit == RankExit::Code(0),
+            "seed {seed}: survivor {} of {n} did not carry on (killed {killed:?})\n{}",
+            r.rank,
+            dump(report)
+        );
+    }
+}
+
+#[test]
+fn sixteen_ranks_survive_random_kills_and_carry_on_exactly() {
+    let trials: u64 = std::env::var("WEAVE_SURVIVE_TRIALS").ok().and_then(|v| v.parse().ok()).unwrap_or(6);
+    let (mut worst_fail, mut worst_agree, mut worst_shrink) = (0, 0, 0);
+    for seed in 0..trials {
+        let t = trial(16, 1000 + seed);
+        worst_fail = worst_fail.max(t.failed_after);
+        worst_agree = worst_agree.max(t.agreed);
+        worst_shrink = worst_shrink.max(t.shrunk);
+    }
+    println!(
+        "{trials} trials of 16 ranks: survivors failed within {worst_fail} ms of the kill; agreement within \
+         {worst_agree} ms, shrink within {worst_shrink} ms (worst of all)"
+    );
+    assert!(worst_fail < 1000, "a survivor took {worst_fail} ms to fail");
+}
+
+#[test]
+fn sixty_four_ranks_survive_a_kill_and_agree_and_shrink_within_a_second() {
+    let t = trial(64, 77);
+    println!(
+        "64 ranks: failed within {} ms of the kill; agreement {} ms, shrink {} ms",
+        t.failed_after, t.agreed, t.shrunk
+    );
+    assert!(t.failed_after < 1000, "a survivor took {} ms to fail", t.failed_after);
+    assert!(t.agreed + t.shrunk < 1000, "agree {} ms + shrink {} ms", t.agreed, t.shrunk);
+}
