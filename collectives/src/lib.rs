@@ -29,6 +29,7 @@ mod elastic;
 #[cfg(feature = "cudaipc")]
 pub mod gpu;
 mod group;
+pub mod grow;
 mod health;
 mod hierarchy;
 mod host;
@@ -44,6 +45,7 @@ pub use comm_core as core;
 pub use communicator::{AbortHandle, Builder, Communicator, default_transports};
 pub use dtype::{DataType, Element};
 pub use group::Group;
+pub use grow::{GrowId, Growing};
 pub use half::{bf16, f16};
 pub use op::ReduceOp;
 pub use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};

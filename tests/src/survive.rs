@@ -7,6 +7,11 @@
 //! 1)`, exact in `f64`), so a sum, a gathered block or a broadcast value is known to every rank.
 //! The rank's `OK` line reports how long after the kill it saw the failure, and how long the
 //! agreement and the shrink took, in milliseconds.
+//!
+//! With `WEAVE_SURVIVE_REGROW=1` the survivors then grow back to the original size: rank 0 of
+//! the shrunk communicator starts one joiner process per lost rank (`collectives-worker join
+//! GROW_ID` with `WEAVE_JOIN_INDEX`), and the grown communicator — joiners included — runs the
+//! checked calls; the line adds how long the grow took.
 
 use std::time::{Duration, Instant};
 
@@ -159,7 +164,73 @@ pub fn survive(seed: &str) -> Result<String> {
     if members != survivors {
         return Err(Error::protocol(format!("the final members {members:?} are not the survivors {survivors:?}")));
     }
+    if std::env::var("WEAVE_SURVIVE_REGROW").is_ok_and(|v| v == "1") {
+        let t = Instant::now();
+        let (grown, joiners) = regrow(&comm, n - comm.world_size())?;
+        let took = t.elapsed();
+        let all: Vec<usize> = (0..grown.world_size()).collect();
+        for i in 0..CALLS_AFTER {
+            checked_call(&grown, &all, i)?;
+        }
+        report.push(format!("grew back to {} ranks in {} ms", grown.world_size(), took.as_millis()));
+        for mut child in joiners {
+            wait_for_joiner(&mut child)?;
+        }
+    }
     Ok(format!("killed {killed:?}; {}; then {CALLS_AFTER} checked calls exact", report.join("; ")))
+}
+
+/// Grows `comm` by `joiners` ranks, started here by rank 0 as processes of this program (the
+/// children are returned to rank 0 to wait for).
+fn regrow(comm: &Communicator, joiners: usize) -> Result<(Communicator, Vec<std::process::Child>)> {
+    let growing = comm.grow(joiners)?;
+    let mut children = Vec::new();
+    if comm.rank() == 0 {
+        let me = std::env::current_exe().map_err(|e| Error::io("find this program", e))?;
+        for index in 0..joiners {
+            let child = std::process::Command::new(&me)
+                .args(["join", &growing.id().to_string()])
+                .env("WEAVE_JOIN_INDEX", index.to_string())
+                .spawn()
+                .map_err(|e| Error::io("start a joiner", e))?;
+            children.push(child);
+        }
+    }
+    let grown = growing.complete()?;
+    Ok((grown, children))
+}
+
+/// Waits (at most 30 s) for a joiner to exit, which must be with status 0.
+fn wait_for_joiner(child: &mut std::process::Child) -> Result<()> {
+    let started = Instant::now();
+    loop {
+        match child.try_wait().map_err(|e| Error::io("wait for a joiner", e))? {
+            Some(status) if status.success() => return Ok(()),
+            Some(status) => return Err(Error::protocol(format!("a joiner failed: {status}"))),
+            None if started.elapsed() > Duration::from_secs(30) => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(Error::protocol("a joiner did not finish within 30 s"));
+            }
+            None => std::thread::sleep(Duration::from_millis(10)),
+        }
+    }
+}
+
+/// `collectives-worker join GROW_ID`: joins as joiner `WEAVE_JOIN_INDEX` and runs the checked
+/// calls of the grown communicator.
+pub fn join(id: &str) -> Result<String> {
+    let id: collectives::GrowId = id.parse()?;
+    let index: usize = std::env::var("WEAVE_JOIN_INDEX")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .ok_or_else(|| Error::invalid("join: WEAVE_JOIN_INDEX is not set to a number"))?;
+    let comm = Communicator::join(&id, index)?;
+    let all: Vec<usize> = (0..comm.world_size()).collect();
+    for i in 0..CALLS_AFTER {
+        checked_call(&comm, &all, i)?;
+    }
+    Ok(format!("joined as rank {} of {}; {CALLS_AFTER} checked calls exact", comm.rank(), comm.world_size()))
 }
 
 /// Agrees on the lost ranks and shrinks them away, again while a rank dies during the shrink;

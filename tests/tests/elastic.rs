@@ -84,6 +84,32 @@ fn sixteen_ranks_survive_random_kills_and_carry_on_exactly() {
 }
 
 #[test]
+fn sixty_four_ranks_lose_ranks_shrink_and_grow_back_within_two_seconds() {
+    let secret = random_secret();
+    let seed = 5;
+    let spec = scenario_spec(WORKER.as_ref(), "survive", 64, 5.0, Duration::from_secs(180))
+        .arg(seed.to_string())
+        .env("WEAVE_SECRET", &secret)
+        .env("WEAVE_SURVIVE_REGROW", "1")
+        .keep_going(true);
+    let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));
+    let (killed, _) = victims(seed, 64);
+    check(&report, &killed, 64, seed);
+    let mut worst = 0u64;
+    for r in report.ranks.iter().filter(|r| !killed.contains(&r.rank)) {
+        let line = r.stdout.iter().find(|l| l.starts_with("OK survive")).expect("checked");
+        let shrunk: u64 = number_after(line, "shrunk in ");
+        let grew: u64 = number_after(line, "grew back to 64 ranks in ");
+        worst = worst.max(shrunk + grew);
+    }
+    let joined = report.ranks[0].stdout.iter().filter(|l| l.starts_with("OK join")).count();
+    assert_eq!(joined, killed.len(), "rank 0's joiners did not all report\n{}", dump(&report));
+    println!("64 ranks, {} killed: shrink + grow back to 64 within {worst} ms", killed.len());
+    assert!(worst < 2000, "shrink + grow took {worst} ms");
+    assert!(leftover_segments(&secret).is_empty(), "segments left behind");
+}
+
+#[test]
 fn sixty_four_ranks_survive_a_kill_and_agree_and_shrink_within_a_second() {
     let t = trial(64, 77);
     println!(
