@@ -99,7 +99,7 @@ impl FromStr for GrowId {
 
     fn from_str(s: &str) -> Result<Self> {
         let s = s.trim();
-        if s.len() % 2 != 0 || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
+        if !s.len().is_multiple_of(2) || !s.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(Error::invalid("a grow id is an even number of hex digits (GrowId's Display)"));
         }
         let bytes: Vec<u8> =
