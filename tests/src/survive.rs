@@ -26,13 +26,31 @@ const COUNT: usize = 4096;
 const CALLS_AFTER: usize = 100;
 
 /// The ranks the seed kills in a world of `n` (at least one rank survives), and when
-/// (milliseconds after the start).
-pub fn victims(seed: u64, n: usize) -> (Vec<usize>, Vec<u64>) {
+/// (milliseconds after the start). An argument `SEED/R,R,...` names the ranks instead (a whole
+/// node); the seed still picks the moment.
+pub fn victims(arg: &str, n: usize) -> Result<(u64, Vec<usize>, Vec<u64>)> {
+    let (seed, named) = match arg.split_once('/') {
+        Some((seed, ranks)) => (seed, Some(ranks)),
+        None => (arg, None),
+    };
+    let seed: u64 = seed.parse().map_err(|_| Error::invalid(format!("survive: bad seed {seed:?}")))?;
     let mut p = Pattern::new(0, 0, seed);
     let count = 1 + (p.next_u64() % 3) as usize;
     let count = count.min(n - 1);
     let mut chosen = Vec::new();
-    while chosen.len() < count {
+    if let Some(named) = named {
+        for r in named.split(',') {
+            let r: usize = r.trim().parse().map_err(|_| Error::invalid(format!("survive: bad rank {r:?}")))?;
+            if r >= n || chosen.contains(&r) {
+                return Err(Error::invalid(format!("survive: rank {r} cannot be killed in a world of {n}")));
+            }
+            chosen.push(r);
+        }
+        if chosen.len() >= n {
+            return Err(Error::invalid("survive: someone must survive"));
+        }
+    }
+    while chosen.len() < count && named.is_none() {
         let r = (p.next_u64() % n as u64) as usize;
         if !chosen.contains(&r) {
             chosen.push(r);
@@ -41,7 +59,7 @@ pub fn victims(seed: u64, n: usize) -> (Vec<usize>, Vec<u64>) {
     // One moment for all of them, within a few milliseconds: a node going down.
     let moment = 20 + p.next_u64() % 400;
     let delays = chosen.iter().map(|_| moment + p.next_u64() % 5).collect();
-    (chosen, delays)
+    Ok((seed, chosen, delays))
 }
 
 /// One checked collective of round `i` among `members` (original ranks) on `comm`.
@@ -86,12 +104,11 @@ fn wrong(call: &str, round: usize, at: usize, got: f64, want: f64) -> Error {
 }
 
 /// Runs the scenario on this rank (see the module documentation).
-pub fn survive(seed: &str) -> Result<String> {
-    let seed: u64 = seed.parse().map_err(|_| Error::invalid(format!("survive: bad seed {seed:?}")))?;
+pub fn survive(arg: &str) -> Result<String> {
     let mut comm = Communicator::from_env()?;
     let n = comm.world_size();
     let me = comm.rank();
-    let (killed, delays) = victims(seed, n);
+    let (_, killed, delays) = victims(arg, n)?;
     let mut members: Vec<usize> = (0..n).collect();
     comm.core().bootstrap().barrier()?;
     let started = Instant::now();

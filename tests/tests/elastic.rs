@@ -29,10 +29,15 @@ fn trial(n: usize, seed: u64) -> Trial {
         .env("WEAVE_SECRET", &secret)
         .keep_going(true);
     let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));
-    let (killed, _) = victims(seed, n);
+    let (_, killed, _) = victims(&seed.to_string(), n).expect("a seed");
     check(&report, &killed, n, seed);
     let left = leftover_segments(&secret);
     assert!(left.is_empty(), "seed {seed}: segments left behind: {left:?}");
+    figures(&report, &killed)
+}
+
+/// The worst figures of the survivors' `OK` lines.
+fn figures(report: &LaunchReport, killed: &[usize]) -> Trial {
     let mut t = Trial { failed_after: 0, agreed: 0, shrunk: 0 };
     for r in report.ranks.iter().filter(|r| !killed.contains(&r.rank)) {
         let line = r.stdout.iter().find(|l| l.starts_with("OK survive")).expect("checked above");
@@ -93,7 +98,7 @@ fn sixty_four_ranks_lose_ranks_shrink_and_grow_back_within_two_seconds() {
         .env("WEAVE_SURVIVE_REGROW", "1")
         .keep_going(true);
     let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));
-    let (killed, _) = victims(seed, 64);
+    let (_, killed, _) = victims(&seed.to_string(), 64).expect("a seed");
     check(&report, &killed, 64, seed);
     let mut worst = 0u64;
     for r in report.ranks.iter().filter(|r| !killed.contains(&r.rank)) {
@@ -118,4 +123,39 @@ fn sixty_four_ranks_survive_a_kill_and_agree_and_shrink_within_a_second() {
     );
     assert!(t.failed_after < 1000, "a survivor took {} ms to fail", t.failed_after);
     assert!(t.agreed + t.shrunk < 1000, "agree {} ms + shrink {} ms", t.agreed, t.shrunk);
+}
+
+/// A whole namespace node lost: `nodes` nodes of `per_node` ranks over TCP between nodes, the
+/// ranks of node `lost` killed at one moment; the survivors carry on.
+fn whole_node_lost(nodes: usize, per_node: usize, lost: usize) {
+    if let Err(e) = weave_launch::namespace_nodes_available(None) {
+        panic!("namespace nodes cannot be made here, so this test cannot run (it needs root): {e}");
+    }
+    let n = nodes * per_node;
+    let node_ranks: Vec<String> = (lost * per_node..(lost + 1) * per_node).map(|r| r.to_string()).collect();
+    let arg = format!("3/{}", node_ranks.join(","));
+    let secret = random_secret();
+    let spec = scenario_spec(WORKER.as_ref(), "survive", n, 5.0, Duration::from_secs(300))
+        .arg(&arg)
+        .env("WEAVE_SECRET", &secret)
+        .namespace_nodes(nodes, None)
+        .keep_going(true);
+    let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));
+    let (_, killed, _) = victims(&arg, n).expect("an argument");
+    check(&report, &killed, n, 3);
+    let t = figures(&report, &killed);
+    println!(
+        "{nodes} x {per_node} namespace nodes, node {lost} lost: failed within {} ms, agreement {} ms, shrink {} ms",
+        t.failed_after, t.agreed, t.shrunk
+    );
+    if let Err(held) = weave_launch::wait_namespaces_released(&report.namespaces, Duration::from_secs(5)) {
+        panic!("namespaces still held after the job:\n{}", held.join("\n"));
+    }
+}
+
+#[test]
+#[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
+fn a_whole_namespace_node_lost_of_2x2_and_4x2_and_the_survivors_carry_on() {
+    whole_node_lost(2, 2, 1);
+    whole_node_lost(4, 2, 2);
 }

@@ -27,10 +27,10 @@ the same launcher as `cargo xtask launch`), doc tests, and a compile of every ex
 tests report that they did not run when no GPU is present; they never count as passed there.
 Then the kernels crate's tests once more with NVRTC 12.2 (what a CUDA 12 driver loads).
 Then the namespace-node tests (ignored by plain `cargo test`: they need root to make network
-namespaces; about 30 s): the launcher's nodes, nothing left behind after a killed rank or a
+namespaces; about 40 s): the launcher's nodes, nothing left behind after a killed rank or a
 killed launcher, a node fabric shared by several jobs, `cargo xtask node-exec` (mpirun's agent
-of bench --nodes), the collectives matrix across namespace nodes 2x2 and 3x1, and --rate
-shaping; wherever namespaces can be made; with CI set they must run.
+of bench --nodes), the collectives matrix across namespace nodes 2x2 and 3x1, --rate shaping,
+and a whole node lost of 2x2 and 4x2 with the survivors shrinking and carrying on; wherever namespaces can be made; with CI set they must run.
 Then the InfiniBand tests in SoftRoCE guests (`cargo xtask ib-vm --nodes 2`: the transport's
 device tests and the host matrix over verbs with 2 ranks in one guest, then across two guests;
 about 8 minutes), wherever QEMU is installed
@@ -189,6 +189,7 @@ fn namespace_tests(env: &TestEnv, wanted: bool) -> Result<(), String> {
         &["-p", "weave-launch"][..],
         &["-p", "xtask", "--test", "node_exec"],
         &["-p", "weave-tests", "--test", "collectives"],
+        &["-p", "weave-tests", "--test", "elastic"],
     ];
     for target in targets {
         let mut cmd = env.cargo();
