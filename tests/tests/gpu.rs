@@ -208,10 +208,40 @@ fn kill_trials(gpus: usize) {
     }
 }
 
+/// A rank SIGKILLed in the middle of a device all-reduce of three ranks (sharing the host's GPUs
+/// where it has fewer): every survivor fails, revokes, agrees on exactly that rank, shrinks, and
+/// runs checked device all-reduces and all-gathers on the shrunk communicator — the table's
+/// family, then the channel family. Survivors must be done within 2 s of detecting the loss.
+fn survive_a_rank_killed_mid_device_all_reduce(_gpus: usize) {
+    let n = 3;
+    for algo in ["", "channel"] {
+        let spec = scenario_spec(worker(), "survive-device", n, 5.0, Duration::from_secs(300))
+            .keep_going(true)
+            .env("WEAVE_ALGO", algo);
+        let report = launch_serialized(&spec).expect("launch survive-device");
+        assert_eq!(
+            report.ranks[n - 1].exit,
+            weave_launch::RankExit::Signal(9),
+            "the last rank was to die by SIGKILL\n{}",
+            dump(&report)
+        );
+        for r in &report.ranks[..n - 1] {
+            let line = r.stdout.iter().find(|l| l.starts_with("OK survive-device")).unwrap_or_else(|| {
+                panic!("WEAVE_ALGO={algo:?}: survivor {} did not carry on\n{}", r.rank, dump(&report))
+            });
+            println!("    [{n} ranks, WEAVE_ALGO={algo:?}, rank {}] {line}", r.rank);
+            let agreed: u64 = weave_tests::launcher::number_after(line, "] in ");
+            let shrunk: u64 = weave_tests::launcher::number_after(line, "shrunk in ");
+            assert!(agreed + shrunk < 2000, "rank {}: agree {agreed} ms + shrink {shrunk} ms", r.rank);
+        }
+    }
+}
+
 /// A GPU test: its name and body (given the number of GPUs).
 type GpuTest = (&'static str, fn(usize));
 
 const TESTS: &[GpuTest] = &[
+    ("survive_a_rank_killed_mid_device_all_reduce", survive_a_rank_killed_mid_device_all_reduce),
     ("every_device_collective_dtype_op_and_size", matrix),
     ("every_algorithm_forced_at_small_and_edge_sizes", forced),
     ("cuda_graph_capture_and_replay", graph),

@@ -3,9 +3,11 @@
 //! Scenarios: `precompile [EXPORT_DIR]` (fills the kernel cache, no GPU needed; copies the
 //! entries of every program into `EXPORT_DIR` when given), `matrix`, `forced`, `wide`,
 //! `graph`, `stale-state`, `fault-kill`, `kill-trial`, `p2p`, `typed` (the safe calls on cudarc
-//! buffers, `typed.rs`).
+//! buffers, `typed.rs`), `survive-device` (a rank killed mid all-reduce; the others shrink and go
+//! on, `survive.rs`).
 
 mod hierarchy;
+mod survive;
 mod typed;
 
 use std::sync::Arc;
@@ -29,6 +31,7 @@ fn main() {
         "kill-trial" => kill_trial(arg),
         "p2p" => p2p(),
         "typed" => typed::typed(),
+        "survive-device" => survive::survive_device(),
         other => Err(worker::unknown_scenario(other)),
     })
 }

@@ -1,0 +1,134 @@
+//! `gpu-worker survive-device`: device all-reduces (checked) until the last rank SIGKILLs
+//! itself in the middle of one; every survivor must fail, revoke, agree on exactly that rank,
+//! shrink, and run checked device all-reduces and all-gathers on the shrunk communicator — with
+//! the family the table picks, or the channel family under `WEAVE_ALGO=channel`. The `OK` line
+//! says how long after the kill the survivor failed and how long agreement and shrink took.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use collectives::{Communicator, ReduceOp};
+use comm_core::{Error, Result};
+use cudarc::driver::{CudaSlice, CudaStream};
+
+use super::{Gpu, cuda, gpu, wall_ns};
+
+/// Elements of each call (4 MiB of f32).
+const ELEMS: usize = 1 << 20;
+/// Checked calls on the shrunk communicator.
+const CALLS_AFTER: usize = 50;
+
+/// One checked all-reduce (even `i`) or all-gather (odd `i`) of round `i` on `comm`, whose
+/// members are the original ranks `members`.
+fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: usize) -> Result<()> {
+    let me = members[comm.rank()];
+    let n = members.len();
+    let value = |r: usize| ((r + 1) * (i % 13 + 1)) as f32;
+    let count = if i % 2 == 0 { ELEMS } else { ELEMS / 8 };
+    let send: CudaSlice<f32> = stream.clone_htod(&vec![value(me); count]).map_err(cuda("upload"))?;
+    let mut recv: CudaSlice<f32> =
+        stream.alloc_zeros(if i % 2 == 0 { count } else { count * n }).map_err(cuda("alloc"))?;
+    if i % 2 == 0 {
+        comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, stream)?;
+    } else {
+        comm.all_gather_device(&send, &mut recv, stream)?;
+    }
+    let got = stream.clone_dtoh(&recv).map_err(cuda("download"))?;
+    let want =
+        |at: usize| if i % 2 == 0 { members.iter().map(|&r| value(r)).sum() } else { value(members[at / count]) };
+    if let Some(at) = (0..got.len()).find(|&at| got[at] != want(at)) {
+        return Err(Error::protocol(format!(
+            "WRONG DATA: round {i} ({}): element {at} is {}, want {}",
+            if i % 2 == 0 { "all_reduce" } else { "all_gather" },
+            got[at],
+            want(at)
+        )));
+    }
+    Ok(())
+}
+
+/// Runs the scenario on this rank (see the module documentation).
+pub(crate) fn survive_device() -> Result<String> {
+    let Gpu { comm, stream } = gpu()?;
+    let n = comm.world_size();
+    let me = comm.rank();
+    let victim = n - 1;
+    let members: Vec<usize> = (0..n).collect();
+    for i in 0..4 {
+        checked(&comm, &stream, &members, i)?;
+    }
+    comm.core().bootstrap().barrier()?;
+    if me == victim {
+        let delay = Duration::from_micros(u64::from(std::process::id().wrapping_mul(2_654_435_761) % 30_000));
+        let started = Instant::now();
+        let mut i = 0;
+        while started.elapsed() < delay {
+            checked(&comm, &stream, &members, i)?;
+            i += 1;
+        }
+        // Launched, not waited for: the kill lands in the middle of the all-reduce.
+        let send: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
+        let mut recv: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
+        comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
+        println!("KILL_AT {}", wall_ns());
+        nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).map_err(|e| Error::errno("raise SIGKILL", e))?;
+        return Err(Error::protocol("SIGKILL returned"));
+    }
+    let mut i = 0;
+    let failure = loop {
+        match checked(&comm, &stream, &members, i) {
+            Ok(()) => i += 1,
+            Err(e @ Error::Protocol(_)) if e.to_string().contains("WRONG DATA") => return Err(e),
+            Err(e @ Error::InvalidArgument(_)) => return Err(e),
+            Err(e) => break e,
+        }
+        if i > 100_000 {
+            return Err(Error::protocol("100,000 device calls went through with a killed peer"));
+        }
+    };
+    println!("DETECTED_AT {}", wall_ns());
+    comm.revoke();
+    // The old communicator's work must be over before its buffers and stream are reused.
+    let _ = stream.synchronize();
+    let t = Instant::now();
+    let lost = comm.agree_on_failed()?;
+    let agreed = t.elapsed();
+    if lost != [victim] {
+        return Err(Error::protocol(format!("agreed on {lost:?}, but only rank {victim} died")));
+    }
+    let t = Instant::now();
+    let shrunk = comm.shrink(&lost)?;
+    let took = t.elapsed();
+    if !shrunk.has_gpu() {
+        return Err(Error::protocol("the shrunk communicator has no GPU path"));
+    }
+    let stream = shrunk
+        .gpu_context()
+        .ok_or_else(|| Error::Unsupported("no GPU context".into()))?
+        .new_stream()
+        .map_err(cuda("new stream"))?;
+    let survivors: Vec<usize> = (0..n - 1).collect();
+    for i in 0..CALLS_AFTER {
+        checked(&shrunk, &stream, &survivors, i)?;
+    }
+    let family = std::env::var("WEAVE_ALGO").unwrap_or_else(|_| "table".into());
+    Ok(format!(
+        "{family}: failed with {}; agreed on {lost:?} in {} ms, shrunk in {} ms; then {CALLS_AFTER} checked device calls \
+         on {} ranks exact",
+        kind(&failure),
+        agreed.as_millis(),
+        took.as_millis(),
+        shrunk.world_size()
+    ))
+}
+
+fn kind(e: &Error) -> &'static str {
+    match e {
+        Error::PeerLost { .. } => "PeerLost",
+        Error::Timeout { .. } => "Timeout",
+        Error::Revoked(_) => "Revoked",
+        Error::Aborted(_) => "Aborted",
+        Error::Cuda { .. } => "Cuda",
+        _ => "another error",
+    }
+}
