@@ -24,11 +24,12 @@ fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: 
     let me = members[comm.rank()];
     let n = members.len();
     let value = |r: usize| ((r + 1) * (i % 13 + 1)) as f32;
-    let count = if i % 2 == 0 { ELEMS } else { ELEMS / 8 };
+    let reducing = i.is_multiple_of(2);
+    let count = if reducing { ELEMS } else { ELEMS / 8 };
     let send: CudaSlice<f32> = stream.clone_htod(&vec![value(me); count]).map_err(cuda("upload"))?;
     let mut recv: CudaSlice<f32> =
-        stream.alloc_zeros(if i % 2 == 0 { count } else { count * n }).map_err(cuda("alloc"))?;
-    if i % 2 == 0 {
+        stream.alloc_zeros(if reducing { count } else { count * n }).map_err(cuda("alloc"))?;
+    if reducing {
         comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, stream)?;
     } else {
         comm.all_gather_device(&send, &mut recv, stream)?;
@@ -39,7 +40,7 @@ fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: 
     if let Some(at) = (0..got.len()).find(|&at| got[at] != want(at)) {
         return Err(Error::protocol(format!(
             "WRONG DATA: round {i} ({}): element {at} is {}, want {}",
-            if i % 2 == 0 { "all_reduce" } else { "all_gather" },
+            if reducing { "all_reduce" } else { "all_gather" },
             got[at],
             want(at)
         )));
