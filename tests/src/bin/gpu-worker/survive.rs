@@ -35,8 +35,7 @@ fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: 
         comm.all_gather_device(&send, &mut recv, stream)?;
     }
     let got = stream.clone_dtoh(&recv).map_err(cuda("download"))?;
-    let want =
-        |at: usize| if i % 2 == 0 { members.iter().map(|&r| value(r)).sum() } else { value(members[at / count]) };
+    let want = |at: usize| if reducing { members.iter().map(|&r| value(r)).sum() } else { value(members[at / count]) };
     if let Some(at) = (0..got.len()).find(|&at| got[at] != want(at)) {
         return Err(Error::protocol(format!(
             "WRONG DATA: round {i} ({}): element {at} is {}, want {}",
