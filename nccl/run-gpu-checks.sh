@@ -88,6 +88,17 @@ else
   if [ $rc -ne 124 ] && grep -q "rank 0 got an error\|Watchdog\|ncclRemoteError\|remote process exited" "$OUT/torch-kill-peer.log"; then
     line PASS torch-dead-peer-errors "${took}s"
   else line FAIL torch-dead-peer-errors "exit $rc after ${took}s, $OUT/torch-kill-peer.log"; fi
+  # torch.distributed.shrink_group after a rank died (three ranks; ncclCommShrink on weave), with
+  # each flag; the survivors must all-reduce exactly on the new group.
+  for flags in SHRINK_DEFAULT SHRINK_ABORT; do
+    start=$SECONDS
+    WEAVE_TIMEOUT=10s NCCL_DEBUG=WARN LD_PRELOAD="$LIB" timeout 180 $TORCHRUN --nproc-per-node 3 \
+      "$HERE/torch_check.py" --shrink $flags >"$OUT/torch-shrink-$flags.log" 2>&1
+    took=$((SECONDS - start))
+    if [ "$(grep -c "all_reduce exact" "$OUT/torch-shrink-$flags.log")" -eq 2 ]; then
+      line PASS torch-shrink-group-$flags "${took}s: $(grep -m1 'torch_check shrink' "$OUT/torch-shrink-$flags.log")"
+    else line FAIL torch-shrink-group-$flags "after ${took}s, $OUT/torch-shrink-$flags.log"; fi
+  done
 fi
 
 # 3. nccl-tests, when its source is here.

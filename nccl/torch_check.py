@@ -163,6 +163,43 @@ def kill_peer():
         sys.exit(0)
 
 
+def shrink(flags_name):
+    """torch.distributed.shrink_group on three ranks, as PyTorch's own test does it: after a
+    warm-up the last rank leaves (it aborts or destroys its group and exits; torchrun would stop
+    every worker if one were killed); the survivors shrink it away (SHRINK_DEFAULT or
+    SHRINK_ABORT), check an all-reduce of their old ranks on the new group, and destroy it. Exit
+    0 on the survivors when the new group answered exactly."""
+    from torch.distributed import distributed_c10d as c10d
+    rank = int(os.environ["RANK"])
+    world = int(os.environ["WORLD_SIZE"])
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
+    dev = torch.device("cuda", torch.cuda.current_device())
+    dist.init_process_group("nccl", device_id=dev)
+    t = torch.ones(1 << 16, device=dev)
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    flags = getattr(c10d, flags_name)
+    if rank == world - 1:
+        if flags_name == "SHRINK_ABORT" and hasattr(c10d, "_abort_process_group"):
+            c10d._abort_process_group()
+        else:
+            dist.destroy_process_group()
+        print(f"torch_check shrink {flags_name}: rank {rank} left")
+        sys.exit(0)
+    started = __import__("time").monotonic()
+    group = dist.shrink_group([world - 1], shrink_flags=flags)
+    took = __import__("time").monotonic() - started
+    mine = torch.full((1000,), float(rank), device=dev)
+    dist.all_reduce(mine, group=group)
+    torch.cuda.synchronize()
+    want = float(sum(range(world - 1)))
+    ok = bool(torch.all(mine == want)) and dist.get_world_size(group) == world - 1
+    print(f"torch_check shrink {flags_name}: rank {rank} -> {dist.get_rank(group)} of "
+          f"{dist.get_world_size(group)} in {took:.2f}s, all_reduce {'exact' if ok else 'WRONG'}")
+    dist.destroy_process_group()
+    sys.exit(0 if ok else 1)
+
+
 def compare(a, b, reference_subset=False):
     """Compares run A with reference run B; with `reference_subset`, B may lack calls of A."""
     bad = 0
@@ -199,6 +236,8 @@ def compare(a, b, reference_subset=False):
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--kill-peer":
         kill_peer()
+    if len(sys.argv) == 3 and sys.argv[1] == "--shrink":
+        shrink(sys.argv[2])
     if len(sys.argv) in (4, 5) and sys.argv[1] == "--compare":
         sys.exit(compare(sys.argv[2], sys.argv[3], reference_subset=sys.argv[4:] == ["--reference-subset"]))
     if len(sys.argv) == 3 and sys.argv[1] == "--gloo":

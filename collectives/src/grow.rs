@@ -150,12 +150,22 @@ impl Communicator {
     /// # Errors
     /// [`Error::InvalidArgument`] for no joiners or more than [`MAX_JOINERS`].
     pub fn grow(&self, joiners: usize) -> Result<Growing<'_>> {
+        self.grow_at(joiners, None)
+    }
+
+    /// [`grow`](Self::grow) at a unique id rank 0 made beforehand (`rank0_id`, given on rank 0
+    /// only; `None` there makes a fresh one): how NCCL's `ncclCommGetUniqueId` then
+    /// `ncclCommGrow` map onto weave, the id going to the joiners before the members grow.
+    pub fn grow_at(&self, joiners: usize, rank0_id: Option<UniqueId>) -> Result<Growing<'_>> {
         if joiners == 0 || joiners > MAX_JOINERS {
             return Err(Error::invalid(format!("grow: {joiners} joiners (1 to {MAX_JOINERS})")));
         }
         let n = self.world_size();
         let mine = if self.rank() == 0 {
-            let id = UniqueId::on_free_port(grow_ip()?)?;
+            let id = match rank0_id {
+                Some(id) => id,
+                None => UniqueId::on_free_port(grow_ip()?)?,
+            };
             GrowId { unique: id, members: n, size: n + joiners }.to_bytes()
         } else {
             Vec::new()
@@ -188,8 +198,9 @@ impl Communicator {
     }
 }
 
-/// The address rank 0 waits for joiners on.
-fn grow_ip() -> Result<IpAddr> {
+/// The address rank 0 waits for joiners on: `WEAVE_GROW_ADDR`, else `MASTER_ADDR`, else
+/// 127.0.0.1.
+pub fn grow_ip() -> Result<IpAddr> {
     let value = std::env::var("WEAVE_GROW_ADDR").or_else(|_| std::env::var("MASTER_ADDR"));
     let Ok(v) = value else { return Ok(IpAddr::from([127, 0, 0, 1])) };
     if let Ok(ip) = v.parse() {

@@ -1,6 +1,7 @@
-/* nccl.h for weave's libnccl.so.2: the part of NCCL 2.28's C API that weave-nccl exports,
- * with NCCL's names, values and layouts (written for weave; see nccl/src/abi.rs).
- * Version: 2.28.3 (ncclGetVersion returns 22803). */
+/* nccl.h for weave's libnccl.so.2: the part of NCCL 2.29's C API that weave-nccl exports,
+ * with NCCL's names, values and layouts (written for weave; see nccl/src/abi.rs; ncclConfig_t
+ * as NCCL 2.28 lays it out, read by its size field).
+ * Version: 2.29.2 (ncclGetVersion returns 22902). */
 #ifndef WEAVE_NCCL_H_
 #define WEAVE_NCCL_H_
 
@@ -9,10 +10,10 @@
 #include <stdint.h>
 
 #define NCCL_MAJOR 2
-#define NCCL_MINOR 28
-#define NCCL_PATCH 3
+#define NCCL_MINOR 29
+#define NCCL_PATCH 2
 #define NCCL_SUFFIX ""
-#define NCCL_VERSION_CODE 22803
+#define NCCL_VERSION_CODE 22902
 #define NCCL_VERSION(X, Y, Z) (((X) <= 2 && (Y) <= 8) ? (X) * 1000 + (Y) * 100 + (Z) : (X) * 10000 + (Y) * 100 + (Z))
 
 #ifdef __cplusplus
@@ -36,6 +37,9 @@ typedef enum {
 #define NCCL_CONFIG_UNDEF_INT INT_MIN
 #define NCCL_CONFIG_UNDEF_PTR NULL
 #define NCCL_SPLIT_NOCOLOR -1
+#define NCCL_SHRINK_DEFAULT 0x00
+#define NCCL_SHRINK_ABORT 0x01
+#define NCCL_REVOKE_DEFAULT 0x00
 #define NCCL_UNDEF_FLOAT -1.0f
 
 typedef struct ncclConfig_v22800 {
@@ -99,6 +103,9 @@ ncclResult_t ncclCommDestroy(ncclComm_t comm);
 ncclResult_t ncclCommAbort(ncclComm_t comm);
 ncclResult_t ncclCommSplit(ncclComm_t comm, int color, int key, ncclComm_t* newcomm, ncclConfig_t* config);
 ncclResult_t ncclCommShrink(ncclComm_t comm, int* excludeRanksList, int excludeRanksCount, ncclComm_t* newcomm, ncclConfig_t* config, int shrinkFlags);
+ncclResult_t ncclCommRevoke(ncclComm_t comm, int revokeFlags);
+ncclResult_t ncclCommGetUniqueId(ncclComm_t comm, ncclUniqueId* uniqueId);
+ncclResult_t ncclCommGrow(ncclComm_t comm, int nRanks, const ncclUniqueId* uniqueId, int rank, ncclComm_t* newcomm, ncclConfig_t* config);
 const char* ncclGetErrorString(ncclResult_t result);
 const char* ncclGetLastError(ncclComm_t comm);
 void ncclResetDebugInit(void);

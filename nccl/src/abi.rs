@@ -1,4 +1,5 @@
-//! The C types of NCCL 2.28's `nccl.h`, laid out and numbered as NCCL 2.28.3 does.
+//! The C types of NCCL's `nccl.h`, laid out and numbered as NCCL 2.28.3 does (the 2.29 calls this
+//! library adds, revoke, shrink and grow, take no new types).
 //!
 //! Enums that come *in* from C (data types, operators, scalar residence) are plain `c_int`
 //! newtypes, never Rust enums: a C caller may pass any integer, and a Rust enum holding an
@@ -188,10 +189,10 @@ pub type NcclCommPtr = *mut c_void;
 /// `cudaStream_t` (a `CUstream`: runtime and driver streams are the same handles).
 pub type CudaStreamPtr = *mut c_void;
 
-/// `NCCL_MAJOR`, `NCCL_MINOR`, `NCCL_PATCH` of the NCCL this library stands in for: 2.28.3,
-/// the system NCCL of the GPU host that nccl-tests is built against (PyTorch 2.11 accepts any
-/// 2.28 at run time).
-pub const NCCL_VERSION: (c_int, c_int, c_int) = (2, 28, 3);
+/// `NCCL_MAJOR`, `NCCL_MINOR`, `NCCL_PATCH` of the NCCL this library stands in for: 2.29.2,
+/// the first with `ncclCommGrow` (PyTorch 2.11 needs at least 2.27 for `shrink_group`; programs
+/// built against 2.28 headers, as nccl-tests on the GPU host is, run on it unchanged).
+pub const NCCL_VERSION: (c_int, c_int, c_int) = (2, 29, 2);
 
 /// The version code `ncclGetVersion` returns: major × 10000 + minor × 100 + patch (NCCL's
 /// `NCCL_VERSION` macro for versions after 2.8).
@@ -250,7 +251,7 @@ mod tests {
 
     #[test]
     fn version_code_is_2_28_3() {
-        assert_eq!(version_code(), 22803);
+        assert_eq!(version_code(), 22902);
     }
 
     #[test]

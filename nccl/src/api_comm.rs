@@ -29,14 +29,14 @@ use crate::unique_id;
 
 /// What one rank's init needs.
 #[derive(Debug, Clone)]
-struct InitArgs {
+pub(crate) struct InitArgs {
     /// One id per bootstrap root (one, except for `ncclCommInitRankScalable`).
-    ids: Vec<UniqueId>,
-    rank: usize,
-    nranks: usize,
-    device: Option<u32>,
-    blocking: bool,
-    name: String,
+    pub(crate) ids: Vec<UniqueId>,
+    pub(crate) rank: usize,
+    pub(crate) nranks: usize,
+    pub(crate) device: Option<u32>,
+    pub(crate) blocking: bool,
+    pub(crate) name: String,
 }
 
 fn cpu_mode() -> bool {
@@ -45,7 +45,7 @@ fn cpu_mode() -> bool {
 
 /// The device for a new communicator: the caller's current one (`None` in the CPU test mode
 /// when there is no GPU).
-fn caller_device() -> Result<Option<u32>, Fail> {
+pub(crate) fn caller_device() -> Result<Option<u32>, Fail> {
     match cuda::current_device() {
         Ok(d) => Ok(Some(d)),
         Err(_) if cpu_mode() => Ok(None),
@@ -57,7 +57,7 @@ fn caller_device() -> Result<Option<u32>, Fail> {
 }
 
 /// Builds the weave communicator of one rank (collective over the ranks of `a.ids`).
-fn build(a: &InitArgs) -> Result<Communicator, Fail> {
+pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
     let _saved = cuda::SavedContext::save();
     let config = comm_core::config::Config::from_env()?;
     let boot = TcpBootstrap::with_roots(&a.ids, a.rank, a.nranks, config.timeout)?;
@@ -116,7 +116,7 @@ fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
 ///
 /// # Safety
 /// `config` is NULL or points at an `ncclConfig_t` of at least its `size` bytes.
-unsafe fn read_config(config: *const NcclConfig, inherit_blocking: bool) -> Result<(bool, String), Fail> {
+pub(crate) unsafe fn read_config(config: *const NcclConfig, inherit_blocking: bool) -> Result<(bool, String), Fail> {
     if config.is_null() {
         return Ok((inherit_blocking, String::new()));
     }
@@ -157,7 +157,7 @@ fn check_out<T>(p: *mut T, what: &str) -> CallResult {
 ///
 /// # Safety
 /// `p` is NULL or writable.
-unsafe fn clear_out(p: *mut NcclCommPtr, what: &str) -> CallResult {
+pub(crate) unsafe fn clear_out(p: *mut NcclCommPtr, what: &str) -> CallResult {
     check_out(p, what)?;
     // SAFETY: checked non-null; writable as the caller guarantees.
     unsafe { *p = std::ptr::null_mut() };
@@ -174,7 +174,7 @@ fn rank_args(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Result<(UniqueId,
     Ok((unique_id::decode(id)?, r, n))
 }
 
-/// `ncclGetVersion`: writes the version code (22803: this library stands in for NCCL 2.28.3).
+/// `ncclGetVersion`: writes the version code (22902: this library stands in for NCCL 2.29.2).
 ///
 /// # Safety
 /// `version` is NULL or writable.

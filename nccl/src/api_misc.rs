@@ -7,14 +7,13 @@
 //! | `ncclRedOpCreatePreMulSum` / `ncclRedOpDestroy` | work (see [`crate::premul`]) |
 //! | `ncclCommWindowRegister` / `ncclCommWindowDeregister` | `ncclInvalidUsage`: symmetric windows need NCCL's device API, which weave does not provide |
 //! | `ncclDevCommCreate` / `ncclDevCommDestroy` | `ncclInvalidUsage`: no device API |
-//! | `ncclCommShrink` | `ncclInvalidUsage`: weave's split needs every rank of the parent, and shrink's excluded ranks do not call |
 //! | `ncclGroupSimulateEnd` | `ncclInvalidUsage`: no cost model; closes the group level and drops its calls |
 //!
 //! Each refusal is logged once at `NCCL_DEBUG=WARN`.
 
 use std::ffi::{c_int, c_void};
 
-use crate::abi::{NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, NcclScalarResidence, NcclSimInfo};
+use crate::abi::{NcclCommPtr, NcclDataType, NcclRedOp, NcclResult, NcclScalarResidence, NcclSimInfo};
 use crate::coll::data_type;
 use crate::cuda;
 use crate::error::{Fail, guard, warn_once};
@@ -124,30 +123,6 @@ pub unsafe extern "C" fn ncclDevCommCreate(_comm: NcclCommPtr, _reqs: *const c_v
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclDevCommDestroy(_comm: NcclCommPtr, _dev_comm: *const c_void) -> NcclResult {
     refuse("ncclDevCommDestroy", "NCCL's device API (ncclDevComm) is not provided by weave's libnccl")
-}
-
-/// `ncclCommShrink`: refused (`ncclInvalidUsage`); `*newcomm` is set to NULL.
-///
-/// # Safety
-/// `newcomm` NULL or writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclCommShrink(
-    _comm: NcclCommPtr,
-    _exclude: *mut c_int,
-    _exclude_count: c_int,
-    newcomm: *mut NcclCommPtr,
-    _config: *mut NcclConfig,
-    _flags: c_int,
-) -> NcclResult {
-    if !newcomm.is_null() {
-        // SAFETY: non-null, writable as the caller guarantees.
-        unsafe { *newcomm = std::ptr::null_mut() };
-    }
-    refuse(
-        "ncclCommShrink",
-        "shrinking is not supported by weave's libnccl (weave's split needs every rank of the parent); make a new \
-         communicator with ncclCommInitRank instead",
-    )
 }
 
 /// `ncclGroupSimulateEnd`: refused (`ncclInvalidUsage`); closes the group level, dropping its

@@ -59,7 +59,8 @@ impl Fail {
 pub fn code_of(e: &Error) -> NcclResult {
     match e {
         Error::InvalidArgument(_) => NcclResult::INVALID_ARGUMENT,
-        Error::Unsupported(_) | Error::RegistrationMismatch(_) => NcclResult::INVALID_USAGE,
+        // After ncclCommRevoke NCCL's collectives return ncclInvalidUsage.
+        Error::Unsupported(_) | Error::RegistrationMismatch(_) | Error::Revoked(_) => NcclResult::INVALID_USAGE,
         Error::PeerLost { .. } | Error::Protocol(_) => NcclResult::REMOTE_ERROR,
         Error::Cuda { .. } => NcclResult::UNHANDLED_CUDA_ERROR,
         _ => NcclResult::SYSTEM_ERROR,

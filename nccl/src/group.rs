@@ -170,6 +170,12 @@ pub fn end() -> Result<(), Fail> {
 /// Runs one communicator's calls (see the module docs for the order).
 fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
     comm.with_live(|live| {
+        if live.comm.is_revoked() {
+            return Err(Fail::usage(
+                "this communicator was revoked (ncclCommRevoke here or on another rank): only ncclCommShrink, \
+                 ncclCommDestroy and ncclCommAbort work on it",
+            ));
+        }
         let ctx = live.comm.gpu_context().ok_or_else(|| {
             Fail::usage(
                 "this communicator has no GPU path (every rank needs a CUDA device reachable through CUDA IPC; \

@@ -41,6 +41,8 @@ pub struct NcclComm {
     async_message: Mutex<String>,
     /// Operators made by `ncclRedOpCreatePreMulSum` on this communicator.
     pub premul: Mutex<PreMulTable>,
+    /// The id `ncclCommGetUniqueId` handed out for the next `ncclCommGrow` (rank 0).
+    grow_id: Mutex<Option<comm_core::bootstrap::UniqueId>>,
 }
 
 /// Where a communicator is in its life.
@@ -81,6 +83,7 @@ impl NcclComm {
             async_code: AtomicI32::new(NcclResult::SUCCESS.0),
             async_message: Mutex::new(String::new()),
             premul: Mutex::new(PreMulTable::default()),
+            grow_id: Mutex::new(None),
         }
     }
 
@@ -158,6 +161,18 @@ impl NcclComm {
         }
         let message = self.async_message.lock().map(|m| m.clone()).unwrap_or_default();
         Some(Fail::new(code, message))
+    }
+
+    /// Keeps the id `ncclCommGetUniqueId` handed out, for the next grow.
+    pub fn set_grow_id(&self, id: comm_core::bootstrap::UniqueId) {
+        if let Ok(mut g) = self.grow_id.lock() {
+            *g = Some(id);
+        }
+    }
+
+    /// The id of the next grow, once (an id is good for one grow).
+    pub fn take_grow_id(&self) -> Option<comm_core::bootstrap::UniqueId> {
+        self.grow_id.lock().ok().and_then(|mut g| g.take())
     }
 
     /// The abort handle, once the communicator is ready.

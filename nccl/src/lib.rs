@@ -1,15 +1,16 @@
 //! # weave-nccl: `libnccl.so.2` from weave
 //!
-//! A shared library with NCCL 2.28's C ABI whose every collective runs on weave, so programs
+//! A shared library with NCCL 2.29's C ABI whose every collective runs on weave, so programs
 //! built against NCCL (PyTorch, nccl-tests) run on weave unchanged: `LD_PRELOAD` it, or put
 //! its directory first on `LD_LIBRARY_PATH`. `cargo xtask nccl` builds it to
 //! `target/nccl/libnccl.so.2` (SONAME `libnccl.so.2`); `nccl/include/nccl.h` declares what it
 //! exports.
 //!
-//! - Version: `ncclGetVersion` reports 22803 (NCCL 2.28.3), see [`abi::NCCL_VERSION`].
+//! - Version: `ncclGetVersion` reports 22902 (NCCL 2.29.2), see [`abi::NCCL_VERSION`].
 //! - Types and values: [`abi`] (`ncclConfig_t` as 2.28 lays it out, 80 bytes).
 //! - Unique id: weave's bootstrap address and secret in the 128 bytes ([`unique_id`]).
-//! - Init, split, finalize, destroy, abort, queries: [`api_comm`].
+//! - Init, split, finalize, destroy, abort, queries: [`api_comm`]; revoke, shrink and grow:
+//!   [`api_elastic`].
 //! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (data types weave
 //!   lacks: FP8 is moved but never reduced).
 //! - Pre-multiplied sums: [`premul`]. Refused calls and their codes: [`api_misc`].
@@ -27,6 +28,7 @@
 pub mod abi;
 pub mod api_coll;
 pub mod api_comm;
+pub mod api_elastic;
 pub mod api_misc;
 pub mod coll;
 pub mod cuda;

@@ -122,7 +122,7 @@ fn bad_init_arguments_fail_cleanly() {
         assert!(comm.is_null());
         let mut v = 0;
         assert_eq!(ncclGetVersion(&mut v), NcclResult::SUCCESS);
-        assert_eq!(v, 22803);
+        assert_eq!(v, 22902);
         assert_eq!(ncclGetVersion(null_mut()), NcclResult::INVALID_ARGUMENT);
     }
 }
@@ -170,4 +170,99 @@ fn three_cpu_ranks_init_scalable_with_two_roots() {
     for r in ranks {
         r.join().unwrap();
     }
+}
+
+/// Three CPU ranks: rank 2 aborts and leaves; ranks 0 and 1 revoke, shrink it away (it takes no
+/// part), then grow back to three with a joiner that takes rank 2; every communicator reports
+/// its size and rank, and the parents are destroyed without waiting for the excluded rank.
+#[test]
+fn three_cpu_ranks_revoke_shrink_and_grow_back() {
+    use nccl::api_elastic::*;
+    // SAFETY: set before any thread of this test binary reads the environment.
+    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    // SAFETY: `id` is a live local.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::SUCCESS);
+    let (grow_tx, grow_rx) = std::sync::mpsc::channel::<NcclUniqueId>();
+    let grow_rx = std::sync::Arc::new(std::sync::Mutex::new(grow_rx));
+    let ranks: Vec<_> = (0..3)
+        .map(|rank: c_int| {
+            let grow_tx = grow_tx.clone();
+            std::thread::spawn(move || {
+                // SAFETY: every pointer passed is a live local; no buffer is touched (no GPU).
+                unsafe {
+                    let mut comm: NcclCommPtr = null_mut();
+                    assert_eq!(ncclCommInitRank(&mut comm, 3, id, rank), NcclResult::SUCCESS);
+                    if rank == 2 {
+                        let mut excluded = [2];
+                        let mut sub: NcclCommPtr = null_mut();
+                        assert_eq!(
+                            ncclCommShrink(comm, excluded.as_mut_ptr(), 1, &mut sub, null_mut(), 0),
+                            NcclResult::INVALID_ARGUMENT,
+                            "an excluded rank must not shrink"
+                        );
+                        assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
+                        return;
+                    }
+                    assert_eq!(ncclCommRevoke(comm, 7), NcclResult::INVALID_ARGUMENT);
+                    assert_eq!(ncclCommRevoke(comm, 0), NcclResult::SUCCESS);
+                    let f = NcclDataType::FLOAT32;
+                    let fake = 0x1000 as *mut std::ffi::c_void;
+                    assert_eq!(
+                        ncclAllReduce(fake, fake, 4, f, NcclRedOp::SUM, comm, null_mut()),
+                        NcclResult::INVALID_USAGE,
+                        "a revoked communicator's collectives fail"
+                    );
+                    let said = std::ffi::CStr::from_ptr(ncclGetLastError(comm)).to_string_lossy().into_owned();
+                    assert!(said.contains("revoked"), "the failure must say the communicator was revoked: {said}");
+                    let mut excluded = [2];
+                    let mut shrunk: NcclCommPtr = null_mut();
+                    let r = ncclCommShrink(comm, excluded.as_mut_ptr(), 1, &mut shrunk, null_mut(), SHRINK_ABORT);
+                    assert_eq!(r, NcclResult::SUCCESS);
+                    let (mut n, mut me) = (0, -1);
+                    assert_eq!(ncclCommCount(shrunk, &mut n), NcclResult::SUCCESS);
+                    assert_eq!(ncclCommUserRank(shrunk, &mut me), NcclResult::SUCCESS);
+                    assert_eq!((n, me), (2, rank));
+                    let started = std::time::Instant::now();
+                    assert_eq!(ncclCommDestroy(comm), NcclResult::SUCCESS);
+                    assert!(started.elapsed() < std::time::Duration::from_secs(2), "the parent's destroy waited");
+                    // Grow back: rank 0 makes the id, a joiner takes rank 2.
+                    let mut gid = NcclUniqueId { internal: [0; 128] };
+                    if rank == 0 {
+                        assert_eq!(ncclCommGetUniqueId(shrunk, &mut gid), NcclResult::SUCCESS);
+                        grow_tx.send(gid).unwrap();
+                    } else {
+                        assert_eq!(ncclCommGetUniqueId(shrunk, &mut gid), NcclResult::INVALID_USAGE);
+                    }
+                    let mut grown: NcclCommPtr = null_mut();
+                    assert_eq!(
+                        ncclCommGrow(shrunk, 3, std::ptr::null(), -1, &mut grown, null_mut()),
+                        NcclResult::SUCCESS
+                    );
+                    assert_eq!(ncclCommCount(grown, &mut n), NcclResult::SUCCESS);
+                    assert_eq!(ncclCommUserRank(grown, &mut me), NcclResult::SUCCESS);
+                    assert_eq!((n, me), (3, rank));
+                    assert_eq!(ncclCommDestroy(grown), NcclResult::SUCCESS);
+                    assert_eq!(ncclCommDestroy(shrunk), NcclResult::SUCCESS);
+                }
+            })
+        })
+        .collect();
+    let joiner = std::thread::spawn(move || {
+        let gid = grow_rx.lock().unwrap().recv_timeout(std::time::Duration::from_secs(60)).expect("a grow id");
+        // SAFETY: live locals.
+        unsafe {
+            let mut grown: NcclCommPtr = null_mut();
+            assert_eq!(ncclCommGrow(null_mut(), 3, &gid, 2, &mut grown, null_mut()), NcclResult::SUCCESS);
+            let (mut n, mut me) = (0, -1);
+            assert_eq!(ncclCommCount(grown, &mut n), NcclResult::SUCCESS);
+            assert_eq!(ncclCommUserRank(grown, &mut me), NcclResult::SUCCESS);
+            assert_eq!((n, me), (3, 2));
+            assert_eq!(ncclCommDestroy(grown), NcclResult::SUCCESS);
+        }
+    });
+    for r in ranks {
+        r.join().unwrap();
+    }
+    joiner.join().unwrap();
 }

@@ -1,0 +1,202 @@
+//! Exported: NCCL 2.29's elastic calls on weave's revoke, shrink and grow
+//! ([`collectives::Communicator::revoke`], [`shrink`](collectives::Communicator::shrink),
+//! [`grow_at`](collectives::Communicator::grow_at)).
+//!
+//! | symbol | behaviour |
+//! |---|---|
+//! | `ncclCommRevoke(comm, 0)` | revokes: this rank's pending and later calls fail, and every reachable rank of the communicator learns it within milliseconds (NCCL's own revoke stays local); later collectives return `ncclInvalidUsage`; destroy, abort and shrink still work |
+//! | `ncclCommShrink(comm, exclude, count, newcomm, config, flags)` | the ranks not excluded, renumbered in order, built without the excluded taking part (they may be dead); `NCCL_SHRINK_ABORT` first revokes the parent, so its kernels stop; an excluded caller gets `ncclInvalidArgument`; works after the parent failed |
+//! | `ncclCommGetUniqueId(comm, id)` | on rank 0 of `comm`: the id joiners pass to `ncclCommGrow` (other ranks: `ncclInvalidUsage`) |
+//! | `ncclCommGrow(comm, nRanks, id, rank, newcomm, config)` | members (`comm`, `id` NULL or the same, `rank` -1) keep their ranks; joiners (`comm` NULL, `id`, `rank` in [old size, nRanks)) take the others |
+//!
+//! Destroying or aborting the parent after a shrink waits for no excluded rank: weave's
+//! teardown has no collective step.
+
+use std::ffi::c_int;
+
+use comm_core::bootstrap::UniqueId;
+
+use crate::abi::{NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId};
+use crate::api_comm::{InitArgs, build, caller_device, clear_out, read_config};
+use crate::error::{Fail, guard};
+use crate::handle::{self, Live, NcclComm, State};
+use crate::unique_id;
+
+/// `ncclCommShrink`'s flag: the parent may have operations in flight (they are stopped).
+pub const SHRINK_ABORT: c_int = 0x01;
+
+/// Registers `comm` as a new handle on `device` and writes it to `out`.
+fn hand_out(comm: collectives::Communicator, device: i32, blocking: bool, out: *mut NcclCommPtr) -> Result<(), Fail> {
+    let (rank, n) = (comm.rank(), comm.world_size());
+    let state = State::Ready(Box::new(Live { comm, last_stream: usize::MAX }));
+    let p = handle::register(NcclComm::new(rank, n, device, blocking, state))?;
+    // SAFETY: the caller checked `out` non-null (clear_out).
+    unsafe { *out = p };
+    Ok(())
+}
+
+/// `ncclCommRevoke`: see the module documentation. `revokeFlags` must be 0.
+///
+/// # Safety
+/// `comm` is any value (checked against the live handles).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommRevoke(comm: NcclCommPtr, revoke_flags: c_int) -> NcclResult {
+    guard("ncclCommRevoke", || {
+        if revoke_flags != 0 {
+            return Err(Fail::invalid(format!("revokeFlags is {revoke_flags}; only NCCL_REVOKE_DEFAULT (0) exists")));
+        }
+        let c = handle::lookup(comm)?;
+        // Through the abort handle, without the communicator's lock: a call may be running.
+        match c.abort_handle() {
+            Some(h) => h.revoke(),
+            None => c.with_live(|live| {
+                live.comm.revoke();
+                Ok(())
+            })?,
+        }
+        Ok(())
+    })
+}
+
+/// `ncclCommShrink`: see the module documentation.
+///
+/// # Safety
+/// `exclude_ranks` holds `exclude_count` ints; `newcomm` writable; `config` NULL or initialized.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommShrink(
+    comm: NcclCommPtr,
+    exclude_ranks: *mut c_int,
+    exclude_count: c_int,
+    newcomm: *mut NcclCommPtr,
+    config: *mut NcclConfig,
+    shrink_flags: c_int,
+) -> NcclResult {
+    guard("ncclCommShrink", || {
+        // SAFETY: the caller passes NULL or a writable handle.
+        unsafe { clear_out(newcomm, "newcomm") }?;
+        if shrink_flags & !SHRINK_ABORT != 0 {
+            return Err(Fail::invalid(format!(
+                "shrinkFlags {shrink_flags:#x}: only NCCL_SHRINK_DEFAULT (0) and NCCL_SHRINK_ABORT (1) exist"
+            )));
+        }
+        let count = usize::try_from(exclude_count)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| Fail::invalid(format!("excludeRanksCount is {exclude_count}; it must be at least 1")))?;
+        if exclude_ranks.is_null() {
+            return Err(Fail::invalid("excludeRanksList is NULL"));
+        }
+        let parent = handle::lookup(comm)?;
+        let mut excluded = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: the list holds `count` ints, as the caller guarantees.
+            let r = unsafe { *exclude_ranks.add(i) };
+            let r = usize::try_from(r).ok().filter(|&r| r < parent.nranks).ok_or_else(|| {
+                Fail::invalid(format!("excludeRanksList[{i}] is {r}, not a rank of {}", parent.nranks))
+            })?;
+            excluded.push(r);
+        }
+        // SAFETY: NULL or initialized, as the caller guarantees.
+        let (blocking, name) = unsafe { read_config(config, parent.blocking) }?;
+        if shrink_flags & SHRINK_ABORT != 0
+            && let Some(h) = parent.abort_handle()
+        {
+            h.revoke();
+        }
+        let child = parent.with_live(|live| Ok(live.comm.shrink(&excluded)?))?;
+        tracing::info!(
+            target: crate::debug::NCCL,
+            rank = child.rank(),
+            "shrink {name}: rank {} of {}, excluding {excluded:?}",
+            child.rank(),
+            child.world_size()
+        );
+        hand_out(child, parent.device, blocking, newcomm)
+    })
+}
+
+/// `ncclCommGetUniqueId`: see the module documentation.
+///
+/// # Safety
+/// `unique_id` writable.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommGetUniqueId(comm: NcclCommPtr, unique_id: *mut NcclUniqueId) -> NcclResult {
+    guard("ncclCommGetUniqueId", || {
+        if unique_id.is_null() {
+            return Err(Fail::invalid("uniqueId is NULL"));
+        }
+        let c = handle::lookup(comm)?;
+        if c.rank != 0 {
+            return Err(Fail::usage(format!(
+                "ncclCommGetUniqueId on rank {}: weave's grow waits for the joiners at rank 0 of the communicator, \
+                 so call it there",
+                c.rank
+            )));
+        }
+        let id = UniqueId::on_free_port(collectives::grow::grow_ip()?)?;
+        let encoded = unique_id::encode(&id)?;
+        c.set_grow_id(id);
+        // SAFETY: checked non-null; writable as the caller guarantees.
+        unsafe { *unique_id = encoded };
+        Ok(())
+    })
+}
+
+/// `ncclCommGrow`: see the module documentation.
+///
+/// # Safety
+/// `unique_id` NULL or readable; `newcomm` writable; `config` NULL or initialized.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommGrow(
+    comm: NcclCommPtr,
+    n_ranks: c_int,
+    unique_id: *const NcclUniqueId,
+    rank: c_int,
+    newcomm: *mut NcclCommPtr,
+    config: *mut NcclConfig,
+) -> NcclResult {
+    guard("ncclCommGrow", || {
+        // SAFETY: the caller passes NULL or a writable handle.
+        unsafe { clear_out(newcomm, "newcomm") }?;
+        let size = usize::try_from(n_ranks).map_err(|_| Fail::invalid(format!("nRanks is {n_ranks}")))?;
+        if comm.is_null() {
+            // A joiner.
+            if unique_id.is_null() {
+                return Err(Fail::invalid("a joiner (comm NULL) must pass the uniqueId from ncclCommGetUniqueId"));
+            }
+            let rank = usize::try_from(rank)
+                .ok()
+                .filter(|&r| r < size)
+                .ok_or_else(|| Fail::invalid(format!("rank {rank} is not a rank of {size}")))?;
+            // SAFETY: non-null and readable, as the caller guarantees.
+            let id = unique_id::decode(unsafe { &*unique_id })?;
+            // SAFETY: NULL or initialized, as the caller guarantees.
+            let (blocking, name) = unsafe { read_config(config, true) }?;
+            let device = caller_device()?;
+            let args = InitArgs { ids: vec![id], rank, nranks: size, device, blocking: true, name };
+            let joined = build(&args)?;
+            return hand_out(joined, device.map_or(-1, |d| d as i32), blocking, newcomm);
+        }
+        let parent = handle::lookup(comm)?;
+        if rank != -1 && usize::try_from(rank).ok() != Some(parent.rank) {
+            return Err(Fail::invalid(format!("a member passes rank -1 (it keeps rank {}); got {rank}", parent.rank)));
+        }
+        let joiners = size
+            .checked_sub(parent.nranks)
+            .filter(|&j| j > 0)
+            .ok_or_else(|| Fail::invalid(format!("nRanks {size} must exceed the communicator's {}", parent.nranks)))?;
+        let rank0_id = if parent.rank == 0 {
+            Some(parent.take_grow_id().ok_or_else(|| {
+                Fail::usage(
+                    "rank 0 grows without an id: call ncclCommGetUniqueId there first and hand it to the joiners",
+                )
+            })?)
+        } else {
+            None
+        };
+        // SAFETY: NULL or initialized, as the caller guarantees.
+        let (blocking, _) = unsafe { read_config(config, parent.blocking) }?;
+        let grown = parent.with_live(|live| Ok(live.comm.grow_at(joiners, rank0_id)?.complete()?))?;
+        hand_out(grown, parent.device, blocking, newcomm)
+    })
+}
