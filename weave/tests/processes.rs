@@ -39,19 +39,7 @@ fn four_processes_reach_every_call_through_the_facade() {
 /// through `RUST_LOG`.
 #[test]
 fn a_users_subscriber_sees_the_communicators_creation_and_plan_choices() {
-    // This binary is target/<profile>/deps/processes-*; the examples are built beside deps/.
-    let exe = std::env::current_exe().expect("the path of this test binary");
-    let example = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>").join("examples/all_reduce");
-    if !example.exists() {
-        // `cargo test` builds the examples before it runs tests; a lone `cargo test --test` may not.
-        let profile: &[&str] = if cfg!(debug_assertions) { &[] } else { &["--release"] };
-        let built = std::process::Command::new(env!("CARGO"))
-            .args(["build", "-p", "weave", "--example", "all_reduce"])
-            .args(profile)
-            .status()
-            .expect("run cargo to build the example");
-        assert!(built.success(), "the all_reduce example did not build");
-    }
+    let example = example("all_reduce");
     let spec = weave_launch::LaunchSpec::new(2, &example)
         .env("WEAVE_TIMEOUT", "20")
         .env("RUST_LOG", "weave=debug")
@@ -80,6 +68,40 @@ fn a_users_subscriber_sees_the_communicators_creation_and_plan_choices() {
             r.stderr
         );
     }
+}
+
+/// The elastic example: its last rank dies at step 5; the others shrink, grow back with a
+/// replacement, and every rank ends with the same weights.
+#[test]
+fn the_elastic_example_loses_a_rank_grows_back_and_finishes() {
+    let out = std::process::Command::new(example("elastic"))
+        .arg("4")
+        .env_remove("RANK")
+        .output()
+        .expect("run the elastic example");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("the others shrank, grew back and finished"), "{stdout}");
+    let finished = stdout.lines().filter(|l| l.contains("20 steps, every sum exact, weights equal")).count();
+    assert_eq!(finished, 4, "three survivors and the replacement finish: {stdout}");
+}
+
+/// The path of example `name`, built now if `cargo test` did not build it.
+fn example(name: &str) -> std::path::PathBuf {
+    // This binary is target/<profile>/deps/processes-*; the examples are built beside deps/.
+    let exe = std::env::current_exe().expect("the path of this test binary");
+    let example = exe.parent().and_then(|deps| deps.parent()).expect("target/<profile>").join("examples").join(name);
+    if !example.exists() {
+        // `cargo test` builds the examples before it runs tests; a lone `cargo test --test` may not.
+        let profile: &[&str] = if cfg!(debug_assertions) { &[] } else { &["--release"] };
+        let built = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "weave", "--example", name])
+            .args(profile)
+            .status()
+            .expect("run cargo to build the example");
+        assert!(built.success(), "the {name} example did not build");
+    }
+    example
 }
 
 /// One rank: each call's result against its exact value (small integers, exact in f64).
