@@ -108,8 +108,14 @@ pub fn report_skipped<'a>(names: impl IntoIterator<Item = &'a str>, suite: &str,
 }
 
 /// Runs each named test through `run`, catching its panic: prints `test {name} ... ok ({time})`
-/// or `test {name} ... FAILED` for each and a summary, and returns failure if any test failed.
-pub fn run_named_tests<'a, T: 'a>(tests: impl IntoIterator<Item = &'a (&'a str, T)>, run: impl Fn(&T)) -> ExitCode {
+/// or `test {name} ... FAILED` for each and a summary (`gpu: P passed, F failed, S skipped`,
+/// `skipped` being the tests the caller reported as skipped before), and returns failure if any
+/// test failed.
+pub fn run_named_tests<'a, T: 'a>(
+    tests: impl IntoIterator<Item = &'a (&'a str, T)>,
+    skipped: usize,
+    run: impl Fn(&T),
+) -> ExitCode {
     let (mut passed, mut failed) = (0, 0);
     for (name, test) in tests {
         let started = Instant::now();
@@ -124,6 +130,6 @@ pub fn run_named_tests<'a, T: 'a>(tests: impl IntoIterator<Item = &'a (&'a str, 
             }
         }
     }
-    println!("gpu: {passed} passed, {failed} failed, 0 skipped");
+    println!("gpu: {passed} passed, {failed} failed, {skipped} skipped");
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }

@@ -325,7 +325,26 @@ fn main() -> ExitCode {
             return report_skipped(selected.iter().map(|(name, _)| *name), "weave GPU", &why);
         }
     };
+    // Tests left out on purpose, each reported as skipped with why: `WEAVE_GPU_TESTS_SKIP`
+    // (names or parts, comma-separated: to split the tests over several calls), and on one
+    // shared GPU the timing trials, whose bound needs GPUs of their own.
+    let asked: Vec<String> = std::env::var("WEAVE_GPU_TESTS_SKIP")
+        .map(|v| v.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect())
+        .unwrap_or_default();
+    let why_not = |name: &str| -> Option<&str> {
+        if asked.iter().any(|s| name.contains(s.as_str())) {
+            Some("left out by WEAVE_GPU_TESTS_SKIP")
+        } else if gpus == 1 && name == "twenty_kills_per_collective_fail_the_survivors_within_a_second" {
+            Some("its 1 s bound needs a GPU per rank; ranks share the one GPU here")
+        } else {
+            None
+        }
+    };
+    let (left_out, selected): (Vec<_>, Vec<_>) = selected.into_iter().partition(|(n, _)| why_not(n).is_some());
+    for (name, _) in &left_out {
+        println!("test {name} ... SKIPPED ({})", why_not(name).unwrap_or_default());
+    }
     println!("weave GPU tests on {gpus} GPUs (worlds {:?})", worlds(gpus));
     warm_kernel_cache();
-    run_named_tests(selected, |test| test(gpus))
+    run_named_tests(selected.iter(), left_out.len(), |test| test(gpus))
 }

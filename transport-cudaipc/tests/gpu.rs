@@ -690,5 +690,5 @@ fn main() -> std::process::ExitCode {
         let names = selected.iter().map(|(name, _)| *name);
         return comm_core::testing::report_skipped(names, "transport-cudaipc GPU", "no CUDA driver/device");
     }
-    comm_core::testing::run_named_tests(selected, |test| test())
+    comm_core::testing::run_named_tests(selected, 0, |test| test())
 }
