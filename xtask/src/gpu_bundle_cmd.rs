@@ -24,6 +24,7 @@ named with --bin and the examples named with --example, and copies them into .gp
   - recreates the absolute paths that tests compiled in for their helper binaries
     (env!(\"CARGO_BIN_EXE_...\")) as links into the bundle, when those paths do not exist;
   - appends all output to $OUT/gpu-bundle.log when OUT is set;
+  - with WEAVE_BUNDLE_ONLY=\"NAME ...\", runs only those binaries (a bundle split over calls);
   - on a host with one GPU, sets WEAVE_TEST_SHARE_GPU=1 (the multi-rank GPU tests run with
     their ranks sharing it) and says so;
   - reads each binary's own closing line (`gpu: N passed, M failed, K skipped`, or libtest's
@@ -310,6 +311,8 @@ fi
 passed=0; failed=0; skipped=0; tests_passed=0; tests_failed=0; tests_skipped=0; lines=""
 run() {
   local name=$1; shift
+  # WEAVE_BUNDLE_ONLY="a b": only those binaries (to split a bundle over several calls).
+  if [ -n "${WEAVE_BUNDLE_ONLY:-}" ] && [[ " $WEAVE_BUNDLE_ONLY " != *" $name "* ]]; then return; fi
   local out; out=$(mktemp)
   echo "=== $name" | tee -a "$LOG"
   local start=$SECONDS
