@@ -258,7 +258,7 @@ verdict() {
     p=${BASH_REMATCH[1]}; f=${BASH_REMATCH[2]}; s=${BASH_REMATCH[4]:-0}
   elif [[ $line =~ ([0-9]+)\ passed\;\ ([0-9]+)\ failed ]]; then
     p=${BASH_REMATCH[1]}; f=${BASH_REMATCH[2]}
-    said=$(grep -c '^SKIPPED' "$out" || true); s=$((said < p ? said : p)); p=$((p - s))
+    said=$(grep -c 'SKIPPED' "$out" || true); s=$((said < p ? said : p)); p=$((p - s))
   else
     echo "failed 0 0 0"; return
   fi

@@ -35,6 +35,9 @@ fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: 
         comm.all_gather_device(&send, &mut recv, stream)?;
     }
     let got = stream.clone_dtoh(&recv).map_err(cuda("download"))?;
+    // Device calls are stream-ordered: a call whose peer died returned before it ran, and says
+    // so here, after the stream's work is done and before its results are trusted.
+    comm.check_gpu()?;
     let want = |at: usize| if reducing { members.iter().map(|&r| value(r)).sum() } else { value(members[at / count]) };
     if let Some(at) = (0..got.len()).find(|&at| got[at] != want(at)) {
         return Err(Error::protocol(format!(
