@@ -675,6 +675,9 @@ mod tests {
         let libtest_saying_skipped =
             "SKIPPED: no NVRTC\nSKIPPED: no NVRTC\ntest result: ok. 2 passed; 0 failed; 0 ignored\n";
         assert_eq!(verdict(0, libtest_saying_skipped), "skipped 0 0 2");
+        let one_said_it_on_its_line =
+            "test a ... ok\ntest b ... SKIPPED: no compiler\ntest result: ok. 2 passed; 0 failed\n";
+        assert_eq!(verdict(0, one_said_it_on_its_line), "passed 1 0 1");
         assert_eq!(verdict(0, "no closing line at all\n"), "failed 0 0 0");
         assert_eq!(verdict(101, "test result: FAILED. 1 passed; 1 failed; 0 ignored\n"), "failed 1 1 0");
         assert_eq!(verdict(139, "gpu: 2 passed, 0 failed, 0 skipped\n"), "failed 2 0 0", "a crash after the summary");
