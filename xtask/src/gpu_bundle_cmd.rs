@@ -29,8 +29,9 @@ named with --bin and the examples named with --example, and copies them into .gp
     their ranks sharing it) and says so;
   - reads each binary's own closing line (`gpu: N passed, M failed, K skipped`, or libtest's
     `test result:`) and prints one line per binary and `GPU bundle: N passed, M failed, K
-    skipped binaries; ... tests`: a binary none of whose tests ran counts as skipped, never as
-    passed; exits non-zero unless every binary passed.
+    skipped, E empty binaries; ... tests`: a binary none of whose tests ran counts as skipped,
+    never as passed (one without any test, as empty); exits non-zero unless every binary with
+    tests passed.
 It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh and
 torch_check.py (run nccl/run-gpu-checks.sh there; with NCCL_TESTS_SRC=<nccl-tests checkout or
 git dir> the nccl-tests source goes into nccl/nccl-tests/ and the script builds it).
@@ -250,7 +251,7 @@ pub(crate) fn shell_quote(s: &str) -> String {
 const VERDICT_SH: &str = r#"# A binary's verdict from its exit status and its own closing line: a custom harness's
 # "NAME: N passed, M failed, K skipped" or libtest's "test result: ok. N passed; M failed; ...".
 # A binary none of whose tests ran (all skipped, or every passing test said SKIPPED) is skipped,
-# never passed. Prints "VERDICT PASSED FAILED SKIPPED".
+# never passed; one without any test is empty. Prints "VERDICT PASSED FAILED SKIPPED".
 verdict() {
   local rc=$1 out=$2 line p f s said
   line=$(grep -E '^([a-z_]+: [0-9]+ passed, [0-9]+ failed|test result: )' "$out" | tail -n 1)
@@ -263,6 +264,7 @@ verdict() {
     echo "failed 0 0 0"; return
   fi
   if [ "$rc" -ne 0 ] || [ "$f" -gt 0 ]; then echo "failed $p $f $s"
+  elif [ "$p" -eq 0 ] && [ "$s" -eq 0 ]; then echo "empty $p $f $s"
   elif [ "$p" -eq 0 ]; then echo "skipped $p $f $s"
   else echo "passed $p $f $s"; fi
 }
@@ -308,7 +310,7 @@ if [ "${gpus:-0}" -eq 1 ] && [ -z "${WEAVE_TEST_SHARE_GPU:-}" ]; then
   echo "GPU bundle: one GPU here; the multi-rank GPU tests run with their ranks sharing it" | tee -a "$LOG"
 fi
 
-passed=0; failed=0; skipped=0; tests_passed=0; tests_failed=0; tests_skipped=0; lines=""
+passed=0; failed=0; skipped=0; empty=0; tests_passed=0; tests_failed=0; tests_skipped=0; lines=""
 run() {
   local name=$1; shift
   # WEAVE_BUNDLE_ONLY="a b": only those binaries (to split a bundle over several calls).
@@ -326,6 +328,7 @@ run() {
   case $v in
     failed) failed=$((failed + 1)); lines+="  FAILED  $name (exit $rc, $counts, ${took}s)"$'\n' ;;
     skipped) skipped=$((skipped + 1)); lines+="  SKIPPED $name ($counts: nothing ran)"$'\n' ;;
+    empty) empty=$((empty + 1)); lines+="  empty   $name (a binary without tests)"$'\n' ;;
     *) passed=$((passed + 1)); lines+="  passed  $name ($counts, ${took}s)"$'\n' ;;
   esac
   rm -f "$out"
@@ -340,7 +343,7 @@ run() {
 {
   echo
   printf '%s' "$lines"
-  echo "GPU bundle: $passed passed, $failed failed, $skipped skipped binaries;" \
+  echo "GPU bundle: $passed passed, $failed failed, $skipped skipped, $empty empty binaries;" \
     "$tests_passed passed, $tests_failed failed, $tests_skipped skipped tests$shared"
 } | tee -a "$LOG"
 [ "$failed" -eq 0 ] && [ "$skipped" -eq 0 ]
@@ -646,7 +649,7 @@ mod tests {
         assert!(s.contains("LD_LIBRARY_PATH=/usr/local/cuda/lib64"));
         assert!(s.contains("if [ -f kernel-cache.sh ]; then . ./kernel-cache.sh; fi"));
         assert!(KERNEL_CACHE_SCRIPT.contains("/kernel-cache.tar.xz\" -C \"$WEAVE_KERNEL_CACHE\""));
-        assert!(s.contains("GPU bundle: $passed passed, $failed failed, $skipped skipped binaries;"));
+        assert!(s.contains("GPU bundle: $passed passed, $failed failed, $skipped skipped, $empty empty binaries;"));
     }
 
     /// Runs `run.sh`'s verdict on a binary's exit status and output.
@@ -679,6 +682,7 @@ mod tests {
             "test a ... ok\ntest b ... SKIPPED: no compiler\ntest result: ok. 2 passed; 0 failed\n";
         assert_eq!(verdict(0, one_said_it_on_its_line), "passed 1 0 1");
         assert_eq!(verdict(0, "no closing line at all\n"), "failed 0 0 0");
+        assert_eq!(verdict(0, "running 0 tests\ntest result: ok. 0 passed; 0 failed; 0 ignored\n"), "empty 0 0 0");
         assert_eq!(verdict(101, "test result: FAILED. 1 passed; 1 failed; 0 ignored\n"), "failed 1 1 0");
         assert_eq!(verdict(139, "gpu: 2 passed, 0 failed, 0 skipped\n"), "failed 2 0 0", "a crash after the summary");
     }
