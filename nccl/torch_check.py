@@ -137,16 +137,23 @@ def run(out, gloo=False):
     print(f"torch_check rank {rank}: {len(res)} results saved")
 
 
-def kill_peer():
-    """Rank 1 dies after init; rank 0's all_reduce must fail (not hang): the caller times it."""
+def nccl_rank(elements):
+    """Joins the NCCL group on this rank's GPU and runs one warm-up all-reduce of `elements`;
+    returns (rank, device, the warm-up tensor)."""
     rank = int(os.environ["RANK"])
     # Ranks share the GPUs when there are fewer (weave allows it; NCCL refuses two ranks per GPU).
     torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
     dev = torch.device("cuda", torch.cuda.current_device())
     dist.init_process_group("nccl", device_id=dev)
-    t = torch.ones(1 << 20, device=dev)
+    t = torch.ones(elements, device=dev)
     dist.all_reduce(t)
     torch.cuda.synchronize()
+    return rank, dev, t
+
+
+def kill_peer():
+    """Rank 1 dies after init; rank 0's all_reduce must fail (not hang): the caller times it."""
+    rank, dev, t = nccl_rank(1 << 20)
     if rank == 1:
         os.kill(os.getpid(), 9)
     try:
@@ -170,14 +177,8 @@ def shrink(flags_name):
     SHRINK_ABORT), check an all-reduce of their old ranks on the new group, and destroy it. Exit
     0 on the survivors when the new group answered exactly."""
     from torch.distributed import distributed_c10d as c10d
-    rank = int(os.environ["RANK"])
     world = int(os.environ["WORLD_SIZE"])
-    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank)) % torch.cuda.device_count())
-    dev = torch.device("cuda", torch.cuda.current_device())
-    dist.init_process_group("nccl", device_id=dev)
-    t = torch.ones(1 << 16, device=dev)
-    dist.all_reduce(t)
-    torch.cuda.synchronize()
+    rank, dev, _ = nccl_rank(1 << 16)
     flags = getattr(c10d, flags_name)
     if rank == world - 1:
         if flags_name == "SHRINK_ABORT" and hasattr(c10d, "_abort_process_group"):

@@ -267,12 +267,14 @@ fn recover(comm: &Communicator) -> Result<(Vec<usize>, Communicator, Duration, D
     Err(Error::protocol("three shrinks in a row failed"))
 }
 
-fn kind(e: &Error) -> &'static str {
+/// The name of `e`'s kind, for `OK` lines.
+pub fn kind(e: &Error) -> &'static str {
     match e {
         Error::PeerLost { .. } => "PeerLost",
         Error::Timeout { .. } => "Timeout",
         Error::Revoked(_) => "Revoked",
         Error::Aborted(_) => "Aborted",
-        _ => "other",
+        Error::Cuda { .. } => "Cuda",
+        _ => "another error",
     }
 }

@@ -303,6 +303,19 @@ impl TcpBootstrap {
         deadline: &Deadline,
         operation: impl Fn() -> String,
     ) -> Result<Vec<u8>> {
+        self.recv_until_or_abort(peer, tag, deadline, operation, None)
+    }
+
+    /// [`recv_until`](Self::recv_until) that also gives up once `abort` is set, looking at it
+    /// every [`ABORT_LOOK`] (nothing wakes the wait when it is set).
+    fn recv_until_or_abort(
+        &self,
+        peer: usize,
+        tag: u64,
+        deadline: &Deadline,
+        operation: impl Fn() -> String,
+        abort: Option<&std::sync::atomic::AtomicBool>,
+    ) -> Result<Vec<u8>> {
         let mut state = self.shared.lock();
         loop {
             if let Some(message) = state.take(peer, tag) {
@@ -311,10 +324,16 @@ impl TcpBootstrap {
             if let Some(reason) = state.lost.get(peer).cloned().flatten() {
                 return Err(Error::peer_lost(peer, operation(), reason));
             }
+            if abort.is_some_and(|a| a.load(std::sync::atomic::Ordering::Acquire)) {
+                return Err(Error::Aborted(format!("{} was aborted", operation())));
+            }
             if deadline.expired() {
                 return Err(Error::timeout(operation(), Some(peer), deadline.elapsed()));
             }
-            state = self.wait(state, deadline);
+            state = match abort {
+                Some(_) => self.wait(state, &Deadline::after(ABORT_LOOK.min(deadline.remaining()))),
+                None => self.wait(state, deadline),
+            };
         }
     }
 }
@@ -389,26 +408,8 @@ impl Bootstrap for TcpBootstrap {
 
     fn recv_or_abort(&self, peer: usize, tag: u64, abort: &std::sync::atomic::AtomicBool) -> Result<Vec<u8>> {
         self.check_peer(peer, "recv")?;
-        let deadline = Deadline::after(self.timeout);
         let operation = || format!("bootstrap recv {}", describe_tag(tag));
-        let mut state = self.shared.lock();
-        loop {
-            if let Some(message) = state.take(peer, tag) {
-                return Ok(message);
-            }
-            if let Some(reason) = state.lost.get(peer).cloned().flatten() {
-                return Err(Error::peer_lost(peer, operation(), reason));
-            }
-            if abort.load(std::sync::atomic::Ordering::Acquire) {
-                return Err(Error::Aborted(format!("{} was aborted", operation())));
-            }
-            if deadline.expired() {
-                return Err(Error::timeout(operation(), Some(peer), deadline.elapsed()));
-            }
-            // Nothing wakes this wait when `abort` is set: look again every few milliseconds.
-            let slice = Deadline::after(ABORT_LOOK.min(deadline.remaining()));
-            state = self.wait(state, &slice);
-        }
+        self.recv_until_or_abort(peer, tag, &Deadline::after(self.timeout), operation, Some(abort))
     }
 
     fn recv_notice(&self, timeout: Duration) -> Result<Option<(usize, Vec<u8>)>> {

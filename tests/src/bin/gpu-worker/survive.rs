@@ -118,20 +118,9 @@ pub(crate) fn survive_device() -> Result<String> {
     Ok(format!(
         "{family}: failed with {}; agreed on {lost:?} in {} ms, shrunk in {} ms; then {CALLS_AFTER} checked device calls \
          on {} ranks exact",
-        kind(&failure),
+        weave_tests::survive::kind(&failure),
         agreed.as_millis(),
         took.as_millis(),
         shrunk.world_size()
     ))
-}
-
-fn kind(e: &Error) -> &'static str {
-    match e {
-        Error::PeerLost { .. } => "PeerLost",
-        Error::Timeout { .. } => "Timeout",
-        Error::Revoked(_) => "Revoked",
-        Error::Aborted(_) => "Aborted",
-        Error::Cuda { .. } => "Cuda",
-        _ => "another error",
-    }
 }
