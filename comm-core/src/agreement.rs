@@ -11,16 +11,17 @@
 //! ([`AgreementMessage`]) carry the sender's view:
 //!
 //! 1. At the start of an attempt a member sends [`Step::Probe`] to its children and
-//!    [`Step::NewView`] to the neighbours of its previous attempt (they may wait for it).
+//!    [`Step::NewView`] to the neighbours of its previous attempt (they may wait for it); while
+//!    it waits it sends its neighbours a `Probe` every quarter of the timeout, a heartbeat.
 //! 2. A member whose children have all answered [`Step::Up`] with its view sends `Up` to its
 //!    parent, carrying a decision if one reached its subtree. The root decides: the decision
 //!    carried up, else its view. A decision travels as [`Step::Decided`] to the parent and the
 //!    children of each member that takes it.
 //! 3. A message with another view is merged: the union becomes the view (a new attempt), and a
 //!    sender whose view was smaller is sent the union; a message whose view is the union
-//!    counts in the new attempt. A member waiting for a peer that is lost
-//!    (its bootstrap link ended) or silent for the timeout adds it to its view (a new attempt).
-//!    Views only grow, so there are at most n attempts.
+//!    counts in the new attempt. A member waiting for a peer that is lost (its bootstrap link
+//!    ended) or silent for the timeout — no message, heartbeats included — adds it to its view
+//!    (a new attempt). Views only grow, so there are at most n attempts.
 //! 4. A member that decided answers every later message of that agreement with its decision
 //!    (the [`Resilience`] slot, answered by the notice service thread even after it returned),
 //!    and takes a decision only from a member outside its view.
@@ -241,7 +242,13 @@ fn attempt(
     let mut pending: BTreeSet<usize> = place.children.iter().copied().collect();
     let mut carried: Option<BTreeSet<usize>> = None;
     let mut sent_up = false;
-    let mut deadline = Instant::now() + timeout;
+    // When each neighbour was last heard from: a neighbour counts as failed once silent for the
+    // timeout. Members heartbeat their neighbours, so a parent still waiting for a slow or dead
+    // subtree of its own is not taken for dead by the children waiting for it.
+    let started = Instant::now();
+    let mut heard: std::collections::HashMap<usize, Instant> = place.neighbours().map(|n| (n, started)).collect();
+    let beat = (timeout / 4).max(Duration::from_millis(50));
+    let mut last_beat = started;
     loop {
         if pending.is_empty() && !sent_up {
             let Some(parent) = place.parent else {
@@ -250,21 +257,28 @@ fn attempt(
             };
             send(resilience, parent, instance, Step::Up, view, carried.as_ref());
             sent_up = true;
-            deadline = Instant::now() + timeout;
+            heard.insert(parent, Instant::now());
+        }
+        if last_beat.elapsed() >= beat {
+            for n in place.neighbours() {
+                send(resilience, n, instance, Step::Probe, view, None);
+            }
+            last_beat = Instant::now();
         }
         let Some((from, message)) = resilience.next_message(instance, LOOK) else {
             let waiting: Vec<usize> =
                 if sent_up { place.parent.into_iter().collect() } else { pending.iter().copied().collect() };
-            let expired = Instant::now() >= deadline;
+            let silent = |w: usize| heard.get(&w).is_none_or(|t| t.elapsed() >= timeout);
             let failed: Vec<usize> =
-                waiting.into_iter().filter(|&w| expired || resilience.member_lost(w).is_some()).collect();
+                waiting.into_iter().filter(|&w| silent(w) || resilience.member_lost(w).is_some()).collect();
             if failed.is_empty() {
                 continue;
             }
-            tracing::debug!(target: diagnostics::FAULT, rank = me, instance, ?failed, expired, "agreement: members failed while waited for");
+            tracing::debug!(target: diagnostics::FAULT, rank = me, instance, ?failed, "agreement: members failed while waited for");
             view.extend(failed);
             return Ok(Outcome::Grew);
         };
+        heard.insert(from, Instant::now());
         tracing::trace!(target: diagnostics::FAULT, rank = me, instance, from, "agreement message {:?} view {:?} value {:?}", message.step, message.view, message.value);
         if view.contains(&from) {
             // A member this one holds failed takes no part (its late messages are dropped).

@@ -28,6 +28,8 @@ enum Role {
     DeadAtStart,
     /// Takes part for `ms` milliseconds of the agreement, then is killed.
     DiesAfter(u64),
+    /// Alive to its bootstrap but never answers (a stopped process, a node gone without a reset).
+    Silent,
 }
 
 /// Runs an agreement over `roles.len()` thread ranks; returns each rank's outcome (`None` for
@@ -41,6 +43,9 @@ fn run(roles: &[Role], timeout: Duration) -> (Vec<Outcome>, Duration) {
     // Live ranks stay reachable until every one has decided, as processes that go on would.
     let done = std::sync::Barrier::new(roles.iter().filter(|&&r| r == Role::Agree).count());
     let done = &done;
+    let silent = roles.iter().filter(|&&r| r == Role::Silent).count();
+    let done_silent = std::sync::Barrier::new(silent + roles.iter().filter(|&&r| r == Role::Agree).count());
+    let done_silent = &done_silent;
     let start = Instant::now();
     let results: Vec<(Outcome, Duration)> = std::thread::scope(|s| {
         let handles: Vec<_> = group
@@ -52,6 +57,12 @@ fn run(roles: &[Role], timeout: Duration) -> (Vec<Outcome>, Duration) {
                     .stack_size(256 << 10)
                     .spawn_scoped(s, move || {
                         if role == Role::DeadAtStart {
+                            drop(b);
+                            return (None, Duration::ZERO);
+                        }
+                        if role == Role::Silent {
+                            // Keep the bootstrap (no one sees it lost) until the others are done.
+                            done_silent.wait();
                             drop(b);
                             return (None, Duration::ZERO);
                         }
@@ -75,6 +86,7 @@ fn run(roles: &[Role], timeout: Duration) -> (Vec<Outcome>, Duration) {
                         let outcome = agree(&member, &BTreeSet::new(), timeout).map_err(|e| e.to_string());
                         let took = start.elapsed();
                         done.wait();
+                        done_silent.wait();
                         drop(service);
                         (Some(outcome), took)
                     })
@@ -99,8 +111,8 @@ fn check_uniform(roles: &[Role], outcomes: &[Outcome]) -> Vec<usize> {
         assert_eq!(*d, decided[0], "two live ranks decided differently: {outcomes:?}");
     }
     for (r, role) in roles.iter().enumerate() {
-        if *role == Role::DeadAtStart {
-            assert!(decided[0].contains(&r), "rank {r} was dead from the start but is not in {:?}", decided[0]);
+        if matches!(role, Role::DeadAtStart | Role::Silent) {
+            assert!(decided[0].contains(&r), "rank {r} was dead or silent but is not in {:?}", decided[0]);
         }
         if *role == Role::Agree {
             assert!(!decided[0].contains(&r), "live rank {r} is in {:?}", decided[0]);
@@ -118,6 +130,18 @@ fn sixteen_ranks_with_three_dead_agree_on_those_three() {
     let (outcomes, took) = run(&roles, Duration::from_secs(5));
     assert_eq!(check_uniform(&roles, &outcomes), vec![0, 5, 15]);
     assert!(took < Duration::from_secs(2), "took {took:?}");
+}
+
+#[test]
+fn silent_ranks_count_as_failed_after_the_timeout_and_nobody_alive_is_taken_for_dead() {
+    // The root's children 2 and 3 never answer and are never seen lost: the root waits the whole
+    // timeout for them while its other children wait for it; heartbeats keep those waits apart.
+    let mut roles = vec![Role::Agree; 6];
+    roles[2] = Role::Silent;
+    roles[3] = Role::Silent;
+    let (outcomes, took) = run(&roles, Duration::from_secs(1));
+    assert_eq!(check_uniform(&roles, &outcomes), vec![2, 3]);
+    assert!(took < Duration::from_secs(4), "took {took:?}");
 }
 
 #[test]
