@@ -344,7 +344,7 @@ fn send(
     value: Option<&BTreeSet<usize>>,
 ) {
     let message = AgreementMessage { instance, step, view: view.clone(), value: value.cloned() };
-    resilience.send_agreement(&**resilience.bootstrap(), to, &message);
+    resilience.send_agreement(to, &message);
 }
 
 #[cold]

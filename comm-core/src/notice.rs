@@ -139,11 +139,6 @@ impl NoticeService {
         self.supported
     }
 
-    /// The root bootstrap notices travel on.
-    pub fn bootstrap(&self) -> &Arc<dyn Bootstrap> {
-        &self.bootstrap
-    }
-
     /// Registers `member` under its namespace and hands it the notices that came early.
     pub fn register(&self, member: &Arc<Resilience>) {
         let namespace = member.namespace();
@@ -156,14 +151,8 @@ impl NoticeService {
             mine
         };
         for (_, from, kind, body) in early {
-            member.handle_notice(&*self.bootstrap, from, kind, &body);
+            member.handle_notice(from, kind, &body);
         }
-    }
-
-    /// Sends a notice to root rank `to`; a failure is reported as a `debug` event (a lost peer
-    /// cannot be told anything, and the protocols count on that).
-    pub fn send(&self, to: usize, kind: NoticeKind, namespace: u64, body: &[u8]) -> bool {
-        send_notice(&*self.bootstrap, to, kind, namespace, body)
     }
 }
 
@@ -229,7 +218,7 @@ fn serve(bootstrap: &dyn Bootstrap, registry: &Mutex<Registry>, stopping: &Atomi
             }
         };
         if let Some(member) = member {
-            member.handle_notice(bootstrap, from, kind, &body);
+            member.handle_notice(from, kind, &body);
         }
     }
 }

@@ -109,11 +109,6 @@ impl Resilience {
         self.members.len()
     }
 
-    /// The root bootstrap the notices travel on.
-    pub fn bootstrap(&self) -> &Arc<dyn Bootstrap> {
-        &self.bootstrap
-    }
-
     /// Why member `member` is known to be gone (its root-bootstrap link ended), if it is.
     pub fn member_lost(&self, member: usize) -> Option<String> {
         self.bootstrap.peer_lost(*self.members.get(member)?)
@@ -161,17 +156,17 @@ impl Resilience {
     }
 
     /// Tells this member's binomial-graph peers that the communicator is revoked.
-    fn pass_revocation_on(&self, bootstrap: &dyn Bootstrap) {
+    fn pass_revocation_on(&self) {
         for peer in binomial_peers(self.rank, self.size()) {
             let root = self.members[peer];
-            if bootstrap.peer_lost(root).is_none() {
-                send_notice(bootstrap, root, NoticeKind::Revoke, self.namespace, &[]);
+            if self.bootstrap.peer_lost(root).is_none() {
+                send_notice(&*self.bootstrap, root, NoticeKind::Revoke, self.namespace, &[]);
             }
         }
     }
 
     /// Handles a notice from root rank `from` (called by the notice service thread).
-    pub(crate) fn handle_notice(&self, bootstrap: &dyn Bootstrap, from: usize, kind: NoticeKind, body: &[u8]) {
+    pub(crate) fn handle_notice(&self, from: usize, kind: NoticeKind, body: &[u8]) {
         let Some(sender) = self.members.iter().position(|&m| m == from) else {
             tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a notice from a non-member was dropped");
             return;
@@ -180,11 +175,11 @@ impl Resilience {
             NoticeKind::Revoke => {
                 let first = self.mark_revoked(&format!("revoked by a notice from rank {sender}"));
                 if first || sender == self.rank {
-                    self.pass_revocation_on(bootstrap);
+                    self.pass_revocation_on();
                 }
             }
             NoticeKind::Agreement => match AgreementMessage::decode(body, self.size()) {
-                Ok(message) => self.deliver(bootstrap, sender, message),
+                Ok(message) => self.deliver(sender, message),
                 Err(e) => {
                     tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a malformed agreement message was dropped: {e}");
                 }
@@ -199,7 +194,7 @@ impl Resilience {
 
     /// Files an agreement message from member `sender`, or answers it with this member's
     /// decision.
-    fn deliver(&self, bootstrap: &dyn Bootstrap, sender: usize, message: AgreementMessage) {
+    fn deliver(&self, sender: usize, message: AgreementMessage) {
         let mut slots = self.slots();
         match slots.entry(message.instance).or_insert_with(|| Slot::Open(VecDeque::new())) {
             Slot::Open(queue) => {
@@ -211,7 +206,7 @@ impl Resilience {
                 if matches!(message.step, Step::Up | Step::Probe | Step::NewView) {
                     let answer = AgreementMessage::decided(message.instance, value);
                     drop(slots);
-                    self.send_agreement(bootstrap, sender, &answer);
+                    self.send_agreement(sender, &answer);
                 }
             }
         }
@@ -263,16 +258,16 @@ impl Resilience {
         let answer = AgreementMessage::decided(instance, value);
         for (sender, m) in queued {
             if matches!(m.step, Step::Up | Step::Probe | Step::NewView) {
-                self.send_agreement(&*self.bootstrap, sender, &answer);
+                self.send_agreement(sender, &answer);
             }
         }
     }
 
     /// Sends an agreement message to member `to`; whether it left.
-    pub(crate) fn send_agreement(&self, bootstrap: &dyn Bootstrap, to: usize, message: &AgreementMessage) -> bool {
+    pub(crate) fn send_agreement(&self, to: usize, message: &AgreementMessage) -> bool {
         match self.members.get(to) {
             Some(&root) => {
-                send_notice(bootstrap, root, NoticeKind::Agreement, self.namespace, &message.encode(self.size()))
+                send_notice(&*self.bootstrap, root, NoticeKind::Agreement, self.namespace, &message.encode(self.size()))
             }
             None => false,
         }
