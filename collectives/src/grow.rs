@@ -202,20 +202,10 @@ impl Communicator {
 /// 127.0.0.1.
 pub fn grow_ip() -> Result<IpAddr> {
     let value = std::env::var("WEAVE_GROW_ADDR").or_else(|_| std::env::var("MASTER_ADDR"));
-    let Ok(v) = value else { return Ok(IpAddr::from([127, 0, 0, 1])) };
-    if let Ok(ip) = v.parse() {
-        return Ok(ip);
+    match value {
+        Ok(v) => Ok(comm_core::bootstrap::resolve(&v, 0, "WEAVE_GROW_ADDR or MASTER_ADDR")?.ip()),
+        Err(_) => Ok(IpAddr::from([127, 0, 0, 1])),
     }
-    use std::net::ToSocketAddrs;
-    let resolved = (v.as_str(), 0)
-        .to_socket_addrs()
-        .map_err(|e| Error::invalid(format!("WEAVE_GROW_ADDR / MASTER_ADDR {v:?} does not resolve: {e}")))?;
-    let mut addrs: Vec<_> = resolved.collect();
-    addrs.sort_by_key(|a| !a.is_ipv4());
-    addrs
-        .first()
-        .map(|a| a.ip())
-        .ok_or_else(|| Error::invalid(format!("WEAVE_GROW_ADDR / MASTER_ADDR {v:?} resolves to no address")))
 }
 
 #[cfg(test)]

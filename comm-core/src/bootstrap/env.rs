@@ -168,16 +168,7 @@ impl EnvRendezvous {
     /// `MASTER_ADDR:MASTER_PORT`, resolved (IPv4 preferred), with the job secret: the id every
     /// rank other than 0 connects with.
     pub fn unique_id(&self) -> Result<UniqueId> {
-        let addrs: Vec<SocketAddr> = (self.master_addr.as_str(), self.master_port)
-            .to_socket_addrs()
-            .map_err(|e| Error::invalid(format!("MASTER_ADDR={:?} does not resolve: {e}", self.master_addr)))?
-            .collect();
-        let addr = addrs
-            .iter()
-            .find(|a| a.is_ipv4())
-            .or_else(|| addrs.first())
-            .copied()
-            .ok_or_else(|| Error::invalid(format!("MASTER_ADDR={:?} resolves to no address", self.master_addr)))?;
+        let addr = resolve(&self.master_addr, self.master_port, "MASTER_ADDR")?;
         Ok(UniqueId::with_secret(addr, self.job_secret()))
     }
 
@@ -235,6 +226,21 @@ impl fmt::Debug for EnvRendezvous {
             .field("source", &self.source)
             .finish()
     }
+}
+
+/// `host:port` resolved, an IPv4 address preferred; errors name `what` (the variable it came
+/// from).
+pub fn resolve(host: &str, port: u16, what: &str) -> Result<SocketAddr> {
+    let addrs: Vec<SocketAddr> = (host, port)
+        .to_socket_addrs()
+        .map_err(|e| Error::invalid(format!("{what}={host:?} does not resolve: {e}")))?
+        .collect();
+    addrs
+        .iter()
+        .find(|a| a.is_ipv4())
+        .or_else(|| addrs.first())
+        .copied()
+        .ok_or_else(|| Error::invalid(format!("{what}={host:?} resolves to no address")))
 }
 
 /// Joins the job described by the environment ([`EnvRendezvous::detect`]), with the timeout of

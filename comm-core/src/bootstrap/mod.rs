@@ -13,7 +13,7 @@ mod tcp;
 pub mod tree;
 mod unique_id;
 
-pub use env::{EnvRendezvous, from_env};
+pub use env::{EnvRendezvous, from_env, resolve};
 pub use tcp::TcpBootstrap;
 pub use unique_id::UniqueId;
 
