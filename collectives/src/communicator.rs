@@ -2,8 +2,7 @@
 
 use std::cell::{Cell, OnceCell, RefCell, RefMut};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 
 use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator as CoreCommunicator;
@@ -12,9 +11,9 @@ use comm_core::diagnostics;
 use comm_core::notice::NoticeService;
 use comm_core::resilience::Resilience;
 use comm_core::transport::TransportFactory;
-use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
+use crate::abort::AbortHandle;
 use crate::arguments::{check_v, divisible, same_len};
 use crate::buffer::SharedBuffer;
 use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
@@ -25,7 +24,6 @@ use crate::host::workspace::default_scratch_bytes;
 use crate::host::{self, AllToAllv, Buffers, HostEngine};
 use crate::op::ReduceOp;
 use crate::select::{CallShape, Executor, Plan, plan};
-use crate::split::SubBootstrap;
 use crate::table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
 
 /// The transports compiled in by Cargo features, in preference order.
@@ -131,7 +129,7 @@ pub(crate) struct Lineage {
 /// memory, which doubles the cost of a small eager call. Share one between threads inside a
 /// `Mutex`; stop one from another thread with an [`AbortHandle`].
 pub struct Communicator {
-    core: CoreCommunicator,
+    pub(crate) core: CoreCommunicator,
     #[cfg(feature = "cudaipc")]
     pub(crate) gpu: Option<RefCell<crate::gpu::GpuEngine>>,
     /// The GPU engine's status words, for [`AbortHandle`]s.
@@ -143,7 +141,7 @@ pub struct Communicator {
     /// The direct host executor; `None` where some peer's memory is not mapped here.
     host: Option<RefCell<HostEngine>>,
     channel: RefCell<ChannelEngine>,
-    table: AlgorithmTable,
+    pub(crate) table: AlgorithmTable,
     /// The plan of the last host call, and its shape: back-to-back calls of one shape (the
     /// common loop) skip the table.
     last_host_plan: Cell<Option<(CallShape, Plan)>>,
@@ -357,12 +355,12 @@ impl Communicator {
     /// A handle that aborts this communicator from any thread (a watchdog, a signal handler
     /// thread), as [`abort`](Self::abort) does; it may outlive the communicator.
     pub fn abort_handle(&self) -> AbortHandle {
-        AbortHandle {
-            flag: self.core.abort_flag().clone(),
-            resilience: Arc::downgrade(&self.resilience),
+        AbortHandle::new(
+            self.core.abort_flag().clone(),
+            Arc::downgrade(&self.resilience),
             #[cfg(feature = "cudaipc")]
-            gpu: self.gpu_status.clone(),
-        }
+            self.gpu_status.clone(),
+        )
     }
 
     pub(crate) fn engine(&self) -> Result<RefMut<'_, HostEngine>> {
@@ -443,18 +441,6 @@ impl Communicator {
         })?;
         let built = Hierarchy::new(self, grid)?;
         Ok(self.hierarchy.get_or_init(|| Box::new(built)))
-    }
-
-    /// Collective: the sub-communicator of the ranks passing `color`, ordered by `key`, for the
-    /// steps of hierarchical calls: as [`split`](Self::split), with a table that cannot choose
-    /// the hierarchical algorithm again.
-    pub(crate) fn split_for_steps(&self, color: usize, key: usize) -> Result<Option<Communicator>> {
-        let color = u32::try_from(color).map_err(|_| Error::invalid(format!("split color {color} is too large")))?;
-        let sub = self.split(Some(color), key as i64)?;
-        Ok(sub.map(|mut c| {
-            c.table.clear_overrides_of(Algorithm::Hierarchical);
-            c
-        }))
     }
 
     /// [`collective`](Self::collective) with each executor's part as a closure: the channel
@@ -697,61 +683,11 @@ impl Communicator {
         }
         Ok(())
     }
-
-    /// Collective: splits this communicator into groups of ranks with equal `color`, ordered by
-    /// `key` (then by rank). Ranks passing `None` take part but get no communicator. Each
-    /// sub-communicator has its own registrations, workspace and tag space.
-    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
-        let seq = self.splits.fetch_add(1, Ordering::AcqRel) + 1;
-        let mine = Encoder::new(*b"WVSP", 1)
-            .u32(color.map_or(u32::MAX, |c| c))
-            .u64(key as u64)
-            .u32(self.rank() as u32)
-            .finish();
-        let all = self.core.bootstrap().all_gather(&mine)?;
-        let mut members = Vec::new();
-        for (r, bytes) in all.iter().enumerate() {
-            let mut d = Decoder::new(bytes, *b"WVSP", 1, "split request")?;
-            let (c, k, claimed) = (d.u32()?, d.u64()? as i64, d.u32()? as usize);
-            d.finish()?;
-            if claimed != r {
-                return Err(Error::protocol(format!("split request from rank {r} claims rank {claimed}")));
-            }
-            if Some(c) == color && c != u32::MAX {
-                members.push((k, r));
-            }
-        }
-        let Some(color) = color else { return Ok(None) };
-        if color == u32::MAX {
-            return Err(Error::invalid("split color u32::MAX is reserved for 'no group'; pass None"));
-        }
-        if seq >= 64 {
-            return Err(Error::Unsupported("a communicator can be split at most 63 times".into()));
-        }
-        members.sort();
-        let root_ranks: Vec<usize> = members.iter().map(|&(_, r)| self.root_ranks[r]).collect();
-        let namespace = self.namespace * 64 + seq;
-        let sub = SubBootstrap::new(self.root.clone(), root_ranks.clone(), namespace, color)?;
-        let builder = Builder::for_child(self, Arc::new(sub));
-        let lineage =
-            Lineage { root: Some(self.root.clone()), namespace, root_ranks, notices: Some(self.notices.clone()) };
-        Communicator::build_child(builder, lineage, self).map(Some)
-    }
-
-    /// Collective over `lineage`'s members: a split's or shrink's communicator, with this
-    /// communicator's algorithm table fitted to where the members run.
-    pub(crate) fn build_child(builder: Builder, lineage: Lineage, parent: &Communicator) -> Result<Communicator> {
-        let mut comm = Communicator::build(builder, lineage)?;
-        comm.table = parent.table.clone();
-        // A rail of a grid is one rank per node where its parent was not.
-        fit_to_placement(&mut comm.table, &comm.core);
-        Ok(comm)
-    }
 }
 
 /// Puts in front of `table` the rows that depend on where the ranks of `core` run (each set at
 /// most once): every rank sees the same topology, ranks and cores, so all agree.
-fn fit_to_placement(table: &mut AlgorithmTable, core: &CoreCommunicator) {
+pub(crate) fn fit_to_placement(table: &mut AlgorithmTable, core: &CoreCommunicator) {
     // One host whose ranks outnumber its cores.
     if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::spin::host_cpus() {
         table.for_crowded_host();
@@ -800,40 +736,4 @@ fn root_outside(what: &str, root: usize, n: usize) -> Error {
 /// (from a callback inside it): the first call holds the engine.
 pub(crate) fn already_in_a_call() -> Error {
     Error::invalid("this communicator is already inside a call on this thread; calls cannot nest")
-}
-
-/// Aborts a [`Communicator`] from any thread: every current and future wait of it fails with
-/// [`Error::Aborted`], and its running GPU kernels stop. Cheap to clone.
-#[derive(Clone)]
-pub struct AbortHandle {
-    flag: Arc<AtomicBool>,
-    /// Weak: a handle that outlives its communicator keeps nothing of it alive.
-    resilience: std::sync::Weak<Resilience>,
-    #[cfg(feature = "cudaipc")]
-    gpu: Option<Arc<weave_cuda::DeviceStatus>>,
-}
-
-impl AbortHandle {
-    /// Aborts the communicator (idempotent).
-    pub fn abort(&self) {
-        self.flag.store(true, std::sync::atomic::Ordering::Release);
-        #[cfg(feature = "cudaipc")]
-        if let Some(status) = &self.gpu {
-            status.abort();
-        }
-    }
-
-    /// Revokes the communicator, as [`Communicator::revoke`] does (nothing once the
-    /// communicator is gone).
-    pub fn revoke(&self) {
-        if let Some(r) = self.resilience.upgrade() {
-            r.revoke();
-        }
-    }
-}
-
-impl std::fmt::Debug for AbortHandle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("AbortHandle").field("aborted", &self.flag.load(std::sync::atomic::Ordering::Acquire)).finish()
-    }
 }

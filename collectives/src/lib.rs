@@ -20,6 +20,7 @@
 //! so CPU-only machines build and run it — the GPU path is then off). The primitives layer is
 //! re-exported as [`core`].
 
+mod abort;
 mod arguments;
 pub mod buffer;
 mod channel;
@@ -40,9 +41,10 @@ pub mod select;
 pub mod split;
 pub use select::table;
 
+pub use abort::AbortHandle;
 pub use buffer::SharedBuffer;
 pub use comm_core as core;
-pub use communicator::{AbortHandle, Builder, Communicator, default_transports};
+pub use communicator::{Builder, Communicator, default_transports};
 pub use dtype::{DataType, Element};
 pub use group::Group;
 pub use grow::{GrowId, Growing};

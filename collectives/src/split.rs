@@ -1,4 +1,5 @@
-//! Sub-communicators: a bootstrap over a subset of a job's ranks, with its own tag space.
+//! Sub-communicators: [`Communicator::split`], and the bootstrap a sub-communicator (a split's or
+//! a shrink's) talks through — a subset of a job's ranks, with its own tag space.
 //!
 //! A [`SubBootstrap`] talks through the job's root bootstrap, translating ranks and tags. Tags
 //! of a sub-communicator live in their own namespace (bit 62 set, the namespace in bits 32..62),
@@ -7,8 +8,14 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::sync::atomic::Ordering;
+
 use comm_core::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
+use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
+
+use crate::communicator::{Builder, Communicator, Lineage, fit_to_placement};
+use crate::table::Algorithm;
 
 /// Largest user tag a sub-communicator accepts.
 pub const MAX_SUB_TAG: u64 = (1 << 31) - 1;
@@ -117,5 +124,70 @@ impl Bootstrap for SubBootstrap {
     /// The root bootstrap's notices (senders in root ranks): notices name their communicator.
     fn recv_notice(&self, timeout: Duration) -> Result<Option<(usize, Vec<u8>)>> {
         self.root.recv_notice(timeout)
+    }
+}
+
+/// Splits, the communicators of their groups.
+impl Communicator {
+    /// Collective: the sub-communicator of the ranks passing `color`, ordered by `key`, for the
+    /// steps of hierarchical calls: as [`split`](Self::split), with a table that cannot choose
+    /// the hierarchical algorithm again.
+    pub(crate) fn split_for_steps(&self, color: usize, key: usize) -> Result<Option<Communicator>> {
+        let color = u32::try_from(color).map_err(|_| Error::invalid(format!("split color {color} is too large")))?;
+        let sub = self.split(Some(color), key as i64)?;
+        Ok(sub.map(|mut c| {
+            c.table.clear_overrides_of(Algorithm::Hierarchical);
+            c
+        }))
+    }
+
+    /// Collective: splits this communicator into groups of ranks with equal `color`, ordered by
+    /// `key` (then by rank). Ranks passing `None` take part but get no communicator. Each
+    /// sub-communicator has its own registrations, workspace and tag space.
+    pub fn split(&self, color: Option<u32>, key: i64) -> Result<Option<Communicator>> {
+        let seq = self.splits.fetch_add(1, Ordering::AcqRel) + 1;
+        let mine = Encoder::new(*b"WVSP", 1)
+            .u32(color.map_or(u32::MAX, |c| c))
+            .u64(key as u64)
+            .u32(self.rank() as u32)
+            .finish();
+        let all = self.core().bootstrap().all_gather(&mine)?;
+        let mut members = Vec::new();
+        for (r, bytes) in all.iter().enumerate() {
+            let mut d = Decoder::new(bytes, *b"WVSP", 1, "split request")?;
+            let (c, k, claimed) = (d.u32()?, d.u64()? as i64, d.u32()? as usize);
+            d.finish()?;
+            if claimed != r {
+                return Err(Error::protocol(format!("split request from rank {r} claims rank {claimed}")));
+            }
+            if Some(c) == color && c != u32::MAX {
+                members.push((k, r));
+            }
+        }
+        let Some(color) = color else { return Ok(None) };
+        if color == u32::MAX {
+            return Err(Error::invalid("split color u32::MAX is reserved for 'no group'; pass None"));
+        }
+        if seq >= 64 {
+            return Err(Error::Unsupported("a communicator can be split at most 63 times".into()));
+        }
+        members.sort();
+        let root_ranks: Vec<usize> = members.iter().map(|&(_, r)| self.root_ranks[r]).collect();
+        let namespace = self.namespace * 64 + seq;
+        let sub = SubBootstrap::new(self.root.clone(), root_ranks.clone(), namespace, color)?;
+        let builder = Builder::for_child(self, Arc::new(sub));
+        let lineage =
+            Lineage { root: Some(self.root.clone()), namespace, root_ranks, notices: Some(self.notices.clone()) };
+        Communicator::build_child(builder, lineage, self).map(Some)
+    }
+
+    /// Collective over `lineage`'s members: a split's or shrink's communicator, with this
+    /// communicator's algorithm table fitted to where the members run.
+    pub(crate) fn build_child(builder: Builder, lineage: Lineage, parent: &Communicator) -> Result<Communicator> {
+        let mut comm = Communicator::build(builder, lineage)?;
+        comm.table = parent.table.clone();
+        // A rail of a grid is one rank per node where its parent was not.
+        fit_to_placement(&mut comm.table, &comm.core);
+        Ok(comm)
     }
 }
