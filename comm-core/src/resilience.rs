@@ -131,10 +131,12 @@ impl Resilience {
     /// Revokes the communicator: stops its calls here and tells every reachable member (see
     /// the module documentation). Idempotent; never blocks on a peer.
     pub fn revoke(&self) {
-        self.mark_revoked("revoked by this rank");
-        // The notice to oneself makes the service thread pass it on, off the caller's thread.
-        let me = self.members[self.rank];
-        send_notice(&*self.bootstrap, me, NoticeKind::Revoke, self.namespace, &[]);
+        // The notice to oneself makes the service thread pass it on, off the caller's thread;
+        // over a bootstrap without notices the revocation stays local (nothing would read it).
+        if self.mark_revoked("revoked by this rank") && self.bootstrap.carries_notices() {
+            let me = self.members[self.rank];
+            send_notice(&*self.bootstrap, me, NoticeKind::Revoke, self.namespace, &[]);
+        }
     }
 
     /// Marks the communicator revoked and stops its calls; whether this was the first time.
