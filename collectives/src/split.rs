@@ -137,6 +137,8 @@ impl Communicator {
         let sub = self.split(Some(color), key as i64)?;
         Ok(sub.map(|mut c| {
             c.table.clear_overrides_of(Algorithm::Hierarchical);
+            // A step's wait must end when this communicator is revoked, not at its timeout.
+            c.resilience.follow(&self.resilience);
             c
         }))
     }

@@ -116,10 +116,29 @@ impl Resilience {
 
     /// Adds a hook run when the communicator is revoked (at once if it already is).
     pub fn on_revoke(&self, hook: RevocationHook) {
-        if self.is_revoked() {
-            hook();
+        // Looked at under the hooks' lock: `mark_revoked` sets the flag before taking it, so
+        // either it will run this hook or this call sees the flag and runs it — once either way.
+        let mut hooks = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.is_revoked() {
+            hooks.push(hook);
+            return;
         }
-        self.hooks.lock().unwrap_or_else(PoisonError::into_inner).push(hook);
+        drop(hooks);
+        hook();
+    }
+
+    /// Revokes this communicator here whenever `parent` is revoked (at once if it already is):
+    /// for a communicator that carries steps of its parent's calls (the node and rail
+    /// communicators of a hierarchical call), so that a revocation of the parent also stops a
+    /// wait of a step. Only here: every member of this communicator is a member of `parent` and
+    /// hears of the parent's revocation itself. `parent` keeps no reference to this state.
+    pub fn follow(self: &Arc<Self>, parent: &Resilience) {
+        let child = Arc::downgrade(self);
+        parent.on_revoke(Box::new(move || {
+            if let Some(child) = child.upgrade() {
+                child.mark_revoked("its parent communicator was revoked");
+            }
+        }));
     }
 
     /// Whether the communicator is revoked (here, or by a notice from another member).
@@ -295,6 +314,35 @@ pub fn binomial_peers(rank: usize, n: usize) -> Vec<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::loopback::LoopbackBootstrap;
+
+    fn member(namespace: u64, b: &Arc<dyn Bootstrap>) -> Arc<Resilience> {
+        Resilience::new(namespace, vec![0], 0, b.clone(), Arc::new(AtomicBool::new(false)))
+    }
+
+    #[test]
+    fn a_follower_is_revoked_with_its_parent_and_only_then() {
+        let b: Arc<dyn Bootstrap> = Arc::new(LoopbackBootstrap::group(1, Duration::from_secs(1)).remove(0));
+        let (parent, step) = (member(1, &b), member(65, &b));
+        step.follow(&parent);
+        step.revoke();
+        assert!(!parent.is_revoked(), "a step's revocation went up to its parent");
+        let (parent, step, late) = (member(1, &b), member(65, &b), member(66, &b));
+        step.follow(&parent);
+        parent.revoke();
+        assert!(step.is_revoked() && step.abort.load(Ordering::Acquire), "the step was not revoked");
+        // Following a parent revoked already revokes at once.
+        late.follow(&parent);
+        assert!(late.is_revoked());
+        // A dropped follower is not kept alive by its parent's hook.
+        let (living, gone) = (member(2, &b), member(67, &b));
+        let weak = Arc::downgrade(&gone);
+        gone.follow(&living);
+        drop(gone);
+        assert!(weak.upgrade().is_none());
+        living.revoke();
+        assert!(living.is_revoked());
+    }
 
     #[test]
     fn binomial_peers_reach_everyone_in_log_steps() {

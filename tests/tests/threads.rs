@@ -254,3 +254,51 @@ fn a_thousand_and_twenty_four_thread_ranks_agree_and_shrink_within_five_seconds(
     println!("1,024 thread ranks, 3 lost: agreed in {agreed:.2?}, agree + shrink in {took:.2?}");
     assert!(took < Duration::from_secs(5), "agree + shrink took {took:.2?}");
 }
+
+/// Four thread ranks on two posed nodes run a hierarchical all-reduce; rank 3 revokes instead
+/// of calling the second one. The others wait in a step (on a node or rail communicator) for
+/// it: the revocation of the communicator must end those waits within milliseconds, not at the
+/// timeout.
+#[test]
+fn a_revocation_ends_a_hierarchical_call_waiting_in_a_step() {
+    const N: usize = 4;
+    let timeout = Duration::from_secs(20);
+    let group = LoopbackBootstrap::group(N, timeout);
+    let ready = std::sync::Barrier::new(N);
+    let ready = &ready;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|b| {
+                s.spawn(move || {
+                    let rank = b_rank(&b);
+                    let config =
+                        Config { timeout, host_id: Some(format!("posed-node-{}", rank / 2)), ..Config::default() };
+                    let comm = Communicator::builder(b)
+                        .with_transport(LoopbackTransport)
+                        .with_config(config)
+                        .with_algorithm(Collective::AllReduce, Algorithm::Hierarchical)
+                        .build()
+                        .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
+                    let mut sum = [0u64; 1024];
+                    comm.all_reduce(&[rank as u64 + 1; 1024], &mut sum, ReduceOp::Sum).unwrap();
+                    assert_eq!(sum, [10; 1024], "rank {rank}: the first all-reduce");
+                    ready.wait();
+                    if rank == N - 1 {
+                        std::thread::sleep(Duration::from_millis(200));
+                        comm.revoke();
+                        return;
+                    }
+                    let started = Instant::now();
+                    let e = comm.all_reduce(&[1u64; 1024], &mut sum, ReduceOp::Sum).expect_err("rank 3 never called");
+                    let took = started.elapsed();
+                    assert!(matches!(e, comm_core::Error::Revoked(_)), "rank {rank}: {e}");
+                    assert!(took < Duration::from_secs(3), "rank {rank}: the revoked call returned after {took:.2?}");
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("a rank thread panicked");
+        }
+    });
+}
