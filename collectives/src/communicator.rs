@@ -8,6 +8,7 @@ use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::config::Config;
 use comm_core::diagnostics;
+use comm_core::ledger::{CallKind, CallSignature};
 use comm_core::notice::NoticeService;
 use comm_core::resilience::Resilience;
 use comm_core::transport::TransportFactory;
@@ -388,12 +389,16 @@ impl Communicator {
     /// the local error.
     #[inline]
     fn collective<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
-        // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count while
-        // the others pass zero gets a timeout naming the peer instead of a mismatch error).
-        if bytes == 0 && validation.is_ok() {
-            return Ok(());
-        }
-        self.step(bytes, validation, call)
+        let signature = CallSignature::host(call.collective().0.call_kind(), bytes, call.root());
+        self.ledgered(signature, || {
+            // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count
+            // while the others pass zero gets a timeout naming the peer instead of a mismatch
+            // error).
+            if bytes == 0 && validation.is_ok() {
+                return Ok(());
+            }
+            self.step(bytes, validation, call)
+        })
     }
 
     /// [`collective`](Self::collective) even when it moves nothing (the ranks still exchange
@@ -651,7 +656,10 @@ impl Communicator {
         let in_steps = |_: &Hierarchy, _| {
             Err(Error::Unsupported("all_to_allv has no hierarchical algorithm; the plan never picks one".into()))
         };
-        self.run_planned::<T>(Collective::AllToAllv, None, bytes, check, through_links, on_host, in_steps)
+        let signature = CallSignature::host(CallKind::AllToAllv, bytes, None);
+        self.ledgered(signature, || {
+            self.run_planned::<T>(Collective::AllToAllv, None, bytes, check, through_links, on_host, in_steps)
+        })
     }
 
     /// Sends `data` to `peer` (which must call [`recv`](Self::recv) with the same length).

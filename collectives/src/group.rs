@@ -12,6 +12,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use comm_core::config::Deadline;
+use comm_core::ledger::{CallKind, CallSignature};
 use comm_core::spin::Backoff;
 use comm_core::{Error, Result};
 
@@ -47,6 +48,12 @@ impl<'a> Group<'a> {
     /// Runs every operation to completion.
     pub fn run(self) -> Result<()> {
         let bytes: usize = self.ops.iter().map(P2pOp::len).sum();
+        let first_peer = self.ops.first().map(P2pOp::peer);
+        self.comm.ledgered(CallSignature::host(CallKind::Group, bytes, first_peer), || self.progress(bytes))
+    }
+
+    /// Runs every operation to completion: [`run`](Self::run) inside the ledger.
+    fn progress(&self, bytes: usize) -> Result<()> {
         if self.comm.plan(CallShape::host(Collective::SendRecv, bytes))?.executor == Executor::HostChannel {
             let mut e = self.comm.channel_engine()?;
             // SAFETY: as below.

@@ -34,6 +34,7 @@ pub mod grow;
 mod health;
 mod hierarchy;
 mod host;
+mod ledgered;
 pub mod op;
 mod per_rank;
 pub mod reduce;

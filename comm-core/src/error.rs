@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::verdict::Verdict;
+
 /// Result alias used across weave.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -15,7 +17,11 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 pub enum Error {
     /// A bounded wait ran out. Raise `WEAVE_TIMEOUT`, or look at the named peer: it is slow,
     /// stuck, or running a different sequence of calls.
-    #[error("timed out after {waited:?} waiting for {operation}{}; check that peer or raise WEAVE_TIMEOUT", peer_suffix(*.peer))]
+    #[error(
+        "timed out after {waited:?} waiting for {operation}{}; check that peer or raise WEAVE_TIMEOUT{}",
+        peer_suffix(*.peer),
+        verdict_suffix(.verdict)
+    )]
     Timeout {
         /// What was being waited for.
         operation: String,
@@ -23,9 +29,11 @@ pub enum Error {
         peer: Option<usize>,
         /// How long the wait lasted.
         waited: Duration,
+        /// Who is behind, by the members' ledgers, when a communicator's call judged it.
+        verdict: Option<Box<Verdict>>,
     },
     /// A peer process went away (its socket closed, or its process no longer exists).
-    #[error("peer rank {peer} was lost during {operation}: {reason}")]
+    #[error("peer rank {peer} was lost during {operation}: {reason}{}", verdict_suffix(.verdict))]
     PeerLost {
         /// The rank that was lost.
         peer: usize,
@@ -33,6 +41,8 @@ pub enum Error {
         operation: String,
         /// How the loss was noticed.
         reason: String,
+        /// Who is behind, by the members' ledgers, when a communicator's call judged it.
+        verdict: Option<Box<Verdict>>,
     },
     /// An argument from the caller is out of range or inconsistent.
     #[error("invalid argument: {0}")]
@@ -82,6 +92,13 @@ pub enum Error {
     },
 }
 
+fn verdict_suffix(verdict: &Option<Box<Verdict>>) -> String {
+    match verdict {
+        Some(v) => format!("; {v}"),
+        None => String::new(),
+    }
+}
+
 fn peer_suffix(peer: Option<usize>) -> String {
     match peer {
         Some(p) => format!(" from peer rank {p}"),
@@ -105,7 +122,7 @@ impl Error {
     pub fn timeout(operation: impl Into<String>, peer: Option<usize>, waited: Duration) -> Self {
         let operation = operation.into();
         tracing::warn!(target: crate::diagnostics::FAULT, peer, ?waited, "timed out: {operation}");
-        Error::Timeout { operation, peer, waited }
+        Error::Timeout { operation, peer, waited, verdict: None }
     }
 
     /// Shorthand for [`Error::PeerLost`]; a `warn` event of [`crate::diagnostics::FAULT`] names
@@ -113,7 +130,7 @@ impl Error {
     pub fn peer_lost(peer: usize, operation: impl Into<String>, reason: impl Into<String>) -> Self {
         let (operation, reason) = (operation.into(), reason.into());
         tracing::warn!(target: crate::diagnostics::FAULT, peer, "rank {peer} lost during {operation}: {reason}");
-        Error::PeerLost { peer, operation, reason }
+        Error::PeerLost { peer, operation, reason, verdict: None }
     }
 
     /// Shorthand for [`Error::Transport`].
@@ -129,6 +146,23 @@ impl Error {
     /// Wraps a `nix` errno as [`Error::Io`].
     pub fn errno(operation: impl Into<String>, errno: nix::errno::Errno) -> Self {
         Error::Io { operation: operation.into(), source: std::io::Error::from(errno) }
+    }
+
+    /// `self` with `judged` attached when it is a timeout or a lost peer (the errors a verdict
+    /// explains); any other error unchanged.
+    pub fn with_verdict(mut self, judged: Verdict) -> Self {
+        if let Error::Timeout { verdict, .. } | Error::PeerLost { verdict, .. } = &mut self {
+            *verdict = Some(Box::new(judged));
+        }
+        self
+    }
+
+    /// The verdict attached to a timeout or a lost peer, if a communicator's call judged it.
+    pub fn verdict(&self) -> Option<&Verdict> {
+        match self {
+            Error::Timeout { verdict, .. } | Error::PeerLost { verdict, .. } => verdict.as_deref(),
+            _ => None,
+        }
     }
 
     /// True for errors after which the communicator cannot be trusted any more (a peer is gone,

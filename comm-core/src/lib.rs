@@ -21,6 +21,7 @@ pub mod doorbell;
 pub mod error;
 pub mod fifo;
 pub mod host;
+pub mod ledger;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;
@@ -37,6 +38,7 @@ pub mod tcp_listener;
 pub mod testing;
 pub mod topology;
 pub mod transport;
+pub mod verdict;
 pub mod wire;
 
 pub use error::{Error, Result};

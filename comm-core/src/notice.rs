@@ -14,6 +14,8 @@
 //! | [`NoticeKind::Revoke`] | nothing |
 //! | [`NoticeKind::Agreement`] | an [`AgreementMessage`](crate::agreement::AgreementMessage) |
 //! | [`NoticeKind::Stop`] | nothing; only a rank to itself, to end its service |
+//! | [`NoticeKind::LedgerQuery`] | `query: u64` |
+//! | [`NoticeKind::LedgerAnswer`] | `query: u64`, then a [`LedgerEntry`](crate::ledger::LedgerEntry) |
 //!
 //! Decoding checks every field; a malformed notice or one for a communicator this rank does not
 //! hold is dropped (a `debug` event says so), never a panic.
@@ -57,6 +59,10 @@ pub enum NoticeKind {
     Agreement = 2,
     /// Ends the service (a rank to itself).
     Stop = 3,
+    /// Asks for the member's ledger entry (see [`crate::verdict`]).
+    LedgerQuery = 4,
+    /// Answers a [`NoticeKind::LedgerQuery`].
+    LedgerAnswer = 5,
 }
 
 impl NoticeKind {
@@ -65,6 +71,8 @@ impl NoticeKind {
             1 => Some(NoticeKind::Revoke),
             2 => Some(NoticeKind::Agreement),
             3 => Some(NoticeKind::Stop),
+            4 => Some(NoticeKind::LedgerQuery),
+            5 => Some(NoticeKind::LedgerAnswer),
             _ => None,
         }
     }
@@ -236,7 +244,7 @@ mod tests {
         }
         let mut unknown = bytes.clone();
         let kind_at = 4 + 2;
-        unknown[kind_at] = 9;
+        unknown[kind_at] = 99;
         assert!(decode_notice(&unknown).is_err(), "unknown kind");
         assert!(decode_notice(b"WVNT").is_err());
     }

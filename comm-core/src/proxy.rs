@@ -59,12 +59,15 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 /// proxy error can be reported to every channel.
 fn duplicate(e: &Error) -> Error {
     match e {
-        Error::Timeout { operation, peer, waited } => {
-            Error::Timeout { operation: operation.clone(), peer: *peer, waited: *waited }
+        Error::Timeout { operation, peer, waited, verdict } => {
+            Error::Timeout { operation: operation.clone(), peer: *peer, waited: *waited, verdict: verdict.clone() }
         }
-        Error::PeerLost { peer, operation, reason } => {
-            Error::PeerLost { peer: *peer, operation: operation.clone(), reason: reason.clone() }
-        }
+        Error::PeerLost { peer, operation, reason, verdict } => Error::PeerLost {
+            peer: *peer,
+            operation: operation.clone(),
+            reason: reason.clone(),
+            verdict: verdict.clone(),
+        },
         Error::InvalidArgument(m) => Error::InvalidArgument(m.clone()),
         Error::RegistrationMismatch(m) => Error::RegistrationMismatch(m.clone()),
         Error::Protocol(m) => Error::Protocol(m.clone()),

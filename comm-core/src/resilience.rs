@@ -1,5 +1,6 @@
-//! One communicator's fault tolerance: its revocation, spread to every reachable member, and
-//! the mailboxes of its failure agreements ([`crate::agreement`]).
+//! One communicator's fault tolerance: its revocation, spread to every reachable member, the
+//! mailboxes of its failure agreements ([`crate::agreement`]), and its [`Ledger`], which peers
+//! read to judge who is behind ([`crate::verdict`]).
 //!
 //! # Revocation
 //!
@@ -28,7 +29,9 @@ use std::time::Duration;
 use crate::agreement::{AgreementMessage, Step};
 use crate::bootstrap::Bootstrap;
 use crate::diagnostics;
+use crate::ledger::{Ledger, LedgerEntry};
 use crate::notice::{NoticeKind, send_notice};
+use crate::verdict::{MemberState, Verdict};
 
 /// Decided agreements kept to answer members still agreeing; older ones are dropped.
 const KEPT_DECISIONS: u64 = 64;
@@ -57,6 +60,18 @@ pub struct Resilience {
     agreements: Mutex<HashMap<u64, Slot>>,
     arrived: Condvar,
     next_agreement: AtomicU64,
+    ledger: Ledger,
+    query: Mutex<LedgerQuery>,
+    answered: Condvar,
+}
+
+/// The ledger query this member has open, if any, with the answers so far.
+#[derive(Default)]
+struct LedgerQuery {
+    /// The query's number; answers to another are dropped.
+    id: u64,
+    open: bool,
+    answers: Vec<Option<LedgerEntry>>,
 }
 
 impl std::fmt::Debug for Resilience {
@@ -91,6 +106,9 @@ impl Resilience {
             agreements: Mutex::new(HashMap::new()),
             arrived: Condvar::new(),
             next_agreement: AtomicU64::new(0),
+            ledger: Ledger::default(),
+            query: Mutex::new(LedgerQuery::default()),
+            answered: Condvar::new(),
         })
     }
 
@@ -205,8 +223,93 @@ impl Resilience {
                     tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a malformed agreement message was dropped: {e}");
                 }
             },
+            NoticeKind::LedgerQuery => match <[u8; 8]>::try_from(body) {
+                Ok(id) => {
+                    let mut answer = id.to_vec();
+                    answer.extend_from_slice(&self.ledger.entry().encode());
+                    send_notice(&*self.bootstrap, from, NoticeKind::LedgerAnswer, self.namespace, &answer);
+                }
+                Err(_) => {
+                    tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a malformed ledger query was dropped");
+                }
+            },
+            NoticeKind::LedgerAnswer => {
+                let decoded = body
+                    .split_first_chunk::<8>()
+                    .map(|(id, entry)| (u64::from_le_bytes(*id), LedgerEntry::decode(entry)));
+                match decoded {
+                    Some((id, Ok(entry))) => {
+                        let mut query = self.query.lock().unwrap_or_else(PoisonError::into_inner);
+                        if query.open && query.id == id && sender < query.answers.len() {
+                            query.answers[sender] = Some(entry);
+                            drop(query);
+                            self.answered.notify_all();
+                        }
+                    }
+                    _ => {
+                        tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a malformed ledger answer was dropped");
+                    }
+                }
+            }
             NoticeKind::Stop => {}
         }
+    }
+
+    /// This member's ledger of the communicator's calls.
+    pub fn ledger(&self) -> &Ledger {
+        &self.ledger
+    }
+
+    /// Asks every member for its ledger and judges who is behind (see [`crate::verdict`]);
+    /// waits for each answer until the member is known lost or `silence` has passed. `None`
+    /// over a bootstrap that carries no notices (nobody would answer).
+    pub fn verdict(&self, silence: Duration) -> Option<Verdict> {
+        if !self.bootstrap.carries_notices() {
+            return None;
+        }
+        let n = self.size();
+        let id = {
+            let mut query = self.query.lock().unwrap_or_else(PoisonError::into_inner);
+            query.id += 1;
+            query.open = true;
+            query.answers = vec![None; n];
+            query.answers[self.rank] = Some(self.ledger.entry());
+            query.id
+        };
+        for member in (0..n).filter(|&m| m != self.rank && self.member_lost(m).is_none()) {
+            send_notice(
+                &*self.bootstrap,
+                self.members[member],
+                NoticeKind::LedgerQuery,
+                self.namespace,
+                &id.to_le_bytes(),
+            );
+        }
+        let deadline = std::time::Instant::now() + silence;
+        let mut query = self.query.lock().unwrap_or_else(PoisonError::into_inner);
+        loop {
+            let settled = |q: &LedgerQuery| (0..n).all(|m| q.answers[m].is_some() || self.member_lost(m).is_some());
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if settled(&query) || left.is_zero() {
+                break;
+            }
+            // Losses wake nobody: look again every few milliseconds.
+            let nap = left.min(Duration::from_millis(5));
+            query = self.answered.wait_timeout(query, nap).unwrap_or_else(PoisonError::into_inner).0;
+        }
+        query.open = false;
+        let answers = std::mem::take(&mut query.answers);
+        drop(query);
+        let states = answers
+            .into_iter()
+            .enumerate()
+            .map(|(m, a)| match a {
+                Some(entry) => MemberState::Answered(entry),
+                None if self.member_lost(m).is_some() => MemberState::Lost,
+                None => MemberState::Silent,
+            })
+            .collect();
+        Some(Verdict::judge(states, silence))
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<u64, Slot>> {

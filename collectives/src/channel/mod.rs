@@ -480,6 +480,14 @@ impl<T> ChannelCall<T> {
         }
     }
 
+    /// The root of a rooted call.
+    pub(crate) fn root(&self) -> Option<usize> {
+        match *self {
+            ChannelCall::Broadcast { root, .. } | ChannelCall::Reduce { root, .. } => Some(root),
+            _ => None,
+        }
+    }
+
     /// The send and receive buffers.
     fn buffers(&self) -> (*const T, *mut T) {
         match *self {

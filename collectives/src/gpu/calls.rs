@@ -6,6 +6,7 @@
 use std::sync::Arc;
 
 use comm_core::diagnostics;
+use comm_core::ledger::{CallKind, CallSignature};
 use comm_core::{Error, Result};
 use cudarc::driver::CudaStream;
 
@@ -46,6 +47,13 @@ impl DeviceCall {
     ) -> Self {
         DeviceCall { collective, dtype, op, send, recv, count, root: 0, aux: [0; 4], bytes }
     }
+
+    /// The call in the ledger (queued on a stream: finished there once queued).
+    fn signature(&self) -> CallSignature {
+        let rooted = matches!(self.collective, Collective::Broadcast | Collective::Reduce);
+        let root = rooted.then_some(self.root);
+        CallSignature { device: true, ..CallSignature::host(self.collective.call_kind(), self.bytes, root) }
+    }
 }
 
 /// Defines `pub unsafe fn $name(&self, <arguments>, stream)`, a raw device collective: `$call`
@@ -55,8 +63,10 @@ macro_rules! device_raw {
         $(#[$attr])*
         pub unsafe fn $name(&$me, $($arg: $ty,)* $stream: &Arc<CudaStream>) -> Result<()> {
             let call = $call;
-            // SAFETY: forwarded from the caller.
-            unsafe { $me.device_call(call, $stream) }
+            $me.ledgered(call.signature(), || {
+                // SAFETY: forwarded from the caller.
+                unsafe { $me.device_call(call, $stream) }
+            })
         }
     };
 }
@@ -83,7 +93,8 @@ impl Communicator {
     /// Call it after synchronizing the stream to learn how the calls before went.
     pub fn check_gpu(&self) -> Result<()> {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
-        gpu.try_borrow_mut().map_err(|_| already_in_a_call())?.check()
+        let checked = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?.check();
+        checked.map_err(|e| self.judged(e))
     }
 
     /// Bytes of a call that moves `count` elements of `dtype` per rank, from or to every rank.
@@ -301,8 +312,25 @@ impl Communicator {
     /// # Safety
     /// `send` valid for `send_count` elements and `recv` for `recv_count` until the call
     /// completes on `stream`.
-    #[allow(clippy::too_many_arguments)]
     pub unsafe fn sendrecv_device_raw(
+        &self,
+        send: Option<(u64, usize, usize)>,
+        recv: Option<(u64, usize, usize)>,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let bytes = (send.map_or(0, |s| s.1) + recv.map_or(0, |r| r.1)) * dtype.size();
+        let first_peer = send.or(recv).map(|op| op.2);
+        let signature = CallSignature { device: true, ..CallSignature::host(CallKind::Group, bytes, first_peer) };
+        // SAFETY: forwarded from the caller.
+        self.ledgered(signature, || unsafe { self.sendrecv_on_device(send, recv, dtype, stream) })
+    }
+
+    /// [`sendrecv_device_raw`](Self::sendrecv_device_raw) inside the ledger.
+    ///
+    /// # Safety
+    /// As for `sendrecv_device_raw`.
+    unsafe fn sendrecv_on_device(
         &self,
         send: Option<(u64, usize, usize)>,
         recv: Option<(u64, usize, usize)>,

@@ -347,8 +347,8 @@ impl Workspace {
                 Ok(())
             }
             // Name the first peer that has not arrived.
-            Err(Error::Timeout { operation, peer: None, waited }) => {
-                Err(Error::Timeout { operation, peer: missing(), waited })
+            Err(Error::Timeout { operation, peer: None, waited, verdict }) => {
+                Err(Error::Timeout { operation, peer: missing(), waited, verdict })
             }
             Err(e) => Err(e),
         }

@@ -356,7 +356,7 @@ mod tests {
         let timeout = Duration::from_secs(1);
         let lost = Failure::of(&Error::peer_lost(7, "x", "closed")).encode();
         match payload(&lost, "barrier", 3, timeout) {
-            Err(Error::PeerLost { peer: 7, operation, reason }) => {
+            Err(Error::PeerLost { peer: 7, operation, reason, .. }) => {
                 assert!(operation.contains("rank 3"), "{operation}");
                 assert_eq!(reason, "closed");
             }
