@@ -166,7 +166,7 @@ impl NoticeService {
 
 /// Sends one notice over `bootstrap`; whether it was handed to the link.
 pub(crate) fn send_notice(bootstrap: &dyn Bootstrap, to: usize, kind: NoticeKind, namespace: u64, body: &[u8]) -> bool {
-    match bootstrap.send(to, TAG_NOTICE, &encode_notice(kind, namespace, body)) {
+    match bootstrap.send_notice(to, &encode_notice(kind, namespace, body)) {
         Ok(()) => true,
         Err(e) => {
             tracing::debug!(target: diagnostics::FAULT, rank = bootstrap.rank(), to, "notice {kind:?} not sent: {e}");

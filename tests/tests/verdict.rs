@@ -1,8 +1,9 @@
 //! The verdict on a stalled call (issue "survive a failure", item 6): every rank whose call
 //! times out or loses a peer gets, inside its error, the same judgement of the members'
 //! ledgers — which rank is behind, in which call, how far it got — within a second of its
-//! timeout. Thread ranks over the loopback bootstrap here; killed and stopped processes in
-//! `tests/elastic.rs`.
+//! timeout. Thread ranks skip or change a call over the loopback bootstrap; processes
+//! (`collectives-worker stall MODE`, see `weave_tests::stall`) are killed, stopped, or leave a
+//! receive or a send unmatched.
 
 use std::sync::Barrier;
 use std::time::{Duration, Instant};
@@ -12,6 +13,10 @@ use comm_core::Error;
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::verdict::Lag;
+use weave_launch::RankExit;
+use weave_tests::launcher::{dump, launch_serialized, number_after, scenario_spec};
+
+const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
 
 /// The timeout of these jobs: short, so that the stalls end soon.
 const TIMEOUT: Duration = Duration::from_millis(1500);
@@ -108,4 +113,70 @@ fn a_rank_that_calls_something_else_is_named_with_its_call() {
     let text = one_verdict(&failed, &[1]);
     assert!(text.contains("rank 1 called broadcast of 32 B, root 0 there instead"), "{text}");
     println!("{text}");
+}
+
+/// `collectives-worker stall MODE` on four ranks with a 2 s timeout: the verdict lines of the
+/// ranks that failed (rank, milliseconds the failed call took, the verdict), after checking
+/// that they are the same text and that rank 3 died by SIGKILL when it was to; and every
+/// rank's output, for messages.
+fn stall_job(mode: &str, odd_killed: bool) -> (Vec<(usize, u64, String)>, String) {
+    let spec = scenario_spec(WORKER.as_ref(), "stall", 4, 2.0, Duration::from_secs(60)).arg(mode).keep_going(true);
+    let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching stall {mode}: {e}"));
+    let mut verdicts = Vec::new();
+    for r in &report.ranks {
+        if odd_killed && r.rank == 3 {
+            assert_eq!(r.exit, RankExit::Signal(9), "stall {mode}: rank 3 was to die by SIGKILL\n{}", dump(&report));
+            continue;
+        }
+        assert_eq!(r.exit, RankExit::Code(0), "stall {mode}: rank {}\n{}", r.rank, dump(&report));
+        let Some(line) = r.stdout.iter().find(|l| l.contains("VERDICT ")) else { continue };
+        let took: u64 = number_after(line, " after ");
+        let text = line.split("VERDICT ").nth(1).unwrap_or_default().to_string();
+        verdicts.push((r.rank, took, text));
+    }
+    assert!(!verdicts.is_empty(), "stall {mode}: no rank reported a verdict\n{}", dump(&report));
+    let first = &verdicts[0].2;
+    assert!(verdicts.iter().all(|v| v.2 == *first), "stall {mode}: the verdicts differ\n{}", dump(&report));
+    (verdicts, dump(&report))
+}
+
+#[test]
+fn a_killed_rank_is_named_lost_by_every_survivor() {
+    let (verdicts, all) = stall_job("kill", true);
+    assert_eq!(verdicts.iter().map(|v| v.0).collect::<Vec<_>>(), [0, 1, 2]);
+    let text = &verdicts[0].2;
+    assert!(text.contains("rank 3 was lost") && !text.contains("rank 0") && !text.contains("rank 1 "), "{all}");
+    let worst = verdicts.iter().map(|v| v.1).max().unwrap_or_default();
+    assert!(worst < 1000, "a survivor's error with its verdict took {worst} ms\n{all}");
+    println!("killed: within {worst} ms: {text}");
+}
+
+#[test]
+fn a_stopped_rank_is_named_silent_by_every_other_within_a_second_of_the_timeout() {
+    let (verdicts, all) = stall_job("stop", true);
+    assert_eq!(verdicts.len(), 3, "{all}");
+    let text = &verdicts[0].2;
+    assert!(text.contains("rank 3 did not answer within 500.0ms"), "{all}");
+    let worst = verdicts.iter().map(|v| v.1).max().unwrap_or_default();
+    assert!((2000..3000).contains(&worst), "the verdict came {worst} ms after the call began (timeout 2 s)\n{all}");
+    println!("stopped: within {worst} ms: {text}");
+}
+
+#[test]
+fn an_unmatched_receive_names_the_peer_it_waits_for() {
+    let (verdicts, all) = stall_job("recv", false);
+    assert_eq!(verdicts.len(), 1, "only rank 0 was in a call\n{all}");
+    let text = &verdicts[0].2;
+    let waits = "nobody is behind it; rank 0 waits in a point-to-point group of 256 B, first peer 1 for rank 1";
+    assert!(text.contains(waits), "{all}");
+    println!("unmatched receive: {text}");
+}
+
+#[test]
+fn an_unmatched_send_names_the_peer_it_waits_for() {
+    let (verdicts, all) = stall_job("send", false);
+    assert_eq!(verdicts.len(), 1, "only rank 1 was in a call\n{all}");
+    let text = &verdicts[0].2;
+    assert!(text.contains("rank 1 waits in a point-to-point group of 8388608 B, first peer 0 for rank 0"), "{all}");
+    println!("unmatched send: {text}");
 }

@@ -102,6 +102,15 @@ pub trait Bootstrap: Send + Sync {
         tree::barrier(self)
     }
 
+    /// Sends a notice (a message under [`TAG_NOTICE`]) to `peer` without waiting on it: a
+    /// notice must never hold up its sender — the notice service passing a revocation on, a
+    /// rank asking for ledgers — behind a peer that is stopped or slow to accept a link. The
+    /// default is [`send`](Self::send); [`TcpBootstrap`] queues the notice when it has no link
+    /// to `peer` yet and sends it once the link is open (dropped if opening it fails).
+    fn send_notice(&self, peer: usize, data: &[u8]) -> Result<()> {
+        self.send(peer, TAG_NOTICE, data)
+    }
+
     /// Whether this bootstrap carries notices ([`recv_notice`](Self::recv_notice) works).
     fn carries_notices(&self) -> bool {
         false

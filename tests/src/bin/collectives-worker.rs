@@ -27,6 +27,7 @@ fn main() {
         "shared" => shared(),
         "create" => create(arg),
         "survive" => weave_tests::survive::survive(arg),
+        "stall" => weave_tests::stall::stall(arg),
         "join" => weave_tests::survive::join(arg),
         other => Err(worker::unknown_scenario(other)),
     })

@@ -121,6 +121,9 @@ pub(super) struct State {
     pub(super) connecting: HashSet<usize>,
     /// Peers whose last link attempt timed out, and how (a refused attempt marks the peer lost).
     pub(super) connect_failed: HashMap<usize, String>,
+    /// Notices for peers a link is being opened to, sent once it is open (see
+    /// [`Bootstrap::send_notice`](crate::bootstrap::Bootstrap::send_notice)).
+    pub(super) pending_notices: HashMap<usize, Vec<Vec<u8>>>,
     pub(super) commands: Vec<Command>,
     /// Set by the poller as its last act.
     pub(super) stopped: bool,
@@ -182,6 +185,7 @@ impl Shared {
                 links: Vec::new(),
                 connecting: HashSet::new(),
                 connect_failed: HashMap::new(),
+                pending_notices: HashMap::new(),
                 commands: Vec::new(),
                 stopped: false,
             }),

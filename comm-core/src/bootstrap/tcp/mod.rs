@@ -63,7 +63,7 @@ use self::poller::PollerSetup;
 use self::rendezvous::{Rendezvous, group_range, local_host_identity};
 use super::tree;
 use super::unique_id::UniqueId;
-use super::{Bootstrap, RESERVED_TAG_BASE, TAG_ALL_GATHER, TAG_BARRIER, TAG_BROADCAST};
+use super::{Bootstrap, RESERVED_TAG_BASE, TAG_ALL_GATHER, TAG_BARRIER, TAG_BROADCAST, TAG_NOTICE};
 use crate::config::Deadline;
 use crate::error::{Error, Result};
 
@@ -72,6 +72,8 @@ use crate::error::{Error, Result};
 const TAG_RANK_TABLE: u64 = RESERVED_TAG_BASE | 4;
 /// On drop, how long to wait for peers to close their side too (a clean close on both sides).
 const DROP_GRACE: Duration = Duration::from_millis(100);
+/// Notices kept per peer while a link to it is opened; older ones are dropped beyond it.
+const PENDING_NOTICES: usize = 64;
 /// How often `recv_or_abort` looks at its abort flag while it waits.
 const ABORT_LOOK: Duration = Duration::from_millis(5);
 /// On drop, how long to wait for the poller thread once told to stop.
@@ -404,6 +406,42 @@ impl Bootstrap for TcpBootstrap {
 
     fn carries_notices(&self) -> bool {
         true
+    }
+
+    /// Sends at once over an open link; with none, queues the notice (at most
+    /// [`PENDING_NOTICES`] per peer, the oldest dropped) and asks the poller to open one.
+    fn send_notice(&self, peer: usize, data: &[u8]) -> Result<()> {
+        self.check_peer(peer, "notice")?;
+        if peer == self.rank {
+            return self.send(peer, TAG_NOTICE, data);
+        }
+        let mut state = self.shared.lock();
+        let operation = || format!("bootstrap notice to rank {peer}");
+        if let Some(reason) = state.lost[peer].clone() {
+            return Err(Error::peer_lost(peer, operation(), reason));
+        }
+        if let Some(link) = state.senders.get(&peer).cloned() {
+            drop(state);
+            let deadline = Deadline::after(self.timeout);
+            return match link.write_frame(TAG_NOTICE, data, &deadline) {
+                Ok(()) => Ok(()),
+                Err(WriteFailure::TimedOut) => Err(Error::timeout(operation(), Some(peer), deadline.elapsed())),
+                Err(WriteFailure::Closed(reason)) => Err(Error::peer_lost(peer, operation(), reason)),
+            };
+        }
+        if self.poller.is_none() || state.stopped {
+            return Err(Error::peer_lost(peer, operation(), "the bootstrap has no poller (it is closing)"));
+        }
+        let queue = state.pending_notices.entry(peer).or_default();
+        if queue.len() >= PENDING_NOTICES {
+            queue.remove(0);
+        }
+        queue.push(data.to_vec());
+        if !state.connecting.contains(&peer) {
+            state.connect_failed.remove(&peer);
+            self.request_link(&mut state, peer, Deadline::after(self.timeout));
+        }
+        Ok(())
     }
 
     fn recv_or_abort(&self, peer: usize, tag: u64, abort: &std::sync::atomic::AtomicBool) -> Result<Vec<u8>> {

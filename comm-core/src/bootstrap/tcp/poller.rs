@@ -29,9 +29,12 @@ use super::TcpBootstrap;
 use super::io::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES};
 use super::links::{Command, Link, Shared};
 use super::messages::{MAX_HELLO_LEN, ROOT_HELLO_MAGIC, decode_peer_hello, encode_peer_hello};
-use crate::bootstrap::UniqueId;
+use crate::bootstrap::{TAG_NOTICE, UniqueId};
 use crate::config::Deadline;
+use crate::diagnostics;
 
+/// Bound on writing a notice queued for a link when the link opens.
+const NOTICE_WRITE: Duration = Duration::from_millis(200);
 /// Longest sleep in `poll(2)` (commands and readiness wake it earlier).
 const POLL_MAX: Duration = Duration::from_millis(250);
 /// Size of the read buffer (one per poller).
@@ -221,8 +224,18 @@ impl Poller {
                     let _ = h.stream.set_nodelay(true);
                     let link = Arc::new(Link::new(peer, h.stream));
                     self.links.push((Arc::clone(&link), FrameReader::default()));
-                    self.setup.shared.lock().add_link(link);
+                    let notices = {
+                        let mut state = self.setup.shared.lock();
+                        state.add_link(Arc::clone(&link));
+                        state.pending_notices.remove(&peer).unwrap_or_default()
+                    };
                     self.setup.shared.changed.notify_all();
+                    // Small frames into a new socket's empty buffer: they do not block.
+                    for notice in notices {
+                        if link.write_frame(TAG_NOTICE, &notice, &Deadline::after(NOTICE_WRITE)).is_err() {
+                            tracing::debug!(target: diagnostics::BOOTSTRAP, peer, "a queued notice was not sent: the link broke");
+                        }
+                    }
                 }
             }
         }
@@ -233,6 +246,9 @@ impl Poller {
     fn link_failed(&self, peer: usize, timed_out: bool, reason: String) {
         let mut state = self.setup.shared.lock();
         state.connecting.remove(&peer);
+        if let Some(dropped) = state.pending_notices.remove(&peer) {
+            tracing::debug!(target: diagnostics::BOOTSTRAP, peer, "{} notice(s) dropped: {reason}", dropped.len());
+        }
         if timed_out {
             state.connect_failed.insert(peer, format!("opening a bootstrap link timed out: {reason}"));
         } else {
