@@ -5,10 +5,11 @@
 //! # Revocation
 //!
 //! [`Resilience::revoke`] raises the communicator's abort flag (every wait of it, host or
-//! device, ends with an error) and runs its revocation hooks (the GPU status words), then the
-//! [`NoticeService`](crate::notice::NoticeService) passes a [`NoticeKind::Revoke`] on over a
-//! binomial graph: member `r` tells `r ± 2^i` (mod n) for every `2^i < n`, about `2·log₂ n`
-//! peers, skipping those known lost. A member forwards only on first receipt, so each member
+//! device, ends with an error) and runs its revocation hooks (the GPU status words), then
+//! sends a [`NoticeKind::Revoke`] over a binomial graph: member `r` tells `r ± 2^i` (mod n)
+//! for every `2^i < n`, about `2·log₂ n` peers, skipping those known lost; each member's
+//! [`NoticeService`](crate::notice::NoticeService) passes it on the same way. A member
+//! forwards only on first receipt, so each member
 //! sends its share once; a member that is lost breaks no path, since every member hears from
 //! about `2·log₂ n` others (ULFM's reliable broadcast). The revocation reaches every member that
 //! is alive within a few notice hops — milliseconds — whatever its threads are doing.
@@ -168,11 +169,12 @@ impl Resilience {
     /// Revokes the communicator: stops its calls here and tells every reachable member (see
     /// the module documentation). Idempotent; never blocks on a peer.
     pub fn revoke(&self) {
-        // The notice to oneself makes the service thread pass it on, off the caller's thread;
-        // over a bootstrap without notices the revocation stays local (nothing would read it).
+        // Passed on from this thread, before the caller can drop the communicator (a notice to
+        // oneself could find it gone); notices never wait on a peer
+        // (`Bootstrap::send_notice`). Over a bootstrap without notices the revocation stays
+        // local (nothing would read it).
         if self.mark_revoked("revoked by this rank") && self.bootstrap.carries_notices() {
-            let me = self.members[self.rank];
-            send_notice(&*self.bootstrap, me, NoticeKind::Revoke, self.namespace, &[]);
+            self.pass_revocation_on();
         }
     }
 
