@@ -39,10 +39,10 @@ impl Communicator {
     #[inline]
     pub(crate) fn ledgered<R>(&self, signature: CallSignature, call: impl FnOnce() -> Result<R>) -> Result<R> {
         let ledger = self.resilience.ledger();
-        ledger.begin(signature);
+        let seq = ledger.begin(signature);
         match call() {
             Ok(r) => {
-                ledger.finish(&signature);
+                ledger.finish(&signature, seq);
                 Ok(r)
             }
             Err(e) => Err(self.judged(e)),

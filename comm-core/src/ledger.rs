@@ -10,10 +10,11 @@
 //!
 //! # Cost
 //!
-//! A call writes five words with plain stores (one writer: the thread in the call) and reads
-//! nothing shared; readers use the version word as a sequence lock and retry a torn read.
+//! A call makes four plain stores (one writer: the thread in the call) and reads nothing
+//! shared; the words describing the latest call carry low bits of its sequence number, so a
+//! reader tells a torn read and takes it again.
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::error::{Error, Result};
 use crate::wire::{Decoder, Encoder};
@@ -188,81 +189,132 @@ impl LedgerEntry {
     }
 }
 
+/// Where the fields of a ledger's `latest` word lie: kind (4 bits), device (1), the low 11 bits
+/// of the call's sequence number, bytes (48, saturating).
+const KIND_MASK: u64 = 0xf;
+const DEVICE_BIT: u64 = 1 << 4;
+const TAG_SHIFT: u32 = 5;
+const TAG_MASK: u64 = 0x7ff;
+const BYTES_SHIFT: u32 = 16;
+const BYTES_MAX: u64 = (1 << 48) - 1;
+
+/// The tag of call `seq` of `kind` in a [`Ledger`]'s root and timed-out-peer words: 24 low bits
+/// of the sequence number and the kind (a collective and a group may have the same number).
+#[inline(always)]
+fn call_id(kind: CallKind, seq: u64) -> u64 {
+    (seq & 0xff_ffff) | ((kind as u64) << 24)
+}
+
 /// One communicator's ledger on one rank (see the module documentation).
+///
+/// The words describing the latest call carry low bits of its sequence number. A reader reads
+/// the counters, then those words, then the counters again: with the counters unchanged the
+/// words belong to the latest call or — while the writer is between its stores — to the next
+/// one, which the bits tell apart, and the read is taken again.
 #[derive(Debug, Default)]
 pub struct Ledger {
-    /// Odd while the writer changes the words below.
-    version: AtomicU64,
     collectives_begun: AtomicU64,
     collectives_finished: AtomicU64,
     groups_begun: AtomicU64,
     groups_finished: AtomicU64,
-    /// The latest call's packed signature and bytes.
+    /// The latest call: kind, device, tag, bytes (see [`KIND_MASK`] and the rest).
     latest: AtomicU64,
-    latest_bytes: AtomicU64,
-    /// Peer + 1 whose wait timed out in the latest call; 0 for none.
+    /// Root + 1 of the latest rooted call (low 32 bits) and its [`call_id`] (high 32).
+    root: AtomicU64,
+    /// Peer + 1 whose wait timed out (low 32 bits) in the call of the [`call_id`] (high 32).
     waited_on: AtomicU64,
 }
 
 impl Ledger {
-    /// Records the start of a call; returns its sequence number (of collectives, or of groups).
-    /// Only the thread in the call writes (calls of a communicator do not overlap).
+    /// Records the start of a call; returns its sequence number (of collectives, or of groups),
+    /// which [`finish`](Self::finish) takes. Only the thread in the call writes (calls of a
+    /// communicator do not overlap): two plain stores, three for a rooted call.
     #[inline]
     pub fn begin(&self, signature: CallSignature) -> u64 {
         let counter = if signature.kind == CallKind::Group { &self.groups_begun } else { &self.collectives_begun };
         let seq = counter.load(Ordering::Relaxed) + 1;
-        let v = self.version.load(Ordering::Relaxed);
-        self.version.store(v + 1, Ordering::Relaxed);
-        fence(Ordering::Release);
-        self.latest.store(signature.pack(), Ordering::Relaxed);
-        self.latest_bytes.store(signature.bytes, Ordering::Relaxed);
-        self.waited_on.store(0, Ordering::Relaxed);
-        counter.store(seq, Ordering::Relaxed);
-        self.version.store(v + 2, Ordering::Release);
+        if let Some(root) = signature.root {
+            let id = call_id(signature.kind, seq);
+            self.root.store((u64::from(root) + 1) | (id << 32), Ordering::Relaxed);
+        }
+        let word = signature.kind as u64
+            | if signature.device { DEVICE_BIT } else { 0 }
+            | ((seq & TAG_MASK) << TAG_SHIFT)
+            | (signature.bytes.min(BYTES_MAX) << BYTES_SHIFT);
+        self.latest.store(word, Ordering::Release);
+        counter.store(seq, Ordering::Release);
         seq
     }
 
-    /// Records that the latest call finished without error.
+    /// Records that call `seq` of `signature`'s kind finished without error.
     #[inline]
-    pub fn finish(&self, signature: &CallSignature) {
-        let (begun, finished) = if signature.kind == CallKind::Group {
-            (&self.groups_begun, &self.groups_finished)
-        } else {
-            (&self.collectives_begun, &self.collectives_finished)
-        };
-        finished.store(begun.load(Ordering::Relaxed), Ordering::Release);
+    pub fn finish(&self, signature: &CallSignature, seq: u64) {
+        let finished =
+            if signature.kind == CallKind::Group { &self.groups_finished } else { &self.collectives_finished };
+        finished.store(seq, Ordering::Release);
     }
 
     /// Records that the latest call's wait for `peer` timed out.
     pub fn waited_on(&self, peer: usize) {
-        self.waited_on.store(peer as u64 + 1, Ordering::Release);
+        let Some((kind, seq)) = self.latest_call() else { return };
+        let peer = (peer as u64 + 1).min(u64::from(u32::MAX));
+        self.waited_on.store((call_id(kind, seq) << 32) | peer, Ordering::Release);
     }
 
-    /// What the ledger says now (a consistent view of one moment).
+    /// The kind and sequence number of the latest call (the writer's view).
+    fn latest_call(&self) -> Option<(CallKind, u64)> {
+        let kind = CallKind::from_u8((self.latest.load(Ordering::Relaxed) & KIND_MASK) as u8)?;
+        let counter = if kind == CallKind::Group { &self.groups_begun } else { &self.collectives_begun };
+        Some((kind, counter.load(Ordering::Relaxed)))
+    }
+
+    /// What the ledger says now (a consistent view of one moment: a read that straddles the
+    /// start of a call is taken again).
     pub fn entry(&self) -> LedgerEntry {
         loop {
-            let before = self.version.load(Ordering::Acquire);
-            let entry = self.read();
-            fence(Ordering::Acquire);
-            if before.is_multiple_of(2) && self.version.load(Ordering::Relaxed) == before {
+            if let Some(entry) = self.read() {
                 return entry;
             }
             std::hint::spin_loop();
         }
     }
 
-    fn read(&self) -> LedgerEntry {
-        let latest =
-            CallSignature::unpack(self.latest.load(Ordering::Relaxed), self.latest_bytes.load(Ordering::Relaxed));
-        let waited = self.waited_on.load(Ordering::Acquire);
-        LedgerEntry {
-            collectives_begun: self.collectives_begun.load(Ordering::Relaxed),
-            collectives_finished: self.collectives_finished.load(Ordering::Acquire),
-            groups_begun: self.groups_begun.load(Ordering::Relaxed),
-            groups_finished: self.groups_finished.load(Ordering::Acquire),
-            latest,
-            waited_on: waited.checked_sub(1).map(|p| p as u32),
+    /// One attempt at [`entry`](Self::entry); `None` when the words do not belong together.
+    fn read(&self) -> Option<LedgerEntry> {
+        let collectives_begun = self.collectives_begun.load(Ordering::Acquire);
+        let groups_begun = self.groups_begun.load(Ordering::Acquire);
+        let word = self.latest.load(Ordering::Acquire);
+        let (root_word, waited) = (self.root.load(Ordering::Acquire), self.waited_on.load(Ordering::Acquire));
+        let collectives_finished = self.collectives_finished.load(Ordering::Acquire);
+        let groups_finished = self.groups_finished.load(Ordering::Acquire);
+        let stable = self.collectives_begun.load(Ordering::Acquire) == collectives_begun
+            && self.groups_begun.load(Ordering::Acquire) == groups_begun;
+        if !stable || collectives_finished > collectives_begun || groups_finished > groups_begun {
+            return None;
         }
+        let entry = |latest, waited_on| LedgerEntry {
+            collectives_begun,
+            collectives_finished,
+            groups_begun,
+            groups_finished,
+            latest,
+            waited_on,
+        };
+        let Some(kind) = CallKind::from_u8((word & KIND_MASK) as u8) else { return Some(entry(None, None)) };
+        let seq = if kind == CallKind::Group { groups_begun } else { collectives_begun };
+        if (word >> TAG_SHIFT) & TAG_MASK != seq & TAG_MASK {
+            return None;
+        }
+        let id = call_id(kind, seq);
+        let rooted = root_word >> 32 == id;
+        let signature = CallSignature {
+            kind,
+            bytes: word >> BYTES_SHIFT,
+            root: rooted.then(|| (root_word & u64::from(u32::MAX)).saturating_sub(1) as u32),
+            device: word & DEVICE_BIT != 0,
+        };
+        let waited_on = (waited >> 32 == id).then(|| (waited & u64::from(u32::MAX)).saturating_sub(1) as u32);
+        Some(entry(Some(signature), waited_on))
     }
 }
 
@@ -277,7 +329,7 @@ mod tests {
         let all_reduce = CallSignature::host(CallKind::AllReduce, 32, None);
         assert_eq!(l.begin(all_reduce), 1);
         assert!(l.entry().in_call());
-        l.finish(&all_reduce);
+        l.finish(&all_reduce, 1);
         let group = CallSignature::host(CallKind::Group, 8, Some(3));
         assert_eq!(l.begin(group), 1);
         l.waited_on(3);
@@ -286,6 +338,7 @@ mod tests {
         assert_eq!((e.latest, e.waited_on), (Some(group), Some(3)));
         assert!(e.in_call());
         let broadcast = CallSignature { device: true, ..CallSignature::host(CallKind::Broadcast, 1 << 40, Some(0)) };
+        l.waited_on(5);
         assert_eq!(l.begin(broadcast), 2);
         assert_eq!(l.entry().latest, Some(broadcast));
         assert_eq!(l.entry().waited_on, None, "a new call clears the timed-out peer");
@@ -316,8 +369,8 @@ mod tests {
                 for i in 1..=20_000u64 {
                     // The bytes follow the sequence number, so a torn read shows.
                     let sig = CallSignature::host(CallKind::AllReduce, i as usize, None);
-                    l.begin(sig);
-                    l.finish(&sig);
+                    let seq = l.begin(sig);
+                    l.finish(&sig, seq);
                 }
                 stop.store(true, Ordering::Release);
             });

@@ -180,3 +180,47 @@ fn an_unmatched_send_names_the_peer_it_waits_for() {
     assert!(text.contains("rank 1 waits in a point-to-point group of 8388608 B, first peer 0 for rank 0"), "{all}");
     println!("unmatched send: {text}");
 }
+
+/// What the ledger adds to every call — a begin and a finish — timed in this process, against
+/// the latency of an 8-byte all-reduce of two shared-memory ranks (`bench-worker`, median of
+/// 20,000 calls) measured in the same run. A timing: run it in release
+/// (`cargo test --release -p weave-tests --test verdict -- --ignored`).
+#[test]
+#[ignore = "a timing: run in release"]
+fn the_ledger_costs_at_most_two_percent_of_an_8_byte_all_reduce() {
+    use comm_core::ledger::{CallKind, CallSignature, Ledger};
+    const BENCH: &str = env!("CARGO_BIN_EXE_bench-worker");
+    let args = ["--op", "all_reduce", "-b", "8", "-e", "8", "--warmup", "2000", "--iters", "20000"];
+    let spec = weave_launch::LaunchSpec::new(2, BENCH)
+        .args(args)
+        .timeout(Duration::from_secs(120))
+        .env("WEAVE_TIMEOUT", "60")
+        .capture(true);
+    let report = launch_serialized(&spec).expect("launch bench-worker");
+    assert!(report.success(), "{}", dump(&report));
+    let line = report.ranks[0].stdout.iter().find(|l| l.contains("\"time_us\":")).expect("a result line");
+    let all_reduce_ns = number_after::<f64>(line, "\"time_us\":") * 1e3;
+    let ledger = Ledger::default();
+    let calls = 20_000_000u64;
+    // The loop without the ledger, to take away: building the signature, the loop itself.
+    let started = Instant::now();
+    for i in 0..calls {
+        let signature = CallSignature::host(CallKind::AllReduce, std::hint::black_box(8 + (i & 1) as usize), None);
+        std::hint::black_box(signature);
+    }
+    let bare = started.elapsed();
+    let started = Instant::now();
+    for i in 0..calls {
+        let signature = CallSignature::host(CallKind::AllReduce, std::hint::black_box(8 + (i & 1) as usize), None);
+        let seq = ledger.begin(signature);
+        ledger.finish(&std::hint::black_box(signature), seq);
+    }
+    let ledger_ns = started.elapsed().saturating_sub(bare).as_nanos() as f64 / calls as f64;
+    assert_eq!(ledger.entry().collectives_finished, calls);
+    let ratio = ledger_ns / all_reduce_ns;
+    println!(
+        "ledger: {ledger_ns:.2} ns per call; 8 B all_reduce on 2 shm ranks: {all_reduce_ns:.0} ns; ratio {:.3} %",
+        ratio * 100.0
+    );
+    assert!(ratio <= 0.02, "the ledger costs {:.2} % of an 8 B all-reduce", ratio * 100.0);
+}
