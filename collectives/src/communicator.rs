@@ -163,6 +163,8 @@ pub struct Communicator {
     pub(crate) notices: Arc<NoticeService>,
     /// Agreements run so far (failed ranks learned from them stay known).
     pub(crate) known_failed: RefCell<std::collections::BTreeSet<usize>>,
+    /// Per peer: groups of this rank with operations with it (see `crate::matching`).
+    pub(crate) pair_exchanges: RefCell<Vec<u64>>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -266,6 +268,7 @@ impl Communicator {
             let status = status.clone();
             resilience.on_revoke(Box::new(move || status.abort()));
         }
+        let world_size = core.world_size();
         Ok(Communicator {
             core,
             #[cfg(feature = "cudaipc")]
@@ -289,6 +292,7 @@ impl Communicator {
             resilience,
             notices,
             known_failed: RefCell::new(std::collections::BTreeSet::new()),
+            pair_exchanges: RefCell::new(vec![0; world_size]),
         })
     }
 

@@ -18,6 +18,7 @@ use comm_core::{Error, Result};
 
 use crate::communicator::Communicator;
 use crate::dtype::Element;
+use crate::matching::GroupStamps;
 use crate::select::{CallShape, Executor};
 use crate::table::Collective;
 
@@ -52,19 +53,29 @@ impl<'a> Group<'a> {
         self.comm.ledgered(CallSignature::host(CallKind::Group, bytes, first_peer), || self.progress(bytes))
     }
 
-    /// Runs every operation to completion: [`run`](Self::run) inside the ledger.
+    /// Runs every operation to completion: [`run`](Self::run) inside the ledger, which revokes
+    /// the communicator on a mismatch with a peer (see [`crate::matching`]).
     fn progress(&self, bytes: usize) -> Result<()> {
-        if self.comm.plan(CallShape::host(Collective::SendRecv, bytes))?.executor == Executor::HostChannel {
+        let executor = self.comm.plan(CallShape::host(Collective::SendRecv, bytes))?.executor;
+        let stamps = {
+            let ledger = self.comm.resilience.ledger();
+            let mut exchanges = self.comm.pair_exchanges.borrow_mut();
+            let (group, epoch) = (ledger.groups_begun(), ledger.collectives_begun());
+            GroupStamps::new(&self.ops, self.comm.rank(), group, epoch, &mut exchanges)
+        };
+        if executor == Executor::HostChannel {
             let mut e = self.comm.channel_engine()?;
             // SAFETY: as below.
-            return unsafe { crate::channel::run_group(&mut e, self.comm.core(), &self.ops) };
+            unsafe { crate::channel::run_group(&mut e, self.comm.core(), &self.ops, &stamps) }
+        } else {
+            let mut e = self.comm.engine()?;
+            let timeout = e.timeout();
+            // SAFETY: every pointer comes from a slice borrowed for 'a, which outlives this
+            // call; receive slices are exclusive borrows, so they are disjoint from everything
+            // else.
+            let r = unsafe { e.p2p.run(&self.ops, &stamps, timeout) };
+            r.map_err(|err| e.poison(err))
         }
-        let mut e = self.comm.engine()?;
-        let timeout = e.timeout();
-        // SAFETY: every pointer comes from a slice borrowed for 'a, which outlives this call;
-        // receive slices are exclusive borrows, so they are disjoint from everything else.
-        let r = unsafe { e.p2p.run(&self.ops, timeout) };
-        r.map_err(|err| e.poison(err))
     }
 }
 

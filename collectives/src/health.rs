@@ -38,9 +38,12 @@ impl Health {
 
     /// Records `e` when it leaves the ranks out of step, and hands it back — as
     /// [`Error::Revoked`] when the communicator was revoked meanwhile (whatever the revocation
-    /// cut short: a wait, a peer's half-finished registration), except a rejected argument.
+    /// cut short: a wait, a peer's half-finished registration), except a rejected argument or
+    /// a protocol error (a finding of this rank's, not something the revocation cut short).
     pub(crate) fn poison(&mut self, e: Error) -> Error {
-        let e = if self.revocation.is_revoked() && !matches!(e, Error::InvalidArgument(_)) {
+        // A protocol error is this rank's own finding (ranks out of step), which the revocation
+        // it caused must not hide.
+        let e = if self.revocation.is_revoked() && !matches!(e, Error::InvalidArgument(_) | Error::Protocol(_)) {
             revoked_during(&e)
         } else {
             e

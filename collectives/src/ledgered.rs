@@ -2,7 +2,9 @@
 //! sequence number and signature, finished when it returns without error. A call that fails on
 //! a timeout or a lost peer asks every member for its ledger and returns the verdict — which
 //! ranks are behind, in which call, how far each got — inside the error
-//! ([`Error::verdict`]), and says it on the `weave::fault` target.
+//! ([`Error::verdict`]), and says it on the `weave::fault` target. A call that finds the
+//! ranks out of step ([`Error::Protocol`]: a message of another call, an unmatched send)
+//! revokes the communicator, so that its peers stop too.
 
 use std::time::Duration;
 
@@ -56,6 +58,12 @@ impl Communicator {
     #[cold]
     #[inline(never)]
     pub(crate) fn judged(&self, e: Error) -> Error {
+        // Ranks out of step (a message of another call, an unmatched send): the finder
+        // revokes, so that peers waiting for it stop at once.
+        if let Error::Protocol(_) = e {
+            self.revoke();
+            return e;
+        }
         if let Error::Timeout { peer: Some(p), .. } = e {
             self.resilience.ledger().waited_on(p);
         }

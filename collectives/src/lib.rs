@@ -35,6 +35,7 @@ mod health;
 mod hierarchy;
 mod host;
 mod ledgered;
+mod matching;
 pub mod op;
 mod per_rank;
 pub mod reduce;

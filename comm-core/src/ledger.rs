@@ -254,6 +254,18 @@ impl Ledger {
         finished.store(seq, Ordering::Release);
     }
 
+    /// Collectives begun so far (this rank's view; the writer's thread reads it cheaply).
+    #[inline]
+    pub fn collectives_begun(&self) -> u64 {
+        self.collectives_begun.load(Ordering::Relaxed)
+    }
+
+    /// Point-to-point groups begun so far.
+    #[inline]
+    pub fn groups_begun(&self) -> u64 {
+        self.groups_begun.load(Ordering::Relaxed)
+    }
+
     /// Records that the latest call's wait for `peer` timed out.
     pub fn waited_on(&self, peer: usize) {
         let Some((kind, seq)) = self.latest_call() else { return };

@@ -9,6 +9,7 @@ use comm_core::{Error, Result};
 
 pub mod launcher;
 pub mod matrix;
+pub mod p2p_mismatch;
 pub mod stall;
 pub mod survive;
 pub mod worker;

@@ -41,6 +41,9 @@ weave_tests::scenario_tests! { run;
     mismatched_counts_roots_ops_and_bad_arguments_fail_on_every_rank: "mismatch", None, &[1, 2, 3, 4], 120;
     send_recv_and_groups: "p2p", None, &[1, 2, 3, 4], 120;
     send_recv_and_groups_over_channel_links: "p2p-channel", None, &[1, 2, 3, 4], 120;
+    an_unmatched_send_is_found_at_the_next_exchange_in_mailboxes: "p2p-mismatch", Some("mailbox"), &[2, 3], 120;
+    an_unmatched_send_is_found_at_the_next_exchange_over_links: "p2p-mismatch", Some("channel"), &[2, 3], 120;
+    an_unmatched_send_is_found_at_the_next_exchange_over_tcp: "p2p-mismatch", Some("tcp"), &[2, 3], 120;
     zero_copy_shared_buffers_mixed_with_plain_slices: "shared", None, &[1, 2, 3, 4], 300;
 }
 

@@ -118,6 +118,16 @@ impl Call {
     #[cold]
     #[inline(never)]
     fn judge(&mut self, from: usize, theirs: &Header, me: usize) -> Result<()> {
+        if theirs.signature & !INVALID_MARK == p2p::P2P_SIGNATURE {
+            return Err(Error::protocol(format!(
+                "point-to-point mismatch: rank {from} sent {} B in its point-to-point group {}, which no receive of \
+                 rank {me} took before this {}; sends and receives of a pair must match one to one within their \
+                 groups, between the same collectives. The communicator is revoked; shrink it or build a new one",
+                theirs.count & p2p::COUNT_MASK,
+                theirs.call,
+                self.what
+            )));
+        }
         if theirs.call != self.header.call {
             return Err(Error::protocol(format!(
                 "rank {from} sent a message of channel call {} while rank {me} is in call {}; every rank must \

@@ -2,7 +2,8 @@
 //! chunk by chunk, so no order of operations inside a group can deadlock. Operations with one
 //! peer in one direction go in the order they were added (the link is a FIFO). A message's
 //! header carries its total length and chunk index: mismatched send and receive sizes are
-//! reported, never truncated.
+//! reported, never truncated; and its group's digest, checked before the data is taken
+//! (`crate::matching`).
 
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
@@ -10,12 +11,17 @@ use comm_core::{Error, Result};
 use super::ChannelEngine;
 use super::link::Header;
 use crate::group::{self, P2pOp};
+use crate::matching::{GroupStamps, PairStamp};
 
 /// Signature of a point-to-point message. A link header carries 32 bits of signature, and every
 /// collective's signature (`host::signature`) numbers its collective from 1 in the low byte, so
 /// a low byte of 0 is no collective's.
-const P2P_SIGNATURE: u64 = 0x5032_5000;
+pub(super) const P2P_SIGNATURE: u64 = 0x5032_5000;
 const _: () = assert!(P2P_SIGNATURE <= u32::MAX as u64 && P2P_SIGNATURE & 0xff == 0);
+/// A point-to-point message's count word: its length in the low 40 bits, the sender group's
+/// [`PairStamp::digest`] above; the call word carries the sender's group number.
+const COUNT_BITS: u32 = 40;
+pub(super) const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 
 /// Runs every operation of a group to completion through the links. The timeout applies to
 /// periods without progress.
@@ -23,14 +29,19 @@ const _: () = assert!(P2P_SIGNATURE <= u32::MAX as u64 && P2P_SIGNATURE & 0xff =
 /// # Safety
 /// Every `Send` pointer valid for `len` reads and every `Recv` pointer for `len` writes until
 /// this returns; receive buffers disjoint from each other and from send buffers.
-pub(crate) unsafe fn run_group(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]) -> Result<()> {
+pub(crate) unsafe fn run_group(
+    e: &mut ChannelEngine,
+    core: &CoreCommunicator,
+    ops: &[P2pOp],
+    stamps: &GroupStamps,
+) -> Result<()> {
     e.check_usable()?;
     // SAFETY: forwarded from the caller.
-    let r = unsafe { progress(e, core, ops) };
+    let r = unsafe { progress(e, core, ops, stamps) };
     r.map_err(|err| e.poison(err))
 }
 
-unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]) -> Result<()> {
+unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp], stamps: &GroupStamps) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let mut finished = vec![false; ops.len()];
     // SAFETY: forwarded from the caller.
@@ -44,7 +55,7 @@ unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]
     let advance = |i: usize| -> Result<(bool, bool)> {
         let mut e = cell.borrow_mut();
         // SAFETY: forwarded from the caller.
-        unsafe { advance(&mut e, ops[i], me, &mut done[i]) }
+        unsafe { advance(&mut e, ops[i], me, &mut done[i], &stamps.with(ops[i].peer())?) }
     };
     let check_peer = |p: usize| cell.borrow_mut().link(p)?.check_peer();
     group::drive(ops, n, &mut finished, core.config().timeout, core.abort_flag(), advance, check_peer)
@@ -54,13 +65,24 @@ unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]
 ///
 /// # Safety
 /// As [`run_group`] for `op`.
-unsafe fn advance(e: &mut ChannelEngine, op: P2pOp, me: usize, done: &mut usize) -> Result<(bool, bool)> {
+unsafe fn advance(
+    e: &mut ChannelEngine,
+    op: P2pOp,
+    me: usize,
+    done: &mut usize,
+    stamp: &PairStamp,
+) -> Result<(bool, bool)> {
     let link = e.link(op.peer())?;
     let payload = link.payload();
     let chunks = op.len().div_ceil(payload).max(1);
     let mut moved = false;
     match op {
         P2pOp::Send { data, len, .. } => {
+            if len as u64 > COUNT_MASK {
+                return Err(Error::invalid(format!(
+                    "a message of {len} bytes is too large to send (at most 2^40 - 1)"
+                )));
+            }
             while *done < chunks && link.has_credit() {
                 let a = *done * payload;
                 let k = (len - a).min(payload);
@@ -69,8 +91,9 @@ unsafe fn advance(e: &mut ChannelEngine, op: P2pOp, me: usize, done: &mut usize)
                 // payload.
                 unsafe { std::ptr::copy_nonoverlapping(data.add(a), out, k) };
                 let header = Header {
+                    call: stamp.group,
                     signature: P2P_SIGNATURE,
-                    count: len as u64,
+                    count: len as u64 | u64::from(stamp.digest()) << COUNT_BITS,
                     root: *done as u64,
                     len: k as u64,
                     ..Header::default()
@@ -91,11 +114,16 @@ unsafe fn advance(e: &mut ChannelEngine, op: P2pOp, me: usize, done: &mut usize)
                          a matching recv before later collectives"
                     )));
                 }
-                if header.count != len as u64 || header.root != *done as u64 || header.len != k as u64 {
+                let (sent, digest) = (header.count & COUNT_MASK, (header.count >> COUNT_BITS) as u32);
+                // The groups first: a message of another group says so, not a size mismatch.
+                if header.root == 0 {
+                    PairStamp::check_digest(digest, header.call, stamp, peer, me, sent, len)?;
+                }
+                if sent != len as u64 || header.root != *done as u64 || header.len != k as u64 {
                     return Err(Error::protocol(format!(
-                        "rank {peer} sent a message of {} bytes (chunk {}) while rank {me} receives {len} bytes (chunk \
-                         {}); sizes of matching send and recv must be equal",
-                        header.count, header.root, *done
+                        "rank {peer} sent a message of {sent} bytes (chunk {}) while rank {me} receives {len} bytes \
+                         (chunk {}); sizes of matching send and recv must be equal",
+                        header.root, *done
                     )));
                 }
                 // SAFETY: the inbox holds k bytes (checked length); data + a is valid for k

@@ -3,7 +3,9 @@
 //! Each rank owns, for every peer, two mailbox slots in its shared memory (double buffering).
 //! A sender copies a chunk into a free slot and signals the pair's `ready` semaphore; the
 //! receiver copies it out and signals `free`. Every chunk starts with a header carrying the
-//! message length, so mismatched send/recv sizes are reported, not silently truncated.
+//! message length, so mismatched send/recv sizes are reported, not silently truncated, and
+//! the sender group's [`PairStamp`], which the receiver checks before taking a message
+//! (`crate::matching`).
 //! A group of operations progresses all of them together, so no order of sends and receives
 //! inside a group can deadlock.
 //!
@@ -26,6 +28,7 @@ use comm_core::semaphore::{HostSemaphore, Token};
 use comm_core::{Error, Result};
 
 use crate::group::{self, P2pOp};
+use crate::matching::{GroupStamps, PairStamp, STAMP_WORDS};
 
 /// Bytes of one mailbox slot (header included) in worlds of up to
 /// `MAILBOX_BYTES / (2 · MAX_SLOT_BYTES)` ranks.
@@ -37,8 +40,10 @@ const MIN_SLOT_BYTES: usize = 4 << 10;
 /// would make the job reserve `2 · n² · slot` bytes (8 GiB at 128 ranks; 512 MiB with this
 /// budget).
 const MAILBOX_BYTES: usize = 4 << 20;
-/// Bytes of the chunk header at the start of a slot.
+/// Bytes of the chunk header at the start of a slot: length, chunk index, the group's
+/// [`PairStamp`].
 const HEADER: usize = 64;
+const _: () = assert!(8 * (2 + STAMP_WORDS) <= HEADER);
 /// Bytes between two semaphore tokens (one cache line each, so pollers do not share lines).
 const TOKEN_STRIDE: usize = 64;
 
@@ -198,7 +203,7 @@ impl P2pState {
     /// # Safety
     /// Every `Send` pointer valid for `len` reads and every `Recv` pointer for `len` writes
     /// until this returns; receive buffers disjoint from each other and from send buffers.
-    pub(crate) unsafe fn run(&mut self, ops: &[P2pOp], timeout: Duration) -> Result<()> {
+    pub(crate) unsafe fn run(&mut self, ops: &[P2pOp], stamps: &GroupStamps, timeout: Duration) -> Result<()> {
         let (me, n) = (self.rank, self.peers.len());
         let mut finished = vec![false; ops.len()];
         // SAFETY: forwarded from the caller.
@@ -212,11 +217,11 @@ impl P2pState {
             let moved = match ops[i] {
                 // SAFETY: forwarded from the caller.
                 P2pOp::Send { peer, data, len } => unsafe {
-                    self.progress_send(peer, data, len, &mut done_chunks[i], total)?
+                    self.progress_send(peer, data, len, &mut done_chunks[i], total, &stamps.with(peer)?)?
                 },
                 // SAFETY: forwarded from the caller.
                 P2pOp::Recv { peer, data, len } => unsafe {
-                    self.progress_recv(peer, data, len, &mut done_chunks[i], total)?
+                    self.progress_recv(peer, data, len, &mut done_chunks[i], total, &stamps.with(peer)?)?
                 },
             };
             Ok((moved, done_chunks[i] == total))
@@ -236,6 +241,7 @@ impl P2pState {
         len: usize,
         done: &mut u64,
         chunks: u64,
+        stamp: &PairStamp,
     ) -> Result<bool> {
         let mine = self.mailboxes[self.rank].clone();
         let (layout, chunk) = (self.layout, self.layout.chunk());
@@ -257,6 +263,9 @@ impl P2pState {
                 let header = slot.add(off).cast::<u64>();
                 header.write(len as u64);
                 header.add(1).write(*done);
+                for (k, word) in stamp.to_words().into_iter().enumerate() {
+                    header.add(2 + k).write(word);
+                }
                 std::ptr::copy_nonoverlapping(data.add(start), slot.add(off + HEADER), k);
             }
             link.ready.signal()?;
@@ -275,6 +284,7 @@ impl P2pState {
         len: usize,
         done: &mut u64,
         chunks: u64,
+        stamp: &PairStamp,
     ) -> Result<bool> {
         let me = self.rank;
         let remote = self.mailboxes[peer].clone();
@@ -290,10 +300,15 @@ impl P2pState {
             let slot = remote.as_ptr();
             // SAFETY: the header words lie inside the peer's mapped mailbox (checked above), and
             // the peer wrote them before signalling `ready`, which we observed with acquire.
-            let (total, index) = unsafe {
+            let (total, index, theirs) = unsafe {
                 let header = slot.add(off).cast::<u64>();
-                (header.read(), header.add(1).read())
+                let words: [u64; STAMP_WORDS] = std::array::from_fn(|k| header.add(2 + k).read());
+                (header.read(), header.add(1).read(), PairStamp::from_words(words))
             };
+            // The groups first: a message of another group says so, not a size mismatch.
+            if index == 0 {
+                PairStamp::check(&theirs, stamp, peer, me, total, len)?;
+            }
             if total != len as u64 || index != *done {
                 return Err(Error::protocol(format!(
                     "rank {peer} sent a message of {total} bytes (chunk {index}) while rank {me} receives {len} bytes \

@@ -28,6 +28,7 @@ fn main() {
         "create" => create(arg),
         "survive" => weave_tests::survive::survive(arg),
         "stall" => weave_tests::stall::stall(arg),
+        "p2p-mismatch" => weave_tests::p2p_mismatch::p2p_mismatch(arg),
         "join" => weave_tests::survive::join(arg),
         other => Err(worker::unknown_scenario(other)),
     })

@@ -409,7 +409,7 @@ impl Bootstrap for TcpBootstrap {
     }
 
     /// Sends at once over an open link; with none, queues the notice (at most
-    /// [`PENDING_NOTICES`] per peer, the oldest dropped) and asks the poller to open one.
+    /// 64 per peer, the oldest dropped) and asks the poller to open one.
     fn send_notice(&self, peer: usize, data: &[u8]) -> Result<()> {
         self.check_peer(peer, "notice")?;
         if peer == self.rank {
