@@ -237,11 +237,35 @@ fn survive_a_rank_killed_mid_device_all_reduce(_gpus: usize) {
     }
 }
 
+/// Three ranks (sharing the host's GPUs where it has fewer): the last skips a device
+/// all-reduce; the others' kernels wait until the timeout, and `check_gpu` must give both the
+/// same verdict naming the last rank as behind, within a second of the timeout.
+fn a_rank_that_skips_a_device_call_is_named_by_the_verdict(_gpus: usize) {
+    let n = 3;
+    let spec = scenario_spec(worker(), "stall-device", n, 3.0, Duration::from_secs(120));
+    let report = launch_serialized(&spec).expect("launch stall-device");
+    assert!(report.success(), "{}", dump(&report));
+    let mut verdicts = Vec::new();
+    for r in &report.ranks[..n - 1] {
+        let line = r.stdout.iter().find(|l| l.contains("VERDICT ")).unwrap_or_else(|| panic!("{}", dump(&report)));
+        println!("    [{n} ranks, rank {}] {line}", r.rank);
+        let took: u64 = weave_tests::launcher::number_after(line, "failed after ");
+        assert!(took < 3000 + 1000, "rank {}: the verdict came {took} ms after the call (timeout 3 s)", r.rank);
+        verdicts.push(line.split("VERDICT ").nth(1).unwrap_or_default().to_string());
+    }
+    assert!(verdicts.iter().all(|v| *v == verdicts[0]), "the verdicts differ\n{}", dump(&report));
+    assert!(verdicts[0].contains("rank 2 is behind: finished 2 collectives, in no call now"), "{}", verdicts[0]);
+}
+
 /// A GPU test: its name and body (given the number of GPUs).
 type GpuTest = (&'static str, fn(usize));
 
 const TESTS: &[GpuTest] = &[
     ("survive_a_rank_killed_mid_device_all_reduce", survive_a_rank_killed_mid_device_all_reduce),
+    (
+        "a_rank_that_skips_a_device_call_is_named_by_the_verdict",
+        a_rank_that_skips_a_device_call_is_named_by_the_verdict,
+    ),
     ("every_device_collective_dtype_op_and_size", matrix),
     ("every_algorithm_forced_at_small_and_edge_sizes", forced),
     ("cuda_graph_capture_and_replay", graph),

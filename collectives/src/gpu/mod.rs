@@ -31,6 +31,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
+use comm_core::device::DeviceError;
 use comm_core::diagnostics;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::{Error, Result};
@@ -231,6 +232,14 @@ impl GpuEngine {
         }
         if let Some(code) = self.status.error() {
             let why = format!("{} (device error code {})", code.describe(), code as u32);
+            // A wait that ran out is reported as the timeout it is, once (so that the call's
+            // verdict names who is behind); later calls say the engine is unusable.
+            let waited =
+                matches!(code, DeviceError::SemaphoreTimeout | DeviceError::PacketTimeout | DeviceError::FifoTimeout);
+            if waited && self.broken.is_none() {
+                self.broken = Some(why.clone());
+                return Err(Error::timeout(format!("a device call: {why}"), None, self.timeout));
+            }
             self.broken.get_or_insert(why);
         }
         if let Some(e) = self.channels.as_ref().and_then(DeviceChannels::proxy_error) {

@@ -32,6 +32,7 @@ fn main() {
         "p2p" => p2p(),
         "typed" => typed::typed(),
         "survive-device" => survive::survive_device(),
+        "stall-device" => survive::stall_device(),
         other => Err(worker::unknown_scenario(other)),
     })
 }

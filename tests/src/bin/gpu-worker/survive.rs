@@ -124,3 +124,36 @@ pub(crate) fn survive_device() -> Result<String> {
         shrunk.world_size()
     ))
 }
+
+/// `gpu-worker stall-device`: two checked device calls, then the last rank skips the third (it
+/// sleeps past the others' timeout); the others' kernels wait for it until `WEAVE_TIMEOUT`,
+/// and `check_gpu` must return a timeout whose verdict names the last rank as behind — the
+/// same text on every other rank. The `OK` line reads `VERDICT text` (or `skipped`).
+pub(crate) fn stall_device() -> Result<String> {
+    let Gpu { comm, stream } = gpu()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    let members: Vec<usize> = (0..n).collect();
+    for i in 0..2 {
+        checked(&comm, &stream, &members, i)?;
+    }
+    let timeout = comm.core().config().timeout;
+    if me == n - 1 {
+        std::thread::sleep(timeout + Duration::from_secs(4));
+        return Ok("skipped the third call".into());
+    }
+    let started = Instant::now();
+    let send: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
+    let mut recv: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
+    comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
+    // The kernel gives up at the timeout; the stream then reports success or the launch's error.
+    let _ = stream.synchronize();
+    let e = match comm.check_gpu() {
+        Ok(()) => return Err(Error::protocol("the device call completed without the last rank")),
+        Err(e) => e,
+    };
+    let took = started.elapsed();
+    let verdict = e.verdict().ok_or_else(|| Error::protocol(format!("no verdict in the device error: {e}")))?;
+    // Reachable until the others have asked.
+    std::thread::sleep(Duration::from_secs(2));
+    Ok(format!("failed after {} ms; VERDICT {verdict}", took.as_millis()))
+}
