@@ -683,6 +683,12 @@ impl Communicator {
 
     /// Starts a group of point-to-point operations that progress together (no order of sends
     /// and receives inside a group can deadlock).
+    ///
+    /// The sends of a group to a peer must match, one to one and in order, the receives of
+    /// that peer's group from this rank (same sizes), and the two groups must lie between the
+    /// same collectives. A send nobody received is found at the pair's next exchange: that
+    /// call fails with [`Error::Protocol`] naming the earlier group, and the communicator is
+    /// revoked on every rank — never is its data taken for a later message.
     pub fn group(&self) -> Group<'_> {
         Group::new(self)
     }

@@ -63,6 +63,15 @@
 //! Features decide which transports exist, the `WEAVE_TRANSPORTS` variable which are used.
 //! A transport of your own implements [`core::transport::TransportFactory`] and is handed to
 //! [`Builder::with_transport`].
+//!
+//! ## When a rank fails or falls behind
+//!
+//! Every wait is bounded (`WEAVE_TIMEOUT`). A call that times out or loses a peer asks every
+//! member how far it got and returns the answer inside its error ([`Error::verdict`], a
+//! [`Verdict`]): which ranks are behind, in which call, the same text on every rank. The
+//! survivors then go on: [`Communicator::revoke`], [`Communicator::agree_on_failed`],
+//! [`Communicator::shrink`], and later [`Communicator::grow`] (the example `elastic`).
 
+pub use collectives::core::verdict::Verdict;
 pub use collectives::core::{Error, Result};
 pub use collectives::*;
