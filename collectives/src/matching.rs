@@ -79,6 +79,11 @@ impl PairStamp {
         (words.iter().fold(mix(self.recv_sizes), |h, &w| mix(h ^ w)) & 0xff_ffff) as u32
     }
 
+    /// The [`digest`](Self::digest) that messages of the peer's matching group carry.
+    pub(crate) fn expected_digest(&self) -> u32 {
+        self.as_peer_states_it().digest()
+    }
+
     /// The stamp the peer's matching group would send: this one with sends and receives
     /// swapped.
     fn as_peer_states_it(&self) -> PairStamp {

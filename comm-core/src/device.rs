@@ -99,7 +99,7 @@ impl DeviceError {
             DeviceError::BadArgument => "a GPU kernel was given arguments it cannot handle",
             DeviceError::CallMismatch => {
                 "a peer GPU sent a message of a different call (ranks disagree on the collective, count, root or \
-                 call order)"
+                 call order, or on a point-to-point group's sends and receives)"
             }
         }
     }

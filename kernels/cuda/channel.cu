@@ -53,10 +53,11 @@ struct ChannelArgs {
   uint64_t count;      // elements (reducing kernels) or bytes (the byte kernel)
   uint64_t aux[4];     // all-to-all-v: device arrays of u64 elements per rank (send counts,
                        // send displacements, recv counts, recv displacements); send/receive:
-                       // aux[0] = bytes to receive
+                       // aux[0] = bytes to receive, aux[1] = the call number the message
+                       // received must carry (the receive's pair stamp)
   uint64_t links;      // device address of ChannelLink[world]
   uint64_t scratch;    // the logarithmic algorithms' work buffer (device address; sized per call)
-  uint64_t call;       // this call's number (0 for send/receive)
+  uint64_t call;       // this call's number (send/receive: the send's pair stamp)
   uint64_t signature;  // what every rank must agree on (collective, algorithm, dtype, op, root)
   uint64_t agreed;     // the count every rank must agree on
   FifoDeviceHandle fifo;
@@ -189,7 +190,10 @@ WEAVE_CHANNEL_STEP const char* receive(const ChannelArgs& a, uint32_t peer, uint
     if (ok) {
       const uint64_t offset = slot_offset(*l, l->consumed);
       const uint64_t* header = as_ptr<const uint64_t>(l->inbox + offset);
-      if (header[0] != a.call || header[1] != a.signature || header[2] != a.agreed || header[3] != bytes) {
+      // A send/receive's messages carry the sender's pair stamp with this rank, which must be
+      // the one this receive expects (collectives/src/matching.rs).
+      const uint64_t call = a.collective == CHANNEL_SEND_RECV ? a.aux[1] : a.call;
+      if (header[0] != call || header[1] != a.signature || header[2] != a.agreed || header[3] != bytes) {
         report_error(a.status, DeviceError::CallMismatch);
         ok = false;
       }

@@ -167,6 +167,7 @@ WEAVE_DEVICE void send_role(const GpuCollectiveArgs& a, uint32_t q, uint32_t bid
     if (t == 0) {
       reinterpret_cast<uint64_t*>(slot)[0] = w.bytes;
       reinterpret_cast<uint64_t*>(slot)[1] = c;
+      reinterpret_cast<uint64_t*>(slot)[2] = a.aux[3] & 0xffffffffu;
     }
     put(slot + P2P_HEADER, src + c * w.payload, w.len(c), t, nt);
     role_arrive(w.arrivals + (seq & 1), blocks, [&] {
@@ -188,9 +189,11 @@ WEAVE_DEVICE void recv_role(const GpuCollectiveArgs& a, uint32_t p, uint32_t bid
       const uint64_t* ready = control(a, a.rank, READY_OFFSET + 64 * p);
       ok = spin_until([&] { return atomic_load_acquire_sys(ready) >= seq; }, a.status, DeviceError::SemaphoreTimeout);
       if (ok) {
+        // The sender's pair stamp must be the one this receive expects, and then the sizes
+        // must agree (collectives/src/matching.rs): either way the ranks are out of step.
         const uint64_t* header = reinterpret_cast<const uint64_t*>(slot);
-        if (header[0] != w.bytes || header[1] != c) {
-          report_error(a.status, DeviceError::BadArgument);
+        if (header[2] != (a.aux[3] >> 32) || header[0] != w.bytes || header[1] != c) {
+          report_error(a.status, DeviceError::CallMismatch);
           ok = 0;
         }
       }
@@ -207,7 +210,9 @@ WEAVE_DEVICE void recv_role(const GpuCollectiveArgs& a, uint32_t p, uint32_t bid
 
 // One send (count bytes of send to peer `root`; root == ~0 for none) and one receive (aux[0]
 // bytes from peer aux[1] into recv; aux[1] == ~0 for none) progressing together: the first
-// half of the blocks sends, the second half receives.
+// half of the blocks sends, the second half receives. aux[3] holds the pair stamps
+// (collectives/src/matching.rs): the send's in its low 32 bits, written into every chunk's
+// header; the one the receive expects in its high 32 bits.
 WEAVE_DEVICE void sendrecv(const GpuCollectiveArgs& a) {
   const bool sends = a.root != 0xffffffffu;
   const bool recvs = a.aux[1] != NO_PEER;

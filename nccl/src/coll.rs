@@ -9,6 +9,7 @@
 
 use std::sync::Arc;
 
+use collectives::gpu::DeviceTransfer;
 use collectives::{Communicator, DataType, ReduceOp};
 use cudarc::driver::CudaStream;
 
@@ -222,60 +223,23 @@ pub unsafe fn run(comm: &Communicator, call: Call, stream: &Arc<CudaStream>) -> 
     }
 }
 
-/// Runs the sends and receives of one group on `stream` without deadlock.
-///
-/// The schedule (every rank follows it): sends to self pair, in order, with receives from
-/// self (a device copy). Then for d = 1..n, step d pairs this rank's sends to `me + d` with
-/// its receives from `me - d` (mod n), the k-th of each in the k-th kernel of the step
-/// (weave's `sendrecv_device_raw` progresses both sides in one kernel). Rank `me + d`'s step d
-/// receives from `me` in the same order, so the k-th kernel of step d on every rank waits only
-/// for kernels (d, k) of its two partners, each of which comes after (d', k') < (d, k) there:
-/// by induction every kernel completes, whatever order the program queued the calls in.
+/// Runs the sends and receives of one group on `stream`, as weave's
+/// `Communicator::group_device_raw` schedules them (without deadlock, every message stamped
+/// with its group so that a send nobody received is found, never taken for a later one).
 ///
 /// # Safety
 /// As [`run`] for every call.
 pub unsafe fn run_p2p(comm: &Communicator, calls: &[Call], stream: &Arc<CudaStream>) -> Result<(), Fail> {
-    let (me, n) = (comm.rank(), comm.world_size());
-    let mut sends: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
-    let mut recvs: Vec<Vec<(u64, usize)>> = vec![Vec::new(); n];
-    for c in calls {
-        match *c {
-            Call::Send { buf, bytes, peer } if peer < n => sends[peer].push((buf, bytes)),
-            Call::Recv { buf, bytes, peer } if peer < n => recvs[peer].push((buf, bytes)),
-            Call::Send { peer, .. } | Call::Recv { peer, .. } => {
-                return Err(Fail::invalid(format!("peer {peer} is not a rank of this {n}-rank communicator")));
-            }
-            _ => {}
-        }
-    }
-    if sends[me].len() != recvs[me].len() {
-        return Err(Fail::invalid(format!(
-            "the group sends {} message(s) to this rank itself but receives {}; they must pair up",
-            sends[me].len(),
-            recvs[me].len()
-        )));
-    }
-    for (&(src, a), &(dst, b)) in sends[me].iter().zip(&recvs[me]) {
-        if a != b {
-            return Err(Fail::invalid(format!("a send to self of {a} bytes meets a receive of {b} bytes")));
-        }
-        // SAFETY: forwarded from the caller.
-        unsafe { cuda::copy_async(dst, src, a, stream.cu_stream() as usize)? };
-    }
-    for d in 1..n {
-        let (to, from) = ((me + d) % n, (me + n - d) % n);
-        let (s, r) = (&sends[to], &recvs[from]);
-        for k in 0..s.len().max(r.len()) {
-            let send = s.get(k).filter(|x| x.1 > 0).map(|&(p, b)| (p, b, to));
-            let recv = r.get(k).filter(|x| x.1 > 0).map(|&(p, b)| (p, b, from));
-            if send.is_none() && recv.is_none() {
-                continue;
-            }
-            // SAFETY: forwarded from the caller; counts are bytes of U8.
-            unsafe { comm.sendrecv_device_raw(send, recv, DataType::U8, stream) }.map_err(weave)?;
-        }
-    }
-    Ok(())
+    let ops: Vec<DeviceTransfer> = calls
+        .iter()
+        .filter_map(|c| match *c {
+            Call::Send { buf, bytes, peer } => Some(DeviceTransfer::Send { addr: buf, bytes, peer }),
+            Call::Recv { buf, bytes, peer } => Some(DeviceTransfer::Recv { addr: buf, bytes, peer }),
+            _ => None,
+        })
+        .collect();
+    // SAFETY: forwarded from the caller.
+    unsafe { comm.group_device_raw(&ops, stream) }.map_err(weave)
 }
 
 #[cfg(test)]

@@ -257,6 +257,22 @@ fn a_rank_that_skips_a_device_call_is_named_by_the_verdict(_gpus: usize) {
     assert!(verdicts[0].contains("rank 2 is behind: finished 2 collectives, in no call now"), "{}", verdicts[0]);
 }
 
+/// Three ranks: rank 1's device send that rank 0 never receives must be found at their next
+/// device exchange (rank 0's `check_gpu` reports it), never taken for the later message, and
+/// every rank's next call must fail with `Revoked` — the table's family, then the channel
+/// family.
+fn an_unmatched_device_send_is_found_at_the_next_exchange(_gpus: usize) {
+    let n = 3;
+    for algo in ["", "channel"] {
+        let spec =
+            scenario_spec(worker(), "p2p-mismatch-device", n, 5.0, Duration::from_secs(120)).env("WEAVE_ALGO", algo);
+        let report = launch_serialized(&spec).expect("launch p2p-mismatch-device");
+        assert!(report.success(), "WEAVE_ALGO={algo:?}\n{}", dump(&report));
+        let line = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK")).expect("checked by success");
+        println!("    [{n} ranks, WEAVE_ALGO={algo:?}] {line}");
+    }
+}
+
 /// A GPU test: its name and body (given the number of GPUs).
 type GpuTest = (&'static str, fn(usize));
 
@@ -266,6 +282,7 @@ const TESTS: &[GpuTest] = &[
         "a_rank_that_skips_a_device_call_is_named_by_the_verdict",
         a_rank_that_skips_a_device_call_is_named_by_the_verdict,
     ),
+    ("an_unmatched_device_send_is_found_at_the_next_exchange", an_unmatched_device_send_is_found_at_the_next_exchange),
     ("every_device_collective_dtype_op_and_size", matrix),
     ("every_algorithm_forced_at_small_and_edge_sizes", forced),
     ("cuda_graph_capture_and_replay", graph),

@@ -75,6 +75,8 @@ pub(crate) struct DeviceSendRecv {
     pub(crate) recv: Option<(u64, usize, usize)>,
     /// Element type.
     pub(crate) dtype: DataType,
+    /// The send's pair stamp digest, and the one the receive expects (`crate::matching`).
+    pub(crate) stamps: (u32, u32),
 }
 
 /// The memories of one built link, kept alive as long as the proxy may name them. Host
@@ -447,11 +449,12 @@ impl DeviceChannels {
             send: call.send.map_or(0, |s| s.0),
             recv: call.recv.map_or(0, |r| r.0),
             count: call.send.map_or(0, |s| s.1 * esz) as u64,
-            aux: [call.recv.map_or(0, |r| r.1 * esz) as u64, 0, 0, 0],
+            aux: [call.recv.map_or(0, |r| r.1 * esz) as u64, u64::from(call.stamps.1), 0, 0],
             links: self.table_address,
             scratch: 0,
-            // Point-to-point calls are not counted: only the two ranks of a pair take part.
-            call: 0,
+            // Point-to-point calls are not counted (only the two ranks of a pair take part):
+            // their messages carry the send's pair stamp, the receive checks its own.
+            call: u64::from(call.stamps.0),
             signature: crate::host::signature(Collective::SendRecv, call.dtype, None, Algorithm::ChannelDirect),
             agreed: 0,
             fifo: self.proxy_fifo(),

@@ -15,6 +15,8 @@ use crate::channel::CallSpec;
 use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
 use crate::communicator::{Communicator, already_in_a_call};
 use crate::dtype::DataType;
+use crate::group::P2pOp;
+use crate::matching::GroupStamps;
 use crate::op::ReduceOp;
 use crate::select::device::{CountUnit, Grid};
 use crate::select::{CallShape, Executor};
@@ -306,8 +308,10 @@ impl Communicator {
     /// Point-to-point on device buffers: sends `send_count` elements at `send` to `to` and
     /// receives `recv_count` elements from `from` into `recv`, progressing both in one kernel
     /// (so a ring shift cannot deadlock). Either side may be `None`. The matching call on the
-    /// peer must use the same element count; a mismatch is reported as a device error
-    /// ([`check_gpu`](Self::check_gpu)).
+    /// peer must use the same element count; a mismatch, or a send of an earlier call that
+    /// nobody received, is reported by [`check_gpu`](Self::check_gpu) and revokes the
+    /// communicator (see [`group`](Self::group) for the rule). A group of one send and one
+    /// receive, as [`group_device_raw`](Self::group_device_raw) runs it.
     ///
     /// # Safety
     /// `send` valid for `send_count` elements and `recv` for `recv_count` until the call
@@ -319,22 +323,123 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let bytes = (send.map_or(0, |s| s.1) + recv.map_or(0, |r| r.1)) * dtype.size();
-        let first_peer = send.or(recv).map(|op| op.2);
-        let signature = CallSignature { device: true, ..CallSignature::host(CallKind::Group, bytes, first_peer) };
+        let esz = dtype.size();
+        let send = send.map(|(addr, count, peer)| DeviceTransfer::Send { addr, bytes: count * esz, peer });
+        let recv = recv.map(|(addr, count, peer)| DeviceTransfer::Recv { addr, bytes: count * esz, peer });
+        let ops: Vec<DeviceTransfer> = send.into_iter().chain(recv).collect();
         // SAFETY: forwarded from the caller.
-        self.ledgered(signature, || unsafe { self.sendrecv_on_device(send, recv, dtype, stream) })
+        unsafe { self.group_device_raw(&ops, stream) }
     }
 
-    /// [`sendrecv_device_raw`](Self::sendrecv_device_raw) inside the ledger.
+    /// A group of device sends and receives (bytes at device addresses) on `stream`, enqueued
+    /// without deadlock whatever their order; nothing waits for the GPU.
+    ///
+    /// The schedule (every rank follows it): sends to this rank itself pair, in order, with
+    /// its receives from itself (a device copy). Then for d = 1..n, step d pairs this rank's
+    /// sends to `rank + d` with its receives from `rank − d` (mod n), the k-th of each in the
+    /// k-th kernel of the step (one kernel progresses one send and one receive). Rank
+    /// `rank + d`'s step d receives from this rank in the same order, so the k-th kernel of
+    /// step d on every rank waits only for kernels (d, k) of its two partners, each of which
+    /// comes after (d', k') < (d, k) there: by induction every kernel completes.
+    ///
+    /// Transfers of zero bytes move nothing and are left out on both sides. Every message
+    /// carries the group's pair stamp (see [`group`](Self::group) for the matching rule): a
+    /// mismatch is reported by [`check_gpu`](Self::check_gpu) and revokes the communicator.
     ///
     /// # Safety
-    /// As for `sendrecv_device_raw`.
+    /// Every address valid for its bytes (reads for sends, writes for receives) until the
+    /// group completes on `stream`; receive ranges disjoint from each other and from sends.
+    pub unsafe fn group_device_raw(&self, ops: &[DeviceTransfer], stream: &Arc<CudaStream>) -> Result<()> {
+        let bytes = ops.iter().map(DeviceTransfer::bytes).sum();
+        let first_peer = ops.first().map(DeviceTransfer::peer);
+        let signature = CallSignature { device: true, ..CallSignature::host(CallKind::Group, bytes, first_peer) };
+        // SAFETY: forwarded from the caller.
+        self.ledgered(signature, || unsafe { self.device_group_steps(ops, stream) })
+    }
+
+    /// [`group_device_raw`](Self::group_device_raw) inside the ledger.
+    ///
+    /// # Safety
+    /// As for `group_device_raw`.
+    unsafe fn device_group_steps(&self, ops: &[DeviceTransfer], stream: &Arc<CudaStream>) -> Result<()> {
+        let (me, n) = (self.rank(), self.world_size());
+        if let Some(op) = ops.iter().find(|op| op.peer() >= n) {
+            return Err(Error::invalid(format!(
+                "device point-to-point: rank {} is not a rank of this {n}-rank communicator",
+                op.peer()
+            )));
+        }
+        let lists = |send: bool, peer: usize| -> Vec<(u64, usize)> {
+            ops.iter()
+                .filter(|op| op.peer() == peer && op.is_send() == send && op.bytes() > 0)
+                .map(|op| (op.addr(), op.bytes()))
+                .collect()
+        };
+        let (to_self, from_self) = (lists(true, me), lists(false, me));
+        if to_self.len() != from_self.len() || to_self.iter().zip(&from_self).any(|(a, b)| a.1 != b.1) {
+            return Err(Error::invalid(format!(
+                "a device group sends {} message(s) to this rank itself and receives {}: they must pair up, one to \
+                 one and of equal sizes",
+                to_self.len(),
+                from_self.len()
+            )));
+        }
+        if self.is_revoked() {
+            return Err(crate::health::revoked());
+        }
+        for (&(src, bytes), &(dst, _)) in to_self.iter().zip(&from_self) {
+            if src != dst {
+                // SAFETY: both ranges valid for `bytes` (caller), ordered on `stream`.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.map_err(
+                    |e| Error::Cuda { operation: "cuMemcpyDtoDAsync (send to self)".into(), message: e.to_string() },
+                )?;
+            }
+        }
+        let stamps = {
+            let transfers: Vec<P2pOp> = ops
+                .iter()
+                .filter(|op| op.bytes() > 0 && op.peer() != me)
+                .map(|op| match *op {
+                    DeviceTransfer::Send { bytes, peer, .. } => {
+                        P2pOp::Send { peer, data: std::ptr::null(), len: bytes }
+                    }
+                    DeviceTransfer::Recv { bytes, peer, .. } => {
+                        P2pOp::Recv { peer, data: std::ptr::null_mut(), len: bytes }
+                    }
+                })
+                .collect();
+            let ledger = self.resilience.ledger();
+            let mut exchanges = self.pair_exchanges.borrow_mut();
+            GroupStamps::new(&transfers, me, ledger.groups_begun(), ledger.collectives_begun(), &mut exchanges)
+        };
+        for d in 1..n {
+            let (to, from) = ((me + d) % n, (me + n - d) % n);
+            let (s, r) = (lists(true, to), lists(false, from));
+            for k in 0..s.len().max(r.len()) {
+                let send = s.get(k).map(|&(addr, bytes)| (addr, bytes, to));
+                let recv = r.get(k).map(|&(addr, bytes)| (addr, bytes, from));
+                let stamps = (
+                    send.map_or(Ok(0), |_| stamps.with(to).map(|st| st.digest()))?,
+                    recv.map_or(Ok(0), |_| stamps.with(from).map(|st| st.expected_digest()))?,
+                );
+                // SAFETY: forwarded from the caller; counts are bytes of U8.
+                unsafe { self.sendrecv_on_device(send, recv, DataType::U8, stamps, stream)? };
+            }
+        }
+        Ok(())
+    }
+
+    /// One kernel of a device group: a send and a receive (bytes of `dtype`), carrying and
+    /// checking the pair stamps `stamps` (the send's digest, the one the receive expects).
+    ///
+    /// # Safety
+    /// As for `group_device_raw`.
     unsafe fn sendrecv_on_device(
         &self,
         send: Option<(u64, usize, usize)>,
         recv: Option<(u64, usize, usize)>,
         dtype: DataType,
+        stamps: (u32, u32),
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
         if self.is_revoked() {
@@ -360,7 +465,7 @@ impl Communicator {
         let shape = CallShape { collective: Collective::SendRecv, memory: MemorySpace::Device, bytes, payload: bytes };
         let plan = crate::select::plan(self.algorithm_table(), shape, self.core().topology(), Some(&g.caps()))?;
         if plan.executor == Executor::GpuChannel {
-            let call = DeviceSendRecv { send, recv, dtype };
+            let call = DeviceSendRecv { send, recv, dtype, stamps };
             // SAFETY: forwarded from the caller.
             return g.on_channels(self.core(), |channels, status| unsafe {
                 channels.sendrecv(self.core(), call, status, stream)
@@ -381,9 +486,62 @@ impl Communicator {
             args.aux[0] = (count * esz) as u64;
             args.aux[1] = from as u64;
         }
+        args.aux[3] = u64::from(stamps.0) | u64::from(stamps.1) << 32;
         let blocks = d.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { d.launch(DirectKernel::untyped(family), args, blocks, stream) }
+    }
+}
+
+/// One transfer of a device group ([`Communicator::group_device_raw`]): bytes at a device
+/// address, sent to or received from a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceTransfer {
+    /// Send `bytes` at `addr` to `peer`.
+    Send {
+        /// Device address of the data.
+        addr: u64,
+        /// Bytes to send.
+        bytes: usize,
+        /// The rank to send to.
+        peer: usize,
+    },
+    /// Receive exactly `bytes` from `peer` into `addr`.
+    Recv {
+        /// Device address to write.
+        addr: u64,
+        /// Bytes to receive.
+        bytes: usize,
+        /// The rank to receive from.
+        peer: usize,
+    },
+}
+
+impl DeviceTransfer {
+    /// The peer.
+    pub fn peer(&self) -> usize {
+        match *self {
+            DeviceTransfer::Send { peer, .. } | DeviceTransfer::Recv { peer, .. } => peer,
+        }
+    }
+
+    /// The bytes moved.
+    pub fn bytes(&self) -> usize {
+        match *self {
+            DeviceTransfer::Send { bytes, .. } | DeviceTransfer::Recv { bytes, .. } => bytes,
+        }
+    }
+
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        match *self {
+            DeviceTransfer::Send { addr, .. } | DeviceTransfer::Recv { addr, .. } => addr,
+        }
+    }
+
+    /// Whether it is a send.
+    pub fn is_send(&self) -> bool {
+        matches!(self, DeviceTransfer::Send { .. })
     }
 }
 

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use comm_core::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::checks;
+use super::{DeviceTransfer, checks};
 use crate::communicator::Communicator;
 use crate::dtype::Element;
 
@@ -79,16 +79,9 @@ impl Communicator {
 }
 
 /// Device sends and receives of `T` on one stream, built by [`Communicator::device_group`];
-/// nothing is checked or launched until [`run`](Self::run).
-///
-/// One device point-to-point kernel progresses at most one send and one receive together, so a
-/// group runs as steps: step i is one kernel with the group's i-th send and i-th receive (in the
-/// order they were added), and the steps follow each other on the stream. Each pair of ranks
-/// matches its messages in order. A large send completes only as its receiver takes the data, so
-/// ranks whose steps wait on each other in a cycle (a ring where every rank sends in a step of
-/// its own before it receives) time out after `WEAVE_TIMEOUT` with a device error: put a send and
-/// the receive it waits for in the same step, as in a ring shift (step k: send to `rank + k`,
-/// receive from `rank − k`).
+/// nothing is checked or launched until [`run`](Self::run), which enqueues them as
+/// [`Communicator::group_device_raw`] does: in an order that cannot deadlock, each message
+/// stamped so that a send nobody received is never taken for a later one.
 pub struct DeviceGroup<'a, T: Element> {
     comm: &'a Communicator,
     stream: &'a Arc<CudaStream>,
@@ -109,10 +102,11 @@ impl<'a, T: Element> DeviceGroup<'a, T> {
         self
     }
 
-    /// Checks every peer, then enqueues the group's steps on the stream (one kernel per step;
-    /// nothing waits for the GPU). A failed check launches nothing; a failure while enqueueing
-    /// leaves the steps before it enqueued (the communicator's GPU path is then unusable, as
-    /// after any failed launch).
+    /// Checks every peer, then enqueues the group (as
+    /// [`group_device_raw`](Communicator::group_device_raw) schedules it: whatever the order
+    /// of its sends and receives, it cannot deadlock; nothing waits for the GPU). A failed
+    /// check launches nothing; a failure while enqueueing leaves the kernels before it
+    /// enqueued (the communicator's GPU path is then unusable, as after any failed launch).
     pub fn run(self) -> Result<()> {
         const CALL: &str = "device group";
         let (me, n) = (self.comm.rank(), self.comm.world_size());
@@ -122,28 +116,18 @@ impl<'a, T: Element> DeviceGroup<'a, T> {
         for (_, from) in &self.recvs {
             checks::peer(CALL, "receive from", *from, me, n)?;
         }
-        let mut sends = self.sends.into_iter();
-        let mut recvs = self.recvs.into_iter();
-        loop {
-            let (send, recv) = (sends.next(), recvs.next());
-            if send.is_none() && recv.is_none() {
-                return Ok(());
-            }
-            let mut buffers = self.comm.device_buffers(CALL, self.stream)?;
-            let send = match send {
-                Some((buf, to)) => Some((buffers.read("a send buffer", buf)?, buf.len(), to)),
-                None => None,
-            };
-            let recv = match recv {
-                Some((buf, from)) => {
-                    let len = buf.len();
-                    Some((buffers.write("a receive buffer", buf)?, len, from))
-                }
-                None => None,
-            };
-            // SAFETY: each address comes with its buffer's length in elements of T, the buffers
-            // are on this GPU and guarded until `buffers` drops after the launch.
-            unsafe { self.comm.sendrecv_device_raw(send, recv, T::DTYPE, self.stream)? };
+        let esz = std::mem::size_of::<T>();
+        let mut buffers = self.comm.device_buffers(CALL, self.stream)?;
+        let mut ops = Vec::with_capacity(self.sends.len() + self.recvs.len());
+        for (buf, peer) in self.sends {
+            ops.push(DeviceTransfer::Send { addr: buffers.read("a send buffer", buf)?, bytes: buf.len() * esz, peer });
         }
+        for (buf, peer) in self.recvs {
+            let bytes = buf.len() * esz;
+            ops.push(DeviceTransfer::Recv { addr: buffers.write("a receive buffer", buf)?, bytes, peer });
+        }
+        // SAFETY: each address comes with its buffer's length in bytes, the buffers are on this
+        // GPU and guarded until `buffers` drops after the launches.
+        unsafe { self.comm.group_device_raw(&ops, self.stream) }
     }
 }

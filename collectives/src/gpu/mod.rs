@@ -40,6 +40,7 @@ use transport_cudaipc::CudaIpcBackend;
 use weave_cuda::DeviceStatus;
 
 use crate::channel::gpu::DeviceChannels;
+pub use calls::DeviceTransfer;
 pub use config::GpuConfig;
 pub use device_group::DeviceGroup;
 pub use kernels::direct::{
@@ -239,6 +240,16 @@ impl GpuEngine {
             if waited && self.broken.is_none() {
                 self.broken = Some(why.clone());
                 return Err(Error::timeout(format!("a device call: {why}"), None, self.timeout));
+            }
+            // Ranks out of step — a message of another call, or of a send nobody received
+            // (`crate::matching`): a protocol error, which revokes the communicator.
+            if code == DeviceError::CallMismatch && self.broken.is_none() {
+                self.broken = Some(why.clone());
+                return Err(Error::protocol(format!(
+                    "point-to-point or call mismatch on the GPU: {why}; a send of an earlier group may have gone \
+                     unreceived (sends and receives of a pair must match one to one within their groups, between the \
+                     same collectives). The communicator is revoked; shrink it or build a new one"
+                )));
             }
             self.broken.get_or_insert(why);
         }

@@ -33,6 +33,7 @@ fn main() {
         "typed" => typed::typed(),
         "survive-device" => survive::survive_device(),
         "stall-device" => survive::stall_device(),
+        "p2p-mismatch-device" => survive::p2p_mismatch_device(),
         other => Err(worker::unknown_scenario(other)),
     })
 }

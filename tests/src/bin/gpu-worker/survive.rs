@@ -157,3 +157,57 @@ pub(crate) fn stall_device() -> Result<String> {
     std::thread::sleep(Duration::from_secs(2));
     Ok(format!("failed after {} ms; VERDICT {verdict}", took.as_millis()))
 }
+
+/// `gpu-worker p2p-mismatch-device`: rank 1 sends 36 B on the device to rank 0, which posts no
+/// receive; then both exchange in a device group (rank 0 receives 36 B and sends 8 B). Rank 0's
+/// `check_gpu` must report the mismatch (a protocol error), its receive buffer must not hold
+/// the later message, and every rank's next call must fail with `Revoked` — with the family
+/// the table picks, or the channel family under `WEAVE_ALGO=channel`.
+pub(crate) fn p2p_mismatch_device() -> Result<String> {
+    let Gpu { comm, stream } = gpu()?;
+    let (me, n) = (comm.rank(), comm.world_size());
+    if n < 2 {
+        return Err(Error::invalid("p2p-mismatch-device needs at least 2 ranks"));
+    }
+    let upload = |bytes: &[u8]| stream.clone_htod(bytes).map_err(cuda("upload"));
+    let mut got: CudaSlice<u8> = stream.alloc_zeros(36).map_err(cuda("alloc"))?;
+    match me {
+        0 => {
+            let eight = upload(&[8u8; 8])?;
+            let mut g = comm.device_group(&stream);
+            g.recv(&mut got, 1).send(&eight, 1);
+            g.run()?;
+        }
+        1 => {
+            let (orphan, later) = (upload(&[0x0au8; 36])?, upload(&[0x0bu8; 36])?);
+            comm.send_device(&orphan, 0, &stream)?;
+            let mut back: CudaSlice<u8> = stream.alloc_zeros(8).map_err(cuda("alloc"))?;
+            let mut g = comm.device_group(&stream);
+            g.send(&later, 0).recv(&mut back, 0);
+            g.run()?;
+        }
+        _ => {}
+    }
+    let _ = stream.synchronize();
+    let checked = comm.check_gpu();
+    let seen = match (me, checked) {
+        (0, Err(e @ Error::Protocol(_))) if e.to_string().contains("mismatch on the GPU") => e.to_string(),
+        (0, other) => return Err(Error::protocol(format!("rank 0 was to find the mismatch, got {other:?}"))),
+        (_, Ok(()) | Err(Error::Protocol(_) | Error::Revoked(_))) => String::new(),
+        (_, Err(e)) => return Err(Error::protocol(format!("rank {me}: expected a mismatch or a revocation, got {e}"))),
+    };
+    let received = stream.clone_dtoh(&got).map_err(cuda("download"))?;
+    if me == 0 && received.contains(&0x0b) {
+        return Err(Error::protocol("WRONG DATA: the failed receive holds the later message"));
+    }
+    let mut sum = [0u64];
+    match comm.all_reduce(&[1u64], &mut sum, ReduceOp::Sum) {
+        Err(Error::Revoked(_)) => {}
+        other => return Err(Error::protocol(format!("the call after the mismatch returned {other:?}"))),
+    }
+    let family = std::env::var("WEAVE_ALGO").unwrap_or_else(|_| "table".into());
+    Ok(match me {
+        0 => format!("{family}: found: {seen}; then revoked"),
+        _ => format!("{family}: revoked"),
+    })
+}
