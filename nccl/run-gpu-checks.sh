@@ -88,6 +88,16 @@ else
   if [ $rc -ne 124 ] && grep -q "rank 0 got an error\|Watchdog\|ncclRemoteError\|remote process exited" "$OUT/torch-kill-peer.log"; then
     line PASS torch-dead-peer-errors "${took}s"
   else line FAIL torch-dead-peer-errors "exit $rc after ${took}s, $OUT/torch-kill-peer.log"; fi
+  # The MoE mistake (all_to_all_single with split sizes the ranks disagree on), then correct
+  # calls: an error must come (raised, or the watchdog's abort with weave's mismatch error) and
+  # no call may return wrong data.
+  start=$SECONDS
+  WEAVE_TIMEOUT=10s NCCL_DEBUG=WARN LD_PRELOAD="$LIB" timeout 180 $TORCHRUN --nproc-per-node 2 \
+    "$HERE/torch_check.py" --mismatched-splits >"$OUT/torch-mismatch.log" 2>&1
+  took=$((SECONDS - start))
+  if ! grep -q "WRONG DATA\|no error raised" "$OUT/torch-mismatch.log" && grep -q "mismatch on the GPU\|point-to-point mismatch" "$OUT/torch-mismatch.log"; then
+    line PASS torch-mismatched-splits-error "${took}s: $(grep -m1 'got an error' "$OUT/torch-mismatch.log" | cut -c1-160)"
+  else line FAIL torch-mismatched-splits-error "after ${took}s, $OUT/torch-mismatch.log"; fi
   # torch.distributed.shrink_group after a rank died (three ranks; ncclCommShrink on weave), with
   # each flag; the survivors must all-reduce exactly on the new group.
   for flags in SHRINK_DEFAULT SHRINK_ABORT; do

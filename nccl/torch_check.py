@@ -201,6 +201,48 @@ def shrink(flags_name):
     sys.exit(0 if ok else 1)
 
 
+def mismatched_splits():
+    """The mistake every MoE user makes once, on two ranks: all_to_all_single with split sizes
+    the ranks disagree on — rank 1 sends 36 elements to rank 0, whose splits expect none —
+    then two correct uneven all-to-alls. Some call must fail (raise, or the watchdog's abort
+    with weave's mismatch error), and the data of a call that a later call followed without
+    error must be exact: never wrong data."""
+    rank, dev, _ = nccl_rank(16)
+
+    def exchange(in_splits, out_splits, label):
+        inp = torch.cat([torch.arange(n, dtype=torch.float32, device=dev) + 100 * rank + 10 * p
+                         for p, n in enumerate(in_splits)])
+        out = torch.full((sum(out_splits),), -1.0, device=dev)
+        dist.all_to_all_single(out, inp, out_splits, in_splits)
+        torch.cuda.synchronize()
+        # Device errors are asynchronous (as in NCCL): a kernel that found a mismatch fails the
+        # next call, so the data is judged only once a later call went through.
+        probe = torch.ones(1, device=dev)
+        dist.all_reduce(probe)
+        torch.cuda.synchronize()
+        want = torch.cat([torch.arange(n, dtype=torch.float32, device=dev) + 100 * p + 10 * rank
+                          for p, n in enumerate(out_splits)])
+        if not torch.equal(out, want):
+            print(f"torch_check mismatch: WRONG DATA on rank {rank} in {label}: {out.tolist()} != {want.tolist()}")
+            sys.exit(1)
+
+    try:
+        # Rank 0 sends 4 to itself, none to rank 1, expects 4 from itself and none from rank 1;
+        # rank 1 sends 36 to rank 0 (the mistake) and 4 to itself.
+        if rank == 0:
+            dist.all_to_all_single(torch.empty(4, device=dev), torch.zeros(4, device=dev), [4, 0], [4, 0])
+        else:
+            dist.all_to_all_single(torch.empty(4, device=dev), torch.ones(40, device=dev), [0, 4], [36, 4])
+        torch.cuda.synchronize()
+        exchange([2, 3] if rank == 0 else [5, 1], [2, 5] if rank == 0 else [3, 1], "the first correct call")
+        exchange([1, 6] if rank == 0 else [2, 2], [1, 2] if rank == 0 else [6, 2], "the second correct call")
+    except Exception as e:  # noqa: BLE001 - an error is the expected outcome
+        print(f"torch_check mismatch: rank {rank} got an error: {type(e).__name__}: {e}")
+        sys.exit(0)
+    print(f"torch_check mismatch: rank {rank}: no error raised")
+    sys.exit(1)
+
+
 def compare(a, b, reference_subset=False):
     """Compares run A with reference run B; with `reference_subset`, B may lack calls of A."""
     bad = 0
@@ -237,6 +279,8 @@ def compare(a, b, reference_subset=False):
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--kill-peer":
         kill_peer()
+    if len(sys.argv) == 2 and sys.argv[1] == "--mismatched-splits":
+        mismatched_splits()
     if len(sys.argv) == 3 and sys.argv[1] == "--shrink":
         shrink(sys.argv[2])
     if len(sys.argv) in (4, 5) and sys.argv[1] == "--compare":
