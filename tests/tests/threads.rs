@@ -302,10 +302,3 @@ fn a_revocation_ends_a_hierarchical_call_waiting_in_a_step() {
         }
     });
 }
-
-#[test]
-#[ignore = "scratch"]
-fn scratch_256_agree_shrink() {
-    let (agreed, took) = agree_and_shrink_on_threads(256, &[5, 100, 200], Duration::from_secs(300));
-    println!("256 thread ranks, 3 lost: agreed in {agreed:.2?}, agree + shrink in {took:.2?}");
-}
