@@ -163,8 +163,8 @@ pub struct Communicator {
     pub(crate) notices: Arc<NoticeService>,
     /// Agreements run so far (failed ranks learned from them stay known).
     pub(crate) known_failed: RefCell<std::collections::BTreeSet<usize>>,
-    /// Per peer: groups of this rank with operations with it (see `crate::matching`).
-    pub(crate) pair_exchanges: RefCell<Vec<u64>>,
+    /// Per peer: groups of this rank that sent to it and received from it (`crate::matching`).
+    pub(crate) pair_exchanges: RefCell<crate::matching::Exchanges>,
 }
 
 impl std::fmt::Debug for Communicator {
@@ -292,7 +292,7 @@ impl Communicator {
             resilience,
             notices,
             known_failed: RefCell::new(std::collections::BTreeSet::new()),
-            pair_exchanges: RefCell::new(vec![0; world_size]),
+            pair_exchanges: RefCell::new(vec![[0; 2]; world_size]),
         })
     }
 

@@ -263,12 +263,30 @@ impl Resilience {
     }
 
     /// Asks every member for its ledger and judges who is behind (see [`crate::verdict`]);
-    /// waits for each answer until the member is known lost or `silence` has passed. `None`
-    /// over a bootstrap that carries no notices (nobody would answer).
+    /// waits for each answer until the member is known lost or `silence` has passed. Members
+    /// still inside an earlier call than the frontier are moving (a survivor that has not yet
+    /// reached the call where the others failed): they are asked again, every few
+    /// milliseconds for at most half the silence more, until none is — so that every member
+    /// that asks judges the same still picture. `None` over a bootstrap that carries no
+    /// notices (nobody would answer).
     pub fn verdict(&self, silence: Duration) -> Option<Verdict> {
         if !self.bootstrap.carries_notices() {
             return None;
         }
+        let mut states = self.ask(silence, &vec![MemberState::Silent; self.size()]);
+        let settle = std::time::Instant::now() + silence / 2;
+        while moving(&states) && std::time::Instant::now() < settle {
+            std::thread::sleep(Duration::from_millis(5));
+            // Members that answered answer at once; the silent are not waited for again.
+            states = self.ask(silence / 10, &states);
+        }
+        Some(Verdict::judge(states, silence))
+    }
+
+    /// One round of ledger queries: asks every member not known lost whose state in `before`
+    /// is not [`MemberState::Lost`], and waits for the answers at most `wait`; a member that
+    /// said nothing keeps its state of `before` where that was an answer, else is silent.
+    fn ask(&self, wait: Duration, before: &[MemberState]) -> Vec<MemberState> {
         let n = self.size();
         let id = {
             let mut query = self.query.lock().unwrap_or_else(PoisonError::into_inner);
@@ -278,7 +296,8 @@ impl Resilience {
             query.answers[self.rank] = Some(self.ledger.entry());
             query.id
         };
-        for member in (0..n).filter(|&m| m != self.rank && self.member_lost(m).is_none()) {
+        let asked = |m: usize| m != self.rank && before[m] != MemberState::Lost && self.member_lost(m).is_none();
+        for member in (0..n).filter(|&m| asked(m)) {
             send_notice(
                 &*self.bootstrap,
                 self.members[member],
@@ -287,10 +306,10 @@ impl Resilience {
                 &id.to_le_bytes(),
             );
         }
-        let deadline = std::time::Instant::now() + silence;
+        let deadline = std::time::Instant::now() + wait;
         let mut query = self.query.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
-            let settled = |q: &LedgerQuery| (0..n).all(|m| q.answers[m].is_some() || self.member_lost(m).is_some());
+            let settled = |q: &LedgerQuery| (0..n).all(|m| q.answers[m].is_some() || !asked(m));
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if settled(&query) || left.is_zero() {
                 break;
@@ -302,16 +321,18 @@ impl Resilience {
         query.open = false;
         let answers = std::mem::take(&mut query.answers);
         drop(query);
-        let states = answers
+        answers
             .into_iter()
             .enumerate()
             .map(|(m, a)| match a {
                 Some(entry) => MemberState::Answered(entry),
-                None if self.member_lost(m).is_some() => MemberState::Lost,
-                None => MemberState::Silent,
+                None if self.member_lost(m).is_some() || before[m] == MemberState::Lost => MemberState::Lost,
+                None => match &before[m] {
+                    MemberState::Answered(entry) => MemberState::Answered(*entry),
+                    _ => MemberState::Silent,
+                },
             })
-            .collect();
-        Some(Verdict::judge(states, silence))
+            .collect()
     }
 
     fn slots(&self) -> MutexGuard<'_, HashMap<u64, Slot>> {
@@ -398,6 +419,19 @@ impl Resilience {
             None => false,
         }
     }
+}
+
+/// Whether some member that answered is inside a collective below the highest one begun: on
+/// its way to where the others stopped.
+fn moving(states: &[MemberState]) -> bool {
+    let answered = || {
+        states.iter().filter_map(|s| match s {
+            MemberState::Answered(e) => Some(e),
+            _ => None,
+        })
+    };
+    let top = answered().map(|e| e.collectives_begun).max().unwrap_or(0);
+    answered().any(|e| e.collectives_begun < top && e.in_call())
 }
 
 /// The members `rank` tells of a revocation in an `n`-member communicator: `rank ± 2^i` (mod n)

@@ -11,7 +11,7 @@ use comm_core::{Error, Result};
 use super::ChannelEngine;
 use super::link::Header;
 use crate::group::{self, P2pOp};
-use crate::matching::{GroupStamps, PairStamp};
+use crate::matching::{GroupStamps, Met, PairStamp};
 
 /// Signature of a point-to-point message. A link header carries 32 bits of signature, and every
 /// collective's signature (`host::signature`) numbers its collective from 1 in the low byte, so
@@ -54,8 +54,12 @@ unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]
     let cell = std::cell::RefCell::new(e);
     let advance = |i: usize| -> Result<(bool, bool)> {
         let mut e = cell.borrow_mut();
+        let stamp = match ops[i] {
+            P2pOp::Send { peer, .. } => stamps.sending_to(peer)?,
+            P2pOp::Recv { peer, .. } => stamps.receiving_from(peer)?,
+        };
         // SAFETY: forwarded from the caller.
-        unsafe { advance(&mut e, ops[i], me, &mut done[i], &stamps.with(ops[i].peer())?) }
+        unsafe { advance(&mut e, ops[i], me, &mut done[i], &stamp) }
     };
     let check_peer = |p: usize| cell.borrow_mut().link(p)?.check_peer();
     group::drive(ops, n, &mut finished, core.config().timeout, core.abort_flag(), advance, check_peer)
@@ -117,7 +121,7 @@ unsafe fn advance(
                 let (sent, digest) = (header.count & COUNT_MASK, (header.count >> COUNT_BITS) as u32);
                 // The groups first: a message of another group says so, not a size mismatch.
                 if header.root == 0 {
-                    PairStamp::check_digest(digest, header.call, stamp, peer, me, sent, len)?;
+                    PairStamp::check_digest(digest, header.call, stamp, Met { peer, me, sent, len })?;
                 }
                 if sent != len as u64 || header.root != *done as u64 || header.len != k as u64 {
                     return Err(Error::protocol(format!(

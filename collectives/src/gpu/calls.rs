@@ -419,8 +419,8 @@ impl Communicator {
                 let send = s.get(k).map(|&(addr, bytes)| (addr, bytes, to));
                 let recv = r.get(k).map(|&(addr, bytes)| (addr, bytes, from));
                 let stamps = (
-                    send.map_or(Ok(0), |_| stamps.with(to).map(|st| st.digest()))?,
-                    recv.map_or(Ok(0), |_| stamps.with(from).map(|st| st.expected_digest()))?,
+                    send.map_or(Ok(0), |_| stamps.sending_to(to).map(|st| st.digest()))?,
+                    recv.map_or(Ok(0), |_| stamps.receiving_from(from).map(|st| st.digest()))?,
                 );
                 // SAFETY: forwarded from the caller; counts are bytes of U8.
                 unsafe { self.sendrecv_on_device(send, recv, DataType::U8, stamps, stream)? };

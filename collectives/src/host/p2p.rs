@@ -28,7 +28,7 @@ use comm_core::semaphore::{HostSemaphore, Token};
 use comm_core::{Error, Result};
 
 use crate::group::{self, P2pOp};
-use crate::matching::{GroupStamps, PairStamp, STAMP_WORDS};
+use crate::matching::{GroupStamps, Met, PairStamp, STAMP_WORDS};
 
 /// Bytes of one mailbox slot (header included) in worlds of up to
 /// `MAILBOX_BYTES / (2 · MAX_SLOT_BYTES)` ranks.
@@ -217,11 +217,11 @@ impl P2pState {
             let moved = match ops[i] {
                 // SAFETY: forwarded from the caller.
                 P2pOp::Send { peer, data, len } => unsafe {
-                    self.progress_send(peer, data, len, &mut done_chunks[i], total, &stamps.with(peer)?)?
+                    self.progress_send(peer, data, len, &mut done_chunks[i], total, &stamps.sending_to(peer)?)?
                 },
                 // SAFETY: forwarded from the caller.
                 P2pOp::Recv { peer, data, len } => unsafe {
-                    self.progress_recv(peer, data, len, &mut done_chunks[i], total, &stamps.with(peer)?)?
+                    self.progress_recv(peer, data, len, &mut done_chunks[i], total, &stamps.receiving_from(peer)?)?
                 },
             };
             Ok((moved, done_chunks[i] == total))
@@ -307,7 +307,7 @@ impl P2pState {
             };
             // The groups first: a message of another group says so, not a size mismatch.
             if index == 0 {
-                PairStamp::check(&theirs, stamp, peer, me, total, len)?;
+                PairStamp::check(&theirs, stamp, Met { peer, me, sent: total, len })?;
             }
             if total != len as u64 || index != *done {
                 return Err(Error::protocol(format!(

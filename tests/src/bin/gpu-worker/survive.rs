@@ -159,7 +159,7 @@ pub(crate) fn stall_device() -> Result<String> {
 }
 
 /// `gpu-worker p2p-mismatch-device`: rank 1 sends 36 B on the device to rank 0, which posts no
-/// receive; then both exchange in a device group (rank 0 receives 36 B and sends 8 B). Rank 0's
+/// receive; then both exchange in a device group (rank 0 receives 20 B and sends 8 B). Rank 0's
 /// `check_gpu` must report the mismatch (a protocol error), its receive buffer must not hold
 /// the later message, and every rank's next call must fail with `Revoked` — with the family
 /// the table picks, or the channel family under `WEAVE_ALGO=channel`.
@@ -170,7 +170,7 @@ pub(crate) fn p2p_mismatch_device() -> Result<String> {
         return Err(Error::invalid("p2p-mismatch-device needs at least 2 ranks"));
     }
     let upload = |bytes: &[u8]| stream.clone_htod(bytes).map_err(cuda("upload"));
-    let mut got: CudaSlice<u8> = stream.alloc_zeros(36).map_err(cuda("alloc"))?;
+    let mut got: CudaSlice<u8> = stream.alloc_zeros(20).map_err(cuda("alloc"))?;
     match me {
         0 => {
             let eight = upload(&[8u8; 8])?;
@@ -179,7 +179,7 @@ pub(crate) fn p2p_mismatch_device() -> Result<String> {
             g.run()?;
         }
         1 => {
-            let (orphan, later) = (upload(&[0x0au8; 36])?, upload(&[0x0bu8; 36])?);
+            let (orphan, later) = (upload(&[0x0au8; 36])?, upload(&[0x0bu8; 20])?);
             comm.send_device(&orphan, 0, &stream)?;
             let mut back: CudaSlice<u8> = stream.alloc_zeros(8).map_err(cuda("alloc"))?;
             let mut g = comm.device_group(&stream);
