@@ -61,7 +61,8 @@ impl<'a> Group<'a> {
             let ledger = self.comm.resilience.ledger();
             let mut exchanges = self.comm.pair_exchanges.borrow_mut();
             let (group, epoch) = (ledger.groups_begun(), ledger.collectives_begun());
-            GroupStamps::new(&self.ops, self.comm.rank(), group, epoch, &mut exchanges)
+            let transfers = self.ops.iter().map(|op| (op.peer(), matches!(op, P2pOp::Send { .. }), op.len()));
+            GroupStamps::new(transfers, self.comm.rank(), group, epoch, &mut exchanges)
         };
         if executor == Executor::HostChannel {
             let mut e = self.comm.channel_engine()?;

@@ -29,8 +29,6 @@
 
 use comm_core::{Error, Result};
 
-use crate::group::P2pOp;
-
 /// What a group moves in one direction of a pair (see the module documentation).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct PairStamp {
@@ -145,20 +143,23 @@ pub(crate) struct GroupStamps {
 }
 
 impl GroupStamps {
-    /// The stamps of a group of `ops` of rank `me`, numbered `group`, after `epoch`
-    /// collectives; `exchanges` is advanced here. Operations with peers outside
-    /// `0..exchanges.len()` are left out (the executor rejects them); so is `me`.
-    pub(crate) fn new(ops: &[P2pOp], me: usize, group: u64, epoch: u64, exchanges: &mut Exchanges) -> Self {
+    /// The stamps of a group of rank `me` moving `transfers` — (peer, whether a send, bytes),
+    /// in the group's order — numbered `group`, after `epoch` collectives; `exchanges` is
+    /// advanced here. Transfers with peers outside `0..exchanges.len()` are left out (the
+    /// executor rejects them); so are those with `me`.
+    pub(crate) fn new(
+        transfers: impl IntoIterator<Item = (usize, bool, usize)>,
+        me: usize,
+        group: u64,
+        epoch: u64,
+        exchanges: &mut Exchanges,
+    ) -> Self {
         let mut stamps = GroupStamps::default();
-        for op in ops {
-            let peer = op.peer();
+        for (peer, sending, bytes) in transfers {
             if peer == me || peer >= exchanges.len() {
                 continue;
             }
-            let side = match op {
-                P2pOp::Send { .. } => &mut stamps.sending,
-                P2pOp::Recv { .. } => &mut stamps.receiving,
-            };
+            let side = if sending { &mut stamps.sending } else { &mut stamps.receiving };
             let at = match side.binary_search_by_key(&peer, |s| s.0) {
                 Ok(at) => at,
                 Err(at) => {
@@ -168,7 +169,7 @@ impl GroupStamps {
             };
             let s = &mut side[at].1;
             s.messages += 1;
-            s.sizes = mix(s.sizes ^ op.len() as u64);
+            s.sizes = mix(s.sizes ^ bytes as u64);
         }
         for (direction, side) in [&mut stamps.sending, &mut stamps.receiving].into_iter().enumerate() {
             for (peer, s) in side.iter_mut() {
@@ -201,12 +202,12 @@ impl GroupStamps {
 mod tests {
     use super::*;
 
-    fn send(peer: usize, len: usize) -> P2pOp {
-        P2pOp::Send { peer, data: std::ptr::null(), len }
+    fn send(peer: usize, len: usize) -> (usize, bool, usize) {
+        (peer, true, len)
     }
 
-    fn recv(peer: usize, len: usize) -> P2pOp {
-        P2pOp::Recv { peer, data: std::ptr::null_mut(), len }
+    fn recv(peer: usize, len: usize) -> (usize, bool, usize) {
+        (peer, false, len)
     }
 
     fn met(peer: usize, me: usize, len: usize) -> Met {
@@ -218,18 +219,18 @@ mod tests {
         let (mut ex0, mut ex1) = (vec![[0u64; 2]; 3], vec![[0u64; 2]; 3]);
         // Rank 0 sends to rank 1 in one group and receives from it in the next; rank 1 does it
         // the other way round: legal, each direction in order.
-        let a0 = GroupStamps::new(&[send(1, 36), send(2, 4)], 0, 1, 0, &mut ex0);
-        let b1 = GroupStamps::new(&[send(0, 8)], 1, 1, 0, &mut ex1);
-        let b0 = GroupStamps::new(&[recv(1, 8)], 0, 2, 0, &mut ex0);
-        let a1 = GroupStamps::new(&[recv(0, 36)], 1, 2, 0, &mut ex1);
+        let a0 = GroupStamps::new([send(1, 36), send(2, 4)], 0, 1, 0, &mut ex0);
+        let b1 = GroupStamps::new([send(0, 8)], 1, 1, 0, &mut ex1);
+        let b0 = GroupStamps::new([recv(1, 8)], 0, 2, 0, &mut ex0);
+        let a1 = GroupStamps::new([recv(0, 36)], 1, 2, 0, &mut ex1);
         PairStamp::check(&a0.sending_to(1).unwrap(), &a1.receiving_from(0).unwrap(), met(0, 1, 36)).unwrap();
         PairStamp::check(&b1.sending_to(0).unwrap(), &b0.receiving_from(1).unwrap(), met(1, 0, 8)).unwrap();
         let (s, r) = (a0.sending_to(1).unwrap(), a1.receiving_from(0).unwrap());
         PairStamp::check_digest(s.digest(), 1, &r, met(0, 1, 36)).unwrap();
         assert_eq!(PairStamp::from_words(s.to_words()), s);
         // Rank 1 sends 36 B that rank 0 never receives; rank 0's next receive from it is 20 B.
-        let orphan = GroupStamps::new(&[send(0, 36)], 1, 3, 0, &mut ex1).sending_to(0).unwrap();
-        let next = GroupStamps::new(&[recv(1, 20), send(1, 8)], 0, 3, 0, &mut ex0).receiving_from(1).unwrap();
+        let orphan = GroupStamps::new([send(0, 36)], 1, 3, 0, &mut ex1).sending_to(0).unwrap();
+        let next = GroupStamps::new([recv(1, 20), send(1, 8)], 0, 3, 0, &mut ex0).receiving_from(1).unwrap();
         let e = PairStamp::check(&orphan, &next, Met { peer: 1, me: 0, sent: 36, len: 20 }).unwrap_err().to_string();
         assert!(
             e.contains("rank 1 sent 36 B in its point-to-point group 3") && e.contains("receiving 20 B in its group 3"),

@@ -15,7 +15,6 @@ use crate::channel::CallSpec;
 use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
 use crate::communicator::{Communicator, already_in_a_call};
 use crate::dtype::DataType;
-use crate::group::P2pOp;
 use crate::matching::GroupStamps;
 use crate::op::ReduceOp;
 use crate::select::device::{CountUnit, Grid};
@@ -396,21 +395,11 @@ impl Communicator {
             }
         }
         let stamps = {
-            let transfers: Vec<P2pOp> = ops
-                .iter()
-                .filter(|op| op.bytes() > 0 && op.peer() != me)
-                .map(|op| match *op {
-                    DeviceTransfer::Send { bytes, peer, .. } => {
-                        P2pOp::Send { peer, data: std::ptr::null(), len: bytes }
-                    }
-                    DeviceTransfer::Recv { bytes, peer, .. } => {
-                        P2pOp::Recv { peer, data: std::ptr::null_mut(), len: bytes }
-                    }
-                })
-                .collect();
+            // Zero-byte transfers move nothing and are left out (as the schedule below does).
+            let transfers = ops.iter().filter(|op| op.bytes() > 0).map(|op| (op.peer(), op.is_send(), op.bytes()));
             let ledger = self.resilience.ledger();
             let mut exchanges = self.pair_exchanges.borrow_mut();
-            GroupStamps::new(&transfers, me, ledger.groups_begun(), ledger.collectives_begun(), &mut exchanges)
+            GroupStamps::new(transfers, me, ledger.groups_begun(), ledger.collectives_begun(), &mut exchanges)
         };
         for d in 1..n {
             let (to, from) = ((me + d) % n, (me + n - d) % n);
