@@ -19,7 +19,6 @@ use crate::arguments::{check_v, divisible, same_len};
 use crate::buffer::SharedBuffer;
 use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
 use crate::dtype::Element;
-use crate::group::Group;
 use crate::hierarchy::Hierarchy;
 use crate::host::workspace::default_scratch_bytes;
 use crate::host::{self, AllToAllv, Buffers, HostEngine};
@@ -664,33 +663,6 @@ impl Communicator {
         self.ledgered(signature, || {
             self.run_planned::<T>(Collective::AllToAllv, None, bytes, check, through_links, on_host, in_steps)
         })
-    }
-
-    /// Sends `data` to `peer` (which must call [`recv`](Self::recv) with the same length).
-    /// Returns once the data is copied out of `data`.
-    pub fn send<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
-        let mut g = self.group();
-        g.send(data, peer);
-        g.run()
-    }
-
-    /// Receives exactly `data.len()` elements from `peer`.
-    pub fn recv<T: Element>(&self, data: &mut [T], peer: usize) -> Result<()> {
-        let mut g = self.group();
-        g.recv(data, peer);
-        g.run()
-    }
-
-    /// Starts a group of point-to-point operations that progress together (no order of sends
-    /// and receives inside a group can deadlock).
-    ///
-    /// The sends of a group to a peer must match, one to one and in order, the receives of
-    /// that peer's group from this rank (same sizes), and the two groups must lie between the
-    /// same collectives. A send nobody received is found at the pair's next exchange: that
-    /// call fails with [`Error::Protocol`] naming the earlier group, and the communicator is
-    /// revoked on every rank — never is its data taken for a later message.
-    pub fn group(&self) -> Group<'_> {
-        Group::new(self)
     }
 
     #[inline(always)]

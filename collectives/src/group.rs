@@ -22,6 +22,37 @@ use crate::matching::GroupStamps;
 use crate::select::{CallShape, Executor};
 use crate::table::Collective;
 
+/// Point-to-point calls of a communicator.
+impl Communicator {
+    /// Sends `data` to `peer` (which must call [`recv`](Self::recv) with the same length).
+    /// Returns once the data is copied out of `data`.
+    pub fn send<T: Element>(&self, data: &[T], peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.send(data, peer);
+        g.run()
+    }
+
+    /// Receives exactly `data.len()` elements from `peer`.
+    pub fn recv<T: Element>(&self, data: &mut [T], peer: usize) -> Result<()> {
+        let mut g = self.group();
+        g.recv(data, peer);
+        g.run()
+    }
+
+    /// Starts a group of point-to-point operations that progress together (no order of sends
+    /// and receives inside a group can deadlock).
+    ///
+    /// Each direction of a pair matches in order, as in NCCL: the groups of this rank that
+    /// send to a peer match, one to one, the peer's groups that receive from this rank, with
+    /// as many messages of the same sizes, between the same collectives. A send nobody
+    /// received is found when the peer next receives from this rank with other sizes or after
+    /// a collective: that call fails with [`Error::Protocol`] naming the earlier group, and the
+    /// communicator is revoked on every rank — its data is never taken for such a message.
+    pub fn group(&self) -> Group<'_> {
+        Group::new(self)
+    }
+}
+
 /// Point-to-point operations that progress together; see [`Communicator::group`].
 pub struct Group<'a> {
     comm: &'a Communicator,
