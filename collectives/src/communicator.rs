@@ -117,6 +117,15 @@ pub(crate) struct Lineage {
     pub(crate) notices: Option<Arc<NoticeService>>,
 }
 
+/// Where a new communicator's host engine comes from.
+pub(crate) enum HostSource<'a> {
+    /// Built anew (registered, exchanged, probed) where every peer's memory is mapped here.
+    Fresh,
+    /// Taken over from the communicator it is shrunk from ([`HostEngine::shrunk`]): rank `r`
+    /// was `members[r]` there, and the members go on from `progress`.
+    Handover { parent: &'a mut HostEngine, members: &'a [usize], progress: crate::host::Progress },
+}
+
 /// One rank's handle on a group of ranks for collectives and point-to-point calls.
 ///
 /// Every collective is called by every rank of the communicator in the same order; a rank that
@@ -139,7 +148,7 @@ pub struct Communicator {
     #[cfg(feature = "cudaipc")]
     gpu_config: crate::gpu::GpuConfig,
     /// The direct host executor; `None` where some peer's memory is not mapped here.
-    host: Option<RefCell<HostEngine>>,
+    pub(crate) host: Option<RefCell<HostEngine>>,
     channel: RefCell<ChannelEngine>,
     pub(crate) table: AlgorithmTable,
     /// The plan of the last host call, and its shape: back-to-back calls of one shape (the
@@ -203,6 +212,11 @@ impl Communicator {
     }
 
     pub(crate) fn build(b: Builder, lineage: Lineage) -> Result<Self> {
+        Self::build_with(b, lineage, HostSource::Fresh)
+    }
+
+    /// [`build`](Self::build) with the host engine from `host`.
+    pub(crate) fn build_with(b: Builder, lineage: Lineage, host: HostSource<'_>) -> Result<Self> {
         let config = match b.config {
             Some(c) => c,
             None => Config::from_env()?,
@@ -248,13 +262,18 @@ impl Communicator {
             core.abort_flag().clone(),
         );
         notices.register(&resilience);
-        let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
         // Every rank computes the same topology, so they agree on building the workspace.
-        let host = if core.topology().all_direct() {
-            Some(RefCell::new(HostEngine::new(&core, scratch, resilience.clone())?))
-        } else {
-            None
+        let host = match host {
+            HostSource::Fresh if core.topology().all_direct() => {
+                let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
+                Some(HostEngine::new(&core, scratch, resilience.clone())?)
+            }
+            HostSource::Fresh => None,
+            HostSource::Handover { parent, members, progress } => {
+                Some(HostEngine::shrunk(parent, &core, members, progress, resilience.clone())?)
+            }
         };
+        let host = host.map(RefCell::new);
         let channel = RefCell::new(ChannelEngine::new(&core, resilience.clone()));
         #[cfg(feature = "cudaipc")]
         let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?;

@@ -22,11 +22,49 @@ use std::sync::Arc;
 use comm_core::bootstrap::Bootstrap;
 use comm_core::{Error, Result};
 
-use crate::communicator::{Builder, Communicator, Lineage};
+use crate::communicator::{Builder, Communicator, HostSource, Lineage};
+use crate::host::Progress;
 use crate::split::SubBootstrap;
 
 /// The split color of a shrink's members (a namespace is never shared with a split's).
 const SHRINK_COLOR: u32 = u32::MAX - 1;
+
+/// What a survivor tells the others when a shrink begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ShrinkOffer {
+    /// Digest of the exclusion list it passed.
+    digest: u64,
+    /// How far it got in its host workspace, when it hands the workspace over (see
+    /// [`Communicator::handover_offer`]).
+    handover: Option<Progress>,
+}
+
+impl ShrinkOffer {
+    /// Bytes of an encoded offer: digest, a flag, phase and step.
+    const BYTES: usize = 25;
+
+    fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(Self::BYTES);
+        out.extend_from_slice(&self.digest.to_le_bytes());
+        let p = self.handover.unwrap_or_default();
+        out.push(u8::from(self.handover.is_some()));
+        out.extend_from_slice(&p.phase.to_le_bytes());
+        out.extend_from_slice(&p.step.to_le_bytes());
+        out
+    }
+
+    fn decode(bytes: &[u8]) -> Option<Self> {
+        let bytes: &[u8; Self::BYTES] = bytes.try_into().ok()?;
+        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
+        let progress = Progress { phase: word(9), step: word(17) };
+        let handover = match bytes[8] {
+            0 => None,
+            1 => Some(progress),
+            _ => return None,
+        };
+        Some(ShrinkOffer { digest: word(0), handover })
+    }
+}
 
 impl Communicator {
     /// Revokes this communicator: its pending and later calls fail with [`Error::Revoked`] on
@@ -66,6 +104,17 @@ impl Communicator {
         Ok(lost)
     }
 
+    /// Whether this rank hands its host workspace to a shrink, and how far it got there: when it
+    /// has one and this communicator failed — revoked, an agreement found lost ranks, or a
+    /// failure broke the workspace. A healthy communicator keeps its workspace (and stays
+    /// usable) and the shrink builds one anew; so does every survivor unless all offer theirs.
+    fn handover_offer(&self) -> Result<Option<Progress>> {
+        let Some(host) = &self.host else { return Ok(None) };
+        let host = host.try_borrow().map_err(|_| crate::communicator::already_in_a_call())?;
+        let failed = self.is_revoked() || !self.known_failed.borrow().is_empty() || host.is_broken();
+        Ok(failed.then(|| host.progress()))
+    }
+
     /// Collective over the ranks not in `exclude`: the communicator of those ranks, renumbered
     /// in order (the lowest surviving rank becomes rank 0). The excluded ranks take no part,
     /// dead or alive; only survivors call it, all with the same list (pass what
@@ -73,6 +122,13 @@ impl Communicator {
     /// already hold (the root bootstrap), works on a revoked communicator and after
     /// [`Error::PeerLost`] or [`Error::Timeout`]; dropping this communicator afterwards waits
     /// for no excluded rank.
+    ///
+    /// When this communicator failed on every survivor — revoked, an agreement found lost
+    /// ranks, or a failure broke its host workspace — the new communicator takes the survivors'
+    /// host workspaces over (memory, mappings, point-to-point mailboxes: nothing registered,
+    /// exchanged or probed again; a message sent here and never received is dropped), and this
+    /// communicator's calls fail from then on. A healthy communicator keeps its workspace and
+    /// stays usable; the shrink then builds the new one's.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a rank is out of range or listed twice, when this rank is
@@ -102,11 +158,20 @@ impl Communicator {
         let root_ranks: Vec<usize> = survivors.iter().map(|&r| self.root_ranks[r]).collect();
         let namespace = self.namespace * 64 + seq;
         let sub = SubBootstrap::new(self.root.clone(), root_ranks.clone(), namespace, SHRINK_COLOR)?;
-        // Every survivor must have excluded the same ranks; differing lists fail on every one.
-        let mine =
+        // One exchange among the survivors: the exclusion list they passed (every survivor must
+        // pass the same), whether this one can hand its host workspace over, and how far it got
+        // there. Every survivor has left the parent's calls once it has everyone's answer.
+        let digest =
             comm_core::wire::digest64(&[&excluded.iter().flat_map(|r| (*r as u64).to_le_bytes()).collect::<Vec<u8>>()]);
-        let all = sub.all_gather(&mine.to_le_bytes())?;
-        if let Some(other) = all.iter().position(|d| d[..] != mine.to_le_bytes()[..]) {
+        let mine = ShrinkOffer { digest, handover: self.handover_offer()? };
+        let all = sub.all_gather(&mine.encode())?;
+        let mut offers = Vec::with_capacity(all.len());
+        for (r, bytes) in all.iter().enumerate() {
+            offers.push(ShrinkOffer::decode(bytes).ok_or_else(|| {
+                Error::protocol(format!("shrink: rank {} (new rank {r}) sent a malformed offer", survivors[r]))
+            })?);
+        }
+        if let Some(other) = offers.iter().position(|o| o.digest != digest) {
             return Err(Error::invalid(format!(
                 "shrink: rank {} (new rank {other}) excluded other ranks than this one did ({excluded:?}); every \
                  survivor must pass the same list",
@@ -116,7 +181,17 @@ impl Communicator {
         let builder = Builder::for_child(self, Arc::new(sub));
         let lineage =
             Lineage { root: Some(self.root.clone()), namespace, root_ranks, notices: Some(self.notices.clone()) };
-        let comm = Communicator::build_child(builder, lineage, self)?;
+        // Every survivor sees the same offers, so all take the same road.
+        let handover =
+            offers.iter().map(|o| o.handover).try_fold(Progress::default(), |far, h| h.map(|p| far.furthest(p)));
+        let comm = match (handover, &self.host) {
+            (Some(progress), Some(host)) => {
+                let mut parent = host.try_borrow_mut().map_err(|_| crate::communicator::already_in_a_call())?;
+                let host = HostSource::Handover { parent: &mut parent, members: &survivors, progress };
+                Communicator::build_child_with(builder, lineage, self, host)?
+            }
+            _ => Communicator::build_child(builder, lineage, self)?,
+        };
         tracing::info!(
             target: comm_core::diagnostics::INIT,
             rank = self.rank(),
@@ -125,5 +200,112 @@ impl Communicator {
             comm.world_size()
         );
         Ok(comm)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Barrier;
+    use std::time::Duration;
+
+    use comm_core::config::Config;
+    use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
+
+    use super::*;
+    use crate::op::ReduceOp;
+
+    /// Addresses of every rank's host workspace as this rank maps them.
+    fn workspaces(comm: &Communicator) -> Vec<usize> {
+        let host = comm.host.as_ref().expect("a host workspace").borrow();
+        host.ws.memories().iter().map(|m| m.as_ptr() as usize).collect()
+    }
+
+    /// Four thread ranks; rank 3 leaves. Before it does, ranks 0 and 1 exchange messages and
+    /// rank 1 sends one that rank 0 never receives; after, rank 0 alone arrives in an
+    /// all-reduce (it times out), so the survivors' workspaces are one arrival apart. The
+    /// shrink must hand the survivors' workspaces over (same memory), drop the message nobody
+    /// took, go on past the stray arrival, and leave the parent failing; a healthy shrink of
+    /// the result builds anew and leaves it usable.
+    #[test]
+    fn a_failed_communicator_hands_its_host_workspace_to_the_shrink() {
+        const N: usize = 4;
+        let timeout = Duration::from_secs(1);
+        let group = LoopbackBootstrap::group(N, Duration::from_secs(20));
+        let (left, stray) = (Barrier::new(N), Barrier::new(N - 1));
+        let (left, stray) = (&left, &stray);
+        std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .into_iter()
+                .map(|b| {
+                    s.spawn(move || {
+                        let comm = Communicator::builder(b)
+                            .with_transport(LoopbackTransport)
+                            .with_config(Config { timeout, ..Config::default() })
+                            .build()
+                            .expect("building the communicator");
+                        let me = comm.rank();
+                        let mut sum = [0u64; 64];
+                        comm.all_reduce(&[me as u64; 64], &mut sum, ReduceOp::Sum).expect("the first all-reduce");
+                        if me < 2 {
+                            for round in 0..3u8 {
+                                let (mine, mut theirs) = ([round + me as u8; 40], [0u8; 40]);
+                                let mut g = comm.group();
+                                g.send(&mine, 1 - me).recv(&mut theirs, 1 - me);
+                                g.run().expect("an exchange before the failure");
+                                assert_eq!(theirs, [round + 1 - me as u8; 40]);
+                            }
+                            if me == 1 {
+                                comm.send(&[0xeeu8; 36], 0).expect("the send nobody receives");
+                            }
+                        }
+                        left.wait();
+                        if me == 3 {
+                            return;
+                        }
+                        if me == 0 {
+                            let e = comm.all_reduce(&[7u64; 64], &mut sum, ReduceOp::Sum).expect_err("alone");
+                            assert!(e.is_fatal(), "{e}");
+                        }
+                        stray.wait();
+                        let lost = comm.agree_on_failed().expect("agreeing");
+                        assert_eq!(lost, [3]);
+                        let before = workspaces(&comm);
+                        let shrunk = comm.shrink(&lost).expect("shrinking");
+                        assert_eq!(workspaces(&shrunk), before[..3], "rank {me}: the shrink built new workspaces");
+                        if me == 1 {
+                            match comm.all_reduce(&[1u64; 64], &mut sum, ReduceOp::Sum) {
+                                Err(e) => assert!(e.to_string().contains("was shrunk"), "{e}"),
+                                Ok(()) => panic!("the parent's call after the handover worked"),
+                            }
+                        }
+                        for round in 0..20u64 {
+                            let mine = [round * 10 + me as u64; 64];
+                            shrunk.all_reduce(&mine, &mut sum, ReduceOp::Sum).expect("an all-reduce after the shrink");
+                            assert_eq!(sum, [round * 30 + 3; 64], "rank {me}, round {round}");
+                        }
+                        if me < 2 {
+                            let (mine, mut theirs) = ([0x40 + me as u8; 36], [0u8; 36]);
+                            let mut g = shrunk.group();
+                            g.send(&mine, 1 - me).recv(&mut theirs, 1 - me);
+                            g.run().expect("an exchange after the shrink");
+                            assert_eq!(
+                                theirs,
+                                [0x41 - me as u8; 36],
+                                "rank {me}: the message left behind came through"
+                            );
+                        }
+                        let again = shrunk.shrink(&[]).expect("a healthy shrink");
+                        assert_ne!(workspaces(&again), workspaces(&shrunk), "a healthy shrink took the workspace over");
+                        for c in [&shrunk, &again] {
+                            c.all_reduce(&[1u64; 64], &mut sum, ReduceOp::Sum).expect("both usable");
+                            assert_eq!(sum, [3; 64]);
+                        }
+                    })
+                })
+                .collect();
+            for h in handles {
+                h.join().expect("a rank thread panicked");
+            }
+        });
     }
 }

@@ -36,6 +36,11 @@ impl Health {
         }
     }
 
+    /// Whether an earlier failure broke the executor (a revocation aside).
+    pub(crate) fn is_broken(&self) -> bool {
+        self.broken.is_some()
+    }
+
     /// Records `e` when it leaves the ranks out of step, and hands it back — as
     /// [`Error::Revoked`] when the communicator was revoked meanwhile (whatever the revocation
     /// cut short: a wait, a peer's half-finished registration), except a rejected argument or

@@ -14,7 +14,7 @@ use comm_core::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
-use crate::communicator::{Builder, Communicator, Lineage, fit_to_placement};
+use crate::communicator::{Builder, Communicator, HostSource, Lineage, fit_to_placement};
 use crate::table::Algorithm;
 
 /// Largest user tag a sub-communicator accepts.
@@ -186,7 +186,17 @@ impl Communicator {
     /// Collective over `lineage`'s members: a split's or shrink's communicator, with this
     /// communicator's algorithm table fitted to where the members run.
     pub(crate) fn build_child(builder: Builder, lineage: Lineage, parent: &Communicator) -> Result<Communicator> {
-        let mut comm = Communicator::build(builder, lineage)?;
+        Self::build_child_with(builder, lineage, parent, HostSource::Fresh)
+    }
+
+    /// [`build_child`](Self::build_child) with the host engine from `host`.
+    pub(crate) fn build_child_with(
+        builder: Builder,
+        lineage: Lineage,
+        parent: &Communicator,
+        host: HostSource<'_>,
+    ) -> Result<Communicator> {
+        let mut comm = Communicator::build_with(builder, lineage, host)?;
         comm.table = parent.table.clone();
         // A rail of a grid is one rank per node where its parent was not.
         fit_to_placement(&mut comm.table, &comm.core);

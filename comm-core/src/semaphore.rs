@@ -4,6 +4,9 @@
 //! connection (release, ordered after earlier writes); `wait` bumps the local expected count and
 //! spins, bounded, until the inbound token reaches it (acquire).
 //!
+//! A semaphore over tokens that already count (a shrunk communicator's pair, which goes on
+//! with its parent's tokens) starts from those counts: [`HostSemaphore::resume`].
+//!
 //! A *signal-only* semaphore ([`HostSemaphore::signal_only`]) has no inbound side on the host:
 //! a proxy signals through it on behalf of a kernel, and the peer's kernel waits on the token
 //! in device memory.
@@ -24,6 +27,16 @@ pub struct Token {
     pub memory: RegisteredMemory,
     /// Byte offset of the token (8-byte aligned).
     pub offset: usize,
+}
+
+/// Where a semaphore's two counts start: the signals already taken from the inbound token and
+/// the count this side last stored into the peer's token.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SemaphoreCounts {
+    /// Signals from the peer already consumed: a wait waits for the inbound token to pass it.
+    pub received: u64,
+    /// Signals already given: the next signal stores one more into the peer's token.
+    pub signalled: u64,
 }
 
 /// A semaphore between this rank and one peer, driven from host threads.
@@ -51,9 +64,8 @@ impl std::fmt::Debug for HostSemaphore {
 
 impl HostSemaphore {
     /// A semaphore whose inbound token is `inbound` (local, host-mapped, zero when first used)
-    /// and which signals the
-    /// peer's token `remote_inbound` through `connection`. Waits give up after `timeout` or when
-    /// `abort` is set.
+    /// and which signals the peer's token `remote_inbound` through `connection`. Waits give up
+    /// after `timeout` or when `abort` is set.
     pub fn new(
         connection: Arc<dyn Connection>,
         inbound: Token,
@@ -61,12 +73,27 @@ impl HostSemaphore {
         timeout: Duration,
         abort: Arc<AtomicBool>,
     ) -> Result<Self> {
+        Self::resume(connection, inbound, remote_inbound, SemaphoreCounts::default(), timeout, abort)
+    }
+
+    /// [`new`](Self::new) over tokens that already count: the semaphore starts at `counts`
+    /// instead of zero. Both sides of a pair must start from the same picture — this side's
+    /// `signalled` is the peer's `received` — which they get by reading the tokens once
+    /// neither writes them (as a shrink does, after every member left the parent's calls).
+    pub fn resume(
+        connection: Arc<dyn Connection>,
+        inbound: Token,
+        remote_inbound: Token,
+        counts: SemaphoreCounts,
+        timeout: Duration,
+        abort: Arc<AtomicBool>,
+    ) -> Result<Self> {
         if !inbound.memory.is_local() {
             return Err(Error::invalid("semaphore inbound token must be local memory"));
         }
-        // Checks range, mapping and alignment once, so later loads cannot fail. The token must
-        // be fresh: the peer may signal before this side is built, so the count starts at 0,
-        // not at whatever the token already holds.
+        // Checks range, mapping and alignment once, so later loads cannot fail. The count
+        // starts at `counts`, not at whatever the token holds: the peer may have signalled
+        // before this side is built.
         inbound.memory.load_u64(inbound.offset)?;
         remote_inbound.memory.check_range(remote_inbound.offset, 8)?;
         if !remote_inbound.offset.is_multiple_of(8) {
@@ -76,8 +103,8 @@ impl HostSemaphore {
             connection,
             inbound: Some(inbound),
             remote_inbound,
-            outbound: Mutex::new(0),
-            expected: AtomicU64::new(0),
+            outbound: Mutex::new(counts.signalled),
+            expected: AtomicU64::new(counts.received),
             timeout,
             abort,
         })

@@ -23,6 +23,7 @@ use crate::dtype::{DataType, Element};
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 use crate::table::{Algorithm, Collective};
+pub(crate) use workspace::Progress;
 use workspace::{Publication, Workspace};
 
 pub(crate) use all_reduce::{all_reduce, reduce};
@@ -106,6 +107,49 @@ impl HostEngine {
             health: crate::health::Health::new(revocation),
             timeout: core.config().timeout,
         })
+    }
+
+    /// The host engine of a communicator shrunk from the one `parent` serves (rank `r` of it was
+    /// `members[r]` there), over `core`: the survivors' workspaces, mailboxes and cross-memory
+    /// attach as the parent holds them — nothing registered, exchanged or probed again. The
+    /// parent's engine is broken by it (its calls fail, naming the shrink); its shared buffers
+    /// stay the parent's.
+    ///
+    /// Call it on every member once every member has left the parent's calls, with the
+    /// furthest [`Progress`] any member reached (see [`Workspace::shrunk`]).
+    pub(crate) fn shrunk(
+        parent: &mut HostEngine,
+        core: &CoreCommunicator,
+        members: &[usize],
+        progress: Progress,
+        revocation: std::sync::Arc<comm_core::resilience::Resilience>,
+    ) -> Result<Self> {
+        let ws = Workspace::shrunk(&parent.ws, core, members, progress)?;
+        let p2p = P2pState::shrunk(&parent.p2p, core, members)?;
+        let cma = parent.cma.as_ref().map(|pids| members.iter().map(|&m| pids[m]).collect());
+        parent.health.poison(Error::Revoked(
+            "this communicator was shrunk: the shrunk communicator took over its host workspace, so its own calls \
+             fail; make them on the shrunk one"
+                .into(),
+        ));
+        Ok(HostEngine {
+            ws,
+            p2p,
+            cma,
+            shared: Vec::new(),
+            health: crate::health::Health::new(revocation),
+            timeout: core.config().timeout,
+        })
+    }
+
+    /// How far this rank got in its workspace (what a shrink goes on from).
+    pub(crate) fn progress(&self) -> Progress {
+        self.ws.progress()
+    }
+
+    /// Whether an earlier failure broke this engine.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.health.is_broken()
     }
 
     /// Collective: allocates a shared buffer of `bytes` on every rank and maps every rank's.
@@ -239,14 +283,18 @@ impl HostEngine {
 }
 
 /// Collective: whether every rank can read every other rank's memory with `process_vm_readv`
-/// (same host, ptrace permitted). Every rank reads every peer's owner line (see [`workspace`])
-/// through cross-memory attach at the address the line names and compares it with the line as
-/// mapped; the verdicts, written to the owner lines, are agreed through one arrival of the
-/// workspace. Returns every rank's pid when it works.
+/// (same host, ptrace permitted). Every rank reads, for each process that holds peers, the
+/// owner line (see [`workspace`]) of one of them through cross-memory attach at the address
+/// the line names and compares it with the line as mapped; the verdicts, written to the owner
+/// lines, are agreed through one arrival of the workspace. Returns every rank's pid when it
+/// works.
 fn probe_cma(ws: &mut Workspace) -> Result<Option<Vec<i32>>> {
     let (n, me) = (ws.world_size(), ws.rank());
     let mut pids = Vec::with_capacity(n);
     let mut ok = true;
+    // Permission is a matter of the process, not the rank: ranks that are threads of one
+    // process (thread-rank tests, 1,024 of them) are probed once, not once per rank.
+    let mut probed = std::collections::HashSet::new();
     for r in 0..n {
         let line = ws.owner(r);
         if line[0] != workspace::OWNER_MAGIC | r as u64 {
@@ -255,7 +303,7 @@ fn probe_cma(ws: &mut Workspace) -> Result<Option<Vec<i32>>> {
         let pid = i32::try_from(line[1])
             .map_err(|_| Error::protocol(format!("rank {r}'s host workspace names process id {}", line[1])))?;
         pids.push(pid);
-        if r != me {
+        if r != me && probed.insert(pid) {
             let mut seen = [0u8; 8 * workspace::OWNER_WORDS];
             let read = cma_read(pid, ws.owner_line_address(r), &mut seen);
             ok &= read.is_ok() && seen.chunks_exact(8).zip(line).all(|(b, w)| b == w.to_ne_bytes());

@@ -24,7 +24,7 @@ use std::time::Duration;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::connection::Connection;
 use comm_core::memory::RegisteredMemory;
-use comm_core::semaphore::{HostSemaphore, Token};
+use comm_core::semaphore::{HostSemaphore, SemaphoreCounts, Token};
 use comm_core::{Error, Result};
 
 use crate::group::{self, P2pOp};
@@ -72,8 +72,23 @@ pub(crate) struct P2pState {
     connections: Vec<Option<Arc<dyn Connection>>>,
     /// The pair state, built on first use of each peer.
     peers: Vec<Option<PeerLink>>,
+    /// Every rank's index in the [`Layout`] (which mailbox and tokens are its): the rank itself,
+    /// except in a shrunk communicator, which keeps the layout of the communicator it was
+    /// shrunk from and so its ranks' old indices.
+    slots: Vec<usize>,
+    /// Per peer, the counts its pair's tokens held when this state took the mailboxes over
+    /// (zero in a fresh workspace): where the pair semaphores' counts start.
+    resumed: Vec<PairCounts>,
     timeout: Duration,
     abort: Arc<AtomicBool>,
+}
+
+/// Chunks one rank has sent to a peer and received from it through their mailboxes, as the
+/// pair's `ready` tokens count them.
+#[derive(Debug, Clone, Copy, Default)]
+struct PairCounts {
+    sent: u64,
+    received: u64,
 }
 
 /// Where things lie in one rank's point-to-point area (from `base` in its registration) of an
@@ -159,6 +174,55 @@ impl P2pState {
             mailboxes,
             connections,
             peers: (0..n).map(|_| None).collect(),
+            slots: (0..n).collect(),
+            resumed: vec![PairCounts::default(); n],
+            timeout: core.config().timeout,
+            abort: core.abort_flag().clone(),
+        })
+    }
+
+    /// The point-to-point state of a communicator shrunk from the one `parent` serves, whose
+    /// rank `r` was `members[r]` there: the members' mailboxes and tokens, in the parent's
+    /// layout, with connections of `core` (the shrunk communicator's).
+    ///
+    /// Call it only once no member writes the parent's mailboxes or tokens any more (every
+    /// member has left the parent's calls): each pair's counts go on from what its tokens hold
+    /// now, which both ranks of the pair read alike. A chunk sent in the parent and never
+    /// taken is dropped, not delivered into the shrunk communicator.
+    pub(crate) fn shrunk(parent: &P2pState, core: &CoreCommunicator, members: &[usize]) -> Result<Self> {
+        let (rank, n) = (core.rank(), core.world_size());
+        if members.len() != n || members.iter().any(|&m| m >= parent.mailboxes.len()) {
+            return Err(Error::invalid(format!(
+                "a {n}-rank shrink of a {}-rank communicator's point-to-point state names members {members:?}",
+                parent.mailboxes.len()
+            )));
+        }
+        let layout = parent.layout;
+        let mailboxes: Vec<RegisteredMemory> = members.iter().map(|&m| parent.mailboxes[m].clone()).collect();
+        let slots: Vec<usize> = members.iter().map(|&m| parent.slots[m]).collect();
+        let mut connections = Vec::with_capacity(n);
+        let mut resumed = vec![PairCounts::default(); n];
+        for p in 0..n {
+            if p == rank {
+                connections.push(None);
+                continue;
+            }
+            connections.push(Some(core.connection_via(p, mailboxes[p].transport())?));
+            // This rank alone writes its `ready` token in the peer's area; the peer alone the
+            // one in this rank's area.
+            resumed[p] = PairCounts {
+                sent: mailboxes[p].load_u64(layout.ready_token(slots[rank]))?,
+                received: mailboxes[rank].load_u64(layout.ready_token(slots[p]))?,
+            };
+        }
+        Ok(P2pState {
+            rank,
+            layout,
+            mailboxes,
+            connections,
+            peers: (0..n).map(|_| None).collect(),
+            slots,
+            resumed,
             timeout: core.config().timeout,
             abort: core.abort_flag().clone(),
         })
@@ -171,17 +235,39 @@ impl P2pState {
             .clone()
             .ok_or_else(|| Error::invalid(format!("rank {me} has no point-to-point link to itself")))?;
         let (mine, theirs) = (&self.mailboxes[me], &self.mailboxes[peer]);
+        let (my_slot, their_slot) = (self.slots[me], self.slots[peer]);
         let token = |memory: &RegisteredMemory, offset| Token { memory: memory.clone(), offset };
-        let semaphore =
-            |inbound, remote| HostSemaphore::new(connection.clone(), inbound, remote, self.timeout, self.abort.clone());
+        let semaphore = |inbound, remote, counts| {
+            HostSemaphore::resume(connection.clone(), inbound, remote, counts, self.timeout, self.abort.clone())
+        };
+        // The chunks sent before are all taken as consumed: `ready` counts chunks sent each
+        // way, `free` the chunks consumed of the other side's.
+        let PairCounts { sent, received } = self.resumed[peer];
         Ok(PeerLink {
-            ready: semaphore(token(mine, layout.ready_token(peer)), token(theirs, layout.ready_token(me)))?,
-            free: semaphore(token(mine, layout.free_token(peer)), token(theirs, layout.free_token(me)))?,
-            sent: 0,
-            freed: 0,
-            arrived: 0,
-            consumed: 0,
+            ready: semaphore(
+                token(mine, layout.ready_token(their_slot)),
+                token(theirs, layout.ready_token(my_slot)),
+                SemaphoreCounts { received, signalled: sent },
+            )?,
+            free: semaphore(
+                token(mine, layout.free_token(their_slot)),
+                token(theirs, layout.free_token(my_slot)),
+                SemaphoreCounts { received: sent, signalled: received },
+            )?,
+            sent,
+            freed: sent,
+            arrived: received,
+            consumed: received,
         })
+    }
+
+    /// `peer`'s index in the layout.
+    fn slot_of(&self, peer: usize) -> Result<usize> {
+        let n = self.slots.len();
+        self.slots
+            .get(peer)
+            .copied()
+            .ok_or_else(|| Error::invalid(format!("rank {peer} is not a peer in a {n}-rank communicator")))
     }
 
     /// The pair state with `peer`, built on first use.
@@ -245,13 +331,14 @@ impl P2pState {
     ) -> Result<bool> {
         let mine = self.mailboxes[self.rank].clone();
         let (layout, chunk) = (self.layout, self.layout.chunk());
+        let receiver_slot = self.slot_of(peer)?;
         let link = self.link(peer)?;
         while link.free.poll() {
             link.freed += 1;
         }
         let mut moved = false;
         while *done < chunks && link.sent < link.freed + 2 {
-            let off = layout.mailbox_offset(peer, link.sent % 2);
+            let off = layout.mailbox_offset(receiver_slot, link.sent % 2);
             let start = *done as usize * chunk;
             let k = (len - start.min(len)).min(chunk);
             mine.check_range(off, HEADER + k)?;
@@ -289,13 +376,14 @@ impl P2pState {
         let me = self.rank;
         let remote = self.mailboxes[peer].clone();
         let (layout, chunk) = (self.layout, self.layout.chunk());
+        let my_slot = self.slots[me];
         let link = self.link(peer)?;
         while link.ready.poll() {
             link.arrived += 1;
         }
         let mut moved = false;
         while *done < chunks && link.consumed < link.arrived {
-            let off = layout.mailbox_offset(me, link.consumed % 2);
+            let off = layout.mailbox_offset(my_slot, link.consumed % 2);
             remote.check_range(off, layout.slot)?;
             let slot = remote.as_ptr();
             // SAFETY: the header words lie inside the peer's mapped mailbox (checked above), and

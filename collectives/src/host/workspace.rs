@@ -125,6 +125,22 @@ impl Publication {
     }
 }
 
+/// How far a rank got in its workspace: the times it arrived and the steps it finished.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Progress {
+    /// Arrivals so far (the last `phase` written to a header).
+    pub(crate) phase: u64,
+    /// Steps finished.
+    pub(crate) step: u64,
+}
+
+impl Progress {
+    /// The furthest of `self` and `other` in each count.
+    pub(crate) fn furthest(self, other: Progress) -> Progress {
+        Progress { phase: self.phase.max(other.phase), step: self.step.max(other.step) }
+    }
+}
+
 /// One rank's view of every rank's workspace, plus its own progress.
 pub(crate) struct Workspace {
     rank: usize,
@@ -189,6 +205,50 @@ impl Workspace {
             timeout: core.config().timeout,
             abort: core.abort_flag().clone(),
         })
+    }
+
+    /// The workspace of a communicator shrunk from the one `parent` serves, whose rank `r` was
+    /// `members[r]` there: the members' workspaces as the parent mapped them, with connections
+    /// of `core` (the shrunk communicator's), going on from arrival `progress.phase` and step
+    /// `progress.step`.
+    ///
+    /// Call it only once no member writes the parent's workspace any more (every member has
+    /// left the parent's calls), with the largest phase and step any member reached: every
+    /// header then holds at most `phase`, so the next arrival's wait cannot be met by a value
+    /// the parent left, and every member counts steps alike.
+    pub(crate) fn shrunk(
+        parent: &Workspace,
+        core: &CoreCommunicator,
+        members: &[usize],
+        progress: Progress,
+    ) -> Result<Self> {
+        let (rank, n) = (core.rank(), core.world_size());
+        if members.len() != n || members.iter().any(|&m| m >= parent.all.len()) {
+            return Err(Error::invalid(format!(
+                "a {n}-rank shrink of a {}-rank host workspace names members {members:?}",
+                parent.all.len()
+            )));
+        }
+        let mut connections = Vec::with_capacity(n);
+        for p in 0..n {
+            connections.push(if p == rank { None } else { Some(core.connection(p)?) });
+        }
+        Ok(Workspace {
+            rank,
+            all: members.iter().map(|&m| parent.all[m].clone()).collect(),
+            bases: members.iter().map(|&m| parent.bases[m]).collect(),
+            connections,
+            scratch_bytes: parent.scratch_bytes,
+            phase: progress.phase,
+            step: progress.step,
+            timeout: core.config().timeout,
+            abort: core.abort_flag().clone(),
+        })
+    }
+
+    /// How far this rank got: its arrivals and steps.
+    pub(crate) fn progress(&self) -> Progress {
+        Progress { phase: self.phase, step: self.step }
     }
 
     /// Number of ranks.
