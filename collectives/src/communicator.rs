@@ -276,7 +276,7 @@ impl Communicator {
         let host = host.map(RefCell::new);
         let channel = RefCell::new(ChannelEngine::new(&core, resilience.clone()));
         #[cfg(feature = "cudaipc")]
-        let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config)?;
+        let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config, &resilience)?;
         #[cfg(feature = "cudaipc")]
         let gpu_status = gpu.as_ref().map(|g| g.status().clone());
         #[cfg(feature = "cudaipc")]

@@ -44,7 +44,10 @@ pub struct MemoryChannelDeviceHandle {
 /// `error` points at host-visible (pinned, device-mapped) memory: a kernel whose spin exceeds
 /// `timeout_cycles` stores a non-zero [`DeviceError`] code there and returns; the host reads it
 /// without synchronizing. `abort` (host-visible too) is polled by spins so the host can stop a
-/// stuck kernel.
+/// stuck kernel. `progress` (host-visible, may be 0) is where a collective kernel, once it
+/// runs, stores `call` — the [ledger](crate::ledger)'s number of the collective it belongs to —
+/// so the host sees how far its GPU got (a GPU kept busy by earlier work has not started the
+/// latest call).
 #[repr(C)]
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct DeviceStatusHandle {
@@ -54,6 +57,10 @@ pub struct DeviceStatusHandle {
     pub abort: u64,
     /// Spin budget in GPU clock cycles (`clock64`), from `WEAVE_TIMEOUT`.
     pub timeout_cycles: u64,
+    /// `u64*` the latest call whose kernel started, host-visible (0: kernels report nothing).
+    pub progress: u64,
+    /// The call this launch belongs to: the ledger's number of the latest collective begun.
+    pub call: u64,
 }
 
 /// Codes a kernel stores into [`DeviceStatusHandle::error`].
@@ -166,7 +173,7 @@ pub const LAYOUTS: &[Layout] = &[
         "MemoryChannelDeviceHandle",
         [semaphore, dst, src, remote_packets, local_packets]
     ),
-    device_layout!(DeviceStatusHandle, "DeviceStatusHandle", [error, abort, timeout_cycles]),
+    device_layout!(DeviceStatusHandle, "DeviceStatusHandle", [error, abort, timeout_cycles, progress, call]),
     device_layout!(Ll8Packet, "LL8Packet", [data, flag]),
     device_layout!(Ll16Packet, "LL16Packet", [data1, flag1, data2, flag2]),
     device_layout!(crate::fifo::FifoDeviceHandle, "FifoDeviceHandle", [triggers, head, tail, capacity]),

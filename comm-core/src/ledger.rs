@@ -13,8 +13,16 @@
 //! A call makes four plain stores (one writer: the thread in the call) and reads nothing
 //! shared; the words describing the latest call carry low bits of its sequence number, so a
 //! reader tells a torn read and takes it again.
+//!
+//! # The GPU's progress
+//!
+//! A device call's host side returns once its kernel is launched; whether the GPU has begun
+//! it is another matter (a GPU kept busy by work queued before it has not). A communicator
+//! with a GPU hands its ledger a [`DeviceProgress`] — the latest collective whose kernel has
+//! started, which the kernels themselves report — and every entry carries it.
 
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, OnceLock};
 
 use crate::error::{Error, Result};
 use crate::wire::{Decoder, Encoder};
@@ -118,6 +126,14 @@ impl std::fmt::Display for CallSignature {
     }
 }
 
+/// How far a rank's GPU got: read by the ledger whenever it is asked (see the module
+/// documentation).
+pub trait DeviceProgress: Send + Sync + std::fmt::Debug {
+    /// The collective number (as the ledger counts them) of the latest call whose kernel has
+    /// started on the GPU; 0 before the first.
+    fn started_call(&self) -> u64;
+}
+
 /// What a rank's ledger says at one moment.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LedgerEntry {
@@ -133,6 +149,8 @@ pub struct LedgerEntry {
     pub latest: Option<CallSignature>,
     /// The peer whose wait timed out in the latest call, if one did.
     pub waited_on: Option<u32>,
+    /// The latest collective whose kernel has started on this rank's GPU (0: none, or no GPU).
+    pub device_started: u64,
 }
 
 impl LedgerEntry {
@@ -148,7 +166,7 @@ impl LedgerEntry {
     /// Encodes the entry (a [`wire`](crate::wire) message, magic `WVLE`).
     pub fn encode(&self) -> Vec<u8> {
         let (word, bytes) = self.latest.map_or((0, 0), |s| (s.pack(), s.bytes));
-        Encoder::new(*b"WVLE", 1)
+        Encoder::new(*b"WVLE", 2)
             .u64(self.collectives_begun)
             .u64(self.collectives_finished)
             .u64(self.groups_begun)
@@ -156,15 +174,21 @@ impl LedgerEntry {
             .u64(word)
             .u64(bytes)
             .u64(self.waited_on.map_or(0, |p| u64::from(p) + 1))
+            .u64(self.device_started)
             .finish()
     }
 
     /// Decodes an entry, checking every field.
     pub fn decode(bytes: &[u8]) -> Result<Self> {
-        let mut d = Decoder::new(bytes, *b"WVLE", 1, "ledger entry")?;
+        let mut d = Decoder::new(bytes, *b"WVLE", 2, "ledger entry")?;
         let (cb, cf, gb, gf) = (d.u64()?, d.u64()?, d.u64()?, d.u64()?);
-        let (word, size, waited) = (d.u64()?, d.u64()?, d.u64()?);
+        let (word, size, waited, device_started) = (d.u64()?, d.u64()?, d.u64()?, d.u64()?);
         d.finish()?;
+        if device_started > cb {
+            return Err(Error::protocol(format!(
+                "ledger entry: the GPU started collective {device_started} of {cb} begun"
+            )));
+        }
         if cf > cb || gf > gb {
             return Err(Error::protocol(format!(
                 "ledger entry: more calls finished than begun ({cf} of {cb} collectives, {gf} of {gb} groups)"
@@ -185,6 +209,7 @@ impl LedgerEntry {
             groups_finished: gf,
             latest,
             waited_on,
+            device_started,
         })
     }
 }
@@ -213,6 +238,8 @@ fn call_id(kind: CallKind, seq: u64) -> u64 {
 /// one, which the bits tell apart, and the read is taken again.
 #[derive(Debug, Default)]
 pub struct Ledger {
+    /// The GPU's progress, once a GPU engine registered it.
+    device: OnceLock<Arc<dyn DeviceProgress>>,
     collectives_begun: AtomicU64,
     collectives_finished: AtomicU64,
     groups_begun: AtomicU64,
@@ -266,6 +293,12 @@ impl Ledger {
         self.groups_begun.load(Ordering::Relaxed)
     }
 
+    /// Makes every later entry carry `progress` (the communicator's GPU; set once, later calls
+    /// are ignored).
+    pub fn watch_device(&self, progress: Arc<dyn DeviceProgress>) {
+        let _ = self.device.set(progress);
+    }
+
     /// Records that the latest call's wait for `peer` timed out.
     pub fn waited_on(&self, peer: usize) {
         let Some((kind, seq)) = self.latest_call() else { return };
@@ -304,6 +337,8 @@ impl Ledger {
         if !stable || collectives_finished > collectives_begun || groups_finished > groups_begun {
             return None;
         }
+        // A kernel reports the number it was launched with, never more than was begun.
+        let device_started = self.device.get().map_or(0, |d| d.started_call().min(collectives_begun));
         let entry = |latest, waited_on| LedgerEntry {
             collectives_begun,
             collectives_finished,
@@ -311,6 +346,7 @@ impl Ledger {
             groups_finished,
             latest,
             waited_on,
+            device_started,
         };
         let Some(kind) = CallKind::from_u8((word & KIND_MASK) as u8) else { return Some(entry(None, None)) };
         let seq = if kind == CallKind::Group { groups_begun } else { collectives_begun };
@@ -355,6 +391,31 @@ mod tests {
         assert_eq!(l.entry().latest, Some(broadcast));
         assert_eq!(l.entry().waited_on, None, "a new call clears the timed-out peer");
         assert_eq!(broadcast.to_string(), "broadcast of 1099511627776 B, root 0, device buffers");
+    }
+
+    #[test]
+    fn entries_carry_how_far_the_gpu_got_never_past_what_was_begun() {
+        #[derive(Debug)]
+        struct Started(AtomicU64);
+        impl DeviceProgress for Started {
+            fn started_call(&self) -> u64 {
+                self.0.load(Ordering::Relaxed)
+            }
+        }
+        let l = Ledger::default();
+        let gpu = Arc::new(Started(AtomicU64::new(0)));
+        l.watch_device(gpu.clone());
+        for _ in 0..2 {
+            l.begin(CallSignature { device: true, ..CallSignature::host(CallKind::AllGather, 64, None) });
+        }
+        assert_eq!(l.entry().device_started, 0);
+        gpu.0.store(1, Ordering::Relaxed);
+        assert_eq!(l.entry().device_started, 1);
+        gpu.0.store(9, Ordering::Relaxed);
+        assert_eq!(l.entry().device_started, 2, "a GPU cannot have started a call not begun");
+        let e = l.entry();
+        assert_eq!(LedgerEntry::decode(&e.encode()).unwrap(), e);
+        assert!(LedgerEntry::decode(&LedgerEntry { device_started: 3, ..e }.encode()).is_err());
     }
 
     #[test]

@@ -21,7 +21,9 @@
 //! - the *frontier* is the highest collective sequence number any member began, and the call
 //!   at the frontier is the signature most members there have (ties: the lowest rank's);
 //! - a member is *behind* when it was lost, said nothing, has not begun the frontier call, or
-//!   began it with another signature (it skipped or changed a call);
+//!   began it with another signature (it skipped or changed a call) — or, for a call on device
+//!   buffers, when it began the call but its GPU has not started the call's kernel while
+//!   another member's GPU has (its GPU is kept busy by work queued before the call);
 //! - a member in a point-to-point group whose wait timed out names the peer it waited for.
 
 use std::fmt;
@@ -59,6 +61,13 @@ pub enum Lag {
     },
     /// It began the frontier call with another signature: it skipped or changed a call.
     Different(CallSignature),
+    /// It began the frontier call on device buffers, but its GPU has not started the call's
+    /// kernel (it is still on work queued before it); `started` is the latest collective whose
+    /// kernel it did start.
+    GpuBusy {
+        /// The latest collective whose kernel this member's GPU started.
+        started: u64,
+    },
 }
 
 /// The members' ledgers, read (see the module documentation).
@@ -101,6 +110,9 @@ impl Verdict {
         }
         // Most members, then the lowest first rank.
         let frontier = counts.iter().max_by(|a, b| a.1.cmp(&b.1).then(b.2.cmp(&a.2))).map(|c| (top, c.0));
+        // Kernels report when they start where some member's GPU reached the frontier call.
+        let gpus_report =
+            frontier.is_some_and(|(seq, call)| call.device && answered().any(|(_, e)| e.device_started >= seq));
         let mut behind = Vec::new();
         let mut waiting = Vec::new();
         for (r, s) in states.iter().enumerate() {
@@ -126,6 +138,8 @@ impl Verdict {
                 behind.push((r, Lag::Earlier { finished: e.collectives_finished, begun: e.collectives_begun, now }));
             } else if let Some(sig) = e.latest.filter(|s| s.kind != CallKind::Group && *s != call) {
                 behind.push((r, Lag::Different(sig)));
+            } else if gpus_report && e.collectives_begun == seq && e.device_started < seq {
+                behind.push((r, Lag::GpuBusy { started: e.device_started }));
             }
         }
         Verdict { states, silence, frontier, behind, waiting }
@@ -166,6 +180,11 @@ impl fmt::Display for Verdict {
                     }
                 }
                 Lag::Different(call) => write!(f, "called {call} there instead (a skipped or changed call)")?,
+                Lag::GpuBusy { started } => write!(
+                    f,
+                    "began it, but its GPU has not started it: the GPU is still on work queued before it (the \
+                     latest collective it started is {started})"
+                )?,
             }
         }
         for (r, call, peer) in &self.waiting {
@@ -234,6 +253,33 @@ mod tests {
     }
 
     #[test]
+    fn a_member_whose_gpu_has_not_started_the_call_is_behind() {
+        let ar = CallSignature { device: true, ..CallSignature::host(CallKind::AllReduce, 4096, None) };
+        let gpu = |started| {
+            MemberState::Answered(LedgerEntry {
+                collectives_begun: 3,
+                collectives_finished: 3,
+                latest: Some(ar),
+                device_started: started,
+                ..LedgerEntry::default()
+            })
+        };
+        let v = Verdict::judge(vec![gpu(3), gpu(2), gpu(3)], SILENCE);
+        assert_eq!(v.behind, vec![(1, Lag::GpuBusy { started: 2 })]);
+        let text = v.to_string();
+        assert!(text.contains("2 reached collective 3 (all_reduce of 4096 B, device buffers)"), "{text}");
+        assert!(
+            text.contains("rank 1 began it, but its GPU has not started it: the GPU is still on work queued before it"),
+            "{text}"
+        );
+        // Where no GPU reports its kernels starting, nobody is taken for busy.
+        assert!(Verdict::judge(vec![gpu(0), gpu(0)], SILENCE).behind.is_empty());
+        // A host call is no GPU's.
+        let host = at(3, 3, CallSignature::host(CallKind::AllReduce, 4096, None));
+        assert!(Verdict::judge(vec![host.clone(), host], SILENCE).behind.is_empty());
+    }
+
+    #[test]
     fn a_member_waiting_in_a_group_names_its_peer() {
         let group = CallSignature::host(CallKind::Group, 36, Some(1));
         let waiting = MemberState::Answered(LedgerEntry {
@@ -243,6 +289,7 @@ mod tests {
             groups_finished: 1,
             latest: Some(group),
             waited_on: Some(1),
+            device_started: 0,
         });
         let idle = at(5, 5, CallSignature::host(CallKind::AllReduce, 8, None));
         let v = Verdict::judge(vec![waiting, idle], SILENCE);

@@ -735,9 +735,11 @@ WEAVE_DEVICE void dispatch(const ChannelArgs& a) {
 // WEAVE_CHANNEL_THREADS threads per launch.
 #define WEAVE_CHANNEL_MOVING()                                                                               \
   extern "C" __global__ void __launch_bounds__(WEAVE_CHANNEL_THREADS) weave_channel_bytes(weave::ChannelArgs a) { \
+    weave::report_started(a.status);                                                                         \
     weave::chan::run_moving(a);                                                                              \
   }
 #define WEAVE_CHANNEL_REDUCING(NAME, T)                                                                          \
   extern "C" __global__ void __launch_bounds__(WEAVE_CHANNEL_THREADS) weave_channel_##NAME(weave::ChannelArgs a) { \
+    weave::report_started(a.status);                                                                             \
     weave::chan::dispatch<T>(a);                                                                                 \
   }

@@ -64,12 +64,13 @@ WEAVE_DEVICE void await_previous_kernels() {
 }  // namespace weave
 
 // Every kernel entry point NAME(GpuCollectiveArgs a), running RUN(a) after
-// await_previous_kernels(): C linkage, and at most WEAVE_BLOCK_THREADS threads per block
+// await_previous_kernels() and report_started(): C linkage, and at most WEAVE_BLOCK_THREADS threads per block
 // (defined by the host program builder from the launch configuration), so the compiler keeps
 // each thread's registers within what a full block may use.
 #define WEAVE_KERNEL(NAME, ...)                                                                      \
   extern "C" __global__ void __launch_bounds__(WEAVE_BLOCK_THREADS) NAME(weave::GpuCollectiveArgs a) { \
     weave::await_previous_kernels();                                                                   \
+    weave::report_started(a.status);                                                                   \
     __VA_ARGS__(a);                                                                                    \
   }
 

@@ -487,7 +487,7 @@ mod tests {
     #[test]
     fn args_fit_the_kernel_parameter_limit_and_layout_is_sane() {
         assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
-        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 208);
+        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 224);
         let share = WorkspaceLayout::pipe_share_for(4, 64, 64 << 10, 256 << 20);
         assert_eq!(share, 64 << 10);
         assert_eq!(WorkspaceLayout::pipe_share_for(8, 64, 1 << 20, 256 << 20), 64 << 10);

@@ -165,7 +165,12 @@ impl Status {
     }
 
     fn handle(&self, timeout_cycles: u64) -> KernelArg<DeviceStatusHandle> {
-        KernelArg(DeviceStatusHandle { error: self.words.device(0), abort: self.words.device(8), timeout_cycles })
+        KernelArg(DeviceStatusHandle {
+            error: self.words.device(0),
+            abort: self.words.device(8),
+            timeout_cycles,
+            ..DeviceStatusHandle::default()
+        })
     }
 
     fn error(&self) -> u32 {

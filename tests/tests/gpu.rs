@@ -241,20 +241,41 @@ fn survive_a_rank_killed_mid_device_all_reduce(_gpus: usize) {
 /// all-reduce; the others' kernels wait until the timeout, and `check_gpu` must give both the
 /// same verdict naming the last rank as behind, within a second of the timeout.
 fn a_rank_that_skips_a_device_call_is_named_by_the_verdict(_gpus: usize) {
+    let verdict = stalled_device_verdict("skip");
+    assert!(verdict.contains("rank 2 is behind: finished 2 collectives, in no call now"), "{verdict}");
+}
+
+/// As [`a_rank_that_skips_a_device_call_is_named_by_the_verdict`], but the last rank makes the
+/// call behind a kernel that keeps its GPU busy past the timeout: the verdict must name it as
+/// the rank whose GPU has not started the call.
+fn a_rank_whose_gpu_is_kept_busy_is_named_by_the_verdict(_gpus: usize) {
+    let verdict = stalled_device_verdict("busy");
+    assert!(
+        verdict.contains("2 reached collective 3")
+            && verdict.contains("rank 2 began it, but its GPU has not started it: the GPU is still on work queued")
+            && verdict.contains("the latest collective it started is 2"),
+        "{verdict}"
+    );
+}
+
+/// Runs `gpu-worker stall-device MODE` on three ranks and returns the verdict, after checking
+/// that the two ranks not holding up the call reported the same one within a second of the
+/// timeout.
+fn stalled_device_verdict(mode: &str) -> String {
     let n = 3;
-    let spec = scenario_spec(worker(), "stall-device", n, 3.0, Duration::from_secs(120));
+    let spec = scenario_spec(worker(), "stall-device", n, 3.0, Duration::from_secs(120)).arg(mode);
     let report = launch_serialized(&spec).expect("launch stall-device");
     assert!(report.success(), "{}", dump(&report));
     let mut verdicts = Vec::new();
     for r in &report.ranks[..n - 1] {
         let line = r.stdout.iter().find(|l| l.contains("VERDICT ")).unwrap_or_else(|| panic!("{}", dump(&report)));
-        println!("    [{n} ranks, rank {}] {line}", r.rank);
+        println!("    [{n} ranks, {mode}, rank {}] {line}", r.rank);
         let took: u64 = weave_tests::launcher::number_after(line, "failed after ");
         assert!(took < 3000 + 1000, "rank {}: the verdict came {took} ms after the call (timeout 3 s)", r.rank);
         verdicts.push(line.split("VERDICT ").nth(1).unwrap_or_default().to_string());
     }
     assert!(verdicts.iter().all(|v| *v == verdicts[0]), "the verdicts differ\n{}", dump(&report));
-    assert!(verdicts[0].contains("rank 2 is behind: finished 2 collectives, in no call now"), "{}", verdicts[0]);
+    verdicts.swap_remove(0)
 }
 
 /// Three ranks: rank 1's device send that rank 0 never receives must be found at their next
@@ -282,6 +303,7 @@ const TESTS: &[GpuTest] = &[
         "a_rank_that_skips_a_device_call_is_named_by_the_verdict",
         a_rank_that_skips_a_device_call_is_named_by_the_verdict,
     ),
+    ("a_rank_whose_gpu_is_kept_busy_is_named_by_the_verdict", a_rank_whose_gpu_is_kept_busy_is_named_by_the_verdict),
     ("an_unmatched_device_send_is_found_at_the_next_exchange", an_unmatched_device_send_is_found_at_the_next_exchange),
     ("every_device_collective_dtype_op_and_size", matrix),
     ("every_algorithm_forced_at_small_and_edge_sizes", forced),

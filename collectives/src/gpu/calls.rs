@@ -184,6 +184,7 @@ impl Communicator {
         } else {
             DirectKernel::untyped(k.family)
         };
+        let call_number = g.current_call();
         let d = g.direct()?;
         let count = match k.count {
             CountUnit::Elements => call.count,
@@ -199,7 +200,7 @@ impl Communicator {
             }
             Grid::Flags | Grid::Channel => (d.blocks_for(call.bytes), None, false),
         };
-        let mut args: GpuCollectiveArgs = d.args();
+        let mut args: GpuCollectiveArgs = d.args(call_number);
         args.send = call.send;
         args.recv = call.recv;
         args.count = count as u64;
@@ -461,8 +462,9 @@ impl Communicator {
             });
         }
         let family = plan.kernel.map_or("weave_sendrecv", |k| k.family);
+        let call_number = g.current_call();
         let d = g.direct()?;
-        let mut args: GpuCollectiveArgs = d.args();
+        let mut args: GpuCollectiveArgs = d.args(call_number);
         args.root = u32::MAX;
         args.aux[1] = u64::MAX;
         if let Some((addr, count, to)) = send {

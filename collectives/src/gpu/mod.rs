@@ -34,6 +34,7 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::device::DeviceError;
 use comm_core::diagnostics;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
+use comm_core::resilience::Resilience;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 use transport_cudaipc::CudaIpcBackend;
@@ -103,6 +104,9 @@ pub(crate) struct GpuEngine {
     rank: usize,
     timeout: Duration,
     broken: Option<String>,
+    /// The communicator's revocation state, whose ledger numbers the calls the kernels report
+    /// starting (see [`comm_core::ledger::DeviceProgress`]).
+    resilience: Arc<Resilience>,
 }
 
 /// The direct family: one workspace per rank mapped by every peer, and the collective kernels
@@ -143,7 +147,8 @@ impl GpuEngine {
     /// can run them (every peer reached through CUDA IPC, at most 8 GPUs) — elsewhere device
     /// calls run the channel family, whose links to GPUs of other nodes go through host memory
     /// the GPU maps. `gpu` holds the tuning knobs.
-    pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig) -> Result<Option<Self>> {
+    /// The kernels report into `resilience`'s ledger how far the GPU got.
+    pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig, resilience: &Arc<Resilience>) -> Result<Option<Self>> {
         let backend =
             core.backend(transport_cudaipc::transport()).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
         let world = core.world_size();
@@ -166,6 +171,7 @@ impl GpuEngine {
         ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
         let arch = kernels::arch::device_arch(&ctx)?;
         let status = Arc::new(device.device_status()?);
+        resilience.ledger().watch_device(status.clone());
         let mut peers = Vec::with_capacity(world);
         for p in (0..world).filter(|&p| p != core.rank()) {
             peers.push(core.connection(p)?);
@@ -197,6 +203,7 @@ impl GpuEngine {
             rank: core.rank(),
             timeout: core.config().timeout,
             broken: None,
+            resilience: resilience.clone(),
         }))
     }
 
@@ -302,9 +309,16 @@ impl GpuEngine {
             .map_err(|e| if matches!(e, Error::InvalidArgument(_)) { e } else { self.break_with(e) })
     }
 
-    /// The status words kernels report into, with this communicator's spin budget.
+    /// The status words a launch of the current call reports into, with this communicator's
+    /// spin budget.
     pub(crate) fn status_handle(&self) -> comm_core::device::DeviceStatusHandle {
-        self.status.handle(self.timeout)
+        self.status.handle_for_call(self.timeout, self.current_call())
+    }
+
+    /// The ledger's number of the latest collective begun: what this call's kernels report
+    /// when they start (a group's kernels report the collective before them again).
+    pub(crate) fn current_call(&self) -> u64 {
+        self.resilience.ledger().collectives_begun()
     }
 
     /// Marks the engine unusable after a failure that may leave the ranks out of step, and
@@ -449,8 +463,9 @@ impl DirectKernels {
         }
     }
 
-    /// A filled-in argument block for this rank.
-    pub(crate) fn args(&self) -> GpuCollectiveArgs {
+    /// A filled-in argument block for this rank's launch of call `call` (see
+    /// [`GpuEngine::current_call`]).
+    pub(crate) fn args(&self, call: u64) -> GpuCollectiveArgs {
         let mut peers = [0u64; MAX_GPU_RANKS];
         for (i, w) in self.workspaces.iter().enumerate() {
             peers[i] = w.as_ptr() as u64;
@@ -465,7 +480,7 @@ impl DirectKernels {
             ll128_lines: self.layout.ll128_lines as u64,
             rank: self.rank as u32,
             world: self.workspaces.len() as u32,
-            status: self.status.handle(self.timeout),
+            status: self.status.handle_for_call(self.timeout, call),
             aux: [0, 0, self.layout.mailbox_bytes as u64, 0],
             ..GpuCollectiveArgs::default()
         }

@@ -34,6 +34,8 @@ struct DeviceStatusHandle {
   uint64_t error;           // u32*: error code (0 = fine), host-visible
   uint64_t abort;           // u32*: abort request (non-zero = stop), host-visible
   uint64_t timeout_cycles;  // spin budget in clock64() cycles
+  uint64_t progress;        // u64*: the latest call whose kernel started, host-visible (0: none)
+  uint64_t call;            // the call this launch belongs to (the ledger's collective number)
 };
 
 // Codes a kernel stores into *DeviceStatusHandle::error (comm_core::device::DeviceError).

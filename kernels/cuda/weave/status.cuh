@@ -35,6 +35,14 @@ WEAVE_DEVICE bool abort_requested(const DeviceStatusHandle& status) {
 }
 
 // Stores `code` into the error word (system-scope release) unless a code is already there.
+// Tells the host that this launch's device call has started on the GPU (block 0, thread 0;
+// collective kernels call it first, after waiting for their predecessor): the host reads how
+// far its GPU got, and a verdict names a GPU kept busy by work queued before the call.
+WEAVE_DEVICE void report_started(const DeviceStatusHandle& status) {
+  if (status.progress == 0 || blockIdx.x != 0 || threadIdx.x != 0) return;
+  atomic_store_relaxed_sys(as_ptr<uint64_t>(status.progress), status.call);
+}
+
 WEAVE_DEVICE void report_error(const DeviceStatusHandle& status, uint32_t code) {
   if (status.error == 0) return;
   uint32_t* word = as_ptr<uint32_t>(status.error);

@@ -32,7 +32,7 @@ fn main() {
         "p2p" => p2p(),
         "typed" => typed::typed(),
         "survive-device" => survive::survive_device(),
-        "stall-device" => survive::stall_device(),
+        "stall-device" => survive::stall_device(arg),
         "p2p-mismatch-device" => survive::p2p_mismatch_device(),
         other => Err(worker::unknown_scenario(other)),
     })
@@ -49,7 +49,10 @@ fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
 fn precompile(export_dir: &str) -> Result<String> {
     use kernels::channel::{ChannelKernel, REDUCING_TYPES};
     let compiler = kernels::compile::Compiler::from_env();
-    let mut programs = vec![("collective kernels".to_string(), kernels::direct::program())];
+    let mut programs = vec![
+        ("collective kernels".to_string(), kernels::direct::program()),
+        ("busy kernel".to_string(), survive::BUSY_KERNEL.to_string()),
+    ];
     let channel =
         std::iter::once(ChannelKernel::Moving).chain(REDUCING_TYPES.iter().map(|(t, _)| ChannelKernel::Reducing(t)));
     for k in channel {

@@ -125,11 +125,42 @@ pub(crate) fn survive_device() -> Result<String> {
     ))
 }
 
-/// `gpu-worker stall-device`: two checked device calls, then the last rank skips the third (it
-/// sleeps past the others' timeout); the others' kernels wait for it until `WEAVE_TIMEOUT`,
-/// and `check_gpu` must return a timeout whose verdict names the last rank as behind — the
-/// same text on every other rank. The `OK` line reads `VERDICT text` (or `skipped`).
-pub(crate) fn stall_device() -> Result<String> {
+/// The program of the kernel that keeps a GPU busy in `stall-device busy`: one thread spins
+/// for `cycles` GPU clock cycles (also compiled ahead by `precompile`).
+pub(crate) const BUSY_KERNEL: &str = r#"
+extern "C" __global__ void weave_test_busy(unsigned long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < static_cast<long long>(cycles)) {
+  }
+}
+"#;
+
+/// Queues on `stream` a kernel that keeps the GPU busy for about `busy`.
+fn keep_busy(stream: &Arc<CudaStream>, busy: Duration) -> Result<()> {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let ctx = stream.context();
+    let arch = kernels::arch::device_arch(ctx)?;
+    let compiled = kernels::compile::Compiler::from_env().compile(BUSY_KERNEL, &arch)?;
+    let function = kernels::module::KernelModule::load(ctx, &compiled)?.function("weave_test_busy")?;
+    let khz = ctx
+        .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
+        .map_err(cuda("clock rate"))?;
+    let cycles = u64::try_from(khz).unwrap_or(2_000_000) * busy.as_millis() as u64;
+    let config = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
+    let mut launch = stream.launch_builder(&function);
+    launch.arg(&cycles);
+    // SAFETY: the kernel takes one u64 and touches no memory.
+    unsafe { launch.launch(config) }.map_err(cuda("launch the busy kernel"))?;
+    Ok(())
+}
+
+/// `gpu-worker stall-device [skip|busy]`: two checked device calls, then the last rank holds
+/// up the third — `skip`: it does not call it (it sleeps past the others' timeout); `busy`: it
+/// calls it behind a kernel that keeps its GPU busy past the others' timeout. The others'
+/// kernels wait for it until `WEAVE_TIMEOUT`, and `check_gpu` must return a timeout whose
+/// verdict names the last rank as behind — the same text on every other rank. The `OK` line
+/// reads `VERDICT text` (or what the last rank did).
+pub(crate) fn stall_device(mode: &str) -> Result<String> {
     let Gpu { comm, stream } = gpu()?;
     let (me, n) = (comm.rank(), comm.world_size());
     let members: Vec<usize> = (0..n).collect();
@@ -137,13 +168,25 @@ pub(crate) fn stall_device() -> Result<String> {
         checked(&comm, &stream, &members, i)?;
     }
     let timeout = comm.core().config().timeout;
-    if me == n - 1 {
-        std::thread::sleep(timeout + Duration::from_secs(4));
-        return Ok("skipped the third call".into());
-    }
-    let started = Instant::now();
     let send: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
     let mut recv: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
+    match (me == n - 1, mode) {
+        (true, "" | "skip") => {
+            std::thread::sleep(timeout + Duration::from_secs(4));
+            return Ok("skipped the third call".into());
+        }
+        (true, "busy") => {
+            keep_busy(&stream, timeout + Duration::from_secs(3))?;
+            comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
+            // Reachable while the others ask; its own kernel then waits for kernels that gave up.
+            std::thread::sleep(timeout + Duration::from_secs(4));
+            let _ = stream.synchronize();
+            return Ok(format!("called the third behind a busy GPU; then {:?}", comm.check_gpu().err()));
+        }
+        (_, "" | "skip" | "busy") => {}
+        (_, other) => return Err(Error::invalid(format!("stall-device: unknown mode {other:?} (skip or busy)"))),
+    }
+    let started = Instant::now();
     comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
     // The kernel gives up at the timeout; the stream then reports success or the launch's error.
     let _ = stream.synchronize();
