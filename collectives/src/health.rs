@@ -74,7 +74,7 @@ pub(crate) fn revoked() -> Error {
 /// The error of a call that a revocation cut short, with what it stopped.
 #[cold]
 #[inline(never)]
-fn revoked_during(cause: &Error) -> Error {
+pub(crate) fn revoked_during(cause: &Error) -> Error {
     Error::Revoked(format!(
         "this communicator was revoked (by a rank of it) during the call, which stopped with: {cause}; shrink it \
          (Communicator::shrink, after agree_on_failed) to go on"

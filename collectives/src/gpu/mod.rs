@@ -240,14 +240,6 @@ impl GpuEngine {
         }
         if let Some(code) = self.status.error() {
             let why = format!("{} (device error code {})", code.describe(), code as u32);
-            // A wait that ran out is reported as the timeout it is, once (so that the call's
-            // verdict names who is behind); later calls say the engine is unusable.
-            let waited =
-                matches!(code, DeviceError::SemaphoreTimeout | DeviceError::PacketTimeout | DeviceError::FifoTimeout);
-            if waited && self.broken.is_none() {
-                self.broken = Some(why.clone());
-                return Err(Error::timeout(format!("a device call: {why}"), None, self.timeout));
-            }
             // Ranks out of step — a message of another call, or of a send nobody received
             // (`crate::matching`): a protocol error, which revokes the communicator.
             if code == DeviceError::CallMismatch && self.broken.is_none() {
@@ -258,12 +250,26 @@ impl GpuEngine {
                      same collectives). The communicator is revoked; shrink it or build a new one"
                 )));
             }
+            // Anything else a revocation cut short (its hook aborts the kernels) says so.
+            if code != DeviceError::CallMismatch && self.resilience.is_revoked() {
+                self.broken.get_or_insert_with(|| why.clone());
+                return Err(crate::health::revoked_during(&Error::Aborted(why)));
+            }
+            // A wait that ran out is reported as the timeout it is, once (so that the call's
+            // verdict names who is behind); later calls say the engine is unusable.
+            let waited =
+                matches!(code, DeviceError::SemaphoreTimeout | DeviceError::PacketTimeout | DeviceError::FifoTimeout);
+            if waited && self.broken.is_none() {
+                self.broken = Some(why.clone());
+                return Err(Error::timeout(format!("a device call: {why}"), None, self.timeout));
+            }
             self.broken.get_or_insert(why);
         }
         if let Some(e) = self.channels.as_ref().and_then(DeviceChannels::proxy_error) {
             self.broken.get_or_insert_with(|| format!("the GPU channel proxy failed: {e}"));
         }
         match &self.broken {
+            Some(_) if self.resilience.is_revoked() => Err(crate::health::revoked()),
             Some(why) => Err(Error::Aborted(format!(
                 "GPU collectives of this communicator are unusable after: {why}; create a new communicator"
             ))),

@@ -1,4 +1,4 @@
-//! `gpu-worker survive-device`: device all-reduces (checked) until the last rank SIGKILLs
+//! `gpu-worker survive-device`: checked device all-reduces and all-gathers until the last rank SIGKILLs
 //! itself in the middle of one; every survivor must fail, revoke, agree on exactly that rank,
 //! shrink, and run checked device all-reduces and all-gathers on the shrunk communicator — with
 //! the family the table picks, or the channel family under `WEAVE_ALGO=channel`. The `OK` line
@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use collectives::{Communicator, ReduceOp};
 use comm_core::{Error, Result};
-use cudarc::driver::{CudaSlice, CudaStream};
+use cudarc::driver::{CudaFunction, CudaSlice, CudaStream};
 
 use super::{Gpu, cuda, gpu, wall_ns};
 
@@ -18,15 +18,25 @@ const ELEMS: usize = 1 << 20;
 /// Checked calls on the shrunk communicator.
 const CALLS_AFTER: usize = 50;
 
-/// One checked all-reduce (even `i`) or all-gather (odd `i`) of round `i` on `comm`, whose
-/// members are the original ranks `members`.
-fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: usize) -> Result<()> {
+/// The value original rank `r` contributes in round `i`.
+fn value(r: usize, i: usize) -> f32 {
+    ((r + 1) * (i % 13 + 1)) as f32
+}
+
+/// Launches round `i` on `comm` (whose members are the original ranks `members`): an
+/// all-reduce (even `i`) or all-gather (odd `i`) of this rank's values; returns its send and
+/// receive buffers, which must outlive the call.
+fn launch_round(
+    comm: &Communicator,
+    stream: &Arc<CudaStream>,
+    members: &[usize],
+    i: usize,
+) -> Result<(CudaSlice<f32>, CudaSlice<f32>)> {
     let me = members[comm.rank()];
     let n = members.len();
-    let value = |r: usize| ((r + 1) * (i % 13 + 1)) as f32;
     let reducing = i.is_multiple_of(2);
     let count = if reducing { ELEMS } else { ELEMS / 8 };
-    let send: CudaSlice<f32> = stream.clone_htod(&vec![value(me); count]).map_err(cuda("upload"))?;
+    let send: CudaSlice<f32> = stream.clone_htod(&vec![value(me, i); count]).map_err(cuda("upload"))?;
     let mut recv: CudaSlice<f32> =
         stream.alloc_zeros(if reducing { count } else { count * n }).map_err(cuda("alloc"))?;
     if reducing {
@@ -34,11 +44,20 @@ fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: 
     } else {
         comm.all_gather_device(&send, &mut recv, stream)?;
     }
+    Ok((send, recv))
+}
+
+/// One checked round `i` (see [`launch_round`]).
+fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: usize) -> Result<()> {
+    let reducing = i.is_multiple_of(2);
+    let count = if reducing { ELEMS } else { ELEMS / 8 };
+    let (_send, recv) = launch_round(comm, stream, members, i)?;
     let got = stream.clone_dtoh(&recv).map_err(cuda("download"))?;
     // Device calls are stream-ordered: a call whose peer died returned before it ran, and says
     // so here, after the stream's work is done and before its results are trusted.
     comm.check_gpu()?;
-    let want = |at: usize| if reducing { members.iter().map(|&r| value(r)).sum() } else { value(members[at / count]) };
+    let want =
+        |at: usize| if reducing { members.iter().map(|&r| value(r, i)).sum() } else { value(members[at / count], i) };
     if let Some(at) = (0..got.len()).find(|&at| got[at] != want(at)) {
         return Err(Error::protocol(format!(
             "WRONG DATA: round {i} ({}): element {at} is {}, want {}",
@@ -69,10 +88,9 @@ pub(crate) fn survive_device() -> Result<String> {
             checked(&comm, &stream, &members, i)?;
             i += 1;
         }
-        // Launched, not waited for: the kill lands in the middle of the all-reduce.
-        let send: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
-        let mut recv: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
-        comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
+        // Round i, launched and not waited for: the kill lands in the middle of it. Its values
+        // are the round's, so a survivor whose call completed before the kill got exact data.
+        let _buffers = launch_round(&comm, &stream, &members, i)?;
         println!("KILL_AT {}", wall_ns());
         nix::sys::signal::raise(nix::sys::signal::Signal::SIGKILL).map_err(|e| Error::errno("raise SIGKILL", e))?;
         return Err(Error::protocol("SIGKILL returned"));
@@ -135,19 +153,24 @@ extern "C" __global__ void weave_test_busy(unsigned long long cycles) {
 }
 "#;
 
-/// Queues on `stream` a kernel that keeps the GPU busy for about `busy`.
-fn keep_busy(stream: &Arc<CudaStream>, busy: Duration) -> Result<()> {
-    use cudarc::driver::{LaunchConfig, PushKernelArg};
+/// The kernel of [`BUSY_KERNEL`], compiled and loaded on `stream`'s GPU.
+fn busy_kernel(stream: &Arc<CudaStream>) -> Result<CudaFunction> {
     let ctx = stream.context();
     let arch = kernels::arch::device_arch(ctx)?;
     let compiled = kernels::compile::Compiler::from_env().compile(BUSY_KERNEL, &arch)?;
-    let function = kernels::module::KernelModule::load(ctx, &compiled)?.function("weave_test_busy")?;
+    kernels::module::KernelModule::load(ctx, &compiled)?.function("weave_test_busy")
+}
+
+/// Queues `function` (the [`busy_kernel`]) on `stream`, keeping the GPU busy for about `busy`.
+fn keep_busy(function: &CudaFunction, stream: &Arc<CudaStream>, busy: Duration) -> Result<()> {
+    use cudarc::driver::{LaunchConfig, PushKernelArg};
+    let ctx = stream.context();
     let khz = ctx
         .attribute(cudarc::driver::sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_CLOCK_RATE)
         .map_err(cuda("clock rate"))?;
     let cycles = u64::try_from(khz).unwrap_or(2_000_000) * busy.as_millis() as u64;
     let config = LaunchConfig { grid_dim: (1, 1, 1), block_dim: (1, 1, 1), shared_mem_bytes: 0 };
-    let mut launch = stream.launch_builder(&function);
+    let mut launch = stream.launch_builder(function);
     launch.arg(&cycles);
     // SAFETY: the kernel takes one u64 and touches no memory.
     unsafe { launch.launch(config) }.map_err(cuda("launch the busy kernel"))?;
@@ -161,30 +184,34 @@ fn keep_busy(stream: &Arc<CudaStream>, busy: Duration) -> Result<()> {
 /// verdict names the last rank as behind — the same text on every other rank. The `OK` line
 /// reads `VERDICT text` (or what the last rank did).
 pub(crate) fn stall_device(mode: &str) -> Result<String> {
+    if !matches!(mode, "" | "skip" | "busy") {
+        return Err(Error::invalid(format!("stall-device: unknown mode {mode:?} (skip or busy)")));
+    }
     let Gpu { comm, stream } = gpu()?;
     let (me, n) = (comm.rank(), comm.world_size());
     let members: Vec<usize> = (0..n).collect();
+    // Loaded before the calls: the stall must come from the GPU, not from compiling.
+    let busy = if mode == "busy" && me == n - 1 { Some(busy_kernel(&stream)?) } else { None };
     for i in 0..2 {
         checked(&comm, &stream, &members, i)?;
     }
     let timeout = comm.core().config().timeout;
     let send: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
     let mut recv: CudaSlice<f32> = stream.alloc_zeros(ELEMS).map_err(cuda("alloc"))?;
-    match (me == n - 1, mode) {
-        (true, "" | "skip") => {
+    match (me == n - 1, &busy) {
+        (true, None) => {
             std::thread::sleep(timeout + Duration::from_secs(4));
             return Ok("skipped the third call".into());
         }
-        (true, "busy") => {
-            keep_busy(&stream, timeout + Duration::from_secs(3))?;
+        (true, Some(function)) => {
+            keep_busy(function, &stream, timeout + Duration::from_secs(3))?;
             comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
             // Reachable while the others ask; its own kernel then waits for kernels that gave up.
             std::thread::sleep(timeout + Duration::from_secs(4));
             let _ = stream.synchronize();
             return Ok(format!("called the third behind a busy GPU; then {:?}", comm.check_gpu().err()));
         }
-        (_, "" | "skip" | "busy") => {}
-        (_, other) => return Err(Error::invalid(format!("stall-device: unknown mode {other:?} (skip or busy)"))),
+        (false, _) => {}
     }
     let started = Instant::now();
     comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, &stream)?;
