@@ -9,6 +9,7 @@ mod bench_nodes;
 mod bench_sweep;
 mod bench_table;
 mod bench_turns;
+mod fuzz_cmd;
 mod gpu_bundle_cmd;
 mod ib_vm_cmd;
 mod json;
@@ -45,6 +46,7 @@ macro_rules! command {
 /// Every subcommand, in the order `help` lists them.
 const COMMANDS: &[Command] = &[
     command!("gpu-bundle", gpu_bundle_cmd),
+    command!("fuzz", fuzz_cmd),
     command!("ib-vm", ib_vm_cmd),
     command!("launch", launch_cmd),
     command!("multinode", launch_cmd::MULTINODE_SUMMARY, launch_cmd::MULTINODE_USAGE, launch_cmd::run_multinode),

@@ -1,0 +1,143 @@
+//! `cargo xtask fuzz`: runs the fuzz targets of `fuzz/` (cargo-fuzz, libFuzzer) for a while
+//! each, from the corpus kept in the tree, and prints one line per target: executions, coverage
+//! and the corpus size libFuzzer reported, or where the crashing input lies.
+//!
+//! libFuzzer needs the nightly toolchain (`-Zsanitizer=address`); the command installs
+//! `cargo-fuzz` where it is missing and names the toolchain where that is.
+
+use std::path::Path;
+use std::process::{Command, ExitCode};
+
+use crate::args::{Arg, Args, UsageError};
+use crate::gpu_bundle_cmd::workspace_root;
+
+/// One line for the command list of `cargo xtask help`.
+pub(crate) const SUMMARY: &str = "run every fuzz target (cargo-fuzz, libFuzzer, nightly) for a while";
+
+/// The help text of `cargo xtask fuzz`.
+pub(crate) const USAGE: &str = "\
+usage: cargo xtask fuzz [--time SECONDS] [TARGET...]
+
+Runs each fuzz target of fuzz/ (all, or those named) for SECONDS (default 60) with libFuzzer,
+from and into its corpus fuzz/corpus/TARGET, with at most 256 MiB per allocation and 2 GiB in
+all. Prints per target the executions, the coverage (edges and features) and the corpus size;
+a target that crashes leaves its input in fuzz/artifacts/TARGET and fails the command. Needs the
+nightly toolchain; installs cargo-fuzz when it is missing.
+
+options:
+  --time SECONDS  how long each target runs (default 60)
+  -h, --help      print this help
+";
+
+/// Runs the command.
+pub(crate) fn run(args: Args) -> ExitCode {
+    let mut seconds = 60u64;
+    let mut chosen = Vec::new();
+    let read = crate::read_args(args, "fuzz", USAGE, |arg, args| {
+        match arg {
+            Arg::Flag(f) if f == "--time" => match args.parse::<u64>("--time", "seconds") {
+                Ok(s) if s > 0 => seconds = s,
+                Ok(_) => return Err(UsageError("--time takes at least 1 second".into())),
+                Err(e) => return Err(e),
+            },
+            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
+            Arg::Positional(p) => chosen.push(p.to_string_lossy().into_owned()),
+            Arg::Separator => {}
+        }
+        Ok(())
+    });
+    if let Some(exit) = read {
+        return exit;
+    }
+    match fuzz(seconds, &chosen) {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::from(1),
+        Err(e) => {
+            eprintln!("cargo xtask fuzz: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+/// Runs the targets; `Ok(false)` when one of them found something.
+fn fuzz(seconds: u64, chosen: &[String]) -> Result<bool, String> {
+    let dir = workspace_root()?.join("fuzz");
+    ensure_tools()?;
+    let listed = output(Command::new("cargo").args(["+nightly", "fuzz", "list"]).current_dir(&dir))?;
+    let all: Vec<String> = listed.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
+    if let Some(unknown) = chosen.iter().find(|c| !all.contains(c)) {
+        return Err(format!("no fuzz target {unknown:?}; the targets are {}", all.join(", ")));
+    }
+    let targets: Vec<&String> = all.iter().filter(|t| chosen.is_empty() || chosen.contains(t)).collect();
+    let mut clean = true;
+    for target in targets {
+        let corpus = dir.join("corpus").join(target);
+        std::fs::create_dir_all(&corpus).map_err(|e| format!("create {}: {e}", corpus.display()))?;
+        let run = Command::new("cargo")
+            .args(["+nightly", "fuzz", "run", "-O", target])
+            .arg(&corpus)
+            .args(["--", &format!("-max_total_time={seconds}"), "-rss_limit_mb=2048", "-malloc_limit_mb=256"])
+            .current_dir(&dir)
+            .output()
+            .map_err(|e| format!("run cargo fuzz run {target}: {e}"))?;
+        let log = String::from_utf8_lossy(&run.stderr);
+        match (run.status.success(), final_stats(&log)) {
+            (true, Some(stats)) => println!("{target}: no finding in {seconds} s; {stats}"),
+            (true, None) => println!("{target}: ran, but libFuzzer printed no final statistics"),
+            (false, _) => {
+                clean = false;
+                let tail: Vec<&str> = log.lines().rev().take(25).collect();
+                let tail: Vec<&str> = tail.into_iter().rev().collect();
+                println!("{target}: FOUND SOMETHING (input in {}):\n{}", artifacts(&dir, target), tail.join("\n"));
+            }
+        }
+    }
+    Ok(clean)
+}
+
+/// libFuzzer's last status line (`#N DONE cov: … ft: … corp: … exec/s: …`), shortened.
+fn final_stats(log: &str) -> Option<String> {
+    let line = log.lines().rev().find(|l| l.starts_with('#') && l.contains("DONE"))?;
+    let field = |name: &str| {
+        let mut words = line.split_whitespace();
+        words.find(|w| *w == name).and_then(|_| words.next()).map(str::to_string)
+    };
+    let runs = line.split_whitespace().next()?.trim_start_matches('#').to_string();
+    Some(format!(
+        "{runs} executions ({} per second), coverage {} edges and {} features, corpus {}",
+        field("exec/s:").unwrap_or_default(),
+        field("cov:").unwrap_or_default(),
+        field("ft:").unwrap_or_default(),
+        field("corp:").unwrap_or_default()
+    ))
+}
+
+/// Where cargo-fuzz leaves the crashing inputs of `target`.
+fn artifacts(dir: &Path, target: &str) -> String {
+    dir.join("artifacts").join(target).display().to_string()
+}
+
+/// The nightly toolchain must be there; cargo-fuzz is installed when missing.
+fn ensure_tools() -> Result<(), String> {
+    output(Command::new("cargo").args(["+nightly", "--version"])).map_err(|e| {
+        format!("libFuzzer needs the nightly toolchain ({e}); install it with `rustup toolchain install nightly`")
+    })?;
+    if output(Command::new("cargo").args(["fuzz", "--version"])).is_ok() {
+        return Ok(());
+    }
+    eprintln!("cargo xtask fuzz: installing cargo-fuzz (cargo install cargo-fuzz --locked)");
+    let status = Command::new("cargo")
+        .args(["install", "cargo-fuzz", "--locked"])
+        .status()
+        .map_err(|e| format!("run cargo install cargo-fuzz: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("cargo install cargo-fuzz failed ({status})")) }
+}
+
+/// The standard output of `command`, which must succeed.
+fn output(command: &mut Command) -> Result<String, String> {
+    let out = command.output().map_err(|e| format!("run {command:?}: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{command:?} failed ({}): {}", out.status, String::from_utf8_lossy(&out.stderr).trim()));
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+}
