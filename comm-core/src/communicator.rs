@@ -187,7 +187,7 @@ impl CommunicatorBuilder {
 /// A rank's host identity and its (transport, endpoint) list.
 type EndpointTable = (String, Vec<(Transport, Vec<u8>)>);
 
-fn encode_endpoints(rank: usize, host: &str, table: &[(Transport, Vec<u8>)]) -> Result<Vec<u8>> {
+pub(crate) fn encode_endpoints(rank: usize, host: &str, table: &[(Transport, Vec<u8>)]) -> Result<Vec<u8>> {
     let n = u8::try_from(table.len()).map_err(|_| {
         Error::invalid(format!("{} transports opened; at most 255 fit the endpoint table", table.len()))
     })?;
@@ -202,7 +202,7 @@ fn encode_endpoints(rank: usize, host: &str, table: &[(Transport, Vec<u8>)]) -> 
 
 /// Reads rank `from`'s table. Transports this process never registered are left out (this rank
 /// has none of them, so they reach nothing from here); a transport named twice is garbage.
-fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
+pub(crate) fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
     let mut d = Decoder::new(bytes, ENDPOINTS_MAGIC, WIRE_VERSION, "endpoint table")?;
     let r = d.u32()? as usize;
     if r != from {

@@ -20,6 +20,8 @@ pub mod diagnostics;
 pub mod doorbell;
 pub mod error;
 pub mod fifo;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod host;
 pub mod ledger;
 pub mod loopback;

@@ -350,7 +350,7 @@ impl Communicator {
     }
 }
 
-fn encode_status(err: Option<&Error>) -> Vec<u8> {
+pub(crate) fn encode_status(err: Option<&Error>) -> Vec<u8> {
     let mut e = Encoder::new(STATUS_MAGIC, WIRE_VERSION);
     match err {
         None => e.u8(0),
@@ -359,7 +359,7 @@ fn encode_status(err: Option<&Error>) -> Vec<u8> {
     e.finish()
 }
 
-fn decode_status(bytes: &[u8], from: usize) -> Result<Option<String>> {
+pub(crate) fn decode_status(bytes: &[u8], from: usize) -> Result<Option<String>> {
     let mut d = Decoder::new(bytes, STATUS_MAGIC, WIRE_VERSION, "status")?;
     let out = match d.u8()? {
         0 => None,

@@ -1,6 +1,6 @@
 //! `cargo xtask fuzz`: runs the fuzz targets of `fuzz/` (cargo-fuzz, libFuzzer) for a while
-//! each, from the corpus kept in the tree, and prints one line per target: executions, coverage
-//! and the corpus size libFuzzer reported, or where the crashing input lies.
+//! each, from the seeds and corpora kept in the tree, and prints one line per target:
+//! executions, coverage and the corpus size libFuzzer reported, or where the crashing input lies.
 //!
 //! libFuzzer needs the nightly toolchain (`-Zsanitizer=address`); the command installs
 //! `cargo-fuzz` where it is missing and names the toolchain where that is.
@@ -18,10 +18,11 @@ pub(crate) const SUMMARY: &str = "run every fuzz target (cargo-fuzz, libFuzzer, 
 pub(crate) const USAGE: &str = "\
 usage: cargo xtask fuzz [--time SECONDS] [TARGET...]
 
-Runs each fuzz target of fuzz/ (all, or those named) for SECONDS (default 60) with libFuzzer,
-from and into its corpus fuzz/corpus/TARGET, with at most 256 MiB per allocation and 2 GiB in
-all. Prints per target the executions, the coverage (edges and features) and the corpus size;
-a target that crashes leaves its input in fuzz/artifacts/TARGET and fails the command. Needs the
+Checks that the seeds kept in fuzz/seeds are current, then runs each fuzz target of fuzz/ (all,
+or those named) for SECONDS (default 60) with libFuzzer, from its seeds and its corpus
+fuzz/corpus/TARGET (new inputs go there), with at most 256 MiB per allocation and 2 GiB in all.
+Prints per target the executions, the coverage (edges and features) and the corpus size; a
+target that crashes leaves its input in fuzz/artifacts/TARGET and fails the command. Needs the
 nightly toolchain; installs cargo-fuzz when it is missing.
 
 options:
@@ -61,8 +62,20 @@ pub(crate) fn run(args: Args) -> ExitCode {
 
 /// Runs the targets; `Ok(false)` when one of them found something.
 fn fuzz(seconds: u64, chosen: &[String]) -> Result<bool, String> {
-    let dir = workspace_root()?.join("fuzz");
+    let root = workspace_root()?;
+    let dir = root.join("fuzz");
     ensure_tools()?;
+    // The seeds kept in the corpora must be what the code makes now.
+    let seeds = Command::new("cargo")
+        .args(["test", "-q", "-p", "comm-core", "--features", "fuzzing", "--lib", "fuzzing"])
+        .current_dir(&root)
+        .status()
+        .map_err(|e| format!("run the seed check: {e}"))?;
+    if !seeds.success() {
+        return Err("the seeds in fuzz/seeds are stale (cargo test -p comm-core --features fuzzing --lib fuzzing; \
+                    WEAVE_BLESS=1 rewrites them)"
+            .into());
+    }
     let listed = output(Command::new("cargo").args(["+nightly", "fuzz", "list"]).current_dir(&dir))?;
     let all: Vec<String> = listed.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
     if let Some(unknown) = chosen.iter().find(|c| !all.contains(c)) {
@@ -73,9 +86,11 @@ fn fuzz(seconds: u64, chosen: &[String]) -> Result<bool, String> {
     for target in targets {
         let corpus = dir.join("corpus").join(target);
         std::fs::create_dir_all(&corpus).map_err(|e| format!("create {}: {e}", corpus.display()))?;
+        let seeds = dir.join("seeds").join(target);
         let run = Command::new("cargo")
             .args(["+nightly", "fuzz", "run", "-O", target])
             .arg(&corpus)
+            .args(seeds.is_dir().then_some(&seeds))
             .args(["--", &format!("-max_total_time={seconds}"), "-rss_limit_mb=2048", "-malloc_limit_mb=256"])
             .current_dir(&dir)
             .output()

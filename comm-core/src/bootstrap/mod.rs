@@ -9,7 +9,7 @@
 //! trait over their own channel (MPI, torch.distributed).
 
 mod env;
-mod tcp;
+pub(crate) mod tcp;
 pub mod tree;
 mod unique_id;
 

@@ -45,6 +45,8 @@
 //! in both directions), [`links`] what the poller shares with the calling threads (mailbox,
 //! links, lost peers). This file holds [`TcpBootstrap`] itself and step 3.
 
+#[cfg(feature = "fuzzing")]
+pub(crate) mod fuzzing;
 mod io;
 mod links;
 mod messages;
