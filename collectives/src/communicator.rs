@@ -20,8 +20,7 @@ use crate::buffer::SharedBuffer;
 use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
 use crate::dtype::Element;
 use crate::hierarchy::Hierarchy;
-use crate::host::workspace::default_scratch_bytes;
-use crate::host::{self, AllToAllv, Buffers, HostEngine};
+use crate::host::{self, AllToAllv, Buffers, HostEngine, HostSource};
 use crate::op::ReduceOp;
 use crate::select::{CallShape, Executor, Plan, plan};
 use crate::table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};
@@ -115,15 +114,6 @@ pub(crate) struct Lineage {
     pub(crate) namespace: u64,
     pub(crate) root_ranks: Vec<usize>,
     pub(crate) notices: Option<Arc<NoticeService>>,
-}
-
-/// Where a new communicator's host engine comes from.
-pub(crate) enum HostSource<'a> {
-    /// Built anew (registered, exchanged, probed) where every peer's memory is mapped here.
-    Fresh,
-    /// Taken over from the communicator it is shrunk from ([`HostEngine::shrunk`]): rank `r`
-    /// was `members[r]` there, and the members go on from `progress`.
-    Handover { parent: &'a mut HostEngine, members: &'a [usize], progress: crate::host::Progress },
 }
 
 /// One rank's handle on a group of ranks for collectives and point-to-point calls.
@@ -262,18 +252,8 @@ impl Communicator {
             core.abort_flag().clone(),
         );
         notices.register(&resilience);
-        // Every rank computes the same topology, so they agree on building the workspace.
-        let host = match host {
-            HostSource::Fresh if core.topology().all_direct() => {
-                let scratch = config.host_scratch_bytes.unwrap_or_else(|| default_scratch_bytes(core.world_size()));
-                Some(HostEngine::new(&core, scratch, resilience.clone())?)
-            }
-            HostSource::Fresh => None,
-            HostSource::Handover { parent, members, progress } => {
-                Some(HostEngine::shrunk(parent, &core, members, progress, resilience.clone())?)
-            }
-        };
-        let host = host.map(RefCell::new);
+        let host =
+            HostEngine::from_source(host, &core, config.host_scratch_bytes, resilience.clone())?.map(RefCell::new);
         let channel = RefCell::new(ChannelEngine::new(&core, resilience.clone()));
         #[cfg(feature = "cudaipc")]
         let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config, &resilience)?;

@@ -20,10 +20,11 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 
 use comm_core::bootstrap::Bootstrap;
+use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
-use crate::communicator::{Builder, Communicator, HostSource, Lineage};
-use crate::host::Progress;
+use crate::communicator::{Builder, Communicator, Lineage};
+use crate::host::{HostSource, Progress};
 use crate::split::SubBootstrap;
 
 /// The split color of a shrink's members (a namespace is never shared with a split's).
@@ -40,29 +41,30 @@ struct ShrinkOffer {
 }
 
 impl ShrinkOffer {
-    /// Bytes of an encoded offer: digest, a flag, phase and step.
-    const BYTES: usize = 25;
+    /// Magic and version of an encoded offer ([`comm_core::wire`]).
+    const MAGIC: [u8; 4] = *b"WVSO";
+    const VERSION: u16 = 1;
 
     fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(Self::BYTES);
-        out.extend_from_slice(&self.digest.to_le_bytes());
         let p = self.handover.unwrap_or_default();
-        out.push(u8::from(self.handover.is_some()));
-        out.extend_from_slice(&p.phase.to_le_bytes());
-        out.extend_from_slice(&p.step.to_le_bytes());
-        out
+        Encoder::new(Self::MAGIC, Self::VERSION)
+            .u64(self.digest)
+            .u8(u8::from(self.handover.is_some()))
+            .u64(p.phase)
+            .u64(p.step)
+            .finish()
     }
 
-    fn decode(bytes: &[u8]) -> Option<Self> {
-        let bytes: &[u8; Self::BYTES] = bytes.try_into().ok()?;
-        let word = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap_or_default());
-        let progress = Progress { phase: word(9), step: word(17) };
-        let handover = match bytes[8] {
+    fn decode(bytes: &[u8]) -> Result<Self> {
+        let mut d = Decoder::new(bytes, Self::MAGIC, Self::VERSION, "shrink offer")?;
+        let (digest, offers, phase, step) = (d.u64()?, d.u8()?, d.u64()?, d.u64()?);
+        d.finish()?;
+        let handover = match offers {
             0 => None,
-            1 => Some(progress),
-            _ => return None,
+            1 => Some(Progress { phase, step }),
+            x => return Err(Error::protocol(format!("shrink offer: handover flag {x}"))),
         };
-        Some(ShrinkOffer { digest: word(0), handover })
+        Ok(ShrinkOffer { digest, handover })
     }
 }
 
@@ -167,8 +169,8 @@ impl Communicator {
         let all = sub.all_gather(&mine.encode())?;
         let mut offers = Vec::with_capacity(all.len());
         for (r, bytes) in all.iter().enumerate() {
-            offers.push(ShrinkOffer::decode(bytes).ok_or_else(|| {
-                Error::protocol(format!("shrink: rank {} (new rank {r}) sent a malformed offer", survivors[r]))
+            offers.push(ShrinkOffer::decode(bytes).map_err(|e| {
+                Error::protocol(format!("shrink: rank {} (new rank {r}) sent a malformed offer: {e}", survivors[r]))
             })?);
         }
         if let Some(other) = offers.iter().position(|o| o.digest != digest) {

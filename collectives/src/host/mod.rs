@@ -72,6 +72,15 @@ pub(crate) struct Agree {
     pub root: bool,
 }
 
+/// Where a new communicator's host engine comes from.
+pub(crate) enum HostSource<'a> {
+    /// Built anew (registered, exchanged, probed) where every peer's memory is mapped here.
+    Fresh,
+    /// Taken over from the communicator it is shrunk from ([`HostEngine::shrunk`]): rank `r`
+    /// was `members[r]` there, and the members go on from `progress`.
+    Handover { parent: &'a mut HostEngine, members: &'a [usize], progress: Progress },
+}
+
 /// The per-communicator host state: workspace, point-to-point state, and whether an earlier
 /// failure left the ranks out of step.
 pub(crate) struct HostEngine {
@@ -99,14 +108,47 @@ impl HostEngine {
         let mut ws = Workspace::new(core, scratch_bytes, P2pState::area_bytes(core.world_size()))?;
         let p2p = P2pState::new(core, ws.memories(), ws.tail_offset())?;
         let cma = probe_cma(&mut ws)?;
-        Ok(HostEngine {
+        Ok(Self::assemble(core, ws, p2p, cma, revocation))
+    }
+
+    /// The engine over a workspace and point-to-point state already built, with no shared
+    /// buffers yet.
+    fn assemble(
+        core: &CoreCommunicator,
+        ws: Workspace,
+        p2p: P2pState,
+        cma: Option<Vec<i32>>,
+        revocation: std::sync::Arc<comm_core::resilience::Resilience>,
+    ) -> Self {
+        HostEngine {
             ws,
             p2p,
             cma,
             shared: Vec::new(),
             health: crate::health::Health::new(revocation),
             timeout: core.config().timeout,
-        })
+        }
+    }
+
+    /// Collective: the engine of a new communicator over `core`, as `source` says — `None` on
+    /// every rank where some peer's memory is not mapped here (every rank sees the same
+    /// topology, so all agree).
+    pub(crate) fn from_source(
+        source: HostSource<'_>,
+        core: &CoreCommunicator,
+        scratch_bytes: Option<usize>,
+        revocation: std::sync::Arc<comm_core::resilience::Resilience>,
+    ) -> Result<Option<Self>> {
+        match source {
+            HostSource::Fresh if core.topology().all_direct() => {
+                let scratch = scratch_bytes.unwrap_or_else(|| workspace::default_scratch_bytes(core.world_size()));
+                Self::new(core, scratch, revocation).map(Some)
+            }
+            HostSource::Fresh => Ok(None),
+            HostSource::Handover { parent, members, progress } => {
+                Self::shrunk(parent, core, members, progress, revocation).map(Some)
+            }
+        }
     }
 
     /// The host engine of a communicator shrunk from the one `parent` serves (rank `r` of it was
@@ -132,14 +174,7 @@ impl HostEngine {
              fail; make them on the shrunk one"
                 .into(),
         ));
-        Ok(HostEngine {
-            ws,
-            p2p,
-            cma,
-            shared: Vec::new(),
-            health: crate::health::Health::new(revocation),
-            timeout: core.config().timeout,
-        })
+        Ok(Self::assemble(core, ws, p2p, cma, revocation))
     }
 
     /// How far this rank got in its workspace (what a shrink goes on from).

@@ -152,7 +152,7 @@ impl P2pState {
     /// rank), whose [`area_bytes`](Self::area_bytes) from `base` on hold each rank's mailboxes
     /// and tokens; the pair semaphores are built later, locally, on first use of each peer.
     pub(crate) fn new(core: &CoreCommunicator, memories: &[RegisteredMemory], base: usize) -> Result<Self> {
-        let (rank, n) = (core.rank(), core.world_size());
+        let n = core.world_size();
         let layout = Layout::new(n, base);
         if memories.len() != n {
             return Err(Error::invalid(format!(
@@ -163,19 +163,31 @@ impl P2pState {
         for m in memories {
             m.check_range(base, layout.area_bytes())?;
         }
-        let mailboxes = memories.to_vec();
-        let mut connections = Vec::with_capacity(n);
+        Self::from_parts(core, layout, memories.to_vec(), (0..n).collect(), vec![PairCounts::default(); n])
+    }
+
+    /// The state over every rank's `mailboxes` (indexed by rank) at the `slots` of `layout`,
+    /// each pair's counts starting at `resumed`, with connections of `core` to every peer.
+    fn from_parts(
+        core: &CoreCommunicator,
+        layout: Layout,
+        mailboxes: Vec<RegisteredMemory>,
+        slots: Vec<usize>,
+        resumed: Vec<PairCounts>,
+    ) -> Result<Self> {
+        let rank = core.rank();
+        let mut connections = Vec::with_capacity(mailboxes.len());
         for (p, m) in mailboxes.iter().enumerate() {
             connections.push(if p == rank { None } else { Some(core.connection_via(p, m.transport())?) });
         }
         Ok(P2pState {
             rank,
             layout,
+            peers: (0..mailboxes.len()).map(|_| None).collect(),
             mailboxes,
             connections,
-            peers: (0..n).map(|_| None).collect(),
-            slots: (0..n).collect(),
-            resumed: vec![PairCounts::default(); n],
+            slots,
+            resumed,
             timeout: core.config().timeout,
             abort: core.abort_flag().clone(),
         })
@@ -200,14 +212,8 @@ impl P2pState {
         let layout = parent.layout;
         let mailboxes: Vec<RegisteredMemory> = members.iter().map(|&m| parent.mailboxes[m].clone()).collect();
         let slots: Vec<usize> = members.iter().map(|&m| parent.slots[m]).collect();
-        let mut connections = Vec::with_capacity(n);
         let mut resumed = vec![PairCounts::default(); n];
-        for p in 0..n {
-            if p == rank {
-                connections.push(None);
-                continue;
-            }
-            connections.push(Some(core.connection_via(p, mailboxes[p].transport())?));
+        for p in (0..n).filter(|&p| p != rank) {
             // This rank alone writes its `ready` token in the peer's area; the peer alone the
             // one in this rank's area.
             resumed[p] = PairCounts {
@@ -215,17 +221,7 @@ impl P2pState {
                 received: mailboxes[rank].load_u64(layout.ready_token(slots[p]))?,
             };
         }
-        Ok(P2pState {
-            rank,
-            layout,
-            mailboxes,
-            connections,
-            peers: (0..n).map(|_| None).collect(),
-            slots,
-            resumed,
-            timeout: core.config().timeout,
-            abort: core.abort_flag().clone(),
-        })
+        Self::from_parts(core, layout, mailboxes, slots, resumed)
     }
 
     /// This rank's pair semaphores with `peer`, built from the exchanged tokens.
