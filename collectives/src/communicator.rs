@@ -49,6 +49,9 @@ pub struct Builder {
     gpu_config: Option<crate::gpu::GpuConfig>,
     overrides: Vec<(Option<Collective>, Algorithm)>,
     family: Option<Family>,
+    /// The primitives layer, when it is built already (a shrink's, carried over from its
+    /// parent: [`CoreCommunicator::carry_over`]).
+    core: Option<CoreCommunicator>,
 }
 
 impl Builder {
@@ -96,7 +99,14 @@ impl Builder {
             gpu_config: Some(parent.gpu_config.clone()),
             overrides: Vec::new(),
             family: None,
+            core: None,
         }
+    }
+
+    /// The builder of a child of `parent` whose primitives layer is `core`, built already.
+    pub(crate) fn for_child_over(parent: &Communicator, core: CoreCommunicator) -> Builder {
+        let bootstrap = core.bootstrap().clone();
+        Builder { core: Some(core), ..Self::for_child(parent, bootstrap) }
     }
 
     /// Collective: connects the ranks and builds the host workspace.
@@ -139,7 +149,7 @@ pub struct Communicator {
     gpu_config: crate::gpu::GpuConfig,
     /// The direct host executor; `None` where some peer's memory is not mapped here.
     pub(crate) host: Option<RefCell<HostEngine>>,
-    channel: RefCell<ChannelEngine>,
+    pub(crate) channel: RefCell<ChannelEngine>,
     pub(crate) table: AlgorithmTable,
     /// The plan of the last host call, and its shape: back-to-back calls of one shape (the
     /// common loop) skip the table.
@@ -186,6 +196,7 @@ impl Communicator {
             gpu_config: None,
             overrides: Vec::new(),
             family: None,
+            core: None,
         }
     }
 
@@ -233,11 +244,16 @@ impl Communicator {
         if b.family.is_some() {
             table.set_family(b.family);
         }
-        let mut core = CoreCommunicator::builder_arc(b.bootstrap.clone()).with_config(config.clone());
-        for f in &factories {
-            core = core.with_transport_arc(f.clone());
-        }
-        let core = core.build()?;
+        let core = match b.core {
+            Some(core) => core,
+            None => {
+                let mut core = CoreCommunicator::builder_arc(b.bootstrap.clone()).with_config(config.clone());
+                for f in &factories {
+                    core = core.with_transport_arc(f.clone());
+                }
+                core.build()?
+            }
+        };
         fit_to_placement(&mut table, &core);
         let root = lineage.root.clone().unwrap_or_else(|| b.bootstrap.clone());
         let notices = match lineage.notices {
@@ -359,7 +375,6 @@ impl Communicator {
     /// thread), as [`abort`](Self::abort) does; it may outlive the communicator.
     pub fn abort_handle(&self) -> AbortHandle {
         AbortHandle::new(
-            self.core.abort_flag().clone(),
             Arc::downgrade(&self.resilience),
             #[cfg(feature = "cudaipc")]
             self.gpu_status.clone(),

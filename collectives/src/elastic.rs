@@ -35,15 +35,17 @@ const SHRINK_COLOR: u32 = u32::MAX - 1;
 struct ShrinkOffer {
     /// Digest of the exclusion list it passed.
     digest: u64,
-    /// How far it got in its host workspace, when it hands the workspace over (see
-    /// [`Communicator::handover_offer`]).
+    /// Whether it hands its communicator over (it failed here), and how far it got in its host
+    /// workspace (nothing without one; see [`Communicator::handover_offer`]).
     handover: Option<Progress>,
+    /// Whether its transports can be carried over (see [`Communicator::can_carry_transports`]).
+    carries: bool,
 }
 
 impl ShrinkOffer {
-    /// Magic and version of an encoded offer ([`comm_core::wire`]).
+    /// Magic and version of an encoded offer ([`comm_core::wire`]). 2: `carries`.
     const MAGIC: [u8; 4] = *b"WVSO";
-    const VERSION: u16 = 1;
+    const VERSION: u16 = 2;
 
     fn encode(&self) -> Vec<u8> {
         let p = self.handover.unwrap_or_default();
@@ -52,19 +54,25 @@ impl ShrinkOffer {
             .u8(u8::from(self.handover.is_some()))
             .u64(p.phase)
             .u64(p.step)
+            .u8(u8::from(self.carries))
             .finish()
     }
 
     fn decode(bytes: &[u8]) -> Result<Self> {
         let mut d = Decoder::new(bytes, Self::MAGIC, Self::VERSION, "shrink offer")?;
-        let (digest, offers, phase, step) = (d.u64()?, d.u8()?, d.u64()?, d.u64()?);
+        let (digest, offers, phase, step, carries) = (d.u64()?, d.u8()?, d.u64()?, d.u64()?, d.u8()?);
         d.finish()?;
         let handover = match offers {
             0 => None,
             1 => Some(Progress { phase, step }),
             x => return Err(Error::protocol(format!("shrink offer: handover flag {x}"))),
         };
-        Ok(ShrinkOffer { digest, handover })
+        let carries = match carries {
+            0 => false,
+            1 => true,
+            x => return Err(Error::protocol(format!("shrink offer: carry flag {x}"))),
+        };
+        Ok(ShrinkOffer { digest, handover, carries })
     }
 }
 
@@ -106,15 +114,64 @@ impl Communicator {
         Ok(lost)
     }
 
-    /// Whether this rank hands its host workspace to a shrink, and how far it got there: when it
-    /// has one and this communicator failed — revoked, an agreement found lost ranks, or a
-    /// failure broke the workspace. A healthy communicator keeps its workspace (and stays
-    /// usable) and the shrink builds one anew; so does every survivor unless all offer theirs.
+    /// Whether this rank hands its communicator over to a shrink — when it failed here:
+    /// revoked, an agreement found lost ranks, or a failure broke an executor — and how far it
+    /// got in its host workspace (zero without one). A healthy communicator keeps what it has
+    /// (and stays usable) and the shrink builds anew; so does every survivor unless all hand
+    /// theirs over.
     fn handover_offer(&self) -> Result<Option<Progress>> {
-        let Some(host) = &self.host else { return Ok(None) };
-        let host = host.try_borrow().map_err(|_| crate::communicator::already_in_a_call())?;
-        let failed = self.is_revoked() || !self.known_failed.borrow().is_empty() || host.is_broken();
-        Ok(failed.then(|| host.progress()))
+        let busy = |_| crate::communicator::already_in_a_call();
+        let host = self.host.as_ref().map(|h| h.try_borrow().map_err(busy)).transpose()?;
+        let channel_broken = self.channel.try_borrow().map_err(busy)?.is_broken();
+        let failed = self.is_revoked()
+            || !self.known_failed.borrow().is_empty()
+            || channel_broken
+            || host.as_ref().is_some_and(|h| h.is_broken());
+        Ok(failed.then(|| host.map(|h| h.progress()).unwrap_or_default()))
+    }
+
+    /// Whether a shrink can go on with this communicator's transports and connections: where
+    /// it has no GPU engine. A GPU engine's proxy and kernels issue work through the
+    /// connections on their own, which a shrink cannot show to have stopped; such a
+    /// communicator's shrink opens transports of its own.
+    fn can_carry_transports(&self) -> bool {
+        #[cfg(feature = "cudaipc")]
+        if self.gpu.is_some() {
+            return false;
+        }
+        true
+    }
+
+    /// The shrink's primitives layer, carried over from this communicator's
+    /// ([`CoreCommunicator::carry_over`]) — or `None` when some survivor could not flush what
+    /// it carried (the shrink then opens transports of its own). Every survivor calls it, and
+    /// none returns before every survivor flushed, so nothing this communicator sent lands
+    /// after a survivor released its memory. Retires this communicator first: the two share
+    /// the transports' abort flag, which a revocation raised and the shrink needs lowered.
+    ///
+    /// [`CoreCommunicator::carry_over`]: comm_core::communicator::Communicator::carry_over
+    fn carry_transports_over(
+        &self,
+        bootstrap: Arc<dyn Bootstrap>,
+        members: &[usize],
+    ) -> Result<Option<comm_core::communicator::Communicator>> {
+        self.resilience.retire();
+        let carried = self.core.carry_over(bootstrap.clone(), members).and_then(|core| {
+            core.flush_carried()?;
+            Ok(core)
+        });
+        let all = bootstrap.all_gather(&[u8::from(carried.is_ok())])?;
+        let why = match (carried, all.iter().position(|b| b[..] != [1])) {
+            (Ok(core), None) => return Ok(Some(core)),
+            (Err(e), _) => format!("this rank could not carry them: {e}"),
+            (Ok(_), Some(r)) => format!("rank {} (new rank {r}) could not carry them", members[r]),
+        };
+        tracing::warn!(
+            target: comm_core::diagnostics::FAULT,
+            rank = self.rank(),
+            "the shrink opens transports of its own instead of carrying this communicator's over: {why}"
+        );
+        Ok(None)
     }
 
     /// Collective over the ranks not in `exclude`: the communicator of those ranks, renumbered
@@ -165,7 +222,7 @@ impl Communicator {
         // there. Every survivor has left the parent's calls once it has everyone's answer.
         let digest =
             comm_core::wire::digest64(&[&excluded.iter().flat_map(|r| (*r as u64).to_le_bytes()).collect::<Vec<u8>>()]);
-        let mine = ShrinkOffer { digest, handover: self.handover_offer()? };
+        let mine = ShrinkOffer { digest, handover: self.handover_offer()?, carries: self.can_carry_transports() };
         let all = sub.all_gather(&mine.encode())?;
         let mut offers = Vec::with_capacity(all.len());
         for (r, bytes) in all.iter().enumerate() {
@@ -180,12 +237,20 @@ impl Communicator {
                 survivors[other]
             )));
         }
-        let builder = Builder::for_child(self, Arc::new(sub));
+        let sub: Arc<dyn Bootstrap> = Arc::new(sub);
         let lineage =
             Lineage { root: Some(self.root.clone()), namespace, root_ranks, notices: Some(self.notices.clone()) };
         // Every survivor sees the same offers, so all take the same road.
         let handover =
             offers.iter().map(|o| o.handover).try_fold(Progress::default(), |far, h| h.map(|p| far.furthest(p)));
+        let carried = match handover.is_some() && offers.iter().all(|o| o.carries) {
+            true => self.carry_transports_over(sub.clone(), &survivors)?,
+            false => None,
+        };
+        let builder = match carried {
+            Some(core) => Builder::for_child_over(self, core),
+            None => Builder::for_child(self, sub),
+        };
         let comm = match (handover, &self.host) {
             (Some(progress), Some(host)) => {
                 let mut parent = host.try_borrow_mut().map_err(|_| crate::communicator::already_in_a_call())?;
@@ -222,12 +287,23 @@ mod tests {
         host.ws.memories().iter().map(|m| m.as_ptr() as usize).collect()
     }
 
+    /// Whether `child` goes on with `parent`'s transports and connections (the same objects).
+    fn carries(child: &Communicator, parent: &Communicator) -> bool {
+        let me = child.rank();
+        let same_connections = (0..child.world_size()).filter(|&p| p != me).all(|p| {
+            let theirs = parent.core().connection(p).expect("the parent's connection");
+            Arc::ptr_eq(&child.core().connection(p).expect("the child's connection"), &theirs)
+        });
+        child.core().shares_transports_with(parent.core()) && same_connections
+    }
+
     /// Four thread ranks; rank 3 leaves. Before it does, ranks 0 and 1 exchange messages and
     /// rank 1 sends one that rank 0 never receives; after, rank 0 alone arrives in an
     /// all-reduce (it times out), so the survivors' workspaces are one arrival apart. The
-    /// shrink must hand the survivors' workspaces over (same memory), drop the message nobody
-    /// took, go on past the stray arrival, and leave the parent failing; a healthy shrink of
-    /// the result builds anew and leaves it usable.
+    /// shrink must hand the survivors' workspaces, transports and connections over (the same
+    /// objects), drop the message nobody took, go on past the stray arrival, and leave the
+    /// parent failing (its abort and revocation then touch the shrunk one no more); a healthy
+    /// shrink of the result builds anew and leaves it usable.
     #[test]
     fn a_failed_communicator_hands_its_host_workspace_to_the_shrink() {
         const N: usize = 4;
@@ -275,11 +351,16 @@ mod tests {
                         let before = workspaces(&comm);
                         let shrunk = comm.shrink(&lost).expect("shrinking");
                         assert_eq!(workspaces(&shrunk), before[..3], "rank {me}: the shrink built new workspaces");
+                        assert!(carries(&shrunk, &comm), "rank {me}: the shrink opened transports of its own");
                         if me == 1 {
                             match comm.all_reduce(&[1u64; 64], &mut sum, ReduceOp::Sum) {
                                 Err(e) => assert!(e.to_string().contains("was shrunk"), "{e}"),
                                 Ok(()) => panic!("the parent's call after the handover worked"),
                             }
+                            // The retired parent shares the transports' abort flag: neither
+                            // stops the shrunk communicator.
+                            comm.abort();
+                            comm.revoke();
                         }
                         for round in 0..20u64 {
                             let mine = [round * 10 + me as u64; 64];
@@ -299,6 +380,7 @@ mod tests {
                         }
                         let again = shrunk.shrink(&[]).expect("a healthy shrink");
                         assert_ne!(workspaces(&again), workspaces(&shrunk), "a healthy shrink took the workspace over");
+                        assert!(!carries(&again, &shrunk), "a healthy shrink took the transports over");
                         for c in [&shrunk, &again] {
                             c.all_reduce(&[1u64; 64], &mut sum, ReduceOp::Sum).expect("both usable");
                             assert_eq!(sum, [3; 64]);

@@ -28,7 +28,7 @@ impl Health {
     #[inline(always)]
     pub(crate) fn check(&self) -> Result<()> {
         if self.revocation.is_revoked() {
-            return Err(revoked());
+            return Err(if self.revocation.is_retired() { retired() } else { revoked() });
         }
         match &self.broken {
             Some(why) => Err(unusable(why)),
@@ -67,6 +67,17 @@ pub(crate) fn revoked() -> Error {
     Error::Revoked(
         "this communicator was revoked (by a rank of it): its calls fail; shrink it (Communicator::shrink, after \
          agree_on_failed) to go on"
+            .into(),
+    )
+}
+
+/// The error of a call on a communicator that a shrink took over.
+#[cold]
+#[inline(never)]
+pub(crate) fn retired() -> Error {
+    Error::Revoked(
+        "this communicator was shrunk: the shrunk communicator took over its transports and connections, so its own \
+         calls fail; make them on the shrunk one"
             .into(),
     )
 }

@@ -41,7 +41,7 @@ const ENDPOINTS_MAGIC: [u8; 4] = *b"WVEP";
 /// handshake in `registration.rs`). 3: transports named, not flag bits.
 pub(crate) const WIRE_VERSION: u16 = 3;
 
-fn next_communicator_id() -> u64 {
+pub(crate) fn next_communicator_id() -> u64 {
     static NEXT: AtomicU64 = AtomicU64::new(1);
     NEXT.fetch_add(1, Ordering::Relaxed)
 }
@@ -157,9 +157,11 @@ impl CommunicatorBuilder {
             abort,
             backends,
             endpoints,
+            hosts,
             routes,
             topology,
-            connections: Mutex::new(HashMap::new()),
+            transport_ranks: (0..world_size).collect(),
+            connections: Arc::new(Mutex::new(HashMap::new())),
             next_registration: AtomicU64::new(0),
             next_pair_registration: AtomicU64::new(0),
             next_private_registration: AtomicU64::new(0),
@@ -251,6 +253,9 @@ fn reachable(
     Ok(out)
 }
 
+/// A communicator's connections, by the peer's transport rank and the transport.
+pub(crate) type Connections = Mutex<HashMap<(usize, Transport), Arc<dyn Connection>>>;
+
 /// A backend that reaches a peer, with that peer's endpoint for it.
 pub(crate) type Route<'a> = (&'a Arc<dyn TransportBackend>, &'a [u8]);
 
@@ -263,11 +268,19 @@ pub struct Communicator {
     pub(crate) id: u64,
     pub(crate) abort: Arc<AtomicBool>,
     pub(crate) backends: Vec<Arc<dyn TransportBackend>>,
-    endpoints: Vec<Vec<(Transport, Vec<u8>)>>,
+    /// Each rank's endpoint for every transport it offers, by rank.
+    pub(crate) endpoints: Vec<Vec<(Transport, Vec<u8>)>>,
+    /// Each rank's host identity, by rank.
+    pub(crate) hosts: Vec<String>,
     /// For each peer, the backends that reach it, best first (empty for this rank).
     pub(crate) routes: Vec<Vec<usize>>,
-    topology: Topology,
-    connections: Mutex<HashMap<(usize, Transport), Arc<dyn Connection>>>,
+    pub(crate) topology: Topology,
+    /// Rank `r` of this communicator is rank `transport_ranks[r]` of its transports: `r`,
+    /// except in a communicator that carried over another's transports (`shrink.rs`).
+    pub(crate) transport_ranks: Vec<usize>,
+    /// Connections by the peer's transport rank, shared with the communicators that carry
+    /// this one's transports over.
+    pub(crate) connections: Arc<Connections>,
     pub(crate) next_registration: AtomicU64,
     pub(crate) next_pair_registration: AtomicU64,
     pub(crate) next_private_registration: AtomicU64,
@@ -402,16 +415,20 @@ impl Communicator {
         let (backend, ep) = self.routes_to(peer)?.into_iter().find(|(b, _)| b.transport() == t).ok_or_else(|| {
             Error::Unsupported(format!("transport {} does not reach rank {peer} from rank {}", t.name(), self.rank()))
         })?;
+        let transport_peer = self.transport_ranks[peer];
         let mut conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-        if let Some(c) = conns.get(&(peer, t)) {
-            return Ok(c.clone());
-        }
-        let connecting = std::time::Instant::now();
-        let c = backend.connect(peer, ep)?;
-        let rank = self.rank();
-        tracing::debug!(target: diagnostics::TRANSPORT, rank, peer, took = ?connecting.elapsed(), "connected to rank {peer} over {}", t.name());
-        conns.insert((peer, t), c.clone());
-        Ok(c)
+        let c = match conns.get(&(transport_peer, t)) {
+            Some(c) => c.clone(),
+            None => {
+                let connecting = std::time::Instant::now();
+                let c = backend.connect(transport_peer, ep)?;
+                let rank = self.rank();
+                tracing::debug!(target: diagnostics::TRANSPORT, rank, peer, took = ?connecting.elapsed(), "connected to rank {peer} over {}", t.name());
+                conns.insert((transport_peer, t), c.clone());
+                c
+            }
+        };
+        Ok(self.renumbered(c, peer))
     }
 
     /// Pairwise: a memory channel from this rank's `local` registration into `remote` (a peer's

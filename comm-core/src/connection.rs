@@ -123,7 +123,8 @@ impl<'a> CheckedWrite<'a> {
 }
 
 /// The region of `dst` as `R`, the handle type a network transport's `import` makes for a peer's
-/// memory, checked to belong to `peer`: a connection writes only into its own peer's memory
+/// memory, checked to belong to `peer` (as the transport numbers ranks:
+/// [`RegisteredMemory::transport_owner`]): a connection writes only into its own peer's memory
 /// imported through its own transport. Otherwise [`Error::InvalidArgument`] naming both.
 pub fn peer_region<'a, R: std::any::Any>(dst: &'a RegisteredMemory, peer: usize, transport: &str) -> Result<&'a R> {
     let region = dst.region().as_any().downcast_ref::<R>().ok_or_else(|| {
@@ -132,11 +133,11 @@ pub fn peer_region<'a, R: std::any::Any>(dst: &'a RegisteredMemory, peer: usize,
             dst.label()
         ))
     })?;
-    if dst.owner() != peer {
+    if dst.transport_owner() != peer {
         return Err(Error::invalid(format!(
             "{transport} connection to rank {peer}: {:?} belongs to rank {}",
             dst.label(),
-            dst.owner()
+            dst.transport_owner()
         )));
     }
     Ok(region)

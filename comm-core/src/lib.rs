@@ -10,6 +10,7 @@
 
 pub mod agreement;
 pub mod bootstrap;
+pub mod carry_over;
 pub mod communicator;
 pub mod config;
 pub mod connection;

@@ -217,6 +217,10 @@ struct Registration {
     address: usize,
     transport: Transport,
     local: bool,
+    /// The owner's rank as `transport` knows it: the owner's rank, except in a communicator
+    /// that carries over the transports of one it was shrunk from (see
+    /// [`Communicator::carry_over`](crate::communicator::Communicator::carry_over)).
+    transport_owner: usize,
 }
 
 /// Memory registered with a communicator: either this rank's own (local) or a peer's, imported.
@@ -281,17 +285,37 @@ impl RegisteredMemory {
             ));
         }
         let address = region.as_ptr() as usize;
+        let transport_owner = descriptor.owner;
         Ok(RegisteredMemory {
-            inner: Arc::new(Registration { descriptor, communicator: 0, region, address, transport, local }),
+            inner: Arc::new(Registration {
+                descriptor,
+                communicator: 0,
+                region,
+                address,
+                transport,
+                local,
+                transport_owner,
+            }),
         })
     }
 
-    /// Marks the registration as belonging to communicator `id` (right after construction).
-    pub(crate) fn in_communicator(mut self, id: u64) -> Self {
+    /// Marks the registration as belonging to communicator `id`, whose transports know its
+    /// owner as rank `transport_owner` (right after construction; see
+    /// [`transport_owner`](Self::transport_owner)).
+    pub(crate) fn in_communicator(mut self, id: u64, transport_owner: usize) -> Self {
         if let Some(inner) = Arc::get_mut(&mut self.inner) {
             inner.communicator = id;
+            inner.transport_owner = transport_owner;
         }
         self
+    }
+
+    /// The owner's rank as this memory's transport knows it — what a connection compares with
+    /// its peer. The same as [`owner`](Self::owner) except in a communicator that carries over
+    /// the transports of the communicator it was shrunk from, whose ranks the transports keep
+    /// (see [`Communicator::carry_over`](crate::communicator::Communicator::carry_over)).
+    pub fn transport_owner(&self) -> usize {
+        self.inner.transport_owner
     }
 
     /// Id of the communicator this registration belongs to (0 when built by hand).

@@ -110,7 +110,8 @@ impl Communicator {
         let seq = self.next_registration.fetch_add(1, Ordering::AcqRel);
         let (region, transport) = self.allocate_region(len, kind)?;
         let descriptor = self.describe(&region, seq, len, kind, label)?;
-        Ok(RegisteredMemory::new_local(descriptor, region, transport)?.in_communicator(self.id))
+        Ok(RegisteredMemory::new_local(descriptor, region, transport)?
+            .in_communicator(self.id, self.transport_ranks[self.rank()]))
     }
 
     /// [`register`](Self::register) for host memory.
@@ -135,8 +136,10 @@ impl Communicator {
             )));
         };
         let t = backend.transport();
-        let region = backend.import(PeerExport { peer, peer_endpoint: ep, payload, len: d.len, kind: d.kind })?;
-        Ok(RegisteredMemory::new_imported(d, region, t)?.in_communicator(self.id))
+        let transport_peer = self.transport_ranks[peer];
+        let export = PeerExport { peer: transport_peer, peer_endpoint: ep, payload, len: d.len, kind: d.kind };
+        let region = backend.import(export)?;
+        Ok(RegisteredMemory::new_imported(d, region, t)?.in_communicator(self.id, transport_peer))
     }
 
     /// Collective: every rank contributes its registration `local` (the same registration step
@@ -260,7 +263,8 @@ impl Communicator {
     ) -> Result<(RegisteredMemory, RegisteredMemory)> {
         let (backend, region) = self.allocate_for(peer, len, kind)?;
         let descriptor = self.describe(&region, seq, len, kind, label)?;
-        let local = RegisteredMemory::new_local(descriptor, region, backend.transport())?.in_communicator(self.id);
+        let local = RegisteredMemory::new_local(descriptor, region, backend.transport())?
+            .in_communicator(self.id, self.transport_ranks[self.rank()]);
         self.bootstrap.send(peer, TAG_PAIR_MEMORY, &local.descriptor().encode())?;
         let theirs = MemoryDescriptor::decode(&self.bootstrap.recv_or_abort(peer, TAG_PAIR_MEMORY, &self.abort)?)?;
         if theirs.owner != peer || theirs.label != label || theirs.len != len {
@@ -295,7 +299,8 @@ impl Communicator {
         let descriptor = self.describe(&region, seq, len, kind, label)?;
         // No peer will map it: give up its name at once, so a killed rank leaves nothing behind.
         region.seal()?;
-        Ok(RegisteredMemory::new_local(descriptor, region, transport)?.in_communicator(self.id))
+        Ok(RegisteredMemory::new_local(descriptor, region, transport)?
+            .in_communicator(self.id, self.transport_ranks[self.rank()]))
     }
 
     /// Memory of `kind` that `peer` can map: from the first transport reaching it that

@@ -57,6 +57,11 @@ pub struct Resilience {
     bootstrap: Arc<dyn Bootstrap>,
     abort: Arc<AtomicBool>,
     revoked: AtomicBool,
+    /// Set by [`retire`](Self::retire): the abort flag is no longer this communicator's to
+    /// raise. Read and written under the `hooks` lock.
+    retired: AtomicBool,
+    /// Hooks to run when the communicator is revoked. Its lock also orders revocation,
+    /// abortion and retirement with each other.
     hooks: Mutex<Vec<RevocationHook>>,
     agreements: Mutex<HashMap<u64, Slot>>,
     arrived: Condvar,
@@ -103,6 +108,7 @@ impl Resilience {
             bootstrap,
             abort,
             revoked: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
             hooks: Mutex::new(Vec::new()),
             agreements: Mutex::new(HashMap::new()),
             arrived: Condvar::new(),
@@ -135,8 +141,9 @@ impl Resilience {
 
     /// Adds a hook run when the communicator is revoked (at once if it already is).
     pub fn on_revoke(&self, hook: RevocationHook) {
-        // Looked at under the hooks' lock: `mark_revoked` sets the flag before taking it, so
-        // either it will run this hook or this call sees the flag and runs it — once either way.
+        // Looked at under the hooks' lock, which `mark_revoked` holds while it sets the flag
+        // and runs the hooks: either it will run this hook or this call sees the flag and runs
+        // it — once either way.
         let mut hooks = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.is_revoked() {
             hooks.push(hook);
@@ -166,6 +173,11 @@ impl Resilience {
         self.revoked.load(Ordering::Acquire)
     }
 
+    /// Whether the communicator was [retired](Self::retire) (it is revoked too).
+    pub fn is_retired(&self) -> bool {
+        self.retired.load(Ordering::Acquire)
+    }
+
     /// Revokes the communicator: stops its calls here and tells every reachable member (see
     /// the module documentation). Idempotent; never blocks on a peer.
     pub fn revoke(&self) {
@@ -178,15 +190,46 @@ impl Resilience {
         }
     }
 
+    /// Raises the communicator's abort flag — every wait of it fails with
+    /// [`Error::Aborted`](crate::Error::Aborted) — unless the communicator was retired, when
+    /// the flag belongs to its successor and this does nothing.
+    pub fn abort(&self) {
+        let _order = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.retired.load(Ordering::Acquire) {
+            self.abort.store(true, Ordering::Release);
+        }
+    }
+
+    /// Retires the communicator in favour of one that carries over its transports and shares
+    /// its abort flag ([`Communicator::carry_over`](crate::communicator::Communicator::carry_over)):
+    /// marks it revoked for good here (its calls fail; its revocation hooks run if they have
+    /// not), then lowers the abort flag for the successor. From then on neither a revocation
+    /// — by this rank or a notice — nor [`abort`](Self::abort) touches the flag. No notice is
+    /// sent: the other members retire theirs the same way.
+    pub fn retire(&self) {
+        let hooks = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
+        if !self.revoked.swap(true, Ordering::AcqRel) {
+            for hook in hooks.iter() {
+                hook();
+            }
+        }
+        self.retired.store(true, Ordering::Release);
+        self.abort.store(false, Ordering::Release);
+        tracing::debug!(target: diagnostics::FAULT, rank = self.rank, namespace = self.namespace, "communicator retired");
+    }
+
     /// Marks the communicator revoked and stops its calls; whether this was the first time.
     fn mark_revoked(&self, why: &str) -> bool {
+        let hooks = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
         if self.revoked.swap(true, Ordering::AcqRel) {
             return false;
         }
+        // A retired communicator is revoked already: the flag is only ever raised for its own.
         self.abort.store(true, Ordering::Release);
-        for hook in self.hooks.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+        for hook in hooks.iter() {
             hook();
         }
+        drop(hooks);
         tracing::warn!(
             target: diagnostics::FAULT,
             rank = self.rank,
@@ -481,6 +524,40 @@ mod tests {
         assert!(weak.upgrade().is_none());
         living.revoke();
         assert!(living.is_revoked());
+    }
+
+    #[test]
+    fn a_retired_communicator_leaves_the_abort_flag_to_its_successor() {
+        let b: Arc<dyn Bootstrap> = Arc::new(LoopbackBootstrap::group(1, Duration::from_secs(1)).remove(0));
+        let old = member(3, &b);
+        let hooked = Arc::new(AtomicBool::new(false));
+        let seen = hooked.clone();
+        old.on_revoke(Box::new(move || seen.store(true, Ordering::Release)));
+        old.revoke();
+        assert!(old.abort.load(Ordering::Acquire), "the revocation did not raise the flag");
+        old.retire();
+        assert!(old.is_revoked() && old.is_retired() && hooked.load(Ordering::Acquire));
+        assert!(!old.abort.load(Ordering::Acquire), "retiring left the flag raised");
+        old.revoke();
+        old.abort();
+        old.handle_notice(0, NoticeKind::Revoke, &[]);
+        assert!(!old.abort.load(Ordering::Acquire), "a retired communicator raised its successor's flag");
+        // Retiring a communicator nobody revoked runs its hooks (its GPU work stops) once.
+        let fresh = member(4, &b);
+        let runs = Arc::new(AtomicU64::new(0));
+        let counted = runs.clone();
+        fresh.on_revoke(Box::new(move || {
+            counted.fetch_add(1, Ordering::AcqRel);
+        }));
+        fresh.retire();
+        fresh.retire();
+        fresh.revoke();
+        assert_eq!(runs.load(Ordering::Acquire), 1);
+        assert!(!fresh.abort.load(Ordering::Acquire));
+        // An unretired communicator's abort raises the flag.
+        let live = member(5, &b);
+        live.abort();
+        assert!(live.abort.load(Ordering::Acquire) && !live.is_revoked());
     }
 
     #[test]

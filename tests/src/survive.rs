@@ -5,8 +5,9 @@
 //!
 //! Every result is checked exactly: each rank contributes integers (`(original rank + 1) · (i +
 //! 1)`, exact in `f64`), so a sum, a gathered block or a broadcast value is known to every rank.
-//! The rank's `OK` line reports how long after the kill it saw the failure, and how long the
-//! agreement and the shrink took, in milliseconds.
+//! The rank's `OK` line reports how long after the kill it saw the failure, how long the
+//! agreement and the shrink took, in milliseconds, and whether the shrink carried the
+//! transports and connections over ([`CARRIED`]) or opened its own.
 //!
 //! With `WEAVE_SURVIVE_REGROW=1` the survivors then grow back to the original size: rank 0 of
 //! the shrunk communicator starts one joiner process per lost rank (`collectives-worker join
@@ -24,6 +25,8 @@ use crate::Pattern;
 const COUNT: usize = 4096;
 /// Checked calls the shrunk communicator must run.
 const CALLS_AFTER: usize = 100;
+/// What an `OK` line says of a shrink that carried the transports and connections over.
+pub const CARRIED: &str = "carried over";
 
 /// The ranks the seed kills in a world of `n` (at least one rank survives), and when
 /// (milliseconds after the start). An argument `SEED/R,R,...` names the ranks instead (a whole
@@ -156,13 +159,15 @@ pub fn survive(arg: &str) -> Result<String> {
                         members.len()
                     )));
                 }
+                let carried = next.core().shares_transports_with(comm.core());
                 report.push(format!(
-                    "error after {} ms ({}), agreed on {:?} in {} ms, shrunk in {} ms",
+                    "error after {} ms ({}), agreed on {:?} in {} ms, shrunk in {} ms (transports {})",
                     failed_after.as_millis(),
                     kind(&e),
                     lost,
                     agreed.as_millis(),
-                    shrunk.as_millis()
+                    shrunk.as_millis(),
+                    if carried { CARRIED } else { "opened anew" }
                 ));
                 comm = next;
                 // A new communicator's calls start from its first: some survivors may have

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use weave_launch::{LaunchReport, RankExit};
 use weave_tests::launcher::{dump, launch_serialized, leftover_segments, number_after, random_secret, scenario_spec};
-use weave_tests::survive::victims;
+use weave_tests::survive::{CARRIED, victims};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
 
@@ -61,12 +61,21 @@ fn check(report: &LaunchReport, killed: &[usize], n: usize, seed: u64) {
             );
             continue;
         }
-        let ok = r.stdout.iter().any(|l| l.starts_with("OK survive"));
+        let ok = r.stdout.iter().find(|l| l.starts_with("OK survive"));
         assert!(
-            ok && r.exit == RankExit::Code(0),
+            ok.is_some() && r.exit == RankExit::Code(0),
             "seed {seed}: survivor {} of {n} did not carry on (killed {killed:?})\n{}",
             r.rank,
             dump(report)
+        );
+        // Every survivor revoked, so each shrink found the communicator failed everywhere and
+        // went on with its transports and connections.
+        let line = ok.map(String::as_str).unwrap_or_default();
+        let shrinks = line.matches("shrunk in ").count();
+        assert!(
+            shrinks > 0 && line.matches(CARRIED).count() == shrinks,
+            "seed {seed}: survivor {}'s shrink opened transports of its own: {line}",
+            r.rank
         );
     }
 }

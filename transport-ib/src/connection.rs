@@ -223,7 +223,7 @@ impl IbConnection {
     /// What requests into `dst` need of the peer's registration ([`remote`](Self::remote)),
     /// remembered from the last write into the same region.
     fn remote_key(&self, state: &mut State, dst: &RegisteredMemory) -> Result<RemoteKey> {
-        if dst.owner() == self.peer
+        if dst.transport_owner() == self.peer
             && let Some(key) = state.recent.destination(dst.region())
         {
             return Ok(key);

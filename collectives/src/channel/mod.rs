@@ -208,6 +208,11 @@ impl ChannelEngine {
         self.health.check()
     }
 
+    /// Whether an earlier failure broke this engine.
+    pub(crate) fn is_broken(&self) -> bool {
+        self.health.is_broken()
+    }
+
     /// Records a failure that leaves the ranks out of step.
     pub(crate) fn poison(&mut self, e: Error) -> Error {
         self.health.poison(e)
