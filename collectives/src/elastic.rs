@@ -38,14 +38,12 @@ struct ShrinkOffer {
     /// Whether it hands its communicator over (it failed here), and how far it got in its host
     /// workspace (nothing without one; see [`Communicator::handover_offer`]).
     handover: Option<Progress>,
-    /// Whether its transports can be carried over (see [`Communicator::can_carry_transports`]).
-    carries: bool,
 }
 
 impl ShrinkOffer {
-    /// Magic and version of an encoded offer ([`comm_core::wire`]). 2: `carries`.
+    /// Magic and version of an encoded offer ([`comm_core::wire`]).
     const MAGIC: [u8; 4] = *b"WVSO";
-    const VERSION: u16 = 2;
+    const VERSION: u16 = 1;
 
     fn encode(&self) -> Vec<u8> {
         let p = self.handover.unwrap_or_default();
@@ -54,25 +52,19 @@ impl ShrinkOffer {
             .u8(u8::from(self.handover.is_some()))
             .u64(p.phase)
             .u64(p.step)
-            .u8(u8::from(self.carries))
             .finish()
     }
 
     fn decode(bytes: &[u8]) -> Result<Self> {
         let mut d = Decoder::new(bytes, Self::MAGIC, Self::VERSION, "shrink offer")?;
-        let (digest, offers, phase, step, carries) = (d.u64()?, d.u8()?, d.u64()?, d.u64()?, d.u8()?);
+        let (digest, offers, phase, step) = (d.u64()?, d.u8()?, d.u64()?, d.u64()?);
         d.finish()?;
         let handover = match offers {
             0 => None,
             1 => Some(Progress { phase, step }),
             x => return Err(Error::protocol(format!("shrink offer: handover flag {x}"))),
         };
-        let carries = match carries {
-            0 => false,
-            1 => true,
-            x => return Err(Error::protocol(format!("shrink offer: carry flag {x}"))),
-        };
-        Ok(ShrinkOffer { digest, handover, carries })
+        Ok(ShrinkOffer { digest, handover })
     }
 }
 
@@ -130,24 +122,14 @@ impl Communicator {
         Ok(failed.then(|| host.map(|h| h.progress()).unwrap_or_default()))
     }
 
-    /// Whether a shrink can go on with this communicator's transports and connections: where
-    /// it has no GPU engine. A GPU engine's proxy and kernels issue work through the
-    /// connections on their own, which a shrink cannot show to have stopped; such a
-    /// communicator's shrink opens transports of its own.
-    fn can_carry_transports(&self) -> bool {
-        #[cfg(feature = "cudaipc")]
-        if self.gpu.is_some() {
-            return false;
-        }
-        true
-    }
-
     /// The shrink's primitives layer, carried over from this communicator's
     /// ([`CoreCommunicator::carry_over`]) — or `None` when some survivor could not flush what
     /// it carried (the shrink then opens transports of its own). Every survivor calls it, and
     /// none returns before every survivor flushed, so nothing this communicator sent lands
-    /// after a survivor released its memory. Retires this communicator first: the two share
-    /// the transports' abort flag, which a revocation raised and the shrink needs lowered.
+    /// after a survivor released its memory. First stops what of this communicator issues work
+    /// through the connections on its own (the GPU channel family's proxy), then retires it:
+    /// the two share the transports' abort flag, which a revocation raised and the shrink needs
+    /// lowered.
     ///
     /// [`CoreCommunicator::carry_over`]: comm_core::communicator::Communicator::carry_over
     fn carry_transports_over(
@@ -155,6 +137,10 @@ impl Communicator {
         bootstrap: Arc<dyn Bootstrap>,
         members: &[usize],
     ) -> Result<Option<comm_core::communicator::Communicator>> {
+        #[cfg(feature = "cudaipc")]
+        if let Some(gpu) = &self.gpu {
+            gpu.try_borrow().map_err(|_| crate::communicator::already_in_a_call())?.stop_proxy();
+        }
         self.resilience.retire();
         let carried = self.core.carry_over(bootstrap.clone(), members).and_then(|core| {
             core.flush_carried()?;
@@ -222,7 +208,7 @@ impl Communicator {
         // there. Every survivor has left the parent's calls once it has everyone's answer.
         let digest =
             comm_core::wire::digest64(&[&excluded.iter().flat_map(|r| (*r as u64).to_le_bytes()).collect::<Vec<u8>>()]);
-        let mine = ShrinkOffer { digest, handover: self.handover_offer()?, carries: self.can_carry_transports() };
+        let mine = ShrinkOffer { digest, handover: self.handover_offer()? };
         let all = sub.all_gather(&mine.encode())?;
         let mut offers = Vec::with_capacity(all.len());
         for (r, bytes) in all.iter().enumerate() {
@@ -243,9 +229,9 @@ impl Communicator {
         // Every survivor sees the same offers, so all take the same road.
         let handover =
             offers.iter().map(|o| o.handover).try_fold(Progress::default(), |far, h| h.map(|p| far.furthest(p)));
-        let carried = match handover.is_some() && offers.iter().all(|o| o.carries) {
-            true => self.carry_transports_over(sub.clone(), &survivors)?,
-            false => None,
+        let carried = match handover {
+            Some(_) => self.carry_transports_over(sub.clone(), &survivors)?,
+            None => None,
         };
         let builder = match carried {
             Some(core) => Builder::for_child_over(self, core),

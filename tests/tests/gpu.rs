@@ -219,13 +219,15 @@ fn survive_a_rank_killed_mid_device_all_reduce(_gpus: usize) {
             .keep_going(true)
             .env("WEAVE_ALGO", algo);
         let report = launch_serialized(&spec).expect("launch survive-device");
+        // The worker's victim: the middle rank, so that the last one is renumbered.
+        let victim = n / 2;
         assert_eq!(
-            report.ranks[n - 1].exit,
+            report.ranks[victim].exit,
             weave_launch::RankExit::Signal(9),
-            "the last rank was to die by SIGKILL\n{}",
+            "rank {victim} was to die by SIGKILL\n{}",
             dump(&report)
         );
-        for r in &report.ranks[..n - 1] {
+        for r in report.ranks.iter().filter(|r| r.rank != victim) {
             let line = r.stdout.iter().find(|l| l.starts_with("OK survive-device")).unwrap_or_else(|| {
                 panic!("WEAVE_ALGO={algo:?}: survivor {} did not carry on\n{}", r.rank, dump(&report))
             });
@@ -233,6 +235,8 @@ fn survive_a_rank_killed_mid_device_all_reduce(_gpus: usize) {
             let agreed: u64 = weave_tests::launcher::number_after(line, "] in ");
             let shrunk: u64 = weave_tests::launcher::number_after(line, "shrunk in ");
             assert!(agreed + shrunk < 2000, "rank {}: agree {agreed} ms + shrink {shrunk} ms", r.rank);
+            let carried = format!("transports {}", weave_tests::survive::CARRIED);
+            assert!(line.contains(&carried), "rank {}: the shrink opened transports of its own: {line}", r.rank);
         }
     }
 }

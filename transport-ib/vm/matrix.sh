@@ -5,10 +5,12 @@
 # byte moves by RDMA; then a rank SIGKILLed mid all-reduce (`channel-kill`), whose survivors
 # must report it lost (PeerLost: rxe lets writes to a vanished queue pair go unanswered, so
 # this is the bootstrap's liveness at work) well inside WEAVE_TIMEOUT; then an unmatched send
-# (`p2p-mismatch channel`), which the receiver must find at the pair's next exchange. A
-# scenario `NAME:ARG` runs `collectives-worker NAME ARG`. Ranks find each other through the
+# (`p2p-mismatch channel`), which the receiver must find at the pair's next exchange; then rank
+# 1 SIGKILLed in a loop of checked calls (`survive 5/1`): the survivors revoke, agree, shrink —
+# carrying the queue pairs over, renumbered — and run 100 checked calls. A scenario `NAME:ARG`
+# runs `collectives-worker NAME ARG`. Ranks find each other through the
 # torchrun variables on the guest's loopback.
-SCENARIOS=${SCENARIOS:-"matrix channel-kill p2p-mismatch:channel"}
+SCENARIOS=${SCENARIOS:-"matrix channel-kill p2p-mismatch:channel survive:5/1"}
 WORLDS=${WORLDS:-"2 4"}
 fail=0
 port=29500
@@ -34,6 +36,8 @@ for n in $WORLDS; do
       case "$scenario" in
         *kill*) if [ $r = $((n - 1)) ]; then [ $rc = 137 ] || ok=1; else
             [ $rc = 0 ] && grep -q "was lost" "/tmp/$name-$n-$r.log" || ok=1; fi ;;
+        survive:*) if [ $r = "${arg#*/}" ]; then [ $rc = 137 ] || ok=1; else
+            [ $rc = 0 ] && grep -q "transports carried over" "/tmp/$name-$n-$r.log" || ok=1; fi ;;
         *) [ $rc = 0 ] || ok=1 ;;
       esac
       r=$((r + 1))

@@ -194,6 +194,13 @@ impl DeviceChannels {
         self.proxy.error()
     }
 
+    /// Stops the proxy thread: no trigger of this family's kernels goes out through the
+    /// connections from then on (a shrink carrying them over). Waits for the trigger in hand,
+    /// whose waits the communicator's abort flag or timeout bound.
+    pub(crate) fn stop_proxy(&self) {
+        self.proxy.stop();
+    }
+
     /// Pairwise with `peer`: builds the link and writes its table entry.
     fn build_link(&mut self, core: &CoreCommunicator, peer: usize) -> Result<()> {
         let slot_bytes = (HEADER_BYTES + self.payload).next_multiple_of(64);

@@ -277,6 +277,15 @@ impl GpuEngine {
         }
     }
 
+    /// Stops what of this engine issues work through the communicator's connections on its
+    /// own — the channel family's proxy — for a shrink that carries the connections over.
+    /// Kernels still running find no proxy and stop at the abort word (a revocation raised it).
+    pub(crate) fn stop_proxy(&self) {
+        if let Some(channels) = &self.channels {
+            channels.stop_proxy();
+        }
+    }
+
     /// The status words running kernels watch (an abort there stops them).
     pub(crate) fn status(&self) -> &Arc<DeviceStatus> {
         &self.status

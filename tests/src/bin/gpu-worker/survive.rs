@@ -1,8 +1,10 @@
-//! `gpu-worker survive-device`: checked device all-reduces and all-gathers until the last rank SIGKILLs
-//! itself in the middle of one; every survivor must fail, revoke, agree on exactly that rank,
-//! shrink, and run checked device all-reduces and all-gathers on the shrunk communicator — with
-//! the family the table picks, or the channel family under `WEAVE_ALGO=channel`. The `OK` line
-//! says how long after the kill the survivor failed and how long agreement and shrink took.
+//! `gpu-worker survive-device`: checked device all-reduces and all-gathers until the middle rank
+//! ([`victim`]) SIGKILLs itself in the middle of one; every survivor must fail, revoke, agree on
+//! exactly that rank, shrink (the ranks above it renumbered), and run checked device
+//! all-reduces and all-gathers on the shrunk communicator — with the family the table picks, or
+//! the channel family under `WEAVE_ALGO=channel`. The `OK` line says how long after the kill
+//! the survivor failed, how long agreement and shrink took, and whether the shrink carried the
+//! transports and connections over.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -69,12 +71,17 @@ fn checked(comm: &Communicator, stream: &Arc<CudaStream>, members: &[usize], i: 
     Ok(())
 }
 
+/// The rank of `n` that dies: the middle one, so that the ranks above it are renumbered.
+pub(crate) fn victim(n: usize) -> usize {
+    n / 2
+}
+
 /// Runs the scenario on this rank (see the module documentation).
 pub(crate) fn survive_device() -> Result<String> {
     let Gpu { comm, stream } = gpu()?;
     let n = comm.world_size();
     let me = comm.rank();
-    let victim = n - 1;
+    let victim = victim(n);
     let members: Vec<usize> = (0..n).collect();
     for i in 0..4 {
         checked(&comm, &stream, &members, i)?;
@@ -128,17 +135,19 @@ pub(crate) fn survive_device() -> Result<String> {
         .ok_or_else(|| Error::Unsupported("no GPU context".into()))?
         .new_stream()
         .map_err(cuda("new stream"))?;
-    let survivors: Vec<usize> = (0..n - 1).collect();
+    let carried = shrunk.core().shares_transports_with(comm.core());
+    let survivors: Vec<usize> = (0..n).filter(|&r| r != victim).collect();
     for i in 0..CALLS_AFTER {
         checked(&shrunk, &stream, &survivors, i)?;
     }
     let family = std::env::var("WEAVE_ALGO").unwrap_or_else(|_| "table".into());
     Ok(format!(
-        "{family}: failed with {}; agreed on {lost:?} in {} ms, shrunk in {} ms; then {CALLS_AFTER} checked device calls \
-         on {} ranks exact",
+        "{family}: failed with {}; agreed on {lost:?} in {} ms, shrunk in {} ms (transports {}); then {CALLS_AFTER} \
+         checked device calls on {} ranks exact",
         weave_tests::survive::kind(&failure),
         agreed.as_millis(),
         took.as_millis(),
+        if carried { weave_tests::survive::CARRIED } else { "opened anew" },
         shrunk.world_size()
     ))
 }
