@@ -109,15 +109,11 @@ impl Communicator {
     /// nothing sent before is still on its way. The first failure, naming the peer, is the
     /// error.
     pub fn flush_carried(&self) -> Result<()> {
+        let peer_of: std::collections::HashMap<usize, usize> =
+            self.transport_ranks.iter().enumerate().filter(|&(p, _)| p != self.rank()).map(|(p, &t)| (t, p)).collect();
         let held: Vec<(usize, Arc<dyn Connection>)> = {
             let conns = self.connections.lock().unwrap_or_else(|p| p.into_inner());
-            (0..self.world_size())
-                .filter(|&p| p != self.rank())
-                .flat_map(|p| {
-                    let tr = self.transport_ranks[p];
-                    conns.iter().filter(move |((q, _), _)| *q == tr).map(move |(_, c)| (p, c.clone()))
-                })
-                .collect()
+            conns.iter().filter_map(|((t, _), c)| Some((*peer_of.get(t)?, c.clone()))).collect()
         };
         for (peer, c) in held {
             self.renumbered(c, peer).flush()?;
