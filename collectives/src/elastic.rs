@@ -32,12 +32,12 @@ const SHRINK_COLOR: u32 = u32::MAX - 1;
 
 /// What a survivor tells the others when a shrink begins.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-struct ShrinkOffer {
+pub(crate) struct ShrinkOffer {
     /// Digest of the exclusion list it passed.
-    digest: u64,
+    pub(crate) digest: u64,
     /// Whether it hands its communicator over (it failed here), and how far it got in its host
     /// workspace (nothing without one; see [`Communicator::handover_offer`]).
-    handover: Option<Progress>,
+    pub(crate) handover: Option<Progress>,
 }
 
 impl ShrinkOffer {
@@ -45,7 +45,7 @@ impl ShrinkOffer {
     const MAGIC: [u8; 4] = *b"WVSO";
     const VERSION: u16 = 1;
 
-    fn encode(&self) -> Vec<u8> {
+    pub(crate) fn encode(&self) -> Vec<u8> {
         let p = self.handover.unwrap_or_default();
         Encoder::new(Self::MAGIC, Self::VERSION)
             .u64(self.digest)
@@ -55,12 +55,13 @@ impl ShrinkOffer {
             .finish()
     }
 
-    fn decode(bytes: &[u8]) -> Result<Self> {
+    pub(crate) fn decode(bytes: &[u8]) -> Result<Self> {
         let mut d = Decoder::new(bytes, Self::MAGIC, Self::VERSION, "shrink offer")?;
         let (digest, offers, phase, step) = (d.u64()?, d.u8()?, d.u64()?, d.u64()?);
         d.finish()?;
         let handover = match offers {
-            0 => None,
+            0 if phase == 0 && step == 0 => None,
+            0 => return Err(Error::protocol("shrink offer: a declined handover with progress")),
             1 => Some(Progress { phase, step }),
             x => return Err(Error::protocol(format!("shrink offer: handover flag {x}"))),
         };

@@ -44,6 +44,11 @@ pub struct GrowId {
 }
 
 impl GrowId {
+    /// The id of `members` ranks growing to `size`, meeting at `unique`.
+    pub(crate) fn new(unique: UniqueId, members: usize, size: usize) -> Self {
+        GrowId { unique, members, size }
+    }
+
     /// Ranks of the communicator before it grows.
     pub fn members(&self) -> usize {
         self.members
@@ -166,7 +171,7 @@ impl Communicator {
                 Some(id) => id,
                 None => UniqueId::on_free_port(grow_ip()?)?,
             };
-            GrowId { unique: id, members: n, size: n + joiners }.to_bytes()
+            GrowId::new(id, n, n + joiners).to_bytes()
         } else {
             Vec::new()
         };

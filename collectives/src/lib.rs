@@ -27,6 +27,8 @@ mod channel;
 pub mod communicator;
 pub mod dtype;
 mod elastic;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 #[cfg(feature = "cudaipc")]
 pub mod gpu;
 mod group;

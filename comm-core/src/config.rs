@@ -57,6 +57,14 @@ impl Config {
     /// Reads the `WEAVE_*` variables; unset variables keep their defaults, malformed ones are
     /// an [`Error::InvalidArgument`] naming the variable.
     pub fn from_env() -> Result<Self> {
+        Self::from_vars(var)
+    }
+
+    /// [`from_env`](Self::from_env) with the variables read through `get` (`None` for unset
+    /// ones; empty values count as unset), so it can be tested without touching the process
+    /// environment.
+    pub fn from_vars(get: impl Fn(&str) -> Option<String>) -> Result<Self> {
+        let var = |name: &str| get(name).filter(|v| !v.trim().is_empty());
         let mut c = Config::default();
         if let Some(v) = var("WEAVE_TIMEOUT") {
             c.timeout = parse_timeout(&v)?;
@@ -65,7 +73,7 @@ impl Config {
             c.transports =
                 Some(TransportSet::parse(&v).map_err(|e| Error::invalid(format!("WEAVE_TRANSPORTS={v:?}: {e}")))?);
         }
-        c.host_id = host_id_from_env()?;
+        c.host_id = checked_host_id(var("WEAVE_HOST_ID"))?;
         c.algorithm_overrides = var("WEAVE_ALGO");
         if let Some(v) = var("WEAVE_HOST_SCRATCH") {
             c.host_scratch_bytes =
@@ -147,7 +155,12 @@ pub fn var(name: &str) -> Option<String> {
 /// `WEAVE_HOST_ID`, checked: at most [`MAX_HOST_ID_LEN`](crate::host::MAX_HOST_ID_LEN) bytes.
 /// Read by the bootstrap too (it groups ranks by host before any communicator exists).
 pub fn host_id_from_env() -> Result<Option<String>> {
-    match var("WEAVE_HOST_ID") {
+    checked_host_id(var("WEAVE_HOST_ID"))
+}
+
+/// A `WEAVE_HOST_ID` value, checked (see [`host_id_from_env`]).
+fn checked_host_id(value: Option<String>) -> Result<Option<String>> {
+    match value {
         Some(v) if v.len() > crate::host::MAX_HOST_ID_LEN => Err(Error::invalid(format!(
             "WEAVE_HOST_ID is {} bytes long; at most {} are allowed",
             v.len(),

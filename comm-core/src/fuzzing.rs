@@ -30,31 +30,69 @@ pub fn registration_status(data: &[u8]) {
     }
 }
 
-/// Valid inputs of [`tcp_bootstrap_message`], one per message kind: seeds for its corpus.
-pub fn tcp_bootstrap_seeds() -> Vec<Vec<u8>> {
-    crate::bootstrap::tcp::fuzzing::seeds()
+/// The variables of `data`: lines of `NAME=VALUE` (bytes that are not UTF-8 replaced).
+fn variables(data: &[u8]) -> std::collections::HashMap<String, String> {
+    String::from_utf8_lossy(data)
+        .lines()
+        .filter_map(|line| line.split_once('='))
+        .map(|(name, value)| (name.to_string(), value.to_string()))
+        .collect()
+}
+
+/// The communicator's settings (`WEAVE_TIMEOUT`, `WEAVE_TRANSPORTS`, `WEAVE_HOST_ID`,
+/// `WEAVE_ALGO`, `WEAVE_HOST_SCRATCH`) from lines of `NAME=VALUE`: an error or a config, never a
+/// panic.
+pub fn config_variables(data: &[u8]) {
+    let vars = variables(data);
+    let _ = crate::config::Config::from_vars(|name| vars.get(name).cloned());
+}
+
+/// A launcher's rendezvous (torchrun, Open MPI, Slurm variables, `WEAVE_SECRET`) from lines of
+/// `NAME=VALUE`: an error or a rendezvous, never a panic.
+pub fn rendezvous_variables(data: &[u8]) {
+    let vars = variables(data);
+    let _ = crate::bootstrap::EnvRendezvous::from_vars(|name| vars.get(name).cloned());
+}
+
+/// Valid inputs of the entry points, by target name: seeds for their corpora.
+pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
+    let mut seeds: Vec<(&str, Vec<u8>)> =
+        crate::bootstrap::tcp::fuzzing::seeds().into_iter().map(|s| ("tcp_bootstrap", s)).collect();
+    let config = "WEAVE_TIMEOUT=2.5s\nWEAVE_TRANSPORTS=shm,tcp\nWEAVE_HOST_ID=node-3\nWEAVE_ALGO=all_reduce=ring\n\
+                  WEAVE_HOST_SCRATCH=4M\n";
+    seeds.push(("config_variables", config.as_bytes().to_vec()));
+    let torchrun = "RANK=3\nWORLD_SIZE=8\nLOCAL_RANK=1\nMASTER_ADDR=[fe80::1]\nMASTER_PORT=29500\n\
+                    WEAVE_SECRET=00112233445566778899aabbccddeeff\nTORCHELASTIC_RUN_ID=job-7\n";
+    let slurm = "SLURM_PROCID=5\nSLURM_NTASKS=16\nSLURM_LOCALID=1\nSLURM_JOB_NODELIST=gpu[01-04]\nMASTER_PORT=29500\n\
+                 SLURM_JOB_ID=991\n";
+    seeds.push(("rendezvous_variables", torchrun.as_bytes().to_vec()));
+    seeds.push(("rendezvous_variables", slurm.as_bytes().to_vec()));
+    seeds
 }
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
+    use super::*;
 
-    /// The seeds of the TCP bootstrap's target lie in `fuzz/seeds/` as `seed-N`, as
-    /// [`super::tcp_bootstrap_seeds`] makes them now (`WEAVE_BLESS=1` writes them), and each
-    /// is accepted by the decoder it is for.
+    /// Each seed is accepted by what it is for, and lies in `fuzz/seeds/` as made now
+    /// (`WEAVE_BLESS=1` writes them).
     #[test]
-    fn the_tcp_bootstrap_seeds_in_the_corpus_are_current() {
-        let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../fuzz/seeds/tcp_bootstrap");
-        for (i, seed) in super::tcp_bootstrap_seeds().into_iter().enumerate() {
-            assert!(super::tcp_bootstrap_message(&seed), "seed {i} is not accepted");
-            let path = dir.join(format!("seed-{i}"));
-            if std::env::var_os("WEAVE_BLESS").is_some() {
-                std::fs::create_dir_all(&dir).unwrap();
-                std::fs::write(&path, &seed).unwrap();
-            }
-            let kept =
-                std::fs::read(&path).unwrap_or_else(|e| panic!("{}: {e}; write it with WEAVE_BLESS=1", path.display()));
-            assert_eq!(kept, seed, "{} is stale; rewrite it with WEAVE_BLESS=1", path.display());
+    fn the_fuzz_seeds_are_accepted_and_current() {
+        for (target, seed) in seeds() {
+            let accepted = match target {
+                "tcp_bootstrap" => tcp_bootstrap_message(&seed),
+                "config_variables" => {
+                    let vars = variables(&seed);
+                    crate::config::Config::from_vars(|n| vars.get(n).cloned()).is_ok()
+                }
+                "rendezvous_variables" => {
+                    let vars = variables(&seed);
+                    crate::bootstrap::EnvRendezvous::from_vars(|n| vars.get(n).cloned()).is_ok()
+                }
+                other => panic!("a seed for an unknown target {other}"),
+            };
+            assert!(accepted, "a {target} seed is rejected");
         }
+        crate::testing::check_fuzz_seeds(env!("CARGO_MANIFEST_DIR"), &seeds()).unwrap();
     }
 }

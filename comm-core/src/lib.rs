@@ -21,7 +21,7 @@ pub mod diagnostics;
 pub mod doorbell;
 pub mod error;
 pub mod fifo;
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 pub mod host;
 pub mod ledger;

@@ -133,3 +133,28 @@ pub fn run_named_tests<'a, T: 'a>(
     println!("gpu: {passed} passed, {failed} failed, {skipped} skipped");
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
+
+/// Checks that the fuzz seeds `seeds` — (target, valid input) pairs — lie in the workspace's
+/// `fuzz/seeds/TARGET/seed-N` (N counting each target's seeds from 0) as they are made now;
+/// with `WEAVE_BLESS` set it writes them first. `manifest_dir` is the calling crate's
+/// `CARGO_MANIFEST_DIR` (a member of the workspace). A stale or missing file is an error naming
+/// it.
+pub fn check_fuzz_seeds(manifest_dir: &str, seeds: &[(&str, Vec<u8>)]) -> Result<()> {
+    let root = std::path::Path::new(manifest_dir).join("../fuzz/seeds");
+    let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
+    for (target, seed) in seeds {
+        let n = counts.entry(target).or_default();
+        let path = root.join(target).join(format!("seed-{n}"));
+        *n += 1;
+        if std::env::var_os("WEAVE_BLESS").is_some() {
+            std::fs::create_dir_all(root.join(target)).map_err(|e| Error::io("create a fuzz seeds directory", e))?;
+            std::fs::write(&path, seed).map_err(|e| Error::io("write a fuzz seed", e))?;
+        }
+        let kept = std::fs::read(&path)
+            .map_err(|e| Error::invalid(format!("{}: {e}; write it with WEAVE_BLESS=1", path.display())))?;
+        if &kept != seed {
+            return Err(Error::invalid(format!("{} is stale; rewrite it with WEAVE_BLESS=1", path.display())));
+        }
+    }
+    Ok(())
+}

@@ -57,6 +57,9 @@ pub fn decode(id: &NcclUniqueId) -> Result<UniqueId, Fail> {
     if len > UNIQUE_ID_BYTES - HEADER {
         return Err(Fail::invalid(format!("the ncclUniqueId claims {len} bytes of payload; it is damaged")));
     }
+    if bytes[HEADER + len..].iter().any(|&b| b != 0) {
+        return Err(Fail::invalid("the ncclUniqueId has bytes after its payload; it is damaged"));
+    }
     UniqueId::from_bytes(&bytes[HEADER..HEADER + len]).map_err(|e| Fail::invalid(format!("damaged ncclUniqueId: {e}")))
 }
 
@@ -116,6 +119,19 @@ mod tests {
         let mut bad = good;
         bad.internal[HEADER] ^= -1;
         assert!(decode(&bad).is_err());
+        // Bytes after the payload (found by the fuzz target's round trip): the id was damaged.
+        let mut bad = good;
+        bad.internal[UNIQUE_ID_BYTES - 1] = 1;
+        assert!(decode(&bad).unwrap_err().message.contains("after its payload"));
+    }
+
+    /// The fuzz target's seed (`fuzz/seeds/nccl_unique_id`) is an id this library made, as made
+    /// now.
+    #[test]
+    fn the_fuzz_seed_is_current() {
+        let id = encode(&UniqueId::with_secret("10.0.0.1:29500".parse().unwrap(), [3; 16])).unwrap();
+        let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
+        comm_core::testing::check_fuzz_seeds(env!("CARGO_MANIFEST_DIR"), &[("nccl_unique_id", bytes)]).unwrap();
     }
 
     #[test]

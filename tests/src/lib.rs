@@ -7,6 +7,7 @@ use comm_core::bootstrap::Bootstrap;
 use comm_core::communicator::Communicator;
 use comm_core::{Error, Result};
 
+pub mod hostile;
 pub mod launcher;
 pub mod matrix;
 pub mod p2p_mismatch;

@@ -66,7 +66,7 @@ pub fn victims(arg: &str, n: usize) -> Result<(u64, Vec<usize>, Vec<u64>)> {
 }
 
 /// One checked collective of round `i` among `members` (original ranks) on `comm`.
-fn checked_call(comm: &Communicator, members: &[usize], i: usize) -> Result<()> {
+pub(crate) fn checked_call(comm: &Communicator, members: &[usize], i: usize) -> Result<()> {
     let me = members[comm.rank()];
     let n = members.len();
     let value = |r: usize| ((r + 1) * (i % 97 + 1)) as f64;

@@ -89,6 +89,8 @@ mod connection;
 mod cu;
 mod endpoint;
 mod fd_server;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod payload;
 mod region;
 

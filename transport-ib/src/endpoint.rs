@@ -35,7 +35,12 @@ impl Endpoint {
 
     pub(crate) fn decode(bytes: &[u8], world_size: usize) -> Result<Self> {
         let mut d = Decoder::new(bytes, MAGIC, VERSION, "ib endpoint")?;
-        let (lid, gid, roce, mtu) = (d.u16()?, d.raw::<16>()?, d.u8()? != 0, d.u8()?);
+        let (lid, gid, link, mtu) = (d.u16()?, d.raw::<16>()?, d.u8()?, d.u8()?);
+        let roce = match link {
+            0 => false,
+            1 => true,
+            x => return Err(Error::protocol(format!("ib endpoint: link layer flag {x}"))),
+        };
         let n = d.usize()?;
         if n != world_size {
             return Err(Error::protocol(format!(
@@ -76,5 +81,10 @@ mod tests {
         assert!(ep.queue_pair_for(3).is_err());
         assert!(Endpoint::decode(&bytes, 4).is_err(), "a world size that differs");
         assert!(Endpoint::decode(&bytes[..bytes.len() - 1], 3).is_err(), "a truncated endpoint");
+        // The link-layer flag is 0 or 1: anything else would decode to an endpoint that
+        // encodes to other bytes (magic 4, version 2, LID 2, GID 16: the flag is byte 24).
+        let mut odd = bytes.clone();
+        odd[24] = 2;
+        assert!(Endpoint::decode(&odd, 3).is_err(), "a link-layer flag of 2");
     }
 }

@@ -37,6 +37,8 @@ mod cuda;
 mod device_sources;
 mod endpoint;
 mod flags;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod gpu_direct;
 mod inbound;
 mod region;

@@ -45,9 +45,8 @@ impl IbRegion {
 
     /// What a peer needs to write here: address, key, length, number.
     pub(crate) fn export(&self) -> Vec<u8> {
-        let mut e = Encoder::new(EXPORT_MAGIC, EXPORT_VERSION);
-        e.u64(self.memory.as_ptr() as u64).u32(self.registration.rkey()).usize(self.memory.len()).u32(self.id);
-        e.finish()
+        let key = RemoteKey { addr: self.memory.as_ptr() as u64, rkey: self.registration.rkey(), id: self.id };
+        encode_export(key, self.memory.len())
     }
 
     /// The 8-byte word at `offset`, where a peer's flag is stored; `None` when it does not lie
@@ -120,6 +119,11 @@ pub(crate) struct RemoteKey {
     pub(crate) rkey: u32,
     /// Its number among the peer's regions (what flags name).
     pub(crate) id: u32,
+}
+
+/// The export of a region of `len` bytes that peers reach with `key` (see [`RemoteRegion::decode`]).
+pub(crate) fn encode_export(key: RemoteKey, len: usize) -> Vec<u8> {
+    Encoder::new(EXPORT_MAGIC, EXPORT_VERSION).u64(key.addr).u32(key.rkey).usize(len).u32(key.id).finish()
 }
 
 impl RemoteRegion {

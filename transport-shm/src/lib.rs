@@ -52,6 +52,8 @@
 //! segment it shared can make the importer fault. weave peers never do.
 
 mod endpoint;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod segment;
 
 use std::any::Any;

@@ -28,6 +28,8 @@
 pub mod config;
 mod connection;
 mod endpoint;
+#[cfg(any(test, feature = "fuzzing"))]
+pub mod fuzzing;
 mod listener;
 mod reader;
 mod receive;
@@ -186,6 +188,14 @@ impl TransportBackend for TcpBackend {
     fn as_any(&self) -> &dyn Any {
         self
     }
+}
+
+/// Where the rank whose TCP endpoint is `endpoint` (its backend's
+/// [`local_endpoint`](TransportBackend::local_endpoint)) listens, and the token a socket must
+/// present there: for tools and tests that talk to a rank's listener from outside the job.
+pub fn endpoint_parts(endpoint: &[u8]) -> Result<(std::net::SocketAddr, [u8; 16])> {
+    let ep = Endpoint::decode(endpoint)?;
+    Ok((ep.addr, ep.token))
 }
 
 #[cfg(test)]

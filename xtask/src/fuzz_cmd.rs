@@ -2,8 +2,8 @@
 //! each, from the seeds and corpora kept in the tree, and prints one line per target:
 //! executions, coverage and the corpus size libFuzzer reported, or where the crashing input lies.
 //!
-//! libFuzzer needs the nightly toolchain (`-Zsanitizer=address`); the command installs
-//! `cargo-fuzz` where it is missing and names the toolchain where that is.
+//! libFuzzer needs the nightly toolchain (`-Zsanitizer=address`); the command installs it (with
+//! rustup, minimal profile) and `cargo-fuzz` where they are missing.
 
 use std::path::Path;
 use std::process::{Command, ExitCode};
@@ -23,7 +23,8 @@ or those named) for SECONDS (default 60) with libFuzzer, from its seeds and its 
 fuzz/corpus/TARGET (new inputs go there), with at most 256 MiB per allocation and 2 GiB in all.
 Prints per target the executions, the coverage (edges and features) and the corpus size; a
 target that crashes leaves its input in fuzz/artifacts/TARGET and fails the command. Needs the
-nightly toolchain; installs cargo-fuzz when it is missing.
+nightly toolchain and cargo-fuzz; installs them (rustup, cargo install) when they are missing.
+`cargo xtask test` runs every target for a few seconds.
 
 options:
   --time SECONDS  how long each target runs (default 60)
@@ -50,7 +51,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     if let Some(exit) = read {
         return exit;
     }
-    match fuzz(seconds, &chosen) {
+    match fuzz(seconds, &chosen, true) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {
@@ -60,21 +61,32 @@ pub(crate) fn run(args: Args) -> ExitCode {
     }
 }
 
-/// Runs the targets; `Ok(false)` when one of them found something.
-fn fuzz(seconds: u64, chosen: &[String]) -> Result<bool, String> {
+/// The crates whose fuzz seeds (`fuzz/seeds/`) a unit test checks are current: each has a test
+/// with `fuzz` in its name (`comm_core::testing::check_fuzz_seeds`).
+const SEEDED: [&str; 7] =
+    ["comm-core", "transport-tcp", "transport-ib", "transport-shm", "transport-cudaipc", "collectives", "weave-nccl"];
+
+/// Runs the targets; `Ok(false)` when one of them found something. New inputs go into the
+/// tree's corpora when `keep` holds, else into `target/fuzz-scratch` (a test run leaves the
+/// tree as it was).
+pub(crate) fn fuzz(seconds: u64, chosen: &[String], keep: bool) -> Result<bool, String> {
     let root = workspace_root()?;
     let dir = root.join("fuzz");
     ensure_tools()?;
     // The seeds kept in the corpora must be what the code makes now.
+    let packages: Vec<&str> = SEEDED.iter().flat_map(|p| ["-p", p]).collect();
     let seeds = Command::new("cargo")
-        .args(["test", "-q", "-p", "comm-core", "--features", "fuzzing", "--lib", "fuzzing"])
+        .args(["test", "-q"])
+        .args(&packages)
+        .args(["--lib", "fuzz"])
         .current_dir(&root)
         .status()
         .map_err(|e| format!("run the seed check: {e}"))?;
     if !seeds.success() {
-        return Err("the seeds in fuzz/seeds are stale (cargo test -p comm-core --features fuzzing --lib fuzzing; \
-                    WEAVE_BLESS=1 rewrites them)"
-            .into());
+        return Err(format!(
+            "the seeds in fuzz/seeds are stale (cargo test {} --lib fuzz; WEAVE_BLESS=1 rewrites them)",
+            packages.join(" ")
+        ));
     }
     let listed = output(Command::new("cargo").args(["+nightly", "fuzz", "list"]).current_dir(&dir))?;
     let all: Vec<String> = listed.lines().map(str::trim).filter(|l| !l.is_empty()).map(String::from).collect();
@@ -85,12 +97,21 @@ fn fuzz(seconds: u64, chosen: &[String]) -> Result<bool, String> {
     let mut clean = true;
     for target in targets {
         let corpus = dir.join("corpus").join(target);
-        std::fs::create_dir_all(&corpus).map_err(|e| format!("create {}: {e}", corpus.display()))?;
         let seeds = dir.join("seeds").join(target);
+        let new_inputs = if keep { corpus.clone() } else { root.join("target/fuzz-scratch").join(target) };
+        if !keep {
+            let _ = std::fs::remove_dir_all(&new_inputs);
+        }
+        std::fs::create_dir_all(&new_inputs).map_err(|e| format!("create {}: {e}", new_inputs.display()))?;
+        // libFuzzer reads every directory given and writes new inputs into the first.
+        let mut read_too = vec![seeds];
+        if !keep {
+            read_too.insert(0, corpus);
+        }
         let run = Command::new("cargo")
             .args(["+nightly", "fuzz", "run", "-O", target])
-            .arg(&corpus)
-            .args(seeds.is_dir().then_some(&seeds))
+            .arg(&new_inputs)
+            .args(read_too.iter().filter(|d| d.is_dir()))
             .args(["--", &format!("-max_total_time={seconds}"), "-rss_limit_mb=2048", "-malloc_limit_mb=256"])
             .current_dir(&dir)
             .output()
@@ -132,11 +153,18 @@ fn artifacts(dir: &Path, target: &str) -> String {
     dir.join("artifacts").join(target).display().to_string()
 }
 
-/// The nightly toolchain must be there; cargo-fuzz is installed when missing.
+/// The nightly toolchain and cargo-fuzz, each installed when missing.
 fn ensure_tools() -> Result<(), String> {
-    output(Command::new("cargo").args(["+nightly", "--version"])).map_err(|e| {
-        format!("libFuzzer needs the nightly toolchain ({e}); install it with `rustup toolchain install nightly`")
-    })?;
+    if output(Command::new("cargo").args(["+nightly", "--version"])).is_err() {
+        eprintln!("cargo xtask fuzz: installing the nightly toolchain (rustup toolchain install nightly)");
+        let status = Command::new("rustup")
+            .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+            .status()
+            .map_err(|e| format!("libFuzzer needs the nightly toolchain, and rustup could not be run: {e}"))?;
+        if !status.success() {
+            return Err(format!("rustup toolchain install nightly failed ({status})"));
+        }
+    }
     if output(Command::new("cargo").args(["fuzz", "--version"])).is_ok() {
         return Ok(());
     }

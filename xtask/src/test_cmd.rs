@@ -12,7 +12,7 @@ pub(crate) const SUMMARY: &str = "run every test (add --long for the full collec
 
 /// The help text of `cargo xtask test`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [-- CARGO-TEST-ARGS...]
+usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [--no-fuzz] [-- CARGO-TEST-ARGS...]
 
 First it provides what the tests need, before building anything: the Debian packages of the
 verbs bindings' build (cmake, make, clang, libclang-dev, libibverbs-dev, libnl-3-dev,
@@ -30,11 +30,14 @@ Then the namespace-node tests (ignored by plain `cargo test`: they need root to 
 namespaces; about 40 s): the launcher's nodes, nothing left behind after a killed rank or a
 killed launcher, a node fabric shared by several jobs, `cargo xtask node-exec` (mpirun's agent
 of bench --nodes), the collectives matrix across namespace nodes 2x2 and 3x1, --rate shaping,
-and a whole node lost of 2x2 and 4x2 with the survivors shrinking and carrying on; wherever namespaces can be made; with CI set they must run.
+a whole node lost of 2x2 and 4x2 with the survivors shrinking and carrying on, and a hostile
+process on a 2x2 job's network; wherever namespaces can be made; with CI set they must run.
 Then the InfiniBand tests in SoftRoCE guests (`cargo xtask ib-vm --nodes 2`: the transport's
 device tests and the host matrix over verbs with 2 ranks in one guest, then across two guests;
 about 8 minutes), wherever QEMU is installed
 or apt-get can install it (as root); with CI set they must run.
+Then every fuzz target for a few seconds each (`cargo xtask fuzz --time 6`, about 5 minutes with
+its build; the nightly toolchain and cargo-fuzz are installed when missing).
 
 options:
   --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
@@ -43,6 +46,7 @@ options:
   --release    build with optimizations
   --no-netns   leave out the namespace-node tests (they report that they did not run)
   --no-ib      leave out the InfiniBand guest (it reports that it did not run)
+  --no-fuzz    leave out the fuzz targets (it reports that they did not run)
   -h, --help   print this help
 ";
 
@@ -52,6 +56,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let mut release = false;
     let mut ib = true;
     let mut netns = true;
+    let mut fuzz = true;
     let mut install = true;
     let mut extra = Vec::new();
     let read = crate::read_args(args, "test", USAGE, |arg, _| {
@@ -60,6 +65,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             Arg::Flag(f) if f == "--release" => release = true,
             Arg::Flag(f) if f == "--no-ib" => ib = false,
             Arg::Flag(f) if f == "--no-netns" => netns = false,
+            Arg::Flag(f) if f == "--no-fuzz" => fuzz = false,
             Arg::Flag(f) if f == "--no-install" => install = false,
             Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
             Arg::Positional(p) => extra.push(p),
@@ -94,7 +100,8 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let outcome = run_cargo(&mut cmd, "cargo test")
         .and_then(|()| kernels_with_nvrtc_12(&env, everything))
         .and_then(|()| namespace_tests(&env, netns && everything))
-        .and_then(|()| ib_guest(ib && everything));
+        .and_then(|()| ib_guest(ib && everything))
+        .and_then(|()| fuzz_targets(fuzz && everything));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -190,6 +197,7 @@ fn namespace_tests(env: &TestEnv, wanted: bool) -> Result<(), String> {
         &["-p", "xtask", "--test", "node_exec"],
         &["-p", "weave-tests", "--test", "collectives"],
         &["-p", "weave-tests", "--test", "elastic"],
+        &["-p", "weave-tests", "--test", "hostile"],
     ];
     for target in targets {
         let mut cmd = env.cargo();
@@ -201,6 +209,22 @@ fn namespace_tests(env: &TestEnv, wanted: bool) -> Result<(), String> {
         run_cargo(&mut cmd, &format!("the namespace-node tests of {}", target[1]))?;
     }
     Ok(())
+}
+
+/// Seconds each fuzz target runs in the test: all of them together within about 5 minutes.
+const FUZZ_SECONDS: u64 = 6;
+
+/// Every fuzz target for [`FUZZ_SECONDS`], when asked for; a finding fails the test.
+fn fuzz_targets(wanted: bool) -> Result<(), String> {
+    if !wanted {
+        println!("cargo xtask test: the fuzz targets did not run (--no-fuzz, or cargo test filters given)");
+        return Ok(());
+    }
+    match crate::fuzz_cmd::fuzz(FUZZ_SECONDS, &[], false) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("a fuzz target found something (its input is in fuzz/artifacts)".into()),
+        Err(e) => Err(format!("the fuzz targets: {e}")),
+    }
 }
 
 /// The InfiniBand guest, when asked for and possible (always under CI).

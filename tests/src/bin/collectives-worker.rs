@@ -30,6 +30,8 @@ fn main() {
         "stall" => weave_tests::stall::stall(arg),
         "p2p-mismatch" => weave_tests::p2p_mismatch::p2p_mismatch(arg),
         "join" => weave_tests::survive::join(arg),
+        "hostile-target" => weave_tests::hostile::target(arg),
+        "hostile-attack" => weave_tests::hostile::attack(arg),
         other => Err(worker::unknown_scenario(other)),
     })
 }

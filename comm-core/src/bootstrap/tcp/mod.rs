@@ -45,7 +45,7 @@
 //! in both directions), [`links`] what the poller shares with the calling threads (mailbox,
 //! links, lost peers). This file holds [`TcpBootstrap`] itself and step 3.
 
-#[cfg(feature = "fuzzing")]
+#[cfg(any(test, feature = "fuzzing"))]
 pub(crate) mod fuzzing;
 mod io;
 mod links;
@@ -224,6 +224,12 @@ impl TcpBootstrap {
             self.send_until(child, TAG_RANK_TABLE, &table, deadline)?;
         }
         Ok(())
+    }
+
+    /// Where rank `rank` listens for links (from the rank table), or `None` for a rank not of
+    /// this job (and in a one-rank job, which listens nowhere).
+    pub fn listen_addr(&self, rank: usize) -> Option<SocketAddr> {
+        self.addrs.get(rank).copied()
     }
 
     /// Number of links (sockets besides the listener) this rank holds now: its tree neighbours
