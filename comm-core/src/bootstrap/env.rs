@@ -200,7 +200,9 @@ fn first_host(list: &str) -> Option<String> {
     let end = first.find([',', '[']).unwrap_or(first.len());
     let prefix = &first[..end];
     let host = if first[end..].starts_with('[') {
-        let inner = &first[end + 1..first.find(']')?];
+        // The `]` that closes this bracket: one earlier in the list closes nothing.
+        let close = end + first[end..].find(']')?;
+        let inner = &first[end + 1..close];
         let range = inner.split(',').next()?;
         let start = range.split('-').next()?;
         if start.is_empty() || !start.bytes().all(|b| b.is_ascii_digit()) {
@@ -457,6 +459,11 @@ mod tests {
         for (list, want) in
             [("a,b", Some("a")), ("n[1-2]", Some("n1")), ("solo", Some("solo")), ("x[a-b]", None), ("", None)]
         {
+            assert_eq!(first_host(list).as_deref(), want, "{list:?}");
+        }
+        // A `]` before the bracket it should close (found by the rendezvous_variables fuzz
+        // target: the slice ran backwards and panicked), and brackets never closed.
+        for (list, want) in [("]pu[01-04]", None), ("a]b[1]", None), ("g[1", None), ("g[]", None), ("h]", None)] {
             assert_eq!(first_host(list).as_deref(), want, "{list:?}");
         }
         let missing =
