@@ -134,15 +134,53 @@ pub fn run_named_tests<'a, T: 'a>(
     if failed == 0 { ExitCode::SUCCESS } else { ExitCode::FAILURE }
 }
 
-/// Checks that the fuzz seeds `seeds` — (target, valid input) pairs — lie in the workspace's
-/// `fuzz/seeds/TARGET/seed-N` (N counting each target's seeds from 0) as they are made now;
-/// with `WEAVE_BLESS` set it writes them first. `manifest_dir` is the calling crate's
-/// `CARGO_MANIFEST_DIR` (a member of the workspace). A stale or missing file is an error naming
-/// it.
-pub fn check_fuzz_seeds(manifest_dir: &str, seeds: &[(&str, Vec<u8>)]) -> Result<()> {
+/// A process identity that never changes (host `node-7`, pid 4242): for seeds and tests that
+/// must encode the same bytes on every machine.
+pub fn fixed_process_identity() -> crate::same_host::ProcessIdentity {
+    crate::same_host::ProcessIdentity {
+        hostname: "node-7".into(),
+        boot_id: "0f2c9e4a-51d7-4b8e-9a3c-6d1e2f3a4b5c".into(),
+        pid_ns: 4026531836,
+        pid: 4242,
+        uid: 1000,
+    }
+}
+
+/// For the fuzz targets' entry points: decodes `data` with `decode`; when that accepts it,
+/// `encode` must make exactly `data` of the result — a decoder that accepts two spellings of
+/// one message is lax, and a check made on one spelling can be slipped past with the other.
+/// Returns whether `decode` accepted. Unlike the rest of this module it panics, naming `what`:
+/// that is a fuzz target's finding.
+pub fn round_trip<T, E>(
+    data: &[u8],
+    decode: impl FnOnce(&[u8]) -> std::result::Result<T, E>,
+    encode: impl FnOnce(&T) -> Vec<u8>,
+    what: &str,
+) -> bool {
+    let Ok(value) = decode(data) else { return false };
+    assert_eq!(encode(&value), data, "an accepted {what} encodes back differently");
+    true
+}
+
+/// Checks the fuzz seeds `seeds` — (target, valid input) pairs: `run(target, seed)` (a crate's
+/// entry point for the target) must accept each, and each must lie in the workspace's
+/// `fuzz/seeds/TARGET/seed-N` (N counting each target's seeds from 0) as made now; with
+/// `WEAVE_BLESS` set the files are written first. `manifest_dir` is the calling crate's
+/// `CARGO_MANIFEST_DIR` (a member of the workspace). A seed rejected, for a target `run` does
+/// not know (`None`), stale or missing is an error naming it.
+pub fn check_fuzz_seeds(
+    manifest_dir: &str,
+    seeds: &[(&str, Vec<u8>)],
+    run: impl Fn(&str, &[u8]) -> Option<bool>,
+) -> Result<()> {
     let root = std::path::Path::new(manifest_dir).join("../fuzz/seeds");
     let mut counts: std::collections::HashMap<&str, usize> = std::collections::HashMap::new();
     for (target, seed) in seeds {
+        match run(target, seed) {
+            Some(true) => {}
+            Some(false) => return Err(Error::invalid(format!("a seed of fuzz target {target} is rejected"))),
+            None => return Err(Error::invalid(format!("a seed for {target}, which is no fuzz target of this crate"))),
+        }
         let n = counts.entry(target).or_default();
         let path = root.join(target).join(format!("seed-{n}"));
         *n += 1;

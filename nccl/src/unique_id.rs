@@ -131,7 +131,12 @@ mod tests {
     fn the_fuzz_seed_is_current() {
         let id = encode(&UniqueId::with_secret("10.0.0.1:29500".parse().unwrap(), [3; 16])).unwrap();
         let bytes: Vec<u8> = id.internal.iter().map(|&c| c as u8).collect();
-        comm_core::testing::check_fuzz_seeds(env!("CARGO_MANIFEST_DIR"), &[("nccl_unique_id", bytes)]).unwrap();
+        let decodes = |_: &str, b: &[u8]| {
+            let id = NcclUniqueId { internal: b.first_chunk::<UNIQUE_ID_BYTES>()?.map(|x| x as std::ffi::c_char) };
+            Some(decode(&id).is_ok())
+        };
+        comm_core::testing::check_fuzz_seeds(env!("CARGO_MANIFEST_DIR"), &[("nccl_unique_id", bytes)], decodes)
+            .unwrap();
     }
 
     #[test]
