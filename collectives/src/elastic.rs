@@ -170,11 +170,15 @@ impl Communicator {
     /// for no excluded rank.
     ///
     /// When this communicator failed on every survivor — revoked, an agreement found lost
-    /// ranks, or a failure broke its host workspace — the new communicator takes the survivors'
-    /// host workspaces over (memory, mappings, point-to-point mailboxes: nothing registered,
-    /// exchanged or probed again; a message sent here and never received is dropped), and this
-    /// communicator's calls fail from then on. A healthy communicator keeps its workspace and
-    /// stays usable; the shrink then builds the new one's.
+    /// ranks, or a failure broke an executor — the new communicator takes over what the
+    /// survivors hold: the host workspaces (memory, mappings, point-to-point mailboxes: nothing
+    /// registered, exchanged or probed again; a message sent here and never received is
+    /// dropped), the transports and the connections (flushed first; none opened or made
+    /// again). This communicator is retired: its calls fail, it reports itself revoked, and
+    /// neither its [`AbortHandle`](crate::AbortHandle) nor a late revocation reaches the new one.
+    /// A GPU workspace is always new: a stopped, excluded rank's kernels could still write into
+    /// the old one. A healthy communicator keeps everything and stays usable; the shrink then
+    /// builds the new one's.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] when a rank is out of range or listed twice, when this rank is

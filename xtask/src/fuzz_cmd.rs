@@ -153,18 +153,22 @@ fn artifacts(dir: &Path, target: &str) -> String {
     dir.join("artifacts").join(target).display().to_string()
 }
 
+/// The nightly toolchain (what the sanitizers need), installed with rustup when missing.
+pub(crate) fn ensure_nightly() -> Result<(), String> {
+    if output(Command::new("cargo").args(["+nightly", "--version"])).is_ok() {
+        return Ok(());
+    }
+    eprintln!("cargo xtask: installing the nightly toolchain (rustup toolchain install nightly)");
+    let status = Command::new("rustup")
+        .args(["toolchain", "install", "nightly", "--profile", "minimal"])
+        .status()
+        .map_err(|e| format!("the sanitizers need the nightly toolchain, and rustup could not be run: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("rustup toolchain install nightly failed ({status})")) }
+}
+
 /// The nightly toolchain and cargo-fuzz, each installed when missing.
 fn ensure_tools() -> Result<(), String> {
-    if output(Command::new("cargo").args(["+nightly", "--version"])).is_err() {
-        eprintln!("cargo xtask fuzz: installing the nightly toolchain (rustup toolchain install nightly)");
-        let status = Command::new("rustup")
-            .args(["toolchain", "install", "nightly", "--profile", "minimal"])
-            .status()
-            .map_err(|e| format!("libFuzzer needs the nightly toolchain, and rustup could not be run: {e}"))?;
-        if !status.success() {
-            return Err(format!("rustup toolchain install nightly failed ({status})"));
-        }
-    }
+    ensure_nightly()?;
     if output(Command::new("cargo").args(["fuzz", "--version"])).is_ok() {
         return Ok(());
     }

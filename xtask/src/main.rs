@@ -17,6 +17,7 @@ mod launch_cmd;
 mod nccl_cmd;
 mod plot;
 mod prerequisites;
+mod sanitize_cmd;
 mod scale_model;
 mod test_cmd;
 
@@ -51,6 +52,7 @@ const COMMANDS: &[Command] = &[
     command!("launch", launch_cmd),
     command!("multinode", launch_cmd::MULTINODE_SUMMARY, launch_cmd::MULTINODE_USAGE, launch_cmd::run_multinode),
     command!("nccl", nccl_cmd),
+    command!("sanitize", sanitize_cmd),
     command!("scale-model", scale_model),
     command!("test", test_cmd),
     command!("bench", bench_cmd),
