@@ -10,7 +10,9 @@
 //! This file holds the builder, routing (which transports reach which peer), the topology and
 //! connections, and the channels; the memory half of [`Communicator`] — registration, exchange,
 //! pairwise memory and the token pools behind [`semaphore`](Communicator::semaphore) — is a
-//! second `impl` block in `registration.rs`.
+//! second `impl` block in `registration.rs`, and the communicator of some of the ranks that goes
+//! on with these transports ([`carry_over`](Communicator::carry_over)) a third, in
+//! `carry_over.rs`.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -276,7 +278,7 @@ pub struct Communicator {
     pub(crate) routes: Vec<Vec<usize>>,
     pub(crate) topology: Topology,
     /// Rank `r` of this communicator is rank `transport_ranks[r]` of its transports: `r`,
-    /// except in a communicator that carried over another's transports (`shrink.rs`).
+    /// except in a communicator that carried over another's transports (`carry_over.rs`).
     pub(crate) transport_ranks: Vec<usize>,
     /// Connections by the peer's transport rank, shared with the communicators that carry
     /// this one's transports over.
