@@ -244,8 +244,8 @@ impl Communicator {
         };
         let comm = match (handover, &self.host) {
             (Some(progress), Some(host)) => {
-                let mut parent = host.try_borrow_mut().map_err(|_| crate::communicator::already_in_a_call())?;
-                let host = HostSource::Handover { parent: &mut parent, members: &survivors, progress };
+                let parent = host.try_borrow().map_err(|_| crate::communicator::already_in_a_call())?;
+                let host = HostSource::Handover { parent: &parent, members: &survivors, progress };
                 Communicator::build_child_with(builder, lineage, self, host)?
             }
             _ => Communicator::build_child(builder, lineage, self)?,

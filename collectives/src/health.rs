@@ -76,8 +76,8 @@ pub(crate) fn revoked() -> Error {
 #[inline(never)]
 pub(crate) fn retired() -> Error {
     Error::Revoked(
-        "this communicator was shrunk: the shrunk communicator took over its transports and connections, so its own \
-         calls fail; make them on the shrunk one"
+        "this communicator was shrunk: the shrunk communicator took over what it held, so its own calls fail; make \
+         them on the shrunk one"
             .into(),
     )
 }

@@ -78,7 +78,7 @@ pub(crate) enum HostSource<'a> {
     Fresh,
     /// Taken over from the communicator it is shrunk from ([`HostEngine::shrunk`]): rank `r`
     /// was `members[r]` there, and the members go on from `progress`.
-    Handover { parent: &'a mut HostEngine, members: &'a [usize], progress: Progress },
+    Handover { parent: &'a HostEngine, members: &'a [usize], progress: Progress },
 }
 
 /// The per-communicator host state: workspace, point-to-point state, and whether an earlier
@@ -154,13 +154,14 @@ impl HostEngine {
     /// The host engine of a communicator shrunk from the one `parent` serves (rank `r` of it was
     /// `members[r]` there), over `core`: the survivors' workspaces, mailboxes and cross-memory
     /// attach as the parent holds them — nothing registered, exchanged or probed again. The
-    /// parent's engine is broken by it (its calls fail, naming the shrink); its shared buffers
-    /// stay the parent's.
+    /// parent must be retired first ([`Resilience::retire`](comm_core::resilience::Resilience::retire):
+    /// the shrink does, so its calls fail, naming the shrink); its shared buffers stay the
+    /// parent's.
     ///
     /// Call it on every member once every member has left the parent's calls, with the
     /// furthest [`Progress`] any member reached (see [`Workspace::shrunk`]).
     pub(crate) fn shrunk(
-        parent: &mut HostEngine,
+        parent: &HostEngine,
         core: &CoreCommunicator,
         members: &[usize],
         progress: Progress,
@@ -169,11 +170,6 @@ impl HostEngine {
         let ws = Workspace::shrunk(&parent.ws, core, members, progress)?;
         let p2p = P2pState::shrunk(&parent.p2p, core, members)?;
         let cma = parent.cma.as_ref().map(|pids| members.iter().map(|&m| pids[m]).collect());
-        parent.health.poison(Error::Revoked(
-            "this communicator was shrunk: the shrunk communicator took over its host workspace, so its own calls \
-             fail; make them on the shrunk one"
-                .into(),
-        ));
         Ok(Self::assemble(core, ws, p2p, cma, revocation))
     }
 
