@@ -23,7 +23,8 @@ use comm_core::bootstrap::Bootstrap;
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
-use crate::communicator::{Builder, Communicator, Lineage};
+use crate::builder::{Builder, Lineage};
+use crate::communicator::Communicator;
 use crate::host::{HostSource, Progress};
 use crate::split::SubBootstrap;
 

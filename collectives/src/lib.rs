@@ -23,6 +23,7 @@
 mod abort;
 mod arguments;
 pub mod buffer;
+mod builder;
 mod channel;
 pub mod communicator;
 pub mod dtype;
@@ -47,8 +48,9 @@ pub use select::table;
 
 pub use abort::AbortHandle;
 pub use buffer::SharedBuffer;
+pub use builder::{Builder, default_transports};
 pub use comm_core as core;
-pub use communicator::{Builder, Communicator, default_transports};
+pub use communicator::Communicator;
 pub use dtype::{DataType, Element};
 pub use group::Group;
 pub use grow::{GrowId, Growing};

@@ -14,7 +14,8 @@ use comm_core::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
-use crate::communicator::{Builder, Communicator, Lineage, fit_to_placement};
+use crate::builder::{Builder, Lineage, fit_to_placement};
+use crate::communicator::Communicator;
 use crate::host::HostSource;
 use crate::table::Algorithm;
 
