@@ -30,6 +30,10 @@
 //! store a condition needs and rings after it: its fence comes after the store the waiter
 //! missed (a barrier's last arrival rings once its own wait is over; see the host workspace).
 //!
+//! The loom models (`cargo xtask loom`) check this over every interleaving of a sleeper and a
+//! writer, with a futex that has no time slice: with the fence no wake is lost, and without it
+//! loom finds the schedule that loses one.
+//!
 //! `rings` wraps at 2^32; a waiter would sleep through a ring only if exactly 2^32 rings came
 //! between its read and its futex call, and even then only until its slice ends.
 //!
@@ -47,8 +51,10 @@
 //! the yielding, because a yield there hands the core to another waiter instead of to the
 //! rank with work.
 
-use std::sync::atomic::{AtomicU32, Ordering, fence};
+use std::sync::atomic::Ordering;
 use std::time::Duration;
+
+use crate::sync::{AtomicU32, fence};
 
 /// Two 32-bit counters in shared memory: the sleepers announced and the rings so far (the
 /// futex word). Lives at an 8-byte aligned address; all-zero bytes are a fresh doorbell.
@@ -59,8 +65,12 @@ pub struct Doorbell {
     sleepers: AtomicU32,
     /// Rings so far, wrapping; waiters sleep on this word.
     rings: AtomicU32,
+    /// Under loom, the futex the kernel would keep for `rings`.
+    #[cfg(loom)]
+    futex: futex::ModelFutex,
 }
 
+#[cfg(not(loom))]
 const _: () = assert!(std::mem::size_of::<Doorbell>() == Doorbell::BYTES);
 
 impl Doorbell {
@@ -68,8 +78,15 @@ impl Doorbell {
     pub const BYTES: usize = 8;
 
     /// A fresh doorbell, for memory owned by this process (threads of one process, tests).
+    #[cfg(not(loom))]
     pub const fn new() -> Self {
         Doorbell { sleepers: AtomicU32::new(0), rings: AtomicU32::new(0) }
+    }
+
+    /// A fresh doorbell inside a loom model.
+    #[cfg(loom)]
+    pub fn new() -> Self {
+        Doorbell::default()
     }
 
     /// The doorbell at `ptr`.
@@ -78,6 +95,7 @@ impl Doorbell {
     /// `ptr` is 8-byte aligned and points to [`BYTES`](Self::BYTES) bytes that stay mapped for
     /// `'a`, that every process sharing them accesses only through a `Doorbell`, and that were
     /// zero before first use.
+    #[cfg(not(loom))]
     pub unsafe fn from_ptr<'a>(ptr: *mut u8) -> &'a Doorbell {
         debug_assert!((ptr as usize).is_multiple_of(Self::BYTES));
         // SAFETY: the caller guarantees alignment, size, lifetime and atomic-only access; a
@@ -91,13 +109,41 @@ impl Doorbell {
     pub fn ring(&self) {
         // Where the host is not crowded, the fence would stall every message on the store that
         // precedes it, for a sleeper that is rarely there (see the module doc).
-        if crate::spin::crowded() {
+        self.ring_fenced(crate::spin::crowded());
+    }
+
+    /// [`ring`](Self::ring), with the fence that makes it lose no wake or without it.
+    #[inline]
+    pub(crate) fn ring_fenced(&self, fenced: bool) {
+        if fenced {
             fence(Ordering::SeqCst);
         }
         if self.sleepers.load(Ordering::Relaxed) != 0 {
             self.rings.fetch_add(1, Ordering::Release);
-            futex::wake_all(&self.rings);
+            self.wake_all();
         }
+    }
+
+    #[cfg(not(loom))]
+    fn wait_while_rings_is(&self, seen: u32, slice: Duration) {
+        futex::wait(&self.rings, seen, slice);
+    }
+
+    #[cfg(not(loom))]
+    fn wake_all(&self) {
+        futex::wake_all(&self.rings);
+    }
+
+    /// Under loom a sleep has no slice: a lost wake leaves the sleeper asleep for good, which
+    /// the model checker reports as a deadlock.
+    #[cfg(loom)]
+    fn wait_while_rings_is(&self, seen: u32, _slice: Duration) {
+        self.futex.wait(&self.rings, seen);
+    }
+
+    #[cfg(loom)]
+    fn wake_all(&self) {
+        self.futex.wake_all();
     }
 
     /// Sleeps at most `slice` unless `ready()` holds once this waiter is announced; returns
@@ -109,7 +155,7 @@ impl Doorbell {
         let seen = self.rings.load(Ordering::Acquire);
         let ready = ready();
         if !ready {
-            futex::wait(&self.rings, seen, slice);
+            self.wait_while_rings_is(seen, slice);
         }
         self.sleepers.fetch_sub(1, Ordering::Release);
         ready
@@ -122,7 +168,7 @@ impl Doorbell {
 }
 
 /// The two futex operations a doorbell needs, on shared (not process-private) futex words.
-#[cfg(target_os = "linux")]
+#[cfg(all(target_os = "linux", not(loom)))]
 mod futex {
     use std::sync::atomic::AtomicU32;
     use std::time::Duration;
@@ -169,7 +215,7 @@ mod futex {
 }
 
 /// Without futexes a sleeper naps briefly instead; rings are then only a counter.
-#[cfg(not(target_os = "linux"))]
+#[cfg(all(not(target_os = "linux"), not(loom)))]
 mod futex {
     use std::sync::atomic::{AtomicU32, Ordering};
     use std::time::Duration;
@@ -185,7 +231,44 @@ mod futex {
     pub(super) fn wake_all(_word: &AtomicU32) {}
 }
 
-#[cfg(test)]
+/// A futex as the model checker sees it: a wait checks the word and queues under the lock the
+/// kernel takes for the word's hash bucket, and a wake takes the same lock, so a wake that
+/// comes after the waiter checked the word finds it queued.
+#[cfg(loom)]
+mod futex {
+    use std::sync::atomic::Ordering;
+
+    use crate::sync::{AtomicU32, Condvar, Mutex};
+
+    /// The kernel's queue for one futex word: the wakes so far, under the bucket lock.
+    #[derive(Debug, Default)]
+    pub(super) struct ModelFutex {
+        wakes: Mutex<u64>,
+        woken: Condvar,
+    }
+
+    impl ModelFutex {
+        /// Sleeps while `word` holds `expected`, until a wake; no timeout.
+        pub(super) fn wait(&self, word: &AtomicU32, expected: u32) {
+            let mut wakes = self.wakes.lock().unwrap_or_else(|p| p.into_inner());
+            if word.load(Ordering::Relaxed) != expected {
+                return;
+            }
+            let queued_at = *wakes;
+            while *wakes == queued_at {
+                wakes = self.woken.wait(wakes).unwrap_or_else(|p| p.into_inner());
+            }
+        }
+
+        /// Wakes every sleeper queued.
+        pub(super) fn wake_all(&self) {
+            *self.wakes.lock().unwrap_or_else(|p| p.into_inner()) += 1;
+            self.woken.notify_all();
+        }
+    }
+}
+
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::Arc;

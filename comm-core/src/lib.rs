@@ -25,6 +25,8 @@ pub mod fifo;
 pub mod fuzzing;
 pub mod host;
 pub mod ledger;
+#[cfg(all(test, loom))]
+mod loom_models;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;
@@ -36,7 +38,9 @@ mod registration;
 pub mod resilience;
 pub mod same_host;
 pub mod semaphore;
+pub mod slot_credits;
 pub mod spin;
+mod sync;
 pub mod tcp_listener;
 pub mod testing;
 pub mod topology;

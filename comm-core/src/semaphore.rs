@@ -12,13 +12,13 @@
 //! in device memory.
 
 use std::sync::Arc;
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::Duration;
 
 use crate::connection::{Connection, spin_until_peer};
 use crate::error::{Error, Result};
 use crate::memory::RegisteredMemory;
+use crate::sync;
 
 /// One 8-byte token inside registered memory.
 #[derive(Debug, Clone)]
@@ -39,14 +39,79 @@ pub struct SemaphoreCounts {
     pub signalled: u64,
 }
 
+/// The counting half of a semaphore, apart from where its tokens live: the signals this side
+/// has given and the signals it has taken. Any number of threads may signal, wait and poll at
+/// once: signals reach the peer's token in increasing order, and every signal is taken once.
+/// The loom models check it over every interleaving (`crate::loom_models`).
+#[derive(Debug)]
+pub(crate) struct SemaphoreTally {
+    /// The count last stored into the peer's token; locked across the store, so signals of
+    /// several threads store increasing counts in that order.
+    signalled: sync::Mutex<u64>,
+    /// Signals of the peer taken (by polls) or claimed (by waits, which then wait for them).
+    taken: sync::AtomicU64,
+}
+
+impl SemaphoreTally {
+    /// A tally that starts from `counts`.
+    pub(crate) fn new(counts: SemaphoreCounts) -> Self {
+        SemaphoreTally { signalled: sync::Mutex::new(counts.signalled), taken: sync::AtomicU64::new(counts.received) }
+    }
+
+    /// Gives one signal: `store(count)` stores the next count into the peer's token (after the
+    /// writes it must follow); the tally moves on only when it succeeded.
+    pub(crate) fn signal(&self, store: impl FnOnce(u64) -> Result<()>) -> Result<()> {
+        let mut signalled = self.signalled.lock().unwrap_or_else(|p| p.into_inner());
+        let next = *signalled + 1;
+        store(next)?;
+        *signalled = next;
+        Ok(())
+    }
+
+    /// Takes the next signal: claims its number `n`, then `wait_for(n)` waits until the inbound
+    /// token reaches `n`. Returns `n`. On error the claim is given back, so a caller that
+    /// handles the error (with no other wait on this semaphore under way) finds the tally as
+    /// it was.
+    pub(crate) fn wait(&self, wait_for: impl FnOnce(u64) -> Result<()>) -> Result<u64> {
+        // AcqRel: claims are a total order among waits and polls.
+        let target = self.taken.fetch_add(1, Ordering::AcqRel) + 1;
+        match wait_for(target) {
+            Ok(()) => Ok(target),
+            Err(e) => {
+                self.taken.fetch_sub(1, Ordering::AcqRel);
+                Err(e)
+            }
+        }
+    }
+
+    /// Takes one signal if `received` (the inbound token, loaded with acquire ordering) holds
+    /// one that no wait or poll has taken or claimed; returns its number. Never blocks.
+    pub(crate) fn poll(&self, received: u64) -> Option<u64> {
+        let mut taken = self.taken.load(Ordering::Acquire);
+        // A compare-and-swap, not an add after the look: a wait or poll of another thread may
+        // claim the same signal between the two.
+        while received > taken {
+            match self.taken.compare_exchange_weak(taken, taken + 1, Ordering::AcqRel, Ordering::Acquire) {
+                Ok(_) => return Some(taken + 1),
+                Err(now) => taken = now,
+            }
+        }
+        None
+    }
+
+    /// Signals taken or claimed so far.
+    pub(crate) fn taken(&self) -> u64 {
+        self.taken.load(Ordering::Relaxed)
+    }
+}
+
 /// A semaphore between this rank and one peer, driven from host threads.
 pub struct HostSemaphore {
     connection: Arc<dyn Connection>,
     /// The local token the peer signals; `None` for a signal-only semaphore.
     inbound: Option<Token>,
     remote_inbound: Token,
-    outbound: Mutex<u64>,
-    expected: AtomicU64,
+    tally: SemaphoreTally,
     timeout: Duration,
     abort: Arc<AtomicBool>,
 }
@@ -57,7 +122,7 @@ impl std::fmt::Debug for HostSemaphore {
             .field("peer", &self.connection.peer())
             .field("inbound", &self.inbound)
             .field("remote_inbound", &self.remote_inbound)
-            .field("expected", &self.expected.load(Ordering::Relaxed))
+            .field("taken", &self.tally.taken())
             .finish()
     }
 }
@@ -103,8 +168,7 @@ impl HostSemaphore {
             connection,
             inbound: Some(inbound),
             remote_inbound,
-            outbound: Mutex::new(counts.signalled),
-            expected: AtomicU64::new(counts.received),
+            tally: SemaphoreTally::new(counts),
             timeout,
             abort,
         })
@@ -129,8 +193,7 @@ impl HostSemaphore {
             connection,
             inbound: None,
             remote_inbound,
-            outbound: Mutex::new(0),
-            expected: AtomicU64::new(0),
+            tally: SemaphoreTally::new(SemaphoreCounts::default()),
             timeout,
             abort,
         })
@@ -165,11 +228,9 @@ impl HostSemaphore {
 
     /// Adds one to the peer's inbound counter, after all earlier writes of the connection.
     pub fn signal(&self) -> Result<()> {
-        let mut out = self.outbound.lock().unwrap_or_else(|p| p.into_inner());
-        let next = *out + 1;
-        self.connection.update_and_sync(&self.remote_inbound.memory, self.remote_inbound.offset, next)?;
-        *out = next;
-        Ok(())
+        self.tally.signal(|next| {
+            self.connection.update_and_sync(&self.remote_inbound.memory, self.remote_inbound.offset, next)
+        })
     }
 
     /// Waits, bounded by the timeout, for the next signal from the peer.
@@ -180,29 +241,19 @@ impl HostSemaphore {
                 self.peer()
             )));
         };
-        let target = self.expected.fetch_add(1, Ordering::AcqRel) + 1;
-        let op = format!("semaphore signal #{target}");
-        let r = spin_until_peer(self.connection.as_ref(), &op, self.timeout, &self.abort, || {
-            word.load(Ordering::Acquire) >= target
-        });
-        if r.is_err() {
-            // Leave the count as it was, so a caller that handles the error sees a consistent state.
-            self.expected.fetch_sub(1, Ordering::AcqRel);
-        }
-        r
+        self.tally.wait(|target| {
+            let op = format!("semaphore signal #{target}");
+            spin_until_peer(self.connection.as_ref(), &op, self.timeout, &self.abort, || {
+                word.load(Ordering::Acquire) >= target
+            })
+        })?;
+        Ok(())
     }
 
     /// Consumes one signal if it has arrived; never blocks.
     pub fn poll(&self) -> bool {
         let Some(word) = self.inbound_word() else { return false };
-        let have = word.load(Ordering::Acquire);
-        let expected = self.expected.load(Ordering::Acquire);
-        if have > expected {
-            self.expected.fetch_add(1, Ordering::AcqRel);
-            true
-        } else {
-            false
-        }
+        self.tally.poll(word.load(Ordering::Acquire)).is_some()
     }
 
     /// Signals received so far (the inbound counter); 0 for a signal-only semaphore.

@@ -36,7 +36,9 @@ const SLEEP_SLICE: Duration = Duration::from_millis(2);
 
 /// Bounds of a nap, the sleep of a waiter that has no doorbell (nobody rings for its wait): a
 /// sixteenth of the time waited so far, so that napping adds at most ~6 % to a wait.
+#[cfg_attr(loom, allow(dead_code))]
 const NAP_MIN: Duration = Duration::from_micros(20);
+#[cfg_attr(loom, allow(dead_code))]
 const NAP_MAX: Duration = Duration::from_millis(1);
 
 /// Set when this host runs more ranks than it has cores: spinning and yielding then only delay
@@ -62,9 +64,12 @@ pub fn oversubscribed() -> bool {
 
 /// Whether this host is crowded (as last set): more than four ranks per core. Waits then
 /// sleep after two yields, and doorbells fence before they ring.
+///
+/// Under loom it always holds: the models check the doorbell with its fence, untimed, where a
+/// lost wake would hang the sleeper for good.
 #[inline]
 pub fn crowded() -> bool {
-    CROWDED.load(Ordering::Relaxed)
+    cfg!(loom) || CROWDED.load(Ordering::Relaxed)
 }
 
 /// Tells every wait in this process how many ranks run on this host: they outnumber its cores
@@ -140,17 +145,32 @@ impl Default for Backoff {
 
 impl Backoff {
     /// A fresh backoff (spinning first, unless ranks outnumber cores).
+    ///
+    /// Under loom a backoff sleeps from the start, so the models reach the doorbell at once.
     pub fn new() -> Self {
-        let stage = if OVERSUBSCRIBED.load(Ordering::Relaxed) { Stage::Yield } else { Stage::Spin };
+        let stage = if cfg!(loom) {
+            Stage::Sleep
+        } else if OVERSUBSCRIBED.load(Ordering::Relaxed) {
+            Stage::Yield
+        } else {
+            Stage::Spin
+        };
         Backoff { start: None, calls: 0, stage, crowded: crowded() }
     }
 
     /// Waits a little for a condition nobody rings for: a spin hint, a yield, or a nap,
     /// depending on how long the wait has lasted.
+    ///
+    /// Under loom the nap is a yield to the model's scheduler.
     pub fn snooze(&mut self) {
         if self.advance() {
-            let waited = self.start.map_or(Duration::ZERO, |s| s.elapsed());
-            std::thread::sleep((waited / 16).clamp(NAP_MIN, NAP_MAX));
+            #[cfg(not(loom))]
+            {
+                let waited = self.start.map_or(Duration::ZERO, |s| s.elapsed());
+                std::thread::sleep((waited / 16).clamp(NAP_MIN, NAP_MAX));
+            }
+            #[cfg(loom)]
+            crate::sync::yield_now();
         }
     }
 
@@ -190,7 +210,7 @@ impl Backoff {
                 }
             }
             Stage::Yield => {
-                std::thread::yield_now();
+                crate::sync::yield_now();
                 let start = *self.start.get_or_insert_with(Instant::now);
                 let enough = if self.crowded {
                     self.calls >= CROWDED_YIELDS
@@ -307,7 +327,7 @@ pub fn wait_until_rung(
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
     use std::sync::atomic::AtomicU64;

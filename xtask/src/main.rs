@@ -14,6 +14,7 @@ mod gpu_bundle_cmd;
 mod ib_vm_cmd;
 mod json;
 mod launch_cmd;
+mod loom_cmd;
 mod nccl_cmd;
 mod plot;
 mod prerequisites;
@@ -50,6 +51,7 @@ const COMMANDS: &[Command] = &[
     command!("fuzz", fuzz_cmd),
     command!("ib-vm", ib_vm_cmd),
     command!("launch", launch_cmd),
+    command!("loom", loom_cmd),
     command!("multinode", launch_cmd::MULTINODE_SUMMARY, launch_cmd::MULTINODE_USAGE, launch_cmd::run_multinode),
     command!("nccl", nccl_cmd),
     command!("sanitize", sanitize_cmd),

@@ -36,6 +36,8 @@ Then the InfiniBand tests in SoftRoCE guests (`cargo xtask ib-vm --nodes 2`: the
 device tests and the host matrix over verbs with 2 ranks in one guest, then across two guests;
 about 8 minutes), wherever QEMU is installed
 or apt-get can install it (as root); with CI set they must run.
+Then the loom models of the lock-free core (`cargo xtask loom`, about 2 minutes with their
+build).
 Then every fuzz target for a few seconds each (`cargo xtask fuzz --time 6`, about 5 minutes with
 its build; the nightly toolchain and cargo-fuzz are installed when missing).
 
@@ -101,6 +103,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         .and_then(|()| kernels_with_nvrtc_12(&env, everything))
         .and_then(|()| namespace_tests(&env, netns && everything))
         .and_then(|()| ib_guest(ib && everything))
+        .and_then(|()| loom_models(everything))
         .and_then(|()| fuzz_targets(fuzz && everything));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
@@ -209,6 +212,15 @@ fn namespace_tests(env: &TestEnv, wanted: bool) -> Result<(), String> {
         run_cargo(&mut cmd, &format!("the namespace-node tests of {}", target[1]))?;
     }
     Ok(())
+}
+
+/// The loom models, unless cargo test filters were given.
+fn loom_models(wanted: bool) -> Result<(), String> {
+    if !wanted {
+        println!("cargo xtask test: the loom models did not run (cargo test filters given)");
+        return Ok(());
+    }
+    crate::loom_cmd::models(&[]).map_err(|e| format!("the loom models: {e}"))
 }
 
 /// Seconds each fuzz target runs in the test: all of them together within about 5 minutes.

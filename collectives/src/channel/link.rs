@@ -77,6 +77,7 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::connection::{CheckedWrite, Connection};
 use comm_core::doorbell::Doorbell;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
+use comm_core::slot_credits::SlotCredits;
 use comm_core::spin::{WaitContext, wait_until_rung};
 use comm_core::{Error, Result};
 
@@ -224,17 +225,10 @@ pub(crate) struct Link {
     posting: Posting,
     /// Address of `mine` here, checked to be host memory holding the whole layout.
     mine_base: usize,
-    slots: usize,
     slot_bytes: usize,
-    /// Messages posted to the peer.
-    posted: u64,
-    /// Messages of the peer consumed.
-    consumed: u64,
-    /// Credits known: messages of this rank the peer has freed.
-    freed: u64,
-    /// Messages this rank takes before it returns their credits (a power of two, at most
-    /// `slots`; see the module doc).
-    credit_batch: u64,
+    /// Messages posted and consumed, credits known, and how often they go back (see the
+    /// module doc).
+    credits: SlotCredits,
     timeout: Duration,
     abort: Arc<AtomicBool>,
 }
@@ -267,8 +261,8 @@ impl Link {
         payload: usize,
         credit_batch: usize,
     ) -> Result<Self> {
-        let slots = 1usize << slots.max(1).ilog2();
-        let credit_batch = 1u64 << credit_batch.clamp(1, slots).ilog2();
+        let credits = SlotCredits::new(slots, credit_batch);
+        let slots = credits.slots();
         let label =
             format!("weave channel link {}<->{} ({slots} x {payload} B)", core.rank().min(peer), core.rank().max(peer));
         if payload > MAX_SLOT_PAYLOAD {
@@ -302,12 +296,8 @@ impl Link {
             theirs,
             posting,
             mine_base,
-            slots,
             slot_bytes,
-            posted: 0,
-            consumed: 0,
-            freed: 0,
-            credit_batch,
+            credits,
             timeout: core.config().timeout,
             abort: core.abort_flag().clone(),
         })
@@ -327,12 +317,12 @@ impl Link {
     /// peer's).
     ///
     /// # Safety
-    /// `base` is `mine_base` or a direct posting's `theirs_base`, and `offset` an 8-byte
-    /// aligned word inside the layout.
-    unsafe fn word_at(&self, base: usize, offset: usize) -> &AtomicU64 {
+    /// `base` is `mine_base` or a direct posting's `theirs_base` of a link that outlives `'a`,
+    /// and `offset` an 8-byte aligned word inside the layout.
+    unsafe fn word_at<'a>(base: usize, offset: usize) -> &'a AtomicU64 {
         // SAFETY: the caller names a word inside a region checked to be cache-line aligned
         // host memory holding the whole layout, which the link keeps mapped while it lives
-        // (the reference borrows the link). Both sides write the control and sequence words
+        // (and it outlives the reference). Both sides write the control and sequence words
         // only atomically.
         unsafe { AtomicU64::from_ptr((base + offset) as *mut u64) }
     }
@@ -341,13 +331,13 @@ impl Link {
     #[inline]
     fn word(&self, offset: usize) -> &AtomicU64 {
         // SAFETY: mine_base, and READY or FREED lie inside the layout.
-        unsafe { self.word_at(self.mine_base, offset) }
+        unsafe { Self::word_at(self.mine_base, offset) }
     }
 
     /// Offset of the slot of message `message + 1` (slots are a power of two).
     #[inline]
     fn slot_offset(&self, message: u64) -> usize {
-        SLOTS_OFFSET + (message as usize & (self.slots - 1)) * self.slot_bytes
+        SLOTS_OFFSET + self.credits.slot_after(message) * self.slot_bytes
     }
 
     /// The doorbell of the region at `base` (this rank's, or posting directly the peer's).
@@ -391,11 +381,9 @@ impl Link {
     /// Whether the next message may be posted now (the peer freed its slot).
     #[inline]
     pub(crate) fn has_credit(&mut self) -> bool {
-        if self.posted < self.freed + self.slots as u64 {
-            return true;
-        }
-        self.freed = self.word(FREED).load(Ordering::Acquire);
-        self.posted < self.freed + self.slots as u64
+        // SAFETY: mine_base, and FREED lies inside the layout; the reference ends with the call.
+        let freed = unsafe { Self::word_at(self.mine_base, FREED) };
+        self.credits.has_credit(freed)
     }
 
     /// Waits until the next message may be posted, then returns where to put its payload
@@ -412,17 +400,18 @@ impl Link {
         };
         // offset + payload lies inside the region (checked to hold the layout), which stays
         // mapped while the link lives; the peer is done with the slot (the credit above).
-        Ok((base + self.slot_offset(self.posted) + HEADER_BYTES) as *mut u8)
+        Ok((base + self.slot_offset(self.credits.posted()) + HEADER_BYTES) as *mut u8)
     }
 
     /// Waits until the peer has freed the slot of the next message (out of line: a sender that
     /// has run a whole ring of slots ahead waits anyway).
     #[inline(never)]
     fn wait_for_credit(&mut self, operation: &str) -> Result<()> {
-        let limit = self.posted + 1 - self.slots as u64;
-        let word = self.word(FREED);
+        let limit = self.credits.credit_limit();
+        // SAFETY: as in `has_credit`.
+        let word = unsafe { Self::word_at(self.mine_base, FREED) };
         self.wait(operation, || word.load(Ordering::Acquire) >= limit)?;
-        self.freed = word.load(Ordering::Acquire);
+        self.credits.refresh(word);
         Ok(())
     }
 
@@ -434,8 +423,8 @@ impl Link {
         if len > self.payload() {
             return Err(too_long_to_post(len, self.payload()));
         }
-        let offset = self.slot_offset(self.posted);
-        let sequence = self.posted + 1;
+        let offset = self.slot_offset(self.credits.posted());
+        let sequence = self.credits.next_sequence();
         match &self.posting {
             Posting::Direct { theirs_base } => {
                 // SAFETY: the slot's header lies inside the peer's region (checked to hold the
@@ -445,16 +434,16 @@ impl Link {
                 unsafe {
                     let words = (theirs_base + offset + 8) as *mut [u64; HEADER_WORDS - 1];
                     words.write(header.to_words());
-                    self.word_at(*theirs_base, offset).store(sequence, Ordering::Release);
+                    Self::word_at(*theirs_base, offset).store(sequence, Ordering::Release);
                     self.doorbell_at(*theirs_base).ring();
                 }
-                self.posted = sequence;
+                self.credits.note_posted();
                 self.prefetch_next_slot(*theirs_base, len);
                 Ok(())
             }
             Posting::Staged { outbox, outbox_base } => {
                 self.post_staged((outbox, *outbox_base), header.to_words(), offset, len)?;
-                self.posted = sequence;
+                self.credits.note_posted();
                 Ok(())
             }
         }
@@ -468,8 +457,8 @@ impl Link {
     /// store of the thread queues behind; asked for now, the line is here by the next post.
     #[inline(always)]
     fn prefetch_next_slot(&self, theirs_base: usize, len: usize) {
-        if self.sender_runs_ahead() && self.posted < self.freed + self.slots as u64 {
-            let next = theirs_base + self.slot_offset(self.posted);
+        if self.sender_runs_ahead() && self.credits.knows_credit() {
+            let next = theirs_base + self.slot_offset(self.credits.posted());
             for line in 0..(HEADER_BYTES + len).div_ceil(64).min(PREFETCH_LINES) {
                 prefetch_for_write(next + 64 * line);
             }
@@ -488,7 +477,7 @@ impl Link {
         offset: usize,
         len: usize,
     ) -> Result<()> {
-        let sequence = self.posted + 1;
+        let sequence = self.credits.next_sequence();
         // SAFETY: the slot's header lies inside the outbox (checked to hold the layout, 64-byte
         // aligned), private memory that only this rank writes; the transport reads it only
         // inside `write` below, or — asynchronously — before the peer frees the slot, which it
@@ -507,11 +496,11 @@ impl Link {
     /// slot's sequence word posting directly, `ready` staged), with the value it reaches.
     #[inline]
     fn next_arrival(&self) -> (u64, &AtomicU64, u64) {
-        let target = self.consumed + 1;
+        let target = self.credits.next_arrival();
         match self.posting {
             Posting::Direct { .. } => {
                 // SAFETY: mine_base, and the slot's first word lies inside the layout.
-                let word = unsafe { self.word_at(self.mine_base, self.slot_offset(self.consumed)) };
+                let word = unsafe { Self::word_at(self.mine_base, self.slot_offset(self.credits.consumed())) };
                 (target, word, target)
             }
             Posting::Staged { .. } => (target | STAGED_MARK, self.word(READY), target),
@@ -556,14 +545,14 @@ impl Link {
         if word.load(Ordering::Acquire) & !STAGED_MARK < target {
             self.wait_for_message(operation, caught_up_pause)?;
         }
-        let offset = self.slot_offset(self.consumed);
+        let offset = self.slot_offset(self.credits.consumed());
         // SAFETY: the slot's header lies inside this rank's region (checked to hold the layout,
         // 64-byte aligned); the peer wrote it before the store observed above with acquire
         // ordering and writes the slot again only after this rank releases it.
         let (found, words) = unsafe {
             let slot = (self.mine_base + offset) as *const u64;
             (
-                self.word_at(self.mine_base, offset).load(Ordering::Acquire),
+                Self::word_at(self.mine_base, offset).load(Ordering::Acquire),
                 (slot.add(1) as *const [u64; HEADER_WORDS - 1]).read(),
             )
         };
@@ -586,7 +575,7 @@ impl Link {
     /// hint would fetch, and the line would only cross between the cores once more.
     #[inline(always)]
     fn sender_runs_ahead(&self) -> bool {
-        self.credit_batch > 1
+        self.credits.batch() > 1
     }
 
     /// Posting directly, asks the cache for the lines the peer's next message will occupy if it
@@ -599,7 +588,7 @@ impl Link {
     #[inline(always)]
     fn prefetch_next_message(&self, len: u64) {
         if self.sender_runs_ahead() && matches!(self.posting, Posting::Direct { .. }) {
-            let next = self.mine_base + self.slot_offset(self.consumed + 1);
+            let next = self.mine_base + self.slot_offset(self.credits.consumed() + 1);
             let bytes = HEADER_BYTES.saturating_add(usize::try_from(len).unwrap_or(usize::MAX));
             for line in 0..bytes.div_ceil(64).min(PREFETCH_LINES) {
                 prefetch_for_read(next + 64 * line);
@@ -611,22 +600,21 @@ impl Link {
     /// with the credit batch's last message).
     #[inline]
     pub(crate) fn release(&mut self) -> Result<()> {
-        self.consumed += 1;
-        if self.consumed & (self.credit_batch - 1) != 0 {
+        let Some(consumed) = self.credits.note_consumed() else {
             return Ok(());
-        }
+        };
         match self.posting {
             Posting::Direct { theirs_base } => {
                 // SAFETY: a direct posting's theirs_base, and FREED lies inside the layout.
                 unsafe {
-                    self.word_at(theirs_base, FREED).store(self.consumed, Ordering::Release);
+                    SlotCredits::return_credits(Self::word_at(theirs_base, FREED), consumed);
                     self.doorbell_at(theirs_base).ring();
                 }
                 Ok(())
             }
             // The peer needs this credit only to reuse the slot a few messages on: a network
             // transport sends it with its next frame, or before this rank waits.
-            Posting::Staged { .. } => self.connection.update_lazily(&self.theirs, FREED, self.consumed),
+            Posting::Staged { .. } => self.connection.update_lazily(&self.theirs, FREED, consumed),
         }
     }
 }
