@@ -25,7 +25,8 @@ into target/sanitize-address; the toolchain is installed with rustup when missin
 the host correctness matrix as processes over shared memory for each world size (default
 2,4), once with the algorithm table's choices and once with the channel family. A rank that
 fails, or that prints a sanitizer report (an overflow, a use after free, a leak), fails the
-command; the report is printed. The build takes several minutes on two cores.
+command; the report is printed. The build takes several minutes on two cores. `cargo xtask
+test` runs it with 2 ranks (about 4 minutes).
 
 options:
   --ranks N,...  world sizes (default 2,4)
@@ -68,7 +69,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
 
 /// Builds the sanitized worker and runs the matrix for every world size; `Ok(false)` when a run
 /// failed or the sanitizer reported something.
-fn sanitize(ranks: &[usize]) -> Result<bool, String> {
+pub(crate) fn sanitize(ranks: &[usize]) -> Result<bool, String> {
     crate::fuzz_cmd::ensure_nightly()?;
     let root = workspace_root()?;
     let target_dir = root.join("target/sanitize-address");

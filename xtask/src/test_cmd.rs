@@ -12,7 +12,8 @@ pub(crate) const SUMMARY: &str = "run every test (add --long for the full collec
 
 /// The help text of `cargo xtask test`.
 pub(crate) const USAGE: &str = "\
-usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [--no-fuzz] [-- CARGO-TEST-ARGS...]
+usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [--no-fuzz] [--no-sanitize]
+                        [-- CARGO-TEST-ARGS...]
 
 First it provides what the tests need, before building anything: the Debian packages of the
 verbs bindings' build (cmake, make, clang, libclang-dev, libibverbs-dev, libnl-3-dev,
@@ -40,6 +41,8 @@ Then the loom models of the lock-free core (`cargo xtask loom`, about 2 minutes 
 build).
 Then every fuzz target for a few seconds each (`cargo xtask fuzz --time 6`, about 5 minutes with
 its build; the nightly toolchain and cargo-fuzz are installed when missing).
+Then the host matrix of 2 ranks under AddressSanitizer (`cargo xtask sanitize --ranks 2`, about
+4 minutes with its build).
 
 options:
   --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
@@ -49,6 +52,7 @@ options:
   --no-netns   leave out the namespace-node tests (they report that they did not run)
   --no-ib      leave out the InfiniBand guest (it reports that it did not run)
   --no-fuzz    leave out the fuzz targets (it reports that they did not run)
+  --no-sanitize  leave out the matrix under AddressSanitizer (it reports that it did not run)
   -h, --help   print this help
 ";
 
@@ -59,6 +63,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
     let mut ib = true;
     let mut netns = true;
     let mut fuzz = true;
+    let mut sanitize = true;
     let mut install = true;
     let mut extra = Vec::new();
     let read = crate::read_args(args, "test", USAGE, |arg, _| {
@@ -68,6 +73,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
             Arg::Flag(f) if f == "--no-ib" => ib = false,
             Arg::Flag(f) if f == "--no-netns" => netns = false,
             Arg::Flag(f) if f == "--no-fuzz" => fuzz = false,
+            Arg::Flag(f) if f == "--no-sanitize" => sanitize = false,
             Arg::Flag(f) if f == "--no-install" => install = false,
             Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
             Arg::Positional(p) => extra.push(p),
@@ -104,7 +110,8 @@ pub(crate) fn run(args: Args) -> ExitCode {
         .and_then(|()| namespace_tests(&env, netns && everything))
         .and_then(|()| ib_guest(ib && everything))
         .and_then(|()| loom_models(everything))
-        .and_then(|()| fuzz_targets(fuzz && everything));
+        .and_then(|()| fuzz_targets(fuzz && everything))
+        .and_then(|()| sanitized_matrix(sanitize && everything));
     match outcome {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
@@ -236,6 +243,25 @@ fn fuzz_targets(wanted: bool) -> Result<(), String> {
         Ok(true) => Ok(()),
         Ok(false) => Err("a fuzz target found something (its input is in fuzz/artifacts)".into()),
         Err(e) => Err(format!("the fuzz targets: {e}")),
+    }
+}
+
+/// World sizes of the matrix under AddressSanitizer in the test: the 2-rank one (4 ranks take
+/// as long again; `cargo xtask sanitize` runs both by default).
+const SANITIZED_RANKS: &[usize] = &[2];
+
+/// The host matrix under AddressSanitizer, when asked for; a report fails the test.
+fn sanitized_matrix(wanted: bool) -> Result<(), String> {
+    if !wanted {
+        println!(
+            "cargo xtask test: the matrix under AddressSanitizer did not run (--no-sanitize, or cargo test filters given)"
+        );
+        return Ok(());
+    }
+    match crate::sanitize_cmd::sanitize(SANITIZED_RANKS) {
+        Ok(true) => Ok(()),
+        Ok(false) => Err("the matrix under AddressSanitizer failed or reported something (see above)".into()),
+        Err(e) => Err(format!("the matrix under AddressSanitizer: {e}")),
     }
 }
 
