@@ -5,7 +5,8 @@
 //!   NVRTC loads, `0` never. Unset: `auto` in release builds (the binaries one runs: a first
 //!   call then compiles nothing), `0` in debug builds (a build for tests or development does not
 //!   wait for NVRTC: 41 s per architecture on a 64-core host, minutes on 2 cores, figures in
-//!   docs/PERF.md; their kernels compile lazily, per kernel, on first use, and are cached);
+//!   docs/perf-log/gpu.md, "GPUs: one operator per first compile, NVRTC 12, kernels at build
+//!   time"; their kernels compile lazily, per kernel, on first use, and are cached);
 //! - `WEAVE_BUILD_KERNEL_ARCHS`: comma-separated `sm_XY` targets; unset, the architectures of
 //!   this machine's GPUs (from `nvidia-smi`), or `sm_80,sm_90,sm_100` where it has none. Each
 //!   architecture adds 12.7 MiB of CUBIN to every binary that links the crate;

@@ -82,7 +82,8 @@ use crate::reduce::reduce_raw;
 /// Bytes of a whole all-reduce (or of an all-gather's whole output) below which the call
 /// crosses the network on the last local rank's rail alone: a reduce (an all-gather) to that
 /// rank in the node, its rail step, a broadcast from it in the node — one network message per
-/// node instead of one on every rail (docs/PERF.md, "Across nodes").
+/// node instead of one on every rail (docs/perf-log/nodes.md, "Across nodes: small calls on one
+/// rail").
 const SMALL_BYTES: usize = 64 << 10;
 
 /// The forms of a rail step, carried in its headers: of a small call, which crosses the network

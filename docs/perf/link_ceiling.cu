@@ -1,9 +1,10 @@
 // link_ceiling: how many bytes per second one GPU can push to its peers while every GPU of the
 // host does the same — the ceiling of any collective that moves its bytes over those links.
 //
-// A study tool for docs/PERF.md, not part of the library: one process drives every visible
-// GPU with peer access enabled (no weave code involved), so nothing but the links and the way
-// the bytes are moved is measured. Build and run on the GPU machine (CUDA toolkit needed):
+// A study tool for docs/perf-log/gpu.md ("Link ceiling"), not part of the library: one process
+// drives every visible GPU with peer access enabled (no weave code involved), so nothing but the
+// links and the way the bytes are moved is measured. Build and run on the GPU machine (CUDA
+// toolkit needed):
 //
 //   nvcc -O3 -arch=sm_90 -o link_ceiling docs/perf/link_ceiling.cu && ./link_ceiling [GPUS] [MIB]
 //

@@ -159,7 +159,7 @@ WEAVE_DEVICE void pipe_tile(uint64_t t, uint64_t tile, uint64_t count, uint64_t&
 //                    what a pass waits for was posted a pass earlier, so blocks never wait on
 //                    each other in step, at the cost of reading slots a pass after they arrived.
 // Which one wins depends on the GPU count, so the table picks per world size
-// (collectives::gpu::calls); the measurements are in docs/PERF.md (tuning notes).
+// (collectives::gpu::calls); the measurements are in docs/perf-log/gpu.md (tuning notes).
 constexpr uint64_t PIPE_LOCKSTEP = 0;
 constexpr uint64_t PIPE_OVERLAPPED = 1;
 

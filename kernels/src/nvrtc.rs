@@ -279,8 +279,9 @@ impl Nvrtc {
 const SPLIT_COMPILE_FROM: (i32, i32) = (12, 1);
 
 /// Lets NVRTC optimize on every core, which shortens the compile of the collective program
-/// (≈ 90 kernels) the more cores the host has (timings in docs/PERF.md); the kernels are the
-/// same code (instructions may be ordered or numbered differently).
+/// (≈ 90 kernels) the more cores the host has (timings in docs/perf-log/gpu.md, "GPUs: weave vs
+/// NCCL on H200s"); the kernels are the same code (instructions may be ordered or numbered
+/// differently).
 pub const SPLIT_COMPILE: &str = "--split-compile=0";
 
 /// The options every weave program is compiled with for `arch`: `-std=c++17`,

@@ -92,19 +92,19 @@ fn the_host_matrix_at_small_sizes_with_256_thread_ranks() {
 }
 
 #[test]
-#[ignore = "512 threads: about 0.8 GB and 12 s on two cores (docs/PERF.md); run with --ignored"]
+#[ignore = "512 threads: about 0.8 GB and 12 s on two cores (docs/perf-log/cpu-host.md, Large worlds); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_512_thread_ranks() {
     small_matrix_on_threads(512, Duration::from_secs(300));
 }
 
 #[test]
-#[ignore = "1,024 threads: about 2.8 GB and 80 s on two cores (docs/PERF.md); run with --ignored"]
+#[ignore = "1,024 threads: about 2.8 GB and 80 s on two cores (docs/perf-log/cpu-host.md, Large worlds); run with --ignored"]
 fn the_host_matrix_at_small_sizes_with_1024_thread_ranks() {
     small_matrix_on_threads(1024, Duration::from_secs(600));
 }
 
 #[test]
-#[ignore = "a measurement (docs/PERF.md): the 256-rank matrix with the algorithms the table chose before the logarithmic ones"]
+#[ignore = "a measurement (docs/perf-log/cpu-host.md, Large worlds): the 256-rank matrix with the algorithms the table chose before the logarithmic ones"]
 fn the_256_rank_matrix_with_the_linear_algorithms_forced() {
     use Algorithm::*;
     use Collective::*;
@@ -247,7 +247,7 @@ fn sixty_four_thread_ranks_agree_on_three_lost_and_shrink() {
 }
 
 #[test]
-#[ignore = "1,024 threads: about 3 GB and 90 s on two cores (docs/PERF.md); run with --ignored"]
+#[ignore = "1,024 threads: about 3 GB and 90 s on two cores (docs/perf-log/failures.md); run with --ignored"]
 fn a_thousand_and_twenty_four_thread_ranks_agree_and_shrink_within_five_seconds() {
     let (agreed, took) = agree_and_shrink_on_threads(1024, &[5, 511, 1000], Duration::from_secs(300));
     println!("1,024 thread ranks, 3 lost: agreed in {agreed:.2?}, agree + shrink in {took:.2?}");

@@ -24,7 +24,8 @@
 //!   the peer stores itself, after the data: on the thread that waits for them
 //!   (`Connection::progress`), or on the backend's watcher thread when nobody waits.
 //!   `WEAVE_IB_FLAG=atomic` sends them instead as fetch-and-adds on the peer's word behind the
-//!   data (`imm`, the default, is faster on SoftRoCE: see docs/PERF.md).
+//!   data (`imm`, the default, is faster on SoftRoCE: see docs/perf-log/infiniband.md, "Flags as
+//!   atomics").
 //!
 //! The verbs layer ([`verbs`]) wraps `ibverbs-sys`. No machine here has an HCA: the tests that
 //! need a device are `#[ignore]`d and run inside a QEMU guest with SoftRoCE

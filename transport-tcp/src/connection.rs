@@ -59,8 +59,9 @@ enum Job {
 /// most this many bytes also goes on stripe 0, with the flags: the peer then finds the data
 /// before the flag on the same socket, without waiting for another stripe. A whole slot of a
 /// two-rank channel link (512 KiB and its header) fits: handing such a message to a stripe's
-/// thread cost a thread wake-up per message (docs/PERF.md, session 13); larger writes are
-/// striped over the sockets by their threads. At most one frame.
+/// thread cost a thread wake-up per message (docs/perf-log/nodes.md, "Across nodes: messages up
+/// to 1 MiB written by the caller"); larger writes are striped over the sockets by their
+/// threads. At most one frame.
 const INLINE_MAX_BYTES: usize = MAX_FRAME_BYTES;
 
 /// One socket of the connection: its thread's queue, and what the thread and the callers share.

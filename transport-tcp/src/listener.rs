@@ -7,9 +7,10 @@
 //! **One set of sockets per pair.** A socket carries both directions: the lower rank of a pair
 //! dials its set, and the higher rank's connection to it writes on the sockets it accepted
 //! from it ([`Inbound::take_offered`]), so each side's messages carry the TCP acknowledgement
-//! of the other's instead of costing a segment of its own both ways (docs/PERF.md, session
-//! 14). A higher rank whose peer has not dialled within [`OFFER_GRACE`] dials a set of its own
-//! (a pair connected one way only, by the higher rank): correct, only slower.
+//! of the other's instead of costing a segment of its own both ways (docs/perf-log/nodes.md,
+//! "Across nodes: Open MPI really across the nodes"). A higher rank whose peer has not dialled
+//! within [`OFFER_GRACE`] dials a set of its own (a pair connected one way only, by the higher
+//! rank): correct, only slower.
 
 use std::collections::HashMap;
 use std::io::{Read, Write};

@@ -7,7 +7,7 @@
 //! constants of every fabric with measured points (`--measured FABRIC:FILE`: processes on
 //! shared memory, thread ranks over loopback, TCP between namespace nodes, SoftRoCE) are
 //! fitted to them (least squares over the plans that ran), the others are taken from the
-//! figures docs/PERF.md records.
+//! figures docs/perf-log/ records.
 //!
 //! The command prints, as markdown: the constants, every measured point next to the model's
 //! prediction for the plan that ran (and the error, per fabric; also that of the constants the
@@ -67,12 +67,12 @@ impl Fabric {
 /// The network between nodes in the predictions: 100 Gbit/s, 5 µs a step (a conservative
 /// InfiniBand / RoCE figure; the measured fabrics here are slower).
 const NETWORK: Fabric = Fabric::network("network (100 Gbit/s, 5 µs)", 5.0, 8.0 / 100e3);
-/// TCP between namespace nodes at 10 Gbit/s (docs/PERF.md, "Across hosts": 8 B all-reduce
+/// TCP between namespace nodes at 10 Gbit/s (docs/perf-log/nodes.md, "Across nodes: faults, hierarchical plans, device buffers" and "Across nodes: weave vs Open MPI on 2 namespace nodes × 2 ranks": 8 B all-reduce
 /// over 2 nodes ≈ 26 µs, 64 MiB at 50 % of the link).
-const TCP_10G: Fabric = Fabric::network("tcp (PERF.md figure)", 26.0, 8.0 / 5e3);
-/// SoftRoCE in a QEMU guest (docs/PERF.md: 25.6 µs a message, ≈ 40 MB/s).
-const SOFTROCE: Fabric = Fabric::network("softroce (PERF.md figures)", 25.6, 1.0 / 40.0);
-/// H200 NVLink (docs/PERF.md: small all-reduce ≈ 5 µs between 2 GPUs, ≈ 360 GB/s busbw).
+const TCP_10G: Fabric = Fabric::network("tcp (perf-log figure)", 26.0, 8.0 / 5e3);
+/// SoftRoCE in a QEMU guest (docs/perf-log/infiniband.md: 25.6 µs a message, ≈ 40 MB/s).
+const SOFTROCE: Fabric = Fabric::network("softroce (perf-log figures)", 25.6, 1.0 / 40.0);
+/// H200 NVLink (docs/perf-log/gpu.md: small all-reduce ≈ 5 µs between 2 GPUs, ≈ 360 GB/s busbw).
 const NVLINK: Fabric = Fabric::network("nvlink (H200)", 2.5, 1.0 / 360e3);
 
 /// A collective the model covers.
@@ -347,7 +347,7 @@ enum Yardstick {
     None,
     /// Another measured fabric's fitted constants (by key).
     Fitted(&'static str),
-    /// Constants taken from the figures docs/PERF.md records.
+    /// Constants taken from the figures docs/perf-log/ records.
     Given(&'static Fabric),
 }
 
@@ -373,11 +373,11 @@ const SOURCES: &[Source] = &[
     },
 ];
 
-/// The fabrics whose constants come from docs/PERF.md figures or are assumed, with where from.
+/// The fabrics whose constants come from docs/perf-log/ figures or are assumed, with where from.
 const GIVEN: [(&Fabric, &str); 4] = [
-    (&TCP_10G, "docs/PERF.md: one 2-node figure"),
-    (&SOFTROCE, "docs/PERF.md: one latency, one bandwidth"),
-    (&NVLINK, "docs/PERF.md: H200 figures"),
+    (&TCP_10G, "docs/perf-log/nodes.md: one 2-node figure"),
+    (&SOFTROCE, "docs/perf-log/infiniband.md: one latency, one bandwidth"),
+    (&NVLINK, "docs/perf-log/gpu.md: H200 figures"),
     (&NETWORK, "assumed"),
 ];
 

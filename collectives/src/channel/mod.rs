@@ -43,7 +43,8 @@ use crate::table::{Algorithm, Collective};
 use link::{Header, Link};
 
 /// Largest payload of one message (and slot): per-message costs (headers, flags, and over TCP
-/// a thread hand-off each way) fall with larger messages (docs/PERF.md, "Transport layer").
+/// a thread hand-off each way) fall with larger messages (docs/perf-log/cpu-host.md, "CPUs: the
+/// channel family, over shared memory and over TCP").
 const MAX_PAYLOAD_BYTES: usize = 512 << 10;
 /// Smallest payload of one message.
 const MIN_PAYLOAD_BYTES: usize = 64 << 10;

@@ -58,7 +58,7 @@ const CHUNK_BYTES: usize = 8 << 20;
 /// Bytes of one point-to-point mailbox slot.
 const MAILBOX_BYTES: usize = 2 << 20;
 /// Blocks of a block-pipelined kernel unless `WEAVE_GPU_BLOCKS` says otherwise (128 beat 64
-/// on 2 and 4 H200s from 4 MiB on: docs/PERF.md, "Tuning notes").
+/// on 2 and 4 H200s from 4 MiB on: docs/perf-log/gpu.md, "Tuning notes").
 const DEFAULT_PIPE_BLOCKS: u32 = 128;
 /// Bytes one pipelined block moves per peer and step, unless `WEAVE_GPU_TILE` says otherwise.
 const PIPE_TILE_BYTES: usize = 128 << 10;
@@ -511,7 +511,7 @@ impl DirectKernels {
     /// Blocks for an LL packet kernel with `packets` packets per peer: one thread per packet,
     /// since every packet is a round trip's worth of latency, up to `PACKET_MAX_BLOCKS` (then a
     /// thread takes several packets: more blocks of spinning readers stalled now and then,
-    /// docs/PERF.md).
+    /// docs/perf-log/gpu.md, "Tuning notes").
     pub(crate) fn packet_blocks(&self, packets: usize) -> u32 {
         (packets.div_ceil(BLOCK_THREADS as usize).max(1) as u32).min(self.max_blocks).min(PACKET_MAX_BLOCKS)
     }

@@ -4,7 +4,7 @@
 //! (the packet area is too small for a one-shot of this size, no NVLink for LL128 lines), in
 //! which case the next algorithm of the same collective that fits is taken. Then each
 //! (collective, algorithm) pair names its kernel family and grid. Measurements behind the
-//! thresholds are in docs/PERF.md.
+//! thresholds are in docs/perf-log/gpu.md ("Tuning notes").
 
 use comm_core::Result;
 

@@ -268,7 +268,8 @@ const EAGER_BYTES: usize = 4097;
 /// From this many ranks on, small calls run the logarithmic channel algorithms (recursive
 /// doubling and halving, Bruck, binomial trees: `log2 n` steps) instead of the one-hop and ring
 /// ones (`n - 1` steps), on either family's rows; smaller worlds keep the one-hop algorithms,
-/// which are faster there (docs/PERF.md).
+/// which are faster there (docs/perf-log/cpu-host.md, "Large worlds: logarithmic algorithms and
+/// thread-ranks").
 const LOG_WORLD: usize = 9;
 
 const fn host(c: Collective, ranks: (usize, usize), bytes: (usize, usize), a: Algorithm) -> Row {
@@ -294,7 +295,8 @@ pub const HIERARCHICAL_HOST_ROWS: &[Row] = {
     &[
         // At every size: one crossing of the network (a small all-reduce on one rail) and
         // node steps in shared memory beat a flat hop that sends a TCP message per peer
-        // (docs/PERF.md).
+        // (docs/perf-log/nodes.md, "Across nodes: the hierarchical all-reduce crosses the network
+        // once", and "Across nodes: small calls on one rail").
         host(AllReduce, (1, ANY), (0, ANY), Hierarchical),
         host(AllGather, (1, ANY), (0, ANY), Hierarchical),
         // Below 64 KiB one flat hop beats three steps.
@@ -327,8 +329,9 @@ pub const HIERARCHICAL_DEVICE_ROWS: &[Row] = {
 /// ([`AlgorithmTable::for_crowded_host`]): there every step of a logarithmic algorithm waits
 /// for the scheduler to run its partner, while the workspace's one-shot all-reduce needs one
 /// arrival of every rank. On the 2-core machine, 8 B: 82 / 178 / 820 µs at 32 / 64 / 128
-/// processes against doubling's 279 / 633 / 1,897 (docs/PERF.md). Up to 128 ranks: beyond,
-/// each rank reading every peer's scratch outgrows the scheduling it saves.
+/// processes against doubling's 279 / 633 / 1,897 (docs/perf-log/cpu-host.md, "Many ranks on one
+/// host: the issue's table again"). Up to 128 ranks: beyond, each rank reading every peer's
+/// scratch outgrows the scheduling it saves.
 pub const CROWDED_HOST_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
@@ -342,7 +345,8 @@ pub const CROWDED_HOST_ROWS: &[Row] = {
 /// each node's link, and a step of recursive doubling sends one; from 32 KiB, halving's
 /// reduce-scatter and all-gather move a fraction of the bytes doubling does, in as few
 /// messages at once, up to where the ring's pipeline catches up. Powers of two only: at 3
-/// ranks doubling's fold step lost to the one hop (docs/PERF.md, "Across nodes").
+/// ranks doubling's fold step lost to the one hop (docs/perf-log/nodes.md, "Across nodes: one rank
+/// per node, small all-reduces by recursive doubling").
 pub const ONE_RANK_PER_NODE_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
@@ -354,9 +358,10 @@ pub const ONE_RANK_PER_NODE_ROWS: &[Row] = {
     ]
 };
 
-/// The host rows, tuned on a 2-core x86 machine (see docs/PERF.md). "Bytes" is the size of the
-/// largest buffer of the call (the receive buffer of an all-gather, the send buffer of a
-/// reduce-scatter), as in the nccl-tests tables.
+/// The host rows, tuned on a 2-core x86 machine (see docs/PERFORMANCE.md, "CPUs of one host", and
+/// docs/perf-log/cpu-host.md). "Bytes" is the size of the largest buffer of the call (the
+/// receive buffer of an all-gather, the send buffer of a reduce-scatter), as in the nccl-tests
+/// tables.
 pub const HOST_ROWS: &[Row] = {
     use Algorithm::*;
     use Collective::*;
@@ -457,7 +462,7 @@ const ANY_GPU: Option<u32> = None;
 /// packets without any barrier (one-shot; two-shot for medium all-reduces, as LL128 lines on
 /// sm_90 when every GPU pair is joined by NVLink, else as LL16 packets), large ones through
 /// the block-pipelined kernels. The thresholds come from H200 sweeps for 2 and for 4 GPUs
-/// (docs/PERF.md, "Tuning notes"); the generic rows (any architecture, or
+/// (docs/perf-log/gpu.md, "Tuning notes"); the generic rows (any architecture, or
 /// GPUs of different kinds) use the same crossovers until measured elsewhere.
 pub const DEVICE_ROWS: &[Row] = {
     use Algorithm::*;

@@ -39,8 +39,8 @@ fn main() {
 /// Communicator creation, timed: the bootstrap (`from_env`), then an all-gather and a barrier on
 /// it (every rank's figure then includes the last rank's arrival), then the communicator on it
 /// and a barrier, then its drop. Prints milliseconds since the start at each step and the
-/// bootstrap's links, for docs/PERF.md ("Bootstrap at scale"). With `core`, the communicator is
-/// only the primitives layer over the default transports (no host workspace).
+/// bootstrap's links, for docs/perf-log/cpu-host.md ("Bootstrap at scale"). With `core`, the
+/// communicator is only the primitives layer over the default transports (no host workspace).
 fn create(which: &str) -> Result<String> {
     use comm_core::bootstrap::Bootstrap;
     let started = std::time::Instant::now();
