@@ -251,7 +251,7 @@ impl Communicator {
 /// most once): every rank sees the same topology, ranks and cores, so all agree.
 pub(crate) fn fit_to_placement(table: &mut AlgorithmTable, core: &CoreCommunicator) {
     // One host whose ranks outnumber its cores.
-    if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::spin::host_cpus() {
+    if core.topology().all_direct() && core.bootstrap().local_world_size() > comm_core::crowding::host_cpus() {
         table.for_crowded_host();
     }
     if crate::select::one_rank_per_node(core.topology()) {

@@ -11,7 +11,7 @@
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
-use comm_core::config::Deadline;
+use comm_core::deadline::Deadline;
 use comm_core::ledger::{CallKind, CallSignature};
 use comm_core::spin::Backoff;
 use comm_core::{Error, Result};

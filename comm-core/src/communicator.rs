@@ -28,7 +28,7 @@ use crate::memory::RegisteredMemory;
 use crate::memory_channel::MemoryChannel;
 use crate::port_channel::PortChannel;
 use crate::proxy::ProxyService;
-use crate::registration::PeerTokens;
+use crate::semaphore::PeerTokens;
 use crate::topology::{PeerReach, Topology};
 use crate::transport::{PeerLiveness, Transport, TransportBackend, TransportContext, TransportFactory};
 use crate::wire::{Decoder, Encoder};
@@ -151,7 +151,7 @@ impl CommunicatorBuilder {
             })
             .collect();
         let topology = Topology::new(rank, &hosts, reach);
-        crate::spin::set_local_ranks(bootstrap.local_world_size());
+        crate::crowding::set_local_ranks(bootstrap.local_world_size());
         let comm = Communicator {
             bootstrap,
             config,
@@ -469,7 +469,7 @@ impl Communicator {
         let semaphore = proxy.add_semaphore(self.semaphore(remote.owner())?)?;
         let dst = proxy.add_memory(remote.clone())?;
         let src = proxy.add_memory(local.clone())?;
-        proxy.port_channel(semaphore, dst, src)
+        PortChannel::new(proxy, semaphore, dst, src)
     }
 }
 

@@ -37,7 +37,7 @@
 //! `rings` wraps at 2^32; a waiter would sleep through a ring only if exactly 2^32 rings came
 //! between its read and its futex call, and even then only until its slice ends.
 //!
-//! Where the host is not crowded (at most four ranks per core, see [`crate::spin::crowded`]),
+//! Where the host is not crowded (at most four ranks per core, see [`crate::crowding::crowded`]),
 //! writers ring without the fence: a full fence after a store to a peer's cache line waits for
 //! that line, which costs a small message more than the rest of its path. A wake can then be
 //! lost in the window between a waiter's announcement and its look at the condition; the
@@ -109,7 +109,7 @@ impl Doorbell {
     pub fn ring(&self) {
         // Where the host is not crowded, the fence would stall every message on the store that
         // precedes it, for a sleeper that is rarely there (see the module doc).
-        self.ring_fenced(crate::spin::crowded());
+        self.ring_fenced(crate::crowding::crowded());
     }
 
     /// [`ring`](Self::ring), with the fence that makes it lose no wake or without it.

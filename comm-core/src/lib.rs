@@ -14,6 +14,8 @@ pub mod carry_over;
 pub mod communicator;
 pub mod config;
 pub mod connection;
+pub mod crowding;
+pub mod deadline;
 mod debug_fields;
 pub mod deferred;
 pub mod device;
@@ -45,6 +47,7 @@ pub mod tcp_listener;
 pub mod testing;
 pub mod topology;
 pub mod transport;
+pub mod transport_id;
 pub mod verdict;
 pub mod wire;
 

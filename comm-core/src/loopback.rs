@@ -11,8 +11,8 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock, Weak};
 use std::time::Duration;
 
 use crate::bootstrap::Bootstrap;
-use crate::config::Deadline;
 use crate::connection::{Connection, DirectConnection};
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 use crate::memory::{HeapRegion, HostRegion, MemoryKind, MemoryRegion};
 use crate::transport::{PeerExport, Transport, TransportBackend, TransportContext, TransportFactory};

@@ -1,5 +1,5 @@
 //! Port channels: a one-way data path to a peer whose copies, signals and flushes are carried
-//! out by a [`ProxyService`](crate::proxy::ProxyService) thread, fed through the trigger FIFO.
+//! out by a [`ProxyService`] thread, fed through the trigger FIFO.
 //!
 //! The host object, [`PortChannel`], checks every range on the host before it pushes anything
 //! (nothing is ever masked to fit a trigger field), splits puts larger than a trigger can carry,
@@ -19,7 +19,7 @@ use crate::fifo::{
     TriggerFields, TriggerType,
 };
 use crate::memory::RegisteredMemory;
-use crate::proxy::ProxyShared;
+use crate::proxy::{ProxyService, ProxyShared};
 use crate::semaphore::{HostSemaphore, Token};
 
 /// Bytes per trigger when a put is split: the largest power of two a trigger's size field holds,
@@ -54,7 +54,7 @@ pub struct PortChannelDeviceHandle {
 }
 
 /// Host side of a port channel, built by
-/// [`ProxyService::port_channel`](crate::proxy::ProxyService::port_channel).
+/// [`PortChannel::new`].
 ///
 /// Every method is bounded by the proxy's timeout. Once the proxy has recorded an error, every
 /// method that pushes returns that error. Cloning is cheap; clones share the proxy and the
@@ -93,7 +93,17 @@ fn chunks(dst_offset: u64, src_offset: u64, len: u64, max_chunk: u64) -> impl It
 }
 
 impl PortChannel {
-    pub(crate) fn new(
+    /// A port channel that copies from `src` (usually this rank's memory) to `dst` (usually the
+    /// peer's) through the connection of `semaphore`, and signals that semaphore, driven by
+    /// `proxy`, which holds all three ids. `Err(InvalidArgument)` for an id it does not hold.
+    pub fn new(proxy: &ProxyService, semaphore: SemaphoreId, dst: MemoryId, src: MemoryId) -> Result<PortChannel> {
+        let sem = proxy.semaphore(semaphore)?;
+        let dst_memory = proxy.memory(dst)?;
+        let src_memory = proxy.memory(src)?;
+        Ok(PortChannel::from_parts(Arc::clone(proxy.shared()), semaphore, sem, (dst, dst_memory), (src, src_memory)))
+    }
+
+    fn from_parts(
         proxy: Arc<ProxyShared>,
         semaphore_id: SemaphoreId,
         semaphore: Arc<HostSemaphore>,
@@ -319,7 +329,7 @@ mod tests {
     }
 
     fn channel(side: &Side) -> PortChannel {
-        side.proxy.port_channel(side.semaphore_id, side.dst_id, side.src_id).unwrap()
+        PortChannel::new(&side.proxy, side.semaphore_id, side.dst_id, side.src_id).unwrap()
     }
 
     fn start(sides: &[Side]) {

@@ -38,7 +38,6 @@ use crate::error::{Error, Result};
 use crate::fifo::{MAX_MEMORIES, MAX_SEMAPHORES, Trigger, TriggerFifo, TriggerType};
 pub use crate::fifo::{MemoryId, SemaphoreId};
 use crate::memory::RegisteredMemory;
-use crate::port_channel::PortChannel;
 use crate::semaphore::HostSemaphore;
 use crate::spin::WaitContext;
 
@@ -367,14 +366,9 @@ impl ProxyService {
         self.shared.semaphore(id).map_err(|_| Self::unknown("semaphore", id.0))
     }
 
-    /// A port channel that copies from `src` (usually this rank's memory) to `dst` (usually the
-    /// peer's) through the connection of `semaphore`, and signals that semaphore.
-    /// `Err(InvalidArgument)` for an id this service does not hold.
-    pub fn port_channel(&self, semaphore: SemaphoreId, dst: MemoryId, src: MemoryId) -> Result<PortChannel> {
-        let sem = self.semaphore(semaphore)?;
-        let dst_memory = self.memory(dst)?;
-        let src_memory = self.memory(src)?;
-        Ok(PortChannel::new(Arc::clone(&self.shared), semaphore, sem, (dst, dst_memory), (src, src_memory)))
+    /// The state the proxy thread shares with the port channels it serves.
+    pub(crate) fn shared(&self) -> &Arc<ProxyShared> {
+        &self.shared
     }
 
     fn unknown(what: &str, id: u32) -> Error {
@@ -568,6 +562,7 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::*;
     use super::*;
+    use crate::port_channel::PortChannel;
     use crate::fifo::TriggerFields;
     use std::time::Instant;
 
@@ -604,7 +599,7 @@ mod tests {
         assert!(HostSemaphore::signal_only(connection, outside, TIMEOUT, abort).is_err());
         let id = a.proxy.add_semaphore(only).unwrap();
         a.proxy.start(|| Ok(())).unwrap();
-        let channel = a.proxy.port_channel(id, a.dst_id, a.src_id).unwrap();
+        let channel = PortChannel::new(&a.proxy, id, a.dst_id, a.src_id).unwrap();
         channel.signal().unwrap();
         channel.signal().unwrap();
         channel.flush().unwrap();

@@ -20,7 +20,7 @@ use crate::bootstrap::RESERVED_TAG_BASE;
 use crate::communicator::{Communicator, WIRE_VERSION};
 use crate::error::{Error, Result};
 use crate::memory::{MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
-use crate::semaphore::{HostSemaphore, Token};
+use crate::semaphore::{HostSemaphore, POOL_BYTES, PeerTokens};
 use crate::transport::{PeerExport, Transport, TransportBackend};
 use crate::wire::{Decoder, Encoder};
 
@@ -35,10 +35,6 @@ const PRIVATE_SEQ_BASE: u64 = 1 << 61;
 /// Tag of the pairwise semaphore handshake.
 const TAG_SEMAPHORE: u64 = RESERVED_TAG_BASE | 0x102;
 
-/// Bytes between two semaphore tokens (one cache line each, so waiters do not share lines).
-const TOKEN_STRIDE: usize = 64;
-/// Tokens in one pool (one page).
-const TOKENS_PER_POOL: usize = 64;
 /// Magic of the status every rank reports after importing (exchange and pairwise memory).
 const STATUS_MAGIC: [u8; 4] = *b"WVST";
 /// Magic of the pairwise semaphore handshake.
@@ -46,15 +42,6 @@ const SEMAPHORE_MAGIC: [u8; 4] = *b"WVSM";
 
 /// A backend and the memory it allocated for one peer (pairwise exchanges).
 type PairAllocation<'a> = (&'a Arc<dyn TransportBackend>, Arc<dyn MemoryRegion>);
-
-/// The token pools shared with one peer: this rank's, the peer's (imported), and the next
-/// free token index.
-#[derive(Default)]
-pub(crate) struct PeerTokens {
-    local: Vec<RegisteredMemory>,
-    remote: Vec<RegisteredMemory>,
-    next: usize,
-}
 
 impl Communicator {
     /// Backends in the order to try for allocating memory that peers will import: those that
@@ -212,12 +199,10 @@ impl Communicator {
 
     /// Pairwise: allocates one token pool, swaps it with `peer` and seals it once the peer has it.
     fn grow_token_pools(&self, peer: usize, tokens: &mut PeerTokens) -> Result<()> {
-        let pool = tokens.local.len() as u64;
+        let pool = tokens.pools() as u64;
         let label = format!("semaphore tokens {}<->{} #{pool}", self.rank().min(peer), self.rank().max(peer));
-        let (local, remote) =
-            self.swap_memory(peer, TOKEN_STRIDE * TOKENS_PER_POOL, MemoryKind::Host, u64::MAX - pool, &label)?;
-        tokens.local.push(local);
-        tokens.remote.push(remote);
+        let (local, remote) = self.swap_memory(peer, POOL_BYTES, MemoryKind::Host, u64::MAX - pool, &label)?;
+        tokens.add_pool(local, remote);
         Ok(())
     }
 
@@ -328,8 +313,8 @@ impl Communicator {
         self.check_peer_rank(peer)?;
         let mut all = self.tokens.lock().unwrap_or_else(|p| p.into_inner());
         let tokens = all.entry(peer).or_default();
-        let slot = tokens.next;
-        if slot / TOKENS_PER_POOL >= tokens.local.len() {
+        let slot = tokens.next_slot();
+        if tokens.needs_pool() {
             self.grow_token_pools(peer, tokens)?;
         }
         let hello = Encoder::new(SEMAPHORE_MAGIC, WIRE_VERSION).u64(slot as u64).finish();
@@ -344,13 +329,11 @@ impl Communicator {
                 self.rank()
             )));
         }
-        let (pool, offset) = (slot / TOKENS_PER_POOL, (slot % TOKENS_PER_POOL) * TOKEN_STRIDE);
+        let (inbound, remote) = tokens.next_tokens();
         // Signal through the transport that maps the peer's token pool.
-        let connection = self.connection_via(peer, tokens.remote[pool].transport())?;
-        let inbound = Token { memory: tokens.local[pool].clone(), offset };
-        let remote = Token { memory: tokens.remote[pool].clone(), offset };
+        let connection = self.connection_via(peer, remote.memory.transport())?;
         let semaphore = HostSemaphore::new(connection, inbound, remote, self.config.timeout, self.abort.clone())?;
-        tokens.next += 1;
+        tokens.advance();
         Ok(Arc::new(semaphore))
     }
 }
@@ -388,7 +371,8 @@ mod tests {
     fn many_semaphores_span_several_pools() {
         run(2, |comm| {
             let peer = 1 - comm.rank();
-            let sems: Vec<_> = (0..TOKENS_PER_POOL + 5).map(|_| comm.semaphore(peer).unwrap()).collect();
+            let sems: Vec<_> =
+                (0..crate::semaphore::TOKENS_PER_POOL + 5).map(|_| comm.semaphore(peer).unwrap()).collect();
             for (i, s) in sems.iter().enumerate() {
                 if (i + comm.rank()) % 2 == 0 {
                     s.signal().unwrap();

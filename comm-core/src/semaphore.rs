@@ -29,6 +29,59 @@ pub struct Token {
     pub offset: usize,
 }
 
+/// Bytes between two semaphore tokens in a pool (one cache line each, so waiters do not share
+/// lines).
+pub(crate) const TOKEN_STRIDE: usize = 64;
+/// Tokens in one pool.
+pub(crate) const TOKENS_PER_POOL: usize = 64;
+/// Bytes of one token pool (one page).
+pub(crate) const POOL_BYTES: usize = TOKEN_STRIDE * TOKENS_PER_POOL;
+
+/// The token pools a rank shares with one peer: this rank's (the peer signals into them), the
+/// peer's (imported; this rank signals into them), and the index of the next semaphore's
+/// tokens, which both sides hand out in the same order.
+#[derive(Debug, Default)]
+pub(crate) struct PeerTokens {
+    local: Vec<RegisteredMemory>,
+    remote: Vec<RegisteredMemory>,
+    next: usize,
+}
+
+impl PeerTokens {
+    /// The index of the next semaphore's tokens.
+    pub(crate) fn next_slot(&self) -> usize {
+        self.next
+    }
+
+    /// Pools swapped so far.
+    pub(crate) fn pools(&self) -> usize {
+        self.local.len()
+    }
+
+    /// Whether the next semaphore needs one more pool ([`add_pool`](Self::add_pool)) first.
+    pub(crate) fn needs_pool(&self) -> bool {
+        self.next / TOKENS_PER_POOL >= self.local.len()
+    }
+
+    /// Adds a swapped pair of pools: this rank's and the peer's, of [`POOL_BYTES`] each.
+    pub(crate) fn add_pool(&mut self, local: RegisteredMemory, remote: RegisteredMemory) {
+        self.local.push(local);
+        self.remote.push(remote);
+    }
+
+    /// The next semaphore's tokens: (this rank's inbound one, the peer's). Call only once its
+    /// pool is there (not [`needs_pool`](Self::needs_pool)).
+    pub(crate) fn next_tokens(&self) -> (Token, Token) {
+        let (pool, offset) = (self.next / TOKENS_PER_POOL, (self.next % TOKENS_PER_POOL) * TOKEN_STRIDE);
+        (Token { memory: self.local[pool].clone(), offset }, Token { memory: self.remote[pool].clone(), offset })
+    }
+
+    /// Counts the next semaphore's tokens as handed out.
+    pub(crate) fn advance(&mut self) {
+        self.next += 1;
+    }
+}
+
 /// Where a semaphore's two counts start: the signals already taken from the inbound token and
 /// the count this side last stored into the peer's token.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -3,10 +3,11 @@
 //! (see [`Backoff`]); where the writer rings a [`Doorbell`] after its stores
 //! ([`wait_until_rung`]), the sleep ends as soon as it does.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
-use crate::config::Deadline;
+use crate::crowding::{crowded, oversubscribed};
+use crate::deadline::Deadline;
 use crate::doorbell::Doorbell;
 use crate::error::{Error, Result};
 
@@ -25,11 +26,6 @@ const YIELD_BUDGET: Duration = Duration::from_millis(1);
 /// so only a few are worth trying (the peer may be about to store).
 const CROWDED_YIELDS: u32 = 2;
 
-/// Ranks per core from which a host is crowded. Below it (a few ranks per core), a yield
-/// mostly hands the core to the peer a waiter waits for, and a futex sleep and wake costs a
-/// small call more than yielding does: waiters there yield for [`YIELD_BUDGET`] first.
-const CROWDED_RANKS_PER_CORE: usize = 4;
-
 /// The longest sleep on a doorbell before the waiter looks at its deadline, the abort flag and
 /// its peer's health again.
 const SLEEP_SLICE: Duration = Duration::from_millis(2);
@@ -40,75 +36,6 @@ const SLEEP_SLICE: Duration = Duration::from_millis(2);
 const NAP_MIN: Duration = Duration::from_micros(20);
 #[cfg_attr(loom, allow(dead_code))]
 const NAP_MAX: Duration = Duration::from_millis(1);
-
-/// Set when this host runs more ranks than it has cores: spinning and yielding then only delay
-/// the rank that holds the core we wait for, so waiters sleep almost at once.
-static OVERSUBSCRIBED: AtomicBool = AtomicBool::new(false);
-
-/// Set when this host runs more than [`CROWDED_RANKS_PER_CORE`] ranks per core.
-static CROWDED: AtomicBool = AtomicBool::new(false);
-/// This host's CPUs per rank on it, rounded down (0 until [`set_local_ranks`] runs).
-static CPUS_PER_RANK: AtomicUsize = AtomicUsize::new(0);
-
-/// Tells every wait in this process whether ranks outnumber cores on this host.
-pub fn set_oversubscribed(oversubscribed: bool) {
-    OVERSUBSCRIBED.store(oversubscribed, Ordering::Relaxed);
-}
-
-/// Whether ranks outnumber cores on this host (as last set): it decides how soon waits sleep
-/// and whether doorbells fence before they ring.
-#[inline]
-pub fn oversubscribed() -> bool {
-    OVERSUBSCRIBED.load(Ordering::Relaxed)
-}
-
-/// Whether this host is crowded (as last set): more than four ranks per core. Waits then
-/// sleep after two yields, and doorbells fence before they ring.
-///
-/// Under loom it always holds: the models check the doorbell with its fence, untimed, where a
-/// lost wake would hang the sleeper for good.
-#[inline]
-pub fn crowded() -> bool {
-    cfg!(loom) || CROWDED.load(Ordering::Relaxed)
-}
-
-/// Tells every wait in this process how many ranks run on this host: they outnumber its cores
-/// when there are more of them than [`host_cpus`], and crowd it beyond four per core.
-pub fn set_local_ranks(local_ranks: usize) {
-    let cpus = host_cpus();
-    set_oversubscribed(local_ranks > cpus);
-    CROWDED.store(local_ranks > CROWDED_RANKS_PER_CORE * cpus, Ordering::Relaxed);
-    CPUS_PER_RANK.store(cpus / local_ranks.max(1), Ordering::Relaxed);
-}
-
-/// This host's CPUs per rank on it, rounded down, as [`set_local_ranks`] last saw them; 0
-/// before it ran. Helpers that would keep a thread of their own awake beside each waiting
-/// rank (a transport's readers napping instead of sleeping) ask it whether cores are spare.
-#[inline]
-pub fn cpus_per_local_rank() -> usize {
-    CPUS_PER_RANK.load(Ordering::Relaxed)
-}
-
-/// CPUs online on this host (`/sys/devices/system/cpu/online`), not this thread's affinity
-/// mask: a rank pinned to one CPU still shares the host with peers pinned to the others, and
-/// they do not outnumber the cores. Falls back to the affinity mask where sysfs is unreadable.
-pub fn host_cpus() -> usize {
-    std::fs::read_to_string("/sys/devices/system/cpu/online")
-        .ok()
-        .and_then(|s| count_cpu_list(s.trim()))
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()))
-}
-
-/// The number of CPUs in a kernel CPU list such as `0-3,8,10-11`; `None` if malformed.
-fn count_cpu_list(list: &str) -> Option<usize> {
-    let mut n = 0usize;
-    for part in list.split(',') {
-        let (a, b) = part.split_once('-').unwrap_or((part, part));
-        let (a, b): (usize, usize) = (a.trim().parse().ok()?, b.trim().parse().ok()?);
-        n = n.checked_add(b.checked_sub(a)?.checked_add(1)?)?;
-    }
-    (n > 0).then_some(n)
-}
 
 /// What a [`Backoff`] does on a snooze.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -150,7 +77,7 @@ impl Backoff {
     pub fn new() -> Self {
         let stage = if cfg!(loom) {
             Stage::Sleep
-        } else if OVERSUBSCRIBED.load(Ordering::Relaxed) {
+        } else if oversubscribed() {
             Stage::Yield
         } else {
             Stage::Spin
@@ -344,17 +271,6 @@ mod tests {
         abort: &'a AtomicBool,
     ) -> WaitContext<'a> {
         WaitContext { operation, peer, timeout, abort, check_peer: &ok }
-    }
-
-    #[test]
-    fn cpu_lists_count() {
-        assert_eq!(count_cpu_list("0-1"), Some(2));
-        assert_eq!(count_cpu_list("0-3,8,10-11"), Some(7));
-        assert_eq!(count_cpu_list("0"), Some(1));
-        for bad in ["", "3-1", "a", "0-"] {
-            assert_eq!(count_cpu_list(bad), None, "{bad:?}");
-        }
-        assert!(host_cpus() >= 1);
     }
 
     #[test]

@@ -18,7 +18,7 @@ use std::sync::{Arc, Mutex, Weak};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use comm_core::config::Deadline;
+use comm_core::deadline::Deadline;
 use comm_core::error::{Error, Result};
 use cudarc::driver::CudaContext;
 use nix::errno::Errno;

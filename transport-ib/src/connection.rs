@@ -39,8 +39,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use comm_core::config::Deadline;
 use comm_core::connection::{CheckedWrite, Connection};
+use comm_core::deadline::Deadline;
 use comm_core::memory::{MemoryRegion, RegisteredMemory};
 use comm_core::spin::Backoff;
 use comm_core::transport::{PeerLiveness, Transport};

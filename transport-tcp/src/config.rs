@@ -33,7 +33,7 @@ impl Tending {
     /// Whether waiters tend their peers now.
     pub fn tends(self) -> bool {
         match self {
-            Tending::Auto => comm_core::spin::cpus_per_local_rank() >= TENDING_CPUS_PER_RANK,
+            Tending::Auto => comm_core::crowding::cpus_per_local_rank() >= TENDING_CPUS_PER_RANK,
             Tending::On => true,
             Tending::Off => false,
         }

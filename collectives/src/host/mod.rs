@@ -104,7 +104,7 @@ impl HostEngine {
     ) -> Result<Self> {
         // Ranks pinned one per CPU see one CPU in their affinity mask, yet do not outnumber the
         // host's cores: judged on the CPUs online, their waits spin before they yield.
-        comm_core::spin::set_local_ranks(core.bootstrap().local_world_size());
+        comm_core::crowding::set_local_ranks(core.bootstrap().local_world_size());
         let mut ws = Workspace::new(core, scratch_bytes, P2pState::area_bytes(core.world_size()))?;
         let p2p = P2pState::new(core, ws.memories(), ws.tail_offset())?;
         let cma = probe_cma(&mut ws)?;

@@ -67,7 +67,7 @@ pub(crate) fn message(data: &[u8]) -> bool {
 pub(crate) fn seeds() -> Vec<Vec<u8>> {
     let id = job();
     let (world_size, roots) = (4, 2);
-    let entry = |port: u16| super::rendezvous::RankEntry {
+    let entry = |port: u16| super::messages::RankEntry {
         listen_addr: ([10, 0, 0, 1], port).into(),
         host: format!("node-{port}"),
     };

@@ -8,7 +8,7 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, U
 use std::time::{Duration, Instant};
 
 use super::messages::MAX_HELLO_LEN;
-use crate::config::Deadline;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 
 /// How long an accepted connection may take to send its complete hello (at the root during the

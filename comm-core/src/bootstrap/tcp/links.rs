@@ -13,7 +13,7 @@ use std::sync::{Arc, Condvar, Mutex, MutexGuard, PoisonError};
 
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
-use crate::config::Deadline;
+use crate::deadline::Deadline;
 
 /// Payloads up to this size are copied into one buffer with their frame header (one write).
 const SMALL_FRAME_LEN: usize = 64 << 10;

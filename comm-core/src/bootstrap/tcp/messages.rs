@@ -5,13 +5,20 @@
 //! the world size and every rank and length, so that a stranger or a misconfigured rank is an
 //! error, never a panic.
 
+use std::net::SocketAddr;
 use std::ops::Range;
 
-use super::rendezvous::RankEntry;
 use crate::bootstrap::UniqueId;
 use crate::bootstrap::unique_id::{decode_socket_addr, encode_socket_addr};
 use crate::error::{Error, Result};
 use crate::wire::{Decoder, Encoder};
+
+/// What the rank table says about one rank.
+#[derive(Clone)]
+pub(super) struct RankEntry {
+    pub(super) listen_addr: SocketAddr,
+    pub(super) host: String,
+}
 
 /// Version of the bootstrap protocol; every handshake carries it and peers must agree.
 /// Version 2: ranks join at one of several roots, the rank table goes down a tree, links are

@@ -66,7 +66,7 @@ use self::rendezvous::{Rendezvous, group_range, local_host_identity};
 use super::tree;
 use super::unique_id::UniqueId;
 use super::{Bootstrap, RESERVED_TAG_BASE, TAG_ALL_GATHER, TAG_BARRIER, TAG_BROADCAST, TAG_NOTICE};
-use crate::config::Deadline;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 
 /// Tag of the rank table on its way down the tree (step 3); 1 to 3 are the collectives', 0x100
@@ -192,7 +192,7 @@ impl TcpBootstrap {
     fn spread_rank_table(
         &mut self,
         ids: &[UniqueId],
-        at_root: Option<Vec<rendezvous::RankEntry>>,
+        at_root: Option<Vec<messages::RankEntry>>,
         host: &str,
         deadline: &Deadline,
     ) -> Result<()> {

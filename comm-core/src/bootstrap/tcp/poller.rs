@@ -30,7 +30,7 @@ use super::io::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES};
 use super::links::{Command, Link, Shared};
 use super::messages::{MAX_HELLO_LEN, ROOT_HELLO_MAGIC, decode_peer_hello, encode_peer_hello};
 use crate::bootstrap::{TAG_NOTICE, UniqueId};
-use crate::config::Deadline;
+use crate::deadline::Deadline;
 use crate::diagnostics;
 
 /// Bound on writing a notice queued for a link when the link opens.

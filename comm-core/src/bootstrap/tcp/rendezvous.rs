@@ -10,22 +10,15 @@ use std::time::Duration;
 
 use super::io::{Acceptor, IoFailure, bind_member_listener, read_handshake, write_handshake};
 use super::messages::{
-    GROUP_TABLE_MAGIC, MAX_HELLO_LEN, decode_group_table, decode_root_ack, decode_root_hello, encode_group_table,
-    encode_root_ack, encode_root_hello,
+    GROUP_TABLE_MAGIC, MAX_HELLO_LEN, RankEntry, decode_group_table, decode_root_ack, decode_root_hello,
+    encode_group_table, encode_root_ack, encode_root_hello,
 };
 use crate::bootstrap::UniqueId;
-use crate::config::Deadline;
+use crate::deadline::Deadline;
 use crate::error::{Error, Result};
 
 /// Longest pause between two attempts to reach a root.
 const CONNECT_RETRY_MAX: Duration = Duration::from_millis(200);
-
-/// What the rank table says about one rank.
-#[derive(Clone)]
-pub(super) struct RankEntry {
-    pub(super) listen_addr: SocketAddr,
-    pub(super) host: String,
-}
 
 /// The ranks that join at root `group` of `roots`: contiguous ranges, the first
 /// `world_size % roots` of them one rank longer. The group's first rank is its root.
