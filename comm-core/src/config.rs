@@ -19,7 +19,7 @@ use std::time::Duration;
 
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::transport_id::Transport;
+use crate::transport_names::Transport;
 
 /// Default bound on every blocking call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);

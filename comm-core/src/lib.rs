@@ -47,7 +47,7 @@ pub mod tcp_listener;
 pub mod testing;
 pub mod topology;
 pub mod transport;
-pub mod transport_id;
+pub mod transport_names;
 pub mod verdict;
 pub mod wire;
 

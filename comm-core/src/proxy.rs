@@ -562,8 +562,8 @@ pub(crate) mod test_support {
 mod tests {
     use super::test_support::*;
     use super::*;
-    use crate::port_channel::PortChannel;
     use crate::fifo::TriggerFields;
+    use crate::port_channel::PortChannel;
     use std::time::Instant;
 
     fn trigger(side: &Side, kind: TriggerType, size: u64, src_offset: u64, dst_offset: u64) -> Trigger {

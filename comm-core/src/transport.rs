@@ -10,7 +10,7 @@
 //! tests; every other transport lives in its own crate, and a user transport plugs in the same
 //! way.
 //!
-//! Transport names and their ids live in [`transport_id`](mod@crate::transport_id).
+//! Transport names and their ids live in [`transport_names`](crate::transport_names).
 
 use std::any::Any;
 use std::sync::Arc;
@@ -21,7 +21,7 @@ use crate::connection::Connection;
 use crate::error::{Error, Result};
 use crate::memory::{MemoryKind, MemoryRegion};
 
-pub use crate::transport_id::{MAX_TRANSPORT_NAME_LEN, MAX_TRANSPORTS, Transport};
+pub use crate::transport_names::{MAX_TRANSPORT_NAME_LEN, MAX_TRANSPORTS, Transport};
 
 /// What a transport learns about the communicator it serves.
 #[derive(Clone)]
@@ -68,30 +68,6 @@ impl std::fmt::Debug for PeerLiveness {
 }
 
 crate::debug_fields!(TransportContext { rank, world_size, job_key, communicator_id });
-
-/// Defines `pub fn transport() -> Transport` for a transport crate: the id of the name `$name`
-/// (the crate's `NAME`), registered on first use and the same on every later call.
-///
-/// ```
-/// pub const NAME: &str = "example";
-/// comm_core::transport_id!(NAME);
-/// assert_eq!(transport().name(), "example");
-/// ```
-#[macro_export]
-macro_rules! transport_id {
-    ($name:expr) => {
-        /// This transport's id, registered on first use.
-        ///
-        /// # Panics
-        ///
-        /// If the process registered [`MAX_TRANSPORTS`]($crate::transport::MAX_TRANSPORTS) other
-        /// transport names before this one.
-        pub fn transport() -> $crate::transport::Transport {
-            static ID: ::std::sync::OnceLock<$crate::transport::Transport> = ::std::sync::OnceLock::new();
-            *ID.get_or_init(|| $crate::transport::Transport::named($name).unwrap_or_else(|e| panic!("{e}")))
-        }
-    };
-}
 
 /// A region a peer exported through a transport, as [`TransportBackend::import`] receives it.
 #[derive(Debug, Clone, Copy)]

@@ -175,6 +175,30 @@ impl<const N: usize> Registry<N> {
     }
 }
 
+/// Defines `pub fn transport() -> Transport` for a transport crate: the id of the name `$name`
+/// (the crate's `NAME`), registered on first use and the same on every later call.
+///
+/// ```
+/// pub const NAME: &str = "example";
+/// comm_core::transport_id!(NAME);
+/// assert_eq!(transport().name(), "example");
+/// ```
+#[macro_export]
+macro_rules! transport_id {
+    ($name:expr) => {
+        /// This transport's id, registered on first use.
+        ///
+        /// # Panics
+        ///
+        /// If the process registered [`MAX_TRANSPORTS`]($crate::transport::MAX_TRANSPORTS) other
+        /// transport names before this one.
+        pub fn transport() -> $crate::transport::Transport {
+            static ID: ::std::sync::OnceLock<$crate::transport::Transport> = ::std::sync::OnceLock::new();
+            *ID.get_or_init(|| $crate::transport::Transport::named($name).unwrap_or_else(|e| panic!("{e}")))
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
