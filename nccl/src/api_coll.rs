@@ -30,19 +30,6 @@ fn submit(
     })
 }
 
-/// Exports `fn $name(<arguments>, comm, stream) -> ncclResult_t`, NCCL's shape of every call
-/// here: `$make`, a closure over the communicator, checks the arguments and builds the calls
-/// that [`submit`] runs under the call's own name.
-macro_rules! entry_point {
-    ($(#[$attr:meta])* fn $name:ident($($arg:ident: $ty:ty),* $(,)?) => $make:expr) => {
-        $(#[$attr])*
-        #[unsafe(no_mangle)]
-        pub unsafe extern "C" fn $name($($arg: $ty,)* comm: NcclCommPtr, stream: CudaStreamPtr) -> NcclResult {
-            submit(stringify!($name), comm, stream, $make)
-        }
-    };
-}
-
 /// The checks of a call with a send and a receive buffer of `count` elements each, moving
 /// `count` elements per rank from `blocks` ranks: the size fits the address space and neither
 /// buffer is NULL.
@@ -75,52 +62,81 @@ fn reducing_call(
     Ok((dtype, op))
 }
 
-entry_point! {
-    /// `ncclAllReduce`.
-    ///
-    /// # Safety
-    /// Device buffers of `count` elements, valid until the call completes on `stream`.
-    fn ncclAllReduce(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, op: NcclRedOp,
-    ) => |c| {
+/// `ncclAllReduce`.
+///
+/// # Safety
+/// Device buffers of `count` elements, valid until the call completes on `stream`.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    op: NcclRedOp,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclAllReduce", comm, stream, |c| {
         let (dtype, op) = reducing_call(c, datatype, op, count, 1, sendbuff, recvbuff)?;
         Ok(vec![Call::AllReduce { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op }])
-    }
+    })
 }
 
-entry_point! {
-    /// `ncclAllGather`: `sendcount` elements per rank into `recvbuff` (`nranks × sendcount`).
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`], with the sizes above.
-    fn ncclAllGather(sendbuff: *const c_void, recvbuff: *mut c_void, sendcount: usize, datatype: NcclDataType) => |c| {
+/// `ncclAllGather`: `sendcount` elements per rank into `recvbuff` (`nranks × sendcount`).
+///
+/// # Safety
+/// As [`ncclAllReduce`], with the sizes above.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAllGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    sendcount: usize,
+    datatype: NcclDataType,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclAllGather", comm, stream, |c| {
         let dtype = data_type(datatype, false)?;
         check_buffers(sendcount, dtype, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::AllGather { send: sendbuff as u64, recv: recvbuff as u64, count: sendcount, dtype }])
-    }
+    })
 }
 
-entry_point! {
-    /// `ncclReduceScatter`: `sendbuff` holds `nranks × recvcount` elements.
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`], with the sizes above.
-    fn ncclReduceScatter(
-        sendbuff: *const c_void, recvbuff: *mut c_void, recvcount: usize, datatype: NcclDataType, op: NcclRedOp,
-    ) => |c| {
+/// `ncclReduceScatter`: `sendbuff` holds `nranks × recvcount` elements.
+///
+/// # Safety
+/// As [`ncclAllReduce`], with the sizes above.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduceScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    recvcount: usize,
+    datatype: NcclDataType,
+    op: NcclRedOp,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclReduceScatter", comm, stream, |c| {
         let (dtype, op) = reducing_call(c, datatype, op, recvcount, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::ReduceScatter { send: sendbuff as u64, recv: recvbuff as u64, count: recvcount, dtype, op }])
-    }
+    })
 }
 
-entry_point! {
-    /// `ncclBroadcast`: `sendbuff` is read on the root only.
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`].
-    fn ncclBroadcast(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int,
-    ) => |c| {
+/// `ncclBroadcast`: `sendbuff` is read on the root only.
+///
+/// # Safety
+/// As [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclBroadcast(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    root: c_int,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclBroadcast", comm, stream, |c| {
         let dtype = data_type(datatype, false)?;
         let root = check_rank("root", root, c.nranks)?;
         bytes_of(count, dtype, 1)?;
@@ -129,7 +145,7 @@ entry_point! {
         }
         check_buffer("recvbuff", recvbuff as u64, count)?;
         Ok(vec![Call::Broadcast { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, root }])
-    }
+    })
 }
 
 /// `ncclBcast`: broadcast in place.
@@ -149,16 +165,23 @@ pub unsafe extern "C" fn ncclBcast(
     unsafe { ncclBroadcast(buff, buff, count, datatype, root, comm, stream) }
 }
 
-entry_point! {
-    /// `ncclReduce`: `recvbuff` is written on the root only.
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`].
-    #[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
-    fn ncclReduce(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize,
-        datatype: NcclDataType, op: NcclRedOp, root: c_int,
-    ) => |c| {
+/// `ncclReduce`: `recvbuff` is written on the root only.
+///
+/// # Safety
+/// As [`ncclAllReduce`].
+#[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclReduce(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    op: NcclRedOp,
+    root: c_int,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclReduce", comm, stream, |c| {
         let dtype = data_type(datatype, true)?;
         let op = reduction(op, dtype, c)?;
         let root = check_rank("root", root, c.nranks)?;
@@ -168,19 +191,27 @@ entry_point! {
             check_buffer("recvbuff (on the root)", recvbuff as u64, count)?;
         }
         Ok(vec![Call::Reduce { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op, root }])
-    }
+    })
 }
 
-entry_point! {
-    /// `ncclAlltoAll`: `count` elements per pair of ranks (buffers of `nranks × count`).
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`], with the sizes above.
-    fn ncclAlltoAll(sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType) => |c| {
+/// `ncclAlltoAll`: `count` elements per pair of ranks (buffers of `nranks × count`).
+///
+/// # Safety
+/// As [`ncclAllReduce`], with the sizes above.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclAlltoAll(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclAlltoAll", comm, stream, |c| {
         let dtype = data_type(datatype, false)?;
         check_buffers(count, dtype, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::AllToAll { send: sendbuff as u64, recv: recvbuff as u64, count, dtype }])
-    }
+    })
 }
 
 /// The sends or receives of gather (`to_root`) and scatter: block `p` of the root's buffer
@@ -219,29 +250,39 @@ fn rooted(
         .collect())
 }
 
-entry_point! {
-    /// `ncclGather`: every rank's `count` elements into block `rank` of the root's `recvbuff`.
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`].
-    #[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
-    fn ncclGather(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int,
-    ) => |c| {
-        rooted(c, root, count, datatype, sendbuff as u64, recvbuff as u64, true)
-    }
+/// `ncclGather`: every rank's `count` elements into block `rank` of the root's `recvbuff`.
+///
+/// # Safety
+/// As [`ncclAllReduce`].
+#[allow(clippy::too_many_arguments, reason = "NCCL's signature")]
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclGather(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    root: c_int,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclGather", comm, stream, |c| rooted(c, root, count, datatype, sendbuff as u64, recvbuff as u64, true))
 }
 
-entry_point! {
-    /// `ncclScatter`: block `rank` of the root's `sendbuff` into every rank's `recvbuff`.
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`].
-    fn ncclScatter(
-        sendbuff: *const c_void, recvbuff: *mut c_void, count: usize, datatype: NcclDataType, root: c_int,
-    ) => |c| {
-        rooted(c, root, count, datatype, recvbuff as u64, sendbuff as u64, false)
-    }
+/// `ncclScatter`: block `rank` of the root's `sendbuff` into every rank's `recvbuff`.
+///
+/// # Safety
+/// As [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclScatter(
+    sendbuff: *const c_void,
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    root: c_int,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclScatter", comm, stream, |c| rooted(c, root, count, datatype, recvbuff as u64, sendbuff as u64, false))
 }
 
 fn p2p(c: &NcclComm, buf: u64, count: usize, dt: NcclDataType, peer: c_int, send: bool) -> Result<Vec<Call>, Fail> {
@@ -252,25 +293,37 @@ fn p2p(c: &NcclComm, buf: u64, count: usize, dt: NcclDataType, peer: c_int, send
     Ok(vec![if send { Call::Send { buf, bytes, peer } } else { Call::Recv { buf, bytes, peer } }])
 }
 
-entry_point! {
-    /// `ncclSend`: `count` elements to `peer` (which calls `ncclRecv`). Outside a group it runs
-    /// alone; inside one, with the group's other calls (see [`crate::group`]).
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`].
-    fn ncclSend(sendbuff: *const c_void, count: usize, datatype: NcclDataType, peer: c_int) => |c| {
-        p2p(c, sendbuff as u64, count, datatype, peer, true)
-    }
+/// `ncclSend`: `count` elements to `peer` (which calls `ncclRecv`). Outside a group it runs
+/// alone; inside one, with the group's other calls (see [`crate::group`]).
+///
+/// # Safety
+/// As [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclSend(
+    sendbuff: *const c_void,
+    count: usize,
+    datatype: NcclDataType,
+    peer: c_int,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclSend", comm, stream, |c| p2p(c, sendbuff as u64, count, datatype, peer, true))
 }
 
-entry_point! {
-    /// `ncclRecv`: `count` elements from `peer`.
-    ///
-    /// # Safety
-    /// As [`ncclAllReduce`].
-    fn ncclRecv(recvbuff: *mut c_void, count: usize, datatype: NcclDataType, peer: c_int) => |c| {
-        p2p(c, recvbuff as u64, count, datatype, peer, false)
-    }
+/// `ncclRecv`: `count` elements from `peer`.
+///
+/// # Safety
+/// As [`ncclAllReduce`].
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclRecv(
+    recvbuff: *mut c_void,
+    count: usize,
+    datatype: NcclDataType,
+    peer: c_int,
+    comm: NcclCommPtr,
+    stream: CudaStreamPtr,
+) -> NcclResult {
+    submit("ncclRecv", comm, stream, |c| p2p(c, recvbuff as u64, count, datatype, peer, false))
 }
 
 /// `ncclGroupStart`: opens a group (groups nest).

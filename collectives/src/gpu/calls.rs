@@ -57,21 +57,6 @@ impl DeviceCall {
     }
 }
 
-/// Defines `pub unsafe fn $name(&self, <arguments>, stream)`, a raw device collective: `$call`
-/// is the [`DeviceCall`] it asks for, which [`Communicator::device_call`] runs on `stream`.
-macro_rules! device_raw {
-    ($(#[$attr:meta])* fn $name:ident(&$me:ident $(, $arg:ident: $ty:ty)*; $stream:ident) => $call:expr) => {
-        $(#[$attr])*
-        pub unsafe fn $name(&$me, $($arg: $ty,)* $stream: &Arc<CudaStream>) -> Result<()> {
-            let call = $call;
-            $me.ledgered(call.signature(), || {
-                // SAFETY: forwarded from the caller.
-                unsafe { $me.device_call(call, $stream) }
-            })
-        }
-    };
-}
-
 impl Communicator {
     /// True when this communicator runs collectives on device buffers (every rank has a GPU
     /// reachable through CUDA IPC).
@@ -101,6 +86,18 @@ impl Communicator {
     /// Bytes of a call that moves `count` elements of `dtype` per rank, from or to every rank.
     fn world_bytes(&self, count: usize, dtype: DataType) -> usize {
         count * dtype.size() * self.world_size()
+    }
+
+    /// [`device_call`](Self::device_call) under the ledger: the call is recorded, and a failure
+    /// judged, as every collective's is.
+    ///
+    /// # Safety
+    /// As for [`device_call`](Self::device_call).
+    unsafe fn ledgered_device_call(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        self.ledgered(call.signature(), || {
+            // SAFETY: forwarded from the caller.
+            unsafe { self.device_call(call, stream) }
+        })
     }
 
     /// # Safety
@@ -217,92 +214,151 @@ impl Communicator {
         unsafe { d.launch(kernel, args, blocks, stream) }
     }
 
-    device_raw! {
-        /// All-reduce of `count` elements of `dtype` at device address `send` into `recv` (may be
-        /// equal), on `stream`.
-        ///
-        /// # Safety
-        /// `send` and `recv` must be device memory of this rank's GPU valid for `count` elements
-        /// until the call completes on `stream`.
-        fn all_reduce_device_raw(&self, send: u64, recv: u64, count: usize, dtype: DataType, op: ReduceOp; stream) =>
-            DeviceCall::new(Collective::AllReduce, dtype, Some(op), (send, recv), count, count * dtype.size())
+    /// All-reduce of `count` elements of `dtype` at device address `send` into `recv` (may be
+    /// equal), on `stream`.
+    ///
+    /// # Safety
+    /// `send` and `recv` must be device memory of this rank's GPU valid for `count` elements
+    /// until the call completes on `stream`.
+    pub unsafe fn all_reduce_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall::new(Collective::AllReduce, dtype, Some(op), (send, recv), count, count * dtype.size());
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ledgered_device_call(call, stream) }
     }
 
-    device_raw! {
-        /// All-gather: `count` elements per rank from `send` into `recv` (`world × count`).
-        ///
-        /// # Safety
-        /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `count` elements at
-        /// `send` and `world × count` at `recv` (in place: `send == recv + rank × count × size`).
-        fn all_gather_device_raw(&self, send: u64, recv: u64, count: usize, dtype: DataType; stream) =>
-            DeviceCall::new(Collective::AllGather, dtype, None, (send, recv), count, self.world_bytes(count, dtype))
+    /// All-gather: `count` elements per rank from `send` into `recv` (`world × count`).
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `count` elements at
+    /// `send` and `world × count` at `recv` (in place: `send == recv + rank × count × size`).
+    pub unsafe fn all_gather_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call =
+            DeviceCall::new(Collective::AllGather, dtype, None, (send, recv), count, self.world_bytes(count, dtype));
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ledgered_device_call(call, stream) }
     }
 
-    device_raw! {
-        /// Reduce-scatter: `send` holds `world × count` elements; `recv` gets this rank's block.
-        ///
-        /// # Safety
-        /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `world × count` elements
-        /// at `send` and `count` at `recv` (in place: `recv == send + rank × count × size`).
-        fn reduce_scatter_device_raw(
-            &self, send: u64, recv: u64, count: usize, dtype: DataType, op: ReduceOp; stream
-        ) => {
-            let bytes = self.world_bytes(count, dtype);
-            DeviceCall::new(Collective::ReduceScatter, dtype, Some(op), (send, recv), count, bytes)
-        }
+    /// Reduce-scatter: `send` holds `world × count` elements; `recv` gets this rank's block.
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `world × count` elements
+    /// at `send` and `count` at `recv` (in place: `recv == send + rank × count × size`).
+    pub unsafe fn reduce_scatter_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let bytes = self.world_bytes(count, dtype);
+        let call = DeviceCall::new(Collective::ReduceScatter, dtype, Some(op), (send, recv), count, bytes);
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ledgered_device_call(call, stream) }
     }
 
-    device_raw! {
-        /// Broadcast of `count` elements from `root`'s `send` into every rank's `recv`.
-        ///
-        /// # Safety
-        /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw); `send` is read on the root only.
-        fn broadcast_device_raw(&self, send: u64, recv: u64, count: usize, dtype: DataType, root: usize; stream) =>
-            DeviceCall {
-                root,
-                ..DeviceCall::new(Collective::Broadcast, dtype, None, (send, recv), count, count * dtype.size())
-            }
+    /// Broadcast of `count` elements from `root`'s `send` into every rank's `recv`.
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw); `send` is read on the root only.
+    pub unsafe fn broadcast_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall {
+            root,
+            ..DeviceCall::new(Collective::Broadcast, dtype, None, (send, recv), count, count * dtype.size())
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ledgered_device_call(call, stream) }
     }
 
-    device_raw! {
-        /// Reduce of `count` elements to `root` (`recv` written on the root only).
-        ///
-        /// # Safety
-        /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw); `recv` is used on the root only.
-        #[allow(clippy::too_many_arguments)]
-        fn reduce_device_raw(
-            &self, send: u64, recv: u64, count: usize, dtype: DataType, op: ReduceOp, root: usize; stream
-        ) => DeviceCall {
+    /// Reduce of `count` elements to `root` (`recv` written on the root only).
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw); `recv` is used on the root only.
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn reduce_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        op: ReduceOp,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall {
             root,
             ..DeviceCall::new(Collective::Reduce, dtype, Some(op), (send, recv), count, count * dtype.size())
-        }
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ledgered_device_call(call, stream) }
     }
 
-    device_raw! {
-        /// All-to-all with `count` elements per (sender, receiver) block.
-        ///
-        /// # Safety
-        /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `world × count` elements
-        /// at `send` and at `recv` (equal or disjoint).
-        fn all_to_all_device_raw(&self, send: u64, recv: u64, count: usize, dtype: DataType; stream) =>
-            DeviceCall::new(Collective::AllToAll, dtype, None, (send, recv), count, self.world_bytes(count, dtype))
+    /// All-to-all with `count` elements per (sender, receiver) block.
+    ///
+    /// # Safety
+    /// As [`all_reduce_device_raw`](Self::all_reduce_device_raw), for `world × count` elements
+    /// at `send` and at `recv` (equal or disjoint).
+    pub unsafe fn all_to_all_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        count: usize,
+        dtype: DataType,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call =
+            DeviceCall::new(Collective::AllToAll, dtype, None, (send, recv), count, self.world_bytes(count, dtype));
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ledgered_device_call(call, stream) }
     }
 
-    device_raw! {
-        /// All-to-all-v with counts and displacements (in elements) in device memory:
-        /// `counts = [send_counts, send_displs, recv_counts, recv_displs]`, each a device array of
-        /// `world` u64. The GPU reads them (no host synchronization); pairs whose counts disagree
-        /// make the kernel report a device error (see [`check_gpu`](Self::check_gpu)).
-        ///
-        /// # Safety
-        /// The four arrays and every block they describe must be valid device memory until the call
-        /// completes on `stream`; receive blocks must not overlap.
-        fn all_to_allv_device_raw(
-            &self, send: u64, recv: u64, counts: [u64; 4], dtype: DataType, max_bytes_hint: usize; stream
-        ) => DeviceCall {
+    /// All-to-all-v with counts and displacements (in elements) in device memory:
+    /// `counts = [send_counts, send_displs, recv_counts, recv_displs]`, each a device array of
+    /// `world` u64. The GPU reads them (no host synchronization); pairs whose counts disagree
+    /// make the kernel report a device error (see [`check_gpu`](Self::check_gpu)).
+    ///
+    /// # Safety
+    /// The four arrays and every block they describe must be valid device memory until the call
+    /// completes on `stream`; receive blocks must not overlap.
+    pub unsafe fn all_to_allv_device_raw(
+        &self,
+        send: u64,
+        recv: u64,
+        counts: [u64; 4],
+        dtype: DataType,
+        max_bytes_hint: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        let call = DeviceCall {
             aux: counts,
             ..DeviceCall::new(Collective::AllToAllv, dtype, None, (send, recv), 0, max_bytes_hint)
-        }
+        };
+        // SAFETY: forwarded from the caller.
+        unsafe { self.ledgered_device_call(call, stream) }
     }
 
     /// Point-to-point on device buffers: sends `send_count` elements at `send` to `to` and

@@ -40,38 +40,6 @@ use crate::communicator::{Communicator, already_in_a_call};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 
-/// Defines a typed collective `pub fn $name<T>(&self, <buffers>, <arguments>, stream)`, with
-/// `CALL` (its name, for errors) in scope of `$body`. The buffers are `send` (read) and `recv`
-/// (written) of out-of-place calls, or the one `buf` of in-place calls.
-macro_rules! typed_call {
-    (
-        @define [$($generics:tt)*]
-        $(#[$attr:meta])* $name:ident(&$me:ident $(, $param:ident: $ty:ty)*; $stream:ident) $body:block
-    ) => {
-        $(#[$attr])*
-        pub fn $name<T: Element, $($generics)*>(&$me, $($param: $ty,)* $stream: &Arc<CudaStream>) -> Result<()> {
-            const CALL: &str = stringify!($name);
-            $body
-        }
-    };
-    (
-        $(#[$attr:meta])*
-        fn $name:ident(&$me:ident, $send:ident: &S, $recv:ident: &mut R $(, $arg:ident: $ty:ty)*; $stream:ident)
-        $body:block
-    ) => {
-        typed_call!(
-            @define [S: DevicePtr<T>, R: DevicePtrMut<T>]
-            $(#[$attr])* $name(&$me, $send: &S, $recv: &mut R $(, $arg: $ty)*; $stream) $body
-        );
-    };
-    (
-        $(#[$attr:meta])*
-        fn $name:ident(&$me:ident, $buf:ident: &mut B $(, $arg:ident: $ty:ty)*; $stream:ident) $body:block
-    ) => {
-        typed_call!(@define [B: DevicePtrMut<T>] $(#[$attr])* $name(&$me, $buf: &mut B $(, $arg: $ty)*; $stream) $body);
-    };
-}
-
 impl Communicator {
     /// The device addresses of `call`'s buffers, taken on `stream` (see `checks::Buffers`).
     pub(super) fn device_buffers<'a>(&self, call: &'static str, stream: &'a Arc<CudaStream>) -> Result<Buffers<'a>> {
@@ -112,249 +80,295 @@ impl Communicator {
         (self.rank() * count * std::mem::size_of::<T>()) as u64
     }
 
-    typed_call! {
-        /// Applies `op` to `send` across all ranks into `recv` (both of equal length), on `stream`.
-        ///
-        /// ```no_run
-        /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let send = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
-        /// let mut recv = stream.alloc_zeros::<f32>(3)?;
-        /// comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn all_reduce_device(&self, send: &S, recv: &mut R, op: ReduceOp; stream) {
-            let count = checks::equal(CALL, send.len(), recv.len())?;
-            // SAFETY: both buffers hold `count` elements (checked) of this GPU; their guards live
-            // until the launch is enqueued.
-            self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
-                self.all_reduce_device_raw(s, r, count, T::DTYPE, op, stream)
-            })
-        }
+    /// Applies `op` to `send` across all ranks into `recv` (both of equal length), on `stream`.
+    ///
+    /// ```no_run
+    /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let send = stream.clone_htod(&[1.0f32, 2.0, 3.0])?;
+    /// let mut recv = stream.alloc_zeros::<f32>(3)?;
+    /// comm.all_reduce_device(&send, &mut recv, ReduceOp::Sum, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_reduce_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "all_reduce_device";
+        let count = checks::equal(CALL, send.len(), recv.len())?;
+        // SAFETY: both buffers hold `count` elements (checked) of this GPU; their guards live
+        // until the launch is enqueued.
+        self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
+            self.all_reduce_device_raw(s, r, count, T::DTYPE, op, stream)
+        })
     }
 
-    typed_call! {
-        /// [`all_reduce_device`](Self::all_reduce_device) with the result written over the input.
-        ///
-        /// ```no_run
-        /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let mut grads = stream.clone_htod(&vec![0.5f32; 1 << 20])?;
-        /// comm.all_reduce_device_in_place(&mut grads, ReduceOp::Avg, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn all_reduce_device_in_place(&self, buf: &mut B, op: ReduceOp; stream) {
-            let count = buf.len();
-            // SAFETY: in place on the `count` elements of `buf`, guarded until enqueued.
-            self.in_place(CALL, buf, stream, |p| unsafe {
-                self.all_reduce_device_raw(p, p, count, T::DTYPE, op, stream)
-            })
-        }
+    /// [`all_reduce_device`](Self::all_reduce_device) with the result written over the input.
+    ///
+    /// ```no_run
+    /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut grads = stream.clone_htod(&vec![0.5f32; 1 << 20])?;
+    /// comm.all_reduce_device_in_place(&mut grads, ReduceOp::Avg, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_reduce_device_in_place<T: Element, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "all_reduce_device_in_place";
+        let count = buf.len();
+        // SAFETY: in place on the `count` elements of `buf`, guarded until enqueued.
+        self.in_place(CALL, buf, stream, |p| unsafe { self.all_reduce_device_raw(p, p, count, T::DTYPE, op, stream) })
     }
 
-    typed_call! {
-        /// Concatenates every rank's `send` into `recv`, which holds `world_size × send.len()`
-        /// elements (rank r's block at `r × send.len()`).
-        ///
-        /// ```no_run
-        /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let mine = stream.clone_htod(&[comm.rank() as i32; 4])?;
-        /// let mut all = stream.alloc_zeros::<i32>(4 * comm.world_size())?;
-        /// comm.all_gather_device(&mine, &mut all, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn all_gather_device(&self, send: &S, recv: &mut R; stream) {
-            let count = checks::world_blocks(CALL, ("recv", recv.len()), ("send", send.len()), self.world_size())?;
-            // SAFETY: send holds `count` and recv world × `count` elements (checked), guarded.
-            self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
-                self.all_gather_device_raw(s, r, count, T::DTYPE, stream)
-            })
-        }
+    /// Concatenates every rank's `send` into `recv`, which holds `world_size × send.len()`
+    /// elements (rank r's block at `r × send.len()`).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mine = stream.clone_htod(&[comm.rank() as i32; 4])?;
+    /// let mut all = stream.alloc_zeros::<i32>(4 * comm.world_size())?;
+    /// comm.all_gather_device(&mine, &mut all, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_gather_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "all_gather_device";
+        let count = checks::world_blocks(CALL, ("recv", recv.len()), ("send", send.len()), self.world_size())?;
+        // SAFETY: send holds `count` and recv world × `count` elements (checked), guarded.
+        self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
+            self.all_gather_device_raw(s, r, count, T::DTYPE, stream)
+        })
     }
 
-    typed_call! {
-        /// All-gather where this rank's contribution already sits in its block of `buf` (`world_size`
-        /// equal blocks, this rank's at `rank × buf.len() / world_size`).
-        ///
-        /// ```no_run
-        /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let mut table = stream.alloc_zeros::<u64>(16 * comm.world_size())?;
-        /// // … this rank writes its 16 entries at 16 × rank …
-        /// comm.all_gather_device_in_place(&mut table, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn all_gather_device_in_place(&self, buf: &mut B; stream) {
-            let count = checks::split(CALL, buf.len(), self.world_size())?;
-            let block = self.own_block::<T>(count);
-            // SAFETY: `buf` holds world × `count` elements (checked); this rank's block is inside it.
-            self.in_place(CALL, buf, stream, |p| unsafe {
-                self.all_gather_device_raw(p + block, p, count, T::DTYPE, stream)
-            })
-        }
+    /// All-gather where this rank's contribution already sits in its block of `buf` (`world_size`
+    /// equal blocks, this rank's at `rank × buf.len() / world_size`).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut table = stream.alloc_zeros::<u64>(16 * comm.world_size())?;
+    /// // … this rank writes its 16 entries at 16 × rank …
+    /// comm.all_gather_device_in_place(&mut table, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_gather_device_in_place<T: Element, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "all_gather_device_in_place";
+        let count = checks::split(CALL, buf.len(), self.world_size())?;
+        let block = self.own_block::<T>(count);
+        // SAFETY: `buf` holds world × `count` elements (checked); this rank's block is inside it.
+        self.in_place(CALL, buf, stream, |p| unsafe {
+            self.all_gather_device_raw(p + block, p, count, T::DTYPE, stream)
+        })
     }
 
-    typed_call! {
-        /// Reduces every rank's `send` (`world_size` blocks of `recv.len()` elements) and leaves block
-        /// `rank` of the result in `recv`.
-        ///
-        /// ```no_run
-        /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let send = stream.clone_htod(&vec![1.0f64; 8 * comm.world_size()])?;
-        /// let mut shard = stream.alloc_zeros::<f64>(8)?;
-        /// comm.reduce_scatter_device(&send, &mut shard, ReduceOp::Sum, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn reduce_scatter_device(&self, send: &S, recv: &mut R, op: ReduceOp; stream) {
-            let count = checks::world_blocks(CALL, ("send", send.len()), ("recv", recv.len()), self.world_size())?;
-            // SAFETY: send holds world × `count` and recv `count` elements (checked), guarded.
-            self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
-                self.reduce_scatter_device_raw(s, r, count, T::DTYPE, op, stream)
-            })
-        }
+    /// Reduces every rank's `send` (`world_size` blocks of `recv.len()` elements) and leaves block
+    /// `rank` of the result in `recv`.
+    ///
+    /// ```no_run
+    /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let send = stream.clone_htod(&vec![1.0f64; 8 * comm.world_size()])?;
+    /// let mut shard = stream.alloc_zeros::<f64>(8)?;
+    /// comm.reduce_scatter_device(&send, &mut shard, ReduceOp::Sum, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_scatter_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "reduce_scatter_device";
+        let count = checks::world_blocks(CALL, ("send", send.len()), ("recv", recv.len()), self.world_size())?;
+        // SAFETY: send holds world × `count` and recv `count` elements (checked), guarded.
+        self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
+            self.reduce_scatter_device_raw(s, r, count, T::DTYPE, op, stream)
+        })
     }
 
-    typed_call! {
-        /// Reduce-scatter whose result lands in block `rank` of `buf` (`world_size` equal blocks);
-        /// the other blocks are left undefined.
-        ///
-        /// ```no_run
-        /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let mut buf = stream.clone_htod(&vec![2i32; 8 * comm.world_size()])?;
-        /// comm.reduce_scatter_device_in_place(&mut buf, ReduceOp::Max, stream)?;
-        /// let mine = buf.slice(8 * comm.rank()..8 * (comm.rank() + 1));
-        /// # Ok(()) }
-        /// ```
-        fn reduce_scatter_device_in_place(&self, buf: &mut B, op: ReduceOp; stream) {
-            let count = checks::split(CALL, buf.len(), self.world_size())?;
-            let block = self.own_block::<T>(count);
-            // SAFETY: `buf` holds world × `count` elements (checked); the result block is inside it.
-            self.in_place(CALL, buf, stream, |p| unsafe {
-                self.reduce_scatter_device_raw(p, p + block, count, T::DTYPE, op, stream)
-            })
-        }
+    /// Reduce-scatter whose result lands in block `rank` of `buf` (`world_size` equal blocks);
+    /// the other blocks are left undefined.
+    ///
+    /// ```no_run
+    /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut buf = stream.clone_htod(&vec![2i32; 8 * comm.world_size()])?;
+    /// comm.reduce_scatter_device_in_place(&mut buf, ReduceOp::Max, stream)?;
+    /// let mine = buf.slice(8 * comm.rank()..8 * (comm.rank() + 1));
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_scatter_device_in_place<T: Element, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        op: ReduceOp,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "reduce_scatter_device_in_place";
+        let count = checks::split(CALL, buf.len(), self.world_size())?;
+        let block = self.own_block::<T>(count);
+        // SAFETY: `buf` holds world × `count` elements (checked); the result block is inside it.
+        self.in_place(CALL, buf, stream, |p| unsafe {
+            self.reduce_scatter_device_raw(p, p + block, count, T::DTYPE, op, stream)
+        })
     }
 
-    typed_call! {
-        /// Copies `root`'s `send` into every rank's `recv`. `send` is read on the root only, where it
-        /// must be as long as `recv`; other ranks may pass any buffer (its length is not checked).
-        ///
-        /// ```no_run
-        /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// // Only the root's send is read: the others pass any buffer.
-        /// let weights = stream.clone_htod(&[0.25f32; 64])?;
-        /// let mut mine = stream.alloc_zeros::<f32>(64)?;
-        /// comm.broadcast_device(&weights, &mut mine, 0, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn broadcast_device(&self, send: &S, recv: &mut R, root: usize; stream) {
-            checks::root(CALL, root, self.world_size())?;
-            if self.rank() != root {
-                // `send` is not read here: the call runs as the in-place one, on `recv` alone.
-                return self.broadcast_device_in_place(recv, root, stream);
-            }
-            let count = checks::equal(CALL, send.len(), recv.len())?;
-            // SAFETY: both buffers hold `count` elements (checked), guarded.
-            self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
-                self.broadcast_device_raw(s, r, count, T::DTYPE, root, stream)
-            })
+    /// Copies `root`'s `send` into every rank's `recv`. `send` is read on the root only, where it
+    /// must be as long as `recv`; other ranks may pass any buffer (its length is not checked).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// // Only the root's send is read: the others pass any buffer.
+    /// let weights = stream.clone_htod(&[0.25f32; 64])?;
+    /// let mut mine = stream.alloc_zeros::<f32>(64)?;
+    /// comm.broadcast_device(&weights, &mut mine, 0, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "broadcast_device";
+        checks::root(CALL, root, self.world_size())?;
+        if self.rank() != root {
+            // `send` is not read here: the call runs as the in-place one, on `recv` alone.
+            return self.broadcast_device_in_place(recv, root, stream);
         }
+        let count = checks::equal(CALL, send.len(), recv.len())?;
+        // SAFETY: both buffers hold `count` elements (checked), guarded.
+        self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
+            self.broadcast_device_raw(s, r, count, T::DTYPE, root, stream)
+        })
     }
 
-    typed_call! {
-        /// Broadcast from `root` in place: every rank's `buf` receives the root's.
-        ///
-        /// ```no_run
-        /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let mut seed = stream.clone_htod(&[comm.rank() as u64])?;
-        /// comm.broadcast_device_in_place(&mut seed, 0, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn broadcast_device_in_place(&self, buf: &mut B, root: usize; stream) {
-            checks::root(CALL, root, self.world_size())?;
-            let count = buf.len();
-            // SAFETY: in place on the `count` elements of `buf`, guarded.
-            self.in_place(CALL, buf, stream, |p| unsafe {
-                self.broadcast_device_raw(p, p, count, T::DTYPE, root, stream)
-            })
-        }
+    /// Broadcast from `root` in place: every rank's `buf` receives the root's.
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut seed = stream.clone_htod(&[comm.rank() as u64])?;
+    /// comm.broadcast_device_in_place(&mut seed, 0, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn broadcast_device_in_place<T: Element, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "broadcast_device_in_place";
+        checks::root(CALL, root, self.world_size())?;
+        let count = buf.len();
+        // SAFETY: in place on the `count` elements of `buf`, guarded.
+        self.in_place(CALL, buf, stream, |p| unsafe { self.broadcast_device_raw(p, p, count, T::DTYPE, root, stream) })
     }
 
-    typed_call! {
-        /// Reduces every rank's `send` into `recv` on `root`. `recv` is written on the root only,
-        /// where it must be as long as `send`; other ranks may pass any buffer (its length is not checked).
-        ///
-        /// ```no_run
-        /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let loss = stream.clone_htod(&[0.125f32])?;
-        /// let mut total = stream.alloc_zeros::<f32>(1)?; // written on rank 0 only
-        /// comm.reduce_device(&loss, &mut total, ReduceOp::Sum, 0, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn reduce_device(&self, send: &S, recv: &mut R, op: ReduceOp, root: usize; stream) {
-            checks::root(CALL, root, self.world_size())?;
-            let count = send.len();
-            if self.rank() == root {
-                checks::equal(CALL, count, recv.len())?;
-            }
-            // SAFETY: send holds `count` elements, and so does recv on the root (checked), the only
-            // rank whose kernel writes it; guarded.
-            self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
-                self.reduce_device_raw(s, r, count, T::DTYPE, op, root, stream)
-            })
+    /// Reduces every rank's `send` into `recv` on `root`. `recv` is written on the root only,
+    /// where it must be as long as `send`; other ranks may pass any buffer (its length is not checked).
+    ///
+    /// ```no_run
+    /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let loss = stream.clone_htod(&[0.125f32])?;
+    /// let mut total = stream.alloc_zeros::<f32>(1)?; // written on rank 0 only
+    /// comm.reduce_device(&loss, &mut total, ReduceOp::Sum, 0, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        op: ReduceOp,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "reduce_device";
+        checks::root(CALL, root, self.world_size())?;
+        let count = send.len();
+        if self.rank() == root {
+            checks::equal(CALL, count, recv.len())?;
         }
+        // SAFETY: send holds `count` elements, and so does recv on the root (checked), the only
+        // rank whose kernel writes it; guarded.
+        self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
+            self.reduce_device_raw(s, r, count, T::DTYPE, op, root, stream)
+        })
     }
 
-    typed_call! {
-        /// Reduce to `root` in place: the root's `buf` receives the result, the others keep theirs.
-        ///
-        /// ```no_run
-        /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let mut hits = stream.clone_htod(&[3u32, 0, 7])?;
-        /// comm.reduce_device_in_place(&mut hits, ReduceOp::Sum, 0, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn reduce_device_in_place(&self, buf: &mut B, op: ReduceOp, root: usize; stream) {
-            checks::root(CALL, root, self.world_size())?;
-            let count = buf.len();
-            // SAFETY: in place on the `count` elements of `buf`, guarded.
-            self.in_place(CALL, buf, stream, |p| unsafe {
-                self.reduce_device_raw(p, p, count, T::DTYPE, op, root, stream)
-            })
-        }
+    /// Reduce to `root` in place: the root's `buf` receives the result, the others keep theirs.
+    ///
+    /// ```no_run
+    /// # use collectives::{Communicator, ReduceOp}; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut hits = stream.clone_htod(&[3u32, 0, 7])?;
+    /// comm.reduce_device_in_place(&mut hits, ReduceOp::Sum, 0, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn reduce_device_in_place<T: Element, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        op: ReduceOp,
+        root: usize,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "reduce_device_in_place";
+        checks::root(CALL, root, self.world_size())?;
+        let count = buf.len();
+        // SAFETY: in place on the `count` elements of `buf`, guarded.
+        self.in_place(CALL, buf, stream, |p| unsafe { self.reduce_device_raw(p, p, count, T::DTYPE, op, root, stream) })
     }
 
-    typed_call! {
-        /// Sends block q of `send` to rank q and receives rank p's block for this rank into block p of
-        /// `recv` (both of equal length, `world_size` blocks).
-        ///
-        /// ```no_run
-        /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let tokens = stream.alloc_zeros::<u32>(32 * comm.world_size())?;
-        /// let mut routed = stream.alloc_zeros::<u32>(32 * comm.world_size())?;
-        /// comm.all_to_all_device(&tokens, &mut routed, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn all_to_all_device(&self, send: &S, recv: &mut R; stream) {
-            let count = checks::split(CALL, checks::equal(CALL, send.len(), recv.len())?, self.world_size())?;
-            // SAFETY: both buffers hold world × `count` elements (checked), guarded.
-            self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
-                self.all_to_all_device_raw(s, r, count, T::DTYPE, stream)
-            })
-        }
+    /// Sends block q of `send` to rank q and receives rank p's block for this rank into block p of
+    /// `recv` (both of equal length, `world_size` blocks).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let tokens = stream.alloc_zeros::<u32>(32 * comm.world_size())?;
+    /// let mut routed = stream.alloc_zeros::<u32>(32 * comm.world_size())?;
+    /// comm.all_to_all_device(&tokens, &mut routed, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_to_all_device<T: Element, S: DevicePtr<T>, R: DevicePtrMut<T>>(
+        &self,
+        send: &S,
+        recv: &mut R,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "all_to_all_device";
+        let count = checks::split(CALL, checks::equal(CALL, send.len(), recv.len())?, self.world_size())?;
+        // SAFETY: both buffers hold world × `count` elements (checked), guarded.
+        self.out_of_place(CALL, (send, recv), stream, |s, r| unsafe {
+            self.all_to_all_device_raw(s, r, count, T::DTYPE, stream)
+        })
     }
 
-    typed_call! {
-        /// All-to-all in place (`buf` of `world_size` equal blocks).
-        ///
-        /// ```no_run
-        /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
-        /// let mut blocks = stream.alloc_zeros::<i8>(100 * comm.world_size())?;
-        /// comm.all_to_all_device_in_place(&mut blocks, stream)?;
-        /// # Ok(()) }
-        /// ```
-        fn all_to_all_device_in_place(&self, buf: &mut B; stream) {
-            let count = checks::split(CALL, buf.len(), self.world_size())?;
-            // SAFETY: `buf` holds world × `count` elements (checked), guarded.
-            self.in_place(CALL, buf, stream, |p| unsafe { self.all_to_all_device_raw(p, p, count, T::DTYPE, stream) })
-        }
+    /// All-to-all in place (`buf` of `world_size` equal blocks).
+    ///
+    /// ```no_run
+    /// # use collectives::Communicator; fn f(comm: &Communicator, stream: &std::sync::Arc<cudarc::driver::CudaStream>) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut blocks = stream.alloc_zeros::<i8>(100 * comm.world_size())?;
+    /// comm.all_to_all_device_in_place(&mut blocks, stream)?;
+    /// # Ok(()) }
+    /// ```
+    pub fn all_to_all_device_in_place<T: Element, B: DevicePtrMut<T>>(
+        &self,
+        buf: &mut B,
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        const CALL: &str = "all_to_all_device_in_place";
+        let count = checks::split(CALL, buf.len(), self.world_size())?;
+        // SAFETY: `buf` holds world × `count` elements (checked), guarded.
+        self.in_place(CALL, buf, stream, |p| unsafe { self.all_to_all_device_raw(p, p, count, T::DTYPE, stream) })
     }
 
     /// All-to-all with per-rank counts and displacements (in elements) from host slices:
