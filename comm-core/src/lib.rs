@@ -48,6 +48,7 @@ pub mod testing;
 pub mod topology;
 pub mod transport;
 pub mod transport_names;
+pub mod trigger;
 pub mod verdict;
 pub mod wire;
 
