@@ -22,6 +22,7 @@ mod direct;
 mod eager;
 #[cfg(feature = "cudaipc")]
 pub(crate) mod gpu;
+mod header;
 pub(crate) mod link;
 mod p2p;
 mod recursive;
@@ -40,7 +41,8 @@ use crate::health::Health;
 use crate::host::Buffers;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
-use link::{Header, Link};
+use header::Header;
+use link::Link;
 
 /// Largest payload of one message (and slot): per-message costs (headers, flags, and over TCP
 /// a thread hand-off each way) fall with larger messages (docs/perf-log/cpu-host.md, "CPUs: the
@@ -73,10 +75,10 @@ const EAGER_BUDGET: usize = 16 << 20;
 /// when a root links to every peer, at least [`SLOTS`].
 fn eager_slots_for(n: usize) -> usize {
     let per_link = EAGER_BUDGET / n.saturating_sub(1).max(1);
-    (per_link / (2 * (EAGER_PAYLOAD_BYTES + link::HEADER_BYTES))).clamp(SLOTS, EAGER_MAX_SLOTS)
+    (per_link / (2 * (EAGER_PAYLOAD_BYTES + header::HEADER_BYTES))).clamp(SLOTS, EAGER_MAX_SLOTS)
 }
 /// Set in a header's signature by a rank whose own arguments were invalid.
-const INVALID_MARK: u64 = link::INVALID_SIGNATURE;
+const INVALID_MARK: u64 = header::INVALID_SIGNATURE;
 
 /// Per-communicator state of the channel executor.
 pub(crate) struct ChannelEngine {

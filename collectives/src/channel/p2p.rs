@@ -9,7 +9,7 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
 
 use super::ChannelEngine;
-use super::link::Header;
+use super::header::Header;
 use crate::group::{self, P2pOp};
 use crate::matching::{GroupStamps, Met, PairStamp};
 
