@@ -4,6 +4,7 @@
 //! A new algorithm touches its table row, its executor and (on GPUs) its kernel file; the
 //! choice itself is made here and nowhere else.
 
+pub mod algorithm;
 pub mod device;
 pub mod steps;
 pub mod table;
