@@ -87,8 +87,6 @@ fn a_hierarchical_call_small_on_one_node_and_larger_on_another_fails_on_every_ra
 // eth0 on a bridge). They need root, so they are ignored; `cargo xtask test` runs them as root
 // (`--ignored namespace`), and run without root they fail saying why.
 
-const BENCH: &str = env!("CARGO_BIN_EXE_bench-worker");
-
 /// Panics with the reason unless namespace nodes can be made here.
 fn require_namespaces() {
     if let Err(e) = weave_launch::namespace_nodes_available(None) {
@@ -182,37 +180,4 @@ fn twenty_kills_at_random_points_across_2x2_namespace_nodes_fail_every_survivor_
     }
     let (median, max) = median_and_max(&mut after_ms);
     println!("2x2 namespace nodes, 20 kills: survivors failed {median} ms (median) / {max} ms (max) after the kill");
-}
-
-/// The bus bandwidth (GB/s) of a 32 MiB all-reduce between two namespace nodes of one rank.
-fn all_reduce_busbw(rate: Option<weave_launch::Rate>) -> f64 {
-    let args = ["--op", "all_reduce", "-b", "32M", "-e", "32M", "--warmup", "1", "--iters", "3"];
-    let spec = weave_launch::LaunchSpec::new(2, BENCH)
-        .args(args)
-        .timeout(Duration::from_secs(120))
-        .env("WEAVE_TIMEOUT", "60")
-        .capture(true)
-        .namespace_nodes(2, rate);
-    let report = launch_serialized(&spec).expect("launch bench-worker");
-    assert!(report.success(), "{}\n{}", report.summary(), weave_tests::launcher::dump(&report));
-    let line = report.ranks[0].stdout.iter().find(|l| l.contains("\"busbw\":")).expect("a result line");
-    number_after(line, "\"busbw\":")
-}
-
-#[test]
-#[ignore = "needs root (network namespaces): cargo xtask test runs it as root"]
-fn namespace_links_shaped_to_1gbit_carry_at_most_1gbit() {
-    require_namespaces();
-    let rate: weave_launch::Rate = "1gbit".parse().unwrap();
-    let line_rate = rate.bytes_per_sec() as f64 / 1e9;
-    let free = all_reduce_busbw(None);
-    let shaped = all_reduce_busbw(Some(rate));
-    println!("all_reduce 32 MiB across 2 namespace nodes: {free:.3} GB/s unshaped, {shaped:.3} GB/s at {rate}");
-    // Two ranks: each sends the whole buffer once over its link, so busbw is the link's payload rate.
-    assert!(
-        free > 2.0 * line_rate,
-        "unshaped links carry only {free:.3} GB/s, too little to tell shaping at {line_rate} GB/s from none"
-    );
-    assert!(shaped <= 1.02 * line_rate, "shaped to {rate} ({line_rate} GB/s) yet carried {shaped:.3} GB/s");
-    assert!(shaped >= 0.6 * line_rate, "shaped to {rate} ({line_rate} GB/s) but carried only {shaped:.3} GB/s");
 }

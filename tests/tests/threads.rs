@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use collectives::{Algorithm, Collective, Communicator, DataType, ReduceOp};
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
-use weave_tests::launcher::number_after;
 use weave_tests::matrix::{MatrixSpec, run_matrix};
 
 /// Set to make the matrix tests stop once their communicators are built.
@@ -163,29 +162,6 @@ fn blocking_sends_to_every_peer_return_before_any_receive_with_64_thread_ranks()
             h.join().expect("a rank thread panicked").unwrap_or_else(|e| panic!("rank {rank}: {e}"));
         }
     });
-}
-
-/// `bench-worker --threads N` runs a whole timed job as N thread ranks of one process and
-/// prints rank 0's line per size, as a job of N processes would.
-#[test]
-fn the_bench_worker_times_a_world_of_thread_ranks() {
-    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bench-worker"))
-        .args(["--threads", "16", "--op", "all_gather", "-b", "1K", "-e", "8K", "-f", "8"])
-        .args(["--iters", "3", "--warmup", "1", "--check"])
-        .env("WEAVE_TIMEOUT", "60")
-        .output()
-        .expect("running bench-worker");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "bench-worker failed:\n{stdout}\n{}", String::from_utf8_lossy(&out.stderr));
-    let lines: Vec<&str> = stdout.lines().filter(|l| l.starts_with('{')).collect();
-    assert_eq!(lines.len(), 2, "one line per size (1 KiB, 8 KiB), from rank 0 only:\n{stdout}");
-    for (line, bytes) in lines.iter().zip([1024, 8192]) {
-        for field in [format!("\"bytes\":{bytes},"), "\"ranks\":16,".into(), "\"wrong\":0,".into()] {
-            assert!(line.contains(&field), "{field} missing from {line}");
-        }
-        let time: f64 = number_after(line, "\"time_us\":");
-        assert!(time > 0.0, "{line}");
-    }
 }
 
 /// `n` thread ranks build a communicator; the ranks of `dead` drop theirs (their bootstraps go

@@ -1,25 +1,18 @@
 //! `cargo xtask <command>`: developer tasks for weave.
 //!
-//! Each command lives in its own module with a `SUMMARY`, a `USAGE` text and a
-//! `run(Args) -> ExitCode`; add it to [`COMMANDS`] to make it reachable.
+//! Each command lives in its own module with a `SUMMARY` and a `run(Args) -> ExitCode` that
+//! prints its usage for `--help`; add it to [`COMMANDS`] to make it reachable.
 
 mod args;
 mod bench_cmd;
-mod bench_nodes;
-mod bench_sweep;
-mod bench_table;
-mod bench_turns;
 mod fuzz_cmd;
 mod gpu_bundle_cmd;
 mod ib_vm_cmd;
-mod json;
 mod launch_cmd;
 mod loom_cmd;
 mod nccl_cmd;
-mod plot;
 mod prerequisites;
 mod sanitize_cmd;
-mod scale_model;
 mod test_cmd;
 
 use std::process::ExitCode;
@@ -30,18 +23,16 @@ use args::{Arg, Args, UsageError};
 struct Command {
     name: &'static str,
     summary: &'static str,
-    usage: &'static str,
     run: fn(Args) -> ExitCode,
 }
 
-/// A [`Command`] named `$name`: from a module's `SUMMARY`, `USAGE` and `run`, or from the
-/// three given.
+/// A [`Command`] named `$name`: from a module's `SUMMARY` and `run`, or from the two given.
 macro_rules! command {
     ($name:literal, $module:ident) => {
-        command!($name, $module::SUMMARY, $module::USAGE, $module::run)
+        command!($name, $module::SUMMARY, $module::run)
     };
-    ($name:literal, $summary:expr, $usage:expr, $run:expr) => {
-        Command { name: $name, summary: $summary, usage: $usage, run: $run }
+    ($name:literal, $summary:expr, $run:expr) => {
+        Command { name: $name, summary: $summary, run: $run }
     };
 }
 
@@ -52,13 +43,12 @@ const COMMANDS: &[Command] = &[
     command!("ib-vm", ib_vm_cmd),
     command!("launch", launch_cmd),
     command!("loom", loom_cmd),
-    command!("multinode", launch_cmd::MULTINODE_SUMMARY, launch_cmd::MULTINODE_USAGE, launch_cmd::run_multinode),
+    command!("multinode", launch_cmd::MULTINODE_SUMMARY, launch_cmd::run_multinode),
     command!("nccl", nccl_cmd),
     command!("sanitize", sanitize_cmd),
-    command!("scale-model", scale_model),
+    command!("scale-model", bench_cmd::SCALE_MODEL_SUMMARY, bench_cmd::run_scale_model),
     command!("test", test_cmd),
     command!("bench", bench_cmd),
-    command!("node-exec", bench_nodes::NODE_EXEC_SUMMARY, bench_nodes::NODE_EXEC_USAGE, bench_nodes::run_node_exec),
 ];
 
 fn usage() -> String {
@@ -116,10 +106,8 @@ fn main() -> ExitCode {
                 ExitCode::SUCCESS
             }
             Some(topic) => match COMMANDS.iter().find(|c| topic == c.name) {
-                Some(c) => {
-                    print!("{}", c.usage);
-                    ExitCode::SUCCESS
-                }
+                // `help X` is `X --help`: every command prints its own usage.
+                Some(c) => (c.run)(Args::new(["--help"])),
                 None => {
                     eprintln!("error: no command named {topic:?}\n\n{}", usage());
                     ExitCode::from(2)

@@ -29,7 +29,7 @@ tests report that they did not run when no GPU is present; they never count as p
 Then the kernels crate's tests once more with NVRTC 12.2 (what a CUDA 12 driver loads).
 Then the namespace-node tests (ignored by plain `cargo test`: they need root to make network
 namespaces; about 40 s): the launcher's nodes, nothing left behind after a killed rank or a
-killed launcher, a node fabric shared by several jobs, `cargo xtask node-exec` (mpirun's agent
+killed launcher, a node fabric shared by several jobs, `weave-bench node-exec` (mpirun's agent
 of bench --nodes), the collectives matrix across namespace nodes 2x2 and 3x1, --rate shaping,
 a whole node lost of 2x2 and 4x2 with the survivors shrinking and carrying on, and a hostile
 process on a 2x2 job's network; wherever namespaces can be made; with CI set they must run.
@@ -204,7 +204,8 @@ fn namespace_tests(env: &TestEnv, wanted: bool) -> Result<(), String> {
     }
     let targets = [
         &["-p", "weave-launch"][..],
-        &["-p", "xtask", "--test", "node_exec"],
+        &["-p", "weave-bench", "--test", "node_exec"],
+        &["-p", "weave-bench", "--test", "workers"],
         &["-p", "weave-tests", "--test", "collectives"],
         &["-p", "weave-tests", "--test", "elastic"],
         &["-p", "weave-tests", "--test", "hostile"],

@@ -110,34 +110,3 @@ fn a_second_signal_kills_the_ranks() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("stopped rank(s) 0, 1 of 2"), "{}", text(&out.stderr));
 }
-
-#[test]
-fn bench_help_and_usage_errors() {
-    let out = xtask(&["help", "bench"]);
-    assert_eq!(out.status.code(), Some(0));
-    let help = text(&out.stdout);
-    for word in ["--vs-mpi", "busbw", "2(n-1)/n", "median", "--json", "apt-get install openmpi-bin"] {
-        assert!(help.contains(word), "help lacks {word}: {help}");
-    }
-    for bad in
-        [&["bench", "-b", "1.5M"][..], &["bench", "--op", "gather"], &["bench", "-f", "1"], &["bench", "-n", "0"]]
-    {
-        let out = xtask(bad);
-        assert_eq!(out.status.code(), Some(2), "{bad:?}: {}", text(&out.stderr));
-        assert!(text(&out.stderr).contains("cargo xtask help bench"), "{bad:?}");
-    }
-}
-
-#[test]
-fn bench_vs_mpi_without_mpi_says_how_to_install_it() {
-    let out = Command::new(env!("CARGO_BIN_EXE_xtask"))
-        .args(["bench", "--vs-mpi", "--no-build"])
-        .env("MPICC", "/nonexistent/mpicc")
-        .env("MPIRUN", "/nonexistent/mpirun")
-        .output()
-        .expect("run the xtask binary");
-    assert_eq!(out.status.code(), Some(1));
-    let err = text(&out.stderr);
-    assert!(err.contains("apt-get install openmpi-bin libopenmpi-dev"), "{err}");
-    assert!(err.contains("/nonexistent/mpicc and /nonexistent/mpirun were not found"), "{err}");
-}

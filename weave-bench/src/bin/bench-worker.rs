@@ -1,4 +1,4 @@
-//! One rank of `cargo xtask bench`: times one weave collective over a range of sizes, the way
+//! One rank of `weave-bench` (`cargo xtask bench`): times one weave collective over a range of sizes, the way
 //! nccl-tests does, and prints one JSON line per size on rank 0.
 //!
 //! ```text
@@ -7,12 +7,12 @@
 //!              [--turn-timeout SECS] [--check] [--inplace] [--threads N]
 //! ```
 //!
-//! Launched as N ranks (`cargo xtask bench`, or `cargo xtask launch -n N -- bench-worker …`).
+//! Launched as N ranks (`weave-bench`, or `cargo xtask launch -n N -- bench-worker …`).
 //! With `--threads N` it is the whole job instead: one process whose N ranks are threads,
 //! joined by the loopback bootstrap and transport (`comm_core::loopback`), for worlds larger
 //! than the processes a host can hold (1,024 ranks on 2 cores); `WEAVE_TIMEOUT` and the other
 //! `WEAVE_*` settings still apply, `--turns` does not.
-//! The Open MPI baseline `xtask/src/mpi_bench.c` implements exactly the same method; keep the
+//! The Open MPI baseline `weave-bench/src/mpi_bench.c` implements exactly the same method; keep the
 //! two in step:
 //!
 //! - **Sizes**: from `-b` to `-e` (inclusive), multiplying by `-f`. "size" is the largest
@@ -25,7 +25,7 @@
 //!   calls). After the last batch the per-call times of all batches are all-reduced with MAX
 //!   through the communicator (outside the timed region), and the median of those maxima is
 //!   reported.
-//! - **Turns** (`--turns SOCKET`): the driver (`cargo xtask bench`) listens on the Unix socket
+//! - **Turns** (`--turns SOCKET`): the driver (`weave-bench`) listens on the Unix socket
 //!   SOCKET and lets this job and the baseline's take turns, one batch at a time. Each rank
 //!   connects once it is up and sends `weave RANK\n`; then, before every batch, it blocks (no
 //!   spinning, so the other job has the CPUs) until it reads one byte `g`, and after the batch
@@ -54,10 +54,13 @@ use std::io::{Read, Write};
 use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
+use clap::Parser;
+use clap::builder::RangedU64ValueParser;
 use collectives::{Collective, Communicator, DataType, Element, ReduceOp, bf16, f16};
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::{Error, Result};
+use weave_bench::record::{SizeResult, benched_collective, reduces, sweep_sizes};
 use weave_tests::matrix::tolerance;
 
 /// The root of broadcast and reduce.
@@ -66,159 +69,102 @@ const ROOT: usize = 0;
 /// What poisoned output elements hold before a checked call (outside every input's range).
 const SENTINEL: f64 = -77.0;
 
-/// The usage text printed on a command-line mistake.
-const USAGE: &str = "usage: bench-worker [--op OP] [-b MIN] [-e MAX] [-f FACTOR] [--dtype T] [--redop OP] \
-[--iters N] [--warmup N] [--rounds K] [--turns SOCKET] [--turn-timeout SECS] [--check] [--inplace] \
-[--threads N]
-  OP: all_reduce | all_gather | reduce_scatter | broadcast | reduce | all_to_all
-  sizes in bytes, with an optional K/M/G suffix (powers of 1024): 8, 64K, 64M, 1G";
-
 /// A parsed command line.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, Parser)]
+#[command(name = "bench-worker", about = "One rank of weave-bench's host benchmark (see the source's header)")]
 struct Options {
+    /// all_reduce, all_gather, reduce_scatter, broadcast, reduce, all_to_all
+    #[arg(long, default_value = "all_reduce", value_parser = benched_collective)]
     op: Collective,
+    /// Smallest size (bytes, with an optional K/M/G suffix: powers of 1024)
+    #[arg(short = 'b', long = "minbytes", default_value = "8", value_parser = size)]
     min_bytes: usize,
+    /// Largest size
+    #[arg(short = 'e', long = "maxbytes", default_value = "64M", value_parser = size)]
     max_bytes: usize,
-    factor: usize,
+    /// Size factor from one size to the next (at least 2)
+    #[arg(short = 'f', long = "stepfactor", default_value = "2", value_parser = clap::value_parser!(u64).range(2..))]
+    factor: u64,
+    /// Element type (nccl-tests' or Rust's name)
+    #[arg(long, default_value = "float", value_parser = |s: &str| DataType::parse(s).ok_or("unknown data type"))]
     dtype: DataType,
+    /// Reduction operator
+    #[arg(long, default_value = "sum", value_parser = |s: &str| ReduceOp::parse(s).ok_or("unknown reduction operator"))]
     redop: ReduceOp,
+    /// Timed calls per batch
+    #[arg(long, default_value = "20", value_parser = at_least(1))]
     iters: usize,
+    /// Untimed calls per batch before them
+    #[arg(long, default_value = "5", value_parser = at_least(0))]
     warmup: usize,
+    /// Verify every call's result
+    #[arg(long)]
     check: bool,
+    /// In place
+    #[arg(long)]
     inplace: bool,
-    /// Batches per size.
+    /// Batches per size
+    #[arg(long, default_value = "1", value_parser = at_least(1))]
     rounds: usize,
-    /// The driver's turn socket, if any.
+    /// The driver's turn socket
+    #[arg(long, value_name = "SOCKET", conflicts_with = "threads")]
     turns: Option<String>,
-    /// How long to wait for a turn.
+    /// How long to wait for a turn, in seconds
+    #[arg(long = "turn-timeout", value_name = "SECS", default_value = "600", value_parser = turn_timeout)]
     turn_timeout: Duration,
-    /// `--threads`: run the whole job as this many thread ranks of this process.
+    /// Run the whole job as this many thread ranks of this process
+    #[arg(long, value_parser = at_least(1))]
     threads: Option<usize>,
 }
 
-impl Default for Options {
-    fn default() -> Self {
-        Options {
-            op: Collective::AllReduce,
-            min_bytes: 8,
-            max_bytes: 64 << 20,
-            factor: 2,
-            dtype: DataType::F32,
-            redop: ReduceOp::Sum,
-            iters: 20,
-            warmup: 5,
-            check: false,
-            inplace: false,
-            rounds: 1,
-            turns: None,
-            turn_timeout: Duration::from_secs(600),
-            threads: None,
+/// A count of at least `min`.
+fn at_least(min: u64) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(min..)
+}
+
+/// A size in bytes (`8`, `64K`, `1G`).
+fn size(s: &str) -> std::result::Result<usize, String> {
+    weave_launch::parse_size(s).and_then(|bytes| usize::try_from(bytes).ok()).ok_or_else(|| format!("bad size {s:?}"))
+}
+
+/// Whole seconds, at least one.
+fn turn_timeout(s: &str) -> std::result::Result<Duration, String> {
+    match s.trim().parse::<u64>() {
+        Ok(secs) if secs >= 1 => Ok(Duration::from_secs(secs)),
+        _ => Err(format!("expected a whole number of seconds, at least 1, got {s:?}")),
+    }
+}
+
+impl Options {
+    /// Checks what the parser cannot: a size range that is not empty.
+    fn settle(self) -> std::result::Result<Options, String> {
+        if self.min_bytes == 0 {
+            return Err("-b must be at least 1 byte".into());
         }
+        if self.min_bytes > self.max_bytes {
+            return Err(format!("-b ({}) is larger than -e ({})", self.min_bytes, self.max_bytes));
+        }
+        Ok(self)
+    }
+
+    /// The sizes of the sweep.
+    fn sizes(&self) -> Vec<usize> {
+        sweep_sizes(self.min_bytes as u64, self.max_bytes as u64, self.factor).into_iter().map(|s| s as usize).collect()
     }
 }
 
 fn main() {
     weave_tests::worker::install_subscriber();
-    let opts = match parse_args(std::env::args().skip(1)) {
+    let opts = match Options::parse().settle() {
         Ok(o) => o,
         Err(e) => {
-            eprintln!("bench-worker: {e}\n{USAGE}");
+            eprintln!("bench-worker: {e}");
             std::process::exit(2);
         }
     };
     if let Err((rank, e)) = run(&opts) {
         eprintln!("bench-worker rank {rank}: {e}");
         std::process::exit(1);
-    }
-}
-
-fn parse_args(args: impl Iterator<Item = String>) -> std::result::Result<Options, String> {
-    let mut o = Options::default();
-    let mut args = args.peekable();
-    while let Some(arg) = args.next() {
-        let (flag, attached) = match arg.split_once('=') {
-            Some((f, v)) if f.starts_with("--") => (f.to_string(), Some(v.to_string())),
-            _ => (arg.clone(), None),
-        };
-        let mut value = |what: &str| -> std::result::Result<String, String> {
-            attached.clone().or_else(|| args.next()).ok_or_else(|| format!("{flag} needs {what}"))
-        };
-        let count = |v: String, min: usize| -> std::result::Result<usize, String> {
-            v.trim()
-                .parse::<usize>()
-                .ok()
-                .filter(|&n| n >= min)
-                .ok_or_else(|| format!("{flag} expects a whole number of at least {min}, got {v:?}"))
-        };
-        let size = |v: String| -> std::result::Result<usize, String> {
-            weave_launch::parse_size(&v)
-                .and_then(|bytes| usize::try_from(bytes).ok())
-                .ok_or_else(|| format!("{flag}: bad size {v:?}"))
-        };
-        match flag.as_str() {
-            "--op" => {
-                let v = value("a collective")?;
-                o.op = Collective::parse(&v)
-                    .filter(|c| !matches!(c, Collective::AllToAllv | Collective::SendRecv))
-                    .ok_or_else(|| format!("unknown collective {v:?}"))?;
-            }
-            "-b" | "--minbytes" => o.min_bytes = size(value("a size")?)?,
-            "-e" | "--maxbytes" => o.max_bytes = size(value("a size")?)?,
-            "-f" | "--stepfactor" => o.factor = count(value("a factor")?, 2)?,
-            "--dtype" => {
-                let v = value("a data type")?;
-                o.dtype = DataType::parse(&v).ok_or_else(|| format!("unknown data type {v:?}"))?;
-            }
-            "--redop" => {
-                let v = value("a reduction operator")?;
-                o.redop = ReduceOp::parse(&v).ok_or_else(|| format!("unknown reduction operator {v:?}"))?;
-            }
-            "--iters" => o.iters = count(value("a count")?, 1)?,
-            "--warmup" => o.warmup = count(value("a count")?, 0)?,
-            "--rounds" => o.rounds = count(value("a count")?, 1)?,
-            "--turns" => o.turns = Some(value("a socket path")?),
-            "--turn-timeout" => o.turn_timeout = Duration::from_secs(count(value("seconds")?, 1)? as u64),
-            "--threads" => o.threads = Some(count(value("a number of ranks")?, 1)?),
-            "--check" if attached.is_none() => o.check = true,
-            "--inplace" if attached.is_none() => o.inplace = true,
-            _ => return Err(format!("unexpected argument {arg:?}")),
-        }
-    }
-    if o.min_bytes == 0 {
-        return Err("-b must be at least 1 byte".into());
-    }
-    if o.min_bytes > o.max_bytes {
-        return Err(format!("-b ({}) is larger than -e ({})", o.min_bytes, o.max_bytes));
-    }
-    if o.threads.is_some() && o.turns.is_some() {
-        return Err("--turns takes turns between jobs of process ranks; drop it with --threads".into());
-    }
-    Ok(o)
-}
-
-/// The sizes of a sweep: `min`, `min × factor`, … while not above `max`.
-fn sizes(min: usize, max: usize, factor: usize) -> Vec<usize> {
-    let mut v = Vec::new();
-    let mut s = min;
-    while s <= max {
-        v.push(s);
-        match s.checked_mul(factor) {
-            Some(next) if next > s => s = next,
-            _ => break,
-        }
-    }
-    v
-}
-
-/// nccl-tests' bus-bandwidth factor.
-fn bus_factor(op: Collective, n: usize) -> f64 {
-    let n = n as f64;
-    match op {
-        Collective::AllReduce => 2.0 * (n - 1.0) / n,
-        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll | Collective::AllToAllv => {
-            (n - 1.0) / n
-        }
-        Collective::Broadcast | Collective::Reduce | Collective::SendRecv => 1.0,
     }
 }
 
@@ -542,7 +488,7 @@ fn bench(comm: &Communicator, o: &Options, start: Instant) -> Result<()> {
     let mut create_s = [0.0f64];
     comm.all_reduce(&[start.elapsed().as_secs_f64()], &mut create_s, ReduceOp::Max)?;
     let mut turns = Turns::connect(o, comm.rank())?;
-    for size in sizes(o.min_bytes, o.max_bytes, o.factor) {
+    for size in o.sizes() {
         turns.wait()?;
         let t = &mut turns;
         let line = match o.dtype {
@@ -559,7 +505,7 @@ fn bench(comm: &Communicator, o: &Options, start: Instant) -> Result<()> {
         };
         if comm.rank() == 0 {
             // Rust's stdout is line-buffered: the line is out before the turn ends.
-            println!("{}", json_line(o, comm.world_size(), &line, create_s[0]));
+            println!("{}", result_line(o, comm.world_size(), &line, create_s[0]));
         }
         turns.done()?;
     }
@@ -620,54 +566,17 @@ fn shares_a_cpu(cpus: &[u32]) -> bool {
     known.windows(2).any(|w| w[0] == w[1])
 }
 
-/// A JSON string literal.
-fn json_str(s: &str) -> String {
-    let mut out = String::with_capacity(s.len() + 2);
-    out.push('"');
-    for ch in s.chars() {
-        match ch {
-            '"' => out.push_str("\\\""),
-            '\\' => out.push_str("\\\\"),
-            c if (c as u32) < 0x20 => out.push_str(&format!("\\u{:04x}", c as u32)),
-            c => out.push(c),
-        }
-    }
-    out.push('"');
-    out
-}
-
-/// A JSON number (non-finite values become `null`).
-fn json_num(v: f64) -> String {
-    if v.is_finite() { format!("{v}") } else { "null".into() }
-}
-
-fn json_line(o: &Options, n: usize, l: &Line, create_s: f64) -> String {
-    let seconds = l.time_us / 1e6;
-    let algbw = if seconds > 0.0 { l.bytes as f64 / 1e9 / seconds } else { 0.0 };
-    let busbw = algbw * bus_factor(o.op, n);
-    let redop = if matches!(o.op, Collective::AllReduce | Collective::ReduceScatter | Collective::Reduce) {
-        o.redop.name()
-    } else {
-        "none"
-    };
-    format!(
-        "{{\"op\":{},\"bytes\":{},\"count\":{},\"dtype\":{},\"redop\":{},\"inplace\":{},\"ranks\":{},\
-         \"time_us\":{},\"algbw\":{},\"busbw\":{},\"wrong\":{},\"algorithm\":{},\"shared_cpu\":{},\"create_s\":{}}}",
-        json_str(o.op.name()),
-        l.bytes,
-        l.count,
-        json_str(o.dtype.name()),
-        json_str(redop),
-        o.inplace,
-        n,
-        json_num(l.time_us),
-        json_num(algbw),
-        json_num(busbw),
-        l.wrong.map_or("null".to_string(), |w| w.to_string()),
-        json_str(&l.algorithm),
-        l.shared_cpu,
-        json_num(create_s),
-    )
+/// The result line of one size.
+fn result_line(o: &Options, n: usize, l: &Line, create_s: f64) -> String {
+    let mut r = SizeResult::new(o.op, l.bytes as u64, l.count as u64, n as u64, l.time_us);
+    r.dtype = o.dtype.name().into();
+    r.redop = if reduces(o.op) { o.redop.name() } else { "none" }.into();
+    r.inplace = o.inplace;
+    r.wrong = l.wrong;
+    r.algorithm = l.algorithm.clone();
+    r.shared_cpu = l.shared_cpu;
+    r.create_s = Some(create_s);
+    r.to_line()
 }
 
 #[cfg(test)]
@@ -675,7 +584,9 @@ mod tests {
     use super::*;
 
     fn parse(line: &[&str]) -> std::result::Result<Options, String> {
-        parse_args(line.iter().map(|s| s.to_string()))
+        Options::try_parse_from(std::iter::once("bench-worker").chain(line.iter().copied()))
+            .map_err(|e| e.to_string())?
+            .settle()
     }
 
     #[test]
@@ -691,6 +602,8 @@ mod tests {
             (Collective::AllGather, 1024, 4096, 4, DataType::Bf16)
         );
         assert!(o.check && !o.inplace);
+        assert_eq!(o.sizes(), [1024, 4096]);
+        assert_eq!(parse(&[]).unwrap().sizes().len(), 24);
         assert!(parse(&["-f", "1"]).is_err());
         assert!(parse(&["--iters", "0"]).is_err());
         assert!(parse(&["-b", "8M", "-e", "1K"]).is_err());
@@ -699,22 +612,27 @@ mod tests {
         assert_eq!(parse(&["--threads", "1024"]).unwrap().threads, Some(1024));
         assert!(parse(&["--threads", "0"]).is_err());
         assert!(parse(&["--threads", "4", "--turns", "/tmp/s"]).is_err());
+        assert!(parse(&["--turn-timeout", "0"]).is_err());
+    }
+
+    #[test]
+    fn result_lines_read_back() {
+        let o = parse(&["--op", "broadcast"]).unwrap();
+        let l =
+            Line { bytes: 64, count: 16, time_us: 2.0, wrong: Some(0), algorithm: "direct".into(), shared_cpu: true };
+        let r = SizeResult::parse(&result_line(&o, 4, &l, 0.125)).unwrap();
+        assert_eq!((r.op, r.bytes, r.count, r.ranks, r.redop.as_str()), (Collective::Broadcast, 64, 16, 4, "none"));
+        assert_eq!((r.dtype.as_str(), r.wrong, r.shared_cpu, r.create_s), ("float", Some(0), true, Some(0.125)));
     }
 
     #[test]
     fn sweep_counts_and_statistics() {
-        assert_eq!(sizes(8, 64, 2), [8, 16, 32, 64]);
-        assert_eq!(sizes(8, 100, 4), [8, 32]);
-        assert_eq!(sizes(usize::MAX / 2 + 1, usize::MAX, 2), [usize::MAX / 2 + 1]);
         assert_eq!(count_for(Collective::AllReduce, 8, 4, 2), 2);
         assert_eq!(count_for(Collective::AllGather, 8, 4, 2), 0);
         assert_eq!(count_for(Collective::AllGather, 1 << 20, 4, 2), 1 << 17);
         assert_eq!(count_for(Collective::AllToAll, 100, 1, 3), 32);
         assert_eq!(median(&[3.0, 1.0, 2.0]), 2.0);
         assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), 2.5);
-        assert_eq!(bus_factor(Collective::AllReduce, 4), 1.5);
-        assert_eq!(bus_factor(Collective::AllGather, 4), 0.75);
-        assert_eq!(bus_factor(Collective::Reduce, 4), 1.0);
         assert!(shares_a_cpu(&[0, 1, 0]) && !shares_a_cpu(&[0, 1, u32::MAX, u32::MAX]));
         assert!(current_cpu().is_some());
     }

@@ -1,4 +1,4 @@
-//! `cargo xtask scale-model`: the alpha-beta model of weave's plans (docs/SCALE.md).
+//! `weave-bench scale-model` (`cargo xtask scale-model`): the alpha-beta model of weave's plans (docs/SCALE.md).
 //!
 //! A plan's time is `steps × α + bytes × β + reduced × γ`: `steps` sequential messages on the
 //! critical path, `bytes` each rank sends on it, `reduced` bytes it combines — per fabric, with
@@ -15,33 +15,45 @@
 //! 1 GiB at 8 to 65,536 ranks (8 per node) for the plan weave's tables choose next to a flat
 //! ring, with the crossovers between the plans.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
-use crate::args::{Arg, Args, UsageError};
-use crate::json::Object;
+use serde::Deserialize;
 
-pub(crate) const SUMMARY: &str = "the alpha-beta model of the plans, checked against measured points";
+/// The command line of `weave-bench scale-model`: prints docs/SCALE.md's tables (the model's
+/// constants, its error against every measured point, and predicted all_reduce / all_gather
+/// times for 8 B .. 1 GiB at 8 .. 65,536 ranks, 8 per node, weave's plans next to a flat ring).
+#[derive(Debug, Clone, clap::Args)]
+pub struct ScaleModelArgs {
+    /// JSON lines as bench-worker prints them (op, bytes, ranks, time_us, algorithm), measured
+    /// on FABRIC, whose constants are fitted to them: `shm` (processes of this host over shared
+    /// memory), `threads` (ranks as threads of one process: bench-worker --threads N),
+    /// `tcp` (namespace nodes of this host over TCP, one rank each: weave-bench --nodes N -n 1
+    /// --json FILE), `softroce` (point-to-point messages: op "send"; algorithm "message", one
+    /// message's latency, or "stream", the time per message of a bandwidth test). Repeatable;
+    /// at least 3 points per fabric.
+    #[arg(long = "measured", value_name = "FABRIC:FILE", value_parser = measured, required = true)]
+    pub measured: Vec<Measured>,
+}
 
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask scale-model [--measured FABRIC:FILE]...
+/// One `--measured FABRIC:FILE`.
+#[derive(Debug, Clone)]
+pub struct Measured {
+    /// The fabric's key (`shm`, `threads`, `tcp`, `softroce`).
+    pub fabric: &'static str,
+    /// The file of JSON lines.
+    pub file: PathBuf,
+}
 
-Prints docs/SCALE.md's tables: the model's constants, its error against every measured point,
-and predicted all_reduce / all_gather times for 8 B .. 1 GiB at 8 .. 65,536 ranks (8 per
-node), weave's plans next to a flat ring.
-
-options:
-  --measured FABRIC:FILE   JSON lines as bench-worker prints them (op, bytes, ranks, time_us,
-                           algorithm), measured on FABRIC, whose constants are fitted to them:
-                             shm       processes of this host over shared memory
-                             threads   ranks as threads of one process (bench-worker
-                                       --threads N: loopback bootstrap and transport)
-                             tcp       namespace nodes of this host over TCP, one rank each
-                                       (cargo xtask bench --nodes N -n 1 --json FILE)
-                             softroce  point-to-point messages (op \"send\"; algorithm
-                                       \"message\": one message's latency, \"stream\": the time
-                                       per message of a bandwidth test)
-                           Repeatable; at least 3 points per fabric.
-";
+/// Parses `FABRIC:FILE` against the known fabrics.
+fn measured(text: &str) -> Result<Measured, String> {
+    let (fabric, file) = text.split_once(':').ok_or_else(|| format!("expected FABRIC:FILE, got {text:?}"))?;
+    let source = SOURCES.iter().find(|s| s.key == fabric).ok_or_else(|| {
+        let keys: Vec<&str> = SOURCES.iter().map(|s| s.key).collect();
+        format!("unknown fabric {fabric:?} (one of {})", keys.join(", "))
+    })?;
+    Ok(Measured { fabric: source.key, file: file.into() })
+}
 
 /// One fabric's constants (µs per step, per byte, per reduced byte).
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -216,32 +228,35 @@ struct Point {
     shape: Shape,
 }
 
+/// The keys of a result line the model reads.
+#[derive(Deserialize)]
+struct PointLine {
+    op: String,
+    algorithm: String,
+    bytes: f64,
+    ranks: usize,
+    time_us: f64,
+}
+
 /// Reads the points of `file` (bench-worker JSON lines) measured on `fabric`; lines of other
 /// collectives or unmodelled plans are skipped.
-fn read_points(fabric: &'static str, file: &str) -> Result<Vec<Point>, String> {
-    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {file}: {e}"))?;
+fn read_points(fabric: &'static str, file: &std::path::Path) -> Result<Vec<Point>, String> {
+    let text = std::fs::read_to_string(file).map_err(|e| format!("cannot read {}: {e}", file.display()))?;
     let mut out = Vec::new();
     for (i, line) in text.lines().enumerate().filter(|(_, l)| l.trim_start().starts_with('{')) {
-        let o = Object::parse(line).map_err(|e| format!("{file}:{}: {e}", i + 1))?;
-        let op = match o.str("op")? {
+        let p: PointLine = serde_json::from_str(line).map_err(|e| format!("{}:{}: {e}", file.display(), i + 1))?;
+        let op = match p.op.as_str() {
             "all_reduce" => Op::AllReduce,
             "all_gather" => Op::AllGather,
             "send" => Op::Send,
             _ => continue,
         };
-        let Some(shape) = shape_of(o.str("algorithm")?) else { continue };
+        let Some(shape) = shape_of(&p.algorithm) else { continue };
         // A call that moves nothing returns at once: no point to fit.
-        if o.num("bytes")? == 0.0 {
+        if p.bytes == 0.0 {
             continue;
         }
-        out.push(Point {
-            fabric,
-            op,
-            ranks: o.uint("ranks")? as usize,
-            bytes: o.num("bytes")?,
-            time_us: o.num("time_us")?,
-            shape,
-        });
+        out.push(Point { fabric, op, ranks: p.ranks, bytes: p.bytes, time_us: p.time_us, shape });
     }
     Ok(out)
 }
@@ -388,31 +403,13 @@ struct Fitted<'a> {
     points: Vec<&'a Point>,
 }
 
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let mut files: Vec<(&'static Source, String)> = Vec::new();
-    let bad = |msg: String| crate::usage_error(&UsageError(msg), "scale-model");
-    let read = crate::read_args(args, "scale-model", USAGE, |arg, args| match arg {
-        Arg::Flag(f) if f == "--measured" => {
-            let v = args.value(&f)?;
-            let Some((fabric, file)) = v.to_str().and_then(|v| v.split_once(':')) else {
-                return Err(UsageError(format!("--measured takes FABRIC:FILE, got {v:?}")));
-            };
-            let Some(source) = SOURCES.iter().find(|s| s.key == fabric) else {
-                let keys: Vec<&str> = SOURCES.iter().map(|s| s.key).collect();
-                return Err(UsageError(format!("--measured: unknown fabric {fabric:?} (one of {})", keys.join(", "))));
-            };
-            files.push((source, file.to_string()));
-            Ok(())
-        }
-        other => Err(UsageError(format!("unexpected {other:?}"))),
-    });
-    if let Some(exit) = read {
-        return exit;
-    }
-    if files.is_empty() {
-        return bad("give at least one --measured FABRIC:FILE (the model's constants are fitted to them)".into());
-    }
+/// Runs `weave-bench scale-model`.
+pub fn run(args: &ScaleModelArgs) -> ExitCode {
+    let files: Vec<(&'static Source, &std::path::Path)> = args
+        .measured
+        .iter()
+        .filter_map(|m| Some((SOURCES.iter().find(|s| s.key == m.fabric)?, m.file.as_path())))
+        .collect();
     let mut points = Vec::new();
     for (source, file) in &files {
         match read_points(source.key, file) {

@@ -1,8 +1,8 @@
 /*
- * mpi_bench.c: the Open MPI baseline of `cargo xtask bench`.
+ * mpi_bench.c: the Open MPI baseline of `weave-bench` (`cargo xtask bench`).
  *
- * Embedded into xtask, written to target/weave-bench/mpi_bench.c and built with `mpicc -O2`;
- * run with `mpirun -np N mpi_bench ARGS`. It measures exactly what tests/src/bin/bench-worker.rs
+ * Embedded into weave-bench, written to target/weave-bench/mpi_bench.c and built with `mpicc -O2`;
+ * run with `mpirun -np N mpi_bench ARGS`. It measures exactly what src/bin/bench-worker.rs
  * measures, with the same arguments and the same JSON lines on rank 0; keep the two in step:
  *
  *   --op all_reduce|all_gather|reduce_scatter|broadcast|reduce|all_to_all

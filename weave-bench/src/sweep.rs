@@ -1,13 +1,14 @@
-//! `cargo xtask bench --ranks-sweep LIST`: the same benchmark at several world sizes, then one
+//! `weave-bench --ranks-sweep LIST`: the same benchmark at several world sizes, then one
 //! table of what changes with the number of ranks — communicator creation time and the time
 //! of each size, weave's and Open MPI's, both measured in the same run per world size — and
 //! the wall time of a whole job (start the ranks, create, [`JOB_CALLS`] calls of the smallest
 //! size, exit), weave's and Open MPI's run one after the other.
 
-use crate::bench_table::{Row, fmt_time};
+use crate::record::SizeResult;
+use crate::table::fmt_time;
 
 /// One run's rows: weave's, each with Open MPI's of the same size when it ran.
-pub(crate) type Joined = Vec<(Row, Option<Row>)>;
+pub(crate) type Joined = Vec<(SizeResult, Option<SizeResult>)>;
 
 /// Calls of the smallest size that the whole job makes after creating its communicator.
 pub(crate) const JOB_CALLS: u64 = 200;
@@ -24,24 +25,6 @@ pub(crate) struct JobWalls {
     pub(crate) mpi: Option<f64>,
     /// The slowest rank's `MPI_Init` in Open MPI's job, as it reported it.
     pub(crate) mpi_init: Option<f64>,
-}
-
-/// Parses `2,8,32`: world sizes of at least 1, each at most once, in the order given.
-pub(crate) fn parse_ranks_list(list: &str) -> Result<Vec<usize>, String> {
-    let mut v = Vec::new();
-    for part in list.split(',') {
-        let n: usize = part
-            .trim()
-            .parse()
-            .ok()
-            .filter(|&n| n >= 1)
-            .ok_or_else(|| format!("--ranks-sweep expects world sizes such as 2,8,32, got {part:?}"))?;
-        if v.contains(&n) {
-            return Err(format!("--ranks-sweep names {n} twice"));
-        }
-        v.push(n);
-    }
-    Ok(v)
 }
 
 /// Column titles and widths of the sweep table.
@@ -109,16 +92,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn ranks_lists_parse() {
-        assert_eq!(parse_ranks_list("2,8,32").unwrap(), [2, 8, 32]);
-        assert_eq!(parse_ranks_list(" 64 ").unwrap(), [64]);
-        for bad in ["", "0", "2,,8", "two", "-1"] {
-            assert!(parse_ranks_list(bad).is_err(), "{bad:?}");
-        }
-        assert!(parse_ranks_list("8,8").unwrap_err().contains("twice"));
-    }
-
-    #[test]
     fn the_table_has_a_line_per_world_size_and_size() {
         let row = |time_us: f64, create_s: Option<f64>, algorithm: &str| {
             let line = format!(
@@ -127,7 +100,7 @@ mod tests {
                 8.0 / 1e3 / time_us * 1.75,
                 create_s.map_or(String::new(), |c| format!(r#","create_s":{c}"#)),
             );
-            Row::from_json(&line).unwrap()
+            SizeResult::parse(&line).unwrap()
         };
         let runs = vec![
             (

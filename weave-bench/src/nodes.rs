@@ -1,4 +1,4 @@
-//! `cargo xtask bench --nodes N`: weave and Open MPI on the same simulated nodes.
+//! `weave-bench --nodes N`: weave and Open MPI on the same simulated nodes.
 //!
 //! One [`NodeFabric`] of N namespace nodes (see `weave_launch`'s netns module) carries both
 //! jobs. weave's ranks run on it through [`weave_launch::launch_on`], as `cargo xtask
@@ -6,9 +6,9 @@
 //! addresses (`10.57.0.1 slots=R`, …), TCP between nodes on `eth0` (`--mca btl
 //! self,vader,tcp`, `btl_tcp_if_include eth0`, `oob_tcp_if_include eth0`), and an `ssh`-like
 //! agent written here (`--mca plm_rsh_agent`): mpirun calls it as `agent [options] HOST CMD…`
-//! to start its daemon on another node, and the agent runs `cargo xtask node-exec`, which
+//! to start its daemon on another node, and the agent runs `weave-bench node-exec` ([`crate::node_exec`]), which
 //! enters the namespaces of HOST's node from Rust ([`weave_launch::run_in_node`]) and runs
-//! `sh -c CMD` there, killing what it started if mpirun ends first (even when xtask is killed
+//! `sh -c CMD` there, killing what it started if mpirun ends first (even when weave-bench is killed
 //! with `SIGKILL`, which takes the nodes' links along before any peer could notice). With a rate, every node's link is shaped for both jobs alike.
 //!
 //! Nothing is left behind: dropping [`BenchNodes`] deletes the hostfile and the agent and
@@ -18,11 +18,9 @@
 
 use std::ffi::OsString;
 use std::path::{Path, PathBuf};
-use std::process::{Command, ExitCode};
+use std::process::Command;
 
-use weave_launch::{NamespaceNodes, NodeFabric, Rate, namespace_holders, node_address, node_hostname, run_in_node};
-
-use crate::args::{Arg, Args, UsageError};
+use weave_launch::{NamespaceNodes, NodeFabric, Rate, namespace_holders, node_address, node_hostname};
 
 /// The namespace nodes of one `bench --nodes` run and the files Open MPI needs to use them.
 pub(crate) struct BenchNodes {
@@ -56,11 +54,11 @@ impl BenchNodes {
         };
         let hosts: String = (0..nodes).map(|i| format!("{} slots={per_node}\n", node_address(i))).collect();
         std::fs::write(&n.hostfile, hosts).map_err(|e| format!("cannot write {}: {e}", n.hostfile.display()))?;
-        let xtask =
-            std::env::current_exe().map_err(|e| format!("cannot find the xtask binary for mpirun's agent: {e}"))?;
+        let weave_bench = std::env::current_exe()
+            .map_err(|e| format!("cannot find the weave-bench binary for mpirun's agent: {e}"))?;
         let pids = (0..nodes).map(|i| n.fabric.holder_pid(i).ok_or_else(|| format!("node {i} has no holder")));
         let pids = pids.collect::<Result<Vec<u32>, String>>()?;
-        let script = agent_script(&xtask, &pids);
+        let script = agent_script(&weave_bench, &pids);
         write_executable(&n.agent, &script)?;
         Ok(n)
     }
@@ -190,16 +188,16 @@ pub(crate) fn mpirun_node_args(
     v
 }
 
-/// The agent script: `exec XTASK node-exec --node ADDR=PID --node HOSTNAME=PID … -- "$@"`.
-fn agent_script(xtask: &Path, holder_pids: &[u32]) -> String {
-    let quoted = format!("'{}'", xtask.to_string_lossy().replace('\'', r"'\''"));
+/// The agent script: `exec WEAVE_BENCH node-exec --node ADDR=PID --node HOSTNAME=PID … -- "$@"`.
+fn agent_script(weave_bench: &Path, holder_pids: &[u32]) -> String {
+    let quoted = format!("'{}'", weave_bench.to_string_lossy().replace('\'', r"'\''"));
     let mut nodes = String::new();
     for (i, pid) in holder_pids.iter().enumerate() {
         nodes.push_str(&format!(" --node {}={pid} --node {}={pid}", node_address(i), node_hostname(i)));
     }
     format!(
         "#!/bin/sh\n\
-         # mpirun's rsh agent for one run of `cargo xtask bench --nodes` (deleted after it): mpirun calls\n\
+         # mpirun's rsh agent for one run of `weave-bench --nodes` (deleted after it): mpirun calls\n\
          # it as `agent [ssh options] HOST CMD...`; it runs CMD inside the namespaces of HOST's node.\n\
          exec {quoted} node-exec{nodes} -- \"$@\"\n"
     )
@@ -213,120 +211,9 @@ fn write_executable(path: &Path, text: &str) -> Result<(), String> {
         .map_err(|e| format!("cannot make {} executable: {e}", path.display()))
 }
 
-/// One line for the command list of `cargo xtask help` (`node-exec`).
-pub(crate) const NODE_EXEC_SUMMARY: &str = "run a command in a bench node (mpirun's ssh agent for bench --nodes)";
-
-/// The help text of `cargo xtask node-exec`.
-pub(crate) const NODE_EXEC_USAGE: &str = "\
-usage: cargo xtask node-exec --node HOST=PID [--node HOST=PID ...] -- [SSH-OPTIONS] HOST CMD...
-
-What `cargo xtask bench --nodes` gives mpirun as its ssh (`--mca plm_rsh_agent`): runs
-`sh -c 'CMD...'` (the words joined by spaces, as ssh does) inside the network, UTS and mount
-namespaces of the node named HOST, whose holder process is PID. ssh options before HOST are
-skipped. It waits for the command and everything it started, and exits with the command's
-status; if its parent (mpirun) ends first, it kills all of them. Needs root.
-
-options:
-  --node HOST=PID   a node: its address or hostname, and its holder's process id
-  -h, --help        print this help
-";
-
-/// A parsed `node-exec` command line: the node's holder, and the shell command.
-#[derive(Debug, PartialEq)]
-struct NodeExec {
-    holder_pid: u32,
-    command: String,
-}
-
-/// ssh options that take a value (skipped with it before HOST).
-const SSH_VALUE_OPTIONS: &str = "BbcDEeFIiJLlmOopQRSWw";
-
-fn parse_node_exec(args: &mut Args) -> Result<Option<NodeExec>, UsageError> {
-    let mut nodes: Vec<(String, u32)> = Vec::new();
-    loop {
-        match args.next()? {
-            Some(Arg::Flag(f)) if f == "-h" || f == "--help" => return Ok(None),
-            Some(Arg::Flag(f)) if f == "--node" => {
-                let v = args.value(&f)?;
-                let text = v.to_str().ok_or_else(|| UsageError(format!("--node must be UTF-8, got {v:?}")))?;
-                let (host, pid) = text
-                    .split_once('=')
-                    .and_then(|(h, p)| Some((h.to_string(), p.parse::<u32>().ok()?)))
-                    .ok_or_else(|| UsageError(format!("--node expects HOST=PID, got {text:?}")))?;
-                nodes.push((host, pid));
-            }
-            Some(Arg::Flag(f)) => return Err(UsageError(format!("unknown option {f} for `node-exec`"))),
-            Some(Arg::Separator) => break,
-            Some(Arg::Positional(p)) => {
-                return Err(UsageError(format!("put `--` before the ssh arguments (got {p:?})")));
-            }
-            None => return Err(UsageError("give `-- HOST CMD...` after the --node options".into())),
-        }
-    }
-    let rest = args.rest();
-    let mut words = rest.iter().map(|w| w.to_string_lossy());
-    let host = loop {
-        let Some(w) = words.next() else { return Err(UsageError("no HOST after the ssh options".into())) };
-        match w.strip_prefix('-') {
-            // An option that takes a value, given apart (`-o X`): skip the value too.
-            Some(o) if o.len() == 1 && SSH_VALUE_OPTIONS.contains(o) => {
-                words.next();
-            }
-            Some(_) => {}
-            None => break w.into_owned(),
-        }
-    };
-    let command: Vec<String> = words.map(|w| w.into_owned()).collect();
-    if command.is_empty() {
-        return Err(UsageError(format!("no command to run on {host} (an interactive shell is not offered)")));
-    }
-    let holder_pid = nodes.iter().find(|(h, _)| *h == host).map(|&(_, pid)| pid).ok_or_else(|| {
-        let known: Vec<&str> = nodes.iter().map(|(h, _)| h.as_str()).collect();
-        UsageError(format!("{host:?} is not a node of this run; the nodes are {}", known.join(", ")))
-    })?;
-    Ok(Some(NodeExec { holder_pid, command: command.join(" ") }))
-}
-
-/// Runs `cargo xtask node-exec` with the arguments after the subcommand name.
-pub(crate) fn run_node_exec(mut args: Args) -> ExitCode {
-    let parsed = match parse_node_exec(&mut args) {
-        Ok(Some(p)) => p,
-        Ok(None) => {
-            print!("{NODE_EXEC_USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => return crate::usage_error(&e, "node-exec"),
-    };
-    match run_in_node(parsed.holder_pid, "/bin/sh".as_ref(), &["-c".into(), parsed.command.into()]) {
-        Ok(code) => ExitCode::from(u8::try_from(code).unwrap_or(1)),
-        Err(e) => {
-            eprintln!("error: node-exec: {e}");
-            ExitCode::FAILURE
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn parse(line: &[&str]) -> Result<Option<NodeExec>, UsageError> {
-        parse_node_exec(&mut Args::new(line.iter().copied()))
-    }
-
-    #[test]
-    fn node_exec_takes_ssh_arguments() {
-        let nodes = ["--node", "10.57.0.1=11", "--node=10.57.0.2=22", "--"];
-        let line: Vec<&str> =
-            nodes.iter().copied().chain(["-x", "-o", "A=b", "10.57.0.2", "orted", "-mca", "x"]).collect();
-        assert_eq!(parse(&line).unwrap(), Some(NodeExec { holder_pid: 22, command: "orted -mca x".into() }));
-        let err = |line: &[&str]| parse(line).unwrap_err().0;
-        assert!(err(&["--node", "a=1", "--", "b", "cmd"]).contains("not a node of this run; the nodes are a"));
-        assert!(err(&["--node", "a=1", "--", "a"]).contains("no command"));
-        assert!(err(&["--node", "a=x", "--", "a", "c"]).contains("HOST=PID"));
-        assert!(err(&["--node", "a=1", "a", "c"]).contains("`--`"));
-        assert_eq!(parse(&["--help"]).unwrap(), None);
-    }
 
     #[test]
     fn mpirun_runs_tcp_across_nodes_through_the_agent() {
@@ -342,8 +229,8 @@ mod tests {
         assert!(joined.contains("--bind-to none") && !joined.contains("yield") && !joined.contains("tree_spawn"));
         let five = mpirun_node_args(5, 1, Path::new("h"), Path::new("a"), true);
         assert!(five.iter().any(|a| a == "self,sm,tcp") && five.iter().any(|a| a == "mpi_yield_when_idle"));
-        let script = agent_script(Path::new("/x/it's/xtask"), &[7, 9]);
-        assert!(script.contains(r"exec '/x/it'\''s/xtask' node-exec --node 10.57.0.1=7 --node weave-node0=7"));
+        let script = agent_script(Path::new("/x/it's/weave-bench"), &[7, 9]);
+        assert!(script.contains(r"exec '/x/it'\''s/weave-bench' node-exec --node 10.57.0.1=7 --node weave-node0=7"));
         assert!(script.contains("--node 10.57.0.2=9 --node weave-node1=9 -- \"$@\""), "{script}");
     }
 }
