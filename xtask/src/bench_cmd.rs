@@ -6,27 +6,17 @@ use std::ffi::OsString;
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use crate::args::Args;
-
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str = "nccl-tests-style benchmark (weave-bench; --vs-mpi: Open MPI too)";
-
-/// One line for the command list of `cargo xtask help` (`scale-model`).
-pub(crate) const SCALE_MODEL_SUMMARY: &str = "the alpha-beta model of the plans, checked against measured points";
-
-/// Runs `cargo xtask bench ARGS`: `weave-bench ARGS`.
-pub(crate) fn run(mut args: Args) -> ExitCode {
-    forward(&[], args.rest())
-}
-
-/// Runs `cargo xtask scale-model ARGS`: `weave-bench scale-model ARGS`.
-pub(crate) fn run_scale_model(mut args: Args) -> ExitCode {
-    forward(&["scale-model"], args.rest())
+/// The arguments `cargo xtask bench` and `scale-model` pass on to `weave-bench`, as given.
+#[derive(Debug, clap::Args)]
+pub(crate) struct Passed {
+    /// weave-bench's options (`cargo xtask help bench`)
+    #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+    pub(crate) args: Vec<OsString>,
 }
 
 /// Builds `weave-bench` in release (unless `--no-build` is among `args` and it is built) and
 /// runs it with `command` and `args`.
-fn forward(command: &[&str], args: Vec<OsString>) -> ExitCode {
+pub(crate) fn forward(command: &[&str], args: Vec<OsString>) -> ExitCode {
     let root = match crate::gpu_bundle_cmd::workspace_root() {
         Ok(root) => root,
         Err(e) => {

@@ -8,50 +8,30 @@
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args, UsageError};
 use crate::gpu_bundle_cmd::workspace_root;
 
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str = "run every fuzz target (cargo-fuzz, libFuzzer, nightly) for a while";
+/// Runs every fuzz target (cargo-fuzz, libFuzzer, nightly) for a while.
+///
+/// Checks that the seeds kept in fuzz/seeds are current, then runs each fuzz target of fuzz/
+/// (all, or those named) for SECONDS with libFuzzer, from its seeds and its corpus
+/// fuzz/corpus/TARGET (new inputs go there), with at most 256 MiB per allocation and 2 GiB in
+/// all. Prints per target the executions, the coverage (edges and features) and the corpus
+/// size; a target that crashes leaves its input in fuzz/artifacts/TARGET and fails the command.
+/// Needs the nightly toolchain and cargo-fuzz; installs them (rustup, cargo install) when they
+/// are missing. `cargo xtask test` runs every target for a few seconds.
+#[derive(Debug, clap::Args)]
+pub(crate) struct FuzzArgs {
+    /// How long each target runs, in seconds
+    #[arg(long = "time", value_name = "SECONDS", default_value = "60", value_parser = clap::value_parser!(u64).range(1..))]
+    seconds: u64,
+    /// The targets to run (default: all)
+    #[arg(value_name = "TARGET")]
+    targets: Vec<String>,
+}
 
-/// The help text of `cargo xtask fuzz`.
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask fuzz [--time SECONDS] [TARGET...]
-
-Checks that the seeds kept in fuzz/seeds are current, then runs each fuzz target of fuzz/ (all,
-or those named) for SECONDS (default 60) with libFuzzer, from its seeds and its corpus
-fuzz/corpus/TARGET (new inputs go there), with at most 256 MiB per allocation and 2 GiB in all.
-Prints per target the executions, the coverage (edges and features) and the corpus size; a
-target that crashes leaves its input in fuzz/artifacts/TARGET and fails the command. Needs the
-nightly toolchain and cargo-fuzz; installs them (rustup, cargo install) when they are missing.
-`cargo xtask test` runs every target for a few seconds.
-
-options:
-  --time SECONDS  how long each target runs (default 60)
-  -h, --help      print this help
-";
-
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let mut seconds = 60u64;
-    let mut chosen = Vec::new();
-    let read = crate::read_args(args, "fuzz", USAGE, |arg, args| {
-        match arg {
-            Arg::Flag(f) if f == "--time" => match args.parse::<u64>("--time", "seconds") {
-                Ok(s) if s > 0 => seconds = s,
-                Ok(_) => return Err(UsageError("--time takes at least 1 second".into())),
-                Err(e) => return Err(e),
-            },
-            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
-            Arg::Positional(p) => chosen.push(p.to_string_lossy().into_owned()),
-            Arg::Separator => {}
-        }
-        Ok(())
-    });
-    if let Some(exit) = read {
-        return exit;
-    }
-    match fuzz(seconds, &chosen, true) {
+/// Runs `cargo xtask fuzz`.
+pub(crate) fn run(a: &FuzzArgs) -> ExitCode {
+    match fuzz(a.seconds, &a.targets, true) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),
         Err(e) => {

@@ -7,58 +7,72 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
-use crate::args::{Arg, Args, UsageError};
+/// Builds the GPU test binaries into .gpu-bundle/ with a run.sh.
+///
+/// Builds in release every test binary of the packages that hold GPU tests (kernels,
+/// transport-cudaipc, weave-tests; those not in the workspace are skipped), plus the binaries
+/// named with --bin and the examples named with --example, and copies them into .gpu-bundle/
+/// (emptied first) with run.sh, which: runs every test binary with --test-threads=1 (arguments
+/// to run.sh are passed on), with LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH;
+/// recreates the absolute paths that tests compiled in for their helper binaries
+/// (env!("CARGO_BIN_EXE_...")) as links into the bundle, when those paths do not exist; appends
+/// all output to $OUT/gpu-bundle.log when OUT is set; with WEAVE_BUNDLE_ONLY="NAME ...", runs
+/// only those binaries (a bundle split over calls); on a host with one GPU, sets
+/// WEAVE_TEST_SHARE_GPU=1 (the multi-rank GPU tests run with their ranks sharing it) and says
+/// so; reads each binary's own closing line (`gpu: N passed, M failed, K skipped`, or libtest's
+/// `test result:`) and prints one line per binary and `GPU bundle: N passed, M failed, K
+/// skipped, E empty binaries; ... tests`: a binary none of whose tests ran counts as skipped,
+/// never as passed (one without any test, as empty); exits non-zero unless every binary with
+/// tests passed.
+///
+/// It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh and
+/// torch_check.py (run nccl/run-gpu-checks.sh there; with `NCCL_TESTS_SRC=<nccl-tests checkout
+/// or git dir>` the nccl-tests source goes into nccl/nccl-tests/ and the script builds it).
+/// Binaries are stripped of debug info (strip --strip-debug) unless --no-strip; the bundle's
+/// total size is printed and must stay under 64 MiB (the device tool's limit).
+#[derive(Debug, Clone, PartialEq, clap::Args)]
+pub(crate) struct GpuBundleArgs {
+    /// Also bundle the binary NAME (repeatable)
+    #[arg(long = "bin", value_name = "NAME", value_parser = target_name)]
+    bins: Vec<String>,
+    /// Also bundle the example NAME (repeatable)
+    #[arg(long = "example", value_name = "NAME", value_parser = target_name)]
+    examples: Vec<String>,
+    /// Compile the direct kernels for ARCHS (sm_XY[,sm_XY...]) into the binaries: every build
+    /// runs with WEAVE_BUILD_KERNELS=1 and WEAVE_BUILD_KERNEL_ARCHS=ARCHS (NVRTC needed here,
+    /// on LD_LIBRARY_PATH), so the GPU host compiles none at a first call; each binary that
+    /// links the kernels grows by the CUBINs (12.7 MiB per architecture for sm_90)
+    #[arg(long, value_name = "ARCHS", value_parser = architectures)]
+    embed_kernels: Option<String>,
+    /// Compile every kernel program the GPU tests use (the direct kernels and each channel
+    /// kernel, sm_90) here into target/kernel-cache (NVRTC needed here, on LD_LIBRARY_PATH;
+    /// kept between bundles) and pack it as kernel-cache.tar.xz beside kernel-cache.sh, which
+    /// run.sh and nccl/run-gpu-checks.sh source: it unpacks the archive into
+    /// ${TMPDIR:-/tmp}/weave-bundle-kernel-cache and points WEAVE_KERNEL_CACHE there unless it
+    /// is set, so the GPU host's warm-up finds every program instead of compiling for minutes
+    #[arg(long)]
+    kernel_cache: bool,
+    /// Keep debug info
+    #[arg(long)]
+    no_strip: bool,
+}
 
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str = "build the GPU test binaries into .gpu-bundle/ with a run.sh";
+/// A cargo target name: no path.
+fn target_name(name: &str) -> Result<String, String> {
+    if name.is_empty() || name.contains(['/', '\0']) {
+        return Err(format!("expected a target name, got {name:?}"));
+    }
+    Ok(name.to_string())
+}
 
-/// The help text of `cargo xtask gpu-bundle`.
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask gpu-bundle [--bin NAME]... [--example NAME]... [--embed-kernels ARCHS] [--kernel-cache] [--no-strip]
-
-Builds in release every test binary of the packages that hold GPU tests (kernels,
-transport-cudaipc, weave-tests; those not in the workspace are skipped), plus the binaries
-named with --bin and the examples named with --example, and copies them into .gpu-bundle/ (emptied first) with run.sh, which:
-  - runs every test binary with --test-threads=1 (arguments to run.sh are passed on),
-    with LD_LIBRARY_PATH=/usr/local/cuda/lib64:$LD_LIBRARY_PATH;
-  - recreates the absolute paths that tests compiled in for their helper binaries
-    (env!(\"CARGO_BIN_EXE_...\")) as links into the bundle, when those paths do not exist;
-  - appends all output to $OUT/gpu-bundle.log when OUT is set;
-  - with WEAVE_BUNDLE_ONLY=\"NAME ...\", runs only those binaries (a bundle split over calls);
-  - on a host with one GPU, sets WEAVE_TEST_SHARE_GPU=1 (the multi-rank GPU tests run with
-    their ranks sharing it) and says so;
-  - reads each binary's own closing line (`gpu: N passed, M failed, K skipped`, or libtest's
-    `test result:`) and prints one line per binary and `GPU bundle: N passed, M failed, K
-    skipped, E empty binaries; ... tests`: a binary none of whose tests ran counts as skipped,
-    never as passed (one without any test, as empty); exits non-zero unless every binary with
-    tests passed.
-It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh and
-torch_check.py (run nccl/run-gpu-checks.sh there; with NCCL_TESTS_SRC=<nccl-tests checkout or
-git dir> the nccl-tests source goes into nccl/nccl-tests/ and the script builds it).
-Binaries are stripped of debug info (strip --strip-debug) unless --no-strip; the bundle's
-total size is printed and must stay under 64 MiB (the device tool's limit).
-
-With --embed-kernels ARCHS (e.g. sm_90) every build runs with WEAVE_BUILD_KERNELS=1 and
-WEAVE_BUILD_KERNEL_ARCHS=ARCHS: the direct kernels are compiled here (NVRTC needed here, on
-LD_LIBRARY_PATH) and embedded, so the GPU host compiles none at a first call; each binary that
-links the kernels grows by the CUBINs (12.7 MiB per architecture for sm_90).
-
-With --kernel-cache every kernel program the GPU tests use (the direct kernels and each
-channel kernel, sm_90) is compiled here into target/kernel-cache (NVRTC needed here, on
-LD_LIBRARY_PATH; kept between bundles, so only changed programs compile again — minutes on a
-cold cache) and packed as kernel-cache.tar.xz (a few MiB) beside kernel-cache.sh, which run.sh
-and nccl/run-gpu-checks.sh source: it unpacks the archive into
-${TMPDIR:-/tmp}/weave-bundle-kernel-cache and points WEAVE_KERNEL_CACHE there unless it is set,
-so the GPU host's warm-up finds every program instead of compiling for minutes.
-
-options:
-      --bin NAME             also bundle the binary NAME (repeatable)
-      --example NAME         also bundle the example NAME (repeatable)
-      --embed-kernels ARCHS  compile the direct kernels for ARCHS into the binaries
-      --kernel-cache         compile the GPU tests' kernels here and bundle the cache
-      --no-strip             keep debug info
-  -h, --help       print this help
-";
+/// `sm_XY[,sm_XY...]`.
+fn architectures(archs: &str) -> Result<String, String> {
+    let valid = |a: &str| a.strip_prefix("sm_").is_some_and(|d| d.len() >= 2 && d.bytes().all(|b| b.is_ascii_digit()));
+    if !archs.split(',').all(valid) {
+        return Err(format!("expected sm_XY[,sm_XY...], got {archs:?}"));
+    }
+    Ok(archs.to_string())
+}
 
 /// Packages whose test binaries go into the bundle.
 const GPU_PACKAGES: &[&str] = &["kernels", "transport-cudaipc", "weave-tests"];
@@ -68,51 +82,6 @@ const SIZE_LIMIT: u64 = 64 << 20;
 
 /// The bundle directory, relative to the workspace root.
 const BUNDLE_DIR: &str = ".gpu-bundle";
-
-#[derive(Debug, Default, PartialEq)]
-struct BundleArgs {
-    bins: Vec<String>,
-    examples: Vec<String>,
-    /// `WEAVE_BUILD_KERNEL_ARCHS` for builds that embed the direct kernels.
-    embed_archs: Option<String>,
-    /// Compile the GPU tests' kernels here and bundle them as a kernel cache.
-    kernel_cache: bool,
-    strip: bool,
-}
-
-fn parse(mut args: Args) -> Result<Option<BundleArgs>, UsageError> {
-    let mut out = BundleArgs { strip: true, ..BundleArgs::default() };
-    while let Some(arg) = args.next()? {
-        match arg {
-            Arg::Flag(f) if f == "--bin" || f == "--example" => {
-                let v = args.value(&f)?;
-                let name = v.to_str().ok_or_else(|| UsageError(format!("{f} expects a name, got {v:?}")))?;
-                if name.is_empty() || name.contains(['/', '\0']) {
-                    return Err(UsageError(format!("{f} expects a target name, got {name:?}")));
-                }
-                if f == "--bin" { &mut out.bins } else { &mut out.examples }.push(name.to_string());
-            }
-            Arg::Flag(f) if f == "--embed-kernels" => {
-                let v = args.value(&f)?;
-                let archs = v.to_str().unwrap_or("");
-                let valid = |a: &str| {
-                    a.strip_prefix("sm_").is_some_and(|d| d.len() >= 2 && d.bytes().all(|b| b.is_ascii_digit()))
-                };
-                if !archs.split(',').all(valid) {
-                    return Err(UsageError(format!("--embed-kernels expects sm_XY[,sm_XY...], got {v:?}")));
-                }
-                out.embed_archs = Some(archs.to_string());
-            }
-            Arg::Flag(f) if f == "--no-strip" => out.strip = false,
-            Arg::Flag(f) if f == "--kernel-cache" => out.kernel_cache = true,
-            Arg::Flag(f) if f == "-h" || f == "--help" => return Ok(None),
-            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
-            Arg::Positional(p) => return Err(UsageError(format!("unexpected argument {p:?}"))),
-            Arg::Separator => {}
-        }
-    }
-    Ok(Some(out))
-}
 
 /// One executable cargo built, from a `compiler-artifact` JSON line.
 #[derive(Debug, Clone, PartialEq)]
@@ -125,69 +94,34 @@ pub(crate) struct Artifact {
     pub(crate) is_test: bool,
 }
 
-/// The JSON string value that follows `key` (e.g. `"executable":`) in `line`, unescaped.
-fn json_string_after(line: &str, key: &str) -> Option<String> {
-    let start = line.find(key)? + key.len();
-    let rest = line[start..].trim_start().strip_prefix('"')?;
-    let mut out = String::new();
-    let mut chars = rest.chars();
-    while let Some(c) = chars.next() {
-        match c {
-            '"' => return Some(out),
-            '\\' => match chars.next()? {
-                'n' => out.push('\n'),
-                't' => out.push('\t'),
-                'u' => {
-                    let hex: String = chars.by_ref().take(4).collect();
-                    out.push(char::from_u32(u32::from_str_radix(&hex, 16).ok()?)?);
-                }
-                other => out.push(other),
-            },
-            c => out.push(c),
-        }
-    }
-    None
+/// What the bundle reads of one line of `cargo --message-format=json` output.
+#[derive(serde::Deserialize)]
+struct CargoMessage {
+    reason: String,
+    target: Option<CargoTarget>,
+    profile: Option<CargoProfile>,
+    executable: Option<PathBuf>,
 }
 
-/// The object text that follows `key` (e.g. `"profile":`), up to its matching brace.
-fn json_object_after<'a>(line: &'a str, key: &str) -> Option<&'a str> {
-    let start = line.find(key)? + key.len();
-    let rest = line[start..].trim_start();
-    if !rest.starts_with('{') {
-        return None;
-    }
-    let (mut depth, mut in_string, mut escaped) = (0usize, false, false);
-    for (i, c) in rest.char_indices() {
-        match (in_string, escaped, c) {
-            (true, true, _) => escaped = false,
-            (true, false, '\\') => escaped = true,
-            (true, false, '"') => in_string = false,
-            (true, false, _) => {}
-            (false, _, '"') => in_string = true,
-            (false, _, '{') => depth += 1,
-            (false, _, '}') => {
-                depth -= 1;
-                if depth == 0 {
-                    return Some(&rest[..=i]);
-                }
-            }
-            _ => {}
-        }
-    }
-    None
+/// A message's `target`.
+#[derive(serde::Deserialize)]
+struct CargoTarget {
+    name: String,
+}
+
+/// A message's `profile`.
+#[derive(serde::Deserialize)]
+struct CargoProfile {
+    test: bool,
 }
 
 /// Parses one line of `cargo --message-format=json` output: an executable artifact, if it is one.
 fn parse_artifact(line: &str) -> Option<Artifact> {
-    if !line.contains("\"reason\":\"compiler-artifact\"") {
+    let m: CargoMessage = serde_json::from_str(line).ok()?;
+    if m.reason != "compiler-artifact" {
         return None;
     }
-    let executable = json_string_after(line, "\"executable\":")?;
-    let target = json_object_after(line, "\"target\":")?;
-    let name = json_string_after(target, "\"name\":")?;
-    let profile = json_object_after(line, "\"profile\":")?;
-    let is_test = profile.contains("\"test\":true");
-    Some(Artifact { name, executable: PathBuf::from(executable), is_test })
+    Some(Artifact { name: m.target?.name, executable: m.executable?, is_test: m.profile?.test })
 }
 
 /// Runs cargo with `args` and JSON messages; returns the executable artifacts.
@@ -222,9 +156,13 @@ fn workspace_packages() -> Result<BTreeSet<String>, String> {
     if !output.status.success() {
         return Err(format!("cargo metadata failed ({})", output.status));
     }
-    let text = String::from_utf8_lossy(&output.stdout);
-    // Each package object starts with its name: {"name":"comm-core","version":...
-    Ok(text.match_indices("{\"name\":").filter_map(|(i, _)| json_string_after(&text[i..], "\"name\":")).collect())
+    #[derive(serde::Deserialize)]
+    struct Metadata {
+        packages: Vec<CargoTarget>,
+    }
+    let metadata: Metadata =
+        serde_json::from_slice(&output.stdout).map_err(|e| format!("cargo metadata printed no metadata: {e}"))?;
+    Ok(metadata.packages.into_iter().map(|p| p.name).collect())
 }
 
 /// A file name for `a` in the bundle: the target name, made unique.
@@ -359,7 +297,7 @@ fn human(bytes: u64) -> String {
     format!("{:.1} MiB", bytes as f64 / (1u64 << 20) as f64)
 }
 
-fn build_bundle(args: &BundleArgs) -> Result<(), String> {
+fn build_bundle(args: &GpuBundleArgs) -> Result<(), String> {
     let root = workspace_root()?;
     let present = workspace_packages()?;
     let mut packages = Vec::new();
@@ -372,7 +310,7 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
     }
     // Release builds embed kernels by default where NVRTC loads (kernels/build.rs): 12.7 MiB per
     // architecture in every binary would not fit the bundle, so only --embed-kernels does.
-    let env: Vec<(&str, &str)> = match &args.embed_archs {
+    let env: Vec<(&str, &str)> = match &args.embed_kernels {
         Some(archs) => vec![("WEAVE_BUILD_KERNELS", "1"), ("WEAVE_BUILD_KERNEL_ARCHS", archs.as_str())],
         None => vec![("WEAVE_BUILD_KERNELS", "0")],
     };
@@ -424,7 +362,7 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
         let name = bundle_name(a, &mut taken);
         let dst = dir.join(&name);
         fs::copy(&a.executable, &dst).map_err(|e| format!("copying {}: {e}", a.executable.display()))?;
-        if args.strip {
+        if !args.no_strip {
             match Command::new("strip").arg("--strip-debug").arg(&dst).status() {
                 Ok(s) if s.success() => {}
                 Ok(s) => println!("gpu-bundle: strip {name} failed ({s}); keeping it unstripped"),
@@ -440,7 +378,7 @@ fn build_bundle(args: &BundleArgs) -> Result<(), String> {
             links.push((name, a.executable.to_string_lossy().into_owned()));
         }
     }
-    total += bundle_nccl(&root, &dir, args.strip, &env)?;
+    total += bundle_nccl(&root, &dir, !args.no_strip, &env)?;
     if args.kernel_cache {
         let worker = links.iter().find(|(name, _)| name == "gpu-worker").map(|(name, _)| dir.join(name));
         let worker = worker.ok_or("--kernel-cache needs the gpu-worker binary, which this build did not make")?;
@@ -579,17 +517,9 @@ pub(crate) fn workspace_root() -> Result<PathBuf, String> {
     manifest.parent().map(Path::to_path_buf).ok_or_else(|| "xtask has no parent directory".to_string())
 }
 
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let args = match parse(args) {
-        Ok(Some(a)) => a,
-        Ok(None) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
-        }
-        Err(e) => return crate::usage_error(&e, "gpu-bundle"),
-    };
-    match build_bundle(&args) {
+/// Runs `cargo xtask gpu-bundle`.
+pub(crate) fn run(args: &GpuBundleArgs) -> ExitCode {
+    match build_bundle(args) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cargo xtask gpu-bundle: {e}");
@@ -627,7 +557,14 @@ mod tests {
         assert_eq!(parse_artifact(LIB_LINE), None, "no executable");
         assert_eq!(parse_artifact(r#"{"reason":"build-finished","success":true}"#), None);
         assert_eq!(parse_artifact("not json at all"), None);
-        assert_eq!(json_string_after(r#"{"a":"x\"y\\z\u0041"}"#, "\"a\":"), Some("x\"y\\zA".into()));
+    }
+
+    #[test]
+    fn the_workspace_packages_come_from_cargo_metadata() {
+        let packages = workspace_packages().unwrap();
+        for p in GPU_PACKAGES.iter().chain(&["xtask", "weave-bench"]) {
+            assert!(packages.contains(*p), "{p} missing from {packages:?}");
+        }
     }
 
     #[test]
@@ -692,18 +629,27 @@ mod tests {
 
     #[test]
     fn arguments() {
-        let e = parse(Args::new(["--example", "gpu_train_step", "--embed-kernels", "sm_90,sm_100"])).unwrap().unwrap();
+        use clap::Parser;
+
+        #[derive(Parser)]
+        struct Line {
+            #[command(flatten)]
+            a: GpuBundleArgs,
+        }
+        let parse = |line: &[&str]| {
+            Line::try_parse_from(std::iter::once("gpu-bundle").chain(line.iter().copied())).map(|l| l.a)
+        };
+        let e = parse(&["--example", "gpu_train_step", "--embed-kernels", "sm_90,sm_100"]).unwrap();
         assert_eq!(e.examples, ["gpu_train_step"]);
-        assert_eq!(e.embed_archs.as_deref(), Some("sm_90,sm_100"));
-        assert!(parse(Args::new(["--embed-kernels", "compute_90"])).is_err());
-        assert!(parse(Args::new(["--embed-kernels", "sm_90,"])).is_err());
-        assert!(parse(Args::new(["--kernel-cache"])).unwrap().unwrap().kernel_cache);
-        let a = parse(Args::new(["--bin", "x", "--bin=y", "--no-strip"])).unwrap().unwrap();
-        assert_eq!(a, BundleArgs { bins: vec!["x".into(), "y".into()], strip: false, ..BundleArgs::default() });
-        assert_eq!(parse(Args::new(["-h"])).unwrap(), None);
-        assert!(parse(Args::new(["--bin"])).is_err());
-        assert!(parse(Args::new(["--bin", "a/b"])).is_err());
-        assert!(parse(Args::new(["--frob"])).is_err());
-        assert!(parse(Args::new(["extra"])).is_err());
+        assert_eq!(e.embed_kernels.as_deref(), Some("sm_90,sm_100"));
+        assert!(parse(&["--embed-kernels", "compute_90"]).is_err());
+        assert!(parse(&["--embed-kernels", "sm_90,"]).is_err());
+        assert!(parse(&["--kernel-cache"]).unwrap().kernel_cache);
+        let a = parse(&["--bin", "x", "--bin=y", "--no-strip"]).unwrap();
+        assert_eq!((a.bins, a.no_strip, a.kernel_cache), (vec!["x".to_string(), "y".into()], true, false));
+        assert!(parse(&["--bin"]).is_err());
+        assert!(parse(&["--bin", "a/b"]).is_err());
+        assert!(parse(&["--frob"]).is_err());
+        assert!(parse(&["extra"]).is_err());
     }
 }

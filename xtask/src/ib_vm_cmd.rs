@@ -12,74 +12,46 @@
 use std::path::Path;
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args, UsageError};
 use crate::gpu_bundle_cmd::{cargo_artifacts, shell_quote, workspace_root};
 use crate::prerequisites::{on_path, running_as_root};
 
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str = "run the InfiniBand tests in a QEMU guest with SoftRoCE";
+/// Runs the InfiniBand tests in a QEMU guest with SoftRoCE.
+///
+/// Runs the InfiniBand transport on a real verbs device: SoftRoCE (rdma_rxe) in a QEMU guest
+/// (software emulation, no KVM needed), set up on first use (Debian packages, the Debian 12
+/// generic kernel unpacked into target/ib-vm; about a minute). In the guest: transport-ib's
+/// tests including those that need a device (TEST-FILTERS narrow them), with flags as
+/// immediates and again as atomics (WEAVE_IB_FLAG), then the host correctness matrix over verbs
+/// alone (WEAVE_TRANSPORTS=ib) with each world size of --ranks. Exits with the guest's status.
+/// With --nodes 2, then two guests (one vCPU each) joined by a virtual wire (UDP on 127.0.0.1),
+/// rxe0 on each one's eth0, run the matrix with one rank per guest.
+#[derive(Debug, clap::Args)]
+pub(crate) struct IbVmArgs {
+    /// World sizes of the matrix over ib, separated by commas (0 skips it)
+    #[arg(long, value_name = "N,...", default_value = "2", value_delimiter = ',')]
+    ranks: Vec<usize>,
+    /// 1, or 2: also the two-guest run
+    #[arg(long, default_value = "1", value_parser = clap::value_parser!(u8).range(1..=2))]
+    nodes: u8,
+    /// Also run the micro bench against perftest's ib_write_bw / ib_write_lat
+    #[arg(long)]
+    bench: bool,
+    /// Filters for transport-ib's tests
+    #[arg(value_name = "TEST-FILTERS", last = true)]
+    filters: Vec<String>,
+}
 
-/// The help text of `cargo xtask ib-vm`.
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask ib-vm [--ranks N,...] [--nodes 1|2] [--bench] [-- TEST-FILTERS...]
-
-Runs the InfiniBand transport on a real verbs device: SoftRoCE (rdma_rxe) in a QEMU guest
-(software emulation, no KVM needed), set up on first use (Debian packages, the Debian 12
-generic kernel unpacked into target/ib-vm; about a minute). In the guest: transport-ib's tests
-including those that need a device (TEST-FILTERS narrow them), with flags as immediates and
-again as atomics (WEAVE_IB_FLAG), then the host correctness matrix
-over verbs alone (WEAVE_TRANSPORTS=ib) with each world size of --ranks (default 2). Exits with
-the guest's status. With --nodes 2, then two guests (one vCPU each) joined by a virtual wire
-(UDP on 127.0.0.1), rxe0 on each one's eth0, run the matrix with one rank per guest.
-
-options:
-  --ranks N,...  world sizes of the matrix over ib (default 2; 0 skips it)
-  --nodes N      1 (default) or 2: also the two-guest run
-  --bench        also run the micro bench against perftest's ib_write_bw / ib_write_lat
-  -h, --help     print this help
-";
-
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let mut ranks = vec![2usize];
-    let mut nodes = 1usize;
-    let mut bench = false;
-    let mut filters = Vec::new();
-    let read = crate::read_args(args, "ib-vm", USAGE, |arg, args| {
-        let wrong = |message: &str| Err(UsageError(message.into()));
-        match arg {
-            Arg::Flag(f) if f == "--bench" => bench = true,
-            Arg::Flag(f) if f == "--nodes" => match args.value("--nodes").ok().and_then(|v| v.to_str()?.parse().ok()) {
-                Some(n @ (1 | 2)) => nodes = n,
-                _ => return wrong("--nodes takes 1 or 2"),
-            },
-            Arg::Flag(f) if f == "--ranks" => {
-                let parsed = args.value("--ranks").ok().and_then(|v| {
-                    let v = v.to_string_lossy().into_owned();
-                    v.split(',').map(|s| s.trim().parse::<usize>().ok()).collect::<Option<Vec<usize>>>()
-                });
-                match parsed {
-                    Some(list) => ranks = list.into_iter().filter(|&n| n > 0).collect(),
-                    None => return wrong("--ranks takes world sizes separated by commas, e.g. 2,4"),
-                }
-            }
-            Arg::Flag(f) => return wrong(&format!("unknown option {f:?}")),
-            Arg::Positional(p) => filters.push(p.to_string_lossy().into_owned()),
-            Arg::Separator => {}
-        }
-        Ok(())
-    });
-    if let Some(exit) = read {
-        return exit;
-    }
+/// Runs `cargo xtask ib-vm`.
+pub(crate) fn run(a: &IbVmArgs) -> ExitCode {
+    let ranks: Vec<usize> = a.ranks.iter().copied().filter(|&n| n > 0).collect();
     if let Err(e) =
         crate::prerequisites::provide_packages(&crate::prerequisites::packages(true), "cargo xtask ib-vm", true)
     {
         eprintln!("cargo xtask ib-vm: {e}");
         return ExitCode::from(1);
     }
-    let result = stage_and_run(&ranks, bench, &filters)
-        .and_then(|status| if nodes == 2 && status == ExitCode::SUCCESS { stage_and_run_pair() } else { Ok(status) });
+    let result = stage_and_run(&ranks, a.bench, &a.filters)
+        .and_then(|status| if a.nodes == 2 && status == ExitCode::SUCCESS { stage_and_run_pair() } else { Ok(status) });
     match result {
         Ok(status) => status,
         Err(e) => {

@@ -4,45 +4,30 @@
 
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args, UsageError};
 use crate::gpu_bundle_cmd::workspace_root;
 
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str = "model-check the lock-free core with loom (FIFO, doorbell, semaphore, credits)";
+/// Model-checks the lock-free core with loom (FIFO, doorbell, semaphore, credits).
+///
+/// Builds comm-core with `--cfg loom` (the stable toolchain; into target/loom, so the ordinary
+/// build is untouched) and runs its loom models (all, or those whose names contain a MODEL):
+/// the trigger FIFO (two producers committing out of order; a ring of one slot over three laps;
+/// a producer that waits until its trigger is processed), the doorbell (no lost wake-up with
+/// its fence; without it loom must find the lost one), the semaphore (signals from two threads
+/// in order; every signal taken once by a wait and a poll), and a link's slot credits (one and
+/// two slots, credits one by one and in batches). Each explores every schedule with at most a
+/// few preemptions, loads returning any value the memory model allows; a failed check, a data
+/// race or a deadlock fails the command. About a minute after the build. `cargo xtask test`
+/// runs them.
+#[derive(Debug, clap::Args)]
+pub(crate) struct LoomArgs {
+    /// Run only the models whose names contain one of these
+    #[arg(value_name = "MODEL")]
+    models: Vec<String>,
+}
 
-/// The help text of `cargo xtask loom`.
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask loom [MODEL...]
-
-Builds comm-core with `--cfg loom` (the stable toolchain; into target/loom, so the ordinary
-build is untouched) and runs its loom models (all, or those whose names contain a MODEL): the
-trigger FIFO (two producers committing out of order; a ring of one slot over three laps; a
-producer that waits until its trigger is processed), the doorbell (no lost wake-up with its
-fence; without it loom must find the lost one), the semaphore (signals from two threads in
-order; every signal taken once by a wait and a poll), and a link's slot credits (one and two
-slots, credits one by one and in batches). Each explores every schedule with at most a few
-preemptions, loads returning any value the memory model allows; a failed check, a data race or
-a deadlock fails the command. About a minute after the build. `cargo xtask test` runs them.
-
-options:
-  -h, --help   print this help
-";
-
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let mut chosen = Vec::new();
-    let read = crate::read_args(args, "loom", USAGE, |arg, _| {
-        match arg {
-            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
-            Arg::Positional(p) => chosen.push(p.to_string_lossy().into_owned()),
-            Arg::Separator => {}
-        }
-        Ok(())
-    });
-    if let Some(exit) = read {
-        return exit;
-    }
-    match models(&chosen) {
+/// Runs `cargo xtask loom`.
+pub(crate) fn run(a: &LoomArgs) -> ExitCode {
+    match models(&a.models) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("cargo xtask loom: {e}");

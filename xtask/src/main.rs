@@ -1,9 +1,9 @@
 //! `cargo xtask <command>`: developer tasks for weave.
 //!
-//! Each command lives in its own module with a `SUMMARY` and a `run(Args) -> ExitCode` that
-//! prints its usage for `--help`; add it to [`COMMANDS`] to make it reachable.
+//! Each command lives in its own module with its options as a clap `Args` struct (whose doc
+//! comment is the command's help) and a `run` that takes them; add it to [`Task`] to make it
+//! reachable. `bench` and `scale-model` pass their arguments to `weave-bench`.
 
-mod args;
 mod bench_cmd;
 mod fuzz_cmd;
 mod gpu_bundle_cmd;
@@ -15,111 +15,62 @@ mod prerequisites;
 mod sanitize_cmd;
 mod test_cmd;
 
+use std::ffi::OsString;
 use std::process::ExitCode;
 
-use args::{Arg, Args, UsageError};
+use clap::{Parser, Subcommand};
 
-/// One subcommand.
-struct Command {
-    name: &'static str,
-    summary: &'static str,
-    run: fn(Args) -> ExitCode,
+/// Developer tasks for weave.
+#[derive(Debug, Parser)]
+#[command(name = "cargo xtask", bin_name = "cargo xtask", subcommand_required = true, arg_required_else_help = true)]
+struct Xtask {
+    #[command(subcommand)]
+    task: Task,
 }
 
-/// A [`Command`] named `$name`: from a module's `SUMMARY` and `run`, or from the two given.
-macro_rules! command {
-    ($name:literal, $module:ident) => {
-        command!($name, $module::SUMMARY, $module::run)
-    };
-    ($name:literal, $summary:expr, $run:expr) => {
-        Command { name: $name, summary: $summary, run: $run }
-    };
-}
-
-/// Every subcommand, in the order `help` lists them.
-const COMMANDS: &[Command] = &[
-    command!("gpu-bundle", gpu_bundle_cmd),
-    command!("fuzz", fuzz_cmd),
-    command!("ib-vm", ib_vm_cmd),
-    command!("launch", launch_cmd),
-    command!("loom", loom_cmd),
-    command!("multinode", launch_cmd::MULTINODE_SUMMARY, launch_cmd::run_multinode),
-    command!("nccl", nccl_cmd),
-    command!("sanitize", sanitize_cmd),
-    command!("scale-model", bench_cmd::SCALE_MODEL_SUMMARY, bench_cmd::run_scale_model),
-    command!("test", test_cmd),
-    command!("bench", bench_cmd),
-];
-
-fn usage() -> String {
-    let mut s = String::from("usage: cargo xtask <command> [options]\n\ncommands:\n");
-    for c in COMMANDS {
-        s.push_str(&format!("  {:<10} {}\n", c.name, c.summary));
-    }
-    s.push_str(&format!("  {:<10} {}\n", "help", "print this help, or `help <command>` for one command"));
-    s
-}
-
-/// Prints a command-line mistake with a pointer to the help; exit status 2.
-fn usage_error(err: &UsageError, command: &str) -> ExitCode {
-    eprintln!("error: {err}\nrun `cargo xtask help {command}` for usage");
-    ExitCode::from(2)
-}
-
-/// Reads the command line of subcommand `command`: `-h` or `--help` prints `usage` and ends the
-/// command with success; every other token goes to `take`, with the tokens left (for a flag's
-/// value); a mistake, found by `args` or by `take`, ends the command with [`usage_error`].
-/// `None` once every token is taken: the command goes on.
-fn read_args(
-    mut args: Args,
-    command: &str,
-    usage: &str,
-    mut take: impl FnMut(Arg, &mut Args) -> Result<(), UsageError>,
-) -> Option<ExitCode> {
-    loop {
-        let taken = match args.next() {
-            Ok(None) => return None,
-            Ok(Some(Arg::Flag(f))) if f == "-h" || f == "--help" => {
-                print!("{usage}");
-                return Some(ExitCode::SUCCESS);
-            }
-            Ok(Some(arg)) => take(arg, &mut args),
-            Err(e) => Err(e),
-        };
-        if let Err(e) = taken {
-            return Some(usage_error(&e, command));
-        }
-    }
+/// Every command, in the order `help` lists them.
+#[derive(Debug, Subcommand)]
+enum Task {
+    GpuBundle(gpu_bundle_cmd::GpuBundleArgs),
+    Fuzz(fuzz_cmd::FuzzArgs),
+    IbVm(ib_vm_cmd::IbVmArgs),
+    Launch(launch_cmd::LaunchArgs),
+    Loom(loom_cmd::LoomArgs),
+    Multinode(launch_cmd::MultinodeArgs),
+    Nccl(nccl_cmd::NcclArgs),
+    Sanitize(sanitize_cmd::SanitizeArgs),
+    Test(test_cmd::TestArgs),
+    /// nccl-tests-style benchmark (weave-bench; --vs-mpi: Open MPI too); `cargo xtask help
+    /// bench` prints its options
+    #[command(disable_help_flag = true)]
+    Bench(bench_cmd::Passed),
+    /// The alpha-beta model of the plans, checked against measured points (weave-bench
+    /// scale-model)
+    #[command(disable_help_flag = true)]
+    ScaleModel(bench_cmd::Passed),
 }
 
 fn main() -> ExitCode {
-    let mut args = Args::from_env();
-    let Some(name) = args.subcommand() else {
-        eprint!("{}", usage());
-        return ExitCode::from(2);
-    };
-    let name = name.to_string_lossy().into_owned();
-    if matches!(name.as_str(), "help" | "--help" | "-h") {
-        return match args.subcommand() {
-            None => {
-                print!("{}", usage());
-                ExitCode::SUCCESS
-            }
-            Some(topic) => match COMMANDS.iter().find(|c| topic == c.name) {
-                // `help X` is `X --help`: every command prints its own usage.
-                Some(c) => (c.run)(Args::new(["--help"])),
-                None => {
-                    eprintln!("error: no command named {topic:?}\n\n{}", usage());
-                    ExitCode::from(2)
-                }
-            },
-        };
+    // `help bench` is weave-bench's help, which clap here does not know.
+    let args: Vec<OsString> = std::env::args_os().collect();
+    if let [_, help, topic] = &args[..]
+        && help == "help"
+        && (topic == "bench" || topic == "scale-model")
+    {
+        let command: &[&str] = if topic == "bench" { &[] } else { &["scale-model"] };
+        return bench_cmd::forward(command, vec!["--help".into()]);
     }
-    match COMMANDS.iter().find(|c| c.name == name) {
-        Some(c) => (c.run)(args),
-        None => {
-            eprintln!("error: unknown command {name:?}\n\n{}", usage());
-            ExitCode::from(2)
-        }
+    match Xtask::parse_from(args).task {
+        Task::GpuBundle(a) => gpu_bundle_cmd::run(&a),
+        Task::Fuzz(a) => fuzz_cmd::run(&a),
+        Task::IbVm(a) => ib_vm_cmd::run(&a),
+        Task::Launch(a) => launch_cmd::run(a),
+        Task::Loom(a) => loom_cmd::run(&a),
+        Task::Multinode(a) => launch_cmd::run_multinode(a),
+        Task::Nccl(a) => nccl_cmd::run(&a),
+        Task::Sanitize(a) => sanitize_cmd::run(&a),
+        Task::Test(a) => test_cmd::run(&a),
+        Task::Bench(a) => bench_cmd::forward(&[], a.args),
+        Task::ScaleModel(a) => bench_cmd::forward(&["scale-model"], a.args),
     }
 }

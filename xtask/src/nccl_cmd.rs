@@ -5,27 +5,20 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args, UsageError};
-
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str =
-    "build weave's libnccl.so.2 into target/nccl/ (--check: exports, SONAME, C smoke test)";
-
-/// The help text of `cargo xtask nccl`.
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask nccl [--check]
-
-Builds the weave-nccl crate in release and copies its cdylib to <target>/nccl/libnccl.so.2
-(<target> is CARGO_TARGET_DIR or target/), with the link libnccl.so next to it and the header
-in <target>/nccl/include/nccl.h. Use it with LD_PRELOAD=<target>/nccl/libnccl.so.2 (PyTorch)
-or LD_LIBRARY_PATH=<target>/nccl (programs linked against libnccl.so.2).
-
-options:
-      --check   also check that `nm -D --defined-only` lists every NCCL symbol PyTorch 2.11
-                and nccl-tests 2.19 import, that `readelf -d` shows SONAME libnccl.so.2, and
-                compile (gcc) and run nccl/tests/c_smoke.c against it (no GPU needed)
-  -h, --help    print this help
-";
+/// Builds weave's libnccl.so.2 into target/nccl/ (--check: exports, SONAME, C smoke test).
+///
+/// Builds the weave-nccl crate in release and copies its cdylib to `<target>/nccl/libnccl.so.2`
+/// (`<target>` is CARGO_TARGET_DIR or target/), with the link libnccl.so next to it and the
+/// header in `<target>/nccl/include/nccl.h`. Use it with `LD_PRELOAD=<target>/nccl/libnccl.so.2`
+/// (PyTorch) or `LD_LIBRARY_PATH=<target>/nccl` (programs linked against libnccl.so.2).
+#[derive(Debug, clap::Args)]
+pub(crate) struct NcclArgs {
+    /// Also check that `nm -D --defined-only` lists every NCCL symbol PyTorch 2.11 and
+    /// nccl-tests 2.19 import, that `readelf -d` shows SONAME libnccl.so.2, and compile (gcc)
+    /// and run nccl/tests/c_smoke.c against it (no GPU needed)
+    #[arg(long)]
+    check: bool,
+}
 
 /// Every symbol PyTorch 2.11's libtorch_cuda.so imports (issue 16) plus those nccl-tests 2.19
 /// calls when built against NCCL 2.28.
@@ -167,20 +160,9 @@ fn check(lib: &Path) -> Result<Vec<String>, String> {
     Ok(failures)
 }
 
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let mut want_check = false;
-    let read = crate::read_args(args, "nccl", USAGE, |arg, _| match arg {
-        Arg::Flag(f) if f == "--check" => {
-            want_check = true;
-            Ok(())
-        }
-        other => Err(UsageError(format!("unexpected argument {other:?}"))),
-    });
-    if let Some(exit) = read {
-        return exit;
-    }
-    let result = build(&[]).and_then(|lib| if want_check { check(&lib) } else { Ok(Vec::new()) });
+/// Runs `cargo xtask nccl`.
+pub(crate) fn run(a: &NcclArgs) -> ExitCode {
+    let result = build(&[]).and_then(|lib| if a.check { check(&lib) } else { Ok(Vec::new()) });
     match result {
         Ok(f) if f.is_empty() => ExitCode::SUCCESS,
         Ok(f) => {

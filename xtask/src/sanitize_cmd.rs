@@ -10,53 +10,31 @@ use std::time::Duration;
 
 use weave_launch::{LaunchSpec, RankExit};
 
-use crate::args::{Arg, Args, UsageError};
 use crate::gpu_bundle_cmd::workspace_root;
 
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str = "run the multi-process host matrix under AddressSanitizer (nightly)";
-
-/// The help text of `cargo xtask sanitize`.
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask sanitize [--ranks N,...]
-
-Builds collectives-worker with AddressSanitizer (the nightly toolchain, -Zsanitizer=address,
-into target/sanitize-address; the toolchain is installed with rustup when missing), then runs
-the host correctness matrix as processes over shared memory for each world size (default
-2,4), once with the algorithm table's choices and once with the channel family. A rank that
-fails, or that prints a sanitizer report (an overflow, a use after free, a leak), fails the
-command; the report is printed. The build takes several minutes on two cores. `cargo xtask
-test` runs it with 2 ranks (about 4 minutes).
-
-options:
-  --ranks N,...  world sizes (default 2,4)
-  -h, --help     print this help
-";
+/// Runs the multi-process host matrix under AddressSanitizer (nightly).
+///
+/// Builds collectives-worker with AddressSanitizer (the nightly toolchain,
+/// -Zsanitizer=address, into target/sanitize-address; the toolchain is installed with rustup
+/// when missing), then runs the host correctness matrix as processes over shared memory for
+/// each world size, once with the algorithm table's choices and once with the channel family. A
+/// rank that fails, or that prints a sanitizer report (an overflow, a use after free, a leak),
+/// fails the command; the report is printed. The build takes several minutes on two cores.
+/// `cargo xtask test` runs it with 2 ranks (about 4 minutes).
+#[derive(Debug, clap::Args)]
+pub(crate) struct SanitizeArgs {
+    /// World sizes, separated by commas
+    #[arg(long, value_name = "N,...", default_value = "2,4", value_delimiter = ',', value_parser = clap::value_parser!(u32).range(1..))]
+    ranks: Vec<u32>,
+}
 
 /// The target triple the sanitized build names, so that build scripts and procedural macros
 /// (built for the host without `--target`'s flags) are not instrumented.
 const TARGET: &str = "x86_64-unknown-linux-gnu";
 
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let mut ranks = vec![2usize, 4];
-    let read = crate::read_args(args, "sanitize", USAGE, |arg, args| {
-        match arg {
-            Arg::Flag(f) if f == "--ranks" => {
-                let list = args.value("--ranks")?.to_string_lossy().into_owned();
-                let parsed: Option<Vec<usize>> =
-                    list.split(',').map(|s| s.trim().parse::<usize>().ok().filter(|&n| n > 0)).collect();
-                ranks = parsed.ok_or_else(|| UsageError("--ranks takes world sizes like 2,4".into()))?;
-            }
-            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
-            Arg::Positional(p) => return Err(UsageError(format!("unexpected argument {p:?}"))),
-            Arg::Separator => {}
-        }
-        Ok(())
-    });
-    if let Some(exit) = read {
-        return exit;
-    }
+/// Runs `cargo xtask sanitize`.
+pub(crate) fn run(a: &SanitizeArgs) -> ExitCode {
+    let ranks: Vec<usize> = a.ranks.iter().map(|&n| n as usize).collect();
     match sanitize(&ranks) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::from(1),

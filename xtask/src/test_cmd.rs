@@ -4,86 +4,70 @@
 
 use std::process::{Command, ExitCode};
 
-use crate::args::{Arg, Args, UsageError};
 use crate::prerequisites::Provided;
 
-/// One line for the command list of `cargo xtask help`.
-pub(crate) const SUMMARY: &str = "run every test (add --long for the full collective matrix)";
+/// Runs every test (add --long for the full collective matrix).
+///
+/// First it provides what the tests need, before building anything: the Debian packages of the
+/// verbs bindings' build (cmake, make, clang, libclang-dev, libibverbs-dev, libnl-3-dev,
+/// libnl-route-3-dev, pkg-config, python3), g++ and python3-pip, and, for the InfiniBand guest,
+/// qemu-system-x86 and the guest's userland — installed with apt-get when run as root,
+/// otherwise it prints the apt-get command to run and stops; then NVRTC 13.0 and 12.2 from PyPI
+/// into $WEAVE_TOOLS_CACHE (default ~/.cache/weave), so the kernel tests compile every CUDA
+/// kernel without a GPU. It says what it installed.
+///
+/// Then it runs `cargo test --workspace`: unit tests, the multi-process tests (which launch
+/// ranks through the same launcher as `cargo xtask launch`), doc tests, and a compile of every
+/// example. GPU tests report that they did not run when no GPU is present; they never count as
+/// passed there. Then the kernels crate's tests once more with NVRTC 12.2 (what a CUDA 12
+/// driver loads). Then the namespace-node tests (ignored by plain `cargo test`: they need root
+/// to make network namespaces; about 40 s): the launcher's nodes, nothing left behind after a
+/// killed rank or a killed launcher, a node fabric shared by several jobs, `weave-bench
+/// node-exec` (mpirun's agent of bench --nodes), the collectives matrix across namespace nodes
+/// 2x2 and 3x1, --rate shaping, a whole node lost of 2x2 and 4x2 with the survivors shrinking
+/// and carrying on, and a hostile process on a 2x2 job's network; wherever namespaces can be
+/// made; with CI set they must run. Then the InfiniBand tests in SoftRoCE guests (`cargo xtask
+/// ib-vm --nodes 2`: the transport's device tests and the host matrix over verbs with 2 ranks
+/// in one guest, then across two guests; about 8 minutes), wherever QEMU is installed or
+/// apt-get can install it (as root); with CI set they must run. Then the loom models of the
+/// lock-free core (`cargo xtask loom`, about 2 minutes with their build). Then every fuzz
+/// target for a few seconds each (`cargo xtask fuzz --time 6`, about 5 minutes with its build;
+/// the nightly toolchain and cargo-fuzz are installed when missing). Then the host matrix of 2
+/// ranks under AddressSanitizer (`cargo xtask sanitize --ranks 2`, about 4 minutes with its
+/// build).
+#[derive(Debug, clap::Args)]
+pub(crate) struct TestArgs {
+    /// Run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
+    #[arg(long)]
+    long: bool,
+    /// Check what the tests need, print the commands that provide what is missing, but install
+    /// nothing
+    #[arg(long)]
+    no_install: bool,
+    /// Build with optimizations
+    #[arg(long)]
+    release: bool,
+    /// Leave out the namespace-node tests (they report that they did not run)
+    #[arg(long)]
+    no_netns: bool,
+    /// Leave out the InfiniBand guest (it reports that it did not run)
+    #[arg(long)]
+    no_ib: bool,
+    /// Leave out the fuzz targets (it reports that they did not run)
+    #[arg(long)]
+    no_fuzz: bool,
+    /// Leave out the matrix under AddressSanitizer (it reports that it did not run)
+    #[arg(long)]
+    no_sanitize: bool,
+    /// Arguments for `cargo test` after its `--` (test filters): only `cargo test` runs then
+    #[arg(value_name = "CARGO-TEST-ARGS", last = true)]
+    extra: Vec<std::ffi::OsString>,
+}
 
-/// The help text of `cargo xtask test`.
-pub(crate) const USAGE: &str = "\
-usage: cargo xtask test [--long] [--release] [--no-netns] [--no-ib] [--no-fuzz] [--no-sanitize]
-                        [-- CARGO-TEST-ARGS...]
-
-First it provides what the tests need, before building anything: the Debian packages of the
-verbs bindings' build (cmake, make, clang, libclang-dev, libibverbs-dev, libnl-3-dev,
-libnl-route-3-dev, pkg-config, python3), g++ and python3-pip, and, for the InfiniBand guest,
-qemu-system-x86 and the guest's userland — installed with apt-get when run as root, otherwise
-it prints the apt-get command to run and stops; then NVRTC 13.0 and 12.2 from PyPI into
-$WEAVE_TOOLS_CACHE (default ~/.cache/weave), so the kernel tests compile every CUDA kernel
-without a GPU. It says what it installed.
-
-Then it runs `cargo test --workspace`: unit tests, the multi-process tests (which launch ranks through
-the same launcher as `cargo xtask launch`), doc tests, and a compile of every example. GPU
-tests report that they did not run when no GPU is present; they never count as passed there.
-Then the kernels crate's tests once more with NVRTC 12.2 (what a CUDA 12 driver loads).
-Then the namespace-node tests (ignored by plain `cargo test`: they need root to make network
-namespaces; about 40 s): the launcher's nodes, nothing left behind after a killed rank or a
-killed launcher, a node fabric shared by several jobs, `weave-bench node-exec` (mpirun's agent
-of bench --nodes), the collectives matrix across namespace nodes 2x2 and 3x1, --rate shaping,
-a whole node lost of 2x2 and 4x2 with the survivors shrinking and carrying on, and a hostile
-process on a 2x2 job's network; wherever namespaces can be made; with CI set they must run.
-Then the InfiniBand tests in SoftRoCE guests (`cargo xtask ib-vm --nodes 2`: the transport's
-device tests and the host matrix over verbs with 2 ranks in one guest, then across two guests;
-about 8 minutes), wherever QEMU is installed
-or apt-get can install it (as root); with CI set they must run.
-Then the loom models of the lock-free core (`cargo xtask loom`, about 2 minutes with their
-build).
-Then every fuzz target for a few seconds each (`cargo xtask fuzz --time 6`, about 5 minutes with
-its build; the nightly toolchain and cargo-fuzz are installed when missing).
-Then the host matrix of 2 ranks under AddressSanitizer (`cargo xtask sanitize --ranks 2`, about
-4 minutes with its build).
-
-options:
-  --long       run the full correctness matrix of the collectives (sets WEAVE_TEST_LONG=1)
-  --no-install check what the tests need, print the commands that provide what is missing,
-               but install nothing
-  --release    build with optimizations
-  --no-netns   leave out the namespace-node tests (they report that they did not run)
-  --no-ib      leave out the InfiniBand guest (it reports that it did not run)
-  --no-fuzz    leave out the fuzz targets (it reports that they did not run)
-  --no-sanitize  leave out the matrix under AddressSanitizer (it reports that it did not run)
-  -h, --help   print this help
-";
-
-/// Runs the command.
-pub(crate) fn run(args: Args) -> ExitCode {
-    let mut long = false;
-    let mut release = false;
-    let mut ib = true;
-    let mut netns = true;
-    let mut fuzz = true;
-    let mut sanitize = true;
-    let mut install = true;
-    let mut extra = Vec::new();
-    let read = crate::read_args(args, "test", USAGE, |arg, _| {
-        match arg {
-            Arg::Flag(f) if f == "--long" => long = true,
-            Arg::Flag(f) if f == "--release" => release = true,
-            Arg::Flag(f) if f == "--no-ib" => ib = false,
-            Arg::Flag(f) if f == "--no-netns" => netns = false,
-            Arg::Flag(f) if f == "--no-fuzz" => fuzz = false,
-            Arg::Flag(f) if f == "--no-sanitize" => sanitize = false,
-            Arg::Flag(f) if f == "--no-install" => install = false,
-            Arg::Flag(f) => return Err(UsageError(format!("unknown option {f:?}"))),
-            Arg::Positional(p) => extra.push(p),
-            Arg::Separator => {}
-        }
-        Ok(())
-    });
-    if let Some(exit) = read {
-        return exit;
-    }
+/// Runs `cargo xtask test`.
+pub(crate) fn run(a: &TestArgs) -> ExitCode {
+    let (long, release, extra) = (a.long, a.release, &a.extra);
+    let (ib, netns, fuzz, sanitize, install) = (!a.no_ib, !a.no_netns, !a.no_fuzz, !a.no_sanitize, !a.no_install);
     let guest = ib && extra.is_empty() && (ci() || crate::ib_vm_cmd::guest_possible());
     let tools = match crate::prerequisites::provide(guest, ci(), install) {
         Ok(tools) => tools,
@@ -99,7 +83,7 @@ pub(crate) fn run(args: Args) -> ExitCode {
         cmd.arg("--release");
     }
     if !extra.is_empty() {
-        cmd.arg("--").args(&extra);
+        cmd.arg("--").args(extra);
     }
     if long {
         cmd.env("WEAVE_TEST_LONG", "1");
