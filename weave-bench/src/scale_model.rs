@@ -18,6 +18,7 @@
 use std::path::PathBuf;
 use std::process::ExitCode;
 
+use collectives::{AlgorithmTable, Collective, Family, MemorySpace};
 use serde::Deserialize;
 
 /// The command line of `weave-bench scale-model`: prints docs/SCALE.md's tables (the model's
@@ -175,7 +176,7 @@ pub(crate) fn time(f: &Fabric, op: Op, shape: Shape, n: usize, m: f64) -> f64 {
 pub(crate) fn shape_of(algorithm: &str) -> Option<Shape> {
     Some(match algorithm {
         "one_shot" => Shape::OneShot,
-        "two_phase" | "two_shot" => Shape::TwoPhase,
+        "two_phase" | "two_shot" | "two_shot_ll128" => Shape::TwoPhase,
         "ring" | "channel_ring" => Shape::Ring,
         "channel_doubling" => Shape::Doubling,
         "channel_halving" => Shape::Halving,
@@ -186,24 +187,27 @@ pub(crate) fn shape_of(algorithm: &str) -> Option<Shape> {
     })
 }
 
-/// The plan weave's tables run for a call of `m` bytes in a world of `n` ranks across a
-/// network (the model's reading of `collectives/src/select/table.rs`: logarithmic plans for
-/// small calls from 9 ranks, ring or halving for large ones).
-fn weave_shape(op: Op, n: usize, m: f64) -> Shape {
-    match op {
-        Op::AllReduce if n >= 9 && m <= 16.0 * 1024.0 => Shape::Doubling,
-        Op::AllReduce if n >= 9 => Shape::Halving,
-        Op::AllReduce => Shape::Ring,
-        Op::AllGather if n >= 9 && m <= 64.0 * 1024.0 => Shape::Bruck,
-        Op::AllGather => Shape::Ring,
-        Op::Send => Shape::OneHop,
-    }
-}
-
-/// The plan inside one node whose ranks all map each other's memory (NVLink, shared memory):
-/// the direct family, one shot for small calls and two phases for large ones.
-fn node_shape(m: f64) -> Shape {
-    if m <= 1024.0 * 1024.0 { Shape::OneShot } else { Shape::TwoPhase }
+/// The plan weave's algorithm table picks for a call of `m` bytes on `n` ranks, as a shape:
+/// `across` a network (one rank per node: the channel family on host memory), or inside an
+/// NVLink node (the direct family on an H200's device memory, sm_90). A point-to-point message
+/// is one hop.
+fn weave_shape(op: Op, n: usize, m: f64, across: bool) -> Shape {
+    let collective = match op {
+        Op::AllReduce => Collective::AllReduce,
+        Op::AllGather => Collective::AllGather,
+        Op::Send => return Shape::OneHop,
+    };
+    let mut table = AlgorithmTable::default();
+    let (memory, arch, family) = if across {
+        table.for_one_rank_per_node();
+        (MemorySpace::Host, None, Family::Channel)
+    } else {
+        (MemorySpace::Device, Some(90), Family::Direct)
+    };
+    let algorithm = table.select_among(collective, memory, n, m as usize, arch, &[family]);
+    // Every algorithm the table picks for these calls has a shape (a test checks it); a ring
+    // is the model's reading of anything else.
+    algorithm.ok().and_then(|a| shape_of(a.name())).unwrap_or(Shape::Ring)
 }
 
 /// Hierarchical all-reduce / all-gather over `nodes` nodes of `per_node` ranks: the step inside
@@ -211,10 +215,10 @@ fn node_shape(m: f64) -> Shape {
 /// the data) on `inter` with weave's shape for that world, and the closing step inside.
 fn hierarchical(op: Op, intra: &Fabric, inter: &Fabric, nodes: usize, per_node: usize, m: f64) -> f64 {
     let shard = m / per_node as f64;
-    let across = time(inter, op, weave_shape(op, nodes, shard), nodes, shard);
+    let across = time(inter, op, weave_shape(op, nodes, shard, true), nodes, shard);
     // All-reduce: reduce-scatter in the node, all-reduce of each shard across, all-gather in
     // the node (the two node steps cost one node all-reduce); all-gather: across, then inside.
-    time(intra, op, node_shape(m), per_node, m) + across
+    time(intra, op, weave_shape(op, per_node, m, false), per_node, m) + across
 }
 
 /// One measured point.
@@ -551,7 +555,7 @@ fn report(fitted: &[Fitted]) -> String {
                 let weave = if nodes > 1 {
                     hierarchical(op, &NVLINK, &NETWORK, nodes, 8, m)
                 } else {
-                    time(&NVLINK, op, node_shape(m), n, m)
+                    time(&NVLINK, op, weave_shape(op, n, m, false), n, m)
                 };
                 // A flat ring crosses the network on every step once there are several nodes.
                 let ring = time(if nodes > 1 { &NETWORK } else { &NVLINK }, op, Shape::Ring, n, m);
@@ -655,5 +659,33 @@ mod tests {
             time(&NETWORK, Op::AllReduce, Shape::Ring, 4096, huge)
                 < time(&NETWORK, Op::AllReduce, Shape::Doubling, 4096, huge)
         );
+    }
+
+    #[test]
+    fn every_plan_the_table_picks_has_a_shape() {
+        let mut across = AlgorithmTable::default();
+        across.for_one_rank_per_node();
+        let inside = AlgorithmTable::default();
+        for c in [Collective::AllReduce, Collective::AllGather] {
+            for n in [2usize, 3, 8, 9, 64, 65536] {
+                for k in 0..=30 {
+                    let m = 1usize << k;
+                    let picked = [
+                        across.select_among(c, MemorySpace::Host, n, m, None, &[Family::Channel]),
+                        inside.select_among(c, MemorySpace::Device, n.min(8), m, Some(90), &[Family::Direct]),
+                    ];
+                    for a in picked {
+                        let a = a.unwrap_or_else(|e| panic!("{c} on {n} ranks, {m} B: {e}"));
+                        assert!(
+                            shape_of(a.name()).is_some(),
+                            "{c} on {n} ranks, {m} B: the model has no shape for {a}"
+                        );
+                    }
+                }
+            }
+        }
+        // The table's small-call plans across nodes are logarithmic from 4 ranks.
+        assert_eq!(weave_shape(Op::AllReduce, 64, 8.0, true), Shape::Doubling);
+        assert_eq!(weave_shape(Op::AllReduce, 8, 8.0, false), Shape::OneShot);
     }
 }
