@@ -18,10 +18,11 @@ use comm_core::{Error, Result};
 use crate::abort::AbortHandle;
 use crate::arguments::{check_v, divisible, same_len};
 use crate::buffer::SharedBuffer;
-use crate::channel::{AllToAllvCounts, ChannelCall, ChannelEngine};
+use crate::call::{Buffers, CollectiveCall};
+use crate::channel::{AllToAllvCounts, ChannelEngine};
 use crate::dtype::Element;
 use crate::hierarchy::Hierarchy;
-use crate::host::{self, AllToAllv, Buffers, HostEngine};
+use crate::host::{self, AllToAllv, HostEngine};
 use crate::op::ReduceOp;
 use crate::select::{CallShape, Executor, Plan, plan};
 use crate::table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
@@ -181,7 +182,7 @@ impl Communicator {
     /// — or, when `validation` failed, takes part in one step that tells every peer, and returns
     /// the local error.
     #[inline]
-    fn collective<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
+    fn collective<T: Element>(&self, bytes: usize, validation: Result<()>, call: CollectiveCall<T>) -> Result<()> {
         let signature = CallSignature::host(call.collective().0.call_kind(), bytes, call.root());
         self.ledgered(signature, || {
             // Nothing to move: done, as in NCCL and MPI (a rank that passes a non-zero count
@@ -197,7 +198,7 @@ impl Communicator {
     /// [`collective`](Self::collective) even when it moves nothing (the ranks still exchange
     /// what they called): one step of a hierarchical call.
     #[inline]
-    pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: ChannelCall<T>) -> Result<()> {
+    pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: CollectiveCall<T>) -> Result<()> {
         self.step_as(bytes, validation, call, 0)
     }
 
@@ -209,7 +210,7 @@ impl Communicator {
         &self,
         bytes: usize,
         validation: Result<()>,
-        call: ChannelCall<T>,
+        call: CollectiveCall<T>,
         variant: u8,
     ) -> Result<()> {
         let (c, op) = call.collective();
@@ -279,7 +280,7 @@ impl Communicator {
         let mut e = self.engine()?;
         match validation {
             Ok(()) => f(&mut e, algo),
-            Err(err) => Err(e.fail_step(c.name(), host::signature(c, T::DTYPE, op, algo), err)),
+            Err(err) => Err(e.fail_step(c.name(), crate::call::signature(c, T::DTYPE, op, algo), err)),
         }
     }
 
@@ -292,7 +293,7 @@ impl Communicator {
         let check = same_len("all_reduce", "send", send.len(), "recv", recv.len());
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
         // The call: both slices hold `count` elements (checked) and are distinct borrows.
-        let ch = ChannelCall::AllReduce { send: s, recv: r, count, op };
+        let ch = CollectiveCall::AllReduce { send: s, recv: r, count, op };
         self.collective(Self::bytes::<T>(count), check, ch)
     }
 
@@ -300,7 +301,7 @@ impl Communicator {
     pub fn all_reduce_in_place<T: Element>(&self, buf: &mut [T], op: ReduceOp) -> Result<()> {
         let (p, count) = (buf.as_mut_ptr(), buf.len());
         // The call: the buffer holds `count` elements; input and output are the same range.
-        let ch = ChannelCall::AllReduce { send: p, recv: p, count, op };
+        let ch = CollectiveCall::AllReduce { send: p, recv: p, count, op };
         self.collective(Self::bytes::<T>(count), Ok(()), ch)
     }
 
@@ -310,7 +311,7 @@ impl Communicator {
         let check = same_len("all_gather", "recv", recv.len(), "world_size × send", send.len().saturating_mul(n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
         // The call: send holds count, recv n × count elements (checked); distinct borrows.
-        let ch = ChannelCall::AllGather { send: s, recv: r, count };
+        let ch = CollectiveCall::AllGather { send: s, recv: r, count };
         self.collective(Self::bytes::<T>(recv.len()), check, ch)
     }
 
@@ -324,7 +325,7 @@ impl Communicator {
         let me = self.rank();
         // The call: the buffer holds n × count elements; the send block is this rank's block.
         // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
-        let ch = ChannelCall::AllGather { send: unsafe { p.add(me * count) }, recv: p, count };
+        let ch = CollectiveCall::AllGather { send: unsafe { p.add(me * count) }, recv: p, count };
         self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
@@ -335,7 +336,7 @@ impl Communicator {
         let check = same_len("reduce_scatter", "send", send.len(), "world_size × recv", recv.len().saturating_mul(n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
         // The call: send holds n × count, recv count elements (checked); distinct borrows.
-        let ch = ChannelCall::ReduceScatter { send: s, recv: r, count, op };
+        let ch = CollectiveCall::ReduceScatter { send: s, recv: r, count, op };
         self.collective(Self::bytes::<T>(send.len()), check, ch)
     }
 
@@ -348,7 +349,7 @@ impl Communicator {
         let me = self.rank();
         // The call: the buffer holds n × count elements; the result block is inside it.
         // SAFETY: `me * count` lies inside the buffer once the check passed (else count is 0).
-        let ch = ChannelCall::ReduceScatter { send: p, recv: unsafe { p.add(me * count) }, count, op };
+        let ch = CollectiveCall::ReduceScatter { send: p, recv: unsafe { p.add(me * count) }, count, op };
         self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
@@ -361,7 +362,7 @@ impl Communicator {
         });
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), recv.len());
         // The call: recv holds count elements; on the root send does too (checked).
-        let ch = ChannelCall::Broadcast { send: s, recv: r, count, root };
+        let ch = CollectiveCall::Broadcast { send: s, recv: r, count, root };
         self.collective(Self::bytes::<T>(count), check, ch)
     }
 
@@ -370,7 +371,7 @@ impl Communicator {
         let check = self.check_root("broadcast", root);
         let (p, count) = (buf.as_mut_ptr(), buf.len());
         // The call: the buffer holds count elements.
-        let ch = ChannelCall::Broadcast { send: p, recv: p, count, root };
+        let ch = CollectiveCall::Broadcast { send: p, recv: p, count, root };
         self.collective(Self::bytes::<T>(count), check, ch)
     }
 
@@ -383,7 +384,7 @@ impl Communicator {
             .and_then(|_| if me == root { same_len("reduce", "send", send.len(), "recv", recv.len()) } else { Ok(()) });
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len());
         // The call: send holds count elements; on the root recv does too (checked).
-        let ch = ChannelCall::Reduce { send: s, recv: r, count, op, root };
+        let ch = CollectiveCall::Reduce { send: s, recv: r, count, op, root };
         self.collective(Self::bytes::<T>(count), check, ch)
     }
 
@@ -392,7 +393,7 @@ impl Communicator {
         let check = self.check_root("reduce", root);
         let (p, count) = (buf.as_mut_ptr(), buf.len());
         // The call: the buffer holds count elements.
-        let ch = ChannelCall::Reduce { send: p, recv: p, count, op, root };
+        let ch = CollectiveCall::Reduce { send: p, recv: p, count, op, root };
         self.collective(Self::bytes::<T>(count), check, ch)
     }
 
@@ -404,7 +405,7 @@ impl Communicator {
             .and_then(|_| divisible("all_to_all", send.len(), n));
         let (s, r, count) = (send.as_ptr(), recv.as_mut_ptr(), send.len() / n);
         // The call: both slices hold n × count elements (checked); distinct borrows.
-        let ch = ChannelCall::AllToAll { send: s, recv: r, count };
+        let ch = CollectiveCall::AllToAll { send: s, recv: r, count };
         self.collective(Self::bytes::<T>(send.len()), check, ch)
     }
 
@@ -414,7 +415,7 @@ impl Communicator {
         let check = divisible("all_to_all_in_place", buf.len(), n);
         let (p, count) = (buf.as_mut_ptr(), buf.len() / n);
         // The call: the buffer holds n × count elements.
-        let ch = ChannelCall::AllToAll { send: p, recv: p, count };
+        let ch = CollectiveCall::AllToAll { send: p, recv: p, count };
         self.collective(Self::bytes::<T>(buf.len()), check, ch)
     }
 
@@ -470,24 +471,24 @@ impl Communicator {
 /// # Safety
 /// `call` as the user API builds it: pointers valid for their counts, receive ranges writable,
 /// and send and receive ranges overlapping only as the host collective allows (in place).
-unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: ChannelCall<T>) -> Result<()> {
+unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: CollectiveCall<T>) -> Result<()> {
     // SAFETY: (every arm) forwarded from the caller.
     unsafe {
         match call {
-            ChannelCall::AllReduce { send, recv, count, op } => {
+            CollectiveCall::AllReduce { send, recv, count, op } => {
                 host::all_reduce(e, algo, Buffers { send, recv, count }, op)
             }
-            ChannelCall::AllGather { send, recv, count } => host::all_gather(e, algo, Buffers { send, recv, count }),
-            ChannelCall::ReduceScatter { send, recv, count, op } => {
+            CollectiveCall::AllGather { send, recv, count } => host::all_gather(e, algo, Buffers { send, recv, count }),
+            CollectiveCall::ReduceScatter { send, recv, count, op } => {
                 host::reduce_scatter(e, algo, Buffers { send, recv, count }, op)
             }
-            ChannelCall::Broadcast { send, recv, count, root } => {
+            CollectiveCall::Broadcast { send, recv, count, root } => {
                 host::broadcast(e, algo, Buffers { send, recv, count }, root)
             }
-            ChannelCall::Reduce { send, recv, count, op, root } => {
+            CollectiveCall::Reduce { send, recv, count, op, root } => {
                 host::reduce(e, algo, Buffers { send, recv, count }, op, root)
             }
-            ChannelCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, Buffers { send, recv, count }),
+            CollectiveCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, Buffers { send, recv, count }),
         }
     }
 }

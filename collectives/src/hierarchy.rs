@@ -73,7 +73,7 @@ use std::cell::RefCell;
 use comm_core::topology::NodeGrid;
 use comm_core::{Error, Result};
 
-use crate::channel::ChannelCall;
+use crate::call::CollectiveCall;
 use crate::communicator::Communicator;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
@@ -170,27 +170,27 @@ impl Hierarchy {
     /// # Safety
     /// `call` as the user API builds it: pointers valid for their counts where this rank reads
     /// or writes them, receive ranges writable and identical to or disjoint from send ranges.
-    pub(crate) unsafe fn run<T: Element>(&self, call: ChannelCall<T>, validation: Result<()>) -> Result<()> {
+    pub(crate) unsafe fn run<T: Element>(&self, call: CollectiveCall<T>, validation: Result<()>) -> Result<()> {
         let mut steps = Steps { problem: validation.err() };
         // SAFETY: (every arm) forwarded from the caller.
         unsafe {
             match call {
-                ChannelCall::AllReduce { send, recv, count, op } => {
+                CollectiveCall::AllReduce { send, recv, count, op } => {
                     self.all_reduce(&mut steps, Part { send, recv, count }, op)?
                 }
-                ChannelCall::AllGather { send, recv, count } => {
+                CollectiveCall::AllGather { send, recv, count } => {
                     self.all_gather(&mut steps, Part { send, recv, count })?
                 }
-                ChannelCall::ReduceScatter { send, recv, count, op } => {
+                CollectiveCall::ReduceScatter { send, recv, count, op } => {
                     self.reduce_scatter(&mut steps, Part { send, recv, count }, op)?
                 }
-                ChannelCall::Broadcast { send, recv, count, root } => {
+                CollectiveCall::Broadcast { send, recv, count, root } => {
                     self.broadcast(&mut steps, Part { send, recv, count }, root)?
                 }
-                ChannelCall::Reduce { send, recv, count, op, root } => {
+                CollectiveCall::Reduce { send, recv, count, op, root } => {
                     self.reduce(&mut steps, Part { send, recv, count }, op, root)?
                 }
-                ChannelCall::AllToAll { .. } => {
+                CollectiveCall::AllToAll { .. } => {
                     return Err(Error::Unsupported(
                         "all_to_all has no hierarchical algorithm (its channel rows already cross the network once \
                          per byte)"
@@ -218,12 +218,12 @@ impl Hierarchy {
         let tail = count - main;
         // SAFETY: main + tail = count: inside both buffers.
         let (s, r) = unsafe { (send.add(main), recv.add(main)) };
-        let tail_in_node = ChannelCall::AllReduce { send: s, recv: r, count: tail, op: step_op };
+        let tail_in_node = CollectiveCall::AllReduce { send: s, recv: r, count: tail, op: step_op };
         if main * size >= pipeline::MIN_BYTES {
             // SAFETY: forwarded from the caller; main <= count.
             unsafe { self.all_reduce_pipelined(steps, send, recv, main, op)? };
             steps.run(&self.intra, tail * size, tail_in_node)?;
-            let tail_across = ChannelCall::AllReduce { send: r, recv: r, count: tail, op: step_op };
+            let tail_across = CollectiveCall::AllReduce { send: r, recv: r, count: tail, op: step_op };
             steps.run(&self.rail, tail * size, tail_across)?;
             // SAFETY: the tail holds the sum over every rank.
             unsafe { self.finish_avg(steps, op, r, tail) };
@@ -237,16 +237,16 @@ impl Hierarchy {
         let across = if self.local == l - 1 { shard + tail } else { shard };
         // SAFETY: local·shard + across <= count: inside recv.
         let mine = unsafe { recv.add(self.local * shard) };
-        let rs = ChannelCall::ReduceScatter { send, recv: mine, count: shard, op: step_op };
+        let rs = CollectiveCall::ReduceScatter { send, recv: mine, count: shard, op: step_op };
         steps.run(&self.intra, main * size, rs)?;
         steps.run(&self.intra, tail * size, tail_in_node)?;
-        let ar = ChannelCall::AllReduce { send: mine, recv: mine, count: across, op: step_op };
+        let ar = CollectiveCall::AllReduce { send: mine, recv: mine, count: across, op: step_op };
         steps.run_as(&self.rail, across * size, ar, EVERY_RAIL)?;
         // SAFETY: the rail step's range holds the sum over every rank.
         unsafe { self.finish_avg(steps, op, mine, across) };
-        steps.run(&self.intra, main * size, ChannelCall::AllGather { send: mine, recv, count: shard })?;
+        steps.run(&self.intra, main * size, CollectiveCall::AllGather { send: mine, recv, count: shard })?;
         let root = l - 1;
-        steps.run(&self.intra, tail * size, ChannelCall::Broadcast { send: r, recv: r, count: tail, root })
+        steps.run(&self.intra, tail * size, CollectiveCall::Broadcast { send: r, recv: r, count: tail, root })
     }
 
     /// A small all-reduce: a reduce to the last local rank in the node, an all-reduce on that
@@ -260,14 +260,14 @@ impl Hierarchy {
         let root = self.grid.ranks_per_node - 1;
         let bytes = count * std::mem::size_of::<T>();
         let step_op = summing(op);
-        steps.run(&self.intra, bytes, ChannelCall::Reduce { send, recv, count, op: step_op, root })?;
+        steps.run(&self.intra, bytes, CollectiveCall::Reduce { send, recv, count, op: step_op, root })?;
         if self.local == root {
-            let across = ChannelCall::AllReduce { send: recv, recv, count, op: step_op };
+            let across = CollectiveCall::AllReduce { send: recv, recv, count, op: step_op };
             steps.run_as(&self.rail, bytes, across, ONE_RAIL)?;
             // SAFETY: recv holds the sum over every rank.
             unsafe { self.finish_avg(steps, op, recv, count) };
         }
-        steps.run(&self.intra, bytes, ChannelCall::Broadcast { send: recv, recv, count, root })
+        steps.run(&self.intra, bytes, CollectiveCall::Broadcast { send: recv, recv, count, root })
     }
 
     /// # Safety
@@ -285,12 +285,12 @@ impl Hierarchy {
         // Across the rail, this rank's block from every node ([node]); then inside the node,
         // those of every local rank ([local][node]); then reordered into rank order.
         let (across, inside) = staging::<T>(&mut scratch, nodes * count, n * count)?;
-        let on_rail = ChannelCall::AllGather { send, recv: across, count };
+        let on_rail = CollectiveCall::AllGather { send, recv: across, count };
         steps.run_as(&self.rail, nodes * count * size, on_rail, EVERY_RAIL)?;
         steps.run(
             &self.intra,
             n * count * size,
-            ChannelCall::AllGather { send: across, recv: inside, count: nodes * count },
+            CollectiveCall::AllGather { send: across, recv: inside, count: nodes * count },
         )?;
         if steps.ok() {
             // SAFETY: the staging and recv each hold n·count elements; the staging is private.
@@ -312,14 +312,14 @@ impl Hierarchy {
         let (root, size) = (l - 1, std::mem::size_of::<T>());
         // SAFETY: node·l·count + l·count <= n·count: inside recv.
         let node_blocks = unsafe { recv.add(self.node * l * count) };
-        let inside = ChannelCall::AllGather { send, recv: node_blocks, count };
+        let inside = CollectiveCall::AllGather { send, recv: node_blocks, count };
         steps.run(&self.intra, l * count * size, inside)?;
         let all = nodes * l * count;
         if self.local == root {
-            let across = ChannelCall::AllGather { send: node_blocks, recv, count: l * count };
+            let across = CollectiveCall::AllGather { send: node_blocks, recv, count: l * count };
             steps.run_as(&self.rail, all * size, across, ONE_RAIL)?;
         }
-        steps.run(&self.intra, all * size, ChannelCall::Broadcast { send: recv, recv, count: all, root })
+        steps.run(&self.intra, all * size, CollectiveCall::Broadcast { send: recv, recv, count: all, root })
     }
 
     /// # Safety
@@ -338,9 +338,10 @@ impl Hierarchy {
             // SAFETY: send and the staging each hold n·count elements; the staging is private.
             unsafe { transpose_blocks(send, by_local, nodes, l, count) };
         }
-        let inside = ChannelCall::ReduceScatter { send: by_local, recv: node_sums, count: nodes * count, op: step_op };
+        let inside =
+            CollectiveCall::ReduceScatter { send: by_local, recv: node_sums, count: nodes * count, op: step_op };
         steps.run(&self.intra, n * count * size, inside)?;
-        let across = ChannelCall::ReduceScatter { send: node_sums, recv, count, op: step_op };
+        let across = CollectiveCall::ReduceScatter { send: node_sums, recv, count, op: step_op };
         steps.run(&self.rail, nodes * count * size, across)?;
         // SAFETY: recv holds the sum over every rank.
         unsafe { self.finish_avg(steps, op, recv, count) };
@@ -354,9 +355,9 @@ impl Hierarchy {
         let (root_node, root_local) = (self.grid.node_of(root), self.grid.local_of(root));
         let bytes = count * std::mem::size_of::<T>();
         if self.local == root_local {
-            steps.run(&self.rail, bytes, ChannelCall::Broadcast { send, recv, count, root: root_node })?;
+            steps.run(&self.rail, bytes, CollectiveCall::Broadcast { send, recv, count, root: root_node })?;
         }
-        steps.run(&self.intra, bytes, ChannelCall::Broadcast { send: recv, recv, count, root: root_local })
+        steps.run(&self.intra, bytes, CollectiveCall::Broadcast { send: recv, recv, count, root: root_local })
     }
 
     /// # Safety
@@ -370,7 +371,7 @@ impl Hierarchy {
             return steps.run(
                 &self.intra,
                 bytes,
-                ChannelCall::Reduce { send, recv, count, op: step_op, root: root_local },
+                CollectiveCall::Reduce { send, recv, count, op: step_op, root: root_local },
             );
         }
         // The node's partial result: in recv on the root, in the staging on the other ranks of
@@ -380,9 +381,9 @@ impl Hierarchy {
         steps.run(
             &self.intra,
             bytes,
-            ChannelCall::Reduce { send, recv: partial, count, op: step_op, root: root_local },
+            CollectiveCall::Reduce { send, recv: partial, count, op: step_op, root: root_local },
         )?;
-        let across = ChannelCall::Reduce { send: partial, recv: partial, count, op: step_op, root: root_node };
+        let across = CollectiveCall::Reduce { send: partial, recv: partial, count, op: step_op, root: root_node };
         steps.run(&self.rail, bytes, across)?;
         if self.node == root_node {
             // SAFETY: the root's recv holds the sum over every rank.
@@ -469,7 +470,7 @@ impl Steps {
     /// Runs one step on `comm`, `bytes` as its table measures the call. A mismatch it reports
     /// (or an earlier one) makes this rank take part without data, so every rank of `comm`
     /// hears of it; other errors (a lost peer, a timeout) end the call.
-    fn run<T: Element>(&mut self, comm: &Communicator, bytes: usize, call: ChannelCall<T>) -> Result<()> {
+    fn run<T: Element>(&mut self, comm: &Communicator, bytes: usize, call: CollectiveCall<T>) -> Result<()> {
         self.run_as(comm, bytes, call, 0)
     }
 
@@ -478,7 +479,7 @@ impl Steps {
         &mut self,
         comm: &Communicator,
         bytes: usize,
-        call: ChannelCall<T>,
+        call: CollectiveCall<T>,
         variant: u8,
     ) -> Result<()> {
         let validation = match self.problem {

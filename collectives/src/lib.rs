@@ -24,8 +24,10 @@ mod abort;
 mod arguments;
 pub mod buffer;
 mod builder;
+mod call;
 mod channel;
 pub mod communicator;
+mod copy;
 pub mod dtype;
 mod elastic;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -40,6 +42,7 @@ mod host;
 mod ledgered;
 mod matching;
 pub mod op;
+mod p2p_progress;
 mod per_rank;
 pub mod reduce;
 pub mod select;

@@ -16,10 +16,11 @@
 
 use comm_core::Result;
 
+use super::Run;
 use super::swap::swap;
-use super::{ChannelCall, Run};
+use crate::call::CollectiveCall;
+use crate::copy::copy;
 use crate::dtype::Element;
-use crate::host::copy;
 
 /// The distances of the steps in a world of `n`: 1, 2, 4, … below `n`.
 fn distances(n: usize) -> impl Iterator<Item = usize> {
@@ -48,7 +49,7 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     let mut work: Vec<T> = vec![T::default(); n * count];
     let w = work.as_mut_ptr();
     match c {
-        ChannelCall::AllGather { .. } => {
+        CollectiveCall::AllGather { .. } => {
             let mut call = e.begin(core, &peers, spec)?;
             // SAFETY: send holds count elements (caller), the work buffer n blocks.
             unsafe { copy(send, w, count) };
@@ -73,7 +74,7 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
             }
             call.finish()
         }
-        ChannelCall::AllToAll { .. } => {
+        CollectiveCall::AllToAll { .. } => {
             let mut call = e.begin(core, &peers, spec)?;
             for j in 0..n {
                 // SAFETY: send holds n blocks (caller), as does the work buffer.

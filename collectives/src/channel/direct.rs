@@ -7,9 +7,10 @@
 use comm_core::communicator::Communicator as Core;
 use comm_core::{Error, Result};
 
-use super::{CallSpec, ChannelCall, ChannelEngine, Run, piece, pieces};
+use super::{CallSpec, ChannelEngine, Run, piece, pieces};
+use crate::call::CollectiveCall;
+use crate::copy::copy;
 use crate::dtype::Element;
-use crate::host::copy;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 use crate::table::{Algorithm, Collective};
@@ -66,26 +67,26 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     // buffers the collective defines (count elements, or n blocks of count).
     unsafe {
         match c {
-            ChannelCall::AllReduce { send, recv, op, .. } => {
+            CollectiveCall::AllReduce { send, recv, op, .. } => {
                 let x = Exchange { to: others.clone(), from: others, out: &whole, inc: &whole, reduce: Some(op) };
                 exchange(e, core, spec, send, recv, &x, Some((send, 0)))
             }
-            ChannelCall::AllGather { send, recv, .. } => {
+            CollectiveCall::AllGather { send, recv, .. } => {
                 copy(send, recv.add(me * count), count);
                 let x = Exchange { to: others.clone(), from: others, out: &whole, inc: &block, reduce: None };
                 exchange(e, core, spec, send, recv, &x, None)
             }
-            ChannelCall::ReduceScatter { send, recv, op, .. } => {
+            CollectiveCall::ReduceScatter { send, recv, op, .. } => {
                 let own = |_: usize| (0, count);
                 let x = Exchange { to: others.clone(), from: others, out: &block, inc: &own, reduce: Some(op) };
                 exchange(e, core, spec, send, recv, &x, Some((send, me * count)))
             }
-            ChannelCall::AllToAll { send, recv, .. } => {
+            CollectiveCall::AllToAll { send, recv, .. } => {
                 copy(send.add(me * count), recv.add(me * count), count);
                 let x = Exchange { to: others.clone(), from: others, out: &block, inc: &block, reduce: None };
                 exchange(e, core, spec, send, recv, &x, None)
             }
-            ChannelCall::Broadcast { send, recv, root, .. } => {
+            CollectiveCall::Broadcast { send, recv, root, .. } => {
                 let x = if me == root {
                     copy(send, recv, count);
                     Exchange { to: others, from: none, out: &whole, inc: &whole, reduce: None }
@@ -94,7 +95,7 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
                 };
                 exchange(e, core, spec, send, recv, &x, None)
             }
-            ChannelCall::Reduce { send, recv, op, root, .. } => {
+            CollectiveCall::Reduce { send, recv, op, root, .. } => {
                 if me == root {
                     let x = Exchange { to: none, from: others, out: &whole, inc: &whole, reduce: Some(op) };
                     exchange(e, core, spec, send, recv, &x, Some((send, 0)))

@@ -26,9 +26,10 @@
 use comm_core::{Error, Result};
 
 use super::link::Link;
-use super::{Call, ChannelCall, ChannelEngine, EAGER_PAYLOAD_BYTES, Run, piece, pieces, stage_and_post};
+use super::{Call, ChannelEngine, EAGER_PAYLOAD_BYTES, Run, piece, pieces, stage_and_post};
+use crate::call::CollectiveCall;
+use crate::copy::copy;
 use crate::dtype::Element;
-use crate::host::copy;
 use crate::per_rank::PerRank;
 use crate::reduce::reduce_raw;
 
@@ -77,8 +78,8 @@ impl Finished {
 pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let (send, recv, root, op) = match c {
-        ChannelCall::Broadcast { send, recv, root, .. } => (send, recv, root, None),
-        ChannelCall::Reduce { send, recv, root, op, .. } => (send, recv, root, Some(op)),
+        CollectiveCall::Broadcast { send, recv, root, .. } => (send, recv, root, None),
+        CollectiveCall::Reduce { send, recv, root, op, .. } => (send, recv, root, Some(op)),
         other => {
             return Err(Error::invalid(format!(
                 "{} runs broadcast and reduce only, not {}",

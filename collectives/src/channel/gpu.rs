@@ -54,7 +54,7 @@ const MIN_SCRATCH_BYTES: usize = 64 << 10;
 /// What one device call of the channel family asks for: the call as every rank must agree on it
 /// (`spec.invalid` is never set on device calls), and this rank's buffers.
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct DeviceChannelCall {
+pub(crate) struct DeviceCollectiveCall {
     /// Collective, channel algorithm (one the device rows name for it), element type, operator, count
     /// (elements, per rank block where the collective has blocks) and root.
     pub(crate) spec: CallSpec,
@@ -355,7 +355,7 @@ impl DeviceChannels {
     pub(crate) unsafe fn launch(
         &mut self,
         core: &CoreCommunicator,
-        call: DeviceChannelCall,
+        call: DeviceCollectiveCall,
         plan: &KernelPlan,
         status: DeviceStatusHandle,
         stream: &Arc<CudaStream>,
@@ -408,7 +408,7 @@ impl DeviceChannels {
         let f = self.function(kernel)?;
         self.calls += 1;
         let signature =
-            crate::host::signature(spec.collective, spec.dtype, spec.op, spec.algorithm) | (spec.root as u64) << 32;
+            crate::call::signature(spec.collective, spec.dtype, spec.op, spec.algorithm) | (spec.root as u64) << 32;
         let args = ChannelArgs {
             send: call.send,
             recv: call.recv,
@@ -462,7 +462,7 @@ impl DeviceChannels {
             // Point-to-point calls are not counted (only the two ranks of a pair take part):
             // their messages carry the send's pair stamp, the receive checks its own.
             call: u64::from(call.stamps.0),
-            signature: crate::host::signature(Collective::SendRecv, call.dtype, None, Algorithm::ChannelDirect),
+            signature: crate::call::signature(Collective::SendRecv, call.dtype, None, Algorithm::ChannelDirect),
             agreed: 0,
             fifo: self.proxy_fifo(),
             status,

@@ -36,9 +36,9 @@ pub(crate) use p2p::run_group;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
 
+use crate::call::{Buffers, CollectiveCall};
 use crate::dtype::{DataType, Element};
 use crate::health::Health;
-use crate::host::Buffers;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
 use header::Header;
@@ -151,8 +151,8 @@ impl Call {
             Some(Error::invalid(format!(
                 "rank {from} called {} while rank {me} called {}; every rank must make the same call (and set the \
                  same WEAVE_ALGO)",
-                crate::host::describe(theirs.signature & !INVALID_MARK),
-                crate::host::describe(mine.signature & !INVALID_MARK)
+                crate::call::describe(theirs.signature & !INVALID_MARK),
+                crate::call::describe(mine.signature & !INVALID_MARK)
             )))
         } else if theirs.count != mine.count && mine.signature & INVALID_MARK == 0 {
             Some(Error::invalid(format!(
@@ -240,7 +240,7 @@ impl ChannelEngine {
     #[inline]
     fn next_call(&mut self, spec: CallSpec) -> Call {
         self.calls += 1;
-        let signature = crate::host::signature(spec.collective, spec.dtype, spec.op, spec.algorithm)
+        let signature = crate::call::signature(spec.collective, spec.dtype, spec.op, spec.algorithm)
             | if spec.invalid { INVALID_MARK } else { 0 };
         let header = Header {
             // Modulo 2³², as the header carries it.
@@ -379,7 +379,7 @@ unsafe fn stage_and_post(link: &mut Link, call: &Call, src: *const u8, len: usiz
     // SAFETY: the outbox slot holds a full payload (len fits, by the caller), src is valid
     // (caller), and the slot is memory no one else writes until the post below (a copy that
     // inlines small messages, where a library call would cost more than the bytes).
-    unsafe { crate::host::copy_bytes(src, dst, len) };
+    unsafe { crate::copy::copy_bytes(src, dst, len) };
     link.post(Header { last, ..call.header(len) })
 }
 
@@ -410,23 +410,6 @@ pub(crate) struct CallSpec {
     pub(crate) variant: u8,
 }
 
-/// One collective call with this rank's buffers, for the channel executor or the host one.
-#[derive(Clone, Copy)]
-pub(crate) enum ChannelCall<T> {
-    /// All-reduce `count` elements.
-    AllReduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
-    /// All-gather `count` elements per rank.
-    AllGather { send: *const T, recv: *mut T, count: usize },
-    /// Reduce-scatter into `count` elements per rank.
-    ReduceScatter { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
-    /// Broadcast `count` elements from `root`.
-    Broadcast { send: *const T, recv: *mut T, count: usize, root: usize },
-    /// Reduce `count` elements to `root`.
-    Reduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp, root: usize },
-    /// All-to-all of `count` elements per pair.
-    AllToAll { send: *const T, recv: *mut T, count: usize },
-}
-
 impl ChannelEngine {
     /// Runs `c` with `algorithm` (a channel algorithm) in form `variant` (0 for an ordinary
     /// call, see [`Header::variant`]), or — when `invalid` — takes part in it with no data so
@@ -441,7 +424,7 @@ impl ChannelEngine {
         &mut self,
         core: &CoreCommunicator,
         algorithm: Algorithm,
-        c: ChannelCall<T>,
+        c: CollectiveCall<T>,
         invalid: bool,
         variant: u8,
     ) -> Result<()> {
@@ -456,7 +439,7 @@ impl ChannelEngine {
             // SAFETY: forwarded from the caller.
             Algorithm::ChannelEager => unsafe { eager::run(Run { e: self, core, spec, c }) },
             Algorithm::ChannelDoubling => match c {
-                ChannelCall::AllReduce { send, recv, op, .. } => {
+                CollectiveCall::AllReduce { send, recv, op, .. } => {
                     let b = Buffers { send, recv, count: spec.count };
                     // SAFETY: forwarded from the caller.
                     unsafe { recursive::all_reduce_doubling(self, core, spec, b, op) }
@@ -482,52 +465,18 @@ pub(super) struct Run<'a, T> {
     pub(super) e: &'a mut ChannelEngine,
     pub(super) core: &'a CoreCommunicator,
     pub(super) spec: CallSpec,
-    pub(super) c: ChannelCall<T>,
-}
-
-impl<T> ChannelCall<T> {
-    /// The collective this call runs, and its reduction where it has one.
-    pub(crate) fn collective(&self) -> (Collective, Option<ReduceOp>) {
-        match *self {
-            ChannelCall::AllReduce { op, .. } => (Collective::AllReduce, Some(op)),
-            ChannelCall::AllGather { .. } => (Collective::AllGather, None),
-            ChannelCall::ReduceScatter { op, .. } => (Collective::ReduceScatter, Some(op)),
-            ChannelCall::Broadcast { .. } => (Collective::Broadcast, None),
-            ChannelCall::Reduce { op, .. } => (Collective::Reduce, Some(op)),
-            ChannelCall::AllToAll { .. } => (Collective::AllToAll, None),
-        }
-    }
-
-    /// The root of a rooted call.
-    pub(crate) fn root(&self) -> Option<usize> {
-        match *self {
-            ChannelCall::Broadcast { root, .. } | ChannelCall::Reduce { root, .. } => Some(root),
-            _ => None,
-        }
-    }
-
-    /// The send and receive buffers.
-    fn buffers(&self) -> (*const T, *mut T) {
-        match *self {
-            ChannelCall::AllReduce { send, recv, .. }
-            | ChannelCall::AllGather { send, recv, .. }
-            | ChannelCall::ReduceScatter { send, recv, .. }
-            | ChannelCall::Broadcast { send, recv, .. }
-            | ChannelCall::Reduce { send, recv, .. }
-            | ChannelCall::AllToAll { send, recv, .. } => (send, recv),
-        }
-    }
+    pub(super) c: CollectiveCall<T>,
 }
 
 /// The call spec of `c` on this rank (an invalid rank announces count 0).
-fn spec_of<T: Element>(c: &ChannelCall<T>, algorithm: Algorithm, invalid: bool) -> CallSpec {
+fn spec_of<T: Element>(c: &CollectiveCall<T>, algorithm: Algorithm, invalid: bool) -> CallSpec {
     let (collective, op) = c.collective();
     let (count, root) = match *c {
-        ChannelCall::Broadcast { count, root, .. } | ChannelCall::Reduce { count, root, .. } => (count, root),
-        ChannelCall::AllReduce { count, .. }
-        | ChannelCall::AllGather { count, .. }
-        | ChannelCall::ReduceScatter { count, .. }
-        | ChannelCall::AllToAll { count, .. } => (count, 0),
+        CollectiveCall::Broadcast { count, root, .. } | CollectiveCall::Reduce { count, root, .. } => (count, root),
+        CollectiveCall::AllReduce { count, .. }
+        | CollectiveCall::AllGather { count, .. }
+        | CollectiveCall::ReduceScatter { count, .. }
+        | CollectiveCall::AllToAll { count, .. } => (count, 0),
     };
     CallSpec {
         collective,

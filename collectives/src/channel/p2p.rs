@@ -10,8 +10,9 @@ use comm_core::{Error, Result};
 
 use super::ChannelEngine;
 use super::header::Header;
-use crate::group::{self, P2pOp};
+use crate::call::P2pOp;
 use crate::matching::{GroupStamps, Met, PairStamp};
+use crate::p2p_progress;
 
 /// Signature of a point-to-point message. A link header carries 32 bits of signature, and every
 /// collective's signature (`host::signature`) numbers its collective from 1 in the low byte, so
@@ -45,7 +46,7 @@ unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]
     let (n, me) = (e.world_size, e.rank);
     let mut finished = vec![false; ops.len()];
     // SAFETY: forwarded from the caller.
-    unsafe { group::start(ops, me, n, &mut finished)? };
+    unsafe { p2p_progress::start(ops, me, n, &mut finished)? };
     let mut peers: Vec<usize> = ops.iter().map(P2pOp::peer).filter(|&p| p != me).collect();
     peers.sort_unstable();
     peers.dedup();
@@ -62,7 +63,7 @@ unsafe fn progress(e: &mut ChannelEngine, core: &CoreCommunicator, ops: &[P2pOp]
         unsafe { advance(&mut e, ops[i], me, &mut done[i], &stamp) }
     };
     let check_peer = |p: usize| cell.borrow_mut().link(p)?.check_peer();
-    group::drive(ops, n, &mut finished, core.config().timeout, core.abort_flag(), advance, check_peer)
+    p2p_progress::drive(ops, n, &mut finished, core.config().timeout, core.abort_flag(), advance, check_peer)
 }
 
 /// Moves what it can of one operation without blocking: (moved something, finished).

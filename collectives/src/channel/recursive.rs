@@ -18,9 +18,10 @@ use comm_core::Result;
 use comm_core::communicator::Communicator as Core;
 
 use super::swap::{Fold, swap};
-use super::{Buffers, Call, CallSpec, ChannelCall, ChannelEngine, Run, partial};
+use super::{Call, CallSpec, ChannelEngine, Run, partial};
+use crate::call::{Buffers, CollectiveCall};
+use crate::copy::copy;
 use crate::dtype::Element;
-use crate::host::copy;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 
@@ -103,8 +104,8 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     // SAFETY: (every arm) forwarded from the caller.
     unsafe {
         match c {
-            ChannelCall::AllReduce { op, .. } => halving(e, core, spec, b, op, Halving::AllReduce),
-            ChannelCall::ReduceScatter { op, .. } => halving(e, core, spec, b, op, Halving::ReduceScatter),
+            CollectiveCall::AllReduce { op, .. } => halving(e, core, spec, b, op, Halving::AllReduce),
+            CollectiveCall::ReduceScatter { op, .. } => halving(e, core, spec, b, op, Halving::ReduceScatter),
             // The table names halving for these two only; anything else runs directly.
             _ => super::direct::run(Run { e, core, spec, c }),
         }

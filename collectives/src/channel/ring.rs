@@ -15,9 +15,10 @@
 use comm_core::Result;
 use comm_core::communicator::Communicator as Core;
 
-use super::{Buffers, CallSpec, ChannelCall, ChannelEngine, Run, SLOTS, partial, piece, pieces};
+use super::{CallSpec, ChannelEngine, Run, SLOTS, partial, piece, pieces};
+use crate::call::{Buffers, CollectiveCall};
+use crate::copy::{copy, share};
 use crate::dtype::Element;
-use crate::host::{copy, share};
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw2;
 
@@ -31,20 +32,20 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     // SAFETY: (every arm) forwarded from the caller; an invalid rank moves no data (count 0).
     unsafe {
         match c {
-            ChannelCall::AllReduce { op, .. } => around(e, core, spec, b, Some(op), Ring::AllReduce),
-            ChannelCall::ReduceScatter { op, .. } => around(e, core, spec, b, Some(op), Ring::ReduceScatter),
-            ChannelCall::AllGather { .. } => around(e, core, spec, b, None, Ring::AllGather),
+            CollectiveCall::AllReduce { op, .. } => around(e, core, spec, b, Some(op), Ring::AllReduce),
+            CollectiveCall::ReduceScatter { op, .. } => around(e, core, spec, b, Some(op), Ring::ReduceScatter),
+            CollectiveCall::AllGather { .. } => around(e, core, spec, b, None, Ring::AllGather),
             // Broadcast flows from the root (position 0) to position n - 1, reduce back.
-            ChannelCall::Broadcast { root, .. } => {
+            CollectiveCall::Broadcast { root, .. } => {
                 let pos = (me + n - root) % n;
                 chain(e, core, spec, b, behind(pos), ahead(pos), None)
             }
-            ChannelCall::Reduce { op, root, .. } => {
+            CollectiveCall::Reduce { op, root, .. } => {
                 let pos = (me + n - root) % n;
                 chain(e, core, spec, b, ahead(pos), behind(pos), Some(op))
             }
             // No ring form: all-to-all is direct (the table never picks this).
-            ChannelCall::AllToAll { .. } => super::direct::run(Run { e, core, spec, c }),
+            CollectiveCall::AllToAll { .. } => super::direct::run(Run { e, core, spec, c }),
         }
     }
 }

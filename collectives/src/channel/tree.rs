@@ -18,9 +18,10 @@
 use comm_core::Result;
 
 use super::swap::swap;
-use super::{Buffers, ChannelCall, ChannelEngine, Run, partial};
+use super::{ChannelEngine, Run, partial};
+use crate::call::{Buffers, CollectiveCall};
+use crate::copy::copy;
 use crate::dtype::Element;
-use crate::host::copy;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 
@@ -51,12 +52,12 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     // SAFETY: (every arm) forwarded from the caller.
     unsafe {
         match c {
-            ChannelCall::Broadcast { .. } => {
+            CollectiveCall::Broadcast { .. } => {
                 let mut call = e.begin(core, &peers, spec)?;
                 broadcast(e, &mut call, b, me == root, parent, &children)?;
                 call.finish()
             }
-            ChannelCall::Reduce { op, .. } => {
+            CollectiveCall::Reduce { op, .. } => {
                 let mut call = e.begin(core, &peers, spec)?;
                 reduce(e, &mut call, b, op, me == root, parent, &children)?;
                 call.finish()

@@ -12,7 +12,7 @@ use cudarc::driver::CudaStream;
 
 use super::{DirectKernel, GpuCollectiveArgs};
 use crate::channel::CallSpec;
-use crate::channel::gpu::{DeviceChannelCall, DeviceSendRecv};
+use crate::channel::gpu::{DeviceCollectiveCall, DeviceSendRecv};
 use crate::communicator::{Communicator, already_in_a_call};
 use crate::dtype::DataType;
 use crate::matching::GroupStamps;
@@ -170,7 +170,7 @@ impl Communicator {
                 invalid: false,
                 variant: 0,
             };
-            let channel_call = DeviceChannelCall { spec, send: call.send, recv: call.recv, aux: call.aux };
+            let channel_call = DeviceCollectiveCall { spec, send: call.send, recv: call.recv, aux: call.aux };
             // SAFETY: forwarded from the caller.
             return g.on_channels(self.core(), |channels, status| unsafe {
                 channels.launch(self.core(), channel_call, &k, status, stream)

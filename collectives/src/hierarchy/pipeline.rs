@@ -32,7 +32,7 @@ use std::sync::mpsc;
 use comm_core::{Error, Result};
 
 use super::{Hierarchy, Steps};
-use crate::channel::ChannelCall;
+use crate::call::CollectiveCall;
 use crate::communicator::Communicator;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
@@ -111,7 +111,7 @@ impl Hierarchy {
                                 .get_or_insert(Error::invalid("an earlier step of this hierarchical call failed"));
                         }
                         let at = h.at as *mut T;
-                        let ar = ChannelCall::AllReduce { send: at, recv: at, count: h.len, op: step_op };
+                        let ar = CollectiveCall::AllReduce { send: at, recv: at, count: h.len, op: step_op };
                         rail_steps.run(comm, h.len * size, ar)?;
                         if to_caller.send(rail_steps.ok()).is_err() {
                             break;
@@ -137,13 +137,13 @@ impl Hierarchy {
                 unsafe { self.finish_avg(steps, op, mine(c), s) };
                 // SAFETY: base + l·s <= main: inside recv.
                 let whole = unsafe { recv.add(base) };
-                steps.run(&self.intra, l * s * size, ChannelCall::AllGather { send: mine(c), recv: whole, count: s })
+                steps.run(&self.intra, l * s * size, CollectiveCall::AllGather { send: mine(c), recv: whole, count: s })
             };
             for c in 0..CHUNKS {
                 let (base, s) = chunk(c);
                 // SAFETY: base + l·s <= main: inside send.
                 let input = unsafe { send.add(base) };
-                let rs = ChannelCall::ReduceScatter { send: input, recv: mine(c), count: s, op: step_op };
+                let rs = CollectiveCall::ReduceScatter { send: input, recv: mine(c), count: s, op: step_op };
                 steps.run(&self.intra, l * s * size, rs)?;
                 if to_rail.send(Handed { at: mine(c) as usize, len: s, invalid: !steps.ok() }).is_err() {
                     break;

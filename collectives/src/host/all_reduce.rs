@@ -5,9 +5,10 @@ use comm_core::Result;
 
 use super::workspace::INLINE_BYTES;
 use super::{
-    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, in_chunks, reduce_scratch, ring, scratch,
-    share, stage_chunk,
+    Agree, HostEngine, call_publication, capacity, chunks, in_chunks, reduce_scratch, ring, scratch, stage_chunk,
 };
+use crate::call::Buffers;
+use crate::copy::{copy, share};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};

@@ -4,9 +4,10 @@
 use comm_core::{Error, Result};
 
 use super::{
-    Agree, Buffers, HostEngine, call_publication, capacity, chunks, copy, in_chunks, reduce_scratch, ring, scratch,
-    stage_chunk,
+    Agree, HostEngine, call_publication, capacity, chunks, in_chunks, reduce_scratch, ring, scratch, stage_chunk,
 };
+use crate::call::Buffers;
+use crate::copy::copy;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};

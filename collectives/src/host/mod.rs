@@ -19,7 +19,9 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::memory::RegisteredMemory;
 use comm_core::{Error, Result};
 
-use crate::dtype::{DataType, Element};
+use crate::call::{describe, signature};
+use crate::copy::copy;
+use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 use crate::table::{Algorithm, Collective};
@@ -29,39 +31,8 @@ use workspace::{Publication, Workspace};
 pub(crate) use all_reduce::{all_reduce, reduce};
 pub(crate) use blocks::{AllToAllv, all_gather, all_to_all, all_to_allv, broadcast, reduce_scatter};
 
-/// The user's buffers of a call and its element count, as the collective defines it: what the
-/// host and the channel executors take.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Buffers<T> {
-    pub(crate) send: *const T,
-    pub(crate) recv: *mut T,
-    pub(crate) count: usize,
-}
-
 /// Set in a publication's signature by a rank whose arguments were invalid.
 const INVALID_MARK: u64 = 1 << 63;
-
-/// Packs what every rank must agree on into one word.
-#[inline]
-pub(crate) fn signature(c: Collective, dtype: DataType, op: Option<ReduceOp>, algo: Algorithm) -> u64 {
-    // Each enum lists its variants in `ALL` in declaration order (tested below), so the
-    // discriminant is the position `describe` looks up.
-    let ci = c as u64 + 1;
-    let di = dtype as u64 + 1;
-    let oi = op.map_or(0, |o| o as u64 + 1);
-    let ai = algo as u64 + 1;
-    ci | di << 8 | oi << 16 | ai << 24
-}
-
-/// The call a signature stands for, in words (for error messages).
-pub(crate) fn describe(sig: u64) -> String {
-    let pick = |shift: u32| ((sig >> shift) & 0xff) as usize;
-    let c = pick(0).checked_sub(1).and_then(|i| Collective::ALL.get(i)).map_or("?", |c| c.name());
-    let d = pick(8).checked_sub(1).and_then(|i| DataType::ALL.get(i)).map_or("?", |d| d.name());
-    let o = pick(16).checked_sub(1).and_then(|i| ReduceOp::ALL.get(i)).map_or("-", |o| o.name());
-    let a = pick(24).checked_sub(1).and_then(|i| Algorithm::ALL.get(i)).map_or("?", |a| a.name());
-    format!("{c}({d}, op {o}, algorithm {a})")
-}
 
 /// Which publication fields every rank must share.
 #[derive(Debug, Clone, Copy)]
@@ -461,58 +432,10 @@ pub(crate) fn chunks(count: usize, cap: usize) -> impl Iterator<Item = (usize, u
     })
 }
 
-/// `[a, b)`: the share of `k` elements that `part` of `n` owns.
-pub(crate) fn share(k: usize, n: usize, part: usize) -> (usize, usize) {
-    (k * part / n, k * (part + 1) / n)
-}
-
 /// Typed address of element `elem` of `rank`'s scratch, valid for `len` elements.
 pub(crate) fn scratch<T: Element>(ws: &Workspace, rank: usize, elem: usize, len: usize) -> Result<*mut T> {
     let sz = std::mem::size_of::<T>();
     Ok(ws.scratch(rank, elem * sz, len * sz)?.cast::<T>())
-}
-
-/// Copies `len` elements (ranges may overlap).
-///
-/// # Safety
-/// Both pointers valid for `len` elements; no concurrent writer to either range.
-#[inline(always)]
-pub(crate) unsafe fn copy<T: Element>(src: *const T, dst: *mut T, len: usize) {
-    if len > 0 && !std::ptr::eq(src, dst) {
-        // SAFETY: forwarded from the caller (len elements are len * size_of::<T>() bytes).
-        unsafe { copy_bytes(src.cast(), dst.cast(), len * std::mem::size_of::<T>()) };
-    }
-}
-
-/// Copies `len` bytes (ranges may overlap). Up to 32 bytes without a call: two possibly
-/// overlapping loads of the widest word that fits, then two stores — a library `memmove`
-/// costs small calls more than the copy itself.
-///
-/// # Safety
-/// Both pointers valid for `len` bytes; no concurrent writer to either range.
-#[inline(always)]
-pub(crate) unsafe fn copy_bytes(src: *const u8, dst: *mut u8, len: usize) {
-    /// Loads the first and last `W`-sized words of the range, then stores them (`W ≤ len ≤
-    /// 2W`): every byte is loaded before any is stored, so overlapping ranges are copied right.
-    #[inline(always)]
-    unsafe fn two_words<W: Copy>(src: *const u8, dst: *mut u8, len: usize) {
-        let w = std::mem::size_of::<W>();
-        // SAFETY: w <= len (caller), so both words lie inside the ranges.
-        unsafe {
-            let (head, tail) = (src.cast::<W>().read_unaligned(), src.add(len - w).cast::<W>().read_unaligned());
-            dst.cast::<W>().write_unaligned(head);
-            dst.add(len - w).cast::<W>().write_unaligned(tail);
-        }
-    }
-    // SAFETY: (every arm) forwarded from the caller; each arm's word size fits len.
-    unsafe {
-        match len {
-            4..=7 => two_words::<u32>(src, dst, len),
-            8..=15 => two_words::<u64>(src, dst, len),
-            16..=32 => two_words::<u128>(src, dst, len),
-            _ => std::ptr::copy(src, dst, len),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -520,55 +443,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn copy_bytes_copies_every_length_disjoint_and_overlapping() {
-        let pattern: Vec<u8> = (0..96u8).map(|b| b.wrapping_mul(37).wrapping_add(11)).collect();
-        for len in 0..=40 {
-            let mut dst = [0u8; 48];
-            // SAFETY: both ranges hold len bytes and do not overlap.
-            unsafe { copy_bytes(pattern.as_ptr().add(3), dst.as_mut_ptr().add(5), len) };
-            assert_eq!(&dst[5..5 + len], &pattern[3..3 + len], "disjoint, {len} bytes");
-            assert!(dst[..5].iter().chain(&dst[5 + len..]).all(|&b| b == 0), "wrote outside, {len} bytes");
-            for shift in [1usize, 7] {
-                let mut buf = pattern.clone();
-                // SAFETY: both ranges lie inside buf (len + shift <= 47 < 96); they overlap.
-                unsafe { copy_bytes(buf.as_ptr().add(10), buf.as_mut_ptr().add(10 + shift), len) };
-                assert_eq!(&buf[10 + shift..10 + shift + len], &pattern[10..10 + len], "forward {shift}, {len} bytes");
-                let mut buf = pattern.clone();
-                // SAFETY: as above, copying backwards.
-                unsafe { copy_bytes(buf.as_ptr().add(10 + shift), buf.as_mut_ptr().add(10), len) };
-                assert_eq!(&buf[10..10 + len], &pattern[10 + shift..10 + shift + len], "back {shift}, {len} bytes");
-            }
-        }
-    }
-
-    #[test]
-    fn signatures_number_every_variant_by_its_place_in_all() {
-        assert!(Collective::ALL.iter().enumerate().all(|(i, &c)| c as usize == i));
-        assert!(DataType::ALL.iter().enumerate().all(|(i, &d)| d as usize == i));
-        assert!(ReduceOp::ALL.iter().enumerate().all(|(i, &o)| o as usize == i));
-        assert!(Algorithm::ALL.iter().enumerate().all(|(i, &a)| a as usize == i));
-        for (i, &a) in Algorithm::ALL.iter().enumerate() {
-            let s = signature(Collective::Reduce, DataType::U8, None, a);
-            assert!(describe(s).ends_with(&format!("algorithm {})", Algorithm::ALL[i].name())), "{}", describe(s));
-        }
-    }
-
-    #[test]
-    fn signatures_describe_themselves_and_shares_cover_everything() {
-        let s = signature(Collective::AllReduce, DataType::Bf16, Some(ReduceOp::Max), Algorithm::Ring);
-        assert_eq!(describe(s), "all_reduce(bfloat16, op max, algorithm ring)");
-        assert_ne!(s, signature(Collective::AllReduce, DataType::Bf16, Some(ReduceOp::Min), Algorithm::Ring));
-        for n in 1..9 {
-            for k in [0, 1, 7, 100] {
-                let mut next = 0;
-                for p in 0..n {
-                    let (a, b) = share(k, n, p);
-                    assert_eq!(a, next);
-                    next = b;
-                }
-                assert_eq!(next, k);
-            }
-        }
+    fn chunks_cover_the_count() {
         assert_eq!(chunks(0, 5).collect::<Vec<_>>(), [(0, 0)]);
         assert_eq!(chunks(12, 5).collect::<Vec<_>>(), [(0, 5), (5, 5), (10, 2)]);
     }

@@ -27,8 +27,9 @@ use comm_core::memory::RegisteredMemory;
 use comm_core::semaphore::{HostSemaphore, SemaphoreCounts, Token};
 use comm_core::{Error, Result};
 
-use crate::group::{self, P2pOp};
+use crate::call::P2pOp;
 use crate::matching::{GroupStamps, Met, PairStamp, STAMP_WORDS};
+use crate::p2p_progress;
 
 /// Bytes of one mailbox slot (header included) in worlds of up to
 /// `MAILBOX_BYTES / (2 · MAX_SLOT_BYTES)` ranks.
@@ -289,7 +290,7 @@ impl P2pState {
         let (me, n) = (self.rank, self.peers.len());
         let mut finished = vec![false; ops.len()];
         // SAFETY: forwarded from the caller.
-        unsafe { group::start(ops, me, n, &mut finished)? };
+        unsafe { p2p_progress::start(ops, me, n, &mut finished)? };
         let mut done_chunks = vec![0u64; ops.len()];
         let abort = self.abort.clone();
         let connections = self.connections.clone();
@@ -312,7 +313,7 @@ impl P2pState {
             Some(connection) => connection.check_peer(),
             None => Ok(()),
         };
-        group::drive(ops, n, &mut finished, timeout, &abort, advance, check_peer)
+        p2p_progress::drive(ops, n, &mut finished, timeout, &abort, advance, check_peer)
     }
 
     /// Pushes as many chunks of a send as the peer has free slots for.

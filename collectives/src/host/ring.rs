@@ -4,7 +4,8 @@
 
 use comm_core::Result;
 
-use super::{HostEngine, copy, scratch};
+use super::{HostEngine, scratch};
+use crate::copy::copy;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;

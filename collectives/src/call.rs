@@ -1,0 +1,139 @@
+//! The one description of a call that every executor takes: a collective with this rank's
+//! buffers ([`CollectiveCall`]) or a group's point-to-point operations ([`P2pOp`]), the
+//! buffers an algorithm works on ([`Buffers`]), and the signature every rank of a call must
+//! share ([`signature`]).
+
+use crate::dtype::DataType;
+use crate::op::ReduceOp;
+use crate::table::{Algorithm, Collective};
+
+/// One collective call with this rank's buffers: what every executor takes.
+#[derive(Clone, Copy)]
+pub(crate) enum CollectiveCall<T> {
+    /// All-reduce `count` elements.
+    AllReduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
+    /// All-gather `count` elements per rank.
+    AllGather { send: *const T, recv: *mut T, count: usize },
+    /// Reduce-scatter into `count` elements per rank.
+    ReduceScatter { send: *const T, recv: *mut T, count: usize, op: ReduceOp },
+    /// Broadcast `count` elements from `root`.
+    Broadcast { send: *const T, recv: *mut T, count: usize, root: usize },
+    /// Reduce `count` elements to `root`.
+    Reduce { send: *const T, recv: *mut T, count: usize, op: ReduceOp, root: usize },
+    /// All-to-all of `count` elements per pair.
+    AllToAll { send: *const T, recv: *mut T, count: usize },
+}
+
+impl<T> CollectiveCall<T> {
+    /// The collective this call runs, and its reduction where it has one.
+    pub(crate) fn collective(&self) -> (Collective, Option<ReduceOp>) {
+        match *self {
+            CollectiveCall::AllReduce { op, .. } => (Collective::AllReduce, Some(op)),
+            CollectiveCall::AllGather { .. } => (Collective::AllGather, None),
+            CollectiveCall::ReduceScatter { op, .. } => (Collective::ReduceScatter, Some(op)),
+            CollectiveCall::Broadcast { .. } => (Collective::Broadcast, None),
+            CollectiveCall::Reduce { op, .. } => (Collective::Reduce, Some(op)),
+            CollectiveCall::AllToAll { .. } => (Collective::AllToAll, None),
+        }
+    }
+
+    /// The root of a rooted call.
+    pub(crate) fn root(&self) -> Option<usize> {
+        match *self {
+            CollectiveCall::Broadcast { root, .. } | CollectiveCall::Reduce { root, .. } => Some(root),
+            _ => None,
+        }
+    }
+
+    /// The send and receive buffers.
+    pub(crate) fn buffers(&self) -> (*const T, *mut T) {
+        match *self {
+            CollectiveCall::AllReduce { send, recv, .. }
+            | CollectiveCall::AllGather { send, recv, .. }
+            | CollectiveCall::ReduceScatter { send, recv, .. }
+            | CollectiveCall::Broadcast { send, recv, .. }
+            | CollectiveCall::Reduce { send, recv, .. }
+            | CollectiveCall::AllToAll { send, recv, .. } => (send, recv),
+        }
+    }
+}
+
+/// The user's buffers of a call and its element count, as the collective defines it: what the
+/// algorithms of every executor take.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Buffers<T> {
+    pub(crate) send: *const T,
+    pub(crate) recv: *mut T,
+    pub(crate) count: usize,
+}
+
+/// Packs what every rank must agree on into one word.
+#[inline]
+pub(crate) fn signature(c: Collective, dtype: DataType, op: Option<ReduceOp>, algo: Algorithm) -> u64 {
+    // Each enum lists its variants in `ALL` in declaration order (tested below), so the
+    // discriminant is the position `describe` looks up.
+    let ci = c as u64 + 1;
+    let di = dtype as u64 + 1;
+    let oi = op.map_or(0, |o| o as u64 + 1);
+    let ai = algo as u64 + 1;
+    ci | di << 8 | oi << 16 | ai << 24
+}
+
+/// The call a signature stands for, in words (for error messages).
+pub(crate) fn describe(sig: u64) -> String {
+    let pick = |shift: u32| ((sig >> shift) & 0xff) as usize;
+    let c = pick(0).checked_sub(1).and_then(|i| Collective::ALL.get(i)).map_or("?", |c| c.name());
+    let d = pick(8).checked_sub(1).and_then(|i| DataType::ALL.get(i)).map_or("?", |d| d.name());
+    let o = pick(16).checked_sub(1).and_then(|i| ReduceOp::ALL.get(i)).map_or("-", |o| o.name());
+    let a = pick(24).checked_sub(1).and_then(|i| Algorithm::ALL.get(i)).map_or("?", |a| a.name());
+    format!("{c}({d}, op {o}, algorithm {a})")
+}
+
+/// One operation of a group.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum P2pOp {
+    /// Send `len` bytes at `data` to `peer`.
+    Send { peer: usize, data: *const u8, len: usize },
+    /// Receive exactly `len` bytes from `peer` into `data`.
+    Recv { peer: usize, data: *mut u8, len: usize },
+}
+
+impl P2pOp {
+    /// The peer of the operation.
+    pub(crate) fn peer(&self) -> usize {
+        match *self {
+            P2pOp::Send { peer, .. } | P2pOp::Recv { peer, .. } => peer,
+        }
+    }
+
+    /// Bytes the operation moves.
+    pub(crate) fn len(&self) -> usize {
+        match *self {
+            P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn signatures_number_every_variant_by_its_place_in_all() {
+        assert!(Collective::ALL.iter().enumerate().all(|(i, &c)| c as usize == i));
+        assert!(DataType::ALL.iter().enumerate().all(|(i, &d)| d as usize == i));
+        assert!(ReduceOp::ALL.iter().enumerate().all(|(i, &o)| o as usize == i));
+        assert!(Algorithm::ALL.iter().enumerate().all(|(i, &a)| a as usize == i));
+        for (i, &a) in Algorithm::ALL.iter().enumerate() {
+            let s = signature(Collective::Reduce, DataType::U8, None, a);
+            assert!(describe(s).ends_with(&format!("algorithm {})", Algorithm::ALL[i].name())), "{}", describe(s));
+        }
+    }
+
+    #[test]
+    fn signatures_describe_themselves() {
+        let s = signature(Collective::AllReduce, DataType::Bf16, Some(ReduceOp::Max), Algorithm::Ring);
+        assert_eq!(describe(s), "all_reduce(bfloat16, op max, algorithm ring)");
+        assert_ne!(s, signature(Collective::AllReduce, DataType::Bf16, Some(ReduceOp::Min), Algorithm::Ring));
+    }
+}
