@@ -3,6 +3,9 @@
 //! buffers an algorithm works on ([`Buffers`]), and the signature every rank of a call must
 //! share ([`signature`]).
 
+#[cfg(feature = "cudaipc")]
+use comm_core::ledger::CallSignature;
+
 use crate::dtype::DataType;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
@@ -111,6 +114,96 @@ impl P2pOp {
         match *self {
             P2pOp::Send { len, .. } | P2pOp::Recv { len, .. } => len,
         }
+    }
+}
+
+/// One collective call on device buffers: what the GPU engine takes.
+#[cfg(feature = "cudaipc")]
+pub(crate) struct DeviceCall {
+    pub(crate) collective: Collective,
+    pub(crate) dtype: DataType,
+    pub(crate) op: Option<ReduceOp>,
+    pub(crate) send: u64,
+    pub(crate) recv: u64,
+    /// Elements (reducing kernels) — converted to bytes for data kernels.
+    pub(crate) count: usize,
+    pub(crate) root: usize,
+    pub(crate) aux: [u64; 4],
+    /// Bytes of the call, as the algorithm table measures them.
+    pub(crate) bytes: usize,
+}
+
+#[cfg(feature = "cudaipc")]
+impl DeviceCall {
+    /// A call with root 0 and no counts arrays; `bytes` is what the algorithm table sees.
+    pub(crate) fn new(
+        collective: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        (send, recv): (u64, u64),
+        count: usize,
+        bytes: usize,
+    ) -> Self {
+        DeviceCall { collective, dtype, op, send, recv, count, root: 0, aux: [0; 4], bytes }
+    }
+
+    /// The call in the ledger (queued on a stream: finished there once queued).
+    pub(crate) fn signature(&self) -> CallSignature {
+        let rooted = matches!(self.collective, Collective::Broadcast | Collective::Reduce);
+        let root = rooted.then_some(self.root);
+        CallSignature { device: true, ..CallSignature::host(self.collective.call_kind(), self.bytes, root) }
+    }
+}
+
+/// One transfer of a device group (`Communicator::group_device_raw`): bytes at a device
+/// address, sent to or received from a peer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceTransfer {
+    /// Send `bytes` at `addr` to `peer`.
+    Send {
+        /// Device address of the data.
+        addr: u64,
+        /// Bytes to send.
+        bytes: usize,
+        /// The rank to send to.
+        peer: usize,
+    },
+    /// Receive exactly `bytes` from `peer` into `addr`.
+    Recv {
+        /// Device address to write.
+        addr: u64,
+        /// Bytes to receive.
+        bytes: usize,
+        /// The rank to receive from.
+        peer: usize,
+    },
+}
+
+impl DeviceTransfer {
+    /// The peer.
+    pub fn peer(&self) -> usize {
+        match *self {
+            DeviceTransfer::Send { peer, .. } | DeviceTransfer::Recv { peer, .. } => peer,
+        }
+    }
+
+    /// The bytes moved.
+    pub fn bytes(&self) -> usize {
+        match *self {
+            DeviceTransfer::Send { bytes, .. } | DeviceTransfer::Recv { bytes, .. } => bytes,
+        }
+    }
+
+    /// The device address.
+    pub fn addr(&self) -> u64 {
+        match *self {
+            DeviceTransfer::Send { addr, .. } | DeviceTransfer::Recv { addr, .. } => addr,
+        }
+    }
+
+    /// Whether it is a send.
+    pub fn is_send(&self) -> bool {
+        matches!(self, DeviceTransfer::Send { .. })
     }
 }
 

@@ -6,8 +6,8 @@
 
 use comm_core::testing::round_trip;
 
-use crate::elastic::ShrinkOffer;
-use crate::grow::GrowId;
+use crate::api::elastic::ShrinkOffer;
+use crate::api::grow::GrowId;
 use crate::host::Progress;
 
 /// A survivor's offer when a shrink begins.

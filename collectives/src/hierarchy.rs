@@ -73,8 +73,8 @@ use std::cell::RefCell;
 use comm_core::topology::NodeGrid;
 use comm_core::{Error, Result};
 
+use crate::api::communicator::Communicator;
 use crate::call::CollectiveCall;
-use crate::communicator::Communicator;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;

@@ -20,43 +20,39 @@
 //! so CPU-only machines build and run it — the GPU path is then off). The primitives layer is
 //! re-exported as [`core`].
 
-mod abort;
-mod arguments;
-pub mod buffer;
-mod builder;
+mod api;
 mod call;
 mod channel;
-pub mod communicator;
 mod copy;
 pub mod dtype;
-mod elastic;
+mod exec;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 #[cfg(feature = "cudaipc")]
 pub mod gpu;
-mod group;
-pub mod grow;
 mod health;
 mod hierarchy;
 mod host;
-mod ledgered;
 mod matching;
 pub mod op;
 mod p2p_progress;
 mod per_rank;
 pub mod reduce;
 pub mod select;
-pub mod split;
 pub use select::table;
 
-pub use abort::AbortHandle;
-pub use buffer::SharedBuffer;
-pub use builder::{Builder, default_transports};
+pub use api::abort::AbortHandle;
+pub use api::buffer::SharedBuffer;
+pub use api::builder::{Builder, default_transports};
+#[cfg(feature = "cudaipc")]
+pub use api::device_group::DeviceGroup;
+pub use api::group::Group;
+pub use api::grow::{GrowId, Growing};
+pub use api::{buffer, communicator, grow, split};
+pub use call::DeviceTransfer;
 pub use comm_core as core;
 pub use communicator::Communicator;
 pub use dtype::{DataType, Element};
-pub use group::Group;
-pub use grow::{GrowId, Growing};
 pub use half::{bf16, f16};
 pub use op::ReduceOp;
 pub use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};

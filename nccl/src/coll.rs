@@ -9,7 +9,7 @@
 
 use std::sync::Arc;
 
-use collectives::gpu::DeviceTransfer;
+use collectives::DeviceTransfer;
 use collectives::{Communicator, DataType, ReduceOp};
 use cudarc::driver::CudaStream;
 

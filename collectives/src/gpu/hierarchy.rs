@@ -42,8 +42,9 @@ use cudarc::driver::{CudaContext, CudaStream};
 
 use super::DeviceStaging;
 use super::staging::{BlockGrid, transpose_blocks};
-use crate::communicator::{Communicator, already_in_a_call};
+use crate::api::communicator::Communicator;
 use crate::dtype::DataType;
+use crate::exec::already_in_a_call;
 use crate::hierarchy::Hierarchy;
 use crate::op::ReduceOp;
 
@@ -231,7 +232,7 @@ impl Communicator {
     /// As the raw device call it stands for: `send` and `recv` valid device memory for the
     /// call until it completes on `stream`.
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn hierarchical_device_call(
+    pub(crate) unsafe fn hierarchical_device_call(
         &self,
         collective: crate::table::Collective,
         buffers: (u64, u64),
@@ -243,7 +244,7 @@ impl Communicator {
     ) -> Result<()> {
         use crate::table::Collective::*;
         let h = self.hierarchy()?;
-        let gpu = self.gpu.as_ref().ok_or_else(super::calls::no_gpu)?;
+        let gpu = self.gpu.as_ref().ok_or_else(crate::exec::no_gpu)?;
         let (ordinal, ctx) = {
             let g = gpu.try_borrow().map_err(|_| already_in_a_call())?;
             (g.device, g.context().clone())

@@ -14,17 +14,13 @@
 //!
 //! Two layers of calls: the `*_device_raw` calls take bare device addresses (any CUDA framework;
 //! `unsafe`, the caller vouches for the memory), and the typed calls (`all_reduce_device`,
-//! `broadcast_device_in_place`, `send_device`, [`DeviceGroup`], …) take cudarc buffers, check
+//! `broadcast_device_in_place`, `send_device`, [`DeviceGroup`](crate::DeviceGroup), …) take cudarc buffers, check
 //! their lengths against each other and the world size and that they live on this GPU, and keep
 //! cudarc's stream ordering of the buffers (`checks.rs` says how).
 
-mod calls;
-mod checks;
 pub mod config;
-mod device_group;
 mod hierarchy;
 mod staging;
-mod typed;
 mod watch;
 
 use std::sync::Arc;
@@ -41,9 +37,7 @@ use transport_cudaipc::CudaIpcBackend;
 use weave_cuda::DeviceStatus;
 
 use crate::channel::gpu::DeviceChannels;
-pub use calls::DeviceTransfer;
 pub use config::GpuConfig;
-pub use device_group::DeviceGroup;
 pub use kernels::direct::{
     BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
     PIPE_MAX_BLOCKS, WorkspaceLayout,

@@ -32,8 +32,8 @@ use std::sync::mpsc;
 use comm_core::{Error, Result};
 
 use super::{Hierarchy, Steps};
+use crate::api::communicator::Communicator;
 use crate::call::CollectiveCall;
-use crate::communicator::Communicator;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 

@@ -34,10 +34,11 @@ use std::sync::Arc;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::calls::no_gpu;
-use super::checks::{self, Buffers, Side};
-use crate::communicator::{Communicator, already_in_a_call};
+use super::device_checks::{self as checks, Buffers, Side};
+use crate::api::communicator::Communicator;
 use crate::dtype::Element;
+use crate::exec::already_in_a_call;
+use crate::exec::no_gpu;
 use crate::op::ReduceOp;
 
 impl Communicator {

@@ -1,31 +1,32 @@
 //! The user-facing communicator: collectives and point-to-point on host memory. How one is
 //! built and assembled from its parts is `builder.rs`.
 
-use std::cell::{Cell, OnceCell, RefCell, RefMut};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 use comm_core::bootstrap::Bootstrap;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::config::Config;
-use comm_core::diagnostics;
 use comm_core::ledger::{CallKind, CallSignature};
 use comm_core::notice::NoticeService;
 use comm_core::resilience::Resilience;
 use comm_core::transport::TransportFactory;
 use comm_core::{Error, Result};
 
-use crate::abort::AbortHandle;
-use crate::arguments::{check_v, divisible, same_len};
-use crate::buffer::SharedBuffer;
-use crate::call::{Buffers, CollectiveCall};
+use crate::api::abort::AbortHandle;
+use crate::api::arguments::{check_v, divisible, same_len};
+use crate::api::buffer::SharedBuffer;
+use crate::call::CollectiveCall;
 use crate::channel::{AllToAllvCounts, ChannelEngine};
 use crate::dtype::Element;
 use crate::hierarchy::Hierarchy;
 use crate::host::{self, AllToAllv, HostEngine};
 use crate::op::ReduceOp;
-use crate::select::{CallShape, Executor, Plan, plan};
-use crate::table::{Algorithm, AlgorithmTable, Collective, MemorySpace};
+use crate::select::{CallShape, Plan, plan};
+#[cfg(feature = "cudaipc")]
+use crate::table::MemorySpace;
+use crate::table::{Algorithm, AlgorithmTable, Collective};
 
 /// One rank's handle on a group of ranks for collectives and point-to-point calls.
 ///
@@ -158,26 +159,6 @@ impl Communicator {
         )
     }
 
-    pub(crate) fn engine(&self) -> Result<RefMut<'_, HostEngine>> {
-        let host = self.host.as_ref().ok_or_else(|| {
-            Error::Unsupported(
-                "this communicator reaches some peers only through connections, so it has no shared host \
-                 workspace (shared buffers and the direct algorithms need every peer on this host)"
-                    .into(),
-            )
-        })?;
-        let e = host.try_borrow_mut().map_err(|_| already_in_a_call())?;
-        e.check_usable()?;
-        Ok(e)
-    }
-
-    #[inline]
-    pub(crate) fn channel_engine(&self) -> Result<RefMut<'_, ChannelEngine>> {
-        let e = self.channel.try_borrow_mut().map_err(|_| already_in_a_call())?;
-        e.check_usable()?;
-        Ok(e)
-    }
-
     /// Picks the algorithm, serializes the call, and runs `call` on the executor the plan names
     /// — or, when `validation` failed, takes part in one step that tells every peer, and returns
     /// the local error.
@@ -193,95 +174,6 @@ impl Communicator {
             }
             self.step(bytes, validation, call)
         })
-    }
-
-    /// [`collective`](Self::collective) even when it moves nothing (the ranks still exchange
-    /// what they called): one step of a hierarchical call.
-    #[inline]
-    pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: CollectiveCall<T>) -> Result<()> {
-        self.step_as(bytes, validation, call, 0)
-    }
-
-    /// [`step`](Self::step) in form `variant` of its collective: where it runs through links
-    /// (every step across nodes does), a peer that runs it in another form fails the header
-    /// check (a hierarchical call's forms that must not meet).
-    #[inline]
-    pub(crate) fn step_as<T: Element>(
-        &self,
-        bytes: usize,
-        validation: Result<()>,
-        call: CollectiveCall<T>,
-        variant: u8,
-    ) -> Result<()> {
-        let (c, op) = call.collective();
-        // SAFETY: the user API built `call` from slices whose lengths it checked (the
-        // validation); an invalid rank takes part with no data.
-        let through_links =
-            |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, call, invalid, variant) };
-        // SAFETY: as above; the host algorithms run only once the validation passed.
-        let on_host = |e: &mut HostEngine, algo| unsafe { run_on_host(e, algo, call) };
-        // SAFETY: as above.
-        let in_steps = |h: &Hierarchy, validation| unsafe { h.run(call, validation) };
-        self.run_planned::<T>(c, op, bytes, validation, through_links, on_host, in_steps)
-    }
-
-    /// Counts one step of a hierarchical call run on this (node or rail) communicator.
-    pub(crate) fn count_step(&self) {
-        self.steps_run.set(self.steps_run.get() + 1);
-    }
-
-    /// The node and rail sub-communicators of hierarchical calls, split at the first one.
-    pub(crate) fn hierarchy(&self) -> Result<&Hierarchy> {
-        if let Some(h) = self.hierarchy.get() {
-            return Ok(h);
-        }
-        let grid = self.core.topology().node_grid().ok_or_else(|| {
-            Error::Unsupported("the hierarchical algorithm needs nodes of equal size holding consecutive ranks".into())
-        })?;
-        let built = Hierarchy::new(self, grid)?;
-        Ok(self.hierarchy.get_or_init(|| Box::new(built)))
-    }
-
-    /// [`collective`](Self::collective) with each executor's part as a closure: the channel
-    /// executor's (`engine, algorithm, this rank's arguments invalid`), the host one's and the
-    /// hierarchical one's (`hierarchy, this rank's validation`).
-    #[inline]
-    #[allow(clippy::too_many_arguments)]
-    fn run_planned<T: Element>(
-        &self,
-        c: Collective,
-        op: Option<ReduceOp>,
-        bytes: usize,
-        validation: Result<()>,
-        through_links: impl FnOnce(&mut ChannelEngine, Algorithm, bool) -> Result<()>,
-        f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
-        in_steps: impl FnOnce(&Hierarchy, Result<()>) -> Result<()>,
-    ) -> Result<()> {
-        let shape = CallShape::host(c, bytes);
-        let plan = match self.last_host_plan.get() {
-            Some((last, plan)) if last == shape => plan,
-            _ => {
-                let plan = self.plan(shape)?;
-                self.last_host_plan.set(Some((shape, plan)));
-                plan
-            }
-        };
-        let algo = plan.algorithm;
-        tracing::info!(target: diagnostics::PLAN, rank = self.rank(), "{c} of {bytes} B on {} ranks -> {algo}", self.world_size());
-        if plan.executor == Executor::Hierarchical {
-            return in_steps(self.hierarchy()?, validation);
-        }
-        if plan.executor == Executor::HostChannel {
-            let mut e = self.channel_engine()?;
-            let invalid = validation.is_err();
-            let r = through_links(&mut e, algo, invalid);
-            return validation.and(r);
-        }
-        let mut e = self.engine()?;
-        match validation {
-            Ok(()) => f(&mut e, algo),
-            Err(err) => Err(e.fail_step(c.name(), crate::call::signature(c, T::DTYPE, op, algo), err)),
-        }
     }
 
     fn bytes<T: Element>(count: usize) -> usize {
@@ -466,43 +358,10 @@ impl Communicator {
     }
 }
 
-/// Runs `call` with the host algorithm `algo`.
-///
-/// # Safety
-/// `call` as the user API builds it: pointers valid for their counts, receive ranges writable,
-/// and send and receive ranges overlapping only as the host collective allows (in place).
-unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: CollectiveCall<T>) -> Result<()> {
-    // SAFETY: (every arm) forwarded from the caller.
-    unsafe {
-        match call {
-            CollectiveCall::AllReduce { send, recv, count, op } => {
-                host::all_reduce(e, algo, Buffers { send, recv, count }, op)
-            }
-            CollectiveCall::AllGather { send, recv, count } => host::all_gather(e, algo, Buffers { send, recv, count }),
-            CollectiveCall::ReduceScatter { send, recv, count, op } => {
-                host::reduce_scatter(e, algo, Buffers { send, recv, count }, op)
-            }
-            CollectiveCall::Broadcast { send, recv, count, root } => {
-                host::broadcast(e, algo, Buffers { send, recv, count }, root)
-            }
-            CollectiveCall::Reduce { send, recv, count, op, root } => {
-                host::reduce(e, algo, Buffers { send, recv, count }, op, root)
-            }
-            CollectiveCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, Buffers { send, recv, count }),
-        }
-    }
-}
-
 /// The error of a root that is no rank of an `n`-rank communicator, kept off the path of every
 /// call.
 #[cold]
 #[inline(never)]
 fn root_outside(what: &str, root: usize, n: usize) -> Error {
     Error::invalid(format!("{what}: root {root} is not a rank of this {n}-rank communicator"))
-}
-
-/// The error of a call made while another call of the same communicator runs on this thread
-/// (from a callback inside it): the first call holds the engine.
-pub(crate) fn already_in_a_call() -> Error {
-    Error::invalid("this communicator is already inside a call on this thread; calls cannot nest")
 }

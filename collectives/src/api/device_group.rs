@@ -7,8 +7,9 @@ use std::sync::Arc;
 use comm_core::Result;
 use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
-use super::{DeviceTransfer, checks};
-use crate::communicator::Communicator;
+use super::device_checks as checks;
+use crate::api::communicator::Communicator;
+use crate::call::DeviceTransfer;
 use crate::dtype::Element;
 
 impl Communicator {

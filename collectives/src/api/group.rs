@@ -4,8 +4,8 @@
 use comm_core::Result;
 use comm_core::ledger::{CallKind, CallSignature};
 
+use crate::api::communicator::Communicator;
 use crate::call::P2pOp;
-use crate::communicator::Communicator;
 use crate::dtype::Element;
 use crate::matching::GroupStamps;
 use crate::select::{CallShape, Executor};
@@ -35,7 +35,7 @@ impl Communicator {
     /// send to a peer match, one to one, the peer's groups that receive from this rank, with
     /// as many messages of the same sizes, between the same collectives. A send nobody
     /// received is found when the peer next receives from this rank with other sizes or after
-    /// a collective: that call fails with [`Error::Protocol`] naming the earlier group, and the
+    /// a collective: that call fails with [`Error::Protocol`](comm_core::Error::Protocol) naming the earlier group, and the
     /// communicator is revoked on every rank — its data is never taken for such a message.
     pub fn group(&self) -> Group<'_> {
         Group::new(self)

@@ -24,8 +24,8 @@ use comm_core::config::Config;
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
-use crate::builder::Builder;
-use crate::communicator::Communicator;
+use crate::api::builder::Builder;
+use crate::api::communicator::Communicator;
 
 /// Magic of a grow id's bytes.
 const MAGIC: [u8; 4] = *b"WVGR";

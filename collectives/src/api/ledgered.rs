@@ -12,7 +12,7 @@ use comm_core::diagnostics;
 use comm_core::ledger::{CallKind, CallSignature};
 use comm_core::{Error, Result};
 
-use crate::communicator::Communicator;
+use crate::api::communicator::Communicator;
 use crate::table::Collective;
 
 /// The longest a failed call waits for the members' ledgers: a member silent that long is

@@ -15,8 +15,8 @@ use comm_core::resilience::Resilience;
 use comm_core::transport::TransportFactory;
 use comm_core::{Error, Result};
 
+use crate::api::communicator::Communicator;
 use crate::channel::ChannelEngine;
-use crate::communicator::Communicator;
 use crate::host::{HostEngine, HostSource};
 use crate::table::{Algorithm, AlgorithmTable, Collective, Family};
 

@@ -14,8 +14,8 @@ use comm_core::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
-use crate::builder::{Builder, Lineage, fit_to_placement};
-use crate::communicator::Communicator;
+use crate::api::builder::{Builder, Lineage, fit_to_placement};
+use crate::api::communicator::Communicator;
 use crate::host::HostSource;
 use crate::table::Algorithm;
 

@@ -1,0 +1,443 @@
+//! The one road from a call to its executor: plans a call (`crate::select`) and runs it on the
+//! executor the plan names — the host executor (`host/`), the channel executor over links
+//! (`channel/`), the hierarchical steps (`hierarchy/`), or on device buffers the GPU engine
+//! (`gpu/`: its direct kernels, or its channel kernels). The user's API (`api/`) checks a
+//! call's arguments and records it in the ledger, then comes here; the executors know nothing
+//! of either.
+
+use std::cell::RefMut;
+#[cfg(feature = "cudaipc")]
+use std::sync::Arc;
+
+use comm_core::diagnostics;
+use comm_core::{Error, Result};
+#[cfg(feature = "cudaipc")]
+use cudarc::driver::CudaStream;
+
+use crate::api::communicator::Communicator;
+#[cfg(feature = "cudaipc")]
+use crate::call::DeviceCall;
+#[cfg(feature = "cudaipc")]
+use crate::call::DeviceTransfer;
+use crate::call::{Buffers, CollectiveCall};
+#[cfg(feature = "cudaipc")]
+use crate::channel::CallSpec;
+use crate::channel::ChannelEngine;
+#[cfg(feature = "cudaipc")]
+use crate::channel::gpu::{DeviceCollectiveCall, DeviceSendRecv};
+#[cfg(feature = "cudaipc")]
+use crate::dtype::DataType;
+use crate::dtype::Element;
+#[cfg(feature = "cudaipc")]
+use crate::gpu::{DirectKernel, GpuCollectiveArgs};
+use crate::hierarchy::Hierarchy;
+use crate::host::{self, HostEngine};
+#[cfg(feature = "cudaipc")]
+use crate::matching::GroupStamps;
+use crate::op::ReduceOp;
+#[cfg(feature = "cudaipc")]
+use crate::select::device::{CountUnit, Grid};
+use crate::select::{CallShape, Executor};
+#[cfg(feature = "cudaipc")]
+use crate::table::MemorySpace;
+use crate::table::{Algorithm, Collective};
+
+/// Calls on host memory: the engines, and the plan's executor.
+impl Communicator {
+    /// The host executor, when every peer's memory is mapped here, and usable.
+    pub(crate) fn engine(&self) -> Result<RefMut<'_, HostEngine>> {
+        let host = self.host.as_ref().ok_or_else(|| {
+            Error::Unsupported(
+                "this communicator reaches some peers only through connections, so it has no shared host \
+                 workspace (shared buffers and the direct algorithms need every peer on this host)"
+                    .into(),
+            )
+        })?;
+        let e = host.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        e.check_usable()?;
+        Ok(e)
+    }
+
+    /// The channel executor, if usable.
+    #[inline]
+    pub(crate) fn channel_engine(&self) -> Result<RefMut<'_, ChannelEngine>> {
+        let e = self.channel.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        e.check_usable()?;
+        Ok(e)
+    }
+
+    /// A collective call even when it moves nothing (the ranks still exchange
+    /// what they called): one step of a hierarchical call.
+    #[inline]
+    pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: CollectiveCall<T>) -> Result<()> {
+        self.step_as(bytes, validation, call, 0)
+    }
+
+    /// [`step`](Self::step) in form `variant` of its collective: where it runs through links
+    /// (every step across nodes does), a peer that runs it in another form fails the header
+    /// check (a hierarchical call's forms that must not meet).
+    #[inline]
+    pub(crate) fn step_as<T: Element>(
+        &self,
+        bytes: usize,
+        validation: Result<()>,
+        call: CollectiveCall<T>,
+        variant: u8,
+    ) -> Result<()> {
+        let (c, op) = call.collective();
+        // SAFETY: the user API built `call` from slices whose lengths it checked (the
+        // validation); an invalid rank takes part with no data.
+        let through_links =
+            |e: &mut ChannelEngine, algo, invalid| unsafe { e.run(&self.core, algo, call, invalid, variant) };
+        // SAFETY: as above; the host algorithms run only once the validation passed.
+        let on_host = |e: &mut HostEngine, algo| unsafe { run_on_host(e, algo, call) };
+        // SAFETY: as above.
+        let in_steps = |h: &Hierarchy, validation| unsafe { h.run(call, validation) };
+        self.run_planned::<T>(c, op, bytes, validation, through_links, on_host, in_steps)
+    }
+
+    /// Counts one step of a hierarchical call run on this (node or rail) communicator.
+    pub(crate) fn count_step(&self) {
+        self.steps_run.set(self.steps_run.get() + 1);
+    }
+
+    /// The node and rail sub-communicators of hierarchical calls, split at the first one.
+    pub(crate) fn hierarchy(&self) -> Result<&Hierarchy> {
+        if let Some(h) = self.hierarchy.get() {
+            return Ok(h);
+        }
+        let grid = self.core.topology().node_grid().ok_or_else(|| {
+            Error::Unsupported("the hierarchical algorithm needs nodes of equal size holding consecutive ranks".into())
+        })?;
+        let built = Hierarchy::new(self, grid)?;
+        Ok(self.hierarchy.get_or_init(|| Box::new(built)))
+    }
+
+    /// Plans a call and runs it, with each executor's part as a closure: the channel
+    /// executor's (`engine, algorithm, this rank's arguments invalid`), the host one's and the
+    /// hierarchical one's (`hierarchy, this rank's validation`).
+    #[inline]
+    #[allow(clippy::too_many_arguments)]
+    pub(crate) fn run_planned<T: Element>(
+        &self,
+        c: Collective,
+        op: Option<ReduceOp>,
+        bytes: usize,
+        validation: Result<()>,
+        through_links: impl FnOnce(&mut ChannelEngine, Algorithm, bool) -> Result<()>,
+        f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
+        in_steps: impl FnOnce(&Hierarchy, Result<()>) -> Result<()>,
+    ) -> Result<()> {
+        let shape = CallShape::host(c, bytes);
+        let plan = match self.last_host_plan.get() {
+            Some((last, plan)) if last == shape => plan,
+            _ => {
+                let plan = self.plan(shape)?;
+                self.last_host_plan.set(Some((shape, plan)));
+                plan
+            }
+        };
+        let algo = plan.algorithm;
+        tracing::info!(target: diagnostics::PLAN, rank = self.rank(), "{c} of {bytes} B on {} ranks -> {algo}", self.world_size());
+        if plan.executor == Executor::Hierarchical {
+            return in_steps(self.hierarchy()?, validation);
+        }
+        if plan.executor == Executor::HostChannel {
+            let mut e = self.channel_engine()?;
+            let invalid = validation.is_err();
+            let r = through_links(&mut e, algo, invalid);
+            return validation.and(r);
+        }
+        let mut e = self.engine()?;
+        match validation {
+            Ok(()) => f(&mut e, algo),
+            Err(err) => Err(e.fail_step(c.name(), crate::call::signature(c, T::DTYPE, op, algo), err)),
+        }
+    }
+}
+
+/// Runs `call` with the host algorithm `algo`.
+///
+/// # Safety
+/// `call` as the user API builds it: pointers valid for their counts, receive ranges writable,
+/// and send and receive ranges overlapping only as the host collective allows (in place).
+unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: CollectiveCall<T>) -> Result<()> {
+    // SAFETY: (every arm) forwarded from the caller.
+    unsafe {
+        match call {
+            CollectiveCall::AllReduce { send, recv, count, op } => {
+                host::all_reduce(e, algo, Buffers { send, recv, count }, op)
+            }
+            CollectiveCall::AllGather { send, recv, count } => host::all_gather(e, algo, Buffers { send, recv, count }),
+            CollectiveCall::ReduceScatter { send, recv, count, op } => {
+                host::reduce_scatter(e, algo, Buffers { send, recv, count }, op)
+            }
+            CollectiveCall::Broadcast { send, recv, count, root } => {
+                host::broadcast(e, algo, Buffers { send, recv, count }, root)
+            }
+            CollectiveCall::Reduce { send, recv, count, op, root } => {
+                host::reduce(e, algo, Buffers { send, recv, count }, op, root)
+            }
+            CollectiveCall::AllToAll { send, recv, count } => host::all_to_all(e, algo, Buffers { send, recv, count }),
+        }
+    }
+}
+
+/// The error of a call made while another call of the same communicator runs on this thread
+/// (from a callback inside it): the first call holds the engine.
+pub(crate) fn already_in_a_call() -> Error {
+    Error::invalid("this communicator is already inside a call on this thread; calls cannot nest")
+}
+
+/// Calls on device buffers: the plan's executor, one kernel per call.
+#[cfg(feature = "cudaipc")]
+impl Communicator {
+    /// # Safety
+    /// The addresses in `call` must be valid device memory for the call until it completes on
+    /// `stream`.
+    pub(crate) unsafe fn device_call(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        if self.is_revoked() {
+            return Err(crate::health::revoked());
+        }
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let n = self.world_size();
+        if call.root >= n {
+            return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
+        }
+        let esz = call.dtype.size();
+        let shape = CallShape {
+            collective: call.collective,
+            memory: MemorySpace::Device,
+            bytes: call.bytes,
+            payload: call.count * esz,
+        };
+        let (table, topology, caps) = (self.algorithm_table(), self.core().topology(), g.caps());
+        let mut plan = crate::select::plan(table, shape, topology, Some(&caps))?;
+        if plan.executor == Executor::Hierarchical {
+            if call.op != Some(ReduceOp::Avg) || call.dtype.is_float() {
+                drop(g);
+                let c = call.collective;
+                tracing::info!(target: diagnostics::PLAN, rank = self.rank(), "{c} of {} B on {n} GPUs -> hierarchical (node, rail steps)", call.bytes);
+                let buffers = (call.send, call.recv);
+                // SAFETY: forwarded from the caller.
+                return unsafe {
+                    self.hierarchical_device_call(
+                        call.collective,
+                        buffers,
+                        call.count,
+                        call.dtype,
+                        call.op,
+                        call.root,
+                        stream,
+                    )
+                };
+            }
+            // An integer average would truncate in every step (see gpu/hierarchy.rs).
+            plan = crate::select::plan_flat(table, shape, topology, Some(&caps))?;
+        }
+        let (algo, k) = match plan.kernel {
+            Some(k) => (plan.algorithm, k),
+            None => return Err(Error::Unsupported(format!("{}: no kernel for {}", call.collective, plan.algorithm))),
+        };
+        if tracing::enabled!(target: diagnostics::PLAN, tracing::Level::INFO) {
+            let typed = if k.typed { format!("_{}", call.dtype.rust_name()) } else { String::new() };
+            tracing::info!(
+                target: diagnostics::PLAN,
+                rank = self.rank(),
+                "{} of {} B on {n} GPUs -> {algo} ({}{typed})",
+                call.collective,
+                call.bytes,
+                k.family
+            );
+        }
+        if plan.executor == Executor::GpuChannel {
+            let spec = CallSpec {
+                collective: call.collective,
+                algorithm: algo,
+                dtype: call.dtype,
+                op: call.op,
+                count: call.count,
+                root: call.root,
+                invalid: false,
+                variant: 0,
+            };
+            let channel_call = DeviceCollectiveCall { spec, send: call.send, recv: call.recv, aux: call.aux };
+            // SAFETY: forwarded from the caller.
+            return g.on_channels(self.core(), |channels, status| unsafe {
+                channels.launch(self.core(), channel_call, &k, status, stream)
+            });
+        }
+        let kernel = if k.typed {
+            DirectKernel::typed(k.family, call.dtype.rust_name())
+        } else {
+            DirectKernel::untyped(k.family)
+        };
+        let call_number = g.current_call();
+        let d = g.direct()?;
+        let count = match k.count {
+            CountUnit::Elements => call.count,
+            CountUnit::Bytes => call.count * esz,
+            CountUnit::ElementSize => esz,
+        };
+        let packets = (call.count * esz).div_ceil(8);
+        let (blocks, steps, overlapped) = match k.grid {
+            Grid::Packets => (d.packet_blocks(packets), None, false),
+            Grid::Lines => (d.packet_blocks(d.layout().ll128_two_shot_threads(call.count * esz)), None, false),
+            Grid::Pipelined { min_steps, overlapped } => {
+                (d.pipeline_blocks(call.bytes), Some(d.pipeline_steps().max(min_steps)), overlapped)
+            }
+            Grid::Flags | Grid::Channel => (d.blocks_for(call.bytes), None, false),
+        };
+        let mut args: GpuCollectiveArgs = d.args(call_number);
+        args.send = call.send;
+        args.recv = call.recv;
+        args.count = count as u64;
+        args.root = call.root as u32;
+        args.op = call.op.map_or(0, crate::gpu::op_code);
+        args.aux = call.aux;
+        if let Some(steps) = steps {
+            // The pipelined kernels read their steps-per-block target from aux[0] and their
+            // schedule from aux[1] (the broadcasts have one schedule and ignore it).
+            args.aux[0] = u64::from(steps);
+            args.aux[1] = u64::from(overlapped);
+        }
+        // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
+        unsafe { d.launch(kernel, args, blocks, stream) }
+    }
+
+    /// A group of device transfers (`group_device_raw`, inside the ledger): sends to this rank
+    /// itself as copies, then one kernel per round of peers.
+    ///
+    /// # Safety
+    /// As for `group_device_raw`.
+    pub(crate) unsafe fn device_group_steps(&self, ops: &[DeviceTransfer], stream: &Arc<CudaStream>) -> Result<()> {
+        let (me, n) = (self.rank(), self.world_size());
+        if let Some(op) = ops.iter().find(|op| op.peer() >= n) {
+            return Err(Error::invalid(format!(
+                "device point-to-point: rank {} is not a rank of this {n}-rank communicator",
+                op.peer()
+            )));
+        }
+        let lists = |send: bool, peer: usize| -> Vec<(u64, usize)> {
+            ops.iter()
+                .filter(|op| op.peer() == peer && op.is_send() == send && op.bytes() > 0)
+                .map(|op| (op.addr(), op.bytes()))
+                .collect()
+        };
+        let (to_self, from_self) = (lists(true, me), lists(false, me));
+        if to_self.len() != from_self.len() || to_self.iter().zip(&from_self).any(|(a, b)| a.1 != b.1) {
+            return Err(Error::invalid(format!(
+                "a device group sends {} message(s) to this rank itself and receives {}: they must pair up, one to \
+                 one and of equal sizes",
+                to_self.len(),
+                from_self.len()
+            )));
+        }
+        if self.is_revoked() {
+            return Err(crate::health::revoked());
+        }
+        for (&(src, bytes), &(dst, _)) in to_self.iter().zip(&from_self) {
+            if src != dst {
+                // SAFETY: both ranges valid for `bytes` (caller), ordered on `stream`.
+                unsafe { cudarc::driver::result::memcpy_dtod_async(dst, src, bytes, stream.cu_stream()) }.map_err(
+                    |e| Error::Cuda { operation: "cuMemcpyDtoDAsync (send to self)".into(), message: e.to_string() },
+                )?;
+            }
+        }
+        let stamps = {
+            // Zero-byte transfers move nothing and are left out (as the schedule below does).
+            let transfers = ops.iter().filter(|op| op.bytes() > 0).map(|op| (op.peer(), op.is_send(), op.bytes()));
+            let ledger = self.resilience.ledger();
+            let mut exchanges = self.pair_exchanges.borrow_mut();
+            GroupStamps::new(transfers, me, ledger.groups_begun(), ledger.collectives_begun(), &mut exchanges)
+        };
+        for d in 1..n {
+            let (to, from) = ((me + d) % n, (me + n - d) % n);
+            let (s, r) = (lists(true, to), lists(false, from));
+            for k in 0..s.len().max(r.len()) {
+                let send = s.get(k).map(|&(addr, bytes)| (addr, bytes, to));
+                let recv = r.get(k).map(|&(addr, bytes)| (addr, bytes, from));
+                let stamps = (
+                    send.map_or(Ok(0), |_| stamps.sending_to(to).map(|st| st.digest()))?,
+                    recv.map_or(Ok(0), |_| stamps.receiving_from(from).map(|st| st.digest()))?,
+                );
+                // SAFETY: forwarded from the caller; counts are bytes of U8.
+                unsafe { self.sendrecv_on_device(send, recv, DataType::U8, stamps, stream)? };
+            }
+        }
+        Ok(())
+    }
+
+    /// One kernel of a device group: a send and a receive (bytes of `dtype`), carrying and
+    /// checking the pair stamps `stamps` (the send's digest, the one the receive expects).
+    ///
+    /// # Safety
+    /// As for `group_device_raw`.
+    unsafe fn sendrecv_on_device(
+        &self,
+        send: Option<(u64, usize, usize)>,
+        recv: Option<(u64, usize, usize)>,
+        dtype: DataType,
+        stamps: (u32, u32),
+        stream: &Arc<CudaStream>,
+    ) -> Result<()> {
+        if self.is_revoked() {
+            return Err(crate::health::revoked());
+        }
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let (me, n) = (self.rank(), self.world_size());
+        for (what, peer) in [("send to", send.map(|s| s.2)), ("receive from", recv.map(|r| r.2))] {
+            if let Some(p) = peer
+                && (p >= n || p == me)
+            {
+                return Err(Error::invalid(format!(
+                    "device point-to-point: cannot {what} rank {p} (rank {me} of {n})"
+                )));
+            }
+        }
+        if send.is_none() && recv.is_none() {
+            return Ok(());
+        }
+        let esz = dtype.size();
+        let bytes = send.map_or(0, |s| s.1 * esz) + recv.map_or(0, |r| r.1 * esz);
+        let shape = CallShape { collective: Collective::SendRecv, memory: MemorySpace::Device, bytes, payload: bytes };
+        let plan = crate::select::plan(self.algorithm_table(), shape, self.core().topology(), Some(&g.caps()))?;
+        if plan.executor == Executor::GpuChannel {
+            let call = DeviceSendRecv { send, recv, dtype, stamps };
+            // SAFETY: forwarded from the caller.
+            return g.on_channels(self.core(), |channels, status| unsafe {
+                channels.sendrecv(self.core(), call, status, stream)
+            });
+        }
+        let family = plan.kernel.map_or("weave_sendrecv", |k| k.family);
+        let call_number = g.current_call();
+        let d = g.direct()?;
+        let mut args: GpuCollectiveArgs = d.args(call_number);
+        args.root = u32::MAX;
+        args.aux[1] = u64::MAX;
+        if let Some((addr, count, to)) = send {
+            args.send = addr;
+            args.count = (count * esz) as u64;
+            args.root = to as u32;
+        }
+        if let Some((addr, count, from)) = recv {
+            args.recv = addr;
+            args.aux[0] = (count * esz) as u64;
+            args.aux[1] = from as u64;
+        }
+        args.aux[3] = u64::from(stamps.0) | u64::from(stamps.1) << 32;
+        let blocks = d.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
+        // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
+        unsafe { d.launch(DirectKernel::untyped(family), args, blocks, stream) }
+    }
+}
+
+#[cfg(feature = "cudaipc")]
+/// The error of a device call on a communicator without a GPU path.
+pub(crate) fn no_gpu() -> Error {
+    Error::Unsupported(
+        "this communicator has no GPU path: build with the `cudaipc` feature and give every rank a CUDA device".into(),
+    )
+}
