@@ -6,6 +6,8 @@
 #[cfg(feature = "cudaipc")]
 use comm_core::ledger::CallSignature;
 
+use comm_core::Error;
+
 use crate::dtype::DataType;
 use crate::op::ReduceOp;
 use crate::table::{Algorithm, Collective};
@@ -147,6 +149,23 @@ impl DeviceCall {
         DeviceCall { collective, dtype, op, send, recv, count, root: 0, aux: [0; 4], bytes }
     }
 
+    /// A call of `collective` on `world` ranks with root `root` (0 where it has none), its bytes
+    /// as the algorithm table measures them: `count` elements, or `world × count` for the
+    /// collectives that move a block per rank.
+    pub(crate) fn sized(
+        collective: Collective,
+        dtype: DataType,
+        op: Option<ReduceOp>,
+        buffers: (u64, u64),
+        count: usize,
+        root: usize,
+        world: usize,
+    ) -> Self {
+        let per_rank = matches!(collective, Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll);
+        let bytes = count * dtype.size() * if per_rank { world } else { 1 };
+        DeviceCall { root, ..DeviceCall::new(collective, dtype, op, buffers, count, bytes) }
+    }
+
     /// The call in the ledger (queued on a stream: finished there once queued).
     pub(crate) fn signature(&self) -> CallSignature {
         let rooted = matches!(self.collective, Collective::Broadcast | Collective::Reduce);
@@ -205,6 +224,12 @@ impl DeviceTransfer {
     pub fn is_send(&self) -> bool {
         matches!(self, DeviceTransfer::Send { .. })
     }
+}
+
+/// The error of a call made while another call of the same communicator runs on this thread
+/// (from a callback inside it): the first call holds the engine.
+pub(crate) fn already_in_a_call() -> Error {
+    Error::invalid("this communicator is already inside a call on this thread; calls cannot nest")
 }
 
 #[cfg(test)]

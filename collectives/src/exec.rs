@@ -19,7 +19,7 @@ use crate::api::communicator::Communicator;
 use crate::call::DeviceCall;
 #[cfg(feature = "cudaipc")]
 use crate::call::DeviceTransfer;
-use crate::call::{Buffers, CollectiveCall};
+use crate::call::{Buffers, CollectiveCall, already_in_a_call};
 #[cfg(feature = "cudaipc")]
 use crate::channel::CallSpec;
 use crate::channel::ChannelEngine;
@@ -30,7 +30,7 @@ use crate::dtype::DataType;
 use crate::dtype::Element;
 #[cfg(feature = "cudaipc")]
 use crate::gpu::{DirectKernel, GpuCollectiveArgs};
-use crate::hierarchy::Hierarchy;
+use crate::hierarchy::{Hierarchy, StepRunner};
 use crate::host::{self, HostEngine};
 #[cfg(feature = "cudaipc")]
 use crate::matching::GroupStamps;
@@ -92,17 +92,12 @@ impl Communicator {
         // SAFETY: as above; the host algorithms run only once the validation passed.
         let on_host = |e: &mut HostEngine, algo| unsafe { run_on_host(e, algo, call) };
         // SAFETY: as above.
-        let in_steps = |h: &Hierarchy, validation| unsafe { h.run(call, validation) };
+        let in_steps = |h: &Hierarchy<Communicator>, validation| unsafe { h.run(call, validation) };
         self.run_planned::<T>(c, op, bytes, validation, through_links, on_host, in_steps)
     }
 
-    /// Counts one step of a hierarchical call run on this (node or rail) communicator.
-    pub(crate) fn count_step(&self) {
-        self.steps_run.set(self.steps_run.get() + 1);
-    }
-
     /// The node and rail sub-communicators of hierarchical calls, split at the first one.
-    pub(crate) fn hierarchy(&self) -> Result<&Hierarchy> {
+    pub(crate) fn hierarchy(&self) -> Result<&Hierarchy<Communicator>> {
         if let Some(h) = self.hierarchy.get() {
             return Ok(h);
         }
@@ -126,7 +121,7 @@ impl Communicator {
         validation: Result<()>,
         through_links: impl FnOnce(&mut ChannelEngine, Algorithm, bool) -> Result<()>,
         f: impl FnOnce(&mut HostEngine, Algorithm) -> Result<()>,
-        in_steps: impl FnOnce(&Hierarchy, Result<()>) -> Result<()>,
+        in_steps: impl FnOnce(&Hierarchy<Communicator>, Result<()>) -> Result<()>,
     ) -> Result<()> {
         let shape = CallShape::host(c, bytes);
         let plan = match self.last_host_plan.get() {
@@ -183,12 +178,6 @@ unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: Col
     }
 }
 
-/// The error of a call made while another call of the same communicator runs on this thread
-/// (from a callback inside it): the first call holds the engine.
-pub(crate) fn already_in_a_call() -> Error {
-    Error::invalid("this communicator is already inside a call on this thread; calls cannot nest")
-}
-
 /// Calls on device buffers: the plan's executor, one kernel per call.
 #[cfg(feature = "cudaipc")]
 impl Communicator {
@@ -219,19 +208,8 @@ impl Communicator {
                 drop(g);
                 let c = call.collective;
                 tracing::info!(target: diagnostics::PLAN, rank = self.rank(), "{c} of {} B on {n} GPUs -> hierarchical (node, rail steps)", call.bytes);
-                let buffers = (call.send, call.recv);
                 // SAFETY: forwarded from the caller.
-                return unsafe {
-                    self.hierarchical_device_call(
-                        call.collective,
-                        buffers,
-                        call.count,
-                        call.dtype,
-                        call.op,
-                        call.root,
-                        stream,
-                    )
-                };
+                return unsafe { self.hierarchical_device_call(&call, stream) };
             }
             // An integer average would truncate in every step (see gpu/hierarchy.rs).
             plan = crate::select::plan_flat(table, shape, topology, Some(&caps))?;
@@ -304,6 +282,23 @@ impl Communicator {
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { d.launch(kernel, args, blocks, stream) }
+    }
+
+    /// Runs a device call that the plan gave to the hierarchical executor: its steps on the
+    /// node and rail communicators, queued on `stream`.
+    ///
+    /// # Safety
+    /// As for [`device_call`](Self::device_call).
+    unsafe fn hierarchical_device_call(&self, call: &DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        let h = self.hierarchy()?;
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        let (ordinal, ctx) = {
+            let g = gpu.try_borrow().map_err(|_| already_in_a_call())?;
+            (g.device, g.context().clone())
+        };
+        let device = crate::gpu::HierarchyDevice { core: self.core(), ordinal, ctx: &ctx };
+        // SAFETY: forwarded from the caller.
+        unsafe { h.run_device(call, &device, stream) }
     }
 
     /// A group of device transfers (`group_device_raw`, inside the ledger): sends to this rank
@@ -434,10 +429,48 @@ impl Communicator {
     }
 }
 
-#[cfg(feature = "cudaipc")]
 /// The error of a device call on a communicator without a GPU path.
+#[cfg(feature = "cudaipc")]
 pub(crate) fn no_gpu() -> Error {
     Error::Unsupported(
         "this communicator has no GPU path: build with the `cudaipc` feature and give every rank a CUDA device".into(),
     )
+}
+
+// SAFETY: a communicator is not `Sync` only because of the cells of its engines, plan cache and
+// step count, which belong to it alone; what it shares with other communicators (bootstrap,
+// transports, registries) is `Sync`. So a `&Communicator` used by one thread at a time is sound
+// from any thread.
+unsafe impl StepRunner for Communicator {
+    fn rank(&self) -> usize {
+        Communicator::rank(self)
+    }
+
+    fn world_size(&self) -> usize {
+        Communicator::world_size(self)
+    }
+
+    fn split_for_steps(&self, color: usize, key: usize) -> Result<Option<Self>> {
+        Communicator::split_for_steps(self, color, key)
+    }
+
+    fn count_step(&self) {
+        self.steps_run.set(self.steps_run.get() + 1);
+    }
+
+    fn step_as<T: Element>(
+        &self,
+        bytes: usize,
+        validation: Result<()>,
+        call: CollectiveCall<T>,
+        variant: u8,
+    ) -> Result<()> {
+        Communicator::step_as(self, bytes, validation, call, variant)
+    }
+
+    #[cfg(feature = "cudaipc")]
+    unsafe fn device_step(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        // SAFETY: forwarded from the caller.
+        self.ledgered(call.signature(), || unsafe { self.device_call(call, stream) })
+    }
 }

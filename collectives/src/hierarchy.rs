@@ -69,12 +69,17 @@
 mod pipeline;
 
 use std::cell::RefCell;
+#[cfg(feature = "cudaipc")]
+use std::sync::Arc;
 
 use comm_core::topology::NodeGrid;
 use comm_core::{Error, Result};
+#[cfg(feature = "cudaipc")]
+use cudarc::driver::CudaStream;
 
-use crate::api::communicator::Communicator;
 use crate::call::CollectiveCall;
+#[cfg(feature = "cudaipc")]
+use crate::call::DeviceCall;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
@@ -93,17 +98,60 @@ const SMALL_BYTES: usize = 64 << 10;
 const ONE_RAIL: u8 = 1;
 const EVERY_RAIL: u8 = 2;
 
+/// What the hierarchical executor needs of the communicators its steps run on: the node and
+/// the rail, both split from the communicator the call was made on. `exec.rs` implements it
+/// for the communicator; the hierarchy names no communicator type.
+///
+/// # Safety
+/// A pipelined all-reduce lends the rail to a second thread for the length of one call
+/// (`pipeline.rs`) while the calling thread runs the node's steps: an implementor must allow a
+/// `&Self` to be used from another thread while no other thread uses the same value — its
+/// state that is not `Sync` belongs to that value alone, and what it shares with other values
+/// (bootstrap, transports, registries) is `Sync`.
+pub(crate) unsafe trait StepRunner: Sized {
+    /// This rank in the step's communicator.
+    fn rank(&self) -> usize;
+
+    /// Ranks of the step's communicator.
+    fn world_size(&self) -> usize;
+
+    /// Collective: the communicator of the ranks that pass this `color`, ordered by `key` (a
+    /// node or a rail of this one).
+    fn split_for_steps(&self, color: usize, key: usize) -> Result<Option<Self>>;
+
+    /// Counts one step of a hierarchical call run on this communicator.
+    fn count_step(&self);
+
+    /// One step on host memory in form `variant` of its collective (see [`ONE_RAIL`]): a
+    /// collective even when it moves nothing (the ranks still exchange what they called), or —
+    /// when `validation` failed — one that tells every peer, returning the local error.
+    fn step_as<T: Element>(
+        &self,
+        bytes: usize,
+        validation: Result<()>,
+        call: CollectiveCall<T>,
+        variant: u8,
+    ) -> Result<()>;
+
+    /// One step on device buffers, queued on `stream`, as the raw device call it stands for.
+    ///
+    /// # Safety
+    /// The addresses in `call` valid device memory for the call until it completes on `stream`.
+    #[cfg(feature = "cudaipc")]
+    unsafe fn device_step(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()>;
+}
+
 /// The sub-communicators and staging of a communicator's hierarchical calls.
-pub(crate) struct Hierarchy {
+pub(crate) struct Hierarchy<C> {
     grid: NodeGrid,
     /// This rank's node index.
     node: usize,
     /// This rank's local rank on its node (and its rail).
     local: usize,
     /// The ranks of this rank's node, by local rank.
-    intra: Communicator,
+    intra: C,
     /// The ranks with this rank's local rank on every node, by node.
-    rail: Communicator,
+    rail: C,
     /// Staging for the steps that reorder blocks or hold a node's partial result, kept
     /// between calls (words, so that every element type is aligned in it).
     scratch: RefCell<Vec<u64>>,
@@ -112,10 +160,10 @@ pub(crate) struct Hierarchy {
     pub(crate) device_staging: RefCell<crate::gpu::DeviceStaging>,
 }
 
-impl Hierarchy {
+impl<C: StepRunner> Hierarchy<C> {
     /// Collective over `parent`: splits it into its nodes and rails (every rank of `parent`
     /// calls this at the same call). `grid` is the parent's node grid.
-    pub(crate) fn new(parent: &Communicator, grid: NodeGrid) -> Result<Self> {
+    pub(crate) fn new(parent: &C, grid: NodeGrid) -> Result<Self> {
         let me = parent.rank();
         let (node, local) = (grid.node_of(me), grid.local_of(me));
         let missing = |what: &str| Error::protocol(format!("rank {me} got no {what} communicator from its split"));
@@ -145,22 +193,24 @@ impl Hierarchy {
     }
 
     /// The node's grid.
+    #[cfg(feature = "cudaipc")]
     pub(crate) fn grid(&self) -> NodeGrid {
         self.grid
     }
 
     /// This rank's local rank on its node.
+    #[cfg(feature = "cudaipc")]
     pub(crate) fn local(&self) -> usize {
         self.local
     }
 
     /// The ranks of this rank's node, by local rank.
-    pub(crate) fn intra(&self) -> &Communicator {
+    pub(crate) fn intra(&self) -> &C {
         &self.intra
     }
 
     /// The ranks with this rank's local rank on every node, by node.
-    pub(crate) fn rail(&self) -> &Communicator {
+    pub(crate) fn rail(&self) -> &C {
         &self.rail
     }
 
@@ -470,14 +520,14 @@ impl Steps {
     /// Runs one step on `comm`, `bytes` as its table measures the call. A mismatch it reports
     /// (or an earlier one) makes this rank take part without data, so every rank of `comm`
     /// hears of it; other errors (a lost peer, a timeout) end the call.
-    fn run<T: Element>(&mut self, comm: &Communicator, bytes: usize, call: CollectiveCall<T>) -> Result<()> {
+    fn run<T: Element>(&mut self, comm: &impl StepRunner, bytes: usize, call: CollectiveCall<T>) -> Result<()> {
         self.run_as(comm, bytes, call, 0)
     }
 
     /// [`run`](Self::run) in form `variant` of its collective (see [`ONE_RAIL`]).
     fn run_as<T: Element>(
         &mut self,
-        comm: &Communicator,
+        comm: &impl StepRunner,
         bytes: usize,
         call: CollectiveCall<T>,
         variant: u8,

@@ -57,7 +57,7 @@ pub struct Communicator {
     /// common loop) skip the table.
     pub(crate) last_host_plan: Cell<Option<(CallShape, Plan)>>,
     /// The node and rail sub-communicators of hierarchical calls (built at the first).
-    pub(crate) hierarchy: OnceCell<Box<Hierarchy>>,
+    pub(crate) hierarchy: OnceCell<Box<Hierarchy<Communicator>>>,
     /// Steps of hierarchical calls this communicator (a node or rail one) has run so far.
     pub(crate) steps_run: Cell<u64>,
     pub(crate) factories: Vec<Arc<dyn TransportFactory>>,
@@ -339,7 +339,7 @@ impl Communicator {
             // (checked); send and recv are distinct borrows.
             unsafe { host::all_to_allv(e, a, s, r, v) }
         };
-        let in_steps = |_: &Hierarchy, _| {
+        let in_steps = |_: &Hierarchy<Communicator>, _| {
             Err(Error::Unsupported("all_to_allv has no hierarchical algorithm; the plan never picks one".into()))
         };
         let signature = CallSignature::host(CallKind::AllToAllv, bytes, None);

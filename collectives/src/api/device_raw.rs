@@ -10,9 +10,10 @@ use comm_core::ledger::{CallKind, CallSignature};
 use cudarc::driver::CudaStream;
 
 use crate::api::communicator::Communicator;
+use crate::call::already_in_a_call;
 use crate::call::{DeviceCall, DeviceTransfer};
 use crate::dtype::DataType;
-use crate::exec::{already_in_a_call, no_gpu};
+use crate::exec::no_gpu;
 use crate::op::ReduceOp;
 use crate::table::Collective;
 
@@ -42,11 +43,6 @@ impl Communicator {
         checked.map_err(|e| self.judged(e))
     }
 
-    /// Bytes of a call that moves `count` elements of `dtype` per rank, from or to every rank.
-    fn world_bytes(&self, count: usize, dtype: DataType) -> usize {
-        count * dtype.size() * self.world_size()
-    }
-
     /// [`device_call`](Self::device_call) under the ledger: the call is recorded, and a failure
     /// judged, as every collective's is.
     ///
@@ -74,7 +70,7 @@ impl Communicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let call = DeviceCall::new(Collective::AllReduce, dtype, Some(op), (send, recv), count, count * dtype.size());
+        let call = DeviceCall::sized(Collective::AllReduce, dtype, Some(op), (send, recv), count, 0, self.world_size());
         // SAFETY: forwarded from the caller.
         unsafe { self.ledgered_device_call(call, stream) }
     }
@@ -92,8 +88,7 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let call =
-            DeviceCall::new(Collective::AllGather, dtype, None, (send, recv), count, self.world_bytes(count, dtype));
+        let call = DeviceCall::sized(Collective::AllGather, dtype, None, (send, recv), count, 0, self.world_size());
         // SAFETY: forwarded from the caller.
         unsafe { self.ledgered_device_call(call, stream) }
     }
@@ -112,8 +107,8 @@ impl Communicator {
         op: ReduceOp,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let bytes = self.world_bytes(count, dtype);
-        let call = DeviceCall::new(Collective::ReduceScatter, dtype, Some(op), (send, recv), count, bytes);
+        let n = self.world_size();
+        let call = DeviceCall::sized(Collective::ReduceScatter, dtype, Some(op), (send, recv), count, 0, n);
         // SAFETY: forwarded from the caller.
         unsafe { self.ledgered_device_call(call, stream) }
     }
@@ -131,10 +126,7 @@ impl Communicator {
         root: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let call = DeviceCall {
-            root,
-            ..DeviceCall::new(Collective::Broadcast, dtype, None, (send, recv), count, count * dtype.size())
-        };
+        let call = DeviceCall::sized(Collective::Broadcast, dtype, None, (send, recv), count, root, self.world_size());
         // SAFETY: forwarded from the caller.
         unsafe { self.ledgered_device_call(call, stream) }
     }
@@ -154,10 +146,8 @@ impl Communicator {
         root: usize,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let call = DeviceCall {
-            root,
-            ..DeviceCall::new(Collective::Reduce, dtype, Some(op), (send, recv), count, count * dtype.size())
-        };
+        let n = self.world_size();
+        let call = DeviceCall::sized(Collective::Reduce, dtype, Some(op), (send, recv), count, root, n);
         // SAFETY: forwarded from the caller.
         unsafe { self.ledgered_device_call(call, stream) }
     }
@@ -175,8 +165,7 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let call =
-            DeviceCall::new(Collective::AllToAll, dtype, None, (send, recv), count, self.world_bytes(count, dtype));
+        let call = DeviceCall::sized(Collective::AllToAll, dtype, None, (send, recv), count, 0, self.world_size());
         // SAFETY: forwarded from the caller.
         unsafe { self.ledgered_device_call(call, stream) }
     }

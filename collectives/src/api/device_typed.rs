@@ -36,8 +36,8 @@ use cudarc::driver::{CudaStream, DevicePtr, DevicePtrMut};
 
 use super::device_checks::{self as checks, Buffers, Side};
 use crate::api::communicator::Communicator;
+use crate::call::already_in_a_call;
 use crate::dtype::Element;
-use crate::exec::already_in_a_call;
 use crate::exec::no_gpu;
 use crate::op::ReduceOp;
 

@@ -114,7 +114,7 @@ impl Communicator {
     /// (and stays usable) and the shrink builds anew; so does every survivor unless all hand
     /// theirs over.
     fn handover_offer(&self) -> Result<Option<Progress>> {
-        let busy = |_| crate::exec::already_in_a_call();
+        let busy = |_| crate::call::already_in_a_call();
         let host = self.host.as_ref().map(|h| h.try_borrow().map_err(busy)).transpose()?;
         let channel_broken = self.channel.try_borrow().map_err(busy)?.is_broken();
         let failed = self.is_revoked()
@@ -141,7 +141,7 @@ impl Communicator {
     ) -> Result<Option<comm_core::communicator::Communicator>> {
         #[cfg(feature = "cudaipc")]
         if let Some(gpu) = &self.gpu {
-            gpu.try_borrow().map_err(|_| crate::exec::already_in_a_call())?.stop_proxy();
+            gpu.try_borrow().map_err(|_| crate::call::already_in_a_call())?.stop_proxy();
         }
         self.resilience.retire();
         let carried = self.core.carry_over(bootstrap.clone(), members).and_then(|core| {
@@ -245,7 +245,7 @@ impl Communicator {
         };
         let comm = match (handover, &self.host) {
             (Some(progress), Some(host)) => {
-                let parent = host.try_borrow().map_err(|_| crate::exec::already_in_a_call())?;
+                let parent = host.try_borrow().map_err(|_| crate::call::already_in_a_call())?;
                 let host = HostSource::Handover { parent: &parent, members: &survivors, progress };
                 Communicator::build_child_with(builder, lineage, self, host)?
             }

@@ -42,11 +42,12 @@ use cudarc::driver::{CudaContext, CudaStream};
 
 use super::DeviceStaging;
 use super::staging::{BlockGrid, transpose_blocks};
-use crate::api::communicator::Communicator;
+use crate::call::DeviceCall;
+use crate::call::already_in_a_call;
 use crate::dtype::DataType;
-use crate::exec::already_in_a_call;
-use crate::hierarchy::Hierarchy;
+use crate::hierarchy::{Hierarchy, StepRunner};
 use crate::op::ReduceOp;
+use crate::table::Collective::{self, AllGather, AllReduce, Broadcast, Reduce, ReduceScatter};
 
 /// What a hierarchical device call moves: device addresses, elements of `dtype`, the stream.
 #[derive(Clone, Copy)]
@@ -60,10 +61,31 @@ struct Buffers<'a> {
 
 /// Where a hierarchical device call may allocate staging and copy: the parent communicator's
 /// core (whose registration path allocates), its GPU's ordinal and context.
-struct Device<'a> {
-    core: &'a CoreCommunicator,
-    ordinal: u32,
-    ctx: &'a Arc<CudaContext>,
+pub(crate) struct Device<'a> {
+    pub(crate) core: &'a CoreCommunicator,
+    pub(crate) ordinal: u32,
+    pub(crate) ctx: &'a Arc<CudaContext>,
+}
+
+/// One device step of `collective` on `comm` (the node or the rail), as the raw device call of
+/// that collective would queue it.
+///
+/// # Safety
+/// As [`StepRunner::device_step`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn step<C: StepRunner>(
+    comm: &C,
+    collective: Collective,
+    op: Option<ReduceOp>,
+    buffers: (u64, u64),
+    count: usize,
+    dtype: DataType,
+    root: usize,
+    stream: &Arc<CudaStream>,
+) -> Result<()> {
+    let call = DeviceCall::sized(collective, dtype, op, buffers, count, root, comm.world_size());
+    // SAFETY: forwarded from the caller.
+    unsafe { comm.device_step(call, stream) }
 }
 
 impl Buffers<'_> {
@@ -90,7 +112,7 @@ struct Reordering<'a> {
     staging: RefMut<'a, DeviceStaging>,
 }
 
-impl Hierarchy {
+impl<C: StepRunner> Hierarchy<C> {
     /// The grid, block sizes and staging of `call` (see [`Reordering`]); the staging is this
     /// call's until it returns.
     fn reordering(&self, call: &Buffers<'_>) -> Result<Reordering<'_>> {
@@ -105,7 +127,7 @@ impl Hierarchy {
     /// its stream (see the module doc).
     ///
     /// # Safety
-    /// As [`Communicator::all_reduce_device_raw`].
+    /// As `Communicator::all_reduce_device_raw`.
     unsafe fn all_reduce_device(&self, call: &Buffers<'_>, op: ReduceOp) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
         let l = self.grid().ranks_per_node;
@@ -126,11 +148,11 @@ impl Hierarchy {
         // `recv`, which the caller keeps valid until the stream has run the steps; the in-place
         // forms are the ones each call documents.
         unsafe {
-            intra.reduce_scatter_device_raw(send, mine, shard, dtype, op, stream)?;
-            intra.all_reduce_device_raw(tail_send, tail_recv, tail, dtype, op, stream)?;
-            rail.all_reduce_device_raw(mine, mine, across, dtype, op, stream)?;
-            intra.all_gather_device_raw(mine, recv, shard, dtype, stream)?;
-            intra.broadcast_device_raw(tail_recv, tail_recv, tail, dtype, last, stream)
+            step(intra, ReduceScatter, Some(op), (send, mine), shard, dtype, 0, stream)?;
+            step(intra, AllReduce, Some(op), (tail_send, tail_recv), tail, dtype, 0, stream)?;
+            step(rail, AllReduce, Some(op), (mine, mine), across, dtype, 0, stream)?;
+            step(intra, AllGather, None, (mine, recv), shard, dtype, 0, stream)?;
+            step(intra, Broadcast, None, (tail_recv, tail_recv), tail, dtype, last, stream)
         }
     }
 
@@ -139,7 +161,7 @@ impl Hierarchy {
     /// stream (see the module doc).
     ///
     /// # Safety
-    /// As [`Communicator::all_gather_device_raw`].
+    /// As `Communicator::all_gather_device_raw`.
     unsafe fn all_gather_device(&self, call: &Buffers<'_>, gpu: &Device<'_>) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
         let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call)?;
@@ -151,8 +173,8 @@ impl Hierarchy {
         // communicator; `send` and `recv` are the caller's (valid until the stream has run
         // the steps); each step's buffers are disjoint.
         unsafe {
-            self.rail().all_gather_device_raw(send, across, count, dtype, stream)?;
-            self.intra().all_gather_device_raw(across, inside, count * nodes, dtype, stream)?;
+            step(self.rail(), AllGather, None, (send, across), count, dtype, 0, stream)?;
+            step(self.intra(), AllGather, None, (across, inside), count * nodes, dtype, 0, stream)?;
             // [local][node] to [node][local], the rank order of `recv`.
             transpose_blocks(inside, recv, BlockGrid { rows: l, cols: nodes, block }, max_pitch, stream)
         }
@@ -163,7 +185,7 @@ impl Hierarchy {
     /// steps on its stream (see the module doc).
     ///
     /// # Safety
-    /// As [`Communicator::reduce_scatter_device_raw`].
+    /// As `Communicator::reduce_scatter_device_raw`.
     unsafe fn reduce_scatter_device(&self, call: &Buffers<'_>, op: ReduceOp, gpu: &Device<'_>) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
         let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call)?;
@@ -174,8 +196,8 @@ impl Hierarchy {
             // `send` from [node][local] to [local][node], so that the node step hands each
             // local rank the blocks of its rail.
             transpose_blocks(send, by_local, BlockGrid { rows: nodes, cols: l, block }, max_pitch, stream)?;
-            self.intra().reduce_scatter_device_raw(by_local, node_sums, count * nodes, dtype, op, stream)?;
-            self.rail().reduce_scatter_device_raw(node_sums, recv, count, dtype, op, stream)
+            step(self.intra(), ReduceScatter, Some(op), (by_local, node_sums), count * nodes, dtype, 0, stream)?;
+            step(self.rail(), ReduceScatter, Some(op), (node_sums, recv), count, dtype, 0, stream)
         }
     }
 
@@ -183,14 +205,14 @@ impl Hierarchy {
     /// (see the module doc).
     ///
     /// # Safety
-    /// As [`Communicator::reduce_device_raw`].
+    /// As `Communicator::reduce_device_raw`.
     unsafe fn reduce_device(&self, call: &Buffers<'_>, op: ReduceOp, root: usize, gpu: &Device<'_>) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
         let grid = self.grid();
         let (root_node, root_local) = (grid.node_of(root), grid.local_of(root));
         if self.local() != root_local {
             // SAFETY: forwarded from the caller (`recv` is not used off the root).
-            return unsafe { self.intra().reduce_device_raw(send, recv, count, dtype, op, root_local, stream) };
+            return unsafe { step(self.intra(), Reduce, Some(op), (send, recv), count, dtype, root_local, stream) };
         }
         // The node's partial result, in staging on every rank of the root's rail (the root's
         // too, so that no step reduces in place).
@@ -199,8 +221,8 @@ impl Hierarchy {
         // SAFETY: the staging holds `count` elements; the rail step reads it and writes `recv`
         // on the root only.
         unsafe {
-            self.intra().reduce_device_raw(send, partial, count, dtype, op, root_local, stream)?;
-            self.rail().reduce_device_raw(partial, recv, count, dtype, op, root_node, stream)
+            step(self.intra(), Reduce, Some(op), (send, partial), count, dtype, root_local, stream)?;
+            step(self.rail(), Reduce, Some(op), (partial, recv), count, dtype, root_node, stream)
         }
     }
 
@@ -208,7 +230,7 @@ impl Hierarchy {
     /// steps on its stream (see the module doc).
     ///
     /// # Safety
-    /// As [`Communicator::broadcast_device_raw`].
+    /// As `Communicator::broadcast_device_raw`.
     unsafe fn broadcast_device(&self, call: &Buffers<'_>, root: usize) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
         let grid = self.grid();
@@ -218,49 +240,40 @@ impl Hierarchy {
         // their rail's rank in the node step).
         unsafe {
             if self.local() == root_local {
-                self.rail().broadcast_device_raw(send, recv, count, dtype, root_node, stream)?;
+                step(self.rail(), Broadcast, None, (send, recv), count, dtype, root_node, stream)?;
             }
-            self.intra().broadcast_device_raw(recv, recv, count, dtype, root_local, stream)
+            step(self.intra(), Broadcast, None, (recv, recv), count, dtype, root_local, stream)
         }
     }
 }
 
-impl Communicator {
-    /// Runs a device call that the plan gave to the hierarchical executor.
+impl<C: StepRunner> Hierarchy<C> {
+    /// Runs a device call that the plan gave to the hierarchical executor, as steps on
+    /// `stream`; `device` is the parent communicator's GPU.
     ///
     /// # Safety
     /// As the raw device call it stands for: `send` and `recv` valid device memory for the
     /// call until it completes on `stream`.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) unsafe fn hierarchical_device_call(
+    pub(crate) unsafe fn run_device(
         &self,
-        collective: crate::table::Collective,
-        buffers: (u64, u64),
-        count: usize,
-        dtype: DataType,
-        op: Option<ReduceOp>,
-        root: usize,
+        call: &DeviceCall,
+        device: &Device<'_>,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        use crate::table::Collective::*;
-        let h = self.hierarchy()?;
-        let gpu = self.gpu.as_ref().ok_or_else(crate::exec::no_gpu)?;
-        let (ordinal, ctx) = {
-            let g = gpu.try_borrow().map_err(|_| already_in_a_call())?;
-            (g.device, g.context().clone())
-        };
         // The copies between the steps are driver calls of this thread: its context current.
-        ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
-        let device = Device { core: self.core(), ordinal, ctx: &ctx };
-        let call = Buffers { send: buffers.0, recv: buffers.1, count, dtype, stream };
+        device
+            .ctx
+            .bind_to_thread()
+            .map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
+        let buffers = Buffers { send: call.send, recv: call.recv, count: call.count, dtype: call.dtype, stream };
         // SAFETY: forwarded from the caller.
         unsafe {
-            match (collective, op) {
-                (AllReduce, Some(op)) => h.all_reduce_device(&call, op),
-                (AllGather, _) => h.all_gather_device(&call, &device),
-                (ReduceScatter, Some(op)) => h.reduce_scatter_device(&call, op, &device),
-                (Broadcast, _) => h.broadcast_device(&call, root),
-                (Reduce, Some(op)) => h.reduce_device(&call, op, root, &device),
+            match (call.collective, call.op) {
+                (AllReduce, Some(op)) => self.all_reduce_device(&buffers, op),
+                (AllGather, _) => self.all_gather_device(&buffers, device),
+                (ReduceScatter, Some(op)) => self.reduce_scatter_device(&buffers, op, device),
+                (Broadcast, _) => self.broadcast_device(&buffers, call.root),
+                (Reduce, Some(op)) => self.reduce_device(&buffers, op, call.root, device),
                 (c, _) => Err(Error::Unsupported(format!("{c} on device buffers has no hierarchical steps"))),
             }
         }

@@ -14,7 +14,7 @@
 //!
 //! Two layers of calls: the `*_device_raw` calls take bare device addresses (any CUDA framework;
 //! `unsafe`, the caller vouches for the memory), and the typed calls (`all_reduce_device`,
-//! `broadcast_device_in_place`, `send_device`, [`DeviceGroup`](crate::DeviceGroup), …) take cudarc buffers, check
+//! `broadcast_device_in_place`, `send_device`, `DeviceGroup`, …) take cudarc buffers, check
 //! their lengths against each other and the world size and that they live on this GPU, and keep
 //! cudarc's stream ordering of the buffers (`checks.rs` says how).
 
@@ -38,6 +38,7 @@ use weave_cuda::DeviceStatus;
 
 use crate::channel::gpu::DeviceChannels;
 pub use config::GpuConfig;
+pub(crate) use hierarchy::Device as HierarchyDevice;
 pub use kernels::direct::{
     BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
     PIPE_MAX_BLOCKS, WorkspaceLayout,
@@ -85,7 +86,7 @@ pub(crate) fn op_code(op: crate::op::ReduceOp) -> u32 {
 /// one (any number of GPUs, through the proxy; built at its first call).
 pub(crate) struct GpuEngine {
     ctx: Arc<CudaContext>,
-    device: u32,
+    pub(crate) device: u32,
     /// This GPU's architecture (`sm_90`): what the channel kernels are compiled for.
     arch_name: String,
     status: Arc<DeviceStatus>,

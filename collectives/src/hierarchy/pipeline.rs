@@ -31,8 +31,7 @@ use std::sync::mpsc;
 
 use comm_core::{Error, Result};
 
-use super::{Hierarchy, Steps};
-use crate::api::communicator::Communicator;
+use super::{Hierarchy, StepRunner, Steps};
 use crate::call::CollectiveCall;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
@@ -45,20 +44,19 @@ pub(super) const MIN_BYTES: usize = 8 << 20;
 pub(super) const CHUNKS: usize = 16;
 
 /// The rail communicator, lent to the rail thread for the length of one call.
-struct LentRail<'a>(&'a Communicator);
+struct LentRail<'a, C>(&'a C);
 
-impl<'a> LentRail<'a> {
-    fn communicator(&self) -> &'a Communicator {
+impl<'a, C> LentRail<'a, C> {
+    fn communicator(&self) -> &'a C {
         self.0
     }
 }
 
-// SAFETY: a Communicator is not Sync only because of the Cells and RefCells of its engines,
-// plan cache and step count. While a pipelined call runs, only the rail thread calls into the rail communicator
-// (the calling thread uses the node communicator, and joins the rail thread before it returns),
-// so none of those cells is ever touched from two threads at once; what the rail communicator
-// shares with other communicators (bootstrap, transports, registry) is Sync.
-unsafe impl Send for LentRail<'_> {}
+// SAFETY: [`StepRunner`]'s contract: a `&C` may be used from another thread while no other
+// thread uses the same value. While a pipelined call runs, only the rail thread calls into the
+// rail communicator (the calling thread uses the node communicator, and joins the rail thread
+// before it returns).
+unsafe impl<C: StepRunner> Send for LentRail<'_, C> {}
 
 /// A chunk's shard for the rail thread: its address and elements, and whether the calling
 /// thread's steps had found a problem by then.
@@ -68,7 +66,7 @@ struct Handed {
     invalid: bool,
 }
 
-impl Hierarchy {
+impl<C: StepRunner> Hierarchy<C> {
     /// The main part of an all-reduce (`main` elements, a multiple of `L`), pipelined as the
     /// module doc says; `Avg` is divided per chunk once its rail step summed it.
     ///
