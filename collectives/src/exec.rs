@@ -292,11 +292,14 @@ impl Communicator {
     unsafe fn hierarchical_device_call(&self, call: &DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
         let h = self.hierarchy()?;
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
-        let (ordinal, ctx) = {
-            let g = gpu.try_borrow().map_err(|_| already_in_a_call())?;
-            (g.device, g.context().clone())
+        // Held through the steps, which run on the node's and the rail's GPU engines.
+        let g = gpu.try_borrow().map_err(|_| already_in_a_call())?;
+        let device = crate::gpu::HierarchyDevice {
+            core: self.core(),
+            ordinal: g.device,
+            ctx: g.context(),
+            staging: &g.hierarchy_staging,
         };
-        let device = crate::gpu::HierarchyDevice { core: self.core(), ordinal, ctx: &ctx };
         // SAFETY: forwarded from the caller.
         unsafe { h.run_device(call, &device, stream) }
     }

@@ -35,7 +35,7 @@
 //! its own) doubled the latency of small calls. Each rail is its own communicator, so the
 //! counts agree within a rail although the last one carries more.
 //!
-//! A call of less than 64 KiB in all ([`SMALL_BYTES`]) keeps no shards and runs three steps:
+//! A call of less than 64 KiB in all (`select::forms::HIERARCHY_ONE_RAIL_BYTES`) keeps no shards and runs three steps:
 //! a reduce to the last local rank in the node, an all-reduce on that rank's rail, and a
 //! broadcast from it in the node. The other rails stay quiet: one network message per node
 //! beats `L` smaller ones with a reduce-scatter and an all-gather around them, and an empty
@@ -83,13 +83,7 @@ use crate::call::DeviceCall;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
-
-/// Bytes of a whole all-reduce (or of an all-gather's whole output) below which the call
-/// crosses the network on the last local rank's rail alone: a reduce (an all-gather) to that
-/// rank in the node, its rail step, a broadcast from it in the node — one network message per
-/// node instead of one on every rail (docs/perf-log/nodes.md, "Across nodes: small calls on one
-/// rail").
-const SMALL_BYTES: usize = 64 << 10;
+use crate::select::forms::{HIERARCHY_ONE_RAIL_BYTES, HIERARCHY_PIPELINE_BYTES};
 
 /// The forms of a rail step, carried in its headers: of a small call, which crosses the network
 /// on the last local rank's rail alone, and of a larger one, which runs every rail. A call small
@@ -155,9 +149,6 @@ pub(crate) struct Hierarchy<C> {
     /// Staging for the steps that reorder blocks or hold a node's partial result, kept
     /// between calls (words, so that every element type is aligned in it).
     scratch: RefCell<Vec<u64>>,
-    /// The same for hierarchical calls on device buffers, in GPU memory (`gpu/staging.rs`).
-    #[cfg(feature = "cudaipc")]
-    pub(crate) device_staging: RefCell<crate::gpu::DeviceStaging>,
 }
 
 impl<C: StepRunner> Hierarchy<C> {
@@ -180,16 +171,7 @@ impl<C: StepRunner> Hierarchy<C> {
                 rail.rank()
             )));
         }
-        Ok(Hierarchy {
-            grid,
-            node,
-            local,
-            intra,
-            rail,
-            scratch: RefCell::new(Vec::new()),
-            #[cfg(feature = "cudaipc")]
-            device_staging: RefCell::new(crate::gpu::DeviceStaging::default()),
-        })
+        Ok(Hierarchy { grid, node, local, intra, rail, scratch: RefCell::new(Vec::new()) })
     }
 
     /// The node's grid.
@@ -259,7 +241,7 @@ impl<C: StepRunner> Hierarchy<C> {
         let l = self.grid.ranks_per_node;
         let size = std::mem::size_of::<T>();
         let step_op = summing(op);
-        if count.saturating_mul(size) < SMALL_BYTES {
+        if count.saturating_mul(size) < HIERARCHY_ONE_RAIL_BYTES {
             // SAFETY: forwarded from the caller.
             return unsafe { self.all_reduce_small(steps, part, op) };
         }
@@ -269,7 +251,7 @@ impl<C: StepRunner> Hierarchy<C> {
         // SAFETY: main + tail = count: inside both buffers.
         let (s, r) = unsafe { (send.add(main), recv.add(main)) };
         let tail_in_node = CollectiveCall::AllReduce { send: s, recv: r, count: tail, op: step_op };
-        if main * size >= pipeline::MIN_BYTES {
+        if main * size >= HIERARCHY_PIPELINE_BYTES {
             // SAFETY: forwarded from the caller; main <= count.
             unsafe { self.all_reduce_pipelined(steps, send, recv, main, op)? };
             steps.run(&self.intra, tail * size, tail_in_node)?;
@@ -327,7 +309,7 @@ impl<C: StepRunner> Hierarchy<C> {
         let (l, nodes) = (self.grid.ranks_per_node, self.grid.nodes);
         let n = l * nodes;
         let size = std::mem::size_of::<T>();
-        if n.saturating_mul(count).saturating_mul(size) < SMALL_BYTES {
+        if n.saturating_mul(count).saturating_mul(size) < HIERARCHY_ONE_RAIL_BYTES {
             // SAFETY: forwarded from the caller.
             return unsafe { self.all_gather_small(steps, part) };
         }

@@ -33,7 +33,7 @@
 //! same call alike. That split allocates GPU memory for the sub-communicators, so the first
 //! hierarchical device call must not be inside a stream capture.
 
-use std::cell::RefMut;
+use std::cell::{RefCell, RefMut};
 use std::sync::Arc;
 
 use comm_core::communicator::Communicator as CoreCommunicator;
@@ -60,11 +60,13 @@ struct Buffers<'a> {
 }
 
 /// Where a hierarchical device call may allocate staging and copy: the parent communicator's
-/// core (whose registration path allocates), its GPU's ordinal and context.
+/// core (whose registration path allocates), its GPU's ordinal and context, and its GPU
+/// engine's staging.
 pub(crate) struct Device<'a> {
     pub(crate) core: &'a CoreCommunicator,
     pub(crate) ordinal: u32,
     pub(crate) ctx: &'a Arc<CudaContext>,
+    pub(crate) staging: &'a RefCell<DeviceStaging>,
 }
 
 /// One device step of `collective` on `comm` (the node or the rail), as the raw device call of
@@ -115,11 +117,11 @@ struct Reordering<'a> {
 impl<C: StepRunner> Hierarchy<C> {
     /// The grid, block sizes and staging of `call` (see [`Reordering`]); the staging is this
     /// call's until it returns.
-    fn reordering(&self, call: &Buffers<'_>) -> Result<Reordering<'_>> {
+    fn reordering<'d>(&self, call: &Buffers<'_>, gpu: &'d Device<'_>) -> Result<Reordering<'d>> {
         let grid = self.grid();
         let (l, nodes) = (grid.ranks_per_node, grid.nodes);
         let (block, by_rank) = (call.bytes(1)?, call.bytes(l * nodes)?);
-        let staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let staging = gpu.staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
         Ok(Reordering { l, nodes, block, by_rank, staging })
     }
 
@@ -164,7 +166,7 @@ impl<C: StepRunner> Hierarchy<C> {
     /// As `Communicator::all_gather_device_raw`.
     unsafe fn all_gather_device(&self, call: &Buffers<'_>, gpu: &Device<'_>) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
-        let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call)?;
+        let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call, gpu)?;
         // Across the rail, this rank's block from every node ([node]); then inside the node,
         // those of every local rank ([local][node]).
         let (across, inside) = staging.areas(gpu.core, gpu.ordinal, block * nodes, by_rank)?;
@@ -188,7 +190,7 @@ impl<C: StepRunner> Hierarchy<C> {
     /// As `Communicator::reduce_scatter_device_raw`.
     unsafe fn reduce_scatter_device(&self, call: &Buffers<'_>, op: ReduceOp, gpu: &Device<'_>) -> Result<()> {
         let Buffers { send, recv, count, dtype, stream } = *call;
-        let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call)?;
+        let Reordering { l, nodes, block, by_rank, mut staging } = self.reordering(call, gpu)?;
         let (by_local, node_sums) = staging.areas(gpu.core, gpu.ordinal, by_rank, block * nodes)?;
         let max_pitch = staging.max_pitch(gpu.ctx)?;
         // SAFETY: as in `all_gather_device`: the staging holds `world` and `nodes` blocks.
@@ -216,7 +218,7 @@ impl<C: StepRunner> Hierarchy<C> {
         }
         // The node's partial result, in staging on every rank of the root's rail (the root's
         // too, so that no step reduces in place).
-        let mut staging = self.device_staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
+        let mut staging = gpu.staging.try_borrow_mut().map_err(|_| already_in_a_call())?;
         let (partial, _) = staging.areas(gpu.core, gpu.ordinal, call.bytes(1)?, 0)?;
         // SAFETY: the staging holds `count` elements; the rail step reads it and writes `recv`
         // on the root only.

@@ -102,6 +102,9 @@ pub(crate) struct GpuEngine {
     /// The communicator's revocation state, whose ledger numbers the calls the kernels report
     /// starting (see [`comm_core::ledger::DeviceProgress`]).
     resilience: Arc<Resilience>,
+    /// Staging of the communicator's hierarchical device calls, in GPU memory (`staging.rs`),
+    /// kept between calls.
+    pub(crate) hierarchy_staging: std::cell::RefCell<DeviceStaging>,
 }
 
 /// The direct family: one workspace per rank mapped by every peer, and the collective kernels
@@ -199,6 +202,7 @@ impl GpuEngine {
             timeout: core.config().timeout,
             broken: None,
             resilience: resilience.clone(),
+            hierarchy_staging: Default::default(),
         }))
     }
 

@@ -1,7 +1,7 @@
 //! A large hierarchical all-reduce in chunks, so that the network carries one chunk while the
 //! node works on the next and the previous.
 //!
-//! From [`MIN_BYTES`], the call's main part (a multiple of the node's `L` ranks) is cut into
+//! From `select::forms::HIERARCHY_PIPELINE_BYTES`, the call's main part (a multiple of the node's `L` ranks) is cut into
 //! [`CHUNKS`] chunks of `L × s` elements, and each chunk is a hierarchical all-reduce of its own:
 //! reduce-scatter in the node (this rank's `s` elements of the chunk), all-reduce of those across
 //! the rail, all-gather in the node. The calling thread runs the node steps; a second thread, for
@@ -36,9 +36,6 @@ use crate::call::CollectiveCall;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 
-/// Bytes of the main part from which an all-reduce runs in chunks. Below, the node steps are
-/// short next to the rail step and a second thread costs more than it saves.
-pub(super) const MIN_BYTES: usize = 8 << 20;
 /// Chunks of a pipelined call: the first reduce-scatter and the last all-gather are what the
 /// network waits for, a sixteenth of the node work each.
 pub(super) const CHUNKS: usize = 16;

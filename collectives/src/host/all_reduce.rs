@@ -12,6 +12,7 @@ use crate::copy::{copy, share};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::{reduce_raw, reduce_raw2};
+use crate::select::forms::{INLINE_ALL_REDUCE_MAX_RANKS, inline_all_reduce};
 use crate::table::{Algorithm, Collective};
 
 /// All-reduce of `count` elements from `send` into `recv` (which may be the same memory).
@@ -33,16 +34,15 @@ pub(crate) unsafe fn all_reduce<T: Element>(
     // Every algorithm but the two-phase and the ring runs one-shot here: the GPU's two-shots,
     // the channel family and the hierarchical steps run elsewhere (the plan never sends them
     // here), and one-shot is the safe reading of them.
-    let one_shot = !matches!(algo, Algorithm::TwoPhase | Algorithm::Ring);
     let bytes = count * std::mem::size_of::<T>();
-    if one_shot && algo != Algorithm::Hierarchical && bytes <= INLINE_BYTES && n <= 16 {
+    if inline_all_reduce(algo, bytes, n, INLINE_BYTES) {
         // The payload travels in the header line: one cache line per peer and step.
         let mut p = publication;
         // SAFETY: send holds count elements (at most INLINE_BYTES), copied into the words.
         unsafe { std::ptr::copy_nonoverlapping(send.cast::<u8>(), p.inline.as_mut_ptr().cast::<u8>(), bytes) };
         e.step("all_reduce", p, agree)?;
-        let mut words = [[0u64; 2]; 16];
-        let mut srcs = [std::ptr::null::<T>(); 16];
+        let mut words = [[0u64; 2]; INLINE_ALL_REDUCE_MAX_RANKS];
+        let mut srcs = [std::ptr::null::<T>(); INLINE_ALL_REDUCE_MAX_RANKS];
         for (r, w) in words.iter_mut().enumerate().take(n) {
             *w = if r == me { p.inline } else { e.ws.publication(r).inline };
         }

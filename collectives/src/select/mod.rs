@@ -6,6 +6,7 @@
 
 pub mod algorithm;
 pub mod device;
+pub(crate) mod forms;
 pub mod steps;
 pub mod table;
 
