@@ -66,16 +66,10 @@ impl Communicator {
         Ok(e)
     }
 
-    /// A collective call even when it moves nothing (the ranks still exchange
-    /// what they called): one step of a hierarchical call.
-    #[inline]
-    pub(crate) fn step<T: Element>(&self, bytes: usize, validation: Result<()>, call: CollectiveCall<T>) -> Result<()> {
-        self.step_as(bytes, validation, call, 0)
-    }
-
-    /// [`step`](Self::step) in form `variant` of its collective: where it runs through links
-    /// (every step across nodes does), a peer that runs it in another form fails the header
-    /// check (a hierarchical call's forms that must not meet).
+    /// Runs a collective call even when it moves nothing (the ranks still exchange what they
+    /// called), in form `variant` of its collective (0 but for the steps of a hierarchical
+    /// call): where it runs through links (every step across nodes does), a peer that runs it
+    /// in another form fails the header check (a hierarchical call's forms that must not meet).
     #[inline]
     pub(crate) fn step_as<T: Element>(
         &self,
@@ -461,14 +455,8 @@ unsafe impl StepRunner for Communicator {
         self.steps_run.set(self.steps_run.get() + 1);
     }
 
-    fn step_as<T: Element>(
-        &self,
-        bytes: usize,
-        validation: Result<()>,
-        call: CollectiveCall<T>,
-        variant: u8,
-    ) -> Result<()> {
-        Communicator::step_as(self, bytes, validation, call, variant)
+    fn step_as<T: Element>(&self, bytes: usize, valid: Result<()>, call: CollectiveCall<T>, variant: u8) -> Result<()> {
+        Communicator::step_as(self, bytes, valid, call, variant)
     }
 
     #[cfg(feature = "cudaipc")]

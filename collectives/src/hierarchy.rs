@@ -118,14 +118,9 @@ pub(crate) unsafe trait StepRunner: Sized {
 
     /// One step on host memory in form `variant` of its collective (see [`ONE_RAIL`]): a
     /// collective even when it moves nothing (the ranks still exchange what they called), or —
-    /// when `validation` failed — one that tells every peer, returning the local error.
-    fn step_as<T: Element>(
-        &self,
-        bytes: usize,
-        validation: Result<()>,
-        call: CollectiveCall<T>,
-        variant: u8,
-    ) -> Result<()>;
+    /// when `valid` holds this rank's failed check — one that tells every peer, returning the
+    /// local error.
+    fn step_as<T: Element>(&self, bytes: usize, valid: Result<()>, call: CollectiveCall<T>, variant: u8) -> Result<()>;
 
     /// One step on device buffers, queued on `stream`, as the raw device call it stands for.
     ///

@@ -56,6 +56,7 @@ mod output;
 mod rank_env;
 mod rate;
 mod report;
+mod seconds;
 mod size;
 mod spec;
 
@@ -72,6 +73,7 @@ pub use output::{Echo, OUTPUT_GRACE};
 pub use rank_env::FOREIGN_RANK_VARS;
 pub use rate::{MIN_RATE_BYTES_PER_SEC, Rate, RateError};
 pub use report::{LaunchReport, RankExit, RankReport};
+pub use seconds::parse_seconds;
 pub use size::parse_size;
 pub use spec::{DEFAULT_CANCEL_GRACE, LaunchSpec};
 

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 use collectives::{Collective, DataType, ReduceOp};
-use weave_launch::{MAX_NAMESPACE_NODES, Rate, parse_size};
+use weave_launch::{MAX_NAMESPACE_NODES, Rate, parse_seconds, parse_size};
 
 use crate::node_exec::NodeExecArgs;
 use crate::record::{benched_collective, reduces, sweep_sizes};
@@ -212,7 +212,7 @@ pub struct BenchArgs {
     #[arg(long, overrides_with = "bind")]
     pub no_bind: bool,
     /// Kill a run (weave or MPI) still going after SECS
-    #[arg(short = 't', long, value_name = "SECS", default_value = "600", value_parser = seconds)]
+    #[arg(short = 't', long, value_name = "SECS", default_value = "600", value_parser = parse_seconds)]
     pub timeout: Duration,
 }
 
@@ -253,15 +253,6 @@ fn reduce_op(s: &str) -> Result<ReduceOp, String> {
         let names: Vec<&str> = ReduceOp::ALL.iter().map(|o| o.name()).collect();
         format!("unknown reduction operator {s:?}; expected one of {}", names.join(", "))
     })
-}
-
-/// A positive number of seconds.
-fn seconds(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s.trim().parse().map_err(|_| format!("expected a number of seconds, got {s:?}"))?;
-    Duration::try_from_secs_f64(secs)
-        .ok()
-        .filter(|t| !t.is_zero())
-        .ok_or_else(|| format!("must be a positive number of seconds, got {secs}"))
 }
 
 /// Parses `2,8,32`: world sizes of at least 1, each at most once, in the order given.

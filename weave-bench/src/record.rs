@@ -10,22 +10,17 @@
 use collectives::Collective;
 use serde::{Deserialize, Serialize};
 
-/// The collectives the benchmark runs, in the order the help lists them: every one of
-/// [`Collective::ALL`] with equal blocks (not all-to-all-v nor point-to-point).
-pub const BENCHED: [Collective; 6] = [
-    Collective::AllReduce,
-    Collective::AllGather,
-    Collective::ReduceScatter,
-    Collective::Broadcast,
-    Collective::Reduce,
-    Collective::AllToAll,
-];
+/// Whether the benchmark runs `collective`: every one of [`Collective::ALL`] with equal blocks
+/// (not all-to-all-v nor point-to-point).
+pub fn benched(collective: Collective) -> bool {
+    !matches!(collective, Collective::AllToAllv | Collective::SendRecv)
+}
 
 /// A collective the benchmark runs, by any name [`Collective::parse`] takes (`all_reduce`,
 /// `all-reduce`, `allreduce`); an error names the ones it knows.
 pub fn benched_collective(name: &str) -> Result<Collective, String> {
-    Collective::parse(name).filter(|c| BENCHED.contains(c)).ok_or_else(|| {
-        let known: Vec<&str> = BENCHED.iter().map(|c| c.name()).collect();
+    Collective::parse(name).filter(|&c| benched(c)).ok_or_else(|| {
+        let known: Vec<&str> = Collective::ALL.into_iter().filter(|&c| benched(c)).map(Collective::name).collect();
         format!("unknown collective {name:?}; expected one of {}", known.join(", "))
     })
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use weave_launch::{
     CancelToken, LaunchSpec, MAX_NAMESPACE_NODES, NAMESPACE_MASTER_PORT, Rate, forward_signals_to, launch,
-    namespace_nodes_available, node_address, node_hostname,
+    namespace_nodes_available, node_address, node_hostname, parse_seconds,
 };
 
 /// Runs N copies of CMD on this host as the ranks of one weave job.
@@ -68,7 +68,7 @@ pub(crate) struct MultinodeArgs {
 #[derive(Debug, Clone, PartialEq, clap::Args)]
 struct JobArgs {
     /// Kill every rank after SECS seconds (fractions allowed)
-    #[arg(short = 't', long, value_name = "SECS", value_parser = seconds)]
+    #[arg(short = 't', long, value_name = "SECS", value_parser = parse_seconds)]
     timeout: Option<Duration>,
     /// Let the other ranks run on when one fails (for jobs that survive failures: revoke,
     /// agree_on_failed, shrink); the exit status is still 1 unless every rank exited 0
@@ -77,15 +77,6 @@ struct JobArgs {
     /// The program every rank runs, and its arguments (after the options, or after --)
     #[arg(value_name = "CMD", required = true, trailing_var_arg = true)]
     command: Vec<OsString>,
-}
-
-/// A positive number of seconds.
-fn seconds(s: &str) -> Result<Duration, String> {
-    let secs: f64 = s.trim().parse().map_err(|_| format!("expected a number of seconds, got {s:?}"))?;
-    Duration::try_from_secs_f64(secs)
-        .ok()
-        .filter(|t| !t.is_zero())
-        .ok_or_else(|| format!("must be a positive number of seconds, got {secs}"))
 }
 
 /// Runs `cargo xtask launch`.

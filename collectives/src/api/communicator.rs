@@ -172,7 +172,7 @@ impl Communicator {
             if bytes == 0 && validation.is_ok() {
                 return Ok(());
             }
-            self.step(bytes, validation, call)
+            self.step_as(bytes, validation, call, 0)
         })
     }
 
