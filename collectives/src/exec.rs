@@ -266,7 +266,7 @@ impl Communicator {
         args.recv = call.recv;
         args.count = count as u64;
         args.root = call.root as u32;
-        args.op = call.op.map_or(0, crate::gpu::op_code);
+        args.op = call.op.map_or(0, ReduceOp::kernel_code);
         args.aux = call.aux;
         if let Some(steps) = steps {
             // The pipelined kernels read their steps-per-block target from aux[0] and their

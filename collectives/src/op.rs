@@ -30,6 +30,18 @@ impl ReduceOp {
         }
     }
 
+    /// The operator's code in the GPU kernels' argument blocks (`weave::Op` in
+    /// `weave/reduce.cuh`).
+    pub(crate) const fn kernel_code(self) -> u32 {
+        match self {
+            ReduceOp::Sum => 0,
+            ReduceOp::Prod => 1,
+            ReduceOp::Min => 2,
+            ReduceOp::Max => 3,
+            ReduceOp::Avg => 4,
+        }
+    }
+
     /// Parses a name as printed by [`name`](Self::name).
     pub fn parse(s: &str) -> Option<ReduceOp> {
         let s = s.trim().to_ascii_lowercase();

@@ -42,6 +42,7 @@ use kernels::module::KernelModule;
 
 use super::{CallSpec, SLOTS, bruck, missing_links, payload_for, recursive, tree};
 use crate::dtype::DataType;
+use crate::op::ReduceOp;
 use crate::select::device::{CountUnit, KernelPlan};
 use crate::table::{Algorithm, Collective};
 
@@ -424,7 +425,7 @@ impl DeviceChannels {
             rank: self.rank as u32,
             world: self.world as u32,
             root: spec.root as u32,
-            op: spec.op.map_or(0, crate::gpu::op_code),
+            op: spec.op.map_or(0, ReduceOp::kernel_code),
             collective: collective as u32,
             algorithm: algorithm as u32,
             from: NO_PEER,

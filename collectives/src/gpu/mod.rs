@@ -69,18 +69,6 @@ const PIPE_MIN_BYTES_PER_BLOCK: usize = 32 << 10;
 /// Least tiles per block a block-pipelined kernel aims for (`WEAVE_GPU_STEPS`).
 const DEFAULT_PIPE_STEPS: u32 = 1;
 
-/// The operator code of the kernels' argument blocks (`weave::Op` in `weave/reduce.cuh`).
-pub(crate) fn op_code(op: crate::op::ReduceOp) -> u32 {
-    use crate::op::ReduceOp;
-    match op {
-        ReduceOp::Sum => 0,
-        ReduceOp::Prod => 1,
-        ReduceOp::Min => 2,
-        ReduceOp::Max => 3,
-        ReduceOp::Avg => 4,
-    }
-}
-
 /// Per-communicator GPU state: the device, its status words and peer watch, and the two kernel
 /// families — the direct one (every peer's workspace mapped here, up to 8 GPUs) and the channel
 /// one (any number of GPUs, through the proxy; built at its first call).
