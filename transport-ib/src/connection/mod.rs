@@ -35,6 +35,8 @@
 //! the peer, for this call and every later one. `flush` returns once the peer's device has
 //! everything; the peer's flags are then stored by its next progress (or its watcher).
 
+mod staged;
+
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -47,16 +49,17 @@ use comm_core::transport::{PeerLiveness, Transport};
 use comm_core::{Error, Result};
 
 use crate::chain::{Chain, post_in_chains, split_writes, writes_needed};
-use crate::device_sources::{DeviceSource, DeviceSources, PinnedBuffer, device_ordinal};
+use crate::device_sources::{DeviceSource, DeviceSources, device_ordinal};
 use crate::flags::{AtomicWords, FlagPath, Outbound, RECORD_BYTES, Record, Signal};
 use crate::inbound::Inbound;
 use crate::region::{IbRegion, PRIVATE, RecentRegions, RemoteKey, RemoteRegion, SourceRegistrations};
-use crate::staging::{ChunkSink, CopyEngine, StagingRing};
+use crate::staging::CopyEngine;
 use crate::verbs::{
-    CompletionQueue, MAX_CHAIN, Operation, ProtectionDomain, QueuePair, Registration, WorkRequest, completion_failure,
+    CompletionQueue, MAX_CHAIN, Operation, ProtectionDomain, QueuePair, WorkRequest, completion_failure,
     empty_completion,
 };
 use crate::watcher::Watcher;
+use staged::Staging;
 
 /// Requests a connection may have in flight (the send queue's depth).
 pub(crate) const SEND_QUEUE_DEPTH: u32 = 128;
@@ -119,19 +122,6 @@ struct State {
 pub(crate) struct Sources {
     pub(crate) host: Arc<SourceRegistrations>,
     pub(crate) device: Arc<DeviceSources>,
-}
-
-/// Slots of a connection's staging ring, and bytes of each: four writes of 1 MiB in flight
-/// while the next chunk is copied.
-const STAGING_SLOTS: usize = 4;
-const STAGING_SLOT_BYTES: usize = 1 << 20;
-
-/// A connection's staging ring in pinned host memory registered with the device.
-struct Staging {
-    ring: StagingRing,
-    /// Declared before the memory: deregistered first.
-    registration: Registration,
-    _memory: Box<dyn PinnedBuffer>,
 }
 
 /// A connection to one peer over InfiniBand or RoCE.
@@ -503,81 +493,6 @@ impl IbConnection {
         // SAFETY: 8 bytes inside the outbox (64-byte aligned memory, READ_BACK is a multiple of
         // 8), which the device wrote before the read's completion was reaped above.
         Ok(unsafe { std::ptr::read_volatile(at.cast::<u64>()) })
-    }
-
-    /// `write`, whose source is device memory, copied chunk by chunk through this connection's
-    /// staging ring (made the first time) and written from there.
-    fn write_staged(
-        &self,
-        state: &mut State,
-        write: &CheckedWrite<'_>,
-        remote: RemoteKey,
-        engine: &dyn CopyEngine,
-        ordinal: u32,
-    ) -> Result<()> {
-        let mut staging = match state.staging.take() {
-            Some(s) => s,
-            None => {
-                let len = STAGING_SLOTS * STAGING_SLOT_BYTES;
-                let memory = self.sources.device.pinned(ordinal, len)?;
-                if memory.len() < len {
-                    return Err(Error::transport(
-                        crate::NAME,
-                        format!("ib staging: asked for {len} bytes of pinned memory, got {}", memory.len()),
-                    ));
-                }
-                // SAFETY: the staging value drops the registration before the memory.
-                let registration = unsafe { Registration::new(&self.pd, memory.as_ptr(), len)? };
-                // SAFETY: the ring's memory is the pinned buffer kept beside it, registered above.
-                let ring = unsafe { StagingRing::new(memory.as_ptr(), STAGING_SLOT_BYTES, STAGING_SLOTS) };
-                Staging { ring, registration, _memory: memory }
-            }
-        };
-        let lkey = staging.registration.lkey();
-        let dst = remote.addr + write.dst_offset as u64;
-        let mut sink = StagedSink { connection: self, state, lkey, dst, rkey: remote.rkey };
-        let src = write.src.as_ptr() as u64 + write.src_offset as u64;
-        // SAFETY: the source range lies inside the device region `write.src` (checked), on the
-        // device whose engine this is.
-        let result = unsafe { staging.ring.write(engine, src, write.len, 0, &mut sink) };
-        state.staging = Some(staging);
-        result
-    }
-}
-
-/// Posts a staging ring's chunks on a connection: each write asks for a completion, so the
-/// ring learns when its slot is free.
-struct StagedSink<'a> {
-    connection: &'a IbConnection,
-    state: &'a mut State,
-    lkey: u32,
-    dst: u64,
-    rkey: u32,
-}
-
-impl ChunkSink for StagedSink<'_> {
-    unsafe fn post(&mut self, local: *const u8, len: usize, dst_offset: usize) -> Result<u64> {
-        let mut write = [WorkRequest {
-            wr_id: 0,
-            op: Operation::Write,
-            local,
-            len: len as u32,
-            lkey: self.lkey,
-            remote: self.dst + dst_offset as u64,
-            rkey: self.rkey,
-            signaled: true,
-        }];
-        // SAFETY: the slot stays untouched until the write retires (the ring's contract), and
-        // the remote range lies inside the peer's registration (the write was checked).
-        unsafe { self.connection.post(self.state, &mut write, None, true, "ib staged write")? };
-        Ok(self.state.posted)
-    }
-
-    fn retire(&mut self, seq: u64) -> Result<()> {
-        // Requests complete in order, so `seq` has retired once no more than the ones posted
-        // after it are outstanding.
-        let after = self.state.posted.saturating_sub(seq);
-        self.connection.reap(self.state, "ib staged write", |outstanding| u64::from(outstanding) <= after)
     }
 }
 
