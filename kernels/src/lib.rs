@@ -40,6 +40,7 @@ pub mod arch;
 pub mod channel;
 pub mod compile;
 pub mod direct;
+mod disk_cache;
 pub mod embedded;
 pub mod launch;
 pub mod layout;
