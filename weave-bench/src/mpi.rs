@@ -207,7 +207,7 @@ fn check_mpi_placement(rows: &[SizeResult], nodes: usize) -> Result<(), String> 
         Some(r) => Err(format!(
             "Open MPI ran its ranks on {} host(s), not on the {nodes} nodes of this run: it placed \
              them against the hostfile's slots, so its times would not cross the network as weave's do \
-             (look at mpirun's mapping options in xtask/src/bench_nodes.rs)",
+             (look at mpirun's mapping options in weave-bench/src/nodes.rs)",
             r.nodes.map_or("an unreported number of".to_string(), |n| n.to_string())
         )),
     }

@@ -14,82 +14,87 @@
 
 use std::sync::Arc;
 
-use collectives::{Communicator, DataType, ReduceOp};
+use clap::Parser;
+use clap::builder::RangedU64ValueParser;
+use collectives::{Collective, Communicator, DataType, ReduceOp};
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
+use weave_bench::record::{benched_collective, bus_factor, sweep_sizes};
 
-#[derive(Debug, Clone)]
+/// A parsed command line.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "gpu-bench", about = "One rank of weave-bench's GPU benchmark (see the source's header)")]
 struct Options {
-    op: String,
+    /// all_reduce, all_gather, reduce_scatter, broadcast, all_to_all
+    #[arg(long, default_value = "all_reduce", value_parser = gpu_collective)]
+    op: Collective,
+    /// Smallest size (bytes, with an optional K/M/G suffix: powers of 1024)
+    #[arg(short = 'b', default_value = "8", value_parser = size)]
     min: usize,
+    /// Largest size
+    #[arg(short = 'e', default_value = "64M", value_parser = size)]
     max: usize,
+    /// Size factor from one size to the next (at least 2)
+    #[arg(short = 'f', default_value = "2", value_parser = at_least(2))]
     factor: usize,
+    /// Timed calls per batch
+    #[arg(long, default_value = "20", value_parser = at_least(1))]
     iters: usize,
+    /// Untimed calls per size before the batches
+    #[arg(long, default_value = "5", value_parser = at_least(0))]
     warmup: usize,
+    /// Batches per size
+    #[arg(long, default_value = "5", value_parser = at_least(1))]
     repeat: usize,
+    /// Verify one call per size (the default)
+    #[arg(long, overrides_with = "no_check")]
     check: bool,
+    /// Do not verify
+    #[arg(long, overrides_with = "check")]
+    no_check: bool,
+    /// Time CUDA-graph replays instead of eager launches
+    #[arg(short = 'G', long)]
     graph: bool,
+    /// In place (all_reduce and broadcast)
+    #[arg(long)]
     inplace: bool,
+    /// NCCL beside weave (built with the `nccl` feature)
+    #[arg(long)]
     nccl: bool,
+    /// A comment line per size with rank 0's host time to enqueue one eager call
+    #[arg(long)]
     host_time: bool,
 }
 
-fn parse_size(s: &str) -> Option<usize> {
-    let t = s.trim();
-    let (num, mult) = match t.chars().last()?.to_ascii_uppercase() {
-        'K' => (&t[..t.len() - 1], 1 << 10),
-        'M' => (&t[..t.len() - 1], 1 << 20),
-        'G' => (&t[..t.len() - 1], 1 << 30),
-        _ => (t, 1),
-    };
-    num.parse::<usize>().ok()?.checked_mul(mult)
+/// The collectives the GPU benchmark runs.
+fn gpu_collective(name: &str) -> std::result::Result<Collective, String> {
+    benched_collective(name)?;
+    Collective::parse(name)
+        .filter(|&c| c != Collective::Reduce)
+        .ok_or_else(|| format!("{name}: the GPU bench has no reduce"))
 }
 
-fn parse() -> std::result::Result<Options, String> {
-    let mut o = Options {
-        op: "all_reduce".into(),
-        min: 8,
-        max: 64 << 20,
-        factor: 2,
-        iters: 20,
-        warmup: 5,
-        repeat: 5,
-        check: true,
-        graph: false,
-        inplace: false,
-        nccl: false,
-        host_time: false,
-    };
-    let mut args = std::env::args().skip(1);
-    while let Some(a) = args.next() {
-        let mut value = |what: &str| args.next().ok_or_else(|| format!("{a} needs {what}"));
-        match a.as_str() {
-            "--op" => o.op = value("an op")?,
-            "-b" => o.min = parse_size(&value("a size")?).ok_or("bad -b")?,
-            "-e" => o.max = parse_size(&value("a size")?).ok_or("bad -e")?,
-            "-f" => o.factor = value("a factor")?.parse().map_err(|_| "bad -f")?,
-            "--iters" => o.iters = value("a count")?.parse().map_err(|_| "bad --iters")?,
-            "--warmup" => o.warmup = value("a count")?.parse().map_err(|_| "bad --warmup")?,
-            "--repeat" => o.repeat = value("a count")?.parse().map_err(|_| "bad --repeat")?,
-            "--check" => o.check = true,
-            "--no-check" => o.check = false,
-            "--graph" | "-G" => o.graph = true,
-            "--inplace" => o.inplace = true,
-            "--nccl" => o.nccl = true,
-            "--host-time" => o.host_time = true,
-            other => return Err(format!("unknown argument {other:?}")),
+/// A count of at least `min`.
+fn at_least(min: u64) -> RangedU64ValueParser<usize> {
+    RangedU64ValueParser::new().range(min..)
+}
+
+/// A size in bytes (`8`, `64K`, `1G`).
+fn size(s: &str) -> std::result::Result<usize, String> {
+    weave_launch::parse_size(s).and_then(|b| usize::try_from(b).ok()).ok_or_else(|| format!("bad size {s:?}"))
+}
+
+impl Options {
+    /// Checks what the parser cannot: the sizes and the in-place forms.
+    fn settle(self) -> std::result::Result<Options, String> {
+        if self.min == 0 || self.min > self.max {
+            return Err(format!("need 0 < -b <= -e, got -b {} -e {}", self.min, self.max));
         }
+        if self.inplace && !matches!(self.op, Collective::AllReduce | Collective::Broadcast) {
+            return Err("--inplace is supported for all_reduce and broadcast".into());
+        }
+        Ok(self)
     }
-    if o.factor < 2 || o.iters == 0 || o.repeat == 0 || o.min == 0 || o.min > o.max {
-        return Err("need -f >= 2, --iters >= 1, --repeat >= 1, 0 < -b <= -e".into());
-    }
-    if !["all_reduce", "all_gather", "reduce_scatter", "broadcast", "all_to_all"].contains(&o.op.as_str()) {
-        return Err(format!("unknown op {:?}", o.op));
-    }
-    if o.inplace && !["all_reduce", "broadcast"].contains(&o.op.as_str()) {
-        return Err("--inplace is supported for all_reduce and broadcast".into());
-    }
-    Ok(o)
 }
 
 fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
@@ -101,7 +106,7 @@ fn main() {
     // SAFETY: the first statement of main, before any other thread exists.
     unsafe { std::env::set_var("NCCL_NVLS_ENABLE", "0") };
     weave_tests::worker::install_subscriber();
-    let o = match parse() {
+    let o = match Options::parse().settle() {
         Ok(o) => o,
         Err(e) => {
             eprintln!("gpu-bench: {e}");
@@ -119,7 +124,7 @@ trait Library {
     fn name(&self) -> &'static str;
     /// # Safety
     /// `send`/`recv` valid device buffers of the sizes the op needs for `count`.
-    unsafe fn call(&self, op: &str, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()>;
+    unsafe fn call(&self, op: Collective, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()>;
 }
 
 struct Weave<'a>(&'a Communicator);
@@ -128,15 +133,17 @@ impl Library for Weave<'_> {
     fn name(&self) -> &'static str {
         "weave"
     }
-    unsafe fn call(&self, op: &str, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()> {
+    unsafe fn call(&self, op: Collective, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()> {
         let d = DataType::F32;
         // SAFETY: forwarded from the caller.
         unsafe {
             match op {
-                "all_reduce" => self.0.all_reduce_device_raw(send, recv, count, d, ReduceOp::Sum, stream),
-                "all_gather" => self.0.all_gather_device_raw(send, recv, count, d, stream),
-                "reduce_scatter" => self.0.reduce_scatter_device_raw(send, recv, count, d, ReduceOp::Sum, stream),
-                "broadcast" => self.0.broadcast_device_raw(send, recv, count, d, 0, stream),
+                Collective::AllReduce => self.0.all_reduce_device_raw(send, recv, count, d, ReduceOp::Sum, stream),
+                Collective::AllGather => self.0.all_gather_device_raw(send, recv, count, d, stream),
+                Collective::ReduceScatter => {
+                    self.0.reduce_scatter_device_raw(send, recv, count, d, ReduceOp::Sum, stream)
+                }
+                Collective::Broadcast => self.0.broadcast_device_raw(send, recv, count, d, 0, stream),
                 _ => self.0.all_to_all_device_raw(send, recv, count, d, stream),
             }
         }
@@ -196,23 +203,30 @@ mod nccl {
         fn name(&self) -> &'static str {
             "nccl"
         }
-        unsafe fn call(&self, op: &str, send: u64, recv: u64, count: usize, stream: &Arc<CudaStream>) -> Result<()> {
+        unsafe fn call(
+            &self,
+            op: Collective,
+            send: u64,
+            recv: u64,
+            count: usize,
+            stream: &Arc<CudaStream>,
+        ) -> Result<()> {
             let s = stream.cu_stream() as sys::cudaStream_t;
             let f = sys::ncclDataType_t::ncclFloat32;
             let (sp, rp) = (send as *const std::ffi::c_void, recv as *mut std::ffi::c_void);
             // SAFETY: forwarded from the caller; the communicator is live.
             unsafe {
                 match op {
-                    "all_reduce" => check(
+                    Collective::AllReduce => check(
                         "all_reduce",
                         sys::ncclAllReduce(sp, rp, count, f, sys::ncclRedOp_t::ncclSum, self.comm, s),
                     ),
-                    "all_gather" => check("all_gather", sys::ncclAllGather(sp, rp, count, f, self.comm, s)),
-                    "reduce_scatter" => check(
+                    Collective::AllGather => check("all_gather", sys::ncclAllGather(sp, rp, count, f, self.comm, s)),
+                    Collective::ReduceScatter => check(
                         "reduce_scatter",
                         sys::ncclReduceScatter(sp, rp, count, f, sys::ncclRedOp_t::ncclSum, self.comm, s),
                     ),
-                    "broadcast" => check("broadcast", sys::ncclBroadcast(sp, rp, count, f, 0, self.comm, s)),
+                    Collective::Broadcast => check("broadcast", sys::ncclBroadcast(sp, rp, count, f, 0, self.comm, s)),
                     _ => {
                         check("group start", sys::ncclGroupStart())?;
                         for p in 0..self.n {
@@ -229,17 +243,17 @@ mod nccl {
 }
 
 /// Elements per rank (nccl-tests' count) and buffer lengths (send, recv) for a size in bytes.
-fn shape(op: &str, size: usize, n: usize) -> (usize, usize, usize) {
+fn shape(op: Collective, size: usize, n: usize) -> (usize, usize, usize) {
     match op {
-        "all_gather" => {
+        Collective::AllGather => {
             let c = size / 4 / n;
             (c, c, c * n)
         }
-        "reduce_scatter" => {
+        Collective::ReduceScatter => {
             let c = size / 4 / n;
             (c, c * n, c)
         }
-        "all_to_all" => {
+        Collective::AllToAll => {
             let c = size / 4 / n;
             (c, c * n, c * n)
         }
@@ -250,27 +264,18 @@ fn shape(op: &str, size: usize, n: usize) -> (usize, usize, usize) {
     }
 }
 
-fn bus_factor(op: &str, n: usize) -> f64 {
-    let n = n as f64;
-    match op {
-        "all_reduce" => 2.0 * (n - 1.0) / n,
-        "broadcast" => 1.0,
-        _ => (n - 1.0) / n,
-    }
-}
-
 /// Input element i of rank r.
 fn value(r: usize, i: usize) -> f32 {
     ((r * 7 + i * 13) % 11) as f32
 }
 
 /// The expected output element j.
-fn expected(op: &str, me: usize, n: usize, count: usize, j: usize) -> f32 {
+fn expected(op: Collective, me: usize, n: usize, count: usize, j: usize) -> f32 {
     match op {
-        "all_reduce" => (0..n).map(|r| value(r, j)).sum(),
-        "all_gather" => value(j / count, j % count),
-        "reduce_scatter" => (0..n).map(|r| value(r, me * count + j)).sum(),
-        "broadcast" => value(0, j),
+        Collective::AllReduce => (0..n).map(|r| value(r, j)).sum(),
+        Collective::AllGather => value(j / count, j % count),
+        Collective::ReduceScatter => (0..n).map(|r| value(r, me * count + j)).sum(),
+        Collective::Broadcast => value(0, j),
         _ => value(j / count, me * count + j % count),
     }
 }
@@ -303,12 +308,8 @@ fn run(o: &Options) -> Result<()> {
     };
     #[cfg(not(feature = "nccl"))]
     let libs: Vec<&dyn Library> = vec![&weave];
-    let mut sizes = Vec::new();
-    let mut s = o.min;
-    while s <= o.max {
-        sizes.push(s);
-        s *= o.factor;
-    }
+    let sizes: Vec<usize> =
+        sweep_sizes(o.min as u64, o.max as u64, o.factor as u64).into_iter().map(|s| s as usize).collect();
     if me == 0 {
         println!(
             "# gpu-bench: {} on {n} GPUs, float sum, median of {} batches of {} iters after {} warmup, {}{}",
@@ -331,7 +332,7 @@ fn run(o: &Options) -> Result<()> {
     }
     let mut ratios = Vec::new();
     for size in sizes {
-        let (count, send_len, recv_len) = shape(&o.op, size, n);
+        let (count, send_len, recv_len) = shape(o.op, size, n);
         if count == 0 {
             continue;
         }
@@ -346,8 +347,10 @@ fn run(o: &Options) -> Result<()> {
         let bytes = size as f64;
         let (t, wrong, _) = results[0];
         let algbw = bytes / t / 1e3;
-        let line =
-            format!("{size:>12} {count:>12} {t:>10.2} {algbw:>9.2} {:>9.2} {wrong:>7}", algbw * bus_factor(&o.op, n));
+        let line = format!(
+            "{size:>12} {count:>12} {t:>10.2} {algbw:>9.2} {:>9.2} {wrong:>7}",
+            algbw * bus_factor(o.op, n as u64)
+        );
         if me == 0 {
             if o.host_time && !o.graph {
                 let hosts: Vec<String> =
@@ -355,7 +358,7 @@ fn run(o: &Options) -> Result<()> {
                 println!("# host enqueue us/call at {size} B: {}", hosts.join(", "));
             }
             if let Some(&(tn, wn, _)) = results.get(1) {
-                let nb = bytes / tn / 1e3 * bus_factor(&o.op, n);
+                let nb = bytes / tn / 1e3 * bus_factor(o.op, n as u64);
                 ratios.push(tn / t);
                 println!(" {line} {tn:>10.2} {nb:>9.2} {wn:>7} {:>9.2}", tn / t);
             } else {
@@ -395,7 +398,7 @@ fn time_one(
     // In place the input changes every call: time on it anyway (as nccl-tests), check on a reset.
     for _ in 0..o.warmup {
         // SAFETY: buffers sized by `shape` for this op and count.
-        unsafe { lib.call(&o.op, s, r, count, stream)? };
+        unsafe { lib.call(o.op, s, r, count, stream)? };
     }
     stream.synchronize().map_err(cuda("sync"))?;
     comm.check_gpu()?;
@@ -406,7 +409,7 @@ fn time_one(
         let mut captured = Ok(());
         for _ in 0..o.iters {
             // SAFETY: as above.
-            captured = captured.and_then(|_| unsafe { lib.call(&o.op, s, r, count, stream) });
+            captured = captured.and_then(|_| unsafe { lib.call(o.op, s, r, count, stream) });
         }
         let g = stream.end_capture(cudarc::driver::sys::CUgraphInstantiate_flags(0)).map_err(cuda("end capture"))?;
         captured?;
@@ -423,7 +426,7 @@ fn time_one(
     for _ in 0..o.repeat {
         comm.core().bootstrap().barrier()?;
         // SAFETY: as above. The aligning call: every rank's GPU leaves it at about the same time.
-        unsafe { lib.call(&o.op, s, r, count, stream)? };
+        unsafe { lib.call(o.op, s, r, count, stream)? };
         let start = stream.record_event(timing).map_err(cuda("record start"))?;
         match &graph {
             Some(g) => g.launch().map_err(cuda("graph launch"))?,
@@ -431,7 +434,7 @@ fn time_one(
                 let began = std::time::Instant::now();
                 for _ in 0..o.iters {
                     // SAFETY: as above.
-                    unsafe { lib.call(&o.op, s, r, count, stream)? };
+                    unsafe { lib.call(o.op, s, r, count, stream)? };
                 }
                 enqueue.push(began.elapsed().as_secs_f64() * 1e6 / o.iters as f64);
             }
@@ -448,22 +451,49 @@ fn time_one(
     let all = comm.core().bootstrap().all_gather(&mine.to_le_bytes())?;
     let t = all.iter().filter_map(|b| b.as_slice().try_into().ok().map(f64::from_le_bytes)).fold(0.0, f64::max);
     let mut wrong = 0;
-    if o.check {
+    if !o.no_check {
         stream.memcpy_htod(host, &mut bufs.send).map_err(cuda("reset"))?;
         // SAFETY: as above.
-        unsafe { lib.call(&o.op, s, r, count, stream)? };
+        unsafe { lib.call(o.op, s, r, count, stream)? };
         stream.synchronize().map_err(cuda("sync"))?;
         comm.check_gpu()?;
         let out = stream.clone_dtoh(if o.inplace { &bufs.send } else { &bufs.recv }).map_err(cuda("download"))?;
-        let len = match o.op.as_str() {
-            "all_gather" | "all_to_all" => count * n,
+        let len = match o.op {
+            Collective::AllGather | Collective::AllToAll => count * n,
             _ => count,
         };
-        wrong = (0..len).filter(|&j| out[j] != expected(&o.op, me, n, count, j)).count() as u64;
+        wrong = (0..len).filter(|&j| out[j] != expected(o.op, me, n, count, j)).count() as u64;
         // Keep the input pristine for the next library.
         stream.memcpy_htod(host, &mut bufs.send).map_err(cuda("reset"))?;
         stream.synchronize().map_err(cuda("sync"))?;
     }
     let _ = lib.name();
     Ok((t, wrong, host_us))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(line: &[&str]) -> std::result::Result<Options, String> {
+        Options::try_parse_from(std::iter::once("gpu-bench").chain(line.iter().copied()))
+            .map_err(|e| e.to_string())?
+            .settle()
+    }
+
+    #[test]
+    fn the_driver_s_arguments_parse() {
+        let line = ["--op", "all_gather", "-b", "8", "-e", "1M", "-f", "4", "--iters", "3", "--warmup", "1"];
+        let o = parse(&[&line[..], &["--no-check", "--graph", "--nccl"]].concat()).unwrap();
+        assert_eq!((o.op, o.min, o.max, o.factor, o.iters, o.warmup), (Collective::AllGather, 8, 1 << 20, 4, 3, 1));
+        assert!(o.no_check && o.graph && o.nccl && !o.inplace);
+        assert!(!parse(&["--check"]).unwrap().no_check);
+        assert!(parse(&["--op", "reduce"]).unwrap_err().contains("no reduce"));
+        assert!(parse(&["--op", "gather"]).is_err());
+        assert!(parse(&["--op", "all_gather", "--inplace"]).unwrap_err().contains("in"));
+        assert!(parse(&["-b", "1M", "-e", "1K"]).is_err());
+        assert!(parse(&["-f", "1"]).is_err());
+        assert_eq!(shape(Collective::ReduceScatter, 1024, 4), (64, 256, 64));
+        assert_eq!(expected(Collective::Broadcast, 1, 2, 4, 3), value(0, 3));
+    }
 }
