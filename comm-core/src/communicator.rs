@@ -371,6 +371,12 @@ impl Communicator {
         self.backends.iter().find(|b| b.transport() == t)
     }
 
+    /// The GPU this rank's transports serve ([`TransportBackend::device`]), if one does: the
+    /// device its GPU collectives run on.
+    pub fn device(&self) -> Option<u32> {
+        self.backends.iter().find_map(|b| b.device())
+    }
+
     /// An error unless `peer` is another rank of this communicator.
     pub(crate) fn check_peer_rank(&self, peer: usize) -> Result<()> {
         if peer >= self.world_size() || peer == self.rank() {

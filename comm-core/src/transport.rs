@@ -137,6 +137,13 @@ pub trait TransportBackend: Send + Sync {
         kind == MemoryKind::Host
     }
 
+    /// The GPU whose memory this backend serves (its ordinal, as this process numbers its
+    /// visible devices), if it serves one: the device a GPU engine over the communicator runs
+    /// on. None by default.
+    fn device(&self) -> Option<u32> {
+        None
+    }
+
     /// Allocates `len` bytes of `kind` memory that peers can import through this transport.
     /// Transports that cannot own memory return [`Error::Unsupported`].
     fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {

@@ -328,6 +328,10 @@ impl TransportBackend for CudaIpcBackend {
         true
     }
 
+    fn device(&self) -> Option<u32> {
+        Some(self.gpu.ordinal())
+    }
+
     fn allocates(&self, kind: MemoryKind) -> bool {
         matches!(kind, MemoryKind::Device(_))
     }

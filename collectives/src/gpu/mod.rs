@@ -33,7 +33,6 @@ use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::resilience::Resilience;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
-use transport_cudaipc::CudaIpcBackend;
 use weave_cuda::DeviceStatus;
 
 use crate::channel::gpu::DeviceChannels;
@@ -135,8 +134,8 @@ impl GpuEngine {
     /// the GPU maps. `gpu` holds the tuning knobs.
     /// The kernels report into `resilience`'s ledger how far the GPU got.
     pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig, resilience: &Arc<Resilience>) -> Result<Option<Self>> {
-        let backend =
-            core.backend(transport_cudaipc::transport()).and_then(|b| b.as_any().downcast_ref::<CudaIpcBackend>());
+        // The GPU this rank's transports serve (CUDA IPC's), whichever transport opened it.
+        let ordinal = core.device();
         let world = core.world_size();
         // The direct family loads and stores the peers' GPU memory through CUDA IPC: every peer
         // must be reached by it (one node; posed nodes split it). Every rank computes the same.
@@ -145,14 +144,14 @@ impl GpuEngine {
         let every_peer = (0..world)
             .filter(|&p| p != core.rank())
             .all(|p| topology.reach(p).is_some_and(|r| r.transports.iter().any(|&(t, _)| t == cudaipc)));
-        let all = core.bootstrap().all_gather(&[u8::from(backend.is_some())])?;
+        let all = core.bootstrap().all_gather(&[u8::from(ordinal.is_some())])?;
         if all.iter().any(|v| v.first() != Some(&1)) {
             tracing::info!(target: diagnostics::INIT, rank = core.rank(), "GPU collectives off: not every rank has a CUDA device");
             return Ok(None);
         }
-        let backend = backend.ok_or_else(|| Error::Unsupported("CUDA IPC transport vanished".into()))?;
-        // From here on only the device matters (weave-cuda), not the transport that opened it.
-        let device = backend.device();
+        let ordinal = ordinal.ok_or_else(|| Error::Unsupported("the GPU of this rank's transports vanished".into()))?;
+        // The same device, and so the same primary context, as the transport's.
+        let device = &weave_cuda::CudaDevice::open(ordinal)?;
         let ctx = device.context().clone();
         ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
         let arch = kernels::arch::device_arch(&ctx)?;
