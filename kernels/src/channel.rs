@@ -19,6 +19,10 @@ pub const CHANNEL_SOURCE: &str = include_str!("../cuda/channel.cu");
 /// Bruck, binomial trees), which every program appends to [`CHANNEL_SOURCE`].
 pub const CHANNEL_LOG_SOURCE: &str = include_str!("../cuda/channel_log.cu");
 
+/// Each collective dispatched to its algorithm, and the entry points (`cuda/channel_run.cu`),
+/// which every program appends to [`CHANNEL_LOG_SOURCE`].
+pub const CHANNEL_RUN_SOURCE: &str = include_str!("../cuda/channel_run.cu");
+
 /// Threads of the one block a channel launch runs.
 pub const CHANNEL_THREADS: u32 = 512;
 
@@ -73,7 +77,7 @@ impl ChannelKernel {
         let checks = crate::layout::static_checks() + &layout_checks(&LAYOUTS) + &constant_checks();
         let source = format!(
             "#define WEAVE_CHANNEL_THREADS {CHANNEL_THREADS}\n{}#line 1 \"channel.cu\"\n{CHANNEL_SOURCE}\n\
-             #line 1 \"channel_log.cu\"\n{CHANNEL_LOG_SOURCE}\n{entry}\n",
+             #line 1 \"channel_log.cu\"\n{CHANNEL_LOG_SOURCE}\n#line 1 \"channel_run.cu\"\n{CHANNEL_RUN_SOURCE}\n{entry}\n",
             code_declarations()
         );
         Ok(program_with_checks(&source, &checks))
@@ -398,10 +402,10 @@ mod tests {
             assert!(d.contains(code), "{code} missing from\n{d}");
         }
         for c in ChannelCollective::ALL {
-            assert!(CHANNEL_SOURCE.contains(&format!("CHANNEL_{}", upper_snake(&format!("{c:?}")))), "{c:?}");
+            assert!(CHANNEL_RUN_SOURCE.contains(&format!("CHANNEL_{}", upper_snake(&format!("{c:?}")))), "{c:?}");
         }
         for a in ChannelAlgorithm::ALL {
-            assert!(CHANNEL_SOURCE.contains(&format!("CHANNEL_{}", upper_snake(&format!("{a:?}")))), "{a:?}");
+            assert!(CHANNEL_RUN_SOURCE.contains(&format!("CHANNEL_{}", upper_snake(&format!("{a:?}")))), "{a:?}");
         }
     }
 
