@@ -5,7 +5,7 @@
 #
 #   ./run-gpu-checks.sh                 # symbols, torch (weave vs NCCL), dead peer, nccl-tests
 #   OUT=/some/dir ./run-gpu-checks.sh   # logs go to $OUT (default /tmp/weave-nccl-checks)
-#   PARTS="torch" ./run-gpu-checks.sh   # only some parts: symbols torch nccl-tests
+#   PARTS="torch" ./run-gpu-checks.sh   # only some parts: symbols torch nodes nccl-tests
 #   MODES="eager" ./run-gpu-checks.sh   # nccl-tests modes (default "eager graph")
 #
 # With two or more GPUs every program runs on weave and on NCCL, one GPU per rank. With one GPU
@@ -30,7 +30,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 TORCHRUN=${TORCHRUN:-torchrun}
 failed=0
-PARTS=${PARTS:-symbols torch nccl-tests}
+PARTS=${PARTS:-symbols torch nodes nccl-tests}
 MODES=${MODES:-eager graph}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -56,15 +56,16 @@ fi
 
 # 2. torch.distributed: the same script on NCCL (gloo with one GPU) and on weave, results compared.
 NPROC=2
+if [ "$GPUS" -ge 2 ]; then
+  reference=nccl; ref_args=""; subset=""
+else
+  reference=gloo; ref_args="--gloo"; subset="--reference-subset"
+fi
+has_torch() { $PY -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 1 else 1)" 2>/dev/null; }
 if ! part torch; then :
-elif ! $PY -c "import torch, sys; sys.exit(0 if torch.cuda.device_count() >= 1 else 1)" 2>/dev/null; then
+elif ! has_torch; then
   line SKIP torch "needs python3 with torch and a GPU"
 else
-  if [ "$GPUS" -ge 2 ]; then
-    reference=nccl; ref_args=""; subset=""
-  else
-    reference=gloo; ref_args="--gloo"; subset="--reference-subset"
-  fi
   timeout 600 $TORCHRUN --nproc-per-node $NPROC "$HERE/torch_check.py" $ref_args "$OUT/$reference" \
     >"$OUT/torch-$reference.log" 2>&1
   rc_n=$?
@@ -112,7 +113,36 @@ else
   done
 fi
 
-# 3. nccl-tests, when its source is here.
+# 3. Device buffers across nodes: the torch script on weave with its two ranks in two nodes of
+# this host made of network namespaces (`xtask multinode`, from the bundle: no shared memory or
+# CUDA IPC between the nodes, so TCP carries the device calls), compared with the reference.
+XTASK=${XTASK:-$HERE/../xtask}
+if ! part nodes; then :
+elif ! has_torch; then
+  line SKIP torch-across-nodes "needs python3 with torch and a GPU"
+elif [ ! -x "$XTASK" ]; then
+  line SKIP torch-across-nodes "no xtask binary at $XTASK (set XTASK)"
+else
+  if [ ! -f "$OUT/$reference.rank0.pt" ]; then
+    timeout 600 $TORCHRUN --nproc-per-node $NPROC "$HERE/torch_check.py" $ref_args "$OUT/$reference" \
+      >"$OUT/torch-$reference.log" 2>&1
+  fi
+  start=$SECONDS
+  timeout 600 "$XTASK" multinode --nodes 2 --ranks-per-node 1 -- \
+    env NCCL_DEBUG=INFO LD_PRELOAD="$LIB" $PY "$HERE/torch_check.py" "$OUT/weave-nodes" >"$OUT/torch-nodes.log" 2>&1
+  rc=$?
+  took=$((SECONDS - start))
+  if [ $rc -ne 0 ]; then line FAIL torch-across-nodes "exit $rc after ${took}s, $OUT/torch-nodes.log"
+  elif ! grep -q "as network namespaces" "$OUT/torch-nodes.log"; then
+    line FAIL torch-across-nodes "the nodes were not network namespaces, $OUT/torch-nodes.log"
+  elif ! grep -q "direct GPU kernels off (some GPUs are on other nodes" "$OUT/torch-nodes.log"; then
+    line FAIL torch-across-nodes "the ranks did not see each other as on other nodes, $OUT/torch-nodes.log"
+  elif $PY "$HERE/torch_check.py" --compare "$OUT/weave-nodes" "$OUT/$reference" $subset >"$OUT/torch-nodes-compare.log" 2>&1; then
+    line PASS torch-across-nodes "${took}s, 2 namespace nodes x 1 rank: $(grep -c '^pass' "$OUT/torch-nodes-compare.log") results equal to $reference"
+  else line FAIL torch-across-nodes "$(grep -c FAIL "$OUT/torch-nodes-compare.log") differ, $OUT/torch-nodes-compare.log"; fi
+fi
+
+# 4. nccl-tests, when its source is here.
 SRC=${NCCL_TESTS_SRC:-$HERE/nccl-tests}
 if ! part nccl-tests; then :
 elif [ ! -f "$SRC/Makefile" ]; then

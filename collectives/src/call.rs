@@ -3,7 +3,7 @@
 //! buffers an algorithm works on ([`Buffers`]), and the signature every rank of a call must
 //! share ([`signature`]).
 
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use comm_core::ledger::CallSignature;
 
 use comm_core::Error;
@@ -120,7 +120,7 @@ impl P2pOp {
 }
 
 /// One collective call on device buffers: what the GPU engine takes.
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub(crate) struct DeviceCall {
     pub(crate) collective: Collective,
     pub(crate) dtype: DataType,
@@ -135,7 +135,7 @@ pub(crate) struct DeviceCall {
     pub(crate) bytes: usize,
 }
 
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 impl DeviceCall {
     /// A call with root 0 and no counts arrays; `bytes` is what the algorithm table sees.
     pub(crate) fn new(

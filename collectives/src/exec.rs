@@ -6,39 +6,39 @@
 //! of either.
 
 use std::cell::RefMut;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use std::sync::Arc;
 
 use comm_core::diagnostics;
 use comm_core::{Error, Result};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use cudarc::driver::CudaStream;
 
 use crate::api::communicator::Communicator;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::call::DeviceCall;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::call::DeviceTransfer;
 use crate::call::{Buffers, CollectiveCall, already_in_a_call};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::channel::CallSpec;
 use crate::channel::ChannelEngine;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::channel::gpu::{DeviceCollectiveCall, DeviceSendRecv};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::dtype::DataType;
 use crate::dtype::Element;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::gpu::{DirectKernel, GpuCollectiveArgs};
 use crate::hierarchy::{Hierarchy, StepRunner};
 use crate::host::{self, HostEngine};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::matching::GroupStamps;
 use crate::op::ReduceOp;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::select::device::{CountUnit, Grid};
 use crate::select::{CallShape, Executor};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::table::MemorySpace;
 use crate::table::{Algorithm, Collective};
 
@@ -173,7 +173,7 @@ unsafe fn run_on_host<T: Element>(e: &mut HostEngine, algo: Algorithm, call: Col
 }
 
 /// Calls on device buffers: the plan's executor, one kernel per call.
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 impl Communicator {
     /// # Safety
     /// The addresses in `call` must be valid device memory for the call until it completes on
@@ -427,10 +427,10 @@ impl Communicator {
 }
 
 /// The error of a device call on a communicator without a GPU path.
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub(crate) fn no_gpu() -> Error {
     Error::Unsupported(
-        "this communicator has no GPU path: build with the `cudaipc` feature and give every rank a CUDA device".into(),
+        "this communicator has no GPU path: build with the `cuda` feature and give every rank a CUDA device".into(),
     )
 }
 
@@ -459,7 +459,7 @@ unsafe impl StepRunner for Communicator {
         Communicator::step_as(self, bytes, valid, call, variant)
     }
 
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     unsafe fn device_step(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
         // SAFETY: forwarded from the caller.
         self.ledgered(call.signature(), || unsafe { self.device_call(call, stream) })

@@ -69,16 +69,16 @@
 mod pipeline;
 
 use std::cell::RefCell;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use std::sync::Arc;
 
 use comm_core::topology::NodeGrid;
 use comm_core::{Error, Result};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use cudarc::driver::CudaStream;
 
 use crate::call::CollectiveCall;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::call::DeviceCall;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
@@ -126,7 +126,7 @@ pub(crate) unsafe trait StepRunner: Sized {
     ///
     /// # Safety
     /// The addresses in `call` valid device memory for the call until it completes on `stream`.
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     unsafe fn device_step(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()>;
 }
 
@@ -170,13 +170,13 @@ impl<C: StepRunner> Hierarchy<C> {
     }
 
     /// The node's grid.
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     pub(crate) fn grid(&self) -> NodeGrid {
         self.grid
     }
 
     /// This rank's local rank on its node.
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     pub(crate) fn local(&self) -> usize {
         self.local
     }

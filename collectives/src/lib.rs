@@ -15,10 +15,12 @@
 //! # Ok(()) }
 //! ```
 //!
-//! Transports come from Cargo features: `shm` (POSIX shared memory, default) and `cudaipc`
-//! (GPU memory over NVLink / PCIe peer access, default; the CUDA driver is loaded at run time,
-//! so CPU-only machines build and run it — the GPU path is then off). The primitives layer is
-//! re-exported as [`core`].
+//! Transports come from Cargo features: `shm` (POSIX shared memory, default), `tcp` (default),
+//! `ib`, and `cudaipc` (GPU memory over NVLink / PCIe peer access, default). The GPU engine —
+//! the device calls — comes with `cuda` (turned on by `cudaipc`) and runs over whichever
+//! transports reach the peers; the CUDA driver is loaded at run time, so CPU-only machines
+//! build and run it — the GPU path is then off. The primitives layer is re-exported as
+//! [`core`].
 
 mod api;
 mod call;
@@ -28,7 +30,7 @@ pub mod dtype;
 mod exec;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub mod gpu;
 mod health;
 mod hierarchy;
@@ -44,7 +46,7 @@ pub use select::table;
 pub use api::abort::AbortHandle;
 pub use api::buffer::SharedBuffer;
 pub use api::builder::{Builder, default_transports};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub use api::device_group::DeviceGroup;
 pub use api::group::Group;
 pub use api::grow::{GrowId, Growing};

@@ -32,6 +32,7 @@ impl ReduceOp {
 
     /// The operator's code in the GPU kernels' argument blocks (`weave::Op` in
     /// `weave/reduce.cuh`).
+    #[cfg(feature = "cuda")]
     pub(crate) const fn kernel_code(self) -> u32 {
         match self {
             ReduceOp::Sum => 0,

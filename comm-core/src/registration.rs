@@ -221,6 +221,13 @@ impl Communicator {
         Ok(self.routes_to(peer)?.iter().any(|(backend, _)| backend.allocates(kind)))
     }
 
+    /// Whether some transport reaching `peer` allocates memory of `kind` and maps what a peer
+    /// exports into this process ([`TransportBackend::direct_access`]): whether this rank can
+    /// load and store `peer`'s memory of that kind (CUDA IPC, for device memory).
+    pub fn pair_maps(&self, peer: usize, kind: MemoryKind) -> Result<bool> {
+        Ok(self.routes_to(peer)?.iter().any(|(backend, _)| backend.allocates(kind) && backend.direct_access()))
+    }
+
     /// [`exchange_pair`](Self::exchange_pair) for memory of any `kind` (device memory for GPU
     /// links): allocated by the first transport that reaches `peer` and allocates that kind.
     pub fn exchange_pair_of(

@@ -68,8 +68,8 @@ pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
     let comm = b.with_transport(ShmTransport).with_transport(TcpTransport::new()).build()?;
     if a.device.is_some() && !comm.has_gpu() {
         return Err(Fail::usage(
-            "weave's GPU path is off for this communicator on every rank: every rank needs a CUDA device and all \
-             of them must be on one host (run with NCCL_DEBUG=INFO or WEAVE_DEBUG=info to see why)",
+            "weave's GPU path is off for this communicator on every rank: every rank needs a CUDA device (run \
+             with NCCL_DEBUG=INFO or WEAVE_DEBUG=info to see why)",
         ));
     }
     tracing::info!(

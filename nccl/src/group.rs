@@ -178,8 +178,8 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
         }
         let ctx = live.comm.gpu_context().ok_or_else(|| {
             Fail::usage(
-                "this communicator has no GPU path (every rank needs a CUDA device reachable through CUDA IPC; \
-                 device buffers across hosts are not supported yet)",
+                "this communicator has no GPU path (every rank needs a CUDA device; run with NCCL_DEBUG=INFO or \
+                 WEAVE_DEBUG=info to see why it is off)",
             )
         })?;
         ctx.bind_to_thread().map_err(|e| Fail::from(weave_cuda::driver::from_driver("bind the GPU context", e)))?;

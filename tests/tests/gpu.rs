@@ -319,6 +319,7 @@ const TESTS: &[GpuTest] = &[
     ("thirteen_ranks_run_every_device_collective_over_channels", thirteen_ranks),
     ("logarithmic_channel_algorithms_forced_on_odd_worlds", logarithmic_forced_on_odd_worlds),
     ("device_collectives_across_posed_nodes_over_tcp", across_posed_nodes),
+    ("device_collectives_over_tcp_alone_without_cuda_ipc", over_tcp_alone),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];
@@ -353,6 +354,17 @@ fn across_posed_nodes(_gpus: usize) {
     for (nodes, per_node) in [(2, 1), (2, 2)] {
         let spec = scenario_spec(worker(), "wide", nodes * per_node, 60.0, Duration::from_secs(480)).posed_nodes(nodes);
         run_and_show(&spec, "wide", &format!("{nodes} posed nodes x {per_node}"));
+    }
+}
+
+/// Device calls with TCP the only transport (`WEAVE_TRANSPORTS=tcp`: no CUDA IPC, no shared
+/// memory): the GPU engine opens its device itself (no transport serves one) and runs the
+/// channel family with links in host memory the GPUs map, 2 and 3 ranks.
+fn over_tcp_alone(_gpus: usize) {
+    for ranks in [2, 3] {
+        let spec =
+            scenario_spec(worker(), "wide", ranks, 60.0, Duration::from_secs(480)).env("WEAVE_TRANSPORTS", "tcp");
+        run_and_show(&spec, "wide", &format!("{ranks} ranks over tcp alone"));
     }
 }
 

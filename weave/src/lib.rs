@@ -57,7 +57,8 @@
 //! |---|---|---|
 //! | `shm` | POSIX shared memory between processes of one host ([`transport_shm`]) | yes |
 //! | `tcp` | sockets between hosts ([`transport_tcp`]) | yes |
-//! | `cudaipc` | GPU buffers over CUDA IPC / NVLink, the device calls ([`gpu`]); the CUDA driver is loaded at run time | yes |
+//! | `cuda` | the GPU engine: the device calls ([`gpu`]) over whatever transports reach the peers; the CUDA driver is loaded at run time | yes (through `cudaipc`) |
+//! | `cudaipc` | GPU memory between the processes of one host over CUDA IPC / NVLink ([`transport_cudaipc`]); turns on `cuda` | yes |
 //! | `ib` | InfiniBand / RoCE verbs between hosts (the `transport-ib` crate; links libibverbs) | no |
 //!
 //! Features decide which transports exist, the `WEAVE_TRANSPORTS` variable which are used.

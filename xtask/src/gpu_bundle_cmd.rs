@@ -26,8 +26,9 @@ use std::process::{Command, ExitCode, Stdio};
 /// tests passed.
 ///
 /// It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh and
-/// torch_check.py (run nccl/run-gpu-checks.sh there; with `NCCL_TESTS_SRC=<nccl-tests checkout
-/// or git dir>` the nccl-tests source goes into nccl/nccl-tests/ and the script builds it).
+/// torch_check.py, and copies xtask itself into the bundle (the checks run `xtask multinode`);
+/// run nccl/run-gpu-checks.sh there. With `NCCL_TESTS_SRC=<nccl-tests checkout or git dir>`
+/// the nccl-tests source goes into nccl/nccl-tests/ and the script builds it.
 /// Binaries are stripped of debug info (strip --strip-debug) unless --no-strip; the bundle's
 /// total size is printed and must stay under 64 MiB (the device tool's limit).
 #[derive(Debug, Clone, PartialEq, clap::Args)]
@@ -474,6 +475,9 @@ fn bundle_nccl(root: &Path, dir: &Path, strip: bool, env: &[(&str, &str)]) -> Re
         fs::copy(root.join("nccl").join(f), out.join(f)).map_err(|e| format!("copying nccl/{f}: {e}"))?;
     }
     set_executable(&out.join("run-gpu-checks.sh"))?;
+    // This very program, for the checks' `xtask multinode` (device buffers across nodes).
+    let me = std::env::current_exe().map_err(|e| format!("finding the xtask binary: {e}"))?;
+    fs::copy(&me, dir.join("xtask")).map_err(|e| format!("copying {}: {e}", me.display()))?;
     if let Some(src) = std::env::var_os("NCCL_TESTS_SRC").map(PathBuf::from) {
         let tests = out.join("nccl-tests");
         fs::create_dir_all(&tests).map_err(|e| format!("creating {}: {e}", tests.display()))?;
@@ -485,8 +489,8 @@ fn bundle_nccl(root: &Path, dir: &Path, strip: bool, env: &[(&str, &str)]) -> Re
         }
         println!("  nccl-tests source from {}", src.display());
     }
-    let size = dir_size(&out);
-    println!("  nccl     nccl/ (libnccl.so.2, run-gpu-checks.sh, torch_check.py; {})", human(size));
+    let size = dir_size(&out) + fs::metadata(dir.join("xtask")).map(|m| m.len()).unwrap_or(0);
+    println!("  nccl     nccl/ (libnccl.so.2, run-gpu-checks.sh, torch_check.py) and xtask ({})", human(size));
     Ok(size)
 }
 

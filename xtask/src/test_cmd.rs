@@ -20,7 +20,8 @@ use crate::prerequisites::Provided;
 /// ranks through the same launcher as `cargo xtask launch`), doc tests, and a compile of every
 /// example. GPU tests report that they did not run when no GPU is present; they never count as
 /// passed there. Then the kernels crate's tests once more with NVRTC 12.2 (what a CUDA 12
-/// driver loads). Then the namespace-node tests (ignored by plain `cargo test`: they need root
+/// driver loads). Then `cargo clippy` of `collectives` without the GPU engine and with it but
+/// without CUDA IPC (about a minute). Then the namespace-node tests (ignored by plain `cargo test`: they need root
 /// to make network namespaces; about 40 s): the launcher's nodes, nothing left behind after a
 /// killed rank or a killed launcher, a node fabric shared by several jobs, `weave-bench
 /// node-exec` (mpirun's agent of bench --nodes), the collectives matrix across namespace nodes
@@ -91,6 +92,7 @@ pub(crate) fn run(a: &TestArgs) -> ExitCode {
     let everything = extra.is_empty();
     let outcome = run_cargo(&mut cmd, "cargo test")
         .and_then(|()| kernels_with_nvrtc_12(&env, everything))
+        .and_then(|()| feature_builds(&env, everything))
         .and_then(|()| namespace_tests(&env, netns && everything))
         .and_then(|()| ib_guest(ib && everything))
         .and_then(|()| loom_models(everything))
@@ -163,6 +165,25 @@ fn kernels_with_nvrtc_12(env: &TestEnv, wanted: bool) -> Result<(), String> {
     }
     cmd.env("WEAVE_NVRTC", "libnvrtc.so.12").env("LD_LIBRARY_PATH", prepend_path(dir));
     run_cargo(&mut cmd, "the kernels' tests with NVRTC 12")
+}
+
+/// The feature sets of `collectives` that the workspace build does not cover, checked with
+/// `cargo clippy -D warnings`: no GPU engine, and the GPU engine without CUDA IPC (device
+/// calls over tcp only).
+const FEATURE_SETS: [&str; 2] = ["shm,tcp", "shm,tcp,cuda"];
+
+/// Checks that `collectives` builds cleanly with each of [`FEATURE_SETS`].
+fn feature_builds(env: &TestEnv, wanted: bool) -> Result<(), String> {
+    if !wanted {
+        return Ok(());
+    }
+    for features in FEATURE_SETS {
+        let mut cmd = env.cargo();
+        cmd.args(["clippy", "-p", "collectives", "--all-targets", "--no-default-features", "--features", features]);
+        cmd.args(["--", "-D", "warnings"]);
+        run_cargo(&mut cmd, &format!("collectives with the features {features}"))?;
+    }
+    Ok(())
 }
 
 fn cargo() -> std::ffi::OsString {

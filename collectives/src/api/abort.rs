@@ -15,7 +15,7 @@ use comm_core::resilience::Resilience;
 pub struct AbortHandle {
     /// Weak: a handle that outlives its communicator keeps nothing of it alive.
     resilience: Weak<Resilience>,
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     gpu: Option<std::sync::Arc<weave_cuda::DeviceStatus>>,
 }
 
@@ -24,11 +24,11 @@ impl AbortHandle {
     /// words `gpu`.
     pub(crate) fn new(
         resilience: Weak<Resilience>,
-        #[cfg(feature = "cudaipc")] gpu: Option<std::sync::Arc<weave_cuda::DeviceStatus>>,
+        #[cfg(feature = "cuda")] gpu: Option<std::sync::Arc<weave_cuda::DeviceStatus>>,
     ) -> Self {
         AbortHandle {
             resilience,
-            #[cfg(feature = "cudaipc")]
+            #[cfg(feature = "cuda")]
             gpu,
         }
     }
@@ -38,7 +38,7 @@ impl AbortHandle {
         if let Some(r) = self.resilience.upgrade() {
             r.abort();
         }
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         if let Some(status) = &self.gpu {
             status.abort();
         }

@@ -40,7 +40,7 @@ pub struct Builder {
     bootstrap: Arc<dyn Bootstrap>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Option<Config>,
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     gpu_config: Option<crate::gpu::GpuConfig>,
     overrides: Vec<(Option<Collective>, Algorithm)>,
     family: Option<Family>,
@@ -64,7 +64,7 @@ impl Builder {
 
     /// Uses `gpu_config` for the GPU path's tuning knobs instead of the `WEAVE_GPU_*`
     /// environment (every rank should pass the same).
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     pub fn with_gpu_config(mut self, gpu_config: crate::gpu::GpuConfig) -> Self {
         self.gpu_config = Some(gpu_config);
         self
@@ -90,7 +90,7 @@ impl Builder {
             bootstrap,
             factories: parent.factories.clone(),
             config: Some(parent.config.clone()),
-            #[cfg(feature = "cudaipc")]
+            #[cfg(feature = "cuda")]
             gpu_config: Some(parent.gpu_config.clone()),
             overrides: Vec::new(),
             family: None,
@@ -128,7 +128,7 @@ impl Communicator {
             bootstrap: Arc::new(bootstrap),
             factories: Vec::new(),
             config: None,
-            #[cfg(feature = "cudaipc")]
+            #[cfg(feature = "cuda")]
             gpu_config: None,
             overrides: Vec::new(),
             family: None,
@@ -158,7 +158,7 @@ impl Communicator {
             Some(c) => c,
             None => Config::from_env()?,
         };
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         let gpu_config = match b.gpu_config {
             Some(c) => c,
             None => crate::gpu::GpuConfig::from_env()?,
@@ -207,13 +207,13 @@ impl Communicator {
         let host =
             HostEngine::from_source(host, &core, config.host_scratch_bytes, resilience.clone())?.map(RefCell::new);
         let channel = RefCell::new(ChannelEngine::new(&core, resilience.clone()));
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         let gpu = crate::gpu::GpuEngine::new(&core, &gpu_config, &resilience)?;
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         let gpu_status = gpu.as_ref().map(|g| g.status().clone());
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         let gpu = gpu.map(RefCell::new);
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         if let Some(status) = &gpu_status {
             let status = status.clone();
             resilience.on_revoke(Box::new(move || status.abort()));
@@ -221,11 +221,11 @@ impl Communicator {
         let world_size = core.world_size();
         Ok(Communicator {
             core,
-            #[cfg(feature = "cudaipc")]
+            #[cfg(feature = "cuda")]
             gpu,
-            #[cfg(feature = "cudaipc")]
+            #[cfg(feature = "cuda")]
             gpu_status,
-            #[cfg(feature = "cudaipc")]
+            #[cfg(feature = "cuda")]
             gpu_config,
             host,
             channel,

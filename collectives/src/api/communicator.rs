@@ -24,7 +24,7 @@ use crate::hierarchy::Hierarchy;
 use crate::host::{self, AllToAllv, HostEngine};
 use crate::op::ReduceOp;
 use crate::select::{CallShape, Plan, plan};
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 use crate::table::MemorySpace;
 use crate::table::{Algorithm, AlgorithmTable, Collective};
 
@@ -41,13 +41,13 @@ use crate::table::{Algorithm, AlgorithmTable, Collective};
 /// `Mutex`; stop one from another thread with an [`AbortHandle`].
 pub struct Communicator {
     pub(crate) core: CoreCommunicator,
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     pub(crate) gpu: Option<RefCell<crate::gpu::GpuEngine>>,
     /// The GPU engine's status words, for [`AbortHandle`]s.
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     pub(crate) gpu_status: Option<Arc<weave_cuda::DeviceStatus>>,
     /// The GPU knobs this communicator was built with (its splits get them too).
-    #[cfg(feature = "cudaipc")]
+    #[cfg(feature = "cuda")]
     pub(crate) gpu_config: crate::gpu::GpuConfig,
     /// The direct host executor; `None` where some peer's memory is not mapped here.
     pub(crate) host: Option<RefCell<HostEngine>>,
@@ -123,7 +123,7 @@ impl Communicator {
 
     /// The plan this communicator would run for `call` (see [`plan`]).
     pub fn plan(&self, call: CallShape) -> Result<Plan> {
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         if call.memory == MemorySpace::Device {
             let caps = self.gpu_caps()?;
             return plan(&self.table, call, self.core.topology(), Some(&caps));
@@ -154,7 +154,7 @@ impl Communicator {
     pub fn abort_handle(&self) -> AbortHandle {
         AbortHandle::new(
             Arc::downgrade(&self.resilience),
-            #[cfg(feature = "cudaipc")]
+            #[cfg(feature = "cuda")]
             self.gpu_status.clone(),
         )
     }

@@ -139,7 +139,7 @@ impl Communicator {
         bootstrap: Arc<dyn Bootstrap>,
         members: &[usize],
     ) -> Result<Option<comm_core::communicator::Communicator>> {
-        #[cfg(feature = "cudaipc")]
+        #[cfg(feature = "cuda")]
         if let Some(gpu) = &self.gpu {
             gpu.try_borrow().map_err(|_| crate::call::already_in_a_call())?.stop_proxy();
         }

@@ -13,13 +13,13 @@ pub(crate) mod arguments;
 pub mod buffer;
 pub(crate) mod builder;
 pub mod communicator;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub(crate) mod device_checks;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub(crate) mod device_group;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub(crate) mod device_raw;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub(crate) mod device_typed;
 pub(crate) mod elastic;
 pub(crate) mod group;

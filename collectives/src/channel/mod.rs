@@ -20,7 +20,7 @@
 mod bruck;
 mod direct;
 mod eager;
-#[cfg(feature = "cudaipc")]
+#[cfg(feature = "cuda")]
 pub(crate) mod gpu;
 mod header;
 pub(crate) mod link;

@@ -34,6 +34,10 @@ pub struct GpuConfig {
     /// Whether GPU collectives launch as programmatic dependents of the kernel before them on
     /// the stream, where the GPU supports it (`WEAVE_GPU_OVERLAP`, default on).
     pub overlap_launches: bool,
+    /// The GPU (ordinal, as this process numbers its visible devices) that device calls run on
+    /// where no transport serves one (a communicator without CUDA IPC); `None`: device
+    /// `rank % count`. A transport's device (`CudaIpcTransport::on_device`) takes precedence.
+    pub device: Option<u32>,
 }
 
 impl Default for GpuConfig {
@@ -45,6 +49,7 @@ impl Default for GpuConfig {
             pipeline_steps: None,
             overlapped_schedule: None,
             overlap_launches: true,
+            device: None,
         }
     }
 }

@@ -126,6 +126,37 @@ impl std::fmt::Debug for GpuEngine {
     }
 }
 
+/// The GPU this rank's device calls run on: the one its transports serve (CUDA IPC's), else
+/// the one `gpu` names, else device `rank % count` — `None` without a CUDA driver or device.
+fn device_of_this_rank(core: &CoreCommunicator, gpu: &GpuConfig) -> Option<u32> {
+    if let Some(d) = core.device() {
+        return Some(d);
+    }
+    if !weave_cuda::driver_available() {
+        return None;
+    }
+    let count = match weave_cuda::device_count() {
+        Ok(n) if n > 0 => n,
+        Ok(_) => return None,
+        Err(e) => {
+            tracing::info!(target: diagnostics::INIT, rank = core.rank(), "no CUDA device: {e}");
+            return None;
+        }
+    };
+    match gpu.device {
+        Some(d) if (d as usize) < count => Some(d),
+        Some(d) => {
+            tracing::warn!(
+                target: diagnostics::INIT,
+                rank = core.rank(),
+                "GpuConfig names device {d}, but this process sees {count}: GPU collectives off"
+            );
+            None
+        }
+        None => u32::try_from(core.rank() % count).ok(),
+    }
+}
+
 impl GpuEngine {
     /// Collective: builds the GPU state when every rank has a CUDA device, else `None` on every
     /// rank (with the reason logged at info level); the direct kernels only where every rank
@@ -134,24 +165,31 @@ impl GpuEngine {
     /// the GPU maps. `gpu` holds the tuning knobs.
     /// The kernels report into `resilience`'s ledger how far the GPU got.
     pub(crate) fn new(core: &CoreCommunicator, gpu: &GpuConfig, resilience: &Arc<Resilience>) -> Result<Option<Self>> {
-        // The GPU this rank's transports serve (CUDA IPC's), whichever transport opened it.
-        let ordinal = core.device();
         let world = core.world_size();
-        // The direct family loads and stores the peers' GPU memory through CUDA IPC: every peer
-        // must be reached by it (one node; posed nodes split it). Every rank computes the same.
-        let cudaipc = transport_cudaipc::transport();
-        let topology = core.topology();
-        let every_peer = (0..world)
-            .filter(|&p| p != core.rank())
-            .all(|p| topology.reach(p).is_some_and(|r| r.transports.iter().any(|&(t, _)| t == cudaipc)));
-        let all = core.bootstrap().all_gather(&[u8::from(ordinal.is_some())])?;
+        let ordinal = device_of_this_rank(core, gpu);
+        // The direct family loads and stores the peers' GPU memory: every peer must be reached
+        // by a transport that maps peer device memory into this process (CUDA IPC, in one
+        // node; posed nodes split it). Every rank computes the same.
+        let kind = MemoryKind::Device(ordinal.unwrap_or(0));
+        let mut every_peer = true;
+        for p in (0..world).filter(|&p| p != core.rank()) {
+            every_peer &= core.pair_maps(p, kind)?;
+        }
+        // The same device, and so the same primary context, as a transport serving it.
+        let device = match ordinal.map(weave_cuda::CudaDevice::open) {
+            Some(Ok(d)) => Some(d),
+            Some(Err(e)) => {
+                tracing::info!(target: diagnostics::INIT, rank = core.rank(), "GPU collectives off on this rank: {e}");
+                None
+            }
+            None => None,
+        };
+        let all = core.bootstrap().all_gather(&[u8::from(device.is_some())])?;
         if all.iter().any(|v| v.first() != Some(&1)) {
             tracing::info!(target: diagnostics::INIT, rank = core.rank(), "GPU collectives off: not every rank has a CUDA device");
             return Ok(None);
         }
-        let ordinal = ordinal.ok_or_else(|| Error::Unsupported("the GPU of this rank's transports vanished".into()))?;
-        // The same device, and so the same primary context, as the transport's.
-        let device = &weave_cuda::CudaDevice::open(ordinal)?;
+        let device = &device.ok_or_else(|| Error::Unsupported("the GPU of this rank vanished".into()))?;
         let ctx = device.context().clone();
         ctx.bind_to_thread().map_err(|e| Error::Cuda { operation: "bind context".into(), message: e.to_string() })?;
         let arch = kernels::arch::device_arch(&ctx)?;
@@ -168,7 +206,7 @@ impl GpuEngine {
             let why = if every_peer {
                 format!("more than {MAX_GPU_RANKS} GPUs")
             } else {
-                "some GPUs are on other nodes".into()
+                "some GPUs are on other nodes, or reached by no transport that maps GPU memory".into()
             };
             tracing::info!(
                 target: diagnostics::INIT,
