@@ -7,8 +7,8 @@
 //! registration exchanged out of order gives [`Error::RegistrationMismatch`] on every rank —
 //! and every wait is bounded.
 //!
-//! This file holds the builder, routing (which transports reach which peer), the topology and
-//! connections, and the channels; the memory half of [`Communicator`] — registration, exchange,
+//! This file holds the builder, routing (which transports reach which peer, from the endpoint
+//! tables of `endpoints.rs`), the topology and connections, and the channels; the memory half of [`Communicator`] — registration, exchange,
 //! pairwise memory and the token pools behind [`semaphore`](Communicator::semaphore) — is a
 //! second `impl` block in `registration.rs`, and the communicator of some of the ranks that goes
 //! on with these transports ([`carry_over`](Communicator::carry_over)) a third, in
@@ -22,6 +22,7 @@ use crate::bootstrap::Bootstrap;
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::diagnostics;
+use crate::endpoints;
 use crate::error::{Error, Result};
 use crate::fifo::DEFAULT_FIFO_CAPACITY;
 use crate::memory::RegisteredMemory;
@@ -31,14 +32,7 @@ use crate::proxy::ProxyService;
 use crate::semaphore::PeerTokens;
 use crate::topology::{PeerReach, Topology};
 use crate::transport::{PeerLiveness, Transport, TransportBackend, TransportContext, TransportFactory};
-use crate::wire::{Decoder, Encoder};
 
-/// Magic of the endpoint table every rank contributes at build time.
-///
-/// Wire format (little-endian): magic `WVEP`, version, rank `u32`, host identity (`u32` length +
-/// UTF-8), number of transports `u8`, then per transport its name (`u32` length + bytes, see
-/// [`Transport::encode`]) and its endpoint (`u32` length + bytes).
-const ENDPOINTS_MAGIC: [u8; 4] = *b"WVEP";
 /// Version of the communicator's setup messages (endpoint table here; status and semaphore
 /// handshake in `registration.rs`). 3: transports named, not flag bits.
 pub(crate) const WIRE_VERSION: u16 = 3;
@@ -131,18 +125,18 @@ impl CommunicatorBuilder {
         for b in &backends {
             table.push((b.transport(), b.local_endpoint()?));
         }
-        let gathered = bootstrap.all_gather(&encode_endpoints(rank, &host, &table)?)?;
+        let gathered = bootstrap.all_gather(&endpoints::encode(rank, &host, &table)?)?;
         let mut endpoints = Vec::with_capacity(world_size);
         let mut hosts = Vec::with_capacity(world_size);
         for (r, bytes) in gathered.iter().enumerate() {
-            let (host, table) = decode_endpoints(bytes, r)?;
+            let (host, table) = endpoints::decode(bytes, r)?;
             hosts.push(host);
             endpoints.push(table);
         }
 
         let mut routes = vec![Vec::new(); world_size];
         for (peer, route) in routes.iter_mut().enumerate().filter(|(p, _)| *p != rank) {
-            *route = reachable(&backends, &endpoints, rank, peer)?;
+            *route = endpoints::reachable(&backends, &endpoints, rank, peer)?;
         }
         let reach = routes
             .iter()
@@ -186,73 +180,6 @@ impl CommunicatorBuilder {
         }
         Ok(comm)
     }
-}
-
-/// A rank's host identity and its (transport, endpoint) list.
-type EndpointTable = (String, Vec<(Transport, Vec<u8>)>);
-
-pub(crate) fn encode_endpoints(rank: usize, host: &str, table: &[(Transport, Vec<u8>)]) -> Result<Vec<u8>> {
-    let n = u8::try_from(table.len()).map_err(|_| {
-        Error::invalid(format!("{} transports opened; at most 255 fit the endpoint table", table.len()))
-    })?;
-    let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
-    e.u32(rank as u32).str(host).u8(n);
-    for (t, endpoint) in table {
-        t.encode(&mut e);
-        e.bytes(endpoint);
-    }
-    Ok(e.finish())
-}
-
-/// Reads rank `from`'s table. Transports this process never registered are left out (this rank
-/// has none of them, so they reach nothing from here); a transport named twice is garbage.
-pub(crate) fn decode_endpoints(bytes: &[u8], from: usize) -> Result<EndpointTable> {
-    let mut d = Decoder::new(bytes, ENDPOINTS_MAGIC, WIRE_VERSION, "endpoint table")?;
-    let r = d.u32()? as usize;
-    if r != from {
-        return Err(Error::protocol(format!("endpoint table from rank {from} claims to be rank {r}")));
-    }
-    let host = d.str()?;
-    if host.len() > crate::host::MAX_HOST_ID_LEN {
-        return Err(Error::protocol(format!("endpoint table from rank {from}: host identity of {} bytes", host.len())));
-    }
-    let host = host.to_string();
-    let out = Transport::decode_entries(&mut d, "endpoint table", |t| {
-        format!("endpoint table from rank {from} names transport {t} twice")
-    })?;
-    d.finish()?;
-    Ok((host, out))
-}
-
-/// The transports that reach between `me` and `peer`, best first: those both ranks offer and
-/// whose `can_reach` holds, in the lower rank's preference order. Both ranks compute the same
-/// list.
-fn reachable(
-    backends: &[Arc<dyn TransportBackend>],
-    endpoints: &[Vec<(Transport, Vec<u8>)>],
-    me: usize,
-    peer: usize,
-) -> Result<Vec<usize>> {
-    let lower = me.min(peer);
-    let mut out = Vec::new();
-    for (t, _) in &endpoints[lower] {
-        let Some(idx) = backends.iter().position(|b| b.transport() == *t) else { continue };
-        let mine = endpoints[me].iter().find(|(x, _)| x == t);
-        let theirs = endpoints[peer].iter().find(|(x, _)| x == t);
-        if let (Some((_, a)), Some((_, b))) = (mine, theirs)
-            && backends[idx].can_reach(a, b)?
-        {
-            out.push(idx);
-        }
-    }
-    if out.is_empty() {
-        return Err(Error::Unsupported(format!(
-            "no transport reaches rank {peer} from rank {me}: this rank offers {}, rank {peer} offers {}",
-            endpoints[me].iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(","),
-            endpoints[peer].iter().map(|(t, _)| t.name()).collect::<Vec<_>>().join(",")
-        )));
-    }
-    Ok(out)
 }
 
 /// A communicator's connections, by the peer's transport rank and the transport.
@@ -564,47 +491,6 @@ pub(crate) mod tests {
             }
             assert!(matches!(channels[0].put(4096 * n - 1, 0, 2), Err(Error::InvalidArgument(_))));
         });
-    }
-
-    #[test]
-    fn endpoint_tables_round_trip_and_skip_unknown_transports() {
-        let (a, b) = (Transport::named("ep-test-a").unwrap(), Transport::named("ep-test-b").unwrap());
-        let table = vec![(a, vec![1, 2, 3]), (b, vec![])];
-        let bytes = encode_endpoints(4, "host/boot", &table).unwrap();
-        assert_eq!(decode_endpoints(&bytes, 4).unwrap(), ("host/boot".to_string(), table.clone()));
-        assert!(matches!(decode_endpoints(&bytes, 3), Err(Error::Protocol(_))));
-        for cut in 0..bytes.len() {
-            assert!(matches!(decode_endpoints(&bytes[..cut], 4), Err(Error::Protocol(_))), "truncated at {cut}");
-        }
-
-        // A transport this process never registered is skipped, and stays unregistered.
-        let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
-        e.u32(0).str("h").u8(3).str("ep-test-unknown").bytes(&[9; 5]).str("ep-test-b").bytes(&[7]);
-        e.str("ep-test-unknown2").bytes(&[]);
-        assert_eq!(decode_endpoints(&e.finish(), 0).unwrap(), ("h".to_string(), vec![(b, vec![7])]));
-        assert_eq!(Transport::lookup("ep-test-unknown"), None);
-    }
-
-    #[test]
-    fn endpoint_tables_with_bad_names_are_protocol_errors() {
-        let table = |names: &[&[u8]]| {
-            let mut e = Encoder::new(ENDPOINTS_MAGIC, WIRE_VERSION);
-            e.u32(0).str("h").u8(names.len() as u8);
-            for name in names {
-                e.bytes(name).bytes(&[1]);
-            }
-            e.finish()
-        };
-        let long = [b'a'; 33];
-        for bad in [&b""[..], b"EP", b"a/b", b"\xc3\x28", &long] {
-            assert!(matches!(decode_endpoints(&table(&[bad]), 0), Err(Error::Protocol(_))), "{bad:?} decoded");
-        }
-        Transport::named("ep-test-twice").unwrap();
-        assert!(matches!(decode_endpoints(&table(&[b"ep-test-twice", b"ep-test-twice"]), 0), Err(Error::Protocol(_))));
-        // A count larger than the entries present (after magic, version, rank and host "h").
-        let mut short = table(&[b"ep-test-twice"]);
-        short[6 + 4 + (4 + 1)] = 2;
-        assert!(matches!(decode_endpoints(&short, 0), Err(Error::Protocol(_))));
     }
 
     #[test]

@@ -13,12 +13,9 @@ pub fn tcp_bootstrap_message(data: &[u8]) -> bool {
 /// A rank's endpoint table (host identity and transports, exchanged when a communicator is
 /// built), as rank 0 sent it.
 pub fn endpoint_table(data: &[u8]) {
-    if let Ok((host, table)) = crate::communicator::decode_endpoints(data, 0) {
-        let again = crate::communicator::encode_endpoints(0, &host, &table).expect("a decoded table re-encodes");
-        assert_eq!(
-            crate::communicator::decode_endpoints(&again, 0).expect("a re-encoded table decodes"),
-            (host, table)
-        );
+    if let Ok((host, table)) = crate::endpoints::decode(data, 0) {
+        let again = crate::endpoints::encode(0, &host, &table).expect("a decoded table re-encodes");
+        assert_eq!(crate::endpoints::decode(&again, 0).expect("a re-encoded table decodes"), (host, table));
     }
 }
 

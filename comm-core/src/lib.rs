@@ -21,6 +21,7 @@ pub mod deferred;
 pub mod device;
 pub mod diagnostics;
 pub mod doorbell;
+mod endpoints;
 pub mod error;
 pub mod fifo;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -32,6 +33,7 @@ mod loom_models;
 pub mod loopback;
 pub mod memory;
 pub mod memory_channel;
+mod memory_descriptor;
 pub mod notice;
 pub mod peer_watch;
 pub mod port_channel;

@@ -48,6 +48,7 @@ pub mod module;
 pub mod nvrtc;
 pub mod program_text;
 pub mod source;
+pub mod workspace;
 
 pub use arch::device_arch;
 pub use compile::{CacheOutcome, CompiledKernel, Compiler, compile};
