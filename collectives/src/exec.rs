@@ -275,7 +275,7 @@ impl Communicator {
             args.aux[1] = u64::from(overlapped);
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { d.launch(kernel, args, blocks, stream) }
+        unsafe { d.launcher.launch(kernel, &args, blocks, stream) }
     }
 
     /// Runs a device call that the plan gave to the hierarchical executor: its steps on the
@@ -422,7 +422,7 @@ impl Communicator {
         args.aux[3] = u64::from(stamps.0) | u64::from(stamps.1) << 32;
         let blocks = d.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { d.launch(DirectKernel::untyped(family), args, blocks, stream) }
+        unsafe { d.launcher.launch(DirectKernel::untyped(family), &args, blocks, stream) }
     }
 }
 

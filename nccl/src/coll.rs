@@ -1,5 +1,6 @@
-//! One NCCL call as weave runs it: data types and operators translated, arguments checked
-//! (NCCL's in-place rules included), and the call enqueued with weave's `*_device_raw` calls.
+//! One NCCL call as weave takes it: data types and operators translated and arguments checked
+//! (NCCL's in-place rules included) into a [`Call`], which `group.rs` enqueues with weave's
+//! `*_device_raw` calls.
 //!
 //! Data types: every NCCL type weave has (int8, uint8, int32, uint32, int64, uint64, half,
 //! float, double, bfloat16) works everywhere. The FP8 types (`ncclFloat8e4m3`,
@@ -7,17 +8,12 @@
 //! broadcast, all-to-all, gather, scatter, send/recv) and refused with `ncclInvalidArgument` by
 //! the reducing ones (weave has no FP8 arithmetic).
 
-use std::sync::Arc;
-
-use collectives::DeviceTransfer;
-use collectives::{Communicator, DataType, ReduceOp};
-use cudarc::driver::CudaStream;
+use collectives::{DataType, ReduceOp};
 
 use crate::abi::{NcclDataType, NcclRedOp, NcclResult};
-use crate::cuda;
 use crate::error::Fail;
 use crate::handle::NcclComm;
-use crate::premul::{self, PreMul};
+use crate::premul::PreMul;
 
 /// The reduction of a call.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -158,88 +154,6 @@ pub fn bytes_of(count: usize, dtype: DataType, ranks: usize) -> Result<usize, Fa
         .checked_mul(dtype.size())
         .and_then(|b| b.checked_mul(ranks))
         .ok_or_else(|| Fail::invalid(format!("count {count} × {ranks} rank(s) overflows the address space")))
-}
-
-fn weave(e: comm_core::Error) -> Fail {
-    Fail::from(e)
-}
-
-/// Enqueues `call` on `stream` (a collective; point-to-point goes through the group schedule).
-///
-/// # Safety
-/// The addresses in `call` must be device memory valid as NCCL's rules for the call say, until
-/// the call completes on `stream`.
-pub unsafe fn run(comm: &Communicator, call: Call, stream: &Arc<CudaStream>) -> Result<(), Fail> {
-    if call.is_empty() {
-        return Ok(());
-    }
-    let n = comm.world_size();
-    let s = stream.cu_stream() as usize;
-    // SAFETY: (every arm) forwarded from the caller; the pre-multiplied paths scale into
-    // memory they own or into the receive buffer the call writes anyway.
-    unsafe {
-        match call {
-            Call::AllReduce { send, recv, count, dtype, op: Reduction::Plain(op) } => {
-                comm.all_reduce_device_raw(send, recv, count, dtype, op, stream).map_err(weave)
-            }
-            Call::AllReduce { send, recv, count, dtype, op: Reduction::PreMul(p) } => {
-                premul::scale(p, send, recv, count, stream)?;
-                comm.all_reduce_device_raw(recv, recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
-            }
-            Call::AllGather { send, recv, count, dtype } => {
-                comm.all_gather_device_raw(send, recv, count, dtype, stream).map_err(weave)
-            }
-            Call::ReduceScatter { send, recv, count, dtype, op: Reduction::Plain(op) } => {
-                comm.reduce_scatter_device_raw(send, recv, count, dtype, op, stream).map_err(weave)
-            }
-            Call::ReduceScatter { send, recv, count, dtype, op: Reduction::PreMul(p) } => {
-                let total = count * n;
-                let tmp = cuda::mem_alloc_async(total * dtype.size(), s)?;
-                let r = premul::scale(p, send, tmp, total, stream).and_then(|_| {
-                    comm.reduce_scatter_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
-                });
-                cuda::mem_free_async(tmp, s)?;
-                r
-            }
-            Call::Broadcast { send, recv, count, dtype, root } => {
-                comm.broadcast_device_raw(send, recv, count, dtype, root, stream).map_err(weave)
-            }
-            Call::Reduce { send, recv, count, dtype, op: Reduction::Plain(op), root } => {
-                comm.reduce_device_raw(send, recv, count, dtype, op, root, stream).map_err(weave)
-            }
-            Call::Reduce { send, recv, count, dtype, op: Reduction::PreMul(p), root } => {
-                let tmp = cuda::mem_alloc_async(count * dtype.size(), s)?;
-                let r = premul::scale(p, send, tmp, count, stream).and_then(|_| {
-                    comm.reduce_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, root, stream).map_err(weave)
-                });
-                cuda::mem_free_async(tmp, s)?;
-                r
-            }
-            Call::AllToAll { send, recv, count, dtype } => {
-                comm.all_to_all_device_raw(send, recv, count, dtype, stream).map_err(weave)
-            }
-            Call::Send { .. } | Call::Recv { .. } => run_p2p(comm, &[call], stream),
-        }
-    }
-}
-
-/// Runs the sends and receives of one group on `stream`, as weave's
-/// `Communicator::group_device_raw` schedules them (without deadlock, every message stamped
-/// with its group so that a send nobody received is found, never taken for a later one).
-///
-/// # Safety
-/// As [`run`] for every call.
-pub unsafe fn run_p2p(comm: &Communicator, calls: &[Call], stream: &Arc<CudaStream>) -> Result<(), Fail> {
-    let ops: Vec<DeviceTransfer> = calls
-        .iter()
-        .filter_map(|c| match *c {
-            Call::Send { buf, bytes, peer } => Some(DeviceTransfer::Send { addr: buf, bytes, peer }),
-            Call::Recv { buf, bytes, peer } => Some(DeviceTransfer::Recv { addr: buf, bytes, peer }),
-            _ => None,
-        })
-        .collect();
-    // SAFETY: forwarded from the caller.
-    unsafe { comm.group_device_raw(&ops, stream) }.map_err(weave)
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@
 //!    collective setup step that waits for its other ranks);
 //! 3. per communicator, on the first call's stream (which first waits for every other stream
 //!    of the group and for the communicator's previous stream): the collectives in the order
-//!    they were queued, then the sends and receives through [`coll::run_p2p`]'s deadlock-free
+//!    they were queued, then the sends and receives through [`run_p2p`]'s deadlock-free
 //!    schedule; then every other stream of the group waits for that stream.
 //!
 //! Every rank runs its collectives in the same order, and a group's point-to-point calls after
@@ -22,10 +22,14 @@ use std::cell::RefCell;
 use std::sync::Arc;
 
 use crate::abi::NcclResult;
-use crate::coll::{self, Call};
+use collectives::{Communicator, DeviceTransfer, ReduceOp};
+use cudarc::driver::CudaStream;
+
+use crate::coll::{Call, Reduction};
 use crate::cuda;
 use crate::error::Fail;
 use crate::handle::{NcclComm, State};
+use crate::premul;
 
 /// One communicator's calls of a group, with their streams.
 type Batch = (Arc<NcclComm>, Vec<(Call, usize)>);
@@ -209,12 +213,12 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
             } else {
                 // SAFETY: the call's buffers were checked as NCCL's rules require; the program
                 // keeps them valid until the stream reaches the call, as NCCL requires.
-                unsafe { coll::run(&live.comm, call, &stream)? };
+                unsafe { run(&live.comm, call, &stream)? };
             }
         }
         if !p2p.is_empty() {
             // SAFETY: as above.
-            unsafe { coll::run_p2p(&live.comm, &p2p, &stream)? };
+            unsafe { run_p2p(&live.comm, &p2p, &stream)? };
         }
         for &s in &others {
             cuda::order_after(s, exec)?;
@@ -222,4 +226,86 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
         live.last_stream = exec;
         Ok(())
     })
+}
+
+fn weave(e: comm_core::Error) -> Fail {
+    Fail::from(e)
+}
+
+/// Enqueues `call` on `stream` (a collective; point-to-point goes through the group schedule).
+///
+/// # Safety
+/// The addresses in `call` must be device memory valid as NCCL's rules for the call say, until
+/// the call completes on `stream`.
+unsafe fn run(comm: &Communicator, call: Call, stream: &Arc<CudaStream>) -> Result<(), Fail> {
+    if call.is_empty() {
+        return Ok(());
+    }
+    let n = comm.world_size();
+    let s = stream.cu_stream() as usize;
+    // SAFETY: (every arm) forwarded from the caller; the pre-multiplied paths scale into
+    // memory they own or into the receive buffer the call writes anyway.
+    unsafe {
+        match call {
+            Call::AllReduce { send, recv, count, dtype, op: Reduction::Plain(op) } => {
+                comm.all_reduce_device_raw(send, recv, count, dtype, op, stream).map_err(weave)
+            }
+            Call::AllReduce { send, recv, count, dtype, op: Reduction::PreMul(p) } => {
+                premul::scale(p, send, recv, count, stream)?;
+                comm.all_reduce_device_raw(recv, recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
+            }
+            Call::AllGather { send, recv, count, dtype } => {
+                comm.all_gather_device_raw(send, recv, count, dtype, stream).map_err(weave)
+            }
+            Call::ReduceScatter { send, recv, count, dtype, op: Reduction::Plain(op) } => {
+                comm.reduce_scatter_device_raw(send, recv, count, dtype, op, stream).map_err(weave)
+            }
+            Call::ReduceScatter { send, recv, count, dtype, op: Reduction::PreMul(p) } => {
+                let total = count * n;
+                let tmp = cuda::mem_alloc_async(total * dtype.size(), s)?;
+                let r = premul::scale(p, send, tmp, total, stream).and_then(|_| {
+                    comm.reduce_scatter_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
+                });
+                cuda::mem_free_async(tmp, s)?;
+                r
+            }
+            Call::Broadcast { send, recv, count, dtype, root } => {
+                comm.broadcast_device_raw(send, recv, count, dtype, root, stream).map_err(weave)
+            }
+            Call::Reduce { send, recv, count, dtype, op: Reduction::Plain(op), root } => {
+                comm.reduce_device_raw(send, recv, count, dtype, op, root, stream).map_err(weave)
+            }
+            Call::Reduce { send, recv, count, dtype, op: Reduction::PreMul(p), root } => {
+                let tmp = cuda::mem_alloc_async(count * dtype.size(), s)?;
+                let r = premul::scale(p, send, tmp, count, stream).and_then(|_| {
+                    comm.reduce_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, root, stream).map_err(weave)
+                });
+                cuda::mem_free_async(tmp, s)?;
+                r
+            }
+            Call::AllToAll { send, recv, count, dtype } => {
+                comm.all_to_all_device_raw(send, recv, count, dtype, stream).map_err(weave)
+            }
+            Call::Send { .. } | Call::Recv { .. } => run_p2p(comm, &[call], stream),
+        }
+    }
+}
+
+/// Runs the sends and receives of one group on `stream`, as weave's
+/// `Communicator::group_device_raw` schedules them (without deadlock, every message stamped
+/// with its group so that a send nobody received is found, never taken for a later one).
+///
+/// # Safety
+/// As [`run`] for every call.
+unsafe fn run_p2p(comm: &Communicator, calls: &[Call], stream: &Arc<CudaStream>) -> Result<(), Fail> {
+    let ops: Vec<DeviceTransfer> = calls
+        .iter()
+        .filter_map(|c| match *c {
+            Call::Send { buf, bytes, peer } => Some(DeviceTransfer::Send { addr: buf, bytes, peer }),
+            Call::Recv { buf, bytes, peer } => Some(DeviceTransfer::Recv { addr: buf, bytes, peer }),
+            _ => None,
+        })
+        .collect();
+    // SAFETY: forwarded from the caller.
+    unsafe { comm.group_device_raw(&ops, stream) }.map_err(weave)
 }

@@ -32,7 +32,7 @@ use comm_core::diagnostics;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::resilience::Resilience;
 use comm_core::{Error, Result};
-use cudarc::driver::{CudaContext, CudaStream};
+use cudarc::driver::CudaContext;
 use weave_cuda::DeviceStatus;
 
 use crate::channel::gpu::DeviceChannels;
@@ -97,8 +97,9 @@ pub(crate) struct GpuEngine {
 /// The direct family: one workspace per rank mapped by every peer, and the collective kernels
 /// that load and store peers' workspaces.
 pub(crate) struct DirectKernels {
-    /// Compiles the program at the first launch and launches its kernels.
-    launcher: DirectLauncher,
+    /// Compiles the program at the first launch and launches its kernels (the executor in
+    /// `exec.rs` launches through it).
+    pub(crate) launcher: DirectLauncher,
     workspaces: Vec<RegisteredMemory>,
     layout: WorkspaceLayout,
     max_blocks: u32,
@@ -549,21 +550,5 @@ impl DirectKernels {
     /// `PIPE_MIN_BYTES_PER_BLOCK` per block, at most `WEAVE_GPU_BLOCKS` (128 by default).
     pub(crate) fn pipeline_blocks(&self, bytes: usize) -> u32 {
         (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
-    }
-
-    /// Launches `kernel` with `args` on `stream` (see [`DirectLauncher`]).
-    ///
-    /// # Safety
-    /// Every device address in `args` must be valid for what the kernel does with it until the
-    /// kernel completes on `stream`.
-    pub(crate) unsafe fn launch(
-        &mut self,
-        kernel: DirectKernel,
-        args: GpuCollectiveArgs,
-        blocks: u32,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        // SAFETY: forwarded from the caller.
-        unsafe { self.launcher.launch(kernel, &args, blocks, stream) }
     }
 }
