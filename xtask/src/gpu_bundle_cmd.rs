@@ -478,6 +478,9 @@ fn bundle_nccl(root: &Path, dir: &Path, strip: bool, env: &[(&str, &str)]) -> Re
     // This very program, for the checks' `xtask multinode` (device buffers across nodes).
     let me = std::env::current_exe().map_err(|e| format!("finding the xtask binary: {e}"))?;
     fs::copy(&me, dir.join("xtask")).map_err(|e| format!("copying {}: {e}", me.display()))?;
+    if strip {
+        let _ = Command::new("strip").arg("--strip-debug").arg(dir.join("xtask")).status();
+    }
     if let Some(src) = std::env::var_os("NCCL_TESTS_SRC").map(PathBuf::from) {
         let tests = out.join("nccl-tests");
         fs::create_dir_all(&tests).map_err(|e| format!("creating {}: {e}", tests.display()))?;
