@@ -169,8 +169,8 @@ fn kernels_with_nvrtc_12(env: &TestEnv, wanted: bool) -> Result<(), String> {
 
 /// The feature sets of `collectives` that the workspace build does not cover, checked with
 /// `cargo clippy -D warnings`: no GPU engine, and the GPU engine without CUDA IPC (device
-/// calls over tcp only).
-const FEATURE_SETS: [&str; 2] = ["shm,tcp", "shm,tcp,cuda"];
+/// calls over tcp, and over verbs with device memory).
+const FEATURE_SETS: [&str; 3] = ["shm,tcp", "shm,tcp,cuda", "tcp,ib,cuda"];
 
 /// Checks that `collectives` builds cleanly with each of [`FEATURE_SETS`].
 fn feature_builds(env: &TestEnv, wanted: bool) -> Result<(), String> {
