@@ -10,7 +10,7 @@
 //!    collective setup step that waits for its other ranks);
 //! 3. per communicator, on the first call's stream (which first waits for every other stream
 //!    of the group and for the communicator's previous stream): the collectives in the order
-//!    they were queued, then the sends and receives through [`run_p2p`]'s deadlock-free
+//!    they were queued, then the sends and receives through `run_p2p`'s deadlock-free
 //!    schedule; then every other stream of the group waits for that stream.
 //!
 //! Every rank runs its collectives in the same order, and a group's point-to-point calls after
