@@ -28,6 +28,7 @@ pub mod fifo;
 pub mod fuzzing;
 pub mod host;
 pub mod ledger;
+pub mod local_address;
 #[cfg(all(test, loom))]
 mod loom_models;
 pub mod loopback;

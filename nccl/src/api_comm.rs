@@ -17,7 +17,7 @@ use std::sync::Arc;
 use collectives::Communicator;
 use collectives::transport_cudaipc::CudaIpcTransport;
 use collectives::transport_shm::ShmTransport;
-use collectives::transport_tcp::TcpTransport;
+use collectives::transport_tcp::{TcpConfig, TcpTransport};
 use comm_core::bootstrap::{TcpBootstrap, UniqueId};
 
 use crate::abi::{self, CONFIG_UNDEF_INT, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId, SPLIT_NOCOLOR};
@@ -65,7 +65,13 @@ pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
     if let Some(d) = a.device {
         b = b.with_transport(CudaIpcTransport::on_device(d));
     }
-    let comm = b.with_transport(ShmTransport).with_transport(TcpTransport::new()).build()?;
+    // TCP listens on the address of the route towards the job's root, where no MASTER_ADDR
+    // names the rendezvous host (nccl-tests over MPI, for one).
+    let mut tcp = TcpConfig::from_env()?;
+    if tcp.master_addr.is_none() {
+        tcp.master_addr = a.ids.first().map(|id| id.addr.ip().to_string());
+    }
+    let comm = b.with_transport(ShmTransport).with_transport(TcpTransport::with_config(tcp)).build()?;
     if a.device.is_some() && !comm.has_gpu() {
         return Err(Fail::usage(
             "weave's GPU path is off for this communicator on every rank: every rank needs a CUDA device (run \

@@ -6,11 +6,12 @@
 //! made by another NCCL, or damaged, gives `ncclInvalidArgument` naming what is wrong.
 //!
 //! Where rank 0 listens: `NCCL_COMM_ID=<ip>:<port>` when set (NCCL's own variable), else a free
-//! port on this host's outgoing IPv4 address (the one the kernel would route towards a private
-//! network), else on 127.0.0.1. Rank 0 of the communicator must run on the host that made the
-//! id, as with NCCL.
+//! port on the address of this host that other hosts reach it at
+//! ([`comm_core::local_address::reachable_ip`]: the route towards `MASTER_ADDR` where a
+//! launcher set it, else the default route, else the first interface up, else 127.0.0.1). Rank
+//! 0 of the communicator must run on the host that made the id, as with NCCL.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr, UdpSocket};
+use std::net::SocketAddr;
 
 use comm_core::bootstrap::UniqueId;
 
@@ -71,21 +72,8 @@ pub fn fresh() -> Result<UniqueId, Fail> {
         })?;
         return Ok(UniqueId::new(addr)?);
     }
-    Ok(UniqueId::on_free_port(outgoing_ip())?)
-}
-
-/// The address this host would use towards a private network, or 127.0.0.1 (a UDP `connect`
-/// sends nothing; it only asks the kernel for a route).
-fn outgoing_ip() -> IpAddr {
-    let probe = || -> std::io::Result<IpAddr> {
-        let s = UdpSocket::bind((Ipv4Addr::UNSPECIFIED, 0))?;
-        s.connect((Ipv4Addr::new(10, 255, 255, 255), 9))?;
-        Ok(s.local_addr()?.ip())
-    };
-    match probe() {
-        Ok(ip) if !ip.is_unspecified() => ip,
-        _ => IpAddr::V4(Ipv4Addr::LOCALHOST),
-    }
+    let rendezvous = std::env::var("MASTER_ADDR").ok();
+    Ok(UniqueId::on_free_port(comm_core::local_address::reachable_ip(rendezvous.as_deref()))?)
 }
 
 #[cfg(test)]

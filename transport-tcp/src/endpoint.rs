@@ -4,8 +4,9 @@
 //! Wire format (little-endian, through [`comm_core::wire`]): magic `WVTE`, version `1`, address
 //! family `u8` (4 or 6), the address (4 or 16 bytes), port `u16`, token (16 bytes).
 
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
+use comm_core::local_address;
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
@@ -50,24 +51,14 @@ impl Endpoint {
 /// of the route to `master` (the job's rendezvous host); else loopback.
 pub(crate) fn listen_ip(interface: Option<&str>, master: Option<&str>) -> Result<IpAddr> {
     if let Some(name) = interface {
-        let addrs = nix::ifaddrs::getifaddrs().map_err(|e| Error::errno("getifaddrs", e))?;
-        for a in addrs.filter(|a| a.interface_name == name) {
-            if let Some(ip) = a.address.as_ref().and_then(|s| s.as_sockaddr_in()).map(|s| s.ip()) {
-                return Ok(IpAddr::V4(ip));
-            }
-        }
-        return Err(Error::invalid(format!(
-            "WEAVE_SOCKET_IFNAME={name:?}: no interface of that name with an IPv4 address"
-        )));
+        return match local_address::interface_ipv4(name)? {
+            Some(ip) => Ok(IpAddr::V4(ip)),
+            None => Err(Error::invalid(format!(
+                "WEAVE_SOCKET_IFNAME={name:?}: no interface of that name with an IPv4 address"
+            ))),
+        };
     }
-    if let Some(host) = master {
-        let probe =
-            UdpSocket::bind("0.0.0.0:0").and_then(|s| s.connect((host, 9)).map(|()| s)).and_then(|s| s.local_addr());
-        if let Ok(local) = probe {
-            return Ok(local.ip());
-        }
-    }
-    Ok(IpAddr::V4(Ipv4Addr::LOCALHOST))
+    Ok(master.and_then(local_address::route_to).unwrap_or(IpAddr::V4(Ipv4Addr::LOCALHOST)))
 }
 
 #[cfg(test)]
