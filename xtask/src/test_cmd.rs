@@ -214,6 +214,7 @@ fn namespace_tests(env: &TestEnv, wanted: bool) -> Result<(), String> {
         &["-p", "weave-tests", "--test", "collectives"],
         &["-p", "weave-tests", "--test", "elastic"],
         &["-p", "weave-tests", "--test", "hostile"],
+        &["-p", "weave-nccl", "--test", "across_nodes"],
     ];
     for target in targets {
         let mut cmd = env.cargo();
