@@ -3,8 +3,6 @@
 
 use half::{bf16, f16};
 
-#[cfg(test)]
-use crate::dtype::Element;
 use crate::op::ReduceOp;
 
 /// Elements per block: the accumulator of one block stays in L1.
@@ -320,6 +318,7 @@ pub fn reduce_slices<T: Arith>(op: ReduceOp, divisor: usize, out: &mut [T], srcs
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::dtype::Element;
 
     fn check<T: Arith + Element>(op: ReduceOp, inputs: &[Vec<f64>], want: impl Fn(&[f64]) -> f64, tol: f64) {
         let srcs: Vec<Vec<T>> = inputs.iter().map(|v| v.iter().map(|&x| T::from_f64(x)).collect()).collect();
