@@ -38,6 +38,12 @@ fn errno() -> std::io::Error {
     std::io::Error::last_os_error()
 }
 
+/// The error of a verbs call on `device` that returned the errno `rc` (as the post and modify
+/// calls do, instead of setting `errno`): `what` names the call and its arguments.
+fn verbs_failed(what: &str, device: &str, rc: i32) -> Error {
+    Error::transport(crate::NAME, format!("{what} on {device}: errno {rc} ({})", std::io::Error::from_raw_os_error(rc)))
+}
+
 /// An opened device with the port weave uses on it.
 pub struct Port {
     context: NonNull<ffi::ibv_context>,

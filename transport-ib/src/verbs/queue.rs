@@ -13,7 +13,7 @@ use std::time::Duration;
 use comm_core::{Error, Result};
 use ibverbs_sys as ffi;
 
-use super::{Port, PortAddress, ProtectionDomain, errno};
+use super::{Port, PortAddress, ProtectionDomain, errno, verbs_failed};
 
 /// Inline bytes asked of a queue pair: a small write or a flag record then travels inside the
 /// work request, and the device reads no memory for it (providers that offer less get less).
@@ -291,14 +291,7 @@ impl QueuePair {
         // SAFETY: a live queue pair and a filled attribute struct.
         let rc = unsafe { ffi::ibv_modify_qp(self.qp.as_ptr(), attr, mask.0 as i32) };
         if rc != 0 {
-            return Err(Error::transport(
-                crate::NAME,
-                format!(
-                    "ibv_modify_qp to {state} on {}: errno {rc} ({})",
-                    self.pd.port.device,
-                    std::io::Error::from_raw_os_error(rc)
-                ),
-            ));
+            return Err(verbs_failed(&format!("ibv_modify_qp to {state}"), &self.pd.port.device, rc));
         }
         Ok(())
     }
@@ -445,14 +438,7 @@ impl QueuePair {
         // payloads) before returning.
         let rc = unsafe { post(self.qp.as_ptr(), wrs[0].as_mut_ptr(), &mut bad) };
         if rc != 0 {
-            return Err(Error::transport(
-                crate::NAME,
-                format!(
-                    "ibv_post_send of {n} requests on {}: errno {rc} ({})",
-                    self.pd.port.device,
-                    std::io::Error::from_raw_os_error(rc)
-                ),
-            ));
+            return Err(verbs_failed(&format!("ibv_post_send of {n} requests"), &self.pd.port.device, rc));
         }
         Ok(())
     }
@@ -488,15 +474,8 @@ impl QueuePair {
             // valid (caller), linked inside arrays that outlive the call.
             let rc = unsafe { post(self.qp.as_ptr(), wrs.as_mut_ptr(), &mut bad) };
             if rc != 0 {
-                return Err(Error::transport(
-                    crate::NAME,
-                    format!(
-                        "ibv_post_recv of {} receives on {}: errno {rc} ({})",
-                        batch.len(),
-                        self.pd.port.device,
-                        std::io::Error::from_raw_os_error(rc)
-                    ),
-                ));
+                let what = format!("ibv_post_recv of {} receives", batch.len());
+                return Err(verbs_failed(&what, &self.pd.port.device, rc));
             }
         }
         Ok(())
