@@ -232,6 +232,22 @@ pub(crate) fn already_in_a_call() -> Error {
     Error::invalid("this communicator is already inside a call on this thread; calls cannot nest")
 }
 
+/// What a call of the channel algorithms is, host or device, as every rank must agree.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct CallSpec {
+    pub(crate) collective: Collective,
+    pub(crate) algorithm: Algorithm,
+    pub(crate) dtype: DataType,
+    pub(crate) op: Option<ReduceOp>,
+    pub(crate) count: usize,
+    pub(crate) root: usize,
+    /// This rank's arguments were invalid: it takes part with no data and fails.
+    pub(crate) invalid: bool,
+    /// Which form of its collective the call takes (the channel message header's `variant`;
+    /// 0 but for the steps of a hierarchical call that has several).
+    pub(crate) variant: u8,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

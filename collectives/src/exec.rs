@@ -16,18 +16,18 @@ use cudarc::driver::CudaStream;
 
 use crate::api::communicator::Communicator;
 #[cfg(feature = "cuda")]
+use crate::call::CallSpec;
+#[cfg(feature = "cuda")]
 use crate::call::DeviceCall;
 #[cfg(feature = "cuda")]
 use crate::call::DeviceTransfer;
 use crate::call::{Buffers, CollectiveCall, already_in_a_call};
-#[cfg(feature = "cuda")]
-use crate::channel::CallSpec;
 use crate::channel::ChannelEngine;
-#[cfg(feature = "cuda")]
-use crate::channel::gpu::{DeviceCollectiveCall, DeviceSendRecv};
 #[cfg(feature = "cuda")]
 use crate::dtype::DataType;
 use crate::dtype::Element;
+#[cfg(feature = "cuda")]
+use crate::gpu::channels::{DeviceCollectiveCall, DeviceSendRecv};
 #[cfg(feature = "cuda")]
 use crate::gpu::{DirectKernel, GpuCollectiveArgs};
 use crate::hierarchy::{Hierarchy, StepRunner};
@@ -205,7 +205,7 @@ impl Communicator {
                 // SAFETY: forwarded from the caller.
                 return unsafe { self.hierarchical_device_call(&call, stream) };
             }
-            // An integer average would truncate in every step (see gpu/hierarchy.rs).
+            // An integer average would truncate in every step (see hierarchy/device.rs).
             plan = crate::select::plan_flat(table, shape, topology, Some(&caps))?;
         }
         let (algo, k) = match plan.kernel {
@@ -288,7 +288,7 @@ impl Communicator {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
         // Held through the steps, which run on the node's and the rail's GPU engines.
         let g = gpu.try_borrow().map_err(|_| already_in_a_call())?;
-        let device = crate::gpu::HierarchyDevice {
+        let device = crate::hierarchy::Device {
             core: self.core(),
             ordinal: g.device,
             ctx: g.context(),

@@ -66,6 +66,8 @@
 //! rank. A broadcast or reduce tells the ranks its steps receive at, as its flat algorithms
 //! do (small steps run eagerly, whose senders hear of nothing).
 
+#[cfg(feature = "cuda")]
+mod device;
 mod pipeline;
 
 use std::cell::RefCell;
@@ -84,6 +86,8 @@ use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
 use crate::select::forms::{HIERARCHY_ONE_RAIL_BYTES, HIERARCHY_PIPELINE_BYTES};
+#[cfg(feature = "cuda")]
+pub(crate) use device::Device;
 
 /// The forms of a rail step, carried in its headers: of a small call, which crosses the network
 /// on the last local rank's rail alone, and of a larger one, which runs every rail. A call small

@@ -26,6 +26,8 @@ mod api;
 mod call;
 mod channel;
 mod copy;
+#[cfg(feature = "cuda")]
+mod device_staging;
 pub mod dtype;
 mod exec;
 #[cfg(any(test, feature = "fuzzing"))]
@@ -40,6 +42,7 @@ pub mod op;
 mod p2p_progress;
 mod per_rank;
 pub mod reduce;
+mod schedule;
 pub mod select;
 pub use select::table;
 

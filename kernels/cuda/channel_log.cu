@@ -5,10 +5,10 @@
 //
 // Each follows the host channel executor's schedule step for step — same peers, same blocks,
 // same order of operands in every reduction — so the two read side by side and a world mixes
-// no orders: collectives/src/channel/swap.rs (`swap`, `Fold`), recursive.rs (doubling,
-// halving), bruck.rs and tree.rs. The Rust side computes the same peers to build the links
-// (channel/gpu.rs asks those modules), this file recomputes the schedule from (world, rank,
-// root). Where the host keeps a scratch vector, the kernel uses the family's scratch buffer
+// no orders: collectives/src/channel/swap.rs (`swap`), recursive.rs (doubling, halving),
+// bruck.rs and tree.rs, with their peers and the fold in collectives/src/schedule.rs. The Rust
+// side computes the same peers to build the links (gpu/channels.rs asks schedule.rs), this file
+// recomputes the schedule from (world, rank, root). Where the host keeps a scratch vector, the kernel uses the family's scratch buffer
 // (ChannelArgs::scratch, sized by the host for the call).
 //
 // Appended to channel.cu in every program of the family: it uses that file's link steps
@@ -76,7 +76,7 @@ WEAVE_DEVICE bool receive_block(const ChannelArgs& a, uint32_t from, T* dst, uin
 // A rank or core index that does not exist.
 constexpr uint32_t NONE = 0xffffffffu;
 
-// A world of n ranks as a power-of-two core of p ranks (swap.rs `Fold`): the first 2 * rem
+// A world of n ranks as a power-of-two core of p ranks (schedule.rs `Fold`): the first 2 * rem
 // ranks pair up, the even rank of each pair folding into the odd one; core index i stands for
 // the ranks first(i) .. first(i + 1).
 struct Fold {

@@ -2,7 +2,7 @@
 //! channels — the kernel stages messages in its own memory and pushes triggers; the proxy's
 //! connections carry them to the peers. This module owns the family's argument block, its link
 //! table entry, its kernel names and its program; the executor that builds links and launches
-//! lives in `collectives` (`channel/gpu.rs`).
+//! lives in `collectives` (`gpu/channels.rs`).
 
 use comm_core::device::{DeviceStatusHandle, Layout};
 use comm_core::device_layout;

@@ -21,26 +21,13 @@ use super::swap::swap;
 use crate::call::CollectiveCall;
 use crate::copy::copy;
 use crate::dtype::Element;
-
-/// The distances of the steps in a world of `n`: 1, 2, 4, … below `n`.
-fn distances(n: usize) -> impl Iterator<Item = usize> {
-    std::iter::successors(Some(1usize), |d| d.checked_mul(2)).take_while(move |&d| d < n)
-}
-
-/// The peers of rank `me` in a world of `n`: the ranks at every distance on either side (the
-/// device kernels' links, too).
-pub(super) fn peers(n: usize, me: usize) -> Vec<usize> {
-    let mut peers: Vec<usize> = distances(n).flat_map(|d| [(me + d) % n, (me + n - d) % n]).collect();
-    peers.sort_unstable();
-    peers.dedup();
-    peers
-}
+use crate::schedule::{bruck_distances, bruck_peers};
 
 /// Runs an all-gather or all-to-all by Bruck's algorithm. Safety: as [`ChannelEngine::run`].
 pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let count = spec.count;
-    let peers = peers(n, me);
+    let peers = bruck_peers(n, me);
     let (send, recv) = c.buffers();
     let block = |w: *mut T, j: usize| {
         // SAFETY: callers pass j < n, inside a buffer of n blocks of count elements.
@@ -54,7 +41,7 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
             // SAFETY: send holds count elements (caller), the work buffer n blocks.
             unsafe { copy(send, w, count) };
             let mut held = 1;
-            for d in distances(n) {
+            for d in bruck_distances(n) {
                 let m = d.min(n - d);
                 let (to, from) = ((me + n - d) % n, (me + d) % n);
                 let at = block(w, held);
@@ -82,7 +69,7 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
             }
             let mut packed: Vec<T> = vec![T::default(); n.div_ceil(2) * count];
             let mut arrived: Vec<T> = vec![T::default(); n.div_ceil(2) * count];
-            for d in distances(n) {
+            for d in bruck_distances(n) {
                 let moving: Vec<usize> = (0..n).filter(|j| j & d != 0).collect();
                 let len = moving.len() * count;
                 for (slot, &j) in moving.iter().enumerate() {
@@ -114,24 +101,6 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
             drop(work);
             // SAFETY: forwarded from the caller.
             unsafe { super::direct::run(Run { e, core, spec, c }) }
-        }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_steps_gather_every_block_once() {
-        for n in 1..70 {
-            let mut held = 1;
-            for d in distances(n) {
-                assert!(d.min(n - d) <= held);
-                held += d.min(n - d);
-            }
-            assert_eq!(held, n);
-            assert_eq!(distances(n).count(), n.next_power_of_two().ilog2() as usize);
         }
     }
 }

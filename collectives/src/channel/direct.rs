@@ -7,7 +7,8 @@
 use comm_core::communicator::Communicator as Core;
 use comm_core::{Error, Result};
 
-use super::{CallSpec, ChannelEngine, Run, piece, pieces};
+use super::{ChannelEngine, Run, piece, pieces};
+use crate::call::CallSpec;
 use crate::call::CollectiveCall;
 use crate::copy::copy;
 use crate::dtype::Element;

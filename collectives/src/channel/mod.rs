@@ -20,8 +20,6 @@
 mod bruck;
 mod direct;
 mod eager;
-#[cfg(feature = "cuda")]
-pub(crate) mod gpu;
 mod header;
 pub(crate) mod link;
 mod p2p;
@@ -36,30 +34,15 @@ pub(crate) use p2p::run_group;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
 
-use crate::call::{Buffers, CollectiveCall};
-use crate::dtype::{DataType, Element};
+use crate::call::{Buffers, CallSpec, CollectiveCall};
+use crate::dtype::Element;
 use crate::health::Health;
 use crate::op::ReduceOp;
-use crate::table::{Algorithm, Collective};
+use crate::schedule::{SLOTS, missing_links, payload_for};
+use crate::table::Algorithm;
 use header::Header;
 use link::Link;
 
-/// Largest payload of one message (and slot): per-message costs (headers, flags, and over TCP
-/// a thread hand-off each way) fall with larger messages (docs/perf-log/cpu-host.md, "CPUs: the
-/// channel family, over shared memory and over TCP").
-const MAX_PAYLOAD_BYTES: usize = 512 << 10;
-/// Smallest payload of one message.
-const MIN_PAYLOAD_BYTES: usize = 64 << 10;
-/// Payload bytes a rank may give all its links together, per slot: large worlds get smaller
-/// messages so that links to every peer (direct all-to-all) stay within bounds.
-const LINK_PAYLOAD_BUDGET: usize = 8 << 20;
-
-/// Payload bytes per message in a world of `n` ranks.
-fn payload_for(n: usize) -> usize {
-    (LINK_PAYLOAD_BUDGET / n.saturating_sub(1).max(1)).clamp(MIN_PAYLOAD_BYTES, MAX_PAYLOAD_BYTES) / 4096 * 4096
-}
-/// Slots per link direction: messages a sender may have in flight to one peer.
-pub(crate) const SLOTS: usize = 4;
 /// Payload bytes of one eager message: the eager rows cover calls up to this size in one
 /// message per peer.
 const EAGER_PAYLOAD_BYTES: usize = 4 << 10;
@@ -381,33 +364,6 @@ unsafe fn stage_and_post(link: &mut Link, call: &Call, src: *const u8, len: usiz
     // inlines small messages, where a library call would cost more than the bytes).
     unsafe { crate::copy::copy_bytes(src, dst, len) };
     link.post(Header { last, ..call.header(len) })
-}
-
-/// The peers of `peers` that have no link in `links` yet (this rank and ranks outside the world
-/// left out), in ascending order — the order in which every rank builds its links, so the
-/// lowest pair not yet built always has both of its ranks ready to build it.
-pub(crate) fn missing_links<L>(me: usize, peers: &[usize], links: &[Option<L>]) -> Vec<usize> {
-    let mut missing: Vec<usize> =
-        peers.iter().copied().filter(|&p| p != me && links.get(p).is_some_and(Option::is_none)).collect();
-    missing.sort_unstable();
-    missing.dedup();
-    missing
-}
-
-/// What a call is, as every rank must agree.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct CallSpec {
-    pub(crate) collective: Collective,
-    pub(crate) algorithm: Algorithm,
-    pub(crate) dtype: DataType,
-    pub(crate) op: Option<ReduceOp>,
-    pub(crate) count: usize,
-    pub(crate) root: usize,
-    /// This rank's arguments were invalid: it takes part with no data and fails.
-    pub(crate) invalid: bool,
-    /// Which form of its collective the call takes ([`Header::variant`]; 0 but for the steps
-    /// of a hierarchical call that has several).
-    pub(crate) variant: u8,
 }
 
 impl ChannelEngine {

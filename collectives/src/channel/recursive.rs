@@ -17,24 +17,15 @@
 use comm_core::Result;
 use comm_core::communicator::Communicator as Core;
 
-use super::swap::{Fold, swap};
-use super::{Call, CallSpec, ChannelEngine, Run, partial};
+use super::swap::swap;
+use super::{Call, ChannelEngine, Run, partial};
+use crate::call::CallSpec;
 use crate::call::{Buffers, CollectiveCall};
 use crate::copy::copy;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
-
-/// The peers of rank `me` in a world of `n` for doubling and halving: its folded partner, if
-/// any, and its core partner of every bit (the device kernels' links, too).
-pub(super) fn peers(n: usize, me: usize) -> Vec<usize> {
-    let f = Fold::new(n);
-    let mut peers: Vec<usize> = f.partner(me).into_iter().collect();
-    if let Some(i) = f.core(me) {
-        peers.extend((0..f.p.ilog2()).map(|b| f.rank(i ^ (1 << b))));
-    }
-    peers
-}
+use crate::schedule::{Fold, doubling_peers};
 
 /// All-reduce by recursive doubling.
 ///
@@ -49,7 +40,7 @@ pub(super) unsafe fn all_reduce_doubling<T: Element>(
 ) -> Result<()> {
     let (n, me) = (e.world_size, e.rank);
     let f = Fold::new(n);
-    let mut call = e.begin(core, &peers(n, me), spec)?;
+    let mut call = e.begin(core, &doubling_peers(n, me), spec)?;
     // SAFETY: both buffers hold count elements (caller); identical or disjoint.
     unsafe { copy(send, recv, count) };
     let acc = recv;
@@ -149,7 +140,7 @@ unsafe fn halving<T: Element>(
     let (n, me) = (e.world_size, e.rank);
     let f = Fold::new(n);
     let steps = f.p.ilog2();
-    let mut call = e.begin(core, &peers(n, me), spec)?;
+    let mut call = e.begin(core, &doubling_peers(n, me), spec)?;
     let mut scratch: Vec<T> = Vec::new();
     let (work, total) = match kind {
         Halving::AllReduce => {

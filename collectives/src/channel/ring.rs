@@ -15,12 +15,14 @@
 use comm_core::Result;
 use comm_core::communicator::Communicator as Core;
 
-use super::{CallSpec, ChannelEngine, Run, SLOTS, partial, piece, pieces};
+use super::{ChannelEngine, Run, partial, piece, pieces};
+use crate::call::CallSpec;
 use crate::call::{Buffers, CollectiveCall};
 use crate::copy::{copy, share};
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw2;
+use crate::schedule::SLOTS;
 
 /// Runs `c` around the ring (chains for broadcast and reduce). Safety: as [`ChannelEngine::run`].
 pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {

@@ -24,21 +24,7 @@ use crate::copy::copy;
 use crate::dtype::Element;
 use crate::op::ReduceOp;
 use crate::reduce::reduce_raw;
-
-/// The tree around `me` in a world of `n` with root `root`: its parent (if not the root) and
-/// its children in the order the steps reach them (the device kernels' links, too).
-pub(super) fn tree(n: usize, me: usize, root: usize) -> (Option<usize>, Vec<usize>) {
-    let v = (me + n - root) % n;
-    let abs = |w: usize| (w + root) % n;
-    // The parent differs from v in its highest set bit; the children add the bits above it.
-    let parent = (v > 0).then(|| abs(v - (1 << v.ilog2())));
-    let first: usize = if v == 0 { 1 } else { 2 << v.ilog2() };
-    let children = std::iter::successors(Some(first), |m| m.checked_mul(2))
-        .take_while(|&m| m < n && v + m < n)
-        .map(|m| abs(v + m))
-        .collect();
-    (parent, children)
-}
+use crate::schedule::binomial_tree;
 
 /// Runs a broadcast or reduce down or up the binomial tree. Safety: as [`ChannelEngine::run`].
 pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Result<()> {
@@ -47,7 +33,7 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     let b = Buffers { send, recv, count: spec.count };
     // An invalid rank may name a root outside the world; it moves no data either way.
     let root = if spec.root < n { spec.root } else { 0 };
-    let (parent, children) = tree(n, me, root);
+    let (parent, children) = binomial_tree(n, me, root);
     let peers: Vec<usize> = parent.into_iter().chain(children.iter().copied()).collect();
     // SAFETY: (every arm) forwarded from the caller.
     unsafe {
@@ -127,35 +113,4 @@ unsafe fn reduce<T: Element>(
         unsafe { reduce_raw(op, n, recv, &[acc.cast_const()], count) };
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn every_rank_but_the_root_has_one_parent_and_the_tree_is_shallow() {
-        for n in 1..40 {
-            for root in [0, n / 2, n - 1] {
-                let parents: Vec<Option<usize>> = (0..n).map(|me| tree(n, me, root).0).collect();
-                for me in 0..n {
-                    for c in tree(n, me, root).1 {
-                        assert_eq!(parents[c], Some(me), "{n} {root} {me} -> {c}");
-                    }
-                }
-                assert_eq!(parents[root], None);
-                let depth = |mut r: usize| {
-                    let mut d = 0;
-                    while let Some(p) = parents[r] {
-                        r = p;
-                        d += 1;
-                    }
-                    d
-                };
-                let levels = n.next_power_of_two().ilog2() as usize;
-                assert!((0..n).all(|r| r == root || parents[r].is_some()));
-                assert!((0..n).all(|r| depth(r) <= levels), "{n} {root}");
-            }
-        }
-    }
 }

@@ -18,9 +18,8 @@
 //! their lengths against each other and the world size and that they live on this GPU, and keep
 //! cudarc's stream ordering of the buffers (`checks.rs` says how).
 
+pub(crate) mod channels;
 pub mod config;
-mod hierarchy;
-mod staging;
 mod watch;
 
 use std::sync::Arc;
@@ -35,14 +34,13 @@ use comm_core::{Error, Result};
 use cudarc::driver::CudaContext;
 use weave_cuda::DeviceStatus;
 
-use crate::channel::gpu::DeviceChannels;
+use crate::device_staging::DeviceStaging;
+use channels::DeviceChannels;
 pub use config::GpuConfig;
-pub(crate) use hierarchy::Device as HierarchyDevice;
 pub use kernels::direct::{
     BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
     PIPE_MAX_BLOCKS, WorkspaceLayout,
 };
-pub(crate) use staging::DeviceStaging;
 
 /// LL16 packets per (writer, parity) unless `WEAVE_GPU_PACKETS` says otherwise: packet
 /// messages up to 512 KiB per peer.
@@ -89,7 +87,7 @@ pub(crate) struct GpuEngine {
     /// The communicator's revocation state, whose ledger numbers the calls the kernels report
     /// starting (see [`comm_core::ledger::DeviceProgress`]).
     resilience: Arc<Resilience>,
-    /// Staging of the communicator's hierarchical device calls, in GPU memory (`staging.rs`),
+    /// Staging of the communicator's hierarchical device calls, in GPU memory (`device_staging.rs`),
     /// kept between calls.
     pub(crate) hierarchy_staging: std::cell::RefCell<DeviceStaging>,
 }

@@ -105,7 +105,7 @@ pub const HIERARCHICAL_HOST_ROWS: &[Row] = {
 /// The device rows for jobs of several nodes in a grid (first in the table, as the host ones):
 /// steps of device calls over the node and rail sub-communicators, with device staging and
 /// copies on the caller's stream where blocks are reordered or a node's partial result is
-/// held (`gpu/hierarchy.rs`). All-reduce and all-gather start at 64 KiB, where the host rows
+/// held (`hierarchy/device.rs`). All-reduce and all-gather start at 64 KiB, where the host rows
 /// started before their small calls were measured: the device all-reduce still crosses the
 /// network twice per call, and device timings across nodes are still to be taken.
 pub const HIERARCHICAL_DEVICE_ROWS: &[Row] = {

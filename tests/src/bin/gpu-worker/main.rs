@@ -314,7 +314,7 @@ fn wide() -> Result<String> {
     let g = gpu()?;
     let started = Instant::now();
     // On a grid of several nodes of several ranks, a large all-reduce must run as node and
-    // rail steps (gpu/hierarchy.rs); elsewhere as one flat call.
+    // rail steps (hierarchy/device.rs); elsewhere as one flat call.
     let large = 200_000;
     let shape = collectives::select::CallShape {
         collective: collectives::Collective::AllReduce,

@@ -1,4 +1,4 @@
-//! Device staging of hierarchical device calls ([`super::hierarchy`]): the GPU memory that the
+//! Device staging of hierarchical device calls (`hierarchy/device.rs`): the GPU memory that the
 //! steps which reorder blocks or hold a node's partial result work in, and the stream-ordered
 //! copies that reorder blocks between it and the caller's buffers.
 //!

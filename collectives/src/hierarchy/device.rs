@@ -1,4 +1,4 @@
-//! Device buffers across nodes: the hierarchical plan ([`crate::hierarchy`]) as device calls of
+//! Device buffers across nodes: the hierarchical plan ([`super`]) as device calls of
 //! the node and rail sub-communicators, queued one after another on the caller's stream. The
 //! stream keeps them in order (each step reads what the step before wrote), so the caller
 //! synchronizes once, as for any device call, and a CUDA graph captures every step. Inside a
@@ -21,7 +21,7 @@
 //! nodes hold equally many ranks; integer averages would truncate at each step, so the plan
 //! keeps those flat ([`crate::select::plan_flat`]).
 //!
-//! The staging (`staging.rs`) is device memory of this communicator, kept between calls; the
+//! The staging (`device_staging.rs`) is device memory of this communicator, kept between calls; the
 //! block reorderings are strided device-to-device copies queued on the caller's stream between
 //! the steps. Every step's buffers are distinct from its other buffers (the sub-communicators'
 //! in-place forms are used only where the all-reduce and broadcast used them before), so a
@@ -40,12 +40,11 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaStream};
 
-use super::DeviceStaging;
-use super::staging::{BlockGrid, transpose_blocks};
+use super::{Hierarchy, StepRunner};
 use crate::call::DeviceCall;
 use crate::call::already_in_a_call;
+use crate::device_staging::{BlockGrid, DeviceStaging, transpose_blocks};
 use crate::dtype::DataType;
-use crate::hierarchy::{Hierarchy, StepRunner};
 use crate::op::ReduceOp;
 use crate::table::Collective::{self, AllGather, AllReduce, Broadcast, Reduce, ReduceScatter};
 

@@ -6,7 +6,7 @@
 //! memory (today CUDA IPC, so any number of GPUs of one host, beyond the direct kernels' 8).
 //!
 //! Links are built on demand, only to the peers a call uses, in ascending peer order on every
-//! rank (as on the host, [`super::ChannelEngine`]): each link is a pair of device regions (each
+//! rank (as the host channel executor builds its own): each link is a pair of device regions (each
 //! side's inbox, written by the other), a private outbox per side, two signal-only semaphores
 //! per direction (`ready` after each message, `freed` after each consumed one) and one entry of
 //! the device link table the kernels read. Every kernel of the family that the kernel cache
@@ -40,9 +40,10 @@ use kernels::channel::{
 };
 use kernels::module::KernelModule;
 
-use super::{CallSpec, SLOTS, bruck, missing_links, payload_for, recursive, tree};
+use crate::call::CallSpec;
 use crate::dtype::DataType;
 use crate::op::ReduceOp;
+use crate::schedule::{SLOTS, binomial_tree, bruck_peers, doubling_peers, missing_links, payload_for};
 use crate::select::device::{CountUnit, KernelPlan};
 use crate::table::{Algorithm, Collective};
 
@@ -311,10 +312,10 @@ impl DeviceChannels {
             (
                 Collective::AllReduce | Collective::ReduceScatter,
                 Algorithm::ChannelDoubling | Algorithm::ChannelHalving,
-            ) => recursive::peers(n, me),
-            (Collective::AllGather | Collective::AllToAll, Algorithm::ChannelBruck) => bruck::peers(n, me),
+            ) => doubling_peers(n, me),
+            (Collective::AllGather | Collective::AllToAll, Algorithm::ChannelBruck) => bruck_peers(n, me),
             (Collective::Broadcast | Collective::Reduce, Algorithm::ChannelTree) => {
-                let (parent, children) = tree::tree(n, me, root);
+                let (parent, children) = binomial_tree(n, me, root);
                 parent.into_iter().chain(children).collect()
             }
             (Collective::Broadcast | Collective::Reduce, _) if me != root => vec![root],
