@@ -2,6 +2,8 @@
 
 use half::{bf16, f16};
 
+use crate::fp8::{F8E4M3, F8E5M2};
+
 /// The element type of a buffer, as named in benchmark tables.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DataType {
@@ -25,11 +27,15 @@ pub enum DataType {
     I8,
     /// `u8`.
     U8,
+    /// 8-bit float, 4 exponent and 3 mantissa bits ([`F8E4M3`]); reduced in `f32`.
+    F8E4M3,
+    /// 8-bit float, 5 exponent and 2 mantissa bits ([`F8E5M2`]); reduced in `f64`.
+    F8E5M2,
 }
 
 impl DataType {
     /// Every data type.
-    pub const ALL: [DataType; 10] = [
+    pub const ALL: [DataType; 12] = [
         DataType::F64,
         DataType::F32,
         DataType::F16,
@@ -40,6 +46,8 @@ impl DataType {
         DataType::U32,
         DataType::I8,
         DataType::U8,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
     ];
 
     /// Bytes per element.
@@ -48,7 +56,7 @@ impl DataType {
             DataType::F64 | DataType::I64 | DataType::U64 => 8,
             DataType::F32 | DataType::I32 | DataType::U32 => 4,
             DataType::F16 | DataType::Bf16 => 2,
-            DataType::I8 | DataType::U8 => 1,
+            DataType::I8 | DataType::U8 | DataType::F8E4M3 | DataType::F8E5M2 => 1,
         }
     }
 
@@ -65,12 +73,28 @@ impl DataType {
             DataType::U32 => "uint32",
             DataType::I8 => "int8",
             DataType::U8 => "uint8",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
         }
     }
 
     /// True for floating-point types.
     pub const fn is_float(self) -> bool {
-        matches!(self, DataType::F64 | DataType::F32 | DataType::F16 | DataType::Bf16)
+        matches!(
+            self,
+            DataType::F64 | DataType::F32 | DataType::F16 | DataType::Bf16 | DataType::F8E4M3 | DataType::F8E5M2
+        )
+    }
+
+    /// The type reductions of this type are carried in: `f32` for [`F8E4M3`], `f64` for
+    /// [`F8E5M2`] (inputs widened, the result narrowed once: see [`crate::fp8`]), the type
+    /// itself for every other.
+    pub const fn reduced_in(self) -> DataType {
+        match self {
+            DataType::F8E4M3 => DataType::F32,
+            DataType::F8E5M2 => DataType::F64,
+            other => other,
+        }
     }
 
     /// Parses a name as printed by [`name`](Self::name), or the Rust name (`f32`, `bf16`, …).
@@ -92,6 +116,8 @@ impl DataType {
             DataType::U32 => "u32",
             DataType::I8 => "i8",
             DataType::U8 => "u8",
+            DataType::F8E4M3 => "f8e4m3",
+            DataType::F8E5M2 => "f8e5m2",
         }
     }
 }
@@ -101,7 +127,8 @@ mod sealed {
 }
 
 /// A Rust type that collectives accept as an element. Implemented for `f64`, `f32`,
-/// [`half::f16`], [`half::bf16`], `i64`, `i32`, `u64`, `u32`, `i8` and `u8`.
+/// [`half::f16`], [`half::bf16`], `i64`, `i32`, `u64`, `u32`, `i8`, `u8`, [`F8E4M3`] and
+/// [`F8E5M2`].
 pub trait Element:
     crate::reduce::Arith + Copy + Send + Sync + PartialOrd + Default + std::fmt::Debug + sealed::Sealed + 'static
 {
@@ -142,6 +169,8 @@ element!(u64, U64, |x| x as f64, |v| v as i128 as u64);
 element!(u32, U32, |x| x as f64, |v| v as i64 as u32);
 element!(i8, I8, |x| x as f64, |v| v as i64 as i8);
 element!(u8, U8, |x| x as f64, |v| v as i64 as u8);
+element!(F8E4M3, F8E4M3, |x| x.to_f64(), F8E4M3::from_f64);
+element!(F8E5M2, F8E5M2, |x| x.to_f64(), F8E5M2::from_f64);
 
 #[cfg(test)]
 mod tests {

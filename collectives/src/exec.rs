@@ -13,6 +13,8 @@ use comm_core::diagnostics;
 use comm_core::{Error, Result};
 #[cfg(feature = "cuda")]
 use cudarc::driver::CudaStream;
+#[cfg(feature = "cuda")]
+use kernels::convert::{Direction, Fp8Format};
 
 use crate::api::communicator::Communicator;
 #[cfg(feature = "cuda")]
@@ -23,9 +25,7 @@ use crate::call::DeviceCall;
 use crate::call::DeviceTransfer;
 use crate::call::{Buffers, CollectiveCall, already_in_a_call};
 use crate::channel::ChannelEngine;
-#[cfg(feature = "cuda")]
-use crate::dtype::DataType;
-use crate::dtype::Element;
+use crate::dtype::{DataType, Element};
 #[cfg(feature = "cuda")]
 use crate::gpu::channels::{DeviceCollectiveCall, DeviceSendRecv};
 #[cfg(feature = "cuda")]
@@ -37,10 +37,12 @@ use crate::matching::GroupStamps;
 use crate::op::ReduceOp;
 #[cfg(feature = "cuda")]
 use crate::select::device::{CountUnit, Grid};
+
 use crate::select::{CallShape, Executor};
 #[cfg(feature = "cuda")]
 use crate::table::MemorySpace;
 use crate::table::{Algorithm, Collective};
+use crate::widen::WideHostCall;
 
 /// Calls on host memory: the engines, and the plan's executor.
 impl Communicator {
@@ -79,6 +81,12 @@ impl Communicator {
         variant: u8,
     ) -> Result<()> {
         let (c, op) = call.collective();
+        if op.is_some() && T::DTYPE.reduced_in() != T::DTYPE {
+            return match T::DTYPE.reduced_in() {
+                DataType::F32 => self.step_widened::<T, f32>(bytes, validation, call, variant),
+                _ => self.step_widened::<T, f64>(bytes, validation, call, variant),
+            };
+        }
         // SAFETY: the user API built `call` from slices whose lengths it checked (the
         // validation); an invalid rank takes part with no data.
         let through_links =
@@ -88,6 +96,27 @@ impl Communicator {
         // SAFETY: as above.
         let in_steps = |h: &Hierarchy<Communicator>, validation| unsafe { h.run(call, validation) };
         self.run_planned::<T>(c, op, bytes, validation, through_links, on_host, in_steps)
+    }
+
+    /// A reduction of elements carried in a wider type `W` (FP8, see `crate::widen`): the
+    /// input widened, the call run on `W`, the result narrowed once.
+    fn step_widened<T: Element, W: Element>(
+        &self,
+        bytes: usize,
+        validation: Result<()>,
+        call: CollectiveCall<T>,
+        variant: u8,
+    ) -> Result<()> {
+        let valid = validation.is_ok();
+        // SAFETY: the user API built `call` from slices whose lengths it checked when valid.
+        let Some(wide) = (unsafe { WideHostCall::<W>::new(&call, self.world_size(), self.rank(), valid) }) else {
+            return Err(Error::invalid(format!("{} does not reduce: nothing to widen", call.collective().0)));
+        };
+        let ratio = std::mem::size_of::<W>() / std::mem::size_of::<T>();
+        self.step_as::<W>(bytes.saturating_mul(ratio), validation, wide.call, variant)?;
+        // SAFETY: validated (the step returned Ok only then): the receive buffer is writable.
+        unsafe { wide.narrow_into(&call) };
+        Ok(())
     }
 
     /// The node and rail sub-communicators of hierarchical calls, split at the first one.
@@ -183,11 +212,15 @@ impl Communicator {
             return Err(crate::health::revoked());
         }
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
-        let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
         let n = self.world_size();
         if call.root >= n {
             return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
         }
+        if call.op.is_some() && call.dtype.reduced_in() != call.dtype {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.device_call_widened(call, stream) };
+        }
+        let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
         let esz = call.dtype.size();
         let shape = CallShape {
             collective: call.collective,
@@ -276,6 +309,54 @@ impl Communicator {
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { d.launcher.launch(kernel, &args, blocks, stream) }
+    }
+
+    /// A reduction of device elements carried in a wider type (FP8, see `crate::fp8`): three
+    /// launches on `stream` — the inputs widened into a stream-ordered temporary, the call on the
+    /// wide elements (planned for them), the result narrowed once into the receive buffer.
+    ///
+    /// # Safety
+    /// As for [`device_call`](Self::device_call).
+    unsafe fn device_call_widened(&self, call: DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        let format = match call.dtype {
+            DataType::F8E4M3 => Fp8Format::E4M3,
+            DataType::F8E5M2 => Fp8Format::E5M2,
+            other => {
+                return Err(Error::invalid(format!(
+                    "{}: {} is not carried in a wider type",
+                    call.collective,
+                    other.name()
+                )));
+            }
+        };
+        let (n, me) = (self.world_size(), self.rank());
+        let (send_len, recv_len) = match call.collective {
+            Collective::AllReduce => (call.count, call.count),
+            Collective::ReduceScatter => (n * call.count, call.count),
+            Collective::Reduce => (call.count, if me == call.root { call.count } else { 0 }),
+            other => return Err(Error::invalid(format!("{other} does not reduce: nothing to widen"))),
+        };
+        let converter =
+            self.gpu.as_ref().ok_or_else(no_gpu)?.try_borrow_mut().map_err(|_| already_in_a_call())?.converter()?;
+        let wide = format.wide_bytes();
+        // The wide receive buffer starts on a 256-byte boundary, as an allocation would.
+        let recv_offset = (send_len * wide).next_multiple_of(256);
+        let temporary = weave_cuda::StreamMemory::alloc(recv_offset + recv_len * wide, stream)?;
+        let (wide_send, wide_recv) = (temporary.address(), temporary.address() + recv_offset as u64);
+        // SAFETY: the caller vouches for `send_len` elements at `call.send` and `recv_len` at
+        // `call.recv`; the temporary holds both wide ranges, disjoint, until the queued work ends.
+        unsafe {
+            converter.launch(format, Direction::Widen, call.send, wide_send, send_len, stream)?;
+            let wide_call = DeviceCall {
+                dtype: call.dtype.reduced_in(),
+                send: wide_send,
+                recv: wide_recv,
+                bytes: call.bytes * wide,
+                ..call
+            };
+            self.device_call(wide_call, stream)?;
+            converter.launch(format, Direction::Narrow, wide_recv, call.recv, recv_len, stream)
+        }
     }
 
     /// Runs a device call that the plan gave to the hierarchical executor: its steps on the

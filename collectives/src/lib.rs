@@ -30,6 +30,7 @@ mod copy;
 mod device_staging;
 pub mod dtype;
 mod exec;
+pub mod fp8;
 #[cfg(any(test, feature = "fuzzing"))]
 pub mod fuzzing;
 #[cfg(feature = "cuda")]
@@ -44,6 +45,7 @@ mod per_rank;
 pub mod reduce;
 mod schedule;
 pub mod select;
+mod widen;
 pub use select::table;
 
 pub use api::abort::AbortHandle;
@@ -58,6 +60,7 @@ pub use call::DeviceTransfer;
 pub use comm_core as core;
 pub use communicator::Communicator;
 pub use dtype::{DataType, Element};
+pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
 pub use op::ReduceOp;
 pub use table::{Algorithm, AlgorithmTable, Collective, Family, MemorySpace};

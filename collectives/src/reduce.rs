@@ -1,8 +1,10 @@
 //! Host reduction kernels: combine several source arrays into one, block by block, in loops the
-//! compiler vectorizes. Half-precision types accumulate in `f32` and round once at the end.
+//! compiler vectorizes. Half-precision types and e4m3 accumulate in `f32`, e5m2 in `f64`, and
+//! round once at the end.
 
 use half::{bf16, f16};
 
+use crate::fp8::{F8E4M3, F8E5M2};
 use crate::op::ReduceOp;
 
 /// Elements per block: the accumulator of one block stays in L1.
@@ -132,6 +134,20 @@ macro_rules! f32_accumulator {
 }
 f32_accumulator!(f16);
 f32_accumulator!(bf16);
+f32_accumulator!(F8E4M3);
+
+impl Arith for F8E5M2 {
+    // f64: sums of e5m2 values are exact there (see crate::fp8).
+    type Acc = f64;
+    #[inline(always)]
+    fn load(self) -> f64 {
+        self.to_f64()
+    }
+    #[inline(always)]
+    fn store(a: f64) -> F8E5M2 {
+        F8E5M2::from_f64(a)
+    }
+}
 
 #[inline(always)]
 fn fold_block<T: Arith>(acc: &mut [T::Acc], src: &[T], f: impl Fn(T::Acc, T::Acc) -> T::Acc) {

@@ -39,6 +39,7 @@
 pub mod arch;
 pub mod channel;
 pub mod compile;
+pub mod convert;
 pub mod direct;
 mod disk_cache;
 pub mod embedded;

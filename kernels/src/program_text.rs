@@ -28,6 +28,7 @@ pub const HEADERS: &[(&str, &str)] = weave_headers![
     "memory_channel.cuh",
     "port_channel.cuh",
     "dtype.cuh",
+    "fp8.cuh",
     "reduce.cuh",
     "weave.cuh"
 ];

@@ -59,9 +59,9 @@ impl NcclDataType {
     pub const FLOAT64: Self = Self(8);
     /// `ncclBfloat16`.
     pub const BFLOAT16: Self = Self(9);
-    /// `ncclFloat8e4m3` (moved but never reduced here).
+    /// `ncclFloat8e4m3`.
     pub const FLOAT8_E4M3: Self = Self(10);
-    /// `ncclFloat8e5m2` (moved but never reduced here).
+    /// `ncclFloat8e5m2`.
     pub const FLOAT8_E5M2: Self = Self(11);
     /// `ncclNumTypes`.
     pub const NUM_TYPES: Self = Self(12);

@@ -56,7 +56,7 @@ fn reducing_call(
     send: *const c_void,
     recv: *mut c_void,
 ) -> Result<(DataType, Reduction), Fail> {
-    let dtype = data_type(datatype, true)?;
+    let dtype = data_type(datatype)?;
     let op = reduction(op, dtype, c)?;
     check_buffers(count, dtype, blocks, send, recv)?;
     Ok((dtype, op))
@@ -96,7 +96,7 @@ pub unsafe extern "C" fn ncclAllGather(
     stream: CudaStreamPtr,
 ) -> NcclResult {
     submit("ncclAllGather", comm, stream, |c| {
-        let dtype = data_type(datatype, false)?;
+        let dtype = data_type(datatype)?;
         check_buffers(sendcount, dtype, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::AllGather { send: sendbuff as u64, recv: recvbuff as u64, count: sendcount, dtype }])
     })
@@ -137,7 +137,7 @@ pub unsafe extern "C" fn ncclBroadcast(
     stream: CudaStreamPtr,
 ) -> NcclResult {
     submit("ncclBroadcast", comm, stream, |c| {
-        let dtype = data_type(datatype, false)?;
+        let dtype = data_type(datatype)?;
         let root = check_rank("root", root, c.nranks)?;
         bytes_of(count, dtype, 1)?;
         if c.rank == root {
@@ -182,7 +182,7 @@ pub unsafe extern "C" fn ncclReduce(
     stream: CudaStreamPtr,
 ) -> NcclResult {
     submit("ncclReduce", comm, stream, |c| {
-        let dtype = data_type(datatype, true)?;
+        let dtype = data_type(datatype)?;
         let op = reduction(op, dtype, c)?;
         let root = check_rank("root", root, c.nranks)?;
         bytes_of(count, dtype, 1)?;
@@ -208,7 +208,7 @@ pub unsafe extern "C" fn ncclAlltoAll(
     stream: CudaStreamPtr,
 ) -> NcclResult {
     submit("ncclAlltoAll", comm, stream, |c| {
-        let dtype = data_type(datatype, false)?;
+        let dtype = data_type(datatype)?;
         check_buffers(count, dtype, c.nranks, sendbuff, recvbuff)?;
         Ok(vec![Call::AllToAll { send: sendbuff as u64, recv: recvbuff as u64, count, dtype }])
     })
@@ -225,7 +225,7 @@ fn rooted(
     blocks: u64,
     to_root: bool,
 ) -> Result<Vec<Call>, Fail> {
-    let dtype = data_type(dt, false)?;
+    let dtype = data_type(dt)?;
     let root = check_rank("root", root, c.nranks)?;
     let bytes = bytes_of(count, dtype, 1)?;
     bytes_of(count, dtype, c.nranks)?;
@@ -286,7 +286,7 @@ pub unsafe extern "C" fn ncclScatter(
 }
 
 fn p2p(c: &NcclComm, buf: u64, count: usize, dt: NcclDataType, peer: c_int, send: bool) -> Result<Vec<Call>, Fail> {
-    let dtype = data_type(dt, false)?;
+    let dtype = data_type(dt)?;
     let peer = check_rank("peer", peer, c.nranks)?;
     let bytes = bytes_of(count, dtype, 1)?;
     check_buffer(if send { "sendbuff" } else { "recvbuff" }, buf, count)?;

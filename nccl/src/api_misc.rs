@@ -169,7 +169,7 @@ pub unsafe extern "C" fn ncclRedOpCreatePreMulSum(
             return Err(Fail::invalid(format!("op ({op:p}) and scalar ({scalar:p}) must not be NULL")));
         }
         let c = handle::lookup(comm)?;
-        let dtype = data_type(datatype, true)?;
+        let dtype = data_type(datatype)?;
         let scalar = match residence {
             // SAFETY: a host scalar holds one element of `dtype` (size ≤ 8).
             NcclScalarResidence::HOST_IMMEDIATE => Scalar::Host(unsafe { host_scalar(scalar, dtype.size()) }),

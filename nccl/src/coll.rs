@@ -2,11 +2,10 @@
 //! (NCCL's in-place rules included) into a [`Call`], which `group.rs` enqueues with weave's
 //! `*_device_raw` calls.
 //!
-//! Data types: every NCCL type weave has (int8, uint8, int32, uint32, int64, uint64, half,
-//! float, double, bfloat16) works everywhere. The FP8 types (`ncclFloat8e4m3`,
-//! `ncclFloat8e5m2`) are moved as bytes by the calls that do not reduce (all-gather,
-//! broadcast, all-to-all, gather, scatter, send/recv) and refused with `ncclInvalidArgument` by
-//! the reducing ones (weave has no FP8 arithmetic).
+//! Data types: every NCCL type of 2.28 works everywhere: int8, uint8, int32, uint32, int64,
+//! uint64, half, float, double, bfloat16, and the FP8 types (`ncclFloat8e4m3`,
+//! `ncclFloat8e5m2`), which weave reduces in `f32` and `f64` and rounds once
+//! (`collectives::fp8`).
 
 use collectives::{DataType, ReduceOp};
 
@@ -70,8 +69,8 @@ impl Call {
     }
 }
 
-/// weave's type for NCCL's `dt`; FP8 moves as bytes unless the call reduces.
-pub fn data_type(dt: NcclDataType, reduces: bool) -> Result<DataType, Fail> {
+/// weave's type for NCCL's `dt`.
+pub fn data_type(dt: NcclDataType) -> Result<DataType, Fail> {
     Ok(match dt {
         NcclDataType::INT8 => DataType::I8,
         NcclDataType::UINT8 => DataType::U8,
@@ -83,14 +82,8 @@ pub fn data_type(dt: NcclDataType, reduces: bool) -> Result<DataType, Fail> {
         NcclDataType::FLOAT32 => DataType::F32,
         NcclDataType::FLOAT64 => DataType::F64,
         NcclDataType::BFLOAT16 => DataType::Bf16,
-        NcclDataType::FLOAT8_E4M3 | NcclDataType::FLOAT8_E5M2 if !reduces => DataType::U8,
-        NcclDataType::FLOAT8_E4M3 | NcclDataType::FLOAT8_E5M2 => {
-            return Err(Fail::invalid(format!(
-                "data type {} (FP8) cannot be reduced: weave has no FP8 arithmetic (moving FP8 works: all-gather, \
-                 broadcast, all-to-all, send/recv)",
-                dt.0
-            )));
-        }
+        NcclDataType::FLOAT8_E4M3 => DataType::F8E4M3,
+        NcclDataType::FLOAT8_E5M2 => DataType::F8E5M2,
         _ => {
             return Err(Fail::invalid(format!(
                 "data type {} is not an ncclDataType_t of NCCL 2.28 (0..{})",
@@ -161,14 +154,13 @@ mod tests {
     use super::*;
 
     #[test]
-    fn data_types_map_and_fp8_moves_but_never_reduces() {
-        assert_eq!(data_type(NcclDataType::BFLOAT16, true).unwrap(), DataType::Bf16);
-        assert_eq!(data_type(NcclDataType::UINT8, true).unwrap(), DataType::U8);
-        assert_eq!(data_type(NcclDataType::FLOAT8_E4M3, false).unwrap(), DataType::U8);
-        let e = data_type(NcclDataType::FLOAT8_E5M2, true).unwrap_err();
-        assert_eq!(e.code, NcclResult::INVALID_ARGUMENT);
-        assert_eq!(data_type(NcclDataType(12), false).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
-        assert_eq!(data_type(NcclDataType(-3), false).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+    fn data_types_map_fp8_included() {
+        assert_eq!(data_type(NcclDataType::BFLOAT16).unwrap(), DataType::Bf16);
+        assert_eq!(data_type(NcclDataType::UINT8).unwrap(), DataType::U8);
+        assert_eq!(data_type(NcclDataType::FLOAT8_E4M3).unwrap(), DataType::F8E4M3);
+        assert_eq!(data_type(NcclDataType::FLOAT8_E5M2).unwrap(), DataType::F8E5M2);
+        assert_eq!(data_type(NcclDataType(12)).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+        assert_eq!(data_type(NcclDataType(-3)).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
     }
 
     #[test]

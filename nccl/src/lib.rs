@@ -11,8 +11,8 @@
 //! - Unique id: weave's bootstrap address and secret in the 128 bytes ([`unique_id`]).
 //! - Init, split, finalize, destroy, abort, queries: [`api_comm`]; revoke, shrink and grow:
 //!   [`api_elastic`].
-//! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (data types weave
-//!   lacks: FP8 is moved but never reduced).
+//! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (every data type,
+//!   FP8 included).
 //! - Pre-multiplied sums: [`premul`]. Refused calls and their codes: [`api_misc`].
 //! - Errors: [`error`] (weave error → `ncclResult_t`). Every exported function checks its
 //!   pointers and catches panics.

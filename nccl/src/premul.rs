@@ -7,14 +7,17 @@
 //! and reduce scale into a stream-ordered temporary (`cuMemAllocAsync`, freed on the stream
 //! after the call, so graph capture works). A device scalar (`ncclScalarDevice`) is read by
 //! the kernel when it runs; a host scalar (`ncclScalarHostImmediate`) is copied at creation.
-//! Every data type weave reduces is accepted (half and bfloat16 multiply in float and round
-//! back, as NCCL's kernels do); FP8 types are refused with `ncclInvalidArgument`.
+//! Every data type is accepted: half and bfloat16 multiply in float and round back, as NCCL's
+//! kernels do; FP8 multiplies in double and rounds back with weave's conversions
+//! (`weave/fp8.cuh`: nearest, ties to even, saturating), so each product is rounded to the type
+//! once before the sum, which then rounds once more.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use collectives::DataType;
-use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaStream, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaContext, CudaFunction, CudaStream, LaunchConfig, PushKernelArg};
+use kernels::{Compiler, KernelModule};
 
 use crate::abi::{NcclRedOp, NcclResult};
 use crate::error::Fail;
@@ -108,30 +111,30 @@ PLAIN(weave_premul_i8, signed char)
 PLAIN(weave_premul_u8, unsigned char)
 HALF(weave_premul_f16, h2f, f2h)
 HALF(weave_premul_bf16, b2f, f2b)
+#define FP8(NAME, FORMAT) extern "C" __global__ void NAME(const unsigned char* src, unsigned char* dst, u64 n, \
+  const unsigned char* ds, u64 hbits) { double s = weave::fp8_to_double(ds ? *ds : (unsigned char)hbits, FORMAT); \
+  GRID_LOOP dst[i] = (unsigned char)weave::fp8_from_double(weave::fp8_to_double(src[i], FORMAT) * s, FORMAT); }
+FP8(weave_premul_f8e4m3, weave::FP8_E4M3)
+FP8(weave_premul_f8e5m2, weave::FP8_E5M2)
 "#;
 
 /// Loaded modules, per CUDA context.
-static MODULES: Mutex<Option<HashMap<usize, Arc<CudaModule>>>> = Mutex::new(None);
+static MODULES: Mutex<Option<HashMap<usize, Arc<KernelModule>>>> = Mutex::new(None);
 
-fn module(ctx: &Arc<CudaContext>) -> Result<Arc<CudaModule>, Fail> {
-    let cuda = |what: &str, e: cudarc::driver::DriverError| Fail::from(weave_cuda::driver::from_driver(what, e));
+/// The scale kernels' module on `ctx`'s GPU: compiled with weave's device headers (the FP8
+/// conversions are `weave/fp8.cuh`'s) through the kernel cache, once per context.
+fn module(ctx: &Arc<CudaContext>) -> Result<Arc<KernelModule>, Fail> {
     let mut cache = MODULES.lock().map_err(|_| Fail::new(NcclResult::INTERNAL_ERROR, "premul cache poisoned"))?;
     let key = ctx.cu_ctx() as usize;
     if let Some(m) = cache.as_ref().and_then(|c| c.get(&key)) {
         return Ok(m.clone());
     }
-    let (major, minor) = ctx.compute_capability().map_err(|e| cuda("read the compute capability", e))?;
-    let opts = cudarc::nvrtc::CompileOptions {
-        options: vec![format!("--gpu-architecture=compute_{major}{minor}")],
-        ..Default::default()
-    };
-    let ptx = cudarc::nvrtc::compile_ptx_with_opts(SOURCE, opts).map_err(|e| {
+    let m = KernelModule::compile_and_load(ctx, &Compiler::from_env(), SOURCE).map_err(|e| {
         Fail::new(
             NcclResult::UNHANDLED_CUDA_ERROR,
-            format!("NVRTC could not compile the pre-multiplied-sum scale kernel (is libnvrtc installed?): {e}"),
+            format!("the pre-multiplied-sum scale kernels did not compile or load (is libnvrtc installed?): {e}"),
         )
     })?;
-    let m = ctx.load_module(ptx).map_err(|e| cuda("load the scale kernel module", e))?;
     cache.get_or_insert_with(HashMap::new).insert(key, m.clone());
     Ok(m)
 }
@@ -147,9 +150,7 @@ pub unsafe fn scale(op: PreMul, src: u64, dst: u64, count: usize, stream: &Arc<C
     }
     let m = module(stream.context())?;
     let name = format!("weave_premul_{}", op.dtype.rust_name());
-    let f: CudaFunction = m
-        .load_function(&name)
-        .map_err(|e| Fail::from(weave_cuda::driver::from_driver(&format!("find kernel {name}"), e)))?;
+    let f: CudaFunction = m.function(&name)?;
     let (dscalar, hbits) = match op.scalar {
         Scalar::Device(p) => (p, 0u64),
         Scalar::Host(bits) => (0u64, bits),
@@ -169,6 +170,25 @@ pub unsafe fn scale(op: PreMul, src: u64, dst: u64, count: usize, stream: &Arc<C
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn scale_kernels_compile_for_every_data_type() {
+        if !kernels::compile::nvrtc_available() {
+            assert!(
+                std::env::var_os("CI").is_none(),
+                "NVRTC not found and CI is set: the scale kernels must compile in CI"
+            );
+            eprintln!("SKIPPED: scale_kernels_compile_for_every_data_type: NVRTC not found");
+            return;
+        }
+        let k = Compiler::without_cache()
+            .compile(&kernels::source::program(SOURCE), "sm_90")
+            .unwrap_or_else(|e| panic!("the scale kernels do not compile:\n{e}"));
+        for t in DataType::ALL {
+            let name = format!("weave_premul_{}", t.rust_name());
+            assert!(k.ptx().contains(&format!(".entry {name}(")), "PTX lacks {name}");
+        }
+    }
 
     #[test]
     fn operators_get_values_from_num_ops_and_slots_are_reused() {

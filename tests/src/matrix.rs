@@ -4,10 +4,12 @@
 //!
 //! Inputs are small integers, so sums and products are exact in every type; integer results
 //! are compared exactly (wrapping arithmetic included), floating-point results within
-//! [`tolerance`]: `f64` 1e-12, `f32` 1e-6, `f16` 1e-3 and `bf16` 8e-3, relative (absolute below
-//! 1) — only `avg` rounds.
+//! [`tolerance`]: `f64` 1e-12, `f32` 1e-6, `f16` 1e-3 and `bf16` 8e-3, relative (absolute
+//! below 1), and only `avg` rounds. FP8 sums exceed the integers FP8 holds exactly (16 in
+//! e4m3, 8 in e5m2); as weave rounds an FP8 reduction once, its results are compared exactly
+//! with the exact result rounded to the type.
 
-use collectives::{Communicator, DataType, Element, ReduceOp, bf16, f16};
+use collectives::{Communicator, DataType, Element, F8E4M3, F8E5M2, ReduceOp, bf16, f16};
 use comm_core::{Error, Result};
 
 /// What to run.
@@ -25,8 +27,17 @@ pub struct MatrixSpec {
 
 impl MatrixSpec {
     /// The dtypes the issue names.
-    pub const DTYPES: [DataType; 7] =
-        [DataType::F64, DataType::F32, DataType::F16, DataType::Bf16, DataType::I64, DataType::I32, DataType::U8];
+    pub const DTYPES: [DataType; 9] = [
+        DataType::F64,
+        DataType::F32,
+        DataType::F16,
+        DataType::Bf16,
+        DataType::I64,
+        DataType::I32,
+        DataType::U8,
+        DataType::F8E4M3,
+        DataType::F8E5M2,
+    ];
 
     /// The reduced matrix CI runs.
     pub fn ci() -> Self {
@@ -97,7 +108,10 @@ pub fn reference<T: Element>(op: ReduceOp, vals: impl Iterator<Item = f64>) -> f
     if op != ReduceOp::Avg {
         return T::from_f64(exact).to_f64();
     }
-    if T::DTYPE.is_float() {
+    if T::DTYPE.size() == 1 && T::DTYPE.is_float() {
+        // FP8 is reduced in a wide type and rounded once: compared exactly, rounded alike.
+        T::from_f64(exact / n).to_f64()
+    } else if T::DTYPE.is_float() {
         exact / n
     } else {
         // Integers: the wrapped sum, divided with truncation.
@@ -267,6 +281,8 @@ pub fn run_matrix(comm: &Communicator, spec: &MatrixSpec) -> Result<usize> {
             DataType::U32 => run_typed::<u32>(comm, spec)?,
             DataType::I8 => run_typed::<i8>(comm, spec)?,
             DataType::U8 => run_typed::<u8>(comm, spec)?,
+            DataType::F8E4M3 => run_typed::<F8E4M3>(comm, spec)?,
+            DataType::F8E5M2 => run_typed::<F8E5M2>(comm, spec)?,
         };
     }
     Ok(total)

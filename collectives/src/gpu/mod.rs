@@ -32,6 +32,7 @@ use comm_core::memory::{MemoryKind, RegisteredMemory};
 use comm_core::resilience::Resilience;
 use comm_core::{Error, Result};
 use cudarc::driver::CudaContext;
+use kernels::convert::Converter;
 use weave_cuda::DeviceStatus;
 
 use crate::device_staging::DeviceStaging;
@@ -90,6 +91,9 @@ pub(crate) struct GpuEngine {
     /// Staging of the communicator's hierarchical device calls, in GPU memory (`device_staging.rs`),
     /// kept between calls.
     pub(crate) hierarchy_staging: std::cell::RefCell<DeviceStaging>,
+    /// The FP8 conversion kernels (`kernels::convert`), loaded at setup where they compile or
+    /// are cached, else at the first FP8 reduction.
+    converter: Option<Arc<Converter>>,
 }
 
 /// The direct family: one workspace per rank mapped by every peer, and the collective kernels
@@ -122,6 +126,23 @@ impl std::fmt::Debug for GpuEngine {
             .field("direct", &self.direct.as_ref().map(|d| d.layout))
             .field("channels", &self.channels)
             .finish_non_exhaustive()
+    }
+}
+
+/// The FP8 conversion kernels, compiled (once per machine, then found in the kernel cache) and
+/// loaded where NVRTC is here, so that an FP8 call loads no code behind calls still queued
+/// (see `DirectLauncher::preload`); `None` otherwise, and the first FP8 reduction tries again
+/// and says what is missing.
+fn preload_converter(ctx: &Arc<CudaContext>, rank: usize) -> Option<Arc<Converter>> {
+    if !kernels::compile::nvrtc_available() {
+        return None;
+    }
+    match Converter::load(ctx, &kernels::compile::Compiler::from_env()) {
+        Ok(c) => Some(Arc::new(c)),
+        Err(e) => {
+            tracing::info!(target: diagnostics::KERNELS, rank, "FP8 conversion kernels not loaded at setup: {e}");
+            None
+        }
     }
 }
 
@@ -214,6 +235,7 @@ impl GpuEngine {
             );
             None
         };
+        let converter = preload_converter(&ctx, core.rank());
         Ok(Some(GpuEngine {
             ctx,
             device: device.ordinal(),
@@ -227,7 +249,21 @@ impl GpuEngine {
             broken: None,
             resilience: resilience.clone(),
             hierarchy_staging: Default::default(),
+            converter,
         }))
+    }
+
+    /// The FP8 conversion kernels, loaded now if setup could not (see [`preload_converter`]).
+    pub(crate) fn converter(&mut self) -> Result<Arc<Converter>> {
+        if let Some(c) = &self.converter {
+            return Ok(c.clone());
+        }
+        let loaded = Converter::load(&self.ctx, &kernels::compile::Compiler::from_env()).map_err(|e| {
+            Error::Unsupported(format!(
+                "FP8 reductions on device buffers need weave's conversion kernels, which did not load: {e}"
+            ))
+        })?;
+        Ok(self.converter.insert(Arc::new(loaded)).clone())
     }
 
     /// What the plan needs to know about this communicator's GPUs (agreed by every rank).

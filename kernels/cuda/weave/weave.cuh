@@ -14,6 +14,7 @@
 #include "weave/memory_channel.cuh"
 #include "weave/port_channel.cuh"
 #include "weave/dtype.cuh"
+#include "weave/fp8.cuh"
 #include "weave/reduce.cuh"
 
 #endif  // WEAVE_WEAVE_CUH

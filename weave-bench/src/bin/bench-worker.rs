@@ -56,7 +56,7 @@ use std::time::{Duration, Instant};
 
 use clap::Parser;
 use clap::builder::RangedU64ValueParser;
-use collectives::{Collective, Communicator, DataType, Element, ReduceOp, bf16, f16};
+use collectives::{Collective, Communicator, DataType, Element, F8E4M3, F8E5M2, ReduceOp, bf16, f16};
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::{Error, Result};
@@ -502,6 +502,8 @@ fn bench(comm: &Communicator, o: &Options, start: Instant) -> Result<()> {
             DataType::U32 => run_size::<u32>(comm, o, size, t)?,
             DataType::I8 => run_size::<i8>(comm, o, size, t)?,
             DataType::U8 => run_size::<u8>(comm, o, size, t)?,
+            DataType::F8E4M3 => run_size::<F8E4M3>(comm, o, size, t)?,
+            DataType::F8E5M2 => run_size::<F8E5M2>(comm, o, size, t)?,
         };
         if comm.rank() == 0 {
             // Rust's stdout is line-buffered: the line is out before the turn ends.

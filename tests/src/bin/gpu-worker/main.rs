@@ -13,7 +13,7 @@ mod typed;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use collectives::{Communicator, DataType, Element, ReduceOp, bf16, f16};
+use collectives::{Communicator, DataType, Element, F8E4M3, F8E5M2, ReduceOp, bf16, f16};
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use weave_tests::matrix::{compare, fill, input, reference};
@@ -42,7 +42,7 @@ fn cuda(what: &str) -> impl Fn(cudarc::driver::DriverError) -> Error + '_ {
     move |e| Error::Cuda { operation: what.to_string(), message: e.to_string() }
 }
 
-/// Compiles the collective kernels and every channel kernel for sm_90 into the kernel cache
+/// Compiles the collective, conversion and channel kernels for sm_90 into the kernel cache
 /// (`WEAVE_KERNEL_CACHE`), so GPU hosts load them instead of compiling; with a non-empty
 /// `export_dir`, also copies each program's cache entry there (a cache of exactly these
 /// programs, for `cargo xtask gpu-bundle --kernel-cache`).
@@ -52,6 +52,7 @@ fn precompile(export_dir: &str) -> Result<String> {
     let mut programs = vec![
         ("collective kernels".to_string(), kernels::direct::program()),
         ("busy kernel".to_string(), survive::BUSY_KERNEL.to_string()),
+        ("conversion kernels".to_string(), kernels::convert::program()),
     ];
     let channel =
         std::iter::once(ChannelKernel::Moving).chain(REDUCING_TYPES.iter().map(|(t, _)| ChannelKernel::Reducing(t)));
@@ -264,7 +265,7 @@ fn run_typed<T: Element>(g: &Gpu, counts: &[usize], ops: &[ReduceOp]) -> Result<
     Ok(checked)
 }
 
-/// Every collective × {f32, f16, bf16, i32, f64, u8} × every op × {1, 7, 4095, 50 000,
+/// Every collective × {f32, f16, bf16, i32, f64, u8, e4m3, e5m2} × every op × {1, 7, 4095, 50 000,
 /// 1 Mi + 3} elements, in place and out of place, plus every collective at 256 MiB per rank in
 /// f32, bf16 and i32; then checks with nvidia-smi that every rank's process uses exactly one
 /// GPU.
@@ -280,6 +281,9 @@ fn matrix() -> Result<String> {
     checked += run_typed::<i32>(&g, &counts, &ops)?;
     checked += run_typed::<f64>(&g, &counts, &ops)?;
     checked += run_typed::<u8>(&g, &counts, &[ReduceOp::Sum, ReduceOp::Min, ReduceOp::Max])?;
+    // FP8: reduced in a wide type and rounded once, so compared exactly with the rounded sum.
+    checked += run_typed::<F8E4M3>(&g, &counts, &ops)?;
+    checked += run_typed::<F8E5M2>(&g, &counts, &ops)?;
     // 256 MiB per rank: every collective in three dtypes.
     checked += run_typed::<f32>(&g, &[(256 << 20) / 4], &[ReduceOp::Sum])?;
     checked += run_typed::<bf16>(&g, &[(256 << 20) / 2], &[ReduceOp::Max])?;
@@ -297,6 +301,9 @@ fn forced() -> Result<String> {
     let mut checked = run_typed::<f32>(&g, &[1, 7, 4095, 50_000], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<u8>(&g, &[1, 7, 4095], &[ReduceOp::Max])?;
     checked += run_typed::<bf16>(&g, &[50_000], &[ReduceOp::Sum])?;
+    // FP8 under every family: the same exactly rounded results whatever the algorithm.
+    checked += run_typed::<F8E4M3>(&g, &[7, 50_000], &[ReduceOp::Sum, ReduceOp::Avg])?;
+    checked += run_typed::<F8E5M2>(&g, &[4095], &[ReduceOp::Prod, ReduceOp::Max])?;
     // The largest packet messages (64 Ki words per peer by default): one element more falls back.
     checked += run_typed::<f64>(&g, &[(64 << 10) - 1, 64 << 10, (64 << 10) + 1], &[ReduceOp::Min])?;
     // The largest LL128 two-shot all-reduce on 2 to 4 GPUs (3.75 MiB), and one element more.
@@ -331,6 +338,7 @@ fn wide() -> Result<String> {
     // 50,001: across a node grid, the all-reduce runs as steps with a tail of count % L.
     let mut checked = run_typed::<f32>(&g, &[1, 50_000, 50_001], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<i32>(&g, &[4095], &[ReduceOp::Max])?;
+    checked += run_typed::<F8E4M3>(&g, &[50_001], &[ReduceOp::Sum])?;
     checked += same_bits_on_every_rank(&g, &[50_000])?;
     checked += hierarchy::hierarchical_calls(&g)?;
     ring_shift(&g, 300_001)?;
