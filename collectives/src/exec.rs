@@ -312,9 +312,8 @@ impl Communicator {
     }
 
     /// A reduction of device elements carried in a wider type (FP8, see `crate::fp8`): three
-    /// launches on `stream` — the inputs widened into the GPU engine's widening staging, the
-    /// call on the wide elements (planned for them), the result narrowed once into the receive
-    /// buffer.
+    /// launches on `stream` — the inputs widened into a stream-ordered temporary, the call on the
+    /// wide elements (planned for them), the result narrowed once into the receive buffer.
     ///
     /// # Safety
     /// As for [`device_call`](Self::device_call).
@@ -337,24 +336,15 @@ impl Communicator {
             Collective::Reduce => (call.count, if me == call.root { call.count } else { 0 }),
             other => return Err(Error::invalid(format!("{other} does not reduce: nothing to widen"))),
         };
+        let converter =
+            self.gpu.as_ref().ok_or_else(no_gpu)?.try_borrow_mut().map_err(|_| already_in_a_call())?.converter()?;
         let wide = format.wide_bytes();
-        let too_large =
-            || Error::invalid(format!("{}: {} FP8 elements are too many to widen", call.collective, send_len));
-        let (send_bytes, recv_bytes) =
-            (send_len.checked_mul(wide).ok_or_else(too_large)?, recv_len.checked_mul(wide).ok_or_else(too_large)?);
-        // Staging owned by the communicator, not a stream-ordered allocation: an allocation that
-        // grows the driver's pool while earlier calls still wait on peers could stall the
-        // context as a lazily loaded kernel does (see `DirectLauncher::preload`).
-        let (converter, wide_send, wide_recv) = {
-            let mut g = self.gpu.as_ref().ok_or_else(no_gpu)?.try_borrow_mut().map_err(|_| already_in_a_call())?;
-            let converter = g.converter()?;
-            let ordinal = g.device;
-            let (s, r) = g.widen_staging.get_mut().areas(self.core(), ordinal, send_bytes, recv_bytes)?;
-            (converter, s, r)
-        };
+        // The wide receive buffer starts on a 256-byte boundary, as an allocation would.
+        let recv_offset = (send_len * wide).next_multiple_of(256);
+        let temporary = weave_cuda::StreamMemory::alloc(recv_offset + recv_len * wide, stream)?;
+        let (wide_send, wide_recv) = (temporary.address(), temporary.address() + recv_offset as u64);
         // SAFETY: the caller vouches for `send_len` elements at `call.send` and `recv_len` at
-        // `call.recv`; the staging holds both wide ranges, disjoint, for the communicator's
-        // life, and the calls of one communicator run one after another on the GPU.
+        // `call.recv`; the temporary holds both wide ranges, disjoint, until the queued work ends.
         unsafe {
             converter.launch(format, Direction::Widen, call.send, wide_send, send_len, stream)?;
             let wide_call = DeviceCall {

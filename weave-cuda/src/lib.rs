@@ -16,6 +16,7 @@
 //!   ([`RegionBacking`]: a peer's memory it imported, user memory it registered);
 //! - [`PinnedHostMemory`]: pinned host memory mapped into the device;
 //! - [`DeviceStatus`]: the device error and abort words kernels report into and poll;
+//! - [`StreamMemory`]: a temporary of one call, allocated and freed in stream order;
 //! - the device-handle builders [`device_semaphore`] and [`memory_channel_handle`] (with
 //!   [`PacketBuffers`]), which check every address against the [`DeviceRegion`]s behind the
 //!   registrations.
@@ -40,6 +41,7 @@ mod handles;
 mod host_memory;
 mod region;
 mod status;
+mod stream_memory;
 
 use comm_core::error::{Error, Result};
 
@@ -50,6 +52,7 @@ pub use crate::handles::{PacketBuffers, device_semaphore, memory_channel_handle}
 pub use crate::host_memory::PinnedHostMemory;
 pub use crate::region::{DeviceRegion, RegionBacking};
 pub use crate::status::DeviceStatus;
+pub use crate::stream_memory::StreamMemory;
 pub use cudarc::driver::CudaContext;
 
 /// Whether a CUDA driver library can be loaded here. Probes once per process by trying to open

@@ -91,9 +91,6 @@ pub(crate) struct GpuEngine {
     /// Staging of the communicator's hierarchical device calls, in GPU memory (`device_staging.rs`),
     /// kept between calls.
     pub(crate) hierarchy_staging: std::cell::RefCell<DeviceStaging>,
-    /// The wide copies of an FP8 reduction's buffers (`exec.rs`, `device_call_widened`): its
-    /// own staging, since the wide call may itself run hierarchically and use the other.
-    pub(crate) widen_staging: std::cell::RefCell<DeviceStaging>,
     /// The FP8 conversion kernels (`kernels::convert`), loaded at setup where they compile or
     /// are cached, else at the first FP8 reduction.
     converter: Option<Arc<Converter>>,
@@ -252,7 +249,6 @@ impl GpuEngine {
             broken: None,
             resilience: resilience.clone(),
             hierarchy_staging: Default::default(),
-            widen_staging: Default::default(),
             converter,
         }))
     }
