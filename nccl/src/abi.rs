@@ -179,7 +179,7 @@ pub struct NcclSimInfo {
     pub magic: c_uint,
     /// The program's version code.
     pub version: c_uint,
-    /// Estimated time of the group (not computed here).
+    /// Estimated time of the group's calls in microseconds, written by `ncclGroupSimulateEnd`.
     pub estimatedTime: f32,
 }
 

@@ -7,13 +7,13 @@
 //! | `ncclRedOpCreatePreMulSum` / `ncclRedOpDestroy` | work (see [`crate::premul`]) |
 //! | `ncclCommWindowRegister` / `ncclCommWindowDeregister` | `ncclInvalidUsage`: symmetric windows need NCCL's device API, which weave does not provide |
 //! | `ncclDevCommCreate` / `ncclDevCommDestroy` | `ncclInvalidUsage`: no device API |
-//! | `ncclGroupSimulateEnd` | `ncclInvalidUsage`: no cost model; closes the group level and drops its calls |
+//! | `ncclGroupSimulateEnd` | closes the group without running it; the estimated time of its calls |
 //!
 //! Each refusal is logged once at `NCCL_DEBUG=WARN`.
 
 use std::ffi::{c_int, c_void};
 
-use crate::abi::{NcclCommPtr, NcclDataType, NcclRedOp, NcclResult, NcclScalarResidence, NcclSimInfo};
+use crate::abi::{NcclCommPtr, NcclDataType, NcclRedOp, NcclResult, NcclScalarResidence, NcclSimInfo, SIM_INFO_MAGIC};
 use crate::coll::data_type;
 use crate::cuda;
 use crate::error::{Fail, guard, warn_once};
@@ -125,18 +125,33 @@ pub unsafe extern "C" fn ncclDevCommDestroy(_comm: NcclCommPtr, _dev_comm: *cons
     refuse("ncclDevCommDestroy", "NCCL's device API (ncclDevComm) is not provided by weave's libnccl")
 }
 
-/// `ncclGroupSimulateEnd`: refused (`ncclInvalidUsage`); closes the group level, dropping its
-/// calls.
+/// `ncclGroupSimulateEnd`: closes the group level like `ncclGroupEnd` but runs none of its
+/// calls, and writes their estimated time in microseconds into `sim_info->estimatedTime` (see
+/// [`group::simulate`]; 0 for a nested level). `sim_info` must be NULL or start as
+/// `NCCL_SIM_INFO_INITIALIZER` sets it.
 ///
 /// # Safety
-/// Any arguments (nothing is read).
+/// `sim_info` NULL or a writable `ncclSimInfo_t`.
 #[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclGroupSimulateEnd(_sim_info: *mut NcclSimInfo) -> NcclResult {
-    let closed = guard("ncclGroupSimulateEnd", group::discard);
-    if closed != NcclResult::SUCCESS {
-        return closed;
-    }
-    refuse("ncclGroupSimulateEnd", "weave's libnccl has no cost model; the group's calls were dropped")
+pub unsafe extern "C" fn ncclGroupSimulateEnd(sim_info: *mut NcclSimInfo) -> NcclResult {
+    guard("ncclGroupSimulateEnd", || {
+        // SAFETY: the caller passes NULL or a writable ncclSimInfo_t.
+        let info = unsafe { sim_info.as_mut() };
+        if let Some(info) = &info
+            && (info.magic != SIM_INFO_MAGIC || info.size < std::mem::size_of::<NcclSimInfo>())
+        {
+            return Err(Fail::invalid(format!(
+                "sim_info (magic {:#x}, size {}) was not set up with NCCL_SIM_INFO_INITIALIZER; the group is still \
+                 open",
+                info.magic, info.size
+            )));
+        }
+        let micros = group::simulate()?;
+        if let Some(info) = info {
+            info.estimatedTime = micros as f32;
+        }
+        Ok(())
+    })
 }
 
 /// Reads a host scalar of `dtype` as its bytes, zero-extended to 8.
@@ -198,4 +213,43 @@ pub unsafe extern "C" fn ncclRedOpDestroy(op: NcclRedOp, comm: NcclCommPtr) -> N
         let mut table = c.premul.lock().map_err(|_| Fail::new(NcclResult::INTERNAL_ERROR, "premul table poisoned"))?;
         table.destroy(op)
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::NCCL_VERSION;
+
+    fn initialized() -> NcclSimInfo {
+        let (major, minor, patch) = NCCL_VERSION;
+        NcclSimInfo {
+            size: std::mem::size_of::<NcclSimInfo>(),
+            magic: SIM_INFO_MAGIC,
+            version: (major * 10000 + minor * 100 + patch) as std::ffi::c_uint,
+            estimatedTime: -1.0,
+        }
+    }
+
+    #[test]
+    fn simulate_end_closes_one_level_and_checks_its_info() {
+        let mut info = initialized();
+        // SAFETY: (each call) a live ncclSimInfo_t or NULL.
+        unsafe {
+            assert_eq!(ncclGroupSimulateEnd(&mut info), NcclResult::INVALID_USAGE, "no group is open");
+            group::start();
+            group::start();
+            let mut bad = NcclSimInfo { magic: 0, ..initialized() };
+            assert_eq!(ncclGroupSimulateEnd(&mut bad), NcclResult::INVALID_ARGUMENT);
+            assert!(group::in_group(), "a refused info leaves the level open");
+            assert_eq!(ncclGroupSimulateEnd(&mut info), NcclResult::SUCCESS);
+            assert_eq!(info.estimatedTime, 0.0, "a nested level estimates nothing");
+            assert!(group::in_group());
+            info.estimatedTime = -1.0;
+            assert_eq!(ncclGroupSimulateEnd(std::ptr::null_mut()), NcclResult::SUCCESS, "NULL is allowed");
+            assert!(!group::in_group(), "the outermost level closed");
+            group::start();
+            assert_eq!(ncclGroupSimulateEnd(&mut info), NcclResult::SUCCESS);
+            assert_eq!(info.estimatedTime, 0.0, "an empty group takes no time");
+        }
+    }
 }

@@ -96,19 +96,53 @@ pub fn submit(comm: Arc<NcclComm>, calls: &[Call], stream: usize) -> Result<(), 
     run_batch(&comm, &batch)
 }
 
-/// Closes one group level without running it (`ncclGroupSimulateEnd`): the calls are dropped.
-pub fn discard() -> Result<(), Fail> {
-    GROUP.with(|g| {
+/// Closes one group level without running its calls (`ncclGroupSimulateEnd`). At the
+/// outermost level the calls are dropped and their estimated time returned in microseconds: the
+/// sum over the calls of [`Communicator::estimated_time`] on each one's communicator (weave's
+/// plan for the call and the α-β-γ model of `collectives::select::cost`). Inside a nested level
+/// nothing closes but the level, and the estimate is 0.
+pub fn simulate() -> Result<f64, Fail> {
+    let taken = GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
             return Err(Fail::usage("no group is open (call ncclGroupStart first)"));
         }
         g.depth -= 1;
-        if g.depth == 0 {
-            *g = GroupState::default();
+        if g.depth > 0 {
+            return Ok(None);
         }
-        Ok(())
-    })
+        Ok(Some(std::mem::take(&mut *g)))
+    })?;
+    let Some(group) = taken else { return Ok(0.0) };
+    if let Some(e) = group.error {
+        return Err(e);
+    }
+    let mut total = std::time::Duration::ZERO;
+    for q in group.calls.iter().filter(|q| !q.call.is_empty()) {
+        total += q.comm.with_live(|live| estimate(&live.comm, q.call))?;
+    }
+    Ok(total.as_secs_f64() * 1e6)
+}
+
+/// The estimated time of `call` on `comm` (see [`simulate`]).
+fn estimate(comm: &Communicator, call: Call) -> Result<std::time::Duration, Fail> {
+    use collectives::Collective;
+    let n = comm.world_size();
+    let (collective, bytes) = match call {
+        Call::AllReduce { count, dtype, .. } => (Collective::AllReduce, count * dtype.size()),
+        Call::AllGather { count, dtype, .. } => (Collective::AllGather, n * count * dtype.size()),
+        Call::ReduceScatter { count, dtype, .. } => (Collective::ReduceScatter, n * count * dtype.size()),
+        Call::Broadcast { count, dtype, .. } => (Collective::Broadcast, count * dtype.size()),
+        Call::Reduce { count, dtype, .. } => (Collective::Reduce, count * dtype.size()),
+        Call::AllToAll { count, dtype, .. } => (Collective::AllToAll, n * count * dtype.size()),
+        Call::Send { bytes, .. } | Call::Recv { bytes, .. } => (Collective::SendRecv, bytes),
+    };
+    let payload = match collective {
+        Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll => bytes / n.max(1),
+        _ => bytes,
+    };
+    let shape = collectives::select::CallShape { collective, memory: collectives::MemorySpace::Device, bytes, payload };
+    Ok(comm.estimated_time(shape)?)
 }
 
 /// `ncclGroupEnd`.

@@ -4,6 +4,7 @@
 use std::cell::{Cell, OnceCell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
+use std::time::Duration;
 
 use comm_core::bootstrap::Bootstrap;
 use comm_core::communicator::Communicator as CoreCommunicator;
@@ -23,8 +24,8 @@ use crate::dtype::Element;
 use crate::hierarchy::Hierarchy;
 use crate::host::{self, AllToAllv, HostEngine};
 use crate::op::ReduceOp;
+use crate::select::cost::{self, LinkCost};
 use crate::select::{CallShape, Plan, plan};
-#[cfg(feature = "cuda")]
 use crate::table::MemorySpace;
 use crate::table::{Algorithm, AlgorithmTable, Collective};
 
@@ -129,6 +130,34 @@ impl Communicator {
             return plan(&self.table, call, self.core.topology(), Some(&caps));
         }
         plan(&self.table, call, self.core.topology(), None)
+    }
+
+    /// About how long `call` takes on this communicator, by the α-β-γ model of
+    /// [`select::cost`](crate::select::cost): the plan [`plan`](Self::plan) picks, its steps
+    /// and the bytes on its critical path, over NVLink ([`cost::NVLINK_H200`]) for device
+    /// buffers and shared memory ([`cost::SHARED_MEMORY`]) for host buffers inside a node, and
+    /// [`cost::NETWORK`] between nodes. A hierarchical plan counts a two-phase step inside the
+    /// node and a ring across the nodes on its share of the data. An estimate from constants,
+    /// not a measurement of this machine.
+    pub fn estimated_time(&self, call: CallShape) -> Result<Duration> {
+        let algorithm = self.plan(call)?.algorithm;
+        let topology = self.core.topology();
+        let inside: &LinkCost = match call.memory {
+            MemorySpace::Device => &cost::NVLINK_H200,
+            _ => &cost::SHARED_MEMORY,
+        };
+        let (n, nodes) = (self.world_size(), topology.node_count().max(1));
+        let link = if nodes > 1 { &cost::NETWORK } else { inside };
+        if let Some(t) = cost::estimated_time(call.collective, algorithm, n, call.bytes, link) {
+            return Ok(t);
+        }
+        let per_node = topology.max_ranks_per_node().max(1);
+        let node_step = cost::estimated_time(call.collective, Algorithm::TwoPhase, per_node, call.bytes, inside);
+        let rail_step = cost::estimated_time(call.collective, Algorithm::Ring, nodes, call.bytes / per_node, link);
+        match (node_step, rail_step) {
+            (Some(a), Some(b)) => Ok(a + b),
+            _ => Err(Error::Unsupported(format!("{}: no estimate for the plan {algorithm}", call.collective))),
+        }
     }
 
     /// Collective: allocates `len` zeroed elements of shared memory on every rank (see
@@ -364,4 +393,45 @@ impl Communicator {
 #[inline(never)]
 fn root_outside(what: &str, root: usize, n: usize) -> Error {
     Error::invalid(format!("{what}: root {root} is not a rank of this {n}-rank communicator"))
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
+
+    use super::*;
+
+    /// Four thread ranks on host memory: every rank estimates the same time for a call, the
+    /// model's time of the algorithm the plan picks over shared memory, more for more bytes.
+    #[test]
+    fn estimates_follow_the_plan_and_the_model() {
+        const N: usize = 4;
+        let group = LoopbackBootstrap::group(N, Duration::from_secs(20));
+        std::thread::scope(|s| {
+            let handles: Vec<_> = group
+                .into_iter()
+                .map(|b| {
+                    s.spawn(move || {
+                        let comm = Communicator::builder(b).with_transport(LoopbackTransport).build().expect("build");
+                        let mut times = Vec::new();
+                        for bytes in [8, 64 << 10, 64 << 20] {
+                            let shape = CallShape::host(Collective::AllReduce, bytes);
+                            let t = comm.estimated_time(shape).expect("an estimate");
+                            let algorithm = comm.plan(shape).expect("a plan").algorithm;
+                            let model =
+                                cost::estimated_time(Collective::AllReduce, algorithm, N, bytes, &cost::SHARED_MEMORY);
+                            assert_eq!(Some(t), model, "{bytes} B by {algorithm}");
+                            times.push(t);
+                        }
+                        assert!(times.windows(2).all(|w| w[0] < w[1]), "{times:?}");
+                        times
+                    })
+                })
+                .collect();
+            let all: Vec<_> = handles.into_iter().map(|h| h.join().expect("a rank panicked")).collect();
+            assert!(all.iter().all(|t| *t == all[0]), "ranks disagree: {all:?}");
+        });
+    }
 }

@@ -5,6 +5,7 @@
 //! choice itself is made here and nowhere else.
 
 pub mod algorithm;
+pub mod cost;
 pub mod device;
 pub(crate) mod forms;
 pub mod steps;

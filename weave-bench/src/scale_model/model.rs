@@ -4,6 +4,7 @@
 
 use std::sync::LazyLock;
 
+use collectives::select::cost;
 use collectives::{AlgorithmTable, Collective, Family, MemorySpace};
 
 /// One fabric's constants (µs per step, per byte, per reduced byte).
@@ -27,16 +28,19 @@ impl Fabric {
     }
 }
 
-/// The network between nodes in the predictions: 100 Gbit/s, 5 µs a step (a conservative
-/// InfiniBand / RoCE figure; the measured fabrics here are slower).
-pub(super) const NETWORK: Fabric = Fabric::network("network (100 Gbit/s, 5 µs)", 5.0, 8.0 / 100e3);
+/// The network between nodes in the predictions: collectives' [`cost::NETWORK`] (100 Gbit/s,
+/// 5 µs a step; the measured fabrics here are slower).
+pub(super) const NETWORK: Fabric =
+    Fabric::network("network (100 Gbit/s, 5 µs)", cost::NETWORK.step_us, cost::NETWORK.us_per_byte);
 /// TCP between namespace nodes at 10 Gbit/s (docs/perf-log/nodes.md, "Across nodes: faults, hierarchical plans, device buffers" and "Across nodes: weave vs Open MPI on 2 namespace nodes × 2 ranks": 8 B all-reduce
 /// over 2 nodes ≈ 26 µs, 64 MiB at 50 % of the link).
 pub(super) const TCP_10G: Fabric = Fabric::network("tcp (perf-log figure)", 26.0, 8.0 / 5e3);
 /// SoftRoCE in a QEMU guest (docs/perf-log/infiniband.md: 25.6 µs a message, ≈ 40 MB/s).
 pub(super) const SOFTROCE: Fabric = Fabric::network("softroce (perf-log figures)", 25.6, 1.0 / 40.0);
-/// H200 NVLink (docs/perf-log/gpu.md: small all-reduce ≈ 5 µs between 2 GPUs, ≈ 360 GB/s busbw).
-pub(super) const NVLINK: Fabric = Fabric::network("nvlink (H200)", 2.5, 1.0 / 360e3);
+/// H200 NVLink: collectives' [`cost::NVLINK_H200`] (≈ 5 µs small all-reduce between 2 GPUs,
+/// ≈ 360 GB/s busbw).
+pub(super) const NVLINK: Fabric =
+    Fabric::network("nvlink (H200)", cost::NVLINK_H200.step_us, cost::NVLINK_H200.us_per_byte);
 
 /// A collective the model covers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
