@@ -142,9 +142,9 @@ pub struct NcclConfig {
     pub blocking: c_int,
     /// Read and ignored (a tuning hint of NCCL's kernels).
     pub cgaClusterSize: c_int,
-    /// Read and ignored.
+    /// Ignored (named at `NCCL_DEBUG=INFO`, as every ignored field the program sets).
     pub minCTAs: c_int,
-    /// Read and ignored.
+    /// Caps the grid of weave's block-pipelined kernels of a new communicator (`crate::config`).
     pub maxCTAs: c_int,
     /// Read and ignored (weave picks its transports itself).
     pub netName: *const c_char,

@@ -20,7 +20,8 @@ use collectives::transport_shm::ShmTransport;
 use collectives::transport_tcp::{TcpConfig, TcpTransport};
 use comm_core::bootstrap::{TcpBootstrap, UniqueId};
 
-use crate::abi::{self, CONFIG_UNDEF_INT, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId, SPLIT_NOCOLOR};
+use crate::abi::{self, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId, SPLIT_NOCOLOR};
+use crate::config::{ConfigTuning, read_config, read_config_fields};
 use crate::cuda;
 use crate::error::{self, CallResult, Fail, guard};
 use crate::group;
@@ -37,6 +38,8 @@ pub(crate) struct InitArgs {
     pub(crate) device: Option<u32>,
     pub(crate) blocking: bool,
     pub(crate) name: String,
+    /// What the program's `ncclConfig_t` asks of the new communicator beyond blocking and name.
+    pub(crate) tuning: ConfigTuning,
 }
 
 fn cpu_mode() -> bool {
@@ -61,7 +64,12 @@ pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
     let _saved = cuda::SavedContext::save();
     let config = comm_core::config::Config::from_env()?;
     let boot = TcpBootstrap::with_roots(&a.ids, a.rank, a.nranks, config.timeout)?;
-    let mut b = Communicator::builder(boot).with_config(config);
+    let mut gpu = collectives::gpu::GpuConfig::from_env()?;
+    if let Some(most) = a.tuning.max_ctas {
+        gpu.pipeline_blocks = Some(gpu.pipeline_blocks.map_or(most, |b| b.min(most)));
+    }
+    a.tuning.log_ignored(Some(a.rank));
+    let mut b = Communicator::builder(boot).with_config(config).with_gpu_config(gpu);
     if let Some(d) = a.device {
         b = b.with_transport(CudaIpcTransport::on_device(d));
     }
@@ -116,42 +124,6 @@ fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
         return Err(Fail::new(NcclResult::IN_PROGRESS, "init runs in the background"));
     }
     Ok(())
-}
-
-/// Reads the fields of `config` this library uses: (blocking, name). NULL means defaults.
-///
-/// # Safety
-/// `config` is NULL or points at an `ncclConfig_t` of at least its `size` bytes.
-pub(crate) unsafe fn read_config(config: *const NcclConfig, inherit_blocking: bool) -> Result<(bool, String), Fail> {
-    if config.is_null() {
-        return Ok((inherit_blocking, String::new()));
-    }
-    // SAFETY: the first 16 bytes (size, magic, version) exist in every ncclConfig_t.
-    let (size, magic) = unsafe { ((*config).size, (*config).magic) };
-    if magic != abi::API_MAGIC {
-        return Err(Fail::invalid(format!(
-            "config has magic {magic:#x}, not {:#x}: initialize it with NCCL_CONFIG_INITIALIZER",
-            abi::API_MAGIC
-        )));
-    }
-    let has = |end: usize| size >= end;
-    // SAFETY: each field is read only when the program's struct (its `size`) contains it.
-    let blocking = if has(20) { unsafe { (*config).blocking } } else { CONFIG_UNDEF_INT };
-    // SAFETY: as above; commName is a C string or NULL.
-    let name_ptr = if has(56) { unsafe { (*config).commName } } else { std::ptr::null() };
-    let name = if name_ptr.is_null() {
-        String::new()
-    } else {
-        // SAFETY: a non-null commName is a NUL-terminated string the program owns.
-        unsafe { std::ffi::CStr::from_ptr(name_ptr) }.to_string_lossy().into_owned()
-    };
-    let blocking = match blocking {
-        CONFIG_UNDEF_INT => inherit_blocking,
-        0 => false,
-        1 => true,
-        other => return Err(Fail::invalid(format!("config.blocking is {other}; it must be 0 or 1"))),
-    };
-    Ok((blocking, name))
 }
 
 fn check_out<T>(p: *mut T, what: &str) -> CallResult {
@@ -241,10 +213,10 @@ pub unsafe extern "C" fn ncclCommInitRankConfig(
         // SAFETY: the caller passes NULL or a writable handle.
         unsafe { clear_out(comm, "comm") }?;
         // SAFETY: the caller passes NULL or an initialized config.
-        let (blocking, name) = unsafe { read_config(config, true) }?;
+        let (blocking, name, tuning) = unsafe { read_config_fields(config, true) }?;
         let (id, rank, nranks) = rank_args(nranks, &comm_id, rank)?;
         let device = caller_device()?;
-        init(comm, InitArgs { ids: vec![id], rank, nranks, device, blocking, name })
+        init(comm, InitArgs { ids: vec![id], rank, nranks, device, blocking, name, tuning })
     })
 }
 
@@ -282,9 +254,9 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
             ids.push(unique_id::decode(id)?);
         }
         // SAFETY: the caller passes NULL or an initialized config.
-        let (blocking, name) = unsafe { read_config(config, true) }?;
+        let (blocking, name, tuning) = unsafe { read_config_fields(config, true) }?;
         let device = caller_device()?;
-        init(comm, InitArgs { ids, rank, nranks, device, blocking, name })
+        init(comm, InitArgs { ids, rank, nranks, device, blocking, name, tuning })
     })
 }
 
@@ -320,6 +292,7 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
                         device: Some(d),
                         blocking: true,
                         name: "initall".into(),
+                        tuning: ConfigTuning::default(),
                     };
                     s.spawn(move || build(&a))
                 })

@@ -17,7 +17,8 @@ use std::ffi::c_int;
 use comm_core::bootstrap::UniqueId;
 
 use crate::abi::{NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId};
-use crate::api_comm::{InitArgs, build, caller_device, clear_out, read_config};
+use crate::api_comm::{InitArgs, build, caller_device, clear_out};
+use crate::config::{read_config, read_config_fields};
 use crate::error::{Fail, guard};
 use crate::handle::{self, Live, NcclComm, State};
 use crate::unique_id;
@@ -171,9 +172,9 @@ pub unsafe extern "C" fn ncclCommGrow(
             // SAFETY: non-null and readable, as the caller guarantees.
             let id = unique_id::decode(unsafe { &*unique_id })?;
             // SAFETY: NULL or initialized, as the caller guarantees.
-            let (blocking, name) = unsafe { read_config(config, true) }?;
+            let (blocking, name, tuning) = unsafe { read_config_fields(config, true) }?;
             let device = caller_device()?;
-            let args = InitArgs { ids: vec![id], rank, nranks: size, device, blocking: true, name };
+            let args = InitArgs { ids: vec![id], rank, nranks: size, device, blocking: true, name, tuning };
             let joined = build(&args)?;
             return hand_out(joined, device.map_or(-1, |d| d as i32), blocking, newcomm);
         }

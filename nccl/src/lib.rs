@@ -7,13 +7,16 @@
 //! exports.
 //!
 //! - Version: `ncclGetVersion` reports 22902 (NCCL 2.29.2), see [`abi::NCCL_VERSION`].
-//! - Types and values: [`abi`] (`ncclConfig_t` as 2.28 lays it out, 80 bytes).
+//! - Types and values: [`abi`] (`ncclConfig_t` as 2.28 lays it out, 80 bytes); what weave
+//!   reads of a config ([`config`]: `blocking`, `commName`, `maxCTAs`, the rest named as
+//!   ignored at `NCCL_DEBUG=INFO`).
 //! - Unique id: weave's bootstrap address and secret in the 128 bytes ([`unique_id`]).
 //! - Init, split, finalize, destroy, abort, queries: [`api_comm`]; revoke, shrink and grow:
 //!   [`api_elastic`].
 //! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (every data type,
 //!   FP8 included).
-//! - Pre-multiplied sums: [`premul`]. Refused calls and their codes: [`api_misc`].
+//! - Pre-multiplied sums: [`premul`]. `ncclGroupSimulateEnd`'s estimate, refused calls and
+//!   their codes: [`api_misc`].
 //! - Errors: [`error`] (weave error → `ncclResult_t`). Every exported function checks its
 //!   pointers and catches panics.
 //! - Diagnostics: [`debug`] (`NCCL_DEBUG`, `NCCL_DEBUG_SUBSYS` and `WEAVE_DEBUG` install one
@@ -31,6 +34,7 @@ pub mod api_comm;
 pub mod api_elastic;
 pub mod api_misc;
 pub mod coll;
+pub mod config;
 pub mod cuda;
 pub mod debug;
 pub mod error;

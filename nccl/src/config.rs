@@ -1,0 +1,194 @@
+//! `ncclConfig_t` as weave reads it: `blocking` and `commName` for every communicator, `maxCTAs`
+//! for a new one (it caps the grid of weave's block-pipelined kernels), and every other field
+//! the program set named at `NCCL_DEBUG=INFO` as ignored, with why.
+
+use std::ffi::{c_char, c_int};
+
+use crate::abi::{self, CONFIG_UNDEF_INT, NcclConfig};
+use crate::error::Fail;
+
+/// The `ncclConfig_t` fields past `blocking` and `commName`: the one weave honours and the
+/// ones it ignores.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ConfigTuning {
+    /// `maxCTAs`: the most thread blocks one of weave's kernels runs with (it caps the
+    /// block-pipelined kernels' grid, `GpuConfig::pipeline_blocks`).
+    pub(crate) max_ctas: Option<u32>,
+    /// Each field the program set that weave ignores, with why (logged at `NCCL_DEBUG=INFO`).
+    pub(crate) ignored: Vec<String>,
+}
+
+impl ConfigTuning {
+    /// Logs the ignored fields at `NCCL_DEBUG=INFO` (with the rank, where known).
+    pub(crate) fn log_ignored(&self, rank: Option<usize>) {
+        for field in &self.ignored {
+            tracing::info!(target: crate::debug::NCCL, rank = ?rank, "ncclConfig_t.{field}");
+        }
+    }
+}
+
+/// Reads the fields of `config` this library uses: (blocking, name). NULL means defaults.
+/// For a communicator derived from another (split, shrink, grow), which keeps its parent's GPU
+/// settings: every other field the program set is logged as ignored.
+///
+/// # Safety
+/// `config` is NULL or points at an `ncclConfig_t` of at least its `size` bytes.
+pub(crate) unsafe fn read_config(config: *const NcclConfig, inherit_blocking: bool) -> Result<(bool, String), Fail> {
+    // SAFETY: forwarded from the caller.
+    let (blocking, name, mut tuning) = unsafe { read_config_fields(config, inherit_blocking) }?;
+    if let Some(most) = tuning.max_ctas.take() {
+        tuning
+            .ignored
+            .push(format!("maxCTAs = {most} ignored: a derived communicator keeps its parent's GPU settings"));
+    }
+    tuning.log_ignored(None);
+    Ok((blocking, name))
+}
+
+/// Every field of `config`: blocking, name, and the rest as [`ConfigTuning`]. NULL means
+/// defaults.
+///
+/// # Safety
+/// `config` is NULL or points at an `ncclConfig_t` of at least its `size` bytes.
+pub(crate) unsafe fn read_config_fields(
+    config: *const NcclConfig,
+    inherit_blocking: bool,
+) -> Result<(bool, String, ConfigTuning), Fail> {
+    use std::mem::{offset_of, size_of};
+    if config.is_null() {
+        return Ok((inherit_blocking, String::new(), ConfigTuning::default()));
+    }
+    // SAFETY: the first 16 bytes (size, magic, version) exist in every ncclConfig_t.
+    let (size, magic) = unsafe { ((*config).size, (*config).magic) };
+    if magic != abi::API_MAGIC {
+        return Err(Fail::invalid(format!(
+            "config has magic {magic:#x}, not {:#x}: initialize it with NCCL_CONFIG_INITIALIZER",
+            abi::API_MAGIC
+        )));
+    }
+    // A field is read only when the program's struct (its `size` bytes) holds it; an unset
+    // integer (NCCL_CONFIG_UNDEF_INT) reads as None.
+    let int = |offset: usize| -> Option<c_int> {
+        if size < offset + size_of::<c_int>() {
+            return None;
+        }
+        // SAFETY: the caller's struct holds `size` bytes, and this field lies inside them.
+        let v = unsafe { config.cast::<u8>().add(offset).cast::<c_int>().read_unaligned() };
+        (v != CONFIG_UNDEF_INT).then_some(v)
+    };
+    let pointer = |offset: usize| -> *const c_char {
+        if size < offset + size_of::<*const c_char>() {
+            return std::ptr::null();
+        }
+        // SAFETY: as for `int`.
+        unsafe { config.cast::<u8>().add(offset).cast::<*const c_char>().read_unaligned() }
+    };
+    let text = |p: *const c_char| {
+        // SAFETY: a non-null string field is a NUL-terminated string the program owns.
+        (!p.is_null()).then(|| unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned())
+    };
+    let name = text(pointer(offset_of!(NcclConfig, commName))).unwrap_or_default();
+    let blocking = match int(offset_of!(NcclConfig, blocking)) {
+        None => inherit_blocking,
+        Some(0) => false,
+        Some(1) => true,
+        Some(other) => return Err(Fail::invalid(format!("config.blocking is {other}; it must be 0 or 1"))),
+    };
+    let mut tuning = ConfigTuning::default();
+    if let Some(most) = int(offset_of!(NcclConfig, maxCTAs)) {
+        let most = u32::try_from(most)
+            .ok()
+            .filter(|&m| m >= 1)
+            .ok_or_else(|| Fail::invalid(format!("config.maxCTAs is {most}; it must be at least 1")))?;
+        tuning.max_ctas = Some(most);
+    }
+    let ignored_ints: [(&str, usize, &str); 10] = [
+        ("cgaClusterSize", offset_of!(NcclConfig, cgaClusterSize), "weave's kernels launch no thread block clusters"),
+        ("minCTAs", offset_of!(NcclConfig, minCTAs), "weave sizes each kernel's grid by the call (maxCTAs caps it)"),
+        ("splitShare", offset_of!(NcclConfig, splitShare), "a split builds its own workspaces"),
+        ("trafficClass", offset_of!(NcclConfig, trafficClass), "weave sets no traffic class on its connections"),
+        ("collnetEnable", offset_of!(NcclConfig, collnetEnable), "weave has no CollNet"),
+        ("CTAPolicy", offset_of!(NcclConfig, CTAPolicy), "weave's plan picks the grid"),
+        ("shrinkShare", offset_of!(NcclConfig, shrinkShare), "a shrink reuses what it can by itself"),
+        ("nvlsCTAs", offset_of!(NcclConfig, nvlsCTAs), "weave never uses NVLink SHARP"),
+        ("nChannelsPerNetPeer", offset_of!(NcclConfig, nChannelsPerNetPeer), "weave's plan picks its channels"),
+        ("nvlinkCentricSched", offset_of!(NcclConfig, nvlinkCentricSched), "weave's plan picks the schedule"),
+    ];
+    for (field, offset, why) in ignored_ints {
+        if let Some(v) = int(offset) {
+            tuning.ignored.push(format!("{field} = {v} ignored: {why}"));
+        }
+    }
+    if let Some(net) = text(pointer(offset_of!(NcclConfig, netName))) {
+        tuning.ignored.push(format!("netName = {net:?} ignored: weave picks its transports itself (WEAVE_TRANSPORTS)"));
+    }
+    Ok((blocking, name, tuning))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::abi::NcclResult;
+    use crate::error::Fail;
+
+    /// A config as NCCL_CONFIG_INITIALIZER leaves it: every field unset.
+    fn initialized() -> NcclConfig {
+        NcclConfig {
+            size: std::mem::size_of::<NcclConfig>(),
+            magic: abi::API_MAGIC,
+            version: 22800,
+            blocking: CONFIG_UNDEF_INT,
+            cgaClusterSize: CONFIG_UNDEF_INT,
+            minCTAs: CONFIG_UNDEF_INT,
+            maxCTAs: CONFIG_UNDEF_INT,
+            netName: std::ptr::null(),
+            splitShare: CONFIG_UNDEF_INT,
+            trafficClass: CONFIG_UNDEF_INT,
+            commName: std::ptr::null(),
+            collnetEnable: CONFIG_UNDEF_INT,
+            CTAPolicy: CONFIG_UNDEF_INT,
+            shrinkShare: CONFIG_UNDEF_INT,
+            nvlsCTAs: CONFIG_UNDEF_INT,
+            nChannelsPerNetPeer: CONFIG_UNDEF_INT,
+            nvlinkCentricSched: CONFIG_UNDEF_INT,
+        }
+    }
+
+    fn read(c: &NcclConfig) -> Result<(bool, String, ConfigTuning), Fail> {
+        // SAFETY: a whole, initialized config.
+        unsafe { read_config_fields(c, true) }
+    }
+
+    #[test]
+    fn max_ctas_is_kept_and_every_other_set_field_is_named_as_ignored() {
+        let (blocking, name, tuning) = read(&initialized()).unwrap();
+        assert_eq!((blocking, name.as_str(), tuning), (true, "", ConfigTuning::default()));
+        let c = NcclConfig {
+            blocking: 0,
+            maxCTAs: 8,
+            cgaClusterSize: 2,
+            splitShare: 1,
+            netName: c"IB".as_ptr(),
+            commName: c"tp".as_ptr(),
+            ..initialized()
+        };
+        let (blocking, name, tuning) = read(&c).unwrap();
+        assert_eq!((blocking, name.as_str(), tuning.max_ctas), (false, "tp", Some(8)));
+        let ignored = tuning.ignored.join("; ");
+        for field in ["cgaClusterSize = 2", "splitShare = 1", "netName = \"IB\""] {
+            assert!(ignored.contains(field), "{field} missing from {ignored}");
+        }
+        assert_eq!(tuning.ignored.len(), 3, "{ignored}");
+    }
+
+    #[test]
+    fn fields_past_an_older_programs_size_are_unset_and_bad_values_are_refused() {
+        // A program built against a header whose struct ends before maxCTAs.
+        let old = NcclConfig { size: std::mem::offset_of!(NcclConfig, maxCTAs), maxCTAs: 8, ..initialized() };
+        assert_eq!(read(&old).unwrap().2.max_ctas, None);
+        for bad in [NcclConfig { maxCTAs: 0, ..initialized() }, NcclConfig { blocking: 2, ..initialized() }] {
+            assert_eq!(read(&bad).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+        }
+        assert_eq!(read(&NcclConfig { magic: 1, ..initialized() }).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+    }
+}
