@@ -96,24 +96,29 @@ pub fn submit(comm: Arc<NcclComm>, calls: &[Call], stream: usize) -> Result<(), 
     run_batch(&comm, &batch)
 }
 
-/// Closes one group level without running its calls (`ncclGroupSimulateEnd`). At the
-/// outermost level the calls are dropped and their estimated time returned in microseconds: the
-/// sum over the calls of [`Communicator::estimated_time`] on each one's communicator (weave's
-/// plan for the call and the α-β-γ model of `collectives::select::cost`). Inside a nested level
-/// nothing closes but the level, and the estimate is 0.
-pub fn simulate() -> Result<f64, Fail> {
-    let taken = GROUP.with(|g| {
+/// Closes one group level for `symbol`: the group's state once the outermost level closes,
+/// `None` while an outer level stays open.
+fn close_level(symbol: &str) -> Result<Option<GroupState>, Fail> {
+    GROUP.with(|g| {
         let mut g = g.borrow_mut();
         if g.depth == 0 {
-            return Err(Fail::usage("no group is open (call ncclGroupStart first)"));
+            return Err(Fail::usage(format!("{symbol} without a matching ncclGroupStart")));
         }
         g.depth -= 1;
         if g.depth > 0 {
             return Ok(None);
         }
         Ok(Some(std::mem::take(&mut *g)))
-    })?;
-    let Some(group) = taken else { return Ok(0.0) };
+    })
+}
+
+/// Closes one group level without running its calls (`ncclGroupSimulateEnd`). At the
+/// outermost level the calls are dropped and their estimated time returned in microseconds: the
+/// sum over the calls of [`Communicator::estimated_time`] on each one's communicator (weave's
+/// plan for the call and the α-β-γ model of `collectives::select::cost`). Inside a nested level
+/// nothing closes but the level, and the estimate is 0.
+pub fn simulate() -> Result<f64, Fail> {
+    let Some(group) = close_level("ncclGroupSimulateEnd")? else { return Ok(0.0) };
     if let Some(e) = group.error {
         return Err(e);
     }
@@ -147,18 +152,7 @@ fn estimate(comm: &Communicator, call: Call) -> Result<std::time::Duration, Fail
 
 /// `ncclGroupEnd`.
 pub fn end() -> Result<(), Fail> {
-    let taken = GROUP.with(|g| {
-        let mut g = g.borrow_mut();
-        if g.depth == 0 {
-            return Err(Fail::usage("ncclGroupEnd without a matching ncclGroupStart"));
-        }
-        g.depth -= 1;
-        if g.depth > 0 {
-            return Ok(None);
-        }
-        Ok(Some(std::mem::take(&mut *g)))
-    })?;
-    let Some(group) = taken else { return Ok(()) };
+    let Some(group) = close_level("ncclGroupEnd")? else { return Ok(()) };
     let mut in_progress = false;
     let mut first_error: Option<Fail> = group.error;
     for c in &group.inits {
