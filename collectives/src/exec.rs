@@ -511,7 +511,9 @@ impl Communicator {
 #[cfg(feature = "cuda")]
 pub(crate) fn no_gpu() -> Error {
     Error::Unsupported(
-        "this communicator has no GPU path: build with the `cuda` feature and give every rank a CUDA device".into(),
+        "this communicator has no GPU path: build with the `cuda` feature, give every rank a CUDA device, and \
+         leave WEAVE_GPU unset or on"
+            .into(),
     )
 }
 

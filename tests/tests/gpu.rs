@@ -320,6 +320,7 @@ const TESTS: &[GpuTest] = &[
     ("logarithmic_channel_algorithms_forced_on_odd_worlds", logarithmic_forced_on_odd_worlds),
     ("device_collectives_across_posed_nodes_over_tcp", across_posed_nodes),
     ("device_collectives_over_tcp_alone_without_cuda_ipc", over_tcp_alone),
+    ("weave_gpu_off_leaves_the_gpu_alone", weave_gpu_off),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];
@@ -366,6 +367,13 @@ fn over_tcp_alone(_gpus: usize) {
             scenario_spec(worker(), "wide", ranks, 60.0, Duration::from_secs(480)).env("WEAVE_TRANSPORTS", "tcp");
         run_and_show(&spec, "wide", &format!("{ranks} ranks over tcp alone"));
     }
+}
+
+/// `WEAVE_GPU=off` on a GPU host: no GPU path, device calls refused naming the variable, host
+/// calls run (a host-only job on a GPU machine need not touch the GPU).
+fn weave_gpu_off(_gpus: usize) {
+    let spec = scenario_spec(worker(), "gpu-off", 2, 20.0, Duration::from_secs(60)).env("WEAVE_GPU", "off");
+    run_and_show(&spec, "gpu-off", "2 ranks, WEAVE_GPU=off");
 }
 
 fn main() -> ExitCode {

@@ -6,6 +6,7 @@
 //!
 //! | variable | meaning | default |
 //! |---|---|---|
+//! | `WEAVE_GPU` | `on`/`off`: `off` leaves the GPU alone (no GPU engine, no CUDA context of its own; device calls are refused), for host-only jobs on GPU machines; with `WEAVE_TRANSPORTS` leaving `cudaipc` out no rank opens a CUDA context at all | `on` |
 //! | `WEAVE_GPU_BLOCKS` | most thread blocks of a block-pipelined GPU kernel (1–128; a tuning knob) | 128 |
 //! | `WEAVE_GPU_PACKETS` | LL packets (8 bytes of payload each) per peer and parity (4K–1M; a tuning knob) | 64K |
 //! | `WEAVE_GPU_TILE` | bytes one pipelined block moves per peer and step (4K–4M, multiple of 256; a tuning knob) | 128K |
@@ -38,6 +39,9 @@ pub struct GpuConfig {
     /// where no transport serves one (a communicator without CUDA IPC); `None`: device
     /// `rank % count`. A transport's device (`CudaIpcTransport::on_device`) takes precedence.
     pub device: Option<u32>,
+    /// Whether the communicator builds its GPU engine where every rank has a GPU (`WEAVE_GPU`,
+    /// default on). Off on any rank: off on every rank, and device calls are refused.
+    pub enabled: bool,
 }
 
 impl Default for GpuConfig {
@@ -50,6 +54,7 @@ impl Default for GpuConfig {
             overlapped_schedule: None,
             overlap_launches: true,
             device: None,
+            enabled: true,
         }
     }
 }
@@ -59,6 +64,9 @@ impl GpuConfig {
     /// are an [`Error::InvalidArgument`] naming the variable.
     pub fn from_env() -> Result<Self> {
         let mut c = GpuConfig::default();
+        if let Some(v) = var("WEAVE_GPU") {
+            c.enabled = parse_switch(&v).map_err(|e| Error::invalid(format!("WEAVE_GPU: {e}")))?;
+        }
         if let Some(v) = var("WEAVE_GPU_BLOCKS") {
             c.pipeline_blocks = Some(parse_gpu_blocks(&v)?);
         }
@@ -156,5 +164,6 @@ mod tests {
         assert_eq!((c.pipeline_blocks, c.packets, c.pipeline_tile, c.pipeline_steps), (None, None, None, None));
         assert_eq!(c.overlapped_schedule, None);
         assert!(c.overlap_launches);
+        assert!(c.enabled, "the GPU engine is on unless WEAVE_GPU=off");
     }
 }

@@ -147,8 +147,12 @@ fn preload_converter(ctx: &Arc<CudaContext>, rank: usize) -> Option<Arc<Converte
 }
 
 /// The GPU this rank's device calls run on: the one its transports serve (CUDA IPC's), else
-/// the one `gpu` names, else device `rank % count` — `None` without a CUDA driver or device.
+/// the one `gpu` names, else device `rank % count` — `None` with `WEAVE_GPU=off` or without a CUDA driver or device.
 fn device_of_this_rank(core: &CoreCommunicator, gpu: &GpuConfig) -> Option<u32> {
+    if !gpu.enabled {
+        tracing::info!(target: diagnostics::INIT, rank = core.rank(), "GPU collectives off on this rank: WEAVE_GPU=off");
+        return None;
+    }
     if let Some(d) = core.device() {
         return Some(d);
     }

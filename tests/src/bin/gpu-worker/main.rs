@@ -34,6 +34,7 @@ fn main() {
         "survive-device" => survive::survive_device(),
         "stall-device" => survive::stall_device(arg),
         "p2p-mismatch-device" => survive::p2p_mismatch_device(),
+        "gpu-off" => gpu_off(),
         other => Err(worker::unknown_scenario(other)),
     })
 }
@@ -96,6 +97,28 @@ fn gpu() -> Result<Gpu> {
     let ctx = comm.gpu_context().ok_or_else(|| Error::Unsupported("no GPU context".into()))?;
     let stream = ctx.new_stream().map_err(cuda("new stream"))?;
     Ok(Gpu { comm, stream })
+}
+
+/// Run with `WEAVE_GPU=off` on a GPU host: the communicator builds without a GPU path and
+/// refuses a device call, saying why; its host calls work.
+fn gpu_off() -> Result<String> {
+    let comm = Communicator::from_env()?;
+    if comm.has_gpu() || comm.gpu_context().is_some() {
+        return Err(Error::protocol("WEAVE_GPU=off, yet the communicator has a GPU path"));
+    }
+    let stream = cudarc::driver::CudaContext::new(0).map_err(cuda("open device 0"))?.default_stream();
+    // SAFETY: the call is refused before it reads any address.
+    let refused = unsafe { comm.all_reduce_device_raw(0, 0, 1, DataType::F32, ReduceOp::Sum, &stream) };
+    match refused {
+        Err(e) if e.to_string().contains("WEAVE_GPU") => {}
+        other => return Err(Error::protocol(format!("a device call with WEAVE_GPU=off gave {other:?}"))),
+    }
+    let mut sum = [0u32; 4];
+    comm.all_reduce(&[1u32; 4], &mut sum, ReduceOp::Sum)?;
+    if sum != [comm.world_size() as u32; 4] {
+        return Err(Error::protocol(format!("host all-reduce gave {sum:?}")));
+    }
+    Ok(format!("gpu-off rank {}: no GPU path, device call refused, host calls run", comm.rank()))
 }
 
 fn bytes_of<T: Element>(v: &[T]) -> &[u8] {
