@@ -26,11 +26,13 @@ pub struct LinkCost {
 /// move).
 pub const NVLINK_H200: LinkCost = LinkCost { step_us: 2.5, us_per_byte: 1.0 / 360e3, us_per_reduced_byte: 0.0 };
 
-/// Between ranks of one host through shared memory (docs/perf-log/cpu-host.md, 2 cores: a small
-/// 2-rank all-reduce in 0.2–0.3 µs, 16 MiB at 4–6 GB/s, the sums at about 10 GB/s).
+/// Between ranks of one host through shared memory (docs/perf-log/cpu-host.md, "CPUs: the
+/// collectives layout, before and after", 2 cores: a small 2-rank all-reduce in 0.2–0.4 µs, a
+/// 16 MiB one in 2.6–4.5 ms, 4–6 GB/s). γ, the sums' own rate, is a round guess, not fitted.
 pub const SHARED_MEMORY: LinkCost = LinkCost { step_us: 0.25, us_per_byte: 1.0 / 5e3, us_per_reduced_byte: 1.0 / 10e3 };
 
-/// Between nodes: 100 Gbit/s and 5 µs a step, a conservative InfiniBand / RoCE figure.
+/// Between nodes: 100 Gbit/s and 5 µs a step, a conservative InfiniBand / RoCE figure (γ as
+/// for [`SHARED_MEMORY`]: the sums run on the CPU or GPU of the node).
 pub const NETWORK: LinkCost = LinkCost { step_us: 5.0, us_per_byte: 8.0 / 100e3, us_per_reduced_byte: 1.0 / 10e3 };
 
 /// Bytes one rank sends and bytes it reduces on the critical path of `algorithm` running
