@@ -25,7 +25,7 @@ pub mod record;
 pub mod scale_model;
 mod sweep;
 mod table;
-mod turns;
+pub mod turns;
 
 use std::process::ExitCode;
 

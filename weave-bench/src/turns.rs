@@ -9,6 +9,8 @@
 //! the job that is not running leaves the CPUs to the one that is. A rank that dies closes its
 //! socket (the driver errors at once); a driver that dies closes every socket (the ranks error
 //! and their jobs end).
+//!
+//! `Turns` is the driver's end, [`RankTurns`] a rank's (the bench workers').
 
 use std::io::{ErrorKind, Read, Write};
 use std::os::unix::net::{UnixListener, UnixStream};
@@ -175,6 +177,47 @@ impl Turns {
 impl Drop for Turns {
     fn drop(&mut self) {
         let _ = std::fs::remove_file(&self.path);
+    }
+}
+
+/// A rank's end of the driver's turn socket (`--turns`); without one, every turn is the rank's.
+pub struct RankTurns {
+    stream: Option<UnixStream>,
+}
+
+impl RankTurns {
+    /// Connects to the driver's socket at `path` (none: no turn-taking) and says which rank this
+    /// is, once its communicator is up; a wait for a turn gives up after `timeout`.
+    pub fn connect(path: Option<&str>, timeout: Duration, rank: usize) -> comm_core::Result<RankTurns> {
+        let Some(path) = path else { return Ok(RankTurns { stream: None }) };
+        let io = |what: &str, e: std::io::Error| comm_core::Error::protocol(format!("turn socket {path}: {what}: {e}"));
+        let mut stream = UnixStream::connect(path).map_err(|e| io("connect", e))?;
+        stream.set_read_timeout(Some(timeout)).map_err(|e| io("set_read_timeout", e))?;
+        stream.write_all(format!("weave {rank}\n").as_bytes()).map_err(|e| io("hello", e))?;
+        Ok(RankTurns { stream: Some(stream) })
+    }
+
+    /// Blocks until the driver gives this job the next turn.
+    pub fn wait(&mut self) -> comm_core::Result<()> {
+        let Some(s) = self.stream.as_mut() else { return Ok(()) };
+        let mut b = [0u8; 1];
+        loop {
+            return match s.read(&mut b) {
+                Ok(1) if b[0] == b'g' => Ok(()),
+                Ok(0) => Err(comm_core::Error::protocol("the bench driver closed the turn socket")),
+                Ok(_) => Err(comm_core::Error::protocol(format!("unexpected turn byte {:?}", b[0] as char))),
+                // A read with a timeout fails with EINTR after the process was stopped and
+                // continued (signal(7)): wait on.
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(e) => Err(comm_core::Error::protocol(format!("waiting for a turn: {e}"))),
+            };
+        }
+    }
+
+    /// Hands the turn back to the driver.
+    pub fn done(&mut self) -> comm_core::Result<()> {
+        let Some(s) = self.stream.as_mut() else { return Ok(()) };
+        s.write_all(b"d").map_err(|e| comm_core::Error::protocol(format!("ending a turn: {e}")))
     }
 }
 

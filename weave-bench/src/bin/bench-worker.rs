@@ -50,8 +50,6 @@
 //! time in `Communicator::from_env`, in seconds). Nothing else it prints to stdout starts with `{`. Errors go to stderr
 //! with exit status 1; a bad command line exits 2.
 
-use std::io::{Read, Write};
-use std::os::unix::net::UnixStream;
 use std::time::{Duration, Instant};
 
 use clap::Parser;
@@ -61,6 +59,7 @@ use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::{Error, Result};
 use weave_bench::record::{SizeResult, benched_collective, reduces, sweep_sizes};
+use weave_bench::turns::RankTurns;
 use weave_tests::matrix::tolerance;
 
 /// The root of broadcast and reduce.
@@ -314,7 +313,7 @@ impl Case<'_> {
 
     /// Runs one size; returns the per-call times in microseconds (this rank's) and the number
     /// of wrong elements this rank saw.
-    fn run<T: Element>(&self, turns: &mut Turns) -> Result<(Vec<f64>, u64)> {
+    fn run<T: Element>(&self, turns: &mut RankTurns) -> Result<(Vec<f64>, u64)> {
         let (len_a, len_b) = self.lengths();
         let init = self.initial::<T>(len_a)?;
         let mut a = init.clone();
@@ -390,46 +389,6 @@ struct Line {
     shared_cpu: bool,
 }
 
-/// This rank's end of the driver's turn socket (`--turns`); without one, every turn is ours.
-struct Turns {
-    stream: Option<UnixStream>,
-}
-
-impl Turns {
-    /// Connects to the driver and says which rank this is (once the communicator is up).
-    fn connect(o: &Options, rank: usize) -> Result<Turns> {
-        let Some(path) = &o.turns else { return Ok(Turns { stream: None }) };
-        let io = |what: &str, e: std::io::Error| Error::protocol(format!("turn socket {path}: {what}: {e}"));
-        let mut stream = UnixStream::connect(path).map_err(|e| io("connect", e))?;
-        stream.set_read_timeout(Some(o.turn_timeout)).map_err(|e| io("set_read_timeout", e))?;
-        stream.write_all(format!("weave {rank}\n").as_bytes()).map_err(|e| io("hello", e))?;
-        Ok(Turns { stream: Some(stream) })
-    }
-
-    /// Blocks until the driver gives this job the next turn.
-    fn wait(&mut self) -> Result<()> {
-        let Some(s) = self.stream.as_mut() else { return Ok(()) };
-        let mut b = [0u8; 1];
-        loop {
-            return match s.read(&mut b) {
-                Ok(1) if b[0] == b'g' => Ok(()),
-                Ok(0) => Err(Error::protocol("the bench driver closed the turn socket")),
-                Ok(_) => Err(Error::protocol(format!("unexpected turn byte {:?}", b[0] as char))),
-                // A read with a timeout fails with EINTR after the process was stopped and
-                // continued (signal(7)): wait on.
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => Err(Error::protocol(format!("waiting for a turn: {e}"))),
-            };
-        }
-    }
-
-    /// Hands the turn back to the driver.
-    fn done(&mut self) -> Result<()> {
-        let Some(s) = self.stream.as_mut() else { return Ok(()) };
-        s.write_all(b"d").map_err(|e| Error::protocol(format!("ending a turn: {e}")))
-    }
-}
-
 /// Runs the job (this process's rank, or every thread rank); on failure, the rank that failed
 /// (as it should be named in the message) and its error.
 fn run(o: &Options) -> std::result::Result<(), (String, Error)> {
@@ -487,7 +446,7 @@ const RANK_STACK_BYTES: usize = 1 << 20;
 fn bench(comm: &Communicator, o: &Options, start: Instant) -> Result<()> {
     let mut create_s = [0.0f64];
     comm.all_reduce(&[start.elapsed().as_secs_f64()], &mut create_s, ReduceOp::Max)?;
-    let mut turns = Turns::connect(o, comm.rank())?;
+    let mut turns = RankTurns::connect(o.turns.as_deref(), o.turn_timeout, comm.rank())?;
     for size in o.sizes() {
         turns.wait()?;
         let t = &mut turns;
@@ -523,7 +482,7 @@ fn count_for(op: Collective, size: usize, elt: usize, n: usize) -> usize {
     }
 }
 
-fn run_size<T: Element>(comm: &Communicator, o: &Options, size: usize, turns: &mut Turns) -> Result<Line> {
+fn run_size<T: Element>(comm: &Communicator, o: &Options, size: usize, turns: &mut RankTurns) -> Result<Line> {
     let (me, n) = (comm.rank(), comm.world_size());
     let elt = std::mem::size_of::<T>();
     let count = count_for(o.op, size, elt, n);
