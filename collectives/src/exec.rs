@@ -330,18 +330,19 @@ impl Communicator {
             }
         };
         let (n, me) = (self.world_size(), self.rank());
-        let (send_len, recv_len) = match call.collective {
-            Collective::AllReduce => (call.count, call.count),
-            Collective::ReduceScatter => (n * call.count, call.count),
-            Collective::Reduce => (call.count, if me == call.root { call.count } else { 0 }),
-            other => return Err(Error::invalid(format!("{other} does not reduce: nothing to widen"))),
-        };
+        let (send_len, recv_len) = crate::widen::reduced_lengths(call.collective, call.count, call.root, n, me)
+            .ok_or_else(|| Error::invalid(format!("{}: nothing to widen (or too many elements)", call.collective)))?;
         let converter =
             self.gpu.as_ref().ok_or_else(no_gpu)?.try_borrow_mut().map_err(|_| already_in_a_call())?.converter()?;
         let wide = format.wide_bytes();
         // The wide receive buffer starts on a 256-byte boundary, as an allocation would.
-        let recv_offset = (send_len * wide).next_multiple_of(256);
-        let temporary = weave_cuda::StreamMemory::alloc(recv_offset + recv_len * wide, stream)?;
+        let too_large =
+            || Error::invalid(format!("{}: {send_len} FP8 elements are too many to widen", call.collective));
+        let recv_offset =
+            send_len.checked_mul(wide).and_then(|b| b.checked_next_multiple_of(256)).ok_or_else(too_large)?;
+        let total = recv_len.checked_mul(wide).and_then(|b| b.checked_add(recv_offset)).ok_or_else(too_large)?;
+        let wide_bytes = call.bytes.checked_mul(wide).ok_or_else(too_large)?;
+        let temporary = weave_cuda::StreamMemory::alloc(total, stream)?;
         let (wide_send, wide_recv) = (temporary.address(), temporary.address() + recv_offset as u64);
         // SAFETY: the caller vouches for `send_len` elements at `call.send` and `recv_len` at
         // `call.recv`; the temporary holds both wide ranges, disjoint, until the queued work ends.
@@ -351,7 +352,7 @@ impl Communicator {
                 dtype: call.dtype.reduced_in(),
                 send: wide_send,
                 recv: wide_recv,
-                bytes: call.bytes * wide,
+                bytes: wide_bytes,
                 ..call
             };
             self.device_call(wide_call, stream)?;

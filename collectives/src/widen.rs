@@ -5,17 +5,36 @@
 
 use crate::call::CollectiveCall;
 use crate::dtype::Element;
+use crate::table::Collective;
 
-/// The element counts of a reducing call's send and receive buffers on rank `me` of `world`
-/// (receive 0 on a reduce's non-root, which passes no receive buffer); `None` for a call that
-/// does not reduce.
-fn reduced_lengths<T>(call: &CollectiveCall<T>, world: usize, me: usize) -> Option<(usize, usize)> {
-    match *call {
-        CollectiveCall::AllReduce { count, .. } => Some((count, count)),
-        CollectiveCall::ReduceScatter { count, .. } => Some((world.saturating_mul(count), count)),
-        CollectiveCall::Reduce { count, root, .. } => Some((count, if me == root { count } else { 0 })),
+/// The element counts of the send and receive buffers of `collective` of `count` elements (per
+/// rank where it has blocks) with root `root`, on rank `me` of `world` (receive 0 on a reduce's
+/// non-root, which passes no receive buffer): the lengths a widened call converts, on host and
+/// device buffers. `None` for a collective that does not reduce.
+pub(crate) fn reduced_lengths(
+    collective: Collective,
+    count: usize,
+    root: usize,
+    world: usize,
+    me: usize,
+) -> Option<(usize, usize)> {
+    match collective {
+        Collective::AllReduce => Some((count, count)),
+        Collective::ReduceScatter => Some((world.checked_mul(count)?, count)),
+        Collective::Reduce => Some((count, if me == root { count } else { 0 })),
         _ => None,
     }
+}
+
+/// [`reduced_lengths`] of a host call.
+fn host_lengths<T>(call: &CollectiveCall<T>, world: usize, me: usize) -> Option<(usize, usize)> {
+    let count = match *call {
+        CollectiveCall::AllReduce { count, .. }
+        | CollectiveCall::ReduceScatter { count, .. }
+        | CollectiveCall::Reduce { count, .. } => count,
+        _ => return None,
+    };
+    reduced_lengths(call.collective().0, count, call.root().unwrap_or(0), world, me)
 }
 
 /// The wide copy of a reducing host call: its buffers, owned, and the call on them.
@@ -40,7 +59,7 @@ impl<W: Element> WideHostCall<W> {
         me: usize,
         valid: bool,
     ) -> Option<Self> {
-        let (send_len, recv_len) = reduced_lengths(call, world, me)?;
+        let (send_len, recv_len) = host_lengths(call, world, me)?;
         let (send_len, recv_len) = if valid { (send_len, recv_len) } else { (0, 0) };
         let (source, _) = call.buffers();
         // SAFETY: the caller guarantees `send_len` readable elements when valid (else 0).
@@ -90,11 +109,12 @@ mod tests {
         let (s, r) = (std::ptr::null::<u8>(), std::ptr::null_mut::<u8>());
         let op = ReduceOp::Sum;
         let scatter = CollectiveCall::ReduceScatter { send: s, recv: r, count: 5, op };
-        assert_eq!(reduced_lengths(&scatter, 4, 1), Some((20, 5)));
+        assert_eq!(host_lengths(&scatter, 4, 1), Some((20, 5)));
         let reduce = CollectiveCall::Reduce { send: s, recv: r, count: 5, op, root: 2 };
-        assert_eq!(reduced_lengths(&reduce, 4, 2), Some((5, 5)));
-        assert_eq!(reduced_lengths(&reduce, 4, 1), Some((5, 0)));
-        assert_eq!(reduced_lengths(&CollectiveCall::AllGather { send: s, recv: r, count: 5 }, 4, 1), None);
+        assert_eq!(host_lengths(&reduce, 4, 2), Some((5, 5)));
+        assert_eq!(host_lengths(&reduce, 4, 1), Some((5, 0)));
+        assert_eq!(host_lengths(&CollectiveCall::AllGather { send: s, recv: r, count: 5 }, 4, 1), None);
+        assert_eq!(reduced_lengths(Collective::ReduceScatter, usize::MAX, 0, 2, 0), None, "overflow");
     }
 
     #[test]
