@@ -81,25 +81,7 @@ pub fn mem_free(p: *mut c_void) -> Result<()> {
     check(unsafe { sys::cuMemFree_v2(p as CUdeviceptr) }, "cuMemFree")
 }
 
-/// Streams are passed as the integer value of their `CUstream` handle.
-///
-/// Stream-ordered allocation (`cuMemAllocAsync`, capturable into a graph).
-pub fn mem_alloc_async(bytes: usize, stream: usize) -> Result<u64> {
-    let stream = stream as CUstream;
-    let mut p: CUdeviceptr = 0;
-    // SAFETY: writes one device address; `stream` is the caller's live stream.
-    check(unsafe { sys::cuMemAllocAsync(&mut p, bytes.max(1), stream) }, "cuMemAllocAsync")?;
-    Ok(p)
-}
-
-/// Stream-ordered free of a [`mem_alloc_async`] address.
-pub fn mem_free_async(p: u64, stream: usize) -> Result<()> {
-    let stream = stream as CUstream;
-    // SAFETY: `p` came from mem_alloc_async; work using it was enqueued on `stream` before.
-    check(unsafe { sys::cuMemFreeAsync(p, stream) }, "cuMemFreeAsync")
-}
-
-/// Device-to-device copy of `bytes` on `stream`.
+/// Device-to-device copy of `bytes` on `stream` (the integer value of its `CUstream` handle).
 ///
 /// # Safety
 /// Both ranges must be device memory valid for `bytes` until the copy completes.

@@ -270,7 +270,6 @@ unsafe fn run(comm: &Communicator, call: Call, stream: &Arc<CudaStream>) -> Resu
         return Ok(());
     }
     let n = comm.world_size();
-    let s = stream.cu_stream() as usize;
     // SAFETY: (every arm) forwarded from the caller; the pre-multiplied paths scale into
     // memory they own or into the receive buffer the call writes anyway.
     unsafe {
@@ -290,12 +289,10 @@ unsafe fn run(comm: &Communicator, call: Call, stream: &Arc<CudaStream>) -> Resu
             }
             Call::ReduceScatter { send, recv, count, dtype, op: Reduction::PreMul(p) } => {
                 let total = count * n;
-                let tmp = cuda::mem_alloc_async(total * dtype.size(), s)?;
-                let r = premul::scale(p, send, tmp, total, stream).and_then(|_| {
-                    comm.reduce_scatter_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
-                });
-                cuda::mem_free_async(tmp, s)?;
-                r
+                // Freed on the stream after the call's work, when it drops.
+                let tmp = weave_cuda::StreamMemory::alloc(total * dtype.size(), stream)?;
+                premul::scale(p, send, tmp.address(), total, stream)?;
+                comm.reduce_scatter_device_raw(tmp.address(), recv, count, dtype, ReduceOp::Sum, stream).map_err(weave)
             }
             Call::Broadcast { send, recv, count, dtype, root } => {
                 comm.broadcast_device_raw(send, recv, count, dtype, root, stream).map_err(weave)
@@ -304,12 +301,9 @@ unsafe fn run(comm: &Communicator, call: Call, stream: &Arc<CudaStream>) -> Resu
                 comm.reduce_device_raw(send, recv, count, dtype, op, root, stream).map_err(weave)
             }
             Call::Reduce { send, recv, count, dtype, op: Reduction::PreMul(p), root } => {
-                let tmp = cuda::mem_alloc_async(count * dtype.size(), s)?;
-                let r = premul::scale(p, send, tmp, count, stream).and_then(|_| {
-                    comm.reduce_device_raw(tmp, recv, count, dtype, ReduceOp::Sum, root, stream).map_err(weave)
-                });
-                cuda::mem_free_async(tmp, s)?;
-                r
+                let tmp = weave_cuda::StreamMemory::alloc(count * dtype.size(), stream)?;
+                premul::scale(p, send, tmp.address(), count, stream)?;
+                comm.reduce_device_raw(tmp.address(), recv, count, dtype, ReduceOp::Sum, root, stream).map_err(weave)
             }
             Call::AllToAll { send, recv, count, dtype } => {
                 comm.all_to_all_device_raw(send, recv, count, dtype, stream).map_err(weave)

@@ -4,8 +4,8 @@
 //! the first call that needs it) writes `scalar × input` on the collective's stream, and
 //! weave's sum runs on the result — so every rank's own scalar applies to its own input, as in
 //! NCCL. All-reduce scales into the receive buffer and reduces there in place; reduce-scatter
-//! and reduce scale into a stream-ordered temporary (`cuMemAllocAsync`, freed on the stream
-//! after the call, so graph capture works). A device scalar (`ncclScalarDevice`) is read by
+//! and reduce scale into a stream-ordered temporary (`weave_cuda::StreamMemory`, freed on the
+//! stream after the call, so graph capture works). A device scalar (`ncclScalarDevice`) is read by
 //! the kernel when it runs; a host scalar (`ncclScalarHostImmediate`) is copied at creation.
 //! Every data type is accepted: half and bfloat16 multiply in float and round back, as NCCL's
 //! kernels do; FP8 multiplies in double and rounds back with weave's conversions
