@@ -60,6 +60,12 @@ impl DeviceStaging {
         Ok((base, base + second as u64))
     }
 
+    /// Bytes of GPU memory the staging buffers take.
+    #[cfg(feature = "cuda")]
+    pub(crate) fn memory(&self) -> usize {
+        self.buffers.iter().map(crate::gpu::allocated_bytes).sum()
+    }
+
     /// The largest pitch `ctx`'s GPU takes in a strided copy (asked once).
     pub(crate) fn max_pitch(&mut self, ctx: &CudaContext) -> Result<usize> {
         if let Some(p) = self.max_pitch {

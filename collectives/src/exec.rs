@@ -29,14 +29,14 @@ use crate::dtype::{DataType, Element};
 #[cfg(feature = "cuda")]
 use crate::gpu::channels::{DeviceCollectiveCall, DeviceSendRecv};
 #[cfg(feature = "cuda")]
-use crate::gpu::{DirectKernel, GpuCollectiveArgs};
+use crate::gpu::{DirectKernel, GpuCollectiveArgs, WorkspaceArea};
 use crate::hierarchy::{Hierarchy, StepRunner};
 use crate::host::{self, HostEngine};
 #[cfg(feature = "cuda")]
 use crate::matching::GroupStamps;
 use crate::op::ReduceOp;
 #[cfg(feature = "cuda")]
-use crate::select::device::{CountUnit, Grid};
+use crate::select::device::{CountUnit, Grid, SENDRECV_KERNEL};
 
 use crate::select::{CallShape, Executor};
 #[cfg(feature = "cuda")]
@@ -216,6 +216,10 @@ impl Communicator {
         if call.root >= n {
             return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
         }
+        if n == 1 && call.collective != Collective::AllToAllv {
+            // SAFETY: forwarded from the caller.
+            return unsafe { self.device_call_alone(&call, stream) };
+        }
         if call.op.is_some() && call.dtype.reduced_in() != call.dtype {
             // SAFETY: forwarded from the caller.
             return unsafe { self.device_call_widened(call, stream) };
@@ -279,7 +283,7 @@ impl Communicator {
             DirectKernel::untyped(k.family)
         };
         let call_number = g.current_call();
-        let d = g.direct()?;
+        let d = g.direct_with(self.core(), crate::gpu::area_of(&k))?;
         let count = match k.count {
             CountUnit::Elements => call.count,
             CountUnit::Bytes => call.count * esz,
@@ -309,6 +313,28 @@ impl Communicator {
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { d.launcher.launch(kernel, &args, blocks, stream) }
+    }
+
+    /// A collective of one rank (all-to-all-v aside, whose counts are on the device): the result
+    /// is this rank's block — a reduction of one value is that value, exactly, in every type and
+    /// operator —, copied on `stream` without a kernel, so a one-rank communicator needs no
+    /// workspace.
+    ///
+    /// # Safety
+    /// As for [`device_call`](Self::device_call).
+    unsafe fn device_call_alone(&self, call: &DeviceCall, stream: &Arc<CudaStream>) -> Result<()> {
+        let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
+        gpu.try_borrow_mut().map_err(|_| already_in_a_call())?.check()?;
+        let bytes = call.count * call.dtype.size();
+        if call.send != call.recv && bytes > 0 {
+            // SAFETY: both ranges valid for `bytes` (caller), ordered on `stream`.
+            unsafe { cudarc::driver::result::memcpy_dtod_async(call.recv, call.send, bytes, stream.cu_stream()) }
+                .map_err(|e| Error::Cuda {
+                    operation: format!("cuMemcpyDtoDAsync ({} of one rank)", call.collective),
+                    message: e.to_string(),
+                })?;
+        }
+        Ok(())
     }
 
     /// A reduction of device elements carried in a wider type (FP8, see `crate::fp8`): three
@@ -485,9 +511,9 @@ impl Communicator {
                 channels.sendrecv(self.core(), call, status, stream)
             });
         }
-        let family = plan.kernel.map_or("weave_sendrecv", |k| k.family);
+        let family = plan.kernel.map_or(SENDRECV_KERNEL, |k| k.family);
         let call_number = g.current_call();
-        let d = g.direct()?;
+        let d = g.direct_with(self.core(), WorkspaceArea::Control)?;
         let mut args: GpuCollectiveArgs = d.args(call_number);
         args.root = u32::MAX;
         args.aux[1] = u64::MAX;

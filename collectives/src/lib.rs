@@ -53,6 +53,7 @@ pub use api::buffer::SharedBuffer;
 pub use api::builder::{Builder, default_transports};
 #[cfg(feature = "cuda")]
 pub use api::device_group::DeviceGroup;
+pub use api::device_memory::DeviceMemory;
 pub use api::group::Group;
 pub use api::grow::{GrowId, Growing};
 pub use api::{buffer, communicator, grow, split};

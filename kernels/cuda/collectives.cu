@@ -1,18 +1,25 @@
 // weave collective kernels: every collective on device buffers, stream-ordered.
 //
-// Workspace (one device allocation per rank, mapped by every peer; GpuCollectiveArgs::peers[r]
-// is rank r's, as mapped into this GPU):
+// Workspace: four areas per rank, each one device allocation mapped by every peer, each made
+// when a kernel first needs it (GpuCollectiveArgs holds every rank's address of each, as mapped
+// into this GPU; an area not made yet is 0 and no kernel that uses it is launched):
 //
+// Control area (peers[r]), made with the engine:
 //   [0, 512)          flags: u64 at 64*w, written (release, system scope) by rank w
 //   [1536, 2048)      packet epochs: u64 per block index < PACKET_MAX_BLOCKS (packet kernels)
 //   [2048]            this rank's epoch (u64): phases completed by this rank so far
 //   [2056]            block arrival counter (u32) for grid-wide phases
 //   [3072, 4096)      step counters of the block-pipelined kernels (u64 per block)
 //   [4096, PKT_END)   LL16 packets: [writer][parity][packet_capacity]
-//   [DATA, P2P)       data slots of the flag-based kernels: [parity][world + 1][chunk_bytes / 2]
-//   [P2P, PIPE)       point-to-point mailboxes: [writer][parity][aux[2] bytes]
-//   [PIPE, LL128)     block-pipelined kernels (pipeline.cu): flags, then slots
-//   [LL128, ...)      LL128 lines: [writer][parity][ll128_lines] of 128 bytes
+//   [P2P, ...)        point-to-point mailboxes: [writer][parity][aux[2] bytes]
+// Slot area (slots[r]): data slots of the flag-based kernels: [parity][world + 1][chunk_bytes / 2]
+// Pipe area (pipes[r]): the block-pipelined kernels' flags, then slots (pipeline.cu)
+// Line area (lines[r]): LL128 lines: [writer][parity][ll128_lines] of 128 bytes
+//
+// Every counter an area's protocol keeps across kernels lives in the control area, and a new
+// area is zero: the pipe area's flags are monotonic step numbers whose counters start at 0 with
+// the area (only pipelined kernels advance them), and the LL128 lines wait for a flag equal to
+// the packet epoch + 1 (never 0).
 //
 // The program is this file followed by data_movement.cu (byte kernels and point-to-point),
 // exchange_ll.cu (LL packet kernels of the data-movement
@@ -92,9 +99,10 @@ struct GpuCollectiveArgs {
   uint64_t aux[4];
   uint64_t packet_capacity;
   uint64_t chunk_bytes;
-  uint64_t pipe_offset;
+  uint64_t slots[8];
+  uint64_t pipes[8];
   uint64_t pipe_share_bytes;
-  uint64_t ll128_offset;
+  uint64_t lines[8];
   uint64_t ll128_lines;
   uint32_t rank;
   uint32_t world;
@@ -110,15 +118,16 @@ constexpr uint64_t EPOCH_OFFSET = 2048;
 constexpr uint64_t ARRIVALS_OFFSET = 2056;
 constexpr uint64_t PACKETS_OFFSET = 4096;
 
-WEAVE_DEVICE uint64_t data_offset(const GpuCollectiveArgs& a) {
+// End of the LL16 packets in the control area (256-aligned): where the mailboxes start.
+WEAVE_DEVICE uint64_t packets_end(const GpuCollectiveArgs& a) {
   const uint64_t end = PACKETS_OFFSET + uint64_t(a.world) * 2 * a.packet_capacity * sizeof(LL16Packet);
   return (end + 255) / 256 * 256;
 }
 
-// Slot `slot` (0..world) of parity `parity` in rank `owner`'s data area.
+// Slot `slot` (0..world) of parity `parity` in rank `owner`'s slot area.
 WEAVE_DEVICE char* slot_ptr(const GpuCollectiveArgs& a, uint32_t owner, uint32_t parity, uint32_t slot) {
   const uint64_t half = a.chunk_bytes / 2;
-  return as_ptr<char>(a.peers[owner] + data_offset(a) + (uint64_t(parity) * (a.world + 1) + slot) * half);
+  return as_ptr<char>(a.slots[owner] + (uint64_t(parity) * (a.world + 1) + slot) * half);
 }
 
 WEAVE_DEVICE uint64_t* epoch_ptr(const GpuCollectiveArgs& a) { return as_ptr<uint64_t>(a.peers[a.rank] + EPOCH_OFFSET); }
@@ -459,7 +468,7 @@ WEAVE_DEVICE void all_reduce_two_shot_ll128(const GpuCollectiveArgs& a) {
   const uint32_t j0 = ll128_payload_index(0), j1 = ll128_payload_index(1);
   // Line `line` of the half `which` (0 scattered, 1 reduced) of `owner`'s area for `writer`.
   auto line_at = [&](uint32_t owner, uint32_t writer, uint32_t which, uint64_t line) {
-    return as_ptr<uint64_t>(a.peers[owner] + a.ll128_offset) +
+    return as_ptr<uint64_t>(a.lines[owner]) +
            ((uint64_t(writer) * 2 + parity) * a.ll128_lines + which * half + line) * LL128_LINE_WORDS;
   };
   auto lines_of = [](uint64_t share_words) { return (share_words + LL128_PAYLOAD_WORDS - 1) / LL128_PAYLOAD_WORDS; };

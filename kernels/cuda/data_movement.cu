@@ -86,9 +86,8 @@ constexpr uint64_t RECV_ARRIVALS_OFFSET = 2704;
 constexpr uint64_t P2P_HEADER = 256;
 constexpr uint64_t NO_PEER = ~uint64_t(0);
 
-WEAVE_DEVICE uint64_t p2p_offset(const GpuCollectiveArgs& a) {
-  return data_offset(a) + 2 * uint64_t(a.world + 1) * (a.chunk_bytes / 2);
-}
+// The mailboxes follow the packets in the control area.
+WEAVE_DEVICE uint64_t p2p_offset(const GpuCollectiveArgs& a) { return packets_end(a); }
 
 // Slot of `writer` with `parity` in `owner`'s mailboxes.
 WEAVE_DEVICE char* mailbox(const GpuCollectiveArgs& a, uint32_t owner, uint32_t writer, uint64_t parity) {

@@ -28,7 +28,7 @@
 // arrived (still in L2) instead. PIPE_DEPTH = 4 leaves two passes of slack for the overlapped
 // all-reduce, which frees step s at the end of the pass that pushes step s + 2.
 //
-// Pipe area (at a.pipe_offset in every workspace):
+// Pipe area (a.pipes[r] of every rank r):
 //   [0, FLAGS)    flags: u64 at 8 * ((3 b + kind) * 8 + writer)
 //   [FLAGS, ...)  slots of a.pipe_share_bytes: [block][depth][inbox, results][writer]
 
@@ -51,14 +51,14 @@ enum PipeFlag : uint32_t { INBOX_READY = 0, RESULTS_READY = 1, FREED = 2 };
 // Flag `kind` of `writer` for block `block` in `owner`'s area.
 WEAVE_DEVICE uint64_t* pipe_flag(const GpuCollectiveArgs& a, uint32_t owner, uint32_t block, uint32_t kind,
                                  uint32_t writer) {
-  return as_ptr<uint64_t>(a.peers[owner] + a.pipe_offset + ((uint64_t(block) * PIPE_FLAG_KINDS + kind) * 8 + writer) * 8);
+  return as_ptr<uint64_t>(a.pipes[owner] + ((uint64_t(block) * PIPE_FLAG_KINDS + kind) * 8 + writer) * 8);
 }
 
 // Slot of `writer` for step `step` in `owner`'s pipe area (this block's slots).
 WEAVE_DEVICE char* pipe_slot(const GpuCollectiveArgs& a, uint32_t owner, uint64_t step, uint32_t kind,
                              uint32_t writer) {
   const uint64_t index = ((uint64_t(blockIdx.x) * PIPE_DEPTH + step % PIPE_DEPTH) * 2 + kind) * a.world + writer;
-  return as_ptr<char>(a.peers[owner] + a.pipe_offset + PIPE_FLAGS_BYTES + index * a.pipe_share_bytes);
+  return as_ptr<char>(a.pipes[owner] + PIPE_FLAGS_BYTES + index * a.pipe_share_bytes);
 }
 
 // Bit r set for every rank r but this one.

@@ -31,7 +31,8 @@ pub struct GpuCollectiveArgs {
     pub recv: u64,
     /// Elements (reducing kernels) or bytes (data kernels).
     pub count: u64,
-    /// Every rank's workspace, as mapped on this GPU (own at `rank`).
+    /// Every rank's control area (flags, counters, LL16 packets, mailboxes), as mapped on this
+    /// GPU (own at `rank`).
     pub peers: [u64; MAX_GPU_RANKS],
     /// All-to-all-v: device arrays of send counts, send displacements, recv counts, recv
     /// displacements (bytes, one u64 per rank). Block-pipelined kernels: `aux[0]` is the
@@ -42,12 +43,14 @@ pub struct GpuCollectiveArgs {
     pub packet_capacity: u64,
     /// Bytes of one data slot pair (two parities).
     pub chunk_bytes: u64,
-    /// Offset of the block-pipelined kernels' area in every workspace.
-    pub pipe_offset: u64,
+    /// Every rank's slot area (the flag-based kernels' data slots), 0 until made.
+    pub slots: [u64; MAX_GPU_RANKS],
+    /// Every rank's pipe area (the block-pipelined kernels' flags and slots), 0 until made.
+    pub pipes: [u64; MAX_GPU_RANKS],
     /// Bytes of one slot of the pipelined kernels (a multiple of 256).
     pub pipe_share_bytes: u64,
-    /// Offset of the LL128 line area in every workspace.
-    pub ll128_offset: u64,
+    /// Every rank's line area (LL128 lines), 0 until made.
+    pub lines: [u64; MAX_GPU_RANKS],
     /// LL128 lines (128 bytes each) per (writer, parity).
     pub ll128_lines: u64,
     /// This rank.
@@ -78,9 +81,10 @@ pub const GPU_ARGS_LAYOUT: Layout = device_layout!(
         aux,
         packet_capacity,
         chunk_bytes,
-        pipe_offset,
+        slots,
+        pipes,
         pipe_share_bytes,
-        ll128_offset,
+        lines,
         ll128_lines,
         rank,
         world,
@@ -94,7 +98,9 @@ pub use crate::program_text::{
     BLOCK_THREADS, COLLECTIVES_SOURCE, PACKET_MAX_BLOCKS, PIPE_DEPTH, PIPE_FLAGS_BYTES, PIPE_MAX_BLOCKS,
 };
 
-pub use crate::workspace::{LL128_LINE_BYTES, LL128_PAYLOAD_BYTES, LL128_THREADS_PER_LINE, WorkspaceLayout};
+pub use crate::workspace::{
+    LL128_LINE_BYTES, LL128_PAYLOAD_BYTES, LL128_THREADS_PER_LINE, WorkspaceArea, WorkspaceLayout,
+};
 
 /// Every generated check of the direct program: the comm-core handles' and
 /// `GpuCollectiveArgs`' layouts and the protocol constants.
@@ -394,7 +400,7 @@ mod tests {
     #[test]
     fn args_fit_the_kernel_parameter_limit() {
         assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
-        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 224);
+        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 400);
     }
 
     /// Every collective kernel compiles for sm_90, with the layout of `GpuCollectiveArgs` (and

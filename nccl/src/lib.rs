@@ -15,6 +15,7 @@
 //!   [`api_elastic`].
 //! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (every data type,
 //!   FP8 included).
+//! - GPU memory: `ncclCommMemStats`, `ncclCommSuspend`, `ncclCommResume` ([`api_memory`]).
 //! - Pre-multiplied sums: [`premul`]. `ncclGroupSimulateEnd`'s estimate, refused calls and
 //!   their codes: [`api_misc`].
 //! - Errors: [`error`] (weave error → `ncclResult_t`). Every exported function checks its
@@ -32,6 +33,7 @@ pub mod abi;
 pub mod api_coll;
 pub mod api_comm;
 pub mod api_elastic;
+pub mod api_memory;
 pub mod api_misc;
 pub mod coll;
 pub mod config;

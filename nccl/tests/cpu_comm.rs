@@ -1,6 +1,7 @@
 //! Communicator life without a GPU (`WEAVE_NCCL_ALLOW_CPU=1`): two ranks as threads of this
 //! process init (blocking and non-blocking), query, split with `NCCL_SPLIT_NOCOLOR`, refuse
-//! device collectives cleanly, take count-0 calls, and abort from another thread.
+//! device collectives cleanly, take count-0 calls, report no GPU memory (suspend and resume do
+//! nothing), and abort from another thread.
 
 use std::ffi::c_int;
 use std::ptr::null_mut;
@@ -8,6 +9,7 @@ use std::ptr::null_mut;
 use nccl::abi::{NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, NcclUniqueId};
 use nccl::api_coll::*;
 use nccl::api_comm::*;
+use nccl::api_memory::*;
 
 fn config(blocking: c_int) -> NcclConfig {
     NcclConfig {
@@ -72,6 +74,18 @@ fn rank_main(id: NcclUniqueId, rank: c_int) {
         assert_eq!(ncclBroadcast(fake, fake, 4, f, 2, comm, null_mut()), NcclResult::INVALID_ARGUMENT);
         assert_eq!(ncclSend(fake, 4, f, -1, comm, null_mut()), NcclResult::INVALID_ARGUMENT);
         assert_eq!(ncclAllReduce(fake, fake, 4, f, NcclRedOp::AVG, comm, null_mut()), NcclResult::INVALID_USAGE);
+        // GPU memory (none without a GPU path): the figures, suspend and resume, bad arguments.
+        let mut bytes = 7u64;
+        for stat in [STAT_GPU_MEM_SUSPEND, STAT_GPU_MEM_SUSPENDED, STAT_GPU_MEM_PERSIST, STAT_GPU_MEM_TOTAL] {
+            assert_eq!(ncclCommMemStats(comm, stat, &mut bytes), NcclResult::SUCCESS);
+            assert_eq!(bytes, 0, "stat {stat}");
+        }
+        assert_eq!(ncclCommMemStats(comm, 4, &mut bytes), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommMemStats(comm, STAT_GPU_MEM_TOTAL, null_mut()), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommSuspend(comm, 0x2), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommSuspend(comm, SUSPEND_MEM), NcclResult::SUCCESS);
+        assert_eq!(ncclCommResume(comm), NcclResult::SUCCESS);
+        assert_eq!(ncclCommMemStats(fake.cast(), STAT_GPU_MEM_TOTAL, &mut bytes), NcclResult::INVALID_ARGUMENT);
         // Split: rank 1 opts out.
         let mut sub: NcclCommPtr = fake.cast();
         let color = if rank == 0 { 7 } else { -1 };

@@ -321,6 +321,7 @@ const TESTS: &[GpuTest] = &[
     ("device_collectives_across_posed_nodes_over_tcp", across_posed_nodes),
     ("device_collectives_over_tcp_alone_without_cuda_ipc", over_tcp_alone),
     ("weave_gpu_off_leaves_the_gpu_alone", weave_gpu_off),
+    ("device_memory_is_made_when_needed_and_suspends", device_memory),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];
@@ -371,6 +372,13 @@ fn over_tcp_alone(_gpus: usize) {
 
 /// `WEAVE_GPU=off` on a GPU host: no GPU path, device calls refused naming the variable, host
 /// calls run (a host-only job on a GPU machine need not touch the GPU).
+/// What a communicator holds on its GPU: at most 64 MiB after creation, an 8-byte all-reduce
+/// and all-reduces up to 1 MiB, at most 340 MiB after 256 MiB; suspended and resumed; a one-rank
+/// communicator holds none (`gpu-worker device-memory`).
+fn device_memory(gpus: usize) {
+    scenario("device-memory", gpus, Duration::from_secs(180));
+}
+
 fn weave_gpu_off(_gpus: usize) {
     let spec = scenario_spec(worker(), "gpu-off", 2, 20.0, Duration::from_secs(60)).env("WEAVE_GPU", "off");
     run_and_show(&spec, "gpu-off", "2 ranks, WEAVE_GPU=off");

@@ -1,7 +1,8 @@
 //! The user's API: how a communicator is built ([`builder`]), its collectives on host memory
 //! ([`communicator`]), point-to-point groups ([`group`]), shared buffers ([`buffer`]), splits
 //! and shrinks ([`split`], `elastic.rs`), growth ([`grow`]), aborts (`abort.rs`), and on GPUs
-//! the raw device-address calls (`device_raw.rs`), the typed calls over cudarc buffers
+//! the raw device-address calls (`device_raw.rs`), the GPU memory a communicator holds
+//! (`device_memory.rs`), the typed calls over cudarc buffers
 //! (`device_typed.rs`, checked by `device_checks.rs`) and device groups (`device_group.rs`).
 //!
 //! Every call checks its arguments, records itself in the ledger (`ledgered.rs`) and hands the
@@ -17,6 +18,7 @@ pub mod communicator;
 pub(crate) mod device_checks;
 #[cfg(feature = "cuda")]
 pub(crate) mod device_group;
+pub(crate) mod device_memory;
 #[cfg(feature = "cuda")]
 pub(crate) mod device_raw;
 #[cfg(feature = "cuda")]

@@ -86,9 +86,9 @@ pub(crate) struct DeviceSendRecv {
 /// first: fields drop in order.
 struct DeviceLink {
     _mapped: Vec<weave_cuda::PinnedHostMemory>,
-    _inbox: RegisteredMemory,
+    inbox: RegisteredMemory,
     _peer_region: RegisteredMemory,
-    _outbox: RegisteredMemory,
+    outbox: RegisteredMemory,
 }
 
 /// Per-communicator state of the GPU channel family.
@@ -261,8 +261,7 @@ impl DeviceChannels {
             operation: format!("write the link table entry of rank {peer}"),
             message: e.to_string(),
         })?;
-        self.links[peer] =
-            Some(DeviceLink { _mapped: mapped, _inbox: inbox, _peer_region: peer_region, _outbox: outbox });
+        self.links[peer] = Some(DeviceLink { _mapped: mapped, inbox, _peer_region: peer_region, outbox });
         Ok(())
     }
 
@@ -321,6 +320,21 @@ impl DeviceChannels {
             (Collective::Broadcast | Collective::Reduce, _) if me != root => vec![root],
             _ => everyone(),
         }
+    }
+
+    /// Bytes of this rank's GPU memory the family holds: the links' inboxes and outboxes in
+    /// device memory, the link table and the scratch buffers.
+    pub(crate) fn memory(&self) -> usize {
+        let device = MemoryKind::Device(self.device);
+        let links: usize = self
+            .links
+            .iter()
+            .flatten()
+            .flat_map(|l| [&l.inbox, &l.outbox])
+            .filter(|m| m.kind() == device)
+            .map(super::allocated_bytes)
+            .sum();
+        links + self.table.len() + self.scratch.iter().map(|(b, _)| b.len()).sum::<usize>()
     }
 
     /// The device address of a scratch buffer of at least `bytes` bytes (0 for none), allocating

@@ -36,11 +36,12 @@ use kernels::convert::Converter;
 use weave_cuda::DeviceStatus;
 
 use crate::device_staging::DeviceStaging;
+use crate::select::device::{Grid, KernelPlan, SENDRECV_KERNEL};
 use channels::DeviceChannels;
 pub use config::GpuConfig;
 pub use kernels::direct::{
     BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
-    PIPE_MAX_BLOCKS, WorkspaceLayout,
+    PIPE_MAX_BLOCKS, WorkspaceArea, WorkspaceLayout,
 };
 
 /// LL16 packets per (writer, parity) unless `WEAVE_GPU_PACKETS` says otherwise: packet
@@ -94,15 +95,21 @@ pub(crate) struct GpuEngine {
     /// The FP8 conversion kernels (`kernels::convert`), loaded at setup where they compile or
     /// are cached, else at the first FP8 reduction.
     converter: Option<Arc<Converter>>,
+    /// Whether [`suspend`](Self::suspend) released the workspace (device calls are refused until
+    /// [`resume`](Self::resume)).
+    suspended: bool,
 }
 
-/// The direct family: one workspace per rank mapped by every peer, and the collective kernels
-/// that load and store peers' workspaces.
+/// The direct family: one workspace per rank mapped by every peer, in four areas each made when
+/// a kernel first needs it, and the collective kernels that load and store peers' workspaces.
 pub(crate) struct DirectKernels {
     /// Compiles the program at the first launch and launches its kernels (the executor in
     /// `exec.rs` launches through it).
     pub(crate) launcher: DirectLauncher,
-    workspaces: Vec<RegisteredMemory>,
+    /// Every rank's mapping of each area made so far, indexed by [`WorkspaceArea::index`].
+    areas: [Option<Vec<RegisteredMemory>>; 4],
+    /// The GPU the areas are allocated on.
+    device: u32,
     layout: WorkspaceLayout,
     max_blocks: u32,
     pipeline_blocks: u32,
@@ -254,6 +261,7 @@ impl GpuEngine {
             resilience: resilience.clone(),
             hierarchy_staging: Default::default(),
             converter,
+            suspended: false,
         }))
     }
 
@@ -290,9 +298,64 @@ impl GpuEngine {
         &self.ctx
     }
 
-    /// Errors when an earlier launch reported a device error or the engine is broken; a device
-    /// error breaks the engine for good (the ranks' epochs no longer agree).
+    /// Bytes of this rank's GPU memory the engine holds: what [`suspend`](Self::suspend)
+    /// releases (the direct kernels' workspace areas, the hierarchical calls' staging), and what
+    /// it keeps (the channel family's links, table and scratch).
+    pub(crate) fn memory(&self) -> (usize, usize) {
+        let direct = self.direct.as_ref().map_or(0, DirectKernels::memory);
+        let staging = self.hierarchy_staging.try_borrow().map_or(0, |s| s.memory());
+        let channels = self.channels.as_ref().map_or(0, DeviceChannels::memory);
+        (direct + staging, channels)
+    }
+
+    /// Whether the workspace is released ([`suspend`](Self::suspend)).
+    pub(crate) fn is_suspended(&self) -> bool {
+        self.suspended
+    }
+
+    /// Waits until every kernel and copy this rank's GPU context has queued is done (their waits
+    /// are bounded by the communicator's timeout, so this is too).
+    pub(crate) fn synchronize(&self) -> Result<()> {
+        self.ctx.synchronize().map_err(|e| Error::Cuda {
+            operation: format!("wait for the GPU work of rank {} to finish", self.rank),
+            message: e.to_string(),
+        })
+    }
+
+    /// Releases the direct kernels' workspace areas and the hierarchical staging; device calls
+    /// are refused until [`resume`](Self::resume). The caller waited for this rank's GPU work and
+    /// agreed with every peer, so no kernel of any rank still uses the areas.
+    pub(crate) fn suspend(&mut self) {
+        if let Some(d) = self.direct.as_mut() {
+            d.release_areas();
+        }
+        self.hierarchy_staging = Default::default();
+        self.suspended = true;
+    }
+
+    /// Collective: ends a [`suspend`](Self::suspend): makes the control area again where there
+    /// are peers (the other areas come with the first calls that need them, as after creation).
+    pub(crate) fn resume(&mut self, core: &CoreCommunicator) -> Result<()> {
+        self.suspended = false;
+        if let Some(d) = self.direct.as_mut()
+            && core.world_size() > 1
+            && let Err(e) = d.ensure_area(core, WorkspaceArea::Control)
+        {
+            return Err(if matches!(e, Error::Cuda { .. }) { e } else { self.break_with(e) });
+        }
+        Ok(())
+    }
+
+    /// Errors when the engine is suspended, an earlier launch reported a device error or the
+    /// engine is broken; a device error breaks the engine for good (the ranks' epochs no longer
+    /// agree).
     pub(crate) fn check(&mut self) -> Result<()> {
+        if self.suspended {
+            return Err(Error::invalid(
+                "this communicator's GPU memory is suspended (suspend_device_memory, ncclCommSuspend): resume it \
+                 (resume_device_memory, ncclCommResume) on every rank before device calls",
+            ));
+        }
         // A peer that left after its last call is no error for calls that completed; only when
         // a kernel gave up (on the watch's abort, or waiting for the dead peer) is it the cause.
         if let (Some(_), Some((peer, why))) = (self.status.error(), self.watch.lost())
@@ -352,6 +415,20 @@ impl GpuEngine {
     /// The status words running kernels watch (an abort there stops them).
     pub(crate) fn status(&self) -> &Arc<DeviceStatus> {
         &self.status
+    }
+
+    /// The direct family with the control area and `area` of the workspace made
+    /// ([`DirectKernels::ensure_area`]). A failure other than an allocation every rank saw fail
+    /// breaks the engine (the area may be made on some ranks only).
+    pub(crate) fn direct_with(&mut self, core: &CoreCommunicator, area: WorkspaceArea) -> Result<&mut DirectKernels> {
+        self.check()?;
+        if let Some(d) = self.direct.as_mut() {
+            let made = d.ensure_area(core, WorkspaceArea::Control).and_then(|()| d.ensure_area(core, area));
+            if let Err(e) = made {
+                return Err(if matches!(e, Error::Cuda { .. }) { e } else { self.break_with(e) });
+            }
+        }
+        self.direct()
     }
 
     /// The direct family, or `Err(Unsupported)` where it does not run.
@@ -496,8 +573,6 @@ impl DirectKernels {
             // Without NVLink between every pair the LL128 kernel never runs: no line area.
             ll128_lines: if nvlink { WorkspaceLayout::ll128_lines_for(world, LL128_AREA_BYTES) } else { 0 },
         };
-        let mine = core.register(layout.bytes(), MemoryKind::Device(device.ordinal()), "weave gpu workspace")?;
-        let workspaces = core.exchange(&mine)?;
         // Launch as programmatic dependents of the previous kernel on the stream (sm_90+, the
         // kernels then start with griddepcontrol.wait; `WEAVE_GPU_OVERLAP`).
         let mut launcher = DirectLauncher::new(ctx, arch, overlap_launches);
@@ -508,9 +583,10 @@ impl DirectKernels {
         if let Err(e) = launcher.preload() {
             tracing::info!(target: diagnostics::KERNELS, rank = core.rank(), "direct GPU kernels not loaded at setup: {e}");
         }
-        Ok(DirectKernels {
+        let mut direct = DirectKernels {
             launcher,
-            workspaces,
+            areas: Default::default(),
+            device: device.ordinal(),
             layout,
             max_blocks,
             pipeline_blocks,
@@ -521,7 +597,64 @@ impl DirectKernels {
             rank: core.rank(),
             timeout: core.config().timeout,
             status: status.clone(),
-        })
+        };
+        // Point-to-point calls use the control area, and only their two ranks take part in
+        // them, so it cannot be made at the first one: with peers it is made now, by every rank.
+        if world > 1 {
+            direct.ensure_area(core, WorkspaceArea::Control)?;
+        }
+        Ok(direct)
+    }
+
+    /// Makes `area` of every rank's workspace unless a kernel needed it before. Collective: every
+    /// rank runs the same collective kernels in the same order (the plan is agreed), so every
+    /// rank comes here at the same call; the control area, which point-to-point kernels use, is
+    /// made with the engine where there are peers. The allocation and the exchange of the
+    /// mappings are host work, done in relaxed capture mode (a first call may be captured into a
+    /// CUDA graph). Every rank says whether its allocation worked before any waits for the
+    /// exchange, so a rank out of memory fails the call on every rank, and a later call tries
+    /// again.
+    pub(crate) fn ensure_area(&mut self, core: &CoreCommunicator, area: WorkspaceArea) -> Result<()> {
+        if self.areas[area.index()].is_some() {
+            return Ok(());
+        }
+        let _relaxed = weave_cuda::driver::RelaxedCapture::enter()?;
+        let bytes = self.layout.area_bytes(area).max(1);
+        let label = format!("weave gpu workspace: {}", area.describe());
+        let mine = core.register(bytes, MemoryKind::Device(self.device), &label);
+        let made = core.bootstrap().all_gather(&[u8::from(mine.is_ok())])?;
+        let mine = mine?;
+        if let Some(r) = made.iter().position(|v| v.first() != Some(&1)) {
+            return Err(Error::Cuda {
+                operation: format!("allocate the GPU workspace's {}", area.describe()),
+                message: format!(
+                    "rank {r} could not allocate {bytes} bytes on its GPU; free GPU memory (or suspend other \
+                     communicators) and call again"
+                ),
+            });
+        }
+        let all = core.exchange(&mine)?;
+        tracing::info!(
+            target: diagnostics::INIT,
+            rank = self.rank,
+            "GPU workspace: made the {} ({bytes} B on every rank)",
+            area.describe()
+        );
+        self.areas[area.index()] = Some(all);
+        Ok(())
+    }
+
+    /// Bytes of GPU memory this rank's workspace areas take (what they were allocated with),
+    /// and which areas are made.
+    pub(crate) fn memory(&self) -> usize {
+        self.areas.iter().flatten().filter_map(|all| all.get(self.rank)).map(allocated_bytes).sum()
+    }
+
+    /// Releases every area (this rank's allocations and its mappings of the peers'); the next
+    /// kernel that needs one makes it again. The caller makes sure no kernel still runs on them
+    /// and that every rank releases too.
+    pub(crate) fn release_areas(&mut self) {
+        self.areas = Default::default();
     }
 
     /// The workspace layout.
@@ -543,21 +676,27 @@ impl DirectKernels {
 
     /// A filled-in argument block for this rank's launch of call `call` (see
     /// [`GpuEngine::current_call`]).
+    /// Areas not made yet are 0: launch only kernels whose areas [`ensure_area`](Self::ensure_area)
+    /// made.
     pub(crate) fn args(&self, call: u64) -> GpuCollectiveArgs {
-        let mut peers = [0u64; MAX_GPU_RANKS];
-        for (i, w) in self.workspaces.iter().enumerate() {
-            peers[i] = w.as_ptr() as u64;
-        }
+        let addresses = |area: WorkspaceArea| {
+            let mut at = [0u64; MAX_GPU_RANKS];
+            for (i, w) in self.areas[area.index()].iter().flatten().enumerate().take(MAX_GPU_RANKS) {
+                at[i] = w.as_ptr() as u64;
+            }
+            at
+        };
         GpuCollectiveArgs {
-            peers,
+            peers: addresses(WorkspaceArea::Control),
+            slots: addresses(WorkspaceArea::Slots),
+            pipes: addresses(WorkspaceArea::Pipe),
+            lines: addresses(WorkspaceArea::Lines),
             packet_capacity: self.layout.packet_capacity as u64,
             chunk_bytes: self.layout.chunk_bytes as u64,
-            pipe_offset: self.layout.pipe_offset() as u64,
             pipe_share_bytes: self.layout.pipe_share_bytes as u64,
-            ll128_offset: self.layout.ll128_offset() as u64,
             ll128_lines: self.layout.ll128_lines as u64,
             rank: self.rank as u32,
-            world: self.workspaces.len() as u32,
+            world: self.layout.world as u32,
             status: self.status.handle_for_call(self.timeout, call),
             aux: [0, 0, self.layout.mailbox_bytes as u64, 0],
             ..GpuCollectiveArgs::default()
@@ -589,4 +728,26 @@ impl DirectKernels {
     pub(crate) fn pipeline_blocks(&self, bytes: usize) -> u32 {
         (bytes.div_ceil(PIPE_MIN_BYTES_PER_BLOCK).max(1) as u32).min(self.pipeline_blocks)
     }
+}
+
+/// The workspace area a direct kernel of `k` needs besides the control area (the control area
+/// itself where it needs no other).
+pub(crate) fn area_of(k: &KernelPlan) -> WorkspaceArea {
+    match k.grid {
+        Grid::Lines => WorkspaceArea::Lines,
+        Grid::Pipelined { .. } => WorkspaceArea::Pipe,
+        Grid::Flags if k.family != SENDRECV_KERNEL => WorkspaceArea::Slots,
+        Grid::Flags | Grid::Packets | Grid::Channel => WorkspaceArea::Control,
+    }
+}
+
+/// The bytes of GPU memory behind `memory`: its allocation's size where weave-cuda allocated it
+/// (rounded up to the allocation granularity), else its length.
+pub(crate) fn allocated_bytes(memory: &RegisteredMemory) -> usize {
+    memory
+        .region()
+        .as_any()
+        .downcast_ref::<weave_cuda::DeviceRegion>()
+        .and_then(|r| r.allocation().map(|a| a.size()))
+        .unwrap_or_else(|| memory.len())
 }

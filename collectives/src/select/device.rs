@@ -106,6 +106,10 @@ pub fn fit(algo: Algorithm, c: Collective, world: usize, payload: usize, caps: &
     algo
 }
 
+/// The direct family's point-to-point kernel (its mailboxes are in the control area, which
+/// point-to-point needs alone: `gpu::area_of`).
+pub const SENDRECV_KERNEL: &str = "weave_sendrecv";
+
 /// The channel family's reducing kernels (`weave_channel_<type>`; `kernels::channel`).
 pub const CHANNEL_REDUCING_FAMILY: &str = "weave_channel";
 /// The channel family's data-movement kernel (`kernels::channel`).
@@ -146,7 +150,7 @@ pub fn kernel(c: Collective, algo: Algorithm, world: usize, bytes: usize, caps: 
         (AllToAll, OneShot) => k("weave_all_to_all_ll", false, Bytes, Grid::Packets),
         (AllToAll, _) => k("weave_all_to_all_pipelined", false, Bytes, pipelined(1)),
         (AllToAllv, _) => k("weave_all_to_allv", false, ElementSize, Grid::Flags),
-        (SendRecv, _) => k("weave_sendrecv", false, Bytes, Grid::Flags),
+        (SendRecv, _) => k(SENDRECV_KERNEL, false, Bytes, Grid::Flags),
     }
 }
 

@@ -86,8 +86,9 @@ struct PortChannelDeviceHandle {
 // Compile-time layout introspection for the generated checks.
 //
 // NVRTC supports neither `offsetof` nor `__builtin_offsetof`, so offsets are measured with
-// `__builtin_bit_cast`: a T whose byte i holds the value i is built at compile time, and the
-// first byte of a field's value is that field's offset. NVRTC 12.x before 12.4 or so has no
+// `__builtin_bit_cast`: a T whose byte i holds the low byte of i, and one whose byte i holds
+// the high byte, are built at compile time, and the first bytes of a field's value in the two
+// are that field's offset (types up to 64 KiB). NVRTC 12.x before 12.4 or so has no
 // `__builtin_bit_cast`; there the address of the field of a T at address 0, which its front end
 // folds to a constant, is the offset (the checks still fail on a wrong offset, see
 // kernels/src/compile.rs tests, run with NVRTC 12 in CI).
@@ -105,18 +106,18 @@ struct Bytes {
   unsigned char b[sizeof(T)];
 };
 
-template <typename T>
+template <typename T, unsigned Shift>
 constexpr Bytes<T> byte_index_pattern() {
-  static_assert(sizeof(T) <= 256, "weave: layout checks measure offsets of types up to 256 bytes");
+  static_assert(sizeof(T) <= 65536, "weave: layout checks measure offsets of types up to 64 KiB");
   Bytes<T> r{};
-  for (unsigned i = 0; i < sizeof(T); ++i) r.b[i] = static_cast<unsigned char>(i);
+  for (unsigned i = 0; i < sizeof(T); ++i) r.b[i] = static_cast<unsigned char>(i >> Shift);
   return r;
 }
 
-// A T whose byte i holds i.
-template <typename T>
+// A T whose byte i holds i >> Shift (its low byte).
+template <typename T, unsigned Shift>
 constexpr T pattern() {
-  return __builtin_bit_cast(T, byte_index_pattern<T>());
+  return __builtin_bit_cast(T, byte_index_pattern<T, Shift>());
 }
 
 // The first byte of a value's object representation.
@@ -131,7 +132,9 @@ constexpr unsigned first_byte(const F& value) {
 
 // The byte offset of `field` in `T`, as a constant expression (offsetof for NVRTC).
 #ifdef WEAVE_HAS_BIT_CAST
-#define WEAVE_OFFSET_OF(T, field) (::weave::layout::first_byte(::weave::layout::pattern<T>().field))
+#define WEAVE_OFFSET_OF(T, field)                                         \
+  (::weave::layout::first_byte(::weave::layout::pattern<T, 0>().field) | \
+   (::weave::layout::first_byte(::weave::layout::pattern<T, 8>().field) << 8))
 #else
 #define WEAVE_OFFSET_OF(T, field) \
   (static_cast<unsigned>(reinterpret_cast<unsigned long long>(&(static_cast<T*>(nullptr)->field))))

@@ -4,9 +4,11 @@
 //! entries of every program into `EXPORT_DIR` when given), `matrix`, `forced`, `wide`,
 //! `graph`, `stale-state`, `fault-kill`, `kill-trial`, `p2p`, `typed` (the safe calls on cudarc
 //! buffers, `typed.rs`), `survive-device` (a rank killed mid all-reduce; the others shrink and go
-//! on, `survive.rs`).
+//! on, `survive.rs`), `gpu-off`, `device-memory` (what a communicator holds on its GPU,
+//! suspended and resumed, `memory.rs`).
 
 mod hierarchy;
+mod memory;
 mod survive;
 mod typed;
 
@@ -35,6 +37,7 @@ fn main() {
         "stall-device" => survive::stall_device(arg),
         "p2p-mismatch-device" => survive::p2p_mismatch_device(),
         "gpu-off" => gpu_off(),
+        "device-memory" => memory::device_memory(),
         other => Err(worker::unknown_scenario(other)),
     })
 }
