@@ -56,6 +56,8 @@ pub use api::device_group::DeviceGroup;
 pub use api::device_memory::DeviceMemory;
 pub use api::group::Group;
 pub use api::grow::{GrowId, Growing};
+#[cfg(feature = "cuda")]
+pub use api::window::{Window, WindowOffsets};
 pub use api::{buffer, communicator, grow, split};
 pub use call::DeviceTransfer;
 pub use comm_core as core;

@@ -101,6 +101,36 @@ impl Communicator {
             .in_communicator(self.id, self.transport_ranks[self.rank()]))
     }
 
+    /// Collective and ordered, like [`register`](Self::register), but for `len` bytes of
+    /// existing `kind` memory at `address` (the caller keeps it alive and frees it after the
+    /// registration and every peer's import are gone): the first transport that can share such
+    /// memory registers it. Its [`exchange`](Self::exchange) lets peers map it in place.
+    pub fn register_existing(
+        &self,
+        address: u64,
+        len: usize,
+        kind: MemoryKind,
+        label: &str,
+    ) -> Result<RegisteredMemory> {
+        let seq = self.next_registration.fetch_add(1, Ordering::AcqRel);
+        let mut last = None;
+        for i in self.allocation_order() {
+            match self.backends[i].register_existing(address, len, kind) {
+                Ok(region) => {
+                    let descriptor = self.describe(&region, seq, len, kind, label)?;
+                    return Ok(RegisteredMemory::new_local(descriptor, region, self.backends[i].transport())?
+                        .in_communicator(self.id, self.transport_ranks[self.rank()]));
+                }
+                Err(Error::Unsupported(m)) => last = Some(m),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Unsupported(format!(
+            "no transport of this communicator can share {kind:?} memory at {address:#x} ({len} bytes): {}",
+            last.unwrap_or_default()
+        )))
+    }
+
     /// [`register`](Self::register) for host memory.
     pub fn register_host(&self, len: usize, label: &str) -> Result<RegisteredMemory> {
         self.register(len, MemoryKind::Host, label)

@@ -151,6 +151,15 @@ pub trait TransportBackend: Send + Sync {
         Err(Error::Unsupported(format!("transport {} cannot allocate {kind:?} memory", self.transport().name())))
     }
 
+    /// Registers `len` bytes of existing `kind` memory at `address` (the caller's, which stays
+    /// the caller's: it must outlive the region and every peer's import of it) so that peers
+    /// can import it through this transport. Transports that cannot share such memory return
+    /// [`Error::Unsupported`] (the default).
+    fn register_existing(&self, address: u64, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
+        let _ = (address, len);
+        Err(Error::Unsupported(format!("transport {} cannot share existing {kind:?} memory", self.transport().name())))
+    }
+
     /// Describes `region` for peers of this transport, or `Ok(None)` when this transport cannot
     /// export that region (it was allocated elsewhere, or is the wrong kind).
     fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>>;

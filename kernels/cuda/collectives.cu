@@ -23,7 +23,8 @@
 //
 // The program is this file followed by data_movement.cu (byte kernels and point-to-point),
 // exchange_ll.cu (LL packet kernels of the data-movement
-// collectives) and pipeline.cu (block-pipelined kernels for large messages).
+// collectives), pipeline.cu (block-pipelined kernels for large messages) and windowed.cu (the
+// all-reduce over windows, reading and writing user memory in place).
 //
 // Point-to-point (weave_sendrecv) uses pairwise words only, so the two ranks of a transfer
 // synchronize with each other and nobody else: in the receiver's control block, ready[w]
@@ -104,6 +105,8 @@ struct GpuCollectiveArgs {
   uint64_t pipe_share_bytes;
   uint64_t lines[8];
   uint64_t ll128_lines;
+  uint64_t win_send[8];
+  uint64_t win_recv[8];
   uint32_t rank;
   uint32_t world;
   uint32_t root;

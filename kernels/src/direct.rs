@@ -1,5 +1,5 @@
 //! The direct kernel family (`cuda/collectives.cu`, `data_movement.cu`, `exchange_ll.cu`,
-//! `pipeline.cu`): the argument block every direct collective kernel takes by value (mirrored by
+//! `pipeline.cu`, `windowed.cu`): the argument block every direct collective kernel takes by value (mirrored by
 //! `weave::GpuCollectiveArgs` and checked in every compile), the byte layout of a rank's
 //! workspace that peers map, the launch constants, the program, and [`DirectLauncher`], which
 //! compiles the program at the first launch and launches its kernels. The GPU engine that maps
@@ -53,6 +53,10 @@ pub struct GpuCollectiveArgs {
     pub lines: [u64; MAX_GPU_RANKS],
     /// LL128 lines (128 bytes each) per (writer, parity).
     pub ll128_lines: u64,
+    /// The all-reduce over windows: every rank's input as mapped on this GPU (own at `rank`).
+    pub win_send: [u64; MAX_GPU_RANKS],
+    /// The all-reduce over windows, two-shot: every rank's output as mapped on this GPU.
+    pub win_recv: [u64; MAX_GPU_RANKS],
     /// This rank.
     pub rank: u32,
     /// Number of ranks.
@@ -86,6 +90,8 @@ pub const GPU_ARGS_LAYOUT: Layout = device_layout!(
         pipe_share_bytes,
         lines,
         ll128_lines,
+        win_send,
+        win_recv,
         rank,
         world,
         root,
@@ -400,7 +406,7 @@ mod tests {
     #[test]
     fn args_fit_the_kernel_parameter_limit() {
         assert!(std::mem::size_of::<GpuCollectiveArgs>() <= 4096);
-        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 400);
+        assert_eq!(std::mem::size_of::<GpuCollectiveArgs>(), 528);
     }
 
     /// Every collective kernel compiles for sm_90, with the layout of `GpuCollectiveArgs` (and
@@ -410,7 +416,7 @@ mod tests {
     fn a_kernel_alone_makes_a_program_of_one_entry_point_and_operator() {
         let count = |p: &str| p.matches("\nWEAVE_REDUCING_KERNEL(").count() + p.matches("\nWEAVE_KERNEL(").count();
         let all = program();
-        assert_eq!(count(&all), 10 * 8 + 9, "8 reducing families of 10 types and 9 others");
+        assert_eq!(count(&all), 10 * 9 + 9, "9 reducing families of 10 types and 9 others");
         assert!(!all.contains("#define WEAVE_REDUCE_OPS"), "the full program has every operator");
         let one = program_for(DirectKernel::typed("weave_all_reduce_ll", "f32"), 4).unwrap();
         assert_eq!(count(&one), 1);

@@ -104,7 +104,7 @@ pub const PACKET_MAX_BLOCKS: u32 = 64;
 
 /// The direct kernels' CUDA C++ source: the flag-based kernels and shared helpers, the byte and
 /// point-to-point kernels, the LL packet exchange of the data-movement collectives, and the
-/// block-pipelined kernels, in that order.
+/// block-pipelined kernels, and the all-reduce over windows, in that order.
 pub const COLLECTIVES_SOURCE: &str = concat!(
     include_str!("../cuda/collectives.cu"),
     "\n",
@@ -113,6 +113,8 @@ pub const COLLECTIVES_SOURCE: &str = concat!(
     include_str!("../cuda/exchange_ll.cu"),
     "\n",
     include_str!("../cuda/pipeline.cu"),
+    "\n",
+    include_str!("../cuda/windowed.cu"),
 );
 
 /// How the entry points of a direct kernel family are made from its body in the sources.
@@ -140,6 +142,7 @@ const ENTRY_POINTS: &[EntryPoint] = &[
     plain("broadcast_ll", "weave::coll::exchange_ll<weave::Sum, weave::uint8_t, weave::coll::XCHG_BROADCAST>"),
     reducing("all_reduce_pipelined", "AllReducePipelined"),
     reducing("reduce_scatter_pipelined", "ReduceScatterPipelined"),
+    reducing("all_reduce_windowed", "AllReduceWindowed"),
     plain("broadcast_chain", "weave::coll::broadcast_chain"),
     plain("broadcast_pipelined", "weave::coll::broadcast_relay"),
     plain("all_gather_pipelined", "weave::coll::one_round<weave::Sum, weave::uint8_t, weave::coll::ROUND_ALL_GATHER>"),

@@ -5,13 +5,13 @@
 //! | `ncclMemAlloc` / `ncclMemFree` | `cuMemAlloc` / `cuMemFree` in the current context |
 //! | `ncclCommRegister` / `ncclCommDeregister` | accepted, do nothing: registration is an optimization NCCL programs may skip, and weave's kernels copy through their own workspace |
 //! | `ncclRedOpCreatePreMulSum` / `ncclRedOpDestroy` | work (see [`crate::premul`]) |
-//! | `ncclCommWindowRegister` / `ncclCommWindowDeregister` | `ncclInvalidUsage`: symmetric windows need NCCL's device API, which weave does not provide |
+//! | `ncclCommWindowRegister` / `ncclCommWindowDeregister` | work (see [`crate::api_window`]) |
 //! | `ncclDevCommCreate` / `ncclDevCommDestroy` | `ncclInvalidUsage`: no device API |
 //! | `ncclGroupSimulateEnd` | closes the group without running it; the estimated time of its calls |
 //!
 //! Each refusal is logged once at `NCCL_DEBUG=WARN`.
 
-use std::ffi::{c_int, c_void};
+use std::ffi::c_void;
 
 use crate::abi::{NcclCommPtr, NcclDataType, NcclRedOp, NcclResult, NcclScalarResidence, NcclSimInfo, SIM_INFO_MAGIC};
 use crate::coll::data_type;
@@ -81,30 +81,6 @@ pub unsafe extern "C" fn ncclCommRegister(
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDeregister(comm: NcclCommPtr, _reg_handle: *mut c_void) -> NcclResult {
     guard("ncclCommDeregister", || handle::lookup(comm).map(|_| ()))
-}
-
-/// `ncclCommWindowRegister`: refused (`ncclInvalidUsage`).
-///
-/// # Safety
-/// Any arguments (nothing is read).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclCommWindowRegister(
-    _comm: NcclCommPtr,
-    _buff: *mut c_void,
-    _size: usize,
-    _win: *mut *mut c_void,
-    _win_flags: c_int,
-) -> NcclResult {
-    refuse("ncclCommWindowRegister", "symmetric memory windows are not supported by weave's libnccl (no device API)")
-}
-
-/// `ncclCommWindowDeregister`: refused (`ncclInvalidUsage`).
-///
-/// # Safety
-/// Any arguments (nothing is read).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclCommWindowDeregister(_comm: NcclCommPtr, _win: *mut c_void) -> NcclResult {
-    refuse("ncclCommWindowDeregister", "symmetric memory windows are not supported by weave's libnccl")
 }
 
 /// `ncclDevCommCreate`: refused (`ncclInvalidUsage`).

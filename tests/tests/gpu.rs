@@ -322,6 +322,7 @@ const TESTS: &[GpuTest] = &[
     ("device_collectives_over_tcp_alone_without_cuda_ipc", over_tcp_alone),
     ("weave_gpu_off_leaves_the_gpu_alone", weave_gpu_off),
     ("device_memory_is_made_when_needed_and_suspends", device_memory),
+    ("one_buffer_a_window_of_two_communicators_in_place", windows),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];
@@ -377,6 +378,26 @@ fn over_tcp_alone(_gpus: usize) {
 /// communicator holds none (`gpu-worker device-memory`).
 fn device_memory(gpus: usize) {
     scenario("device-memory", gpus, Duration::from_secs(180));
+}
+
+/// One buffer a symmetric window of two communicators over the same ranks, used in place from
+/// two streams at once (1,000 all-reduces, exact; no workspace area made), a window of the
+/// wrong communicator refused, deregistered memory copied (`gpu-worker windows`). Rank 0's
+/// plan log must show the windowed kernel.
+fn windows(gpus: usize) {
+    for n in worlds(gpus) {
+        let spec = scenario_spec(worker(), "windows", n, 20.0, Duration::from_secs(300)).env("WEAVE_DEBUG", "info");
+        let report = run_ok(&spec, "windows");
+        let log = report.ranks[0].stderr.join("\n");
+        assert!(
+            log.contains("-> windowed OneShot") && log.contains("-> windowed TwoShot, in place"),
+            "rank 0's plan log shows no windowed all-reduce:\n{}",
+            &log[log.len().saturating_sub(4000)..]
+        );
+        if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+            println!("    [{n} GPUs, rank 0] {line}");
+        }
+    }
 }
 
 fn weave_gpu_off(_gpus: usize) {

@@ -350,6 +350,17 @@ impl TransportBackend for CudaIpcBackend {
         }
     }
 
+    fn register_existing(&self, address: u64, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
+        match kind {
+            MemoryKind::Device(d) if d == self.gpu.ordinal() => self.register_device_memory(address, len),
+            _ => Err(Error::Unsupported(format!(
+                "transport cudaipc of rank {} shares memory of device {}, not {kind:?}",
+                self.rank,
+                self.gpu.ordinal()
+            ))),
+        }
+    }
+
     fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>> {
         let Some(r) = region.as_any().downcast_ref::<DeviceRegion>() else { return Ok(None) };
         let export = if let Some(a) = r.allocation() {

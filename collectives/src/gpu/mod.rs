@@ -35,6 +35,7 @@ use cudarc::driver::CudaContext;
 use kernels::convert::Converter;
 use weave_cuda::DeviceStatus;
 
+use crate::api::window::WindowState;
 use crate::device_staging::DeviceStaging;
 use crate::select::device::{Grid, KernelPlan, SENDRECV_KERNEL};
 use channels::DeviceChannels;
@@ -98,6 +99,10 @@ pub(crate) struct GpuEngine {
     /// Whether [`suspend`](Self::suspend) released the workspace (device calls are refused until
     /// [`resume`](Self::resume)).
     suspended: bool,
+    /// The communicator's windows (`api/window.rs`), in registration order.
+    windows: Vec<Arc<WindowState>>,
+    /// Windows registered so far (numbering their labels alike on every rank).
+    windows_registered: u64,
 }
 
 /// The direct family: one workspace per rank mapped by every peer, in four areas each made when
@@ -262,6 +267,8 @@ impl GpuEngine {
             hierarchy_staging: Default::default(),
             converter,
             suspended: false,
+            windows: Vec::new(),
+            windows_registered: 0,
         }))
     }
 
@@ -306,6 +313,35 @@ impl GpuEngine {
         let staging = self.hierarchy_staging.try_borrow().map_or(0, |s| s.memory());
         let channels = self.channels.as_ref().map_or(0, DeviceChannels::memory);
         (direct + staging, channels)
+    }
+
+    /// Whether every peer's GPU memory is mapped here (the direct family runs), so windows can be
+    /// used in place.
+    pub(crate) fn maps_every_peer(&self) -> bool {
+        self.direct.is_some()
+    }
+
+    /// Windows registered so far on this communicator.
+    pub(crate) fn windows_registered(&self) -> u64 {
+        self.windows_registered
+    }
+
+    /// Keeps a window the ranks just registered.
+    pub(crate) fn add_window(&mut self, window: Arc<WindowState>) {
+        self.windows.push(window);
+        self.windows_registered += 1;
+    }
+
+    /// Drops `window`; false when it is not here (deregistered already).
+    pub(crate) fn remove_window(&mut self, window: &Arc<WindowState>) -> bool {
+        let before = self.windows.len();
+        self.windows.retain(|w| !Arc::ptr_eq(w, window));
+        self.windows.len() < before
+    }
+
+    /// The window in place whose part holds `[address, address + len)`, and the offset there.
+    pub(crate) fn window_of(&self, address: u64, len: usize) -> Option<(&WindowState, u64)> {
+        self.windows.iter().filter(|w| !w.parts.is_empty()).find_map(|w| w.offset_of(address, len).map(|o| (&**w, o)))
     }
 
     /// Whether the workspace is released ([`suspend`](Self::suspend)).

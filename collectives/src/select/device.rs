@@ -106,6 +106,34 @@ pub fn fit(algo: Algorithm, c: Collective, world: usize, payload: usize, caps: &
     algo
 }
 
+/// The direct family's all-reduce over windows (`kernels/cuda/windowed.cu`).
+pub const WINDOWED_ALL_REDUCE_FAMILY: &str = "weave_all_reduce_windowed";
+
+/// From this size on, an all-reduce whose input and output both lie in windows runs two-shot
+/// (each rank reduces a share and writes it into every output) rather than one-shot (each rank
+/// reads every input whole).
+const WINDOWED_TWO_SHOT_FROM: usize = 64 << 10;
+
+/// How the all-reduce over windows runs (its kernel's `aux[0]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WindowedForm {
+    /// Every rank reads every input whole and writes its own output.
+    OneShot = 0,
+    /// Rank r reduces the r-th share of every input and writes it into every rank's output.
+    TwoShot = 1,
+}
+
+/// The form of an all-reduce of `bytes` bytes whose input lies in a window; `output_in_window`
+/// says whether its output does too, `in_place` whether they are one buffer. In place it is
+/// two-shot at every size: one-shot would overwrite an input a peer still reads.
+pub fn windowed_form(bytes: usize, output_in_window: bool, in_place: bool) -> WindowedForm {
+    if in_place || (output_in_window && bytes >= WINDOWED_TWO_SHOT_FROM) {
+        WindowedForm::TwoShot
+    } else {
+        WindowedForm::OneShot
+    }
+}
+
 /// The direct family's point-to-point kernel (its mailboxes are in the control area, which
 /// point-to-point needs alone: `gpu::area_of`).
 pub const SENDRECV_KERNEL: &str = "weave_sendrecv";
@@ -169,6 +197,14 @@ pub(crate) const TEST_CAPS: GpuCaps = GpuCaps {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn windowed_all_reduces_go_two_shot_in_place_and_when_large() {
+        assert_eq!(windowed_form(8, true, true), WindowedForm::TwoShot);
+        assert_eq!(windowed_form(8, true, false), WindowedForm::OneShot);
+        assert_eq!(windowed_form(1 << 20, true, false), WindowedForm::TwoShot);
+        assert_eq!(windowed_form(1 << 20, false, false), WindowedForm::OneShot);
+    }
 
     #[test]
     fn algorithms_that_do_not_fit_fall_back() {

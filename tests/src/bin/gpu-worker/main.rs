@@ -5,12 +5,14 @@
 //! `graph`, `stale-state`, `fault-kill`, `kill-trial`, `p2p`, `typed` (the safe calls on cudarc
 //! buffers, `typed.rs`), `survive-device` (a rank killed mid all-reduce; the others shrink and go
 //! on, `survive.rs`), `gpu-off`, `device-memory` (what a communicator holds on its GPU,
-//! suspended and resumed, `memory.rs`).
+//! suspended and resumed, `memory.rs`), `windows` (one buffer a window of two communicators,
+//! used in place from two streams at once, `windows.rs`).
 
 mod hierarchy;
 mod memory;
 mod survive;
 mod typed;
+mod windows;
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -38,6 +40,7 @@ fn main() {
         "p2p-mismatch-device" => survive::p2p_mismatch_device(),
         "gpu-off" => gpu_off(),
         "device-memory" => memory::device_memory(),
+        "windows" => windows::windows(),
         other => Err(worker::unknown_scenario(other)),
     })
 }

@@ -1,0 +1,97 @@
+//! Exported: symmetric memory windows.
+//!
+//! | symbol | behaviour |
+//! |---|---|
+//! | `ncclCommWindowRegister(comm, buff, size, &win, flags)` | collective ([`collectives::Communicator::register_window`]): every rank registers its part, in the same order; with `NCCL_WIN_COLL_SYMMETRIC` (every rank calls with buffers at the same offset in its window) all-reduces on window memory read and write the peers' parts in place; other flags: the window is kept and calls copy. `buff` must be `cudaMalloc`/`cuMemAlloc`/`ncclMemAlloc` memory, not a stream-ordered pool |
+//! | `ncclCommWindowDeregister(comm, win)` | local: waits for the GPU work queued on this rank's GPU, then ends the window; a window of another communicator is `ncclInvalidArgument` |
+//!
+//! A window belongs to the communicator that registered it. One buffer may be a window of
+//! several communicators (SGLang's pool per process group), each call using its own
+//! communicator's.
+
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::sync::{Mutex, MutexGuard};
+
+use collectives::{Window, WindowOffsets};
+
+use crate::abi::{NcclCommPtr, NcclResult};
+use crate::error::{Fail, guard};
+use crate::handle;
+
+/// `NCCL_WIN_COLL_SYMMETRIC`: collectives on the window use buffers at the same offset on every
+/// rank.
+pub const WIN_COLL_SYMMETRIC: c_int = 0x01;
+
+/// The windows handed out, by the address of their `ncclWindow_t` (a box of their own), with the
+/// communicator that registered them: an unknown or stale pointer is an error, never a read.
+static WINDOWS: Mutex<Option<HashMap<usize, (usize, Window)>>> = Mutex::new(None);
+
+fn windows() -> MutexGuard<'static, Option<HashMap<usize, (usize, Window)>>> {
+    WINDOWS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `ncclCommWindowRegister`: see the module table.
+///
+/// # Safety
+/// `win` writable; `buff` device memory of the communicator's GPU, `size` bytes, live until the
+/// window is deregistered.
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommWindowRegister(
+    comm: NcclCommPtr,
+    buff: *mut c_void,
+    size: usize,
+    win: *mut *mut c_void,
+    win_flags: c_int,
+) -> NcclResult {
+    guard("ncclCommWindowRegister", || {
+        if win.is_null() {
+            return Err(Fail::invalid("win is NULL"));
+        }
+        let c = handle::lookup(comm)?;
+        let offsets = if win_flags & WIN_COLL_SYMMETRIC != 0 { WindowOffsets::Symmetric } else { WindowOffsets::Any };
+        // SAFETY: the caller vouches for the memory (this function's contract).
+        let window = c.with_live(|live| Ok(unsafe { live.comm.register_window(buff as u64, size, offsets) }?))?;
+        let token = Box::into_raw(Box::new(0u8)).cast::<c_void>();
+        windows().get_or_insert_with(HashMap::new).insert(token as usize, (comm as usize, window));
+        // SAFETY: checked non-null; the caller vouches it is writable.
+        unsafe { *win = token };
+        Ok(())
+    })
+}
+
+/// `ncclCommWindowDeregister`: see the module table.
+///
+/// # Safety
+/// `comm` and `win` are any values (checked against the live handles and windows).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommWindowDeregister(comm: NcclCommPtr, win: *mut c_void) -> NcclResult {
+    guard("ncclCommWindowDeregister", || {
+        let c = handle::lookup(comm)?;
+        let key = win as usize;
+        let window = {
+            let mut all = windows();
+            let table = all.get_or_insert_with(HashMap::new);
+            match table.get(&key) {
+                None => {
+                    return Err(Fail::invalid(format!(
+                        "{win:p} is no window of weave's libnccl (deregistered already?)"
+                    )));
+                }
+                Some((owner, _)) if *owner != comm as usize => {
+                    return Err(Fail::invalid(format!(
+                        "window {win:p} was registered with communicator {:#x}, not {comm:p}; deregister it with the \
+                         communicator that registered it",
+                        owner
+                    )));
+                }
+                Some(_) => table.remove(&key).map(|(_, w)| w),
+            }
+        };
+        let Some(window) = window else { return Err(Fail::invalid("the window vanished")) };
+        // SAFETY: `key` came from Box::into_raw in ncclCommWindowRegister and left the table
+        // just now, so it is freed once.
+        drop(unsafe { Box::from_raw(win.cast::<u8>()) });
+        c.with_live(|live| Ok(live.comm.deregister_window(window)?))
+    })
+}
