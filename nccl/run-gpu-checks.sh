@@ -5,7 +5,7 @@
 #
 #   ./run-gpu-checks.sh                 # symbols, torch (weave vs NCCL), dead peer, nccl-tests
 #   OUT=/some/dir ./run-gpu-checks.sh   # logs go to $OUT (default /tmp/weave-nccl-checks)
-#   PARTS="torch" ./run-gpu-checks.sh   # only some parts: symbols torch nodes nccl-tests
+#   PARTS="torch" ./run-gpu-checks.sh   # only some parts: symbols torch nodes windows nccl-tests
 #   MODES="eager" ./run-gpu-checks.sh   # nccl-tests modes (default "eager graph")
 #
 # With two or more GPUs every program runs on weave and on NCCL, one GPU per rank. With one GPU
@@ -30,7 +30,7 @@ mkdir -p "$OUT"
 PY=${PYTHON:-python3}
 TORCHRUN=${TORCHRUN:-torchrun}
 failed=0
-PARTS=${PARTS:-symbols torch nodes nccl-tests}
+PARTS=${PARTS:-symbols torch nodes windows nccl-tests}
 MODES=${MODES:-eager graph}
 part() { case " $PARTS " in *" $1 "*) return 0 ;; esac; return 1; }
 GPUS=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU')
@@ -47,7 +47,7 @@ for s in ncclAllGather ncclAllReduce ncclAlltoAll ncclBcast ncclBroadcast ncclCo
   ncclCommUserRank ncclCommWindowDeregister ncclCommWindowRegister ncclDevCommCreate ncclDevCommDestroy ncclGather \
   ncclGetErrorString ncclGetLastError ncclGetUniqueId ncclGetVersion ncclGroupEnd ncclGroupSimulateEnd \
   ncclGroupStart ncclMemAlloc ncclMemFree ncclRecv ncclRedOpCreatePreMulSum ncclRedOpDestroy ncclReduce \
-  ncclReduceScatter ncclScatter ncclSend; do
+  ncclReduceScatter ncclScatter ncclSend ncclCommMemStats ncclCommSuspend ncclCommResume; do
   nm -D --defined-only "$LIB" | awk '{print $3}' | grep -qx "$s" || missing="$missing $s"
 done
 if [ -z "$missing" ] && readelf -d "$LIB" | grep -q 'SONAME.*\[libnccl.so.2\]'; then line PASS symbols-and-soname
@@ -142,7 +142,21 @@ else
   else line FAIL torch-across-nodes "$(grep -c FAIL "$OUT/torch-nodes-compare.log") differ, $OUT/torch-nodes-compare.log"; fi
 fi
 
-# 4. nccl-tests, when its source is here.
+# 4. Symmetric windows, the SGLang pattern (windows_check.py: two communicators, a window pool
+# each, 1,000 all-reduces on two streams at once, exact), with GPU memory, suspend and resume.
+if ! part windows; then :
+elif ! has_torch; then
+  line SKIP windows "needs python3 with torch and a GPU"
+else
+  NCCL_DEBUG=INFO WEAVE_NCCL_LIB="$LIB" LD_PRELOAD="$LIB" timeout 600 $TORCHRUN --nproc-per-node $NPROC \
+    "$HERE/windows_check.py" "$OUT/windows" >"$OUT/windows.log" 2>&1
+  rc=$?
+  grep -q "weave::nccl" "$OUT/windows.log" || { rc=99; echo "weave's library was not loaded" >>"$OUT/windows.log"; }
+  [ $rc -eq 0 ] && line PASS windows-sglang-pattern "$(grep -c '^windows: rank' "$OUT/windows.log") ranks" \
+    || line FAIL windows-sglang-pattern "exit $rc, $OUT/windows.log"
+fi
+
+# 5. nccl-tests, when its source is here.
 SRC=${NCCL_TESTS_SRC:-$HERE/nccl-tests}
 if ! part nccl-tests; then :
 elif [ ! -f "$SRC/Makefile" ]; then

@@ -2,7 +2,9 @@
 //! loop of checked collectives; every survivor must fail, revoke, agree on exactly the killed
 //! ranks, shrink, and run 100 checked calls on the shrunk communicator (`collectives-worker
 //! survive SEED`, see `weave_tests::survive`). The launcher keeps the survivors running
-//! (`keep_going`). `WEAVE_SURVIVE_TRIALS` sets the number of 16-rank trials (default 6).
+//! (`keep_going`). `WEAVE_SURVIVE_TRIALS` sets the number of 16-rank trials (default 6). The
+//! ranks run host calls only, with `WEAVE_GPU=off`: on a GPU host, 64 ranks each opening a CUDA
+//! context would take the init past the bounds these trials measure.
 
 use std::time::Duration;
 
@@ -27,6 +29,7 @@ fn trial(n: usize, seed: u64) -> Trial {
     let spec = scenario_spec(WORKER.as_ref(), "survive", n, 5.0, Duration::from_secs(120))
         .arg(seed.to_string())
         .env("WEAVE_SECRET", &secret)
+        .env("WEAVE_GPU", "off")
         .keep_going(true);
     let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));
     let (_, killed, _) = victims(&seed.to_string(), n).expect("a seed");
@@ -104,6 +107,7 @@ fn sixty_four_ranks_lose_ranks_shrink_and_grow_back_within_two_seconds() {
     let spec = scenario_spec(WORKER.as_ref(), "survive", 64, 5.0, Duration::from_secs(180))
         .arg(seed.to_string())
         .env("WEAVE_SECRET", &secret)
+        .env("WEAVE_GPU", "off")
         .env("WEAVE_SURVIVE_REGROW", "1")
         .keep_going(true);
     let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));
@@ -147,6 +151,7 @@ fn whole_node_lost(nodes: usize, per_node: usize, lost: usize) {
     let spec = scenario_spec(WORKER.as_ref(), "survive", n, 5.0, Duration::from_secs(300))
         .arg(&arg)
         .env("WEAVE_SECRET", &secret)
+        .env("WEAVE_GPU", "off")
         .namespace_nodes(nodes, None)
         .keep_going(true);
     let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching survive: {e}"));

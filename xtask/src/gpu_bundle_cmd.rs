@@ -25,8 +25,8 @@ use std::process::{Command, ExitCode, Stdio};
 /// never as passed (one without any test, as empty); exits non-zero unless every binary with
 /// tests passed.
 ///
-/// It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh and
-/// torch_check.py, and copies xtask itself into the bundle (the checks run `xtask multinode`);
+/// It also builds weave's libnccl.so.2 (cargo xtask nccl) into nccl/ with run-gpu-checks.sh,
+/// torch_check.py and windows_check.py, and copies xtask itself into the bundle (the checks run `xtask multinode`);
 /// run nccl/run-gpu-checks.sh there. With `NCCL_TESTS_SRC=<nccl-tests checkout or git dir>`
 /// the nccl-tests source goes into nccl/nccl-tests/ and the script builds it.
 /// Binaries are stripped of debug info (strip --strip-debug) unless --no-strip; the bundle's
@@ -471,7 +471,7 @@ fn bundle_nccl(root: &Path, dir: &Path, strip: bool, env: &[(&str, &str)]) -> Re
     if strip {
         let _ = Command::new("strip").arg("--strip-debug").arg(&dst).status();
     }
-    for f in ["run-gpu-checks.sh", "torch_check.py"] {
+    for f in ["run-gpu-checks.sh", "torch_check.py", "windows_check.py"] {
         fs::copy(root.join("nccl").join(f), out.join(f)).map_err(|e| format!("copying nccl/{f}: {e}"))?;
     }
     set_executable(&out.join("run-gpu-checks.sh"))?;
@@ -493,7 +493,10 @@ fn bundle_nccl(root: &Path, dir: &Path, strip: bool, env: &[(&str, &str)]) -> Re
         println!("  nccl-tests source from {}", src.display());
     }
     let size = dir_size(&out) + fs::metadata(dir.join("xtask")).map(|m| m.len()).unwrap_or(0);
-    println!("  nccl     nccl/ (libnccl.so.2, run-gpu-checks.sh, torch_check.py) and xtask ({})", human(size));
+    println!(
+        "  nccl     nccl/ (libnccl.so.2, run-gpu-checks.sh, torch_check.py, windows_check.py) and xtask ({})",
+        human(size)
+    );
     Ok(size)
 }
 

@@ -1,0 +1,207 @@
+"""The SGLang pattern on weave's libnccl, through ctypes as SGLang's pynccl binds it.
+
+Run with torchrun (2 ranks; they may share one GPU), LD_PRELOAD naming libnccl.so.2 or
+WEAVE_NCCL_LIB its path:
+
+    torchrun --nproc-per-node 2 windows_check.py OUT_DIR
+
+Two communicators over the same ranks (two unique ids, handed out over gloo), each with its own
+symmetric-memory pool (a torch CUDA tensor) registered with ncclCommWindowRegister
+(NCCL_WIN_COLL_SYMMETRIC); pool A is also registered with communicator B (a block reused across
+groups, SGLang's bug: each group must use its own window on it). 1,000 all-reduces, the two
+communicators' calls in flight at once on two streams, in and out of place, sizes 1 element to
+1 MiB, each checked exactly. Then: a window deregistered with the wrong communicator is
+ncclInvalidArgument; ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
+fails, calls after resume are exact); and the GPU memory this process uses (nvidia-smi) after
+communicator init, after an 8-byte all-reduce and after a 256 MiB one. Writes
+OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on any failure.
+"""
+
+import ctypes
+import json
+import os
+import subprocess
+import sys
+
+import torch
+import torch.distributed as dist
+
+NCCL_FLOAT32 = 7
+NCCL_SUM, NCCL_MAX = 0, 2
+NCCL_WIN_COLL_SYMMETRIC = 1
+NCCL_SUSPEND_MEM = 1
+STATS = {"suspend": 0, "suspended": 1, "persist": 2, "total": 3}
+NCCL_INVALID_ARGUMENT = 4
+
+
+class UniqueId(ctypes.Structure):
+    _fields_ = [("internal", ctypes.c_byte * 128)]
+
+
+def load():
+    path = os.environ.get("WEAVE_NCCL_LIB", "libnccl.so.2")
+    lib = ctypes.CDLL(path)
+    lib.ncclCommInitRank.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int]
+    lib.ncclAllReduce.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int,
+                                  ctypes.c_void_p, ctypes.c_void_p]
+    lib.ncclCommWindowRegister.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                           ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
+    lib.ncclCommWindowDeregister.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.ncclCommMemStats.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
+    lib.ncclCommSuspend.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.ncclCommResume.argtypes = [ctypes.c_void_p]
+    lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+    lib.ncclGetErrorString.restype = ctypes.c_char_p
+    lib.ncclGetLastError.restype = ctypes.c_char_p
+    lib.ncclGetLastError.argtypes = [ctypes.c_void_p]
+    return lib
+
+
+def check(lib, rc, what):
+    if rc != 0:
+        raise RuntimeError(f"{what}: {lib.ncclGetErrorString(rc).decode()} ({rc}): {lib.ncclGetLastError(None).decode()}")
+
+
+def process_gpu_mib():
+    """This process's GPU memory as nvidia-smi reports it (MiB), or None."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-compute-apps=pid,used_memory", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for row in out.splitlines():
+        parts = [p.strip() for p in row.split(",")]
+        if len(parts) == 2 and parts[0] == str(os.getpid()):
+            return int(parts[1])
+    return None
+
+
+def new_comm(lib, rank, world):
+    uid = UniqueId()
+    if rank == 0:
+        check(lib, lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
+    box = [bytes(uid.internal)]
+    dist.broadcast_object_list(box, src=0)
+    ctypes.memmove(uid.internal, box[0], 128)
+    comm = ctypes.c_void_p()
+    check(lib, lib.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "ncclCommInitRank")
+    return comm
+
+
+def stat(lib, comm, name):
+    v = ctypes.c_uint64()
+    check(lib, lib.ncclCommMemStats(comm, STATS[name], ctypes.byref(v)), f"ncclCommMemStats({name})")
+    return v.value
+
+
+def expected(call, world, count, op):
+    i = torch.arange(count, dtype=torch.int64)
+    vals = torch.stack([((i * 7 + call * 3 + r * 5) % 13) for r in range(world)]).to(torch.float32)
+    return vals.sum(0) if op == NCCL_SUM else vals.max(0).values
+
+
+def main(out_dir):
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    torch.zeros(1, device="cuda")
+    lib = load()
+    report = {"rank": rank, "world": world}
+    before = process_gpu_mib()
+    comm_a = new_comm(lib, rank, world)
+    comm_b = new_comm(lib, rank, world)
+    torch.cuda.synchronize()
+    report["gpu_mib_after_two_inits"] = None if before is None else process_gpu_mib() - before
+    report["stats_a_created"] = {k: stat(lib, comm_a, k) for k in STATS}
+
+    pool_bytes = 16 << 20
+    pools = {"a": torch.zeros(pool_bytes // 4, dtype=torch.float32, device="cuda"),
+             "b": torch.zeros(pool_bytes // 4, dtype=torch.float32, device="cuda")}
+    windows = {}
+    for name, comm, pool in [("a", comm_a, "a"), ("b", comm_b, "b"), ("a_in_b", comm_b, "a")]:
+        w = ctypes.c_void_p()
+        check(lib, lib.ncclCommWindowRegister(comm, pools[pool].data_ptr(), pool_bytes, ctypes.byref(w),
+                                              NCCL_WIN_COLL_SYMMETRIC), f"ncclCommWindowRegister({name})")
+        windows[name] = w
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    counts = [1, 7, 1000, 4096, 16383, 65536, 100003, 262144]
+    calls = 0
+    # Lanes: (communicator, pool, stream, offset in the pool in elements). Communicator B also
+    # works in pool A's upper half through its own window on it.
+    lanes = [(comm_a, pools["a"], streams[0], 0), (comm_b, pools["b"], streams[1], 0),
+             (comm_b, pools["a"], streams[1], pool_bytes // 8)]
+    for call in range(334):
+        count = counts[call % len(counts)]
+        in_place = call % 3 == 0
+        pending = []
+        for lane_index, (comm, pool, stream, base) in enumerate(lanes):
+            if calls >= 1000:
+                break
+            seed = call * 3 + lane_index
+            op = NCCL_MAX if seed % 2 else NCCL_SUM
+            send = pool[base:base + count]
+            recv = send if in_place else pool[base + pool_bytes // 16: base + pool_bytes // 16 + count]
+            with torch.cuda.stream(stream):
+                i = torch.arange(count, device="cuda", dtype=torch.int64)
+                send.copy_(((i * 7 + seed * 3 + rank * 5) % 13).to(torch.float32))
+                check(lib, lib.ncclAllReduce(send.data_ptr(), recv.data_ptr(), count, NCCL_FLOAT32, op, comm,
+                                             stream.cuda_stream), "ncclAllReduce")
+            pending.append((stream, recv, seed, count, op))
+            calls += 1
+        for stream, recv, seed, count, op in pending:
+            stream.synchronize()
+            want = expected(seed, world, count, op)
+            got = recv.cpu()
+            if not torch.equal(got, want):
+                bad = int((got != want).nonzero()[0])
+                raise RuntimeError(f"all-reduce #{seed} of {count} f32: element {bad} is {got[bad]}, not {want[bad]}")
+    report["windowed_calls_exact"] = calls
+    report["stats_a_after_calls"] = {k: stat(lib, comm_a, k) for k in STATS}
+
+    # A window deregistered with the wrong communicator.
+    rc = lib.ncclCommWindowDeregister(comm_a, windows["b"])
+    if rc != NCCL_INVALID_ARGUMENT:
+        raise RuntimeError(f"deregistering communicator B's window with A gave {rc}, not ncclInvalidArgument")
+    for name, comm in [("a", comm_a), ("b", comm_b), ("a_in_b", comm_b)]:
+        check(lib, lib.ncclCommWindowDeregister(comm, windows[name]), f"ncclCommWindowDeregister({name})")
+
+    # Memory: an 8-byte all-reduce, then 256 MiB; suspend and resume.
+    stream = torch.cuda.current_stream()
+    small = torch.ones(2, device="cuda")
+    check(lib, lib.ncclAllReduce(small.data_ptr(), small.data_ptr(), 2, NCCL_FLOAT32, NCCL_SUM, comm_a,
+                                 stream.cuda_stream), "8-byte all-reduce")
+    torch.cuda.synchronize()
+    report["stats_a_after_8B"] = {k: stat(lib, comm_a, k) for k in STATS}
+    report["gpu_mib_after_8B"] = None if before is None else process_gpu_mib() - before
+    big = torch.ones(64 << 20, device="cuda")
+    check(lib, lib.ncclAllReduce(big.data_ptr(), big.data_ptr(), big.numel(), NCCL_FLOAT32, NCCL_SUM, comm_a,
+                                 stream.cuda_stream), "256 MiB all-reduce")
+    torch.cuda.synchronize()
+    if not bool((big == world).all()):
+        raise RuntimeError("the 256 MiB all-reduce is wrong")
+    report["stats_a_after_256MiB"] = {k: stat(lib, comm_a, k) for k in STATS}
+    check(lib, lib.ncclCommSuspend(comm_a, NCCL_SUSPEND_MEM), "ncclCommSuspend")
+    report["stats_a_suspended"] = {k: stat(lib, comm_a, k) for k in STATS}
+    rc = lib.ncclAllReduce(small.data_ptr(), small.data_ptr(), 2, NCCL_FLOAT32, NCCL_SUM, comm_a, stream.cuda_stream)
+    if rc == 0:
+        raise RuntimeError("an all-reduce on a suspended communicator was accepted")
+    check(lib, lib.ncclCommResume(comm_a), "ncclCommResume")
+    big.fill_(1.0)
+    check(lib, lib.ncclAllReduce(big.data_ptr(), big.data_ptr(), big.numel(), NCCL_FLOAT32, NCCL_SUM, comm_a,
+                                 stream.cuda_stream), "256 MiB all-reduce after resume")
+    torch.cuda.synchronize()
+    if not bool((big == world).all()):
+        raise RuntimeError("the 256 MiB all-reduce after resume is wrong")
+    report["stats_a_resumed_after_256MiB"] = {k: stat(lib, comm_a, k) for k in STATS}
+    for comm in (comm_a, comm_b):
+        check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    os.makedirs(out_dir, exist_ok=True)
+    with open(os.path.join(out_dir, f"windows-rank{rank}.json"), "w") as f:
+        json.dump(report, f, indent=1)
+    print(f"windows: rank {rank}: {json.dumps(report)}")
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main(sys.argv[1] if len(sys.argv) > 1 else "/tmp/weave-windows")
