@@ -157,6 +157,11 @@ def main(out_dir):
                 raise RuntimeError(f"all-reduce #{seed} of {count} f32: element {bad} is {got[bad]}, not {want[bad]}")
     report["windowed_calls_exact"] = calls
     report["stats_a_after_calls"] = {k: stat(lib, comm_a, k) for k in STATS}
+    # In place on the windows, nothing passed through the workspace: no area beyond the control
+    # area was made (copying kernels would have made the LL128 or pipelined slots for 1 MiB).
+    if report["stats_a_after_calls"]["total"] != report["stats_a_created"]["total"]:
+        raise RuntimeError(f"windowed all-reduces made workspace areas: {report['stats_a_created']} -> "
+                           f"{report['stats_a_after_calls']}")
 
     # A window deregistered with the wrong communicator.
     rc = lib.ncclCommWindowDeregister(comm_a, windows["b"])
