@@ -179,11 +179,16 @@ def main(out_dir):
     report["stats_a_after_8B"] = {k: stat(lib, comm_a, k) for k in STATS}
     report["gpu_mib_after_8B"] = None if before is None else process_gpu_mib() - before
     big = torch.ones(64 << 20, device="cuda")
-    check(lib, lib.ncclAllReduce(big.data_ptr(), big.data_ptr(), big.numel(), NCCL_FLOAT32, NCCL_SUM, comm_a,
-                                 stream.cuda_stream), "256 MiB all-reduce")
-    torch.cuda.synchronize()
-    if not bool((big == world).all()):
-        raise RuntimeError("the 256 MiB all-reduce is wrong")
+
+    def all_reduce_256mib(what):
+        big.fill_(1.0)
+        check(lib, lib.ncclAllReduce(big.data_ptr(), big.data_ptr(), big.numel(), NCCL_FLOAT32, NCCL_SUM, comm_a,
+                                     stream.cuda_stream), what)
+        torch.cuda.synchronize()
+        if not bool((big == world).all()):
+            raise RuntimeError(f"the {what} is wrong")
+
+    all_reduce_256mib("256 MiB all-reduce")
     report["stats_a_after_256MiB"] = {k: stat(lib, comm_a, k) for k in STATS}
     check(lib, lib.ncclCommSuspend(comm_a, NCCL_SUSPEND_MEM), "ncclCommSuspend")
     report["stats_a_suspended"] = {k: stat(lib, comm_a, k) for k in STATS}
@@ -191,12 +196,7 @@ def main(out_dir):
     if rc == 0:
         raise RuntimeError("an all-reduce on a suspended communicator was accepted")
     check(lib, lib.ncclCommResume(comm_a), "ncclCommResume")
-    big.fill_(1.0)
-    check(lib, lib.ncclAllReduce(big.data_ptr(), big.data_ptr(), big.numel(), NCCL_FLOAT32, NCCL_SUM, comm_a,
-                                 stream.cuda_stream), "256 MiB all-reduce after resume")
-    torch.cuda.synchronize()
-    if not bool((big == world).all()):
-        raise RuntimeError("the 256 MiB all-reduce after resume is wrong")
+    all_reduce_256mib("256 MiB all-reduce after resume")
     report["stats_a_resumed_after_256MiB"] = {k: stat(lib, comm_a, k) for k in STATS}
     for comm in (comm_a, comm_b):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")

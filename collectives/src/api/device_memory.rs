@@ -88,10 +88,7 @@ impl Communicator {
             self.core().bootstrap().all_gather(&[1])?;
             g.suspend();
             drop(g);
-            if let Some(h) = self.hierarchy.get() {
-                h.intra().suspend_device_memory()?;
-                h.rail().suspend_device_memory()?;
-            }
+            self.on_step_communicators(Communicator::suspend_device_memory)?;
             tracing::info!(target: comm_core::diagnostics::INIT, rank = self.rank(), "GPU memory suspended");
         }
         Ok(())
@@ -114,11 +111,19 @@ impl Communicator {
             }
             g.resume(self.core())?;
             drop(g);
-            if let Some(h) = self.hierarchy.get() {
-                h.intra().resume_device_memory()?;
-                h.rail().resume_device_memory()?;
-            }
+            self.on_step_communicators(Communicator::resume_device_memory)?;
             tracing::info!(target: comm_core::diagnostics::INIT, rank = self.rank(), "GPU memory resumed");
+        }
+        Ok(())
+    }
+
+    /// Runs `f` on the node and rail communicators of hierarchical calls, where a call made them
+    /// (every rank of this communicator is in one of each, so every rank's `f` is matched).
+    #[cfg(feature = "cuda")]
+    fn on_step_communicators(&self, f: impl Fn(&Communicator) -> Result<()>) -> Result<()> {
+        if let Some(h) = self.hierarchy.get() {
+            f(h.intra())?;
+            f(h.rail())?;
         }
         Ok(())
     }
