@@ -2,7 +2,7 @@
 //!
 //! | symbol | behaviour |
 //! |---|---|
-//! | `ncclCommWindowRegister(comm, buff, size, &win, flags)` | collective ([`collectives::Communicator::register_window`]): every rank registers its part, in the same order; with `NCCL_WIN_COLL_SYMMETRIC` (every rank calls with buffers at the same offset in its window) all-reduces on window memory read and write the peers' parts in place; other flags: the window is kept and calls copy. `buff` must be `cudaMalloc`/`cuMemAlloc`/`ncclMemAlloc` memory, not a stream-ordered pool |
+//! | `ncclCommWindowRegister(comm, buff, size, &win, flags)` | collective ([`collectives::Communicator::register_window`]): every rank registers its part, in the same order; inside a group it runs at `ncclGroupEnd` (one thread per communicator, as the group's calls; `*win` is filled then); with `NCCL_WIN_COLL_SYMMETRIC` (every rank calls with buffers at the same offset in its window) all-reduces on window memory read and write the peers' parts in place; other flags: the window is kept and calls copy. `buff` must be `cudaMalloc`/`cuMemAlloc`/`ncclMemAlloc` memory, not a stream-ordered pool |
 //! | `ncclCommWindowDeregister(comm, win)` | local: waits for the GPU work queued on this rank's GPU, then ends the window; a window of another communicator is `ncclInvalidArgument` |
 //!
 //! A window belongs to the communicator that registered it. One buffer may be a window of
@@ -11,13 +11,14 @@
 
 use std::collections::HashMap;
 use std::ffi::{c_int, c_void};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use collectives::{Window, WindowOffsets};
 
 use crate::abi::{NcclCommPtr, NcclResult};
 use crate::error::{Fail, guard};
-use crate::handle;
+use crate::group;
+use crate::handle::{self, NcclComm};
 
 /// `NCCL_WIN_COLL_SYMMETRIC`: collectives on the window use buffers at the same offset on every
 /// rank.
@@ -31,11 +32,43 @@ fn windows() -> MutexGuard<'static, Option<HashMap<usize, (usize, Window)>>> {
     WINDOWS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// A window registration asked for: run at once, or at `ncclGroupEnd` inside a group.
+pub(crate) struct WindowRequest {
+    comm: Arc<NcclComm>,
+    /// The `ncclComm_t` it was asked on (windows remember it for deregistration).
+    comm_key: usize,
+    address: u64,
+    size: usize,
+    offsets: WindowOffsets,
+    /// Where the `ncclWindow_t` goes: the caller's `win`, valid until the registration ran (at
+    /// once, or at the group's end, as NCCL says).
+    out: usize,
+}
+
+impl WindowRequest {
+    /// The communicator the registration is for.
+    pub(crate) fn comm(&self) -> &Arc<NcclComm> {
+        &self.comm
+    }
+
+    /// Registers the window (collective) and writes its handle into the caller's `win`.
+    pub(crate) fn register(&self) -> Result<(), Fail> {
+        let (address, size, offsets) = (self.address, self.size, self.offsets);
+        // SAFETY: the caller of ncclCommWindowRegister vouched for the memory.
+        let window = self.comm.with_live(|live| Ok(unsafe { live.comm.register_window(address, size, offsets) }?))?;
+        let token = Box::into_raw(Box::new(0u8)).cast::<c_void>();
+        windows().get_or_insert_with(HashMap::new).insert(token as usize, (self.comm_key, window));
+        // SAFETY: `out` is the caller's non-null `win`, writable until the registration ran.
+        unsafe { *(self.out as *mut *mut c_void) = token };
+        Ok(())
+    }
+}
+
 /// `ncclCommWindowRegister`: see the module table.
 ///
 /// # Safety
-/// `win` writable; `buff` device memory of the communicator's GPU, `size` bytes, live until the
-/// window is deregistered.
+/// `win` writable (until `ncclGroupEnd` inside a group); `buff` device memory of the
+/// communicator's GPU, `size` bytes, live until the window is deregistered.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommWindowRegister(
     comm: NcclCommPtr,
@@ -48,15 +81,20 @@ pub unsafe extern "C" fn ncclCommWindowRegister(
         if win.is_null() {
             return Err(Fail::invalid("win is NULL"));
         }
-        let c = handle::lookup(comm)?;
         let offsets = if win_flags & WIN_COLL_SYMMETRIC != 0 { WindowOffsets::Symmetric } else { WindowOffsets::Any };
-        // SAFETY: the caller vouches for the memory (this function's contract).
-        let window = c.with_live(|live| Ok(unsafe { live.comm.register_window(buff as u64, size, offsets) }?))?;
-        let token = Box::into_raw(Box::new(0u8)).cast::<c_void>();
-        windows().get_or_insert_with(HashMap::new).insert(token as usize, (comm as usize, window));
-        // SAFETY: checked non-null; the caller vouches it is writable.
-        unsafe { *win = token };
-        Ok(())
+        let request = WindowRequest {
+            comm: handle::lookup(comm)?,
+            comm_key: comm as usize,
+            address: buff as u64,
+            size,
+            offsets,
+            out: win as usize,
+        };
+        if group::in_group() {
+            group::add_window(request);
+            return Ok(());
+        }
+        request.register()
     })
 }
 

@@ -4,7 +4,7 @@
 //! queued per thread; inits started inside it run in the background. At the outermost end:
 //!
 //! 1. the inits of the group are waited for (a non-blocking one makes the end return
-//!    `ncclInProgress`);
+//!    `ncclInProgress`), then its window registrations run, one thread per communicator;
 //! 2. the queued calls are split by communicator; one communicator runs on this thread, several
 //!    run on one thread each (so a process driving several GPUs cannot block itself on a
 //!    collective setup step that waits for its other ranks);
@@ -25,6 +25,7 @@ use crate::abi::NcclResult;
 use collectives::{Communicator, DeviceTransfer, ReduceOp};
 use cudarc::driver::CudaStream;
 
+use crate::api_window::WindowRequest;
 use crate::coll::{Call, Reduction};
 use crate::cuda;
 use crate::error::Fail;
@@ -46,6 +47,8 @@ struct GroupState {
     depth: usize,
     calls: Vec<Queued>,
     inits: Vec<Arc<NcclComm>>,
+    /// Window registrations asked for inside the group (collective: they run at its end).
+    windows: Vec<WindowRequest>,
     error: Option<Fail>,
 }
 
@@ -66,6 +69,41 @@ pub fn start() {
 /// Remembers an init started inside the group.
 pub fn add_init(comm: Arc<NcclComm>) {
     GROUP.with(|g| g.borrow_mut().inits.push(comm));
+}
+
+/// Remembers a window registration asked for inside the group.
+pub(crate) fn add_window(request: WindowRequest) {
+    GROUP.with(|g| g.borrow_mut().windows.push(request));
+}
+
+/// Runs the group's window registrations: each communicator's in the order asked, several
+/// communicators on one thread each (a process registering on several GPUs' communicators
+/// cannot block itself on one registration that waits for its other ranks).
+fn register_windows(requests: &[WindowRequest]) -> Result<(), Fail> {
+    let mut by_comm: Vec<Vec<&WindowRequest>> = Vec::new();
+    for r in requests {
+        match by_comm.iter_mut().find(|v| Arc::ptr_eq(v[0].comm(), r.comm())) {
+            Some(v) => v.push(r),
+            None => by_comm.push(vec![r]),
+        }
+    }
+    let run = |rs: &Vec<&WindowRequest>| rs.iter().try_for_each(|r| r.register());
+    if by_comm.len() <= 1 {
+        return by_comm.iter().try_for_each(run);
+    }
+    std::thread::scope(|scope| {
+        let handles: Vec<_> = by_comm.iter().map(|rs| scope.spawn(move || run(rs))).collect();
+        let mut first = Ok(());
+        for h in handles {
+            let r = h.join().unwrap_or_else(|_| {
+                Err(Fail::new(NcclResult::INTERNAL_ERROR, "a window registration thread panicked; please report it"))
+            });
+            if first.is_ok() {
+                first = r;
+            }
+        }
+        first
+    })
 }
 
 /// Remembers a failure of a call queued in the group (returned again by `ncclGroupEnd`).
@@ -169,6 +207,7 @@ pub fn end() -> Result<(), Fail> {
     if let Some(e) = first_error {
         return Err(e);
     }
+    register_windows(&group.windows)?;
     // Split by communicator, keeping each one's order.
     let mut batches: Vec<Batch> = Vec::new();
     for q in group.calls.into_iter().filter(|q| !q.call.is_empty()) {

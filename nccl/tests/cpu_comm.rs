@@ -1,7 +1,8 @@
 //! Communicator life without a GPU (`WEAVE_NCCL_ALLOW_CPU=1`): two ranks as threads of this
 //! process init (blocking and non-blocking), query, split with `NCCL_SPLIT_NOCOLOR`, refuse
 //! device collectives cleanly, take count-0 calls, report no GPU memory (suspend and resume do
-//! nothing), and abort from another thread.
+//! nothing), refuse windows (at once, or at `ncclGroupEnd` inside a group), and abort from
+//! another thread.
 
 use std::ffi::c_int;
 use std::ptr::null_mut;
@@ -10,6 +11,7 @@ use nccl::abi::{NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, Nc
 use nccl::api_coll::*;
 use nccl::api_comm::*;
 use nccl::api_memory::*;
+use nccl::api_window::*;
 
 fn config(blocking: c_int) -> NcclConfig {
     NcclConfig {
@@ -86,6 +88,17 @@ fn rank_main(id: NcclUniqueId, rank: c_int) {
         assert_eq!(ncclCommSuspend(comm, SUSPEND_MEM), NcclResult::SUCCESS);
         assert_eq!(ncclCommResume(comm), NcclResult::SUCCESS);
         assert_eq!(ncclCommMemStats(fake.cast(), STAT_GPU_MEM_TOTAL, &mut bytes), NcclResult::INVALID_ARGUMENT);
+        // Windows need a GPU path: refused at once outside a group; inside one, queued and
+        // refused by ncclGroupEnd, `win` left alone; an unknown window is no window.
+        let mut win: *mut std::ffi::c_void = null_mut();
+        assert_eq!(ncclCommWindowRegister(comm, fake, 64, &mut win, WIN_COLL_SYMMETRIC), NcclResult::INVALID_USAGE);
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        assert_eq!(ncclCommWindowRegister(comm, fake, 64, &mut win, WIN_COLL_SYMMETRIC), NcclResult::SUCCESS);
+        assert!(win.is_null(), "filled before ncclGroupEnd");
+        assert_eq!(ncclGroupEnd(), NcclResult::INVALID_USAGE);
+        assert!(win.is_null());
+        assert_eq!(ncclCommWindowRegister(comm, fake, 64, null_mut(), 0), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommWindowDeregister(comm, fake), NcclResult::INVALID_ARGUMENT);
         // Split: rank 1 opts out.
         let mut sub: NcclCommPtr = fake.cast();
         let color = if rank == 0 { 7 } else { -1 };
