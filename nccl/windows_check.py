@@ -12,7 +12,8 @@ groups, SGLang's bug: each group must use its own window on it). 1,000 all-reduc
 communicators' calls in flight at once on two streams, in and out of place, sizes 1 element to
 1 MiB, each checked exactly. Then: a window deregistered with the wrong communicator is
 ncclInvalidArgument; ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
-fails, calls after resume are exact); and the GPU memory this process uses (nvidia-smi) after
+fails, calls after resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an
+estimate above 0, nothing run); and the GPU memory this process uses (nvidia-smi) after
 communicator init, after an 8-byte all-reduce and after a 256 MiB one. Writes
 OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on any failure.
 """
@@ -38,6 +39,15 @@ class UniqueId(ctypes.Structure):
     _fields_ = [("internal", ctypes.c_byte * 128)]
 
 
+class SimInfo(ctypes.Structure):
+    """ncclSimInfo_t as NCCL_SIM_INFO_INITIALIZER sets it up."""
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("estimatedTime", ctypes.c_float)]
+
+
+SIM_INFO_MAGIC = 0x74685283
+
+
 def load():
     path = os.environ.get("WEAVE_NCCL_LIB", "libnccl.so.2")
     lib = ctypes.CDLL(path)
@@ -51,6 +61,7 @@ def load():
     lib.ncclCommSuspend.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.ncclCommResume.argtypes = [ctypes.c_void_p]
     lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+    lib.ncclGroupSimulateEnd.argtypes = [ctypes.POINTER(SimInfo)]
     lib.ncclGetErrorString.restype = ctypes.c_char_p
     lib.ncclGetLastError.restype = ctypes.c_char_p
     lib.ncclGetLastError.argtypes = [ctypes.c_void_p]
@@ -198,6 +209,22 @@ def main(out_dir):
     check(lib, lib.ncclCommResume(comm_a), "ncclCommResume")
     all_reduce_256mib("256 MiB all-reduce after resume")
     report["stats_a_resumed_after_256MiB"] = {k: stat(lib, comm_a, k) for k in STATS}
+
+    # ncclGroupSimulateEnd: an estimate for the group's device calls, which do not run.
+    small.fill_(5.0)
+    torch.cuda.synchronize()
+    sim = SimInfo(ctypes.sizeof(SimInfo), SIM_INFO_MAGIC, 22902, -1.0)
+    check(lib, lib.ncclGroupStart(), "ncclGroupStart")
+    check(lib, lib.ncclAllReduce(small.data_ptr(), small.data_ptr(), 2, NCCL_FLOAT32, NCCL_SUM, comm_a,
+                                 stream.cuda_stream), "all-reduce in a simulated group")
+    check(lib, lib.ncclAllReduce(big.data_ptr(), big.data_ptr(), big.numel(), NCCL_FLOAT32, NCCL_SUM, comm_a,
+                                 stream.cuda_stream), "256 MiB all-reduce in a simulated group")
+    check(lib, lib.ncclGroupSimulateEnd(ctypes.byref(sim)), "ncclGroupSimulateEnd")
+    torch.cuda.synchronize()
+    if not sim.estimatedTime > 0 or not bool((small == 5.0).all()):
+        raise RuntimeError(f"ncclGroupSimulateEnd: estimate {sim.estimatedTime} us, small buffer {small.tolist()} "
+                           "(the calls must not run)")
+    report["simulated_group_us"] = sim.estimatedTime
     for comm in (comm_a, comm_b):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
     os.makedirs(out_dir, exist_ok=True)

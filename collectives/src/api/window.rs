@@ -221,3 +221,35 @@ impl Communicator {
         unsafe { self.all_reduce_device_raw(send, recv, count, dtype, op, stream) }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn window(address: u64, len: usize) -> WindowState {
+        WindowState { communicator: 1, address, len, parts: Vec::new() }
+    }
+
+    #[test]
+    fn a_range_is_in_a_window_only_whole() {
+        let w = window(0x1000, 256);
+        assert_eq!(w.offset_of(0x1000, 256), Some(0));
+        assert_eq!(w.offset_of(0x1010, 16), Some(0x10));
+        assert_eq!(w.offset_of(0x1100, 0), Some(0x100), "an empty range at the end");
+        assert_eq!(w.offset_of(0x1001, 256), None, "runs past the end");
+        assert_eq!(w.offset_of(0xfff, 1), None, "starts before");
+        assert_eq!(w.offset_of(u64::MAX, usize::MAX), None, "overflow is no match");
+        assert!(w.addresses_at(8).is_empty(), "no parts mapped");
+    }
+
+    #[test]
+    fn a_window_range_is_checked_against_its_length() {
+        let w = Window { state: Arc::new(window(0x2000, 64)) };
+        assert_eq!(w.at(0, 64).unwrap(), 0x2000);
+        assert_eq!(w.at(60, 4).unwrap(), 0x203c);
+        assert!(w.at(60, 8).is_err());
+        assert!(w.at(usize::MAX, 2).is_err());
+        assert!(!w.zero_copy());
+        assert_eq!((w.address(), w.len(), w.is_empty()), (0x2000, 64, false));
+    }
+}
