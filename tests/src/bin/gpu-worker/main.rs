@@ -367,6 +367,11 @@ fn wide() -> Result<String> {
     // 50,001: across a node grid, the all-reduce runs as steps with a tail of count % L.
     let mut checked = run_typed::<f32>(&g, &[1, 50_000, 50_001], &[ReduceOp::Sum, ReduceOp::Avg])?;
     checked += run_typed::<i32>(&g, &[4095], &[ReduceOp::Max])?;
+    // The f32 all-reduce again, after the i32 calls (a halving reduce-scatter with its scratch
+    // among them) and before the FP8 one, which runs the same f32 all-reduce between its
+    // conversions: on 16 ranks sharing one GPU the FP8 one has hung in channel_halving
+    // (docs/perf-log/gpu.md, session 26), and this call tells the order from the FP8 path.
+    checked += run_typed::<f32>(&g, &[50_001], &[ReduceOp::Sum])?;
     checked += run_typed::<F8E4M3>(&g, &[50_001], &[ReduceOp::Sum])?;
     checked += same_bits_on_every_rank(&g, &[50_000])?;
     checked += hierarchy::hierarchical_calls(&g)?;
