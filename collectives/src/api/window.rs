@@ -148,13 +148,22 @@ impl Communicator {
         } else {
             Ok(None)
         };
-        // Every rank says whether its part could be registered before any waits for the
-        // exchange, so one failure fails the registration everywhere, promptly.
-        let agreed = self.core().bootstrap().all_gather(&[u8::from(mine.is_ok())])?;
+        // Every rank says whether its part could be registered, and with which promise, before
+        // any waits for the exchange: one failure, or ranks that disagree on the offsets (and so
+        // on whether to exchange), fail the registration everywhere, promptly.
+        let said = [u8::from(mine.is_ok()), u8::from(offsets == WindowOffsets::Symmetric)];
+        let agreed = self.core().bootstrap().all_gather(&said)?;
         let mine = mine?;
         if let Some(r) = agreed.iter().position(|v| v.first() != Some(&1)) {
             return Err(Error::invalid(format!(
                 "register_window: rank {r} could not register its part (see its error); no window was made"
+            )));
+        }
+        if let Some(r) = agreed.iter().position(|v| v.get(1) != Some(&said[1])) {
+            return Err(Error::invalid(format!(
+                "register_window: rank {r} registered with other offsets than rank {} ({offsets:?} here); every \
+                 rank must pass the same WindowOffsets (NCCL_WIN_COLL_SYMMETRIC on all or none)",
+                self.rank()
             )));
         }
         let parts = match &mine {
