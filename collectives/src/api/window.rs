@@ -138,6 +138,17 @@ impl Communicator {
     pub unsafe fn register_window(&self, address: u64, len: usize, offsets: WindowOffsets) -> Result<Window> {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
         let mut g = gpu.try_borrow_mut().map_err(|_| crate::call::already_in_a_call())?;
+        // The ranks agree on the promise first: it decides whether they register and exchange,
+        // so ranks that differ would fall out of step.
+        let symmetric = u8::from(offsets == WindowOffsets::Symmetric);
+        let promises = self.core().bootstrap().all_gather(&[symmetric])?;
+        if let Some(r) = promises.iter().position(|v| v.first() != Some(&symmetric)) {
+            return Err(Error::invalid(format!(
+                "register_window: rank {r} registered with other offsets than rank {} ({offsets:?} here); every \
+                 rank must pass the same WindowOffsets (NCCL_WIN_COLL_SYMMETRIC on all or none)",
+                self.rank()
+            )));
+        }
         let in_place = g.maps_every_peer() && offsets == WindowOffsets::Symmetric;
         let kind = MemoryKind::Device(g.device);
         let label = format!("weave window #{}", g.windows_registered());
@@ -148,22 +159,13 @@ impl Communicator {
         } else {
             Ok(None)
         };
-        // Every rank says whether its part could be registered, and with which promise, before
-        // any waits for the exchange: one failure, or ranks that disagree on the offsets (and so
-        // on whether to exchange), fail the registration everywhere, promptly.
-        let said = [u8::from(mine.is_ok()), u8::from(offsets == WindowOffsets::Symmetric)];
-        let agreed = self.core().bootstrap().all_gather(&said)?;
+        // Every rank says whether its part could be registered before any waits for the
+        // exchange, so one failure fails the registration everywhere, promptly.
+        let agreed = self.core().bootstrap().all_gather(&[u8::from(mine.is_ok())])?;
         let mine = mine?;
         if let Some(r) = agreed.iter().position(|v| v.first() != Some(&1)) {
             return Err(Error::invalid(format!(
                 "register_window: rank {r} could not register its part (see its error); no window was made"
-            )));
-        }
-        if let Some(r) = agreed.iter().position(|v| v.get(1) != Some(&said[1])) {
-            return Err(Error::invalid(format!(
-                "register_window: rank {r} registered with other offsets than rank {} ({offsets:?} here); every \
-                 rank must pass the same WindowOffsets (NCCL_WIN_COLL_SYMMETRIC on all or none)",
-                self.rank()
             )));
         }
         let parts = match &mine {
