@@ -1,9 +1,9 @@
-//! Exported: memory, pre-multiplied-sum operators, and the calls this library refuses.
+//! Exported: memory allocation, pre-multiplied-sum operators, and the calls this library refuses.
 //!
 //! | symbol | behaviour |
 //! |---|---|
 //! | `ncclMemAlloc` / `ncclMemFree` | `cuMemAlloc` / `cuMemFree` in the current context |
-//! | `ncclCommRegister` / `ncclCommDeregister` | accepted, do nothing: registration is an optimization NCCL programs may skip, and weave's kernels copy through their own workspace |
+//! | `ncclCommRegister` / `ncclCommDeregister` | see [`crate::api_register`] |
 //! | `ncclRedOpCreatePreMulSum` / `ncclRedOpDestroy` | work (see [`crate::premul`]) |
 //! | `ncclCommWindowRegister` / `ncclCommWindowDeregister` | work (see [`crate::api_window`]) |
 //! | `ncclDevCommCreate` / `ncclDevCommDestroy` | `ncclInvalidUsage`: no device API |
@@ -50,37 +50,6 @@ pub unsafe extern "C" fn ncclMemAlloc(ptr: *mut *mut c_void, size: usize) -> Ncc
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclMemFree(ptr: *mut c_void) -> NcclResult {
     guard("ncclMemFree", || if ptr.is_null() { Ok(()) } else { Ok(cuda::mem_free(ptr)?) })
-}
-
-/// `ncclCommRegister`: accepted without effect; `*handle` gets a non-NULL token.
-///
-/// # Safety
-/// `handle` writable.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclCommRegister(
-    comm: NcclCommPtr,
-    buff: *mut c_void,
-    _size: usize,
-    reg_handle: *mut *mut c_void,
-) -> NcclResult {
-    guard("ncclCommRegister", || {
-        handle::lookup(comm)?;
-        if reg_handle.is_null() {
-            return Err(Fail::invalid("handle is NULL"));
-        }
-        // SAFETY: checked non-null.
-        unsafe { *reg_handle = if buff.is_null() { std::ptr::dangling_mut::<c_void>() } else { buff } };
-        Ok(())
-    })
-}
-
-/// `ncclCommDeregister`: accepted without effect.
-///
-/// # Safety
-/// Any arguments (the comm is checked).
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclCommDeregister(comm: NcclCommPtr, _reg_handle: *mut c_void) -> NcclResult {
-    guard("ncclCommDeregister", || handle::lookup(comm).map(|_| ()))
 }
 
 /// `ncclDevCommCreate`: refused (`ncclInvalidUsage`).

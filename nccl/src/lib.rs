@@ -16,7 +16,8 @@
 //! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (every data type,
 //!   FP8 included).
 //! - GPU memory: `ncclCommMemStats`, `ncclCommSuspend`, `ncclCommResume` ([`api_memory`]);
-//!   windows: `ncclCommWindowRegister`, `ncclCommWindowDeregister` ([`api_window`]).
+//!   windows: `ncclCommWindowRegister`, `ncclCommWindowDeregister` ([`api_window`]); local
+//!   registrations: `ncclCommRegister`, `ncclCommDeregister` ([`api_register`]).
 //! - Pre-multiplied sums: [`premul`]. `ncclGroupSimulateEnd`'s estimate, refused calls and
 //!   their codes: [`api_misc`].
 //! - Errors: [`error`] (weave error → `ncclResult_t`). Every exported function checks its
@@ -36,6 +37,7 @@ pub mod api_comm;
 pub mod api_elastic;
 pub mod api_memory;
 pub mod api_misc;
+pub mod api_register;
 pub mod api_window;
 pub mod coll;
 pub mod config;

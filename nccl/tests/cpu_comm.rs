@@ -11,6 +11,7 @@ use nccl::abi::{NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, Nc
 use nccl::api_coll::*;
 use nccl::api_comm::*;
 use nccl::api_memory::*;
+use nccl::api_register::*;
 use nccl::api_window::*;
 
 fn config(blocking: c_int) -> NcclConfig {
@@ -99,6 +100,15 @@ fn rank_main(id: NcclUniqueId, rank: c_int) {
         assert!(win.is_null());
         assert_eq!(ncclCommWindowRegister(comm, fake, 64, null_mut(), 0), NcclResult::INVALID_ARGUMENT);
         assert_eq!(ncclCommWindowDeregister(comm, fake), NcclResult::INVALID_ARGUMENT);
+        // Local registrations belong to their communicator.
+        let mut reg: *mut std::ffi::c_void = null_mut();
+        assert_eq!(ncclCommRegister(comm, fake, 64, &mut reg), NcclResult::SUCCESS);
+        assert!(!reg.is_null());
+        assert_eq!(ncclCommRegister(comm, fake, 64, null_mut()), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommDeregister(fake.cast(), reg), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommDeregister(comm, fake), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommDeregister(comm, reg), NcclResult::SUCCESS);
+        assert_eq!(ncclCommDeregister(comm, reg), NcclResult::INVALID_ARGUMENT);
         // Split: rank 1 opts out.
         let mut sub: NcclCommPtr = fake.cast();
         let color = if rank == 0 { 7 } else { -1 };

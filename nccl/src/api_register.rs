@@ -1,0 +1,87 @@
+//! Exported: local buffer registration.
+//!
+//! | symbol | behaviour |
+//! |---|---|
+//! | `ncclCommRegister(comm, buff, size, &handle)` | local: records the registration with its communicator and hands out a handle; calls on the buffer still copy through the workspace (weave reads and writes user memory in place only in windows, `crate::api_window`) |
+//! | `ncclCommDeregister(comm, handle)` | ends a registration of `comm`; a handle of another communicator, an unknown or a deregistered one is `ncclInvalidArgument` |
+//!
+//! A registration belongs to the communicator that made it, as NCCL's does.
+
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Mutex, MutexGuard};
+
+use crate::abi::{NcclCommPtr, NcclResult};
+use crate::error::{Fail, guard};
+use crate::handle;
+
+/// One registration: the communicator it belongs to, and the buffer.
+struct Registration {
+    comm: usize,
+    address: usize,
+    size: usize,
+}
+
+/// The registrations handed out, by the address of their handle (a box of their own): an
+/// unknown or stale handle is an error, never a read.
+static REGISTRATIONS: Mutex<Option<HashMap<usize, Registration>>> = Mutex::new(None);
+
+fn registrations() -> MutexGuard<'static, Option<HashMap<usize, Registration>>> {
+    REGISTRATIONS.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `ncclCommRegister`: see the module table.
+///
+/// # Safety
+/// `reg_handle` writable; `comm` is any value (checked against the live handles).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommRegister(
+    comm: NcclCommPtr,
+    buff: *mut c_void,
+    size: usize,
+    reg_handle: *mut *mut c_void,
+) -> NcclResult {
+    guard("ncclCommRegister", || {
+        handle::lookup(comm)?;
+        if reg_handle.is_null() {
+            return Err(Fail::invalid("handle is NULL"));
+        }
+        let token = Box::into_raw(Box::new(0u8)).cast::<c_void>();
+        let registration = Registration { comm: comm as usize, address: buff as usize, size };
+        registrations().get_or_insert_with(HashMap::new).insert(token as usize, registration);
+        // SAFETY: checked non-null; the caller vouches it is writable.
+        unsafe { *reg_handle = token };
+        Ok(())
+    })
+}
+
+/// `ncclCommDeregister`: see the module table.
+///
+/// # Safety
+/// `comm` and `reg_handle` are any values (checked against the live handles and registrations).
+#[unsafe(no_mangle)]
+pub unsafe extern "C" fn ncclCommDeregister(comm: NcclCommPtr, reg_handle: *mut c_void) -> NcclResult {
+    guard("ncclCommDeregister", || {
+        handle::lookup(comm)?;
+        let key = reg_handle as usize;
+        let mut all = registrations();
+        let table = all.get_or_insert_with(HashMap::new);
+        match table.get(&key) {
+            None => Err(Fail::invalid(format!(
+                "{reg_handle:p} is no registration of weave's libnccl (deregistered already?)"
+            ))),
+            Some(r) if r.comm != comm as usize => Err(Fail::invalid(format!(
+                "registration {reg_handle:p} of [{:#x}, +{}) was made with communicator {:#x}, not {comm:p}; \
+                 deregister it with the communicator that made it",
+                r.address, r.size, r.comm
+            ))),
+            Some(_) => {
+                table.remove(&key);
+                // SAFETY: `key` came from Box::into_raw in ncclCommRegister and left the table
+                // just now, so it is freed once.
+                drop(unsafe { Box::from_raw(reg_handle.cast::<u8>()) });
+                Ok(())
+            }
+        }
+    })
+}
