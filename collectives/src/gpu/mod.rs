@@ -787,3 +787,27 @@ pub(crate) fn allocated_bytes(memory: &RegisteredMemory) -> usize {
         .and_then(|r| r.allocation().map(|a| a.size()))
         .unwrap_or_else(|| memory.len())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::select::device::{TEST_CAPS, kernel};
+    use crate::table::{Algorithm, Collective};
+
+    /// Each direct kernel is given the area its source uses: packets and point-to-point the
+    /// control area alone, the flag-based reduce and all-to-all-v the slots, the pipelined
+    /// kernels the pipe area, the LL128 all-reduce the lines.
+    #[test]
+    fn every_direct_kernel_gets_the_area_it_uses() {
+        let area = |c, a| area_of(&kernel(c, a, 4, 1 << 20, &TEST_CAPS).unwrap());
+        assert_eq!(area(Collective::AllReduce, Algorithm::OneShot), WorkspaceArea::Control);
+        assert_eq!(area(Collective::AllGather, Algorithm::OneShot), WorkspaceArea::Control);
+        assert_eq!(area(Collective::AllReduce, Algorithm::TwoShot), WorkspaceArea::Control);
+        assert_eq!(area(Collective::AllReduce, Algorithm::TwoShotLl128), WorkspaceArea::Lines);
+        assert_eq!(area(Collective::AllReduce, Algorithm::TwoPhase), WorkspaceArea::Pipe);
+        assert_eq!(area(Collective::Broadcast, Algorithm::Ring), WorkspaceArea::Pipe);
+        assert_eq!(area(Collective::Reduce, Algorithm::Direct), WorkspaceArea::Slots);
+        assert_eq!(area(Collective::AllToAllv, Algorithm::Direct), WorkspaceArea::Slots);
+        assert_eq!(area(Collective::SendRecv, Algorithm::Direct), WorkspaceArea::Control);
+    }
+}
