@@ -36,9 +36,7 @@ use crate::host::{self, HostEngine};
 use crate::matching::GroupStamps;
 use crate::op::ReduceOp;
 #[cfg(feature = "cuda")]
-use crate::select::device::{
-    CountUnit, Grid, SENDRECV_KERNEL, WINDOWED_ALL_REDUCE_FAMILY, WindowedForm, windowed_form,
-};
+use crate::select::device::{CountUnit, Grid, SENDRECV_KERNEL, WINDOWED_ALL_REDUCE_FAMILY};
 
 use crate::select::{CallShape, Executor};
 #[cfg(feature = "cuda")]
@@ -228,10 +226,22 @@ impl Communicator {
         }
         let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
         if call.collective == Collective::AllReduce
-            && let Some(windowed) = WindowedCall::find(&g, &call)
+            && let Some(windowed) = g.windows.all_reduce(&call)
         {
+            tracing::info!(
+                target: diagnostics::PLAN,
+                rank = self.rank(),
+                "{} of {} B on {n} GPUs -> windowed {:?}{} ({WINDOWED_ALL_REDUCE_FAMILY}_{})",
+                call.collective,
+                call.bytes,
+                windowed.form(),
+                if call.send == call.recv { ", in place" } else { "" },
+                call.dtype.rust_name(),
+            );
+            let call_number = g.current_call();
+            let d = g.direct_with(self.core(), WorkspaceArea::Control)?;
             // SAFETY: forwarded from the caller.
-            return unsafe { self.windowed_all_reduce(&mut g, &call, &windowed, stream) };
+            return unsafe { windowed.launch(d, call_number, &call, stream) };
         }
         let esz = call.dtype.size();
         let shape = CallShape {
@@ -320,46 +330,6 @@ impl Communicator {
             args.aux[1] = u64::from(overlapped);
         }
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
-        unsafe { d.launcher.launch(kernel, &args, blocks, stream) }
-    }
-
-    /// An all-reduce whose buffers lie in windows of this communicator: one kernel reading (and,
-    /// two-shot, writing) every rank's window in place (`kernels/cuda/windowed.cu`).
-    ///
-    /// # Safety
-    /// As for [`device_call`](Self::device_call).
-    unsafe fn windowed_all_reduce(
-        &self,
-        g: &mut RefMut<'_, crate::gpu::GpuEngine>,
-        call: &DeviceCall,
-        windowed: &WindowedCall,
-        stream: &Arc<CudaStream>,
-    ) -> Result<()> {
-        let kernel = DirectKernel::typed(WINDOWED_ALL_REDUCE_FAMILY, call.dtype.rust_name());
-        tracing::info!(
-            target: diagnostics::PLAN,
-            rank = self.rank(),
-            "{} of {} B on {} GPUs -> windowed {:?}{} ({kernel})",
-            call.collective,
-            call.bytes,
-            self.world_size(),
-            windowed.form,
-            if call.send == call.recv { ", in place" } else { "" },
-        );
-        let call_number = g.current_call();
-        let d = g.direct_with(self.core(), WorkspaceArea::Control)?;
-        let mut args: GpuCollectiveArgs = d.args(call_number);
-        args.send = call.send;
-        args.recv = call.recv;
-        args.count = call.count as u64;
-        args.op = call.op.map_or(0, ReduceOp::kernel_code);
-        args.aux[0] = windowed.form as u64;
-        for (r, (&s, &o)) in windowed.sends.iter().zip(&windowed.recvs).enumerate().take(args.win_send.len()) {
-            args.win_send[r] = s;
-            args.win_recv[r] = o;
-        }
-        let blocks = d.blocks_for(call.bytes);
-        // SAFETY: forwarded from the caller; the windows' parts are mapped while registered.
         unsafe { d.launcher.launch(kernel, &args, blocks, stream) }
     }
 
@@ -579,36 +549,6 @@ impl Communicator {
         let blocks = d.blocks_for(bytes).max(if send.is_some() && recv.is_some() { 2 } else { 1 });
         // SAFETY: forwarded from the caller; the workspace addresses come from live mappings.
         unsafe { d.launcher.launch(DirectKernel::untyped(family), &args, blocks, stream) }
-    }
-}
-
-/// A device all-reduce whose buffers lie in windows of its communicator, ready to launch.
-#[cfg(feature = "cuda")]
-struct WindowedCall {
-    form: WindowedForm,
-    /// Every rank's input as mapped here.
-    sends: Vec<u64>,
-    /// Every rank's output as mapped here (two-shot; zeros one-shot).
-    recvs: Vec<u64>,
-}
-
-#[cfg(feature = "cuda")]
-impl WindowedCall {
-    /// The windowed form of `call` when its input lies in a window of `g`'s communicator that
-    /// every peer maps (and, two-shot, its output too); the kernel needs a reducing type.
-    fn find(g: &crate::gpu::GpuEngine, call: &DeviceCall) -> Option<WindowedCall> {
-        if call.bytes == 0 || call.op.is_none() || call.dtype.reduced_in() != call.dtype {
-            return None;
-        }
-        let (input, at) = g.window_of(call.send, call.bytes)?;
-        let sends = input.addresses_at(at);
-        let output = g.window_of(call.recv, call.bytes);
-        let form = windowed_form(call.bytes, output.is_some(), call.send == call.recv);
-        let recvs = match (form, output) {
-            (WindowedForm::TwoShot, Some((w, o))) => w.addresses_at(o),
-            _ => vec![0; sends.len()],
-        };
-        Some(WindowedCall { form, sends, recvs })
     }
 }
 

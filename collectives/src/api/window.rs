@@ -13,11 +13,12 @@
 
 use std::sync::Arc;
 
-use comm_core::memory::{MemoryKind, RegisteredMemory};
+use comm_core::memory::MemoryKind;
 use comm_core::{Error, Result};
 
 use crate::api::communicator::Communicator;
 use crate::exec::no_gpu;
+use crate::gpu::WindowState;
 
 /// What the ranks promise about the calls on a window ([`Communicator::register_window`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -44,32 +45,6 @@ impl std::fmt::Debug for Window {
             .field("len", &self.state.len)
             .field("zero_copy", &self.zero_copy())
             .finish()
-    }
-}
-
-/// A window as the communicator's GPU engine keeps it.
-pub(crate) struct WindowState {
-    /// The id of the communicator that registered it.
-    pub(crate) communicator: u64,
-    /// This rank's part: its device address and length.
-    pub(crate) address: u64,
-    pub(crate) len: usize,
-    /// Every rank's part as mapped on this GPU (this rank's own at its rank), where the direct
-    /// kernels run (every peer's GPU memory mapped here) and the offsets are
-    /// [`WindowOffsets::Symmetric`]; empty elsewhere.
-    pub(crate) parts: Vec<RegisteredMemory>,
-}
-
-impl WindowState {
-    /// Whether `[address, address + len)` lies inside this rank's part; the offset if so.
-    pub(crate) fn offset_of(&self, address: u64, len: usize) -> Option<u64> {
-        let offset = address.checked_sub(self.address)?;
-        (offset.checked_add(len as u64)? <= self.len as u64).then_some(offset)
-    }
-
-    /// Every rank's address at `offset` into its part (as mapped here).
-    pub(crate) fn addresses_at(&self, offset: u64) -> Vec<u64> {
-        self.parts.iter().map(|p| p.as_ptr() as u64 + offset).collect()
     }
 }
 
@@ -151,7 +126,7 @@ impl Communicator {
         }
         let in_place = g.maps_every_peer() && offsets == WindowOffsets::Symmetric;
         let kind = MemoryKind::Device(g.device);
-        let label = format!("weave window #{}", g.windows_registered());
+        let label = format!("weave window #{}", g.windows.registered());
         let mine = if in_place {
             self.core().register_existing(address, len, kind, &label).map(Some)
         } else if address == 0 && len > 0 {
@@ -173,7 +148,7 @@ impl Communicator {
             None => Vec::new(),
         };
         let state = Arc::new(WindowState { communicator: self.core().id(), address, len, parts });
-        g.add_window(state.clone());
+        g.windows.add(state.clone());
         Ok(Window { state })
     }
 
@@ -189,7 +164,7 @@ impl Communicator {
         let gpu = self.gpu.as_ref().ok_or_else(no_gpu)?;
         let mut g = gpu.try_borrow_mut().map_err(|_| crate::call::already_in_a_call())?;
         g.synchronize()?;
-        if !g.remove_window(&window.state) {
+        if !g.windows.remove(&window.state) {
             return Err(Error::invalid(format!(
                 "deregister_window: the window at {:#x} was deregistered already",
                 window.state.address
@@ -239,18 +214,6 @@ mod tests {
 
     fn window(address: u64, len: usize) -> WindowState {
         WindowState { communicator: 1, address, len, parts: Vec::new() }
-    }
-
-    #[test]
-    fn a_range_is_in_a_window_only_whole() {
-        let w = window(0x1000, 256);
-        assert_eq!(w.offset_of(0x1000, 256), Some(0));
-        assert_eq!(w.offset_of(0x1010, 16), Some(0x10));
-        assert_eq!(w.offset_of(0x1100, 0), Some(0x100), "an empty range at the end");
-        assert_eq!(w.offset_of(0x1001, 256), None, "runs past the end");
-        assert_eq!(w.offset_of(0xfff, 1), None, "starts before");
-        assert_eq!(w.offset_of(u64::MAX, usize::MAX), None, "overflow is no match");
-        assert!(w.addresses_at(8).is_empty(), "no parts mapped");
     }
 
     #[test]
