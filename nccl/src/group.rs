@@ -76,9 +76,8 @@ pub(crate) fn add_window(request: WindowRequest) {
     GROUP.with(|g| g.borrow_mut().windows.push(request));
 }
 
-/// Runs the group's window registrations: each communicator's in the order asked, several
-/// communicators on one thread each (a process registering on several GPUs' communicators
-/// cannot block itself on one registration that waits for its other ranks).
+/// Runs the group's window registrations: each communicator's in the order asked
+/// ([`per_communicator`]).
 fn register_windows(requests: &[WindowRequest]) -> Result<(), Fail> {
     let mut by_comm: Vec<Vec<&WindowRequest>> = Vec::new();
     for r in requests {
@@ -87,16 +86,22 @@ fn register_windows(requests: &[WindowRequest]) -> Result<(), Fail> {
             None => by_comm.push(vec![r]),
         }
     }
-    let run = |rs: &Vec<&WindowRequest>| rs.iter().try_for_each(|r| r.register());
-    if by_comm.len() <= 1 {
-        return by_comm.iter().try_for_each(run);
+    per_communicator(&by_comm, |rs| rs.iter().try_for_each(|r| r.register()))
+}
+
+/// Runs `work` on each communicator's share of a group: on this thread for one, on one thread
+/// each for several (a process driving several GPUs cannot block itself on one communicator's
+/// step that waits for its other ranks). The first error wins.
+fn per_communicator<T: Sync>(shares: &[T], work: impl Fn(&T) -> Result<(), Fail> + Sync) -> Result<(), Fail> {
+    if shares.len() <= 1 {
+        return shares.iter().try_for_each(&work);
     }
     std::thread::scope(|scope| {
-        let handles: Vec<_> = by_comm.iter().map(|rs| scope.spawn(move || run(rs))).collect();
+        let handles: Vec<_> = shares.iter().map(|share| scope.spawn(|| work(share))).collect();
         let mut first = Ok(());
         for h in handles {
             let r = h.join().unwrap_or_else(|_| {
-                Err(Fail::new(NcclResult::INTERNAL_ERROR, "a window registration thread panicked; please report it"))
+                Err(Fail::new(NcclResult::INTERNAL_ERROR, "a group worker thread panicked; please report it"))
             });
             if first.is_ok() {
                 first = r;
@@ -216,25 +221,7 @@ pub fn end() -> Result<(), Fail> {
             None => batches.push((q.comm, vec![(q.call, q.stream)])),
         }
     }
-    let result = match batches.len() {
-        0 => Ok(()),
-        1 => run_batch(&batches[0].0, &batches[0].1),
-        _ => std::thread::scope(|scope| {
-            let handles: Vec<_> =
-                batches.iter().map(|(comm, calls)| scope.spawn(move || run_batch(comm, calls))).collect();
-            let mut first = Ok(());
-            for h in handles {
-                let r = h.join().unwrap_or_else(|_| {
-                    Err(Fail::new(NcclResult::INTERNAL_ERROR, "a group worker thread panicked; please report it"))
-                });
-                if first.is_ok() {
-                    first = r;
-                }
-            }
-            first
-        }),
-    };
-    result?;
+    per_communicator(&batches, |(comm, calls)| run_batch(comm, calls))?;
     if in_progress { Err(Fail::new(NcclResult::IN_PROGRESS, "init still running")) } else { Ok(()) }
 }
 
