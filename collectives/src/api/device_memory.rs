@@ -85,7 +85,7 @@ impl Communicator {
                 ));
             }
             g.synchronize()?;
-            self.core().bootstrap().all_gather(&[1])?;
+            self.core().bootstrap().barrier()?;
             g.suspend();
             drop(g);
             self.on_step_communicators(Communicator::suspend_device_memory)?;
