@@ -11,7 +11,10 @@ symmetric-memory pool (a torch CUDA tensor) registered with ncclCommWindowRegist
 groups, SGLang's bug: each group must use its own window on it). 1,000 all-reduces, the two
 communicators' calls in flight at once on two streams, in and out of place, sizes 1 element to
 1 MiB, each checked exactly. Then: a window deregistered with the wrong communicator is
-ncclInvalidArgument; ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
+ncclInvalidArgument. Registered buffers (ncclCommRegister, local on each rank, at offsets that
+differ between ranks, on a third communicator): 300 all-reduces exact with no workspace area made
+(the zero-copy check), the wrong communicator's ncclCommDeregister refused, and after
+deregistering calls copy and are exact. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
 fails, calls after resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an
 estimate above 0, nothing run); and the GPU memory this process uses (nvidia-smi) after
 communicator init, after an 8-byte all-reduce and after a 256 MiB one. Writes
@@ -57,6 +60,9 @@ def load():
     lib.ncclCommWindowRegister.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
                                            ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
     lib.ncclCommWindowDeregister.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
+    lib.ncclCommRegister.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t,
+                                     ctypes.POINTER(ctypes.c_void_p)]
+    lib.ncclCommDeregister.argtypes = [ctypes.c_void_p, ctypes.c_void_p]
     lib.ncclCommMemStats.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.POINTER(ctypes.c_uint64)]
     lib.ncclCommSuspend.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.ncclCommResume.argtypes = [ctypes.c_void_p]
@@ -109,6 +115,52 @@ def expected(call, world, count, op):
     i = torch.arange(count, dtype=torch.int64)
     vals = torch.stack([((i * 7 + call * 3 + r * 5) % 13) for r in range(world)]).to(torch.float32)
     return vals.sum(0) if op == NCCL_SUM else vals.max(0).values
+
+
+def registered(lib, rank, world, wrong_comm, report):
+    """ncclCommRegister on a communicator of its own: see the module doc."""
+    comm = new_comm(lib, rank, world)
+    created = stat(lib, comm, "total")
+    buf_elems = 2 << 20
+    buf = torch.zeros(buf_elems, dtype=torch.float32, device="cuda")
+    handle = ctypes.c_void_p()
+    check(lib, lib.ncclCommRegister(comm, buf.data_ptr(), buf_elems * 4, ctypes.byref(handle)), "ncclCommRegister")
+    stream = torch.cuda.current_stream()
+    counts = [1, 5, 1000, 4096, 16383, 65536, 100003, 262144]
+    start = 64 + rank * 1024  # a different offset on every rank
+
+    def all_reduce(seed, count, in_place, comm_used):
+        send = buf[start:start + count]
+        recv = send if in_place else buf[start + (1 << 20): start + (1 << 20) + count]
+        op = NCCL_MAX if seed % 2 else NCCL_SUM
+        i = torch.arange(count, device="cuda", dtype=torch.int64)
+        send.copy_(((i * 7 + seed * 3 + rank * 5) % 13).to(torch.float32))
+        check(lib, lib.ncclAllReduce(send.data_ptr(), recv.data_ptr(), count, NCCL_FLOAT32, op, comm_used,
+                                     stream.cuda_stream), "ncclAllReduce on a registered buffer")
+        stream.synchronize()
+        want = expected(seed, world, count, op)
+        got = recv.cpu()
+        if not torch.equal(got, want):
+            bad = int((got != want).nonzero()[0])
+            raise RuntimeError(f"registered all-reduce #{seed} of {count} f32: element {bad} is {got[bad]}, "
+                               f"not {want[bad]}")
+
+    for call in range(300):
+        all_reduce(call, counts[call % len(counts)], call % 3 == 0, comm)
+    report["registered_calls_exact"] = 300
+    after = stat(lib, comm, "total")
+    report["registered_stats_total"] = [created, after]
+    if after != created:
+        raise RuntimeError(f"all-reduces on registered buffers made workspace areas: {created} -> {after} B")
+    rc = lib.ncclCommDeregister(wrong_comm, handle)
+    if rc != NCCL_INVALID_ARGUMENT:
+        raise RuntimeError(f"deregistering with another communicator gave {rc}, not ncclInvalidArgument")
+    check(lib, lib.ncclCommDeregister(comm, handle), "ncclCommDeregister")
+    all_reduce(7, 262144, False, comm)
+    report["registered_stats_total_after_deregister_and_1MiB"] = stat(lib, comm, "total")
+    if report["registered_stats_total_after_deregister_and_1MiB"] <= created:
+        raise RuntimeError("after ncclCommDeregister a 1 MiB all-reduce made no workspace area (did it copy?)")
+    check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
 
 
 def main(out_dir):
@@ -180,6 +232,8 @@ def main(out_dir):
         raise RuntimeError(f"deregistering communicator B's window with A gave {rc}, not ncclInvalidArgument")
     for name, comm in [("a", comm_a), ("b", comm_b), ("a_in_b", comm_b)]:
         check(lib, lib.ncclCommWindowDeregister(comm, windows[name]), f"ncclCommWindowDeregister({name})")
+
+    registered(lib, rank, world, comm_a, report)
 
     # Memory: an 8-byte all-reduce, then 256 MiB; suspend and resume.
     stream = torch.cuda.current_stream()

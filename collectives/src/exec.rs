@@ -225,15 +225,21 @@ impl Communicator {
             return unsafe { self.device_call_widened(call, stream) };
         }
         let mut g = gpu.try_borrow_mut().map_err(|_| already_in_a_call())?;
-        if call.collective == Collective::AllReduce
-            && let Some(windowed) = g.windows.all_reduce(&call)
-        {
+        let in_place = match call.collective {
+            Collective::AllReduce => match g.windows.all_reduce(&call) {
+                Some(w) => Some(w),
+                None => g.registrations.all_reduce(&call, self.core())?,
+            },
+            _ => None,
+        };
+        if let Some(windowed) = in_place {
             tracing::info!(
                 target: diagnostics::PLAN,
                 rank = self.rank(),
-                "{} of {} B on {n} GPUs -> windowed {:?}{} ({WINDOWED_ALL_REDUCE_FAMILY}_{})",
+                "{} of {} B on {n} GPUs -> {} {:?}{} ({WINDOWED_ALL_REDUCE_FAMILY}_{})",
                 call.collective,
                 call.bytes,
+                if windowed.is_registered() { "registered" } else { "windowed" },
                 windowed.form(),
                 if call.send == call.recv { ", in place" } else { "" },
                 call.dtype.rust_name(),

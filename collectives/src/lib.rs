@@ -57,6 +57,8 @@ pub use api::device_memory::DeviceMemory;
 pub use api::group::Group;
 pub use api::grow::{GrowId, Growing};
 #[cfg(feature = "cuda")]
+pub use api::registered::DeviceRegistration;
+#[cfg(feature = "cuda")]
 pub use api::window::{Window, WindowOffsets};
 pub use api::{buffer, communicator, grow, split};
 pub use call::DeviceTransfer;

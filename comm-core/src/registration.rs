@@ -325,6 +325,85 @@ impl Communicator {
             .in_communicator(self.id, self.transport_ranks[self.rank()]))
     }
 
+    /// Local: registers `len` bytes of existing `kind` memory at `address` (the caller's, which
+    /// must outlive the registration and every peer's mapping of it) with the first transport
+    /// that can share such memory, as a private registration: no collective step is taken and
+    /// nothing is exchanged; peers map it one at a time, when this rank asks
+    /// ([`map_at_peer`](Self::map_at_peer)).
+    pub fn register_existing_private(
+        &self,
+        address: u64,
+        len: usize,
+        kind: MemoryKind,
+        label: &str,
+    ) -> Result<RegisteredMemory> {
+        let seq = PRIVATE_SEQ_BASE | self.next_private_registration.fetch_add(1, Ordering::AcqRel);
+        let mut last = None;
+        for i in self.allocation_order() {
+            match self.backends[i].register_existing(address, len, kind) {
+                Ok(region) => {
+                    let descriptor = self.describe(&region, seq, len, kind, label)?;
+                    return Ok(RegisteredMemory::new_local(descriptor, region, self.backends[i].transport())?
+                        .in_communicator(self.id, self.transport_ranks[self.rank()]));
+                }
+                Err(Error::Unsupported(m)) => last = Some(m),
+                Err(e) => return Err(e),
+            }
+        }
+        Err(Error::Unsupported(format!(
+            "no transport of this communicator can share {kind:?} memory at {address:#x} ({len} bytes): {}",
+            last.unwrap_or_default()
+        )))
+    }
+
+    /// The backend that registered `local` (this rank's) and reaches `peer`, with the peer's
+    /// endpoint for it.
+    fn mapping_route(&self, local: &RegisteredMemory, peer: usize) -> Result<(&Arc<dyn TransportBackend>, &[u8])> {
+        if !local.is_local() || local.communicator_id() != self.id {
+            return Err(Error::invalid(format!(
+                "{:?} is not memory this rank registered with this communicator",
+                local.label()
+            )));
+        }
+        self.routes_to(peer)?.into_iter().find(|(b, _)| b.transport() == local.transport()).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{:?} was registered through {}, which does not reach rank {peer}",
+                local.label(),
+                local.transport().name()
+            ))
+        })
+    }
+
+    /// The name of `local`'s mappings at peers: its registration number tagged with this rank
+    /// (ranks that share a process ask the same peer, which keys mappings by process).
+    fn mapping_key(&self, local: &RegisteredMemory) -> u64 {
+        ((self.rank() as u64) << 40) | (local.descriptor().seq & ((1 << 40) - 1))
+    }
+
+    /// Pairwise, but only this rank acts: asks `peer` to map `local` (memory this rank
+    /// registered, e.g. with [`register_existing_private`](Self::register_existing_private))
+    /// into its process now, and returns its address as `peer` sees it (this rank's own
+    /// address for `peer` = this rank). The peer's transport answers on its own thread, so the
+    /// peer need not be in any call; the mapping stays until
+    /// [`unmap_at_peer`](Self::unmap_at_peer) or the peer's communicator ends.
+    pub fn map_at_peer(&self, local: &RegisteredMemory, peer: usize) -> Result<u64> {
+        if peer == self.rank() {
+            return Ok(local.as_ptr() as u64);
+        }
+        let (backend, ep) = self.mapping_route(local, peer)?;
+        backend.map_at_peer(self.transport_ranks[peer], ep, self.mapping_key(local), local.region())
+    }
+
+    /// Asks `peer` to drop its mapping of `local` ([`map_at_peer`](Self::map_at_peer)); the
+    /// caller makes sure no work of the peer still uses it.
+    pub fn unmap_at_peer(&self, local: &RegisteredMemory, peer: usize) -> Result<()> {
+        if peer == self.rank() {
+            return Ok(());
+        }
+        let (backend, ep) = self.mapping_route(local, peer)?;
+        backend.unmap_at_peer(self.transport_ranks[peer], ep, self.mapping_key(local))
+    }
+
     /// Memory of `kind` that `peer` can map: from the first transport reaching it that
     /// allocates that kind (e.g. shared memory for host memory when the preferred transport is
     /// CUDA IPC).

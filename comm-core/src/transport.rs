@@ -168,6 +168,25 @@ pub trait TransportBackend: Send + Sync {
     /// [`export.len`](PeerExport::len) long.
     fn import(&self, export: PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>>;
 
+    /// Asks `peer` (its endpoint `peer_endpoint`) to map `region` — memory this rank registered
+    /// in place through this backend ([`register_existing`](Self::register_existing)) — into its
+    /// own process now, keeping it under `key` until [`unmap_at_peer`](Self::unmap_at_peer);
+    /// returns the region's address as `peer` sees it. Unlike an exchange, only this rank
+    /// acts: the peer's backend answers on its own (a registration one rank makes alone, shared
+    /// when a call first needs it). Transports that cannot do this return
+    /// [`Error::Unsupported`] (the default).
+    fn map_at_peer(&self, peer: usize, peer_endpoint: &[u8], key: u64, region: &Arc<dyn MemoryRegion>) -> Result<u64> {
+        let _ = (peer, peer_endpoint, key, region);
+        Err(Error::Unsupported(format!("transport {} cannot map memory at a peer's", self.transport().name())))
+    }
+
+    /// Asks `peer` to drop the mapping [`map_at_peer`](Self::map_at_peer) made under `key`.
+    /// The caller makes sure no work of the peer still uses it.
+    fn unmap_at_peer(&self, peer: usize, peer_endpoint: &[u8], key: u64) -> Result<()> {
+        let _ = (peer, peer_endpoint, key);
+        Err(Error::Unsupported(format!("transport {} cannot map memory at a peer's", self.transport().name())))
+    }
+
     /// Builds a connection to `peer`. Both sides call it, in the same order relative to other
     /// connection setups with that peer.
     fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>>;

@@ -6,6 +6,8 @@
 //
 // Control area (peers[r]), made with the engine:
 //   [0, 512)          flags: u64 at 64*w, written (release, system scope) by rank w
+//   [512, 768)        registered buffers' addresses: 32 bytes at 32*w, written by rank w
+//                     (windowed.cu)
 //   [1536, 2048)      packet epochs: u64 per block index < PACKET_MAX_BLOCKS (packet kernels)
 //   [2048]            this rank's epoch (u64): phases completed by this rank so far
 //   [2056]            block arrival counter (u32) for grid-wide phases

@@ -323,6 +323,7 @@ const TESTS: &[GpuTest] = &[
     ("weave_gpu_off_leaves_the_gpu_alone", weave_gpu_off),
     ("device_memory_is_made_when_needed_and_suspends", device_memory),
     ("one_buffer_a_window_of_two_communicators_in_place", windows),
+    ("buffers_registered_alone_are_used_in_place", registered),
     ("a_rank_killed_mid_collective_fails_the_others_within_the_timeout", fault_kill),
     ("twenty_kills_per_collective_fail_the_survivors_within_a_second", kill_trials),
 ];
@@ -392,6 +393,22 @@ fn windows(gpus: usize) {
         assert!(
             log.contains("-> windowed OneShot") && log.contains("-> windowed TwoShot, in place"),
             "rank 0's plan log shows no windowed all-reduce:\n{}",
+            &log[log.len().saturating_sub(4000)..]
+        );
+        if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
+            println!("    [{n} GPUs, rank 0] {line}");
+        }
+    }
+}
+
+fn registered(gpus: usize) {
+    for n in worlds(gpus) {
+        let spec = scenario_spec(worker(), "registered", n, 20.0, Duration::from_secs(300)).env("WEAVE_DEBUG", "info");
+        let report = run_ok(&spec, "registered");
+        let log = report.ranks[0].stderr.join("\n");
+        assert!(
+            log.contains("-> registered OneShot") && log.contains("-> registered TwoShot, in place"),
+            "rank 0's plan log shows no all-reduce on registered buffers:\n{}",
             &log[log.len().saturating_sub(4000)..]
         );
         if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {

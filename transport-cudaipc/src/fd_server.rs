@@ -1,6 +1,12 @@
 //! The FD server: hands out file descriptors of this backend's cuMem allocations to peers of
-//! the same user on this host, over an abstract-namespace Unix socket (`SOCK_SEQPACKET`, so one
-//! request and one reply are each one message), and the client that asks for them.
+//! the same user on this host, and maps peers' registered memory here on their request, over an
+//! abstract-namespace Unix socket (`SOCK_SEQPACKET`, so one request and one reply are each one
+//! message); and the client that asks.
+//!
+//! A map request carries a legacy IPC export of the client's memory: the server opens it in
+//! this process, keeps it under (client pid, key) until an unmap request or the backend's end,
+//! and answers its address here, so the client knows where this rank's kernels see its memory
+//! (`TransportBackend::map_at_peer`).
 //!
 //! Protocol, one connection per descriptor: the client connects to
 //! `@weave-{job_key}-r{rank}-c{communicator_id}`, checks with `SO_PEERCRED` that the server is
@@ -34,7 +40,12 @@ use weave_cuda::DeviceAllocation;
 use weave_cuda::driver::from_driver;
 
 use crate::cu;
-use crate::payload::{self, REPLY_BUFFER, Reply};
+use crate::payload::{self, Export, Payload, REPLY_BUFFER, REQUEST_BUFFER, Reply, Request};
+use crate::region;
+use weave_cuda::DeviceRegion;
+
+/// Peers' memory mapped here on their request, by (client pid, client's key).
+pub(crate) type PeerMaps = Mutex<HashMap<(u32, u64), DeviceRegion>>;
 
 /// Allocations a backend exported, by id. Weak: exporting does not keep memory alive; a peer
 /// asking for a freed allocation gets an error reply.
@@ -95,7 +106,10 @@ comm_core::debug_fields!(FdServer { name });
 
 struct Served {
     ctx: Arc<CudaContext>,
+    /// The device the context serves (imports are mapped for it).
+    device: u32,
     exports: Arc<ExportTable>,
+    maps: PeerMaps,
     uid: u32,
     io_timeout: Duration,
 }
@@ -105,6 +119,7 @@ impl FdServer {
     pub(crate) fn start(
         name: String,
         ctx: Arc<CudaContext>,
+        device: u32,
         exports: Arc<ExportTable>,
         timeout: Duration,
     ) -> Result<Self> {
@@ -129,8 +144,14 @@ impl FdServer {
             .map_err(|e| Error::errno(format!("listen on {what}"), e))?;
         let (wake_rx, wake) = nix::unistd::pipe2(OFlag::O_CLOEXEC).map_err(|e| Error::errno("pipe2", e))?;
         let stop = Arc::new(AtomicBool::new(false));
-        let served =
-            Served { ctx, exports, uid: nix::unistd::geteuid().as_raw(), io_timeout: timeout.min(MAX_SERVER_IO) };
+        let served = Served {
+            ctx,
+            device,
+            exports,
+            maps: Mutex::new(HashMap::new()),
+            uid: nix::unistd::geteuid().as_raw(),
+            io_timeout: timeout.min(MAX_SERVER_IO),
+        };
         let thread_stop = stop.clone();
         let thread = std::thread::Builder::new()
             .name("weave-cudaipc-fd".into())
@@ -209,7 +230,7 @@ fn handle(conn: &OwnedFd, served: &Served, bound: &Result<()>) -> Result<()> {
         let m = format!("refused: client uid {} is not this rank's uid {}", cred.uid(), served.uid);
         return reply(Reply::Error(m), None);
     }
-    let mut buf = [0u8; 64];
+    let mut buf = [0u8; REQUEST_BUFFER];
     let (n, truncated) = loop {
         let mut iov = [IoSliceMut::new(&mut buf)];
         match recvmsg::<()>(conn.as_raw_fd(), &mut iov, None, MsgFlags::MSG_CMSG_CLOEXEC) {
@@ -221,25 +242,70 @@ fn handle(conn: &OwnedFd, served: &Served, bound: &Result<()>) -> Result<()> {
     if truncated {
         return reply(Reply::Error("request too long".into()), None);
     }
-    let id = match payload::decode_request(&buf[..n]) {
-        Ok(id) => id,
+    let request = match payload::decode_request(&buf[..n]) {
+        Ok(r) => r,
         Err(e) => return reply(Reply::Error(e.to_string()), None),
     };
     if let Err(e) = bound {
         return reply(Reply::Error(e.to_string()), None);
     }
-    let allocation = served.exports.lock().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(Weak::upgrade);
-    let Some(allocation) = allocation else {
-        let m = format!("allocation {id} is not exported by this rank (never exported, or freed since)");
-        return reply(Reply::Error(m), None);
+    let client = u32::try_from(cred.pid()).unwrap_or(0);
+    match request {
+        Request::Fd { id } => {
+            let allocation = served.exports.lock().unwrap_or_else(|p| p.into_inner()).get(&id).and_then(Weak::upgrade);
+            let Some(allocation) = allocation else {
+                let m = format!("allocation {id} is not exported by this rank (never exported, or freed since)");
+                return reply(Reply::Error(m), None);
+            };
+            let fd = match cu::export_fd(allocation.handle()) {
+                Ok(fd) => fd,
+                Err(e) => return reply(Reply::Error(e.to_string()), None),
+            };
+            let size = allocation.size() as u64;
+            // Our copy of the descriptor closes when `fd` drops, right after sending.
+            reply(Reply::Fd { size }, Some(fd.as_raw_fd()))
+        }
+        Request::Map { key, len, payload } => match map_for(served, client, key, len, &payload) {
+            Ok(address) => reply(Reply::Mapped { address }, None),
+            Err(e) => reply(Reply::Error(e.to_string()), None),
+        },
+        Request::Unmap { key } => {
+            // Dropping the region closes this process's mapping of the client's memory.
+            let gone = served.maps.lock().unwrap_or_else(|p| p.into_inner()).remove(&(client, key));
+            match gone {
+                Some(_) => reply(Reply::Unmapped, None),
+                None => reply(Reply::Error(format!("no mapping {key} of pid {client} here (unmapped already?)")), None),
+            }
+        }
+    }
+}
+
+/// Maps the memory a client (process `client`) exported in `payload` here, under `key`.
+fn map_for(served: &Served, client: u32, key: u64, len: u64, payload: &[u8]) -> Result<u64> {
+    let p = Payload::decode(payload)?;
+    if p.pid != client {
+        return Err(Error::protocol(format!("map request from pid {client} exports memory of pid {}", p.pid)));
+    }
+    let Export::Legacy { handle, base, base_size, offset } = p.export else {
+        return Err(Error::Unsupported("map requests carry legacy IPC exports only".into()));
     };
-    let fd = match cu::export_fd(allocation.handle()) {
-        Ok(fd) => fd,
-        Err(e) => return reply(Reply::Error(e.to_string()), None),
+    let len = usize::try_from(len).map_err(|_| Error::protocol("map length does not fit usize"))?;
+    if offset.checked_add(len as u64).is_none_or(|end| end > base_size) {
+        return Err(Error::protocol(format!("map request: [{offset}, +{len}) past an allocation of {base_size}")));
+    }
+    let mut maps = served.maps.lock().unwrap_or_else(|p| p.into_inner());
+    if maps.contains_key(&(client, key)) {
+        return Err(Error::invalid(format!("pid {client} already mapped key {key} here")));
+    }
+    let kind = comm_core::memory::MemoryKind::Device(served.device);
+    let region = if p.pid == std::process::id() && p.instance == region::process_instance() {
+        region::same_process(served.device, base, base_size as usize, offset as usize, len, kind)?
+    } else {
+        region::import_ipc(&served.ctx, served.device, (p.pid, p.instance), &handle, offset as usize, len, kind)?
     };
-    let size = allocation.size() as u64;
-    // Our copy of the descriptor closes when `fd` drops, right after sending.
-    reply(Reply::Fd { size }, Some(fd.as_raw_fd()))
+    let address = region.device_ptr();
+    maps.insert((client, key), region);
+    Ok(address)
 }
 
 /// Where to ask for a peer's allocation.
@@ -291,8 +357,9 @@ impl FdSource<'_> {
         }
     }
 
-    /// Asks the server for allocation `id`, which its export payload says has `size` bytes.
-    pub(crate) fn fetch(&self, id: u64, size: u64) -> Result<OwnedFd> {
+    /// Sends `request` (`what`, for errors) to the server and returns its reply with the
+    /// descriptors that rode along.
+    fn ask(&self, request: &Request, what: &str) -> Result<(Reply, Vec<OwnedFd>)> {
         let sock = seqpacket_socket("cudaipc fd client")?;
         set_timeouts(&sock, self.timeout, "cudaipc fd client")?;
         let addr = UnixAddr::new_abstract(self.name.as_bytes())
@@ -314,7 +381,7 @@ impl FdSource<'_> {
             return Err(Error::transport(
                 crate::NAME,
                 format!(
-                    "@{} is served by pid {} (uid {}), but rank {} is pid {} (uid {uid}): refusing its descriptor",
+                    "@{} is served by pid {} (uid {}), but rank {} is pid {} (uid {uid}): refusing to ask it",
                     self.name,
                     cred.pid(),
                     cred.uid(),
@@ -323,11 +390,11 @@ impl FdSource<'_> {
                 ),
             ));
         }
-        let request = payload::encode_request(id);
+        let request = payload::encode_request(request);
         retry(&deadline, || {
             sendmsg::<()>(sock.as_raw_fd(), &[IoSlice::new(&request)], &[], MsgFlags::MSG_NOSIGNAL, None)
         })
-        .map_err(|e| self.io_error("sending the fd request", e))?;
+        .map_err(|e| self.io_error("sending the request", e))?;
 
         let mut buf = vec![0u8; REPLY_BUFFER];
         let mut cmsg = nix::cmsg_space!([RawFd; 2]);
@@ -337,8 +404,8 @@ impl FdSource<'_> {
             let msg = match recvmsg::<()>(sock.as_raw_fd(), &mut iov, Some(&mut cmsg), MsgFlags::MSG_CMSG_CLOEXEC) {
                 Ok(msg) => msg,
                 Err(Errno::EINTR) if !deadline.expired() => continue,
-                Err(Errno::EINTR) => return Err(self.io_error("receiving the fd reply", Errno::EAGAIN)),
-                Err(e) => return Err(self.io_error("receiving the fd reply", e)),
+                Err(Errno::EINTR) => return Err(self.io_error("receiving the reply", Errno::EAGAIN)),
+                Err(e) => return Err(self.io_error("receiving the reply", e)),
             };
             let mut cmsg_ok = true;
             match msg.cmsgs() {
@@ -360,13 +427,22 @@ impl FdSource<'_> {
         if n == 0 {
             return Err(self.lost_or(Error::transport(
                 crate::NAME,
-                format!("rank {} closed its fd server connection without replying", self.peer),
+                format!("rank {} closed its fd server connection without replying to {what}", self.peer),
             )));
         }
         if flags.intersects(MsgFlags::MSG_TRUNC | MsgFlags::MSG_CTRUNC) || !cmsg_ok {
-            return Err(Error::protocol(format!("cudaipc fd reply from rank {} was truncated", self.peer)));
+            return Err(Error::protocol(format!(
+                "cudaipc fd server reply from rank {} to {what} was truncated",
+                self.peer
+            )));
         }
-        match payload::decode_reply(&buf[..n])? {
+        Ok((payload::decode_reply(&buf[..n])?, fds))
+    }
+
+    /// Asks the server for allocation `id`, which its export payload says has `size` bytes.
+    pub(crate) fn fetch(&self, id: u64, size: u64) -> Result<OwnedFd> {
+        let (reply, mut fds) = self.ask(&Request::Fd { id }, "a descriptor request")?;
+        match reply {
             Reply::Fd { size: got } => {
                 if fds.len() != 1 {
                     return Err(Error::protocol(format!(
@@ -386,6 +462,32 @@ impl FdSource<'_> {
             Reply::Error(m) => {
                 Err(Error::transport(crate::NAME, format!("rank {} did not hand out allocation {id}: {m}", self.peer)))
             }
+            other => Err(Error::protocol(format!("rank {} answered a descriptor request with {other:?}", self.peer))),
+        }
+    }
+
+    /// Asks the server to map this process's memory that `payload` exports (`len` bytes) under
+    /// `key`; returns its address in the server's process.
+    pub(crate) fn map(&self, key: u64, len: usize, payload: Vec<u8>) -> Result<u64> {
+        let request = Request::Map { key, len: len as u64, payload };
+        match self.ask(&request, "a map request")?.0 {
+            Reply::Mapped { address } if address != 0 => Ok(address),
+            Reply::Error(m) => Err(Error::transport(
+                crate::NAME,
+                format!("rank {} could not map this rank's memory ({len} bytes): {m}", self.peer),
+            )),
+            other => Err(Error::protocol(format!("rank {} answered a map request with {other:?}", self.peer))),
+        }
+    }
+
+    /// Asks the server to drop the mapping it keeps under `key` for this process.
+    pub(crate) fn unmap(&self, key: u64) -> Result<()> {
+        match self.ask(&Request::Unmap { key }, "an unmap request")?.0 {
+            Reply::Unmapped => Ok(()),
+            Reply::Error(m) => {
+                Err(Error::transport(crate::NAME, format!("rank {} did not unmap {key}: {m}", self.peer)))
+            }
+            other => Err(Error::protocol(format!("rank {} answered an unmap request with {other:?}", self.peer))),
         }
     }
 }
@@ -410,7 +512,7 @@ mod tests {
         std::thread::spawn(move || {
             // SAFETY: accept4 returned a fresh descriptor.
             let conn = unsafe { OwnedFd::from_raw_fd(accept4(listener.as_raw_fd(), SockFlag::SOCK_CLOEXEC).unwrap()) };
-            let mut buf = [0u8; 64];
+            let mut buf = [0u8; REQUEST_BUFFER];
             let n = {
                 let mut iov = [IoSliceMut::new(&mut buf)];
                 match recvmsg::<()>(conn.as_raw_fd(), &mut iov, None, MsgFlags::empty()) {
@@ -419,7 +521,7 @@ mod tests {
                 }
             };
             // A client that gave up (refused this server) sends nothing.
-            if payload::decode_request(&buf[..n]).ok() != Some(9) {
+            if payload::decode_request(&buf[..n]).is_err() {
                 return;
             }
             let pipes: Vec<(OwnedFd, OwnedFd)> = (0..send_fds).map(|_| nix::unistd::pipe().unwrap()).collect();
@@ -460,6 +562,33 @@ mod tests {
             let name = unique(tag);
             let t = fake_server(&name, reply, nfds);
             let r = source(&name).fetch(9, 4096);
+            assert!(matches!(r, Err(Error::Protocol(_) | Error::Transport { .. })), "{tag}: {r:?}");
+            t.join().unwrap();
+        }
+    }
+
+    #[test]
+    fn map_and_unmap_take_only_their_own_replies() {
+        let payload = vec![1, 2, 3];
+        let name = unique("mapped");
+        let t = fake_server(&name, payload::encode_reply(&Reply::Mapped { address: 0x7f00_0000_2000 }), 0);
+        assert_eq!(source(&name).map(4, 4096, payload.clone()).unwrap(), 0x7f00_0000_2000);
+        t.join().unwrap();
+        let name = unique("unmapped");
+        let t = fake_server(&name, payload::encode_reply(&Reply::Unmapped), 0);
+        source(&name).unmap(4).unwrap();
+        t.join().unwrap();
+        let wrong: Vec<(&str, Reply, bool)> = vec![
+            ("map-fd", Reply::Fd { size: 1 }, true),
+            ("map-null", Reply::Mapped { address: 0 }, true),
+            ("map-refused", Reply::Error("cannot open the handle".into()), true),
+            ("unmap-mapped", Reply::Mapped { address: 8 }, false),
+            ("unmap-refused", Reply::Error("no mapping 4".into()), false),
+        ];
+        for (tag, reply, map) in wrong {
+            let name = unique(tag);
+            let t = fake_server(&name, payload::encode_reply(&reply), 0);
+            let r = if map { source(&name).map(4, 4096, payload.clone()).map(|_| ()) } else { source(&name).unmap(4) };
             assert!(matches!(r, Err(Error::Protocol(_) | Error::Transport { .. })), "{tag}: {r:?}");
             t.join().unwrap();
         }

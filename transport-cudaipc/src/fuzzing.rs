@@ -7,7 +7,7 @@
 use comm_core::testing::round_trip;
 
 use crate::endpoint::Endpoint;
-use crate::payload::{Export, Payload, Reply, decode_reply, decode_request, encode_reply, encode_request};
+use crate::payload::{Export, Payload, Reply, Request, decode_reply, decode_request, encode_reply, encode_request};
 
 /// A rank's endpoint (process identity, network namespace, device, communicator).
 pub fn endpoint(data: &[u8]) -> bool {
@@ -22,7 +22,7 @@ pub fn export(data: &[u8]) -> bool {
 /// What a process connecting to the FD server sends (a request), and what the server answers:
 /// whether either decoder accepted.
 pub fn fd_messages(data: &[u8]) -> bool {
-    let request = round_trip(data, decode_request, |id| encode_request(*id), "cudaipc fd request");
+    let request = round_trip(data, decode_request, encode_request, "cudaipc fd request");
     request | round_trip(data, decode_reply, encode_reply, "cudaipc fd reply")
 }
 
@@ -52,7 +52,11 @@ pub fn seeds() -> Vec<(&'static str, Vec<u8>)> {
         ("cudaipc_endpoint", endpoint.encode()),
         ("cudaipc_export", vmm.encode()),
         ("cudaipc_export", legacy.encode()),
-        ("cudaipc_fd_messages", encode_request(12)),
+        ("cudaipc_fd_messages", encode_request(&Request::Fd { id: 12 })),
+        ("cudaipc_fd_messages", encode_request(&Request::Map { key: 3, len: 4096, payload: legacy.encode() })),
+        ("cudaipc_fd_messages", encode_request(&Request::Unmap { key: 3 })),
+        ("cudaipc_fd_messages", encode_reply(&Reply::Mapped { address: 0x7f00_0000_1000 })),
+        ("cudaipc_fd_messages", encode_reply(&Reply::Unmapped)),
         ("cudaipc_fd_messages", encode_reply(&Reply::Fd { size: 2 << 20 })),
         ("cudaipc_fd_messages", encode_reply(&Reply::Error("no allocation 13".into()))),
     ]

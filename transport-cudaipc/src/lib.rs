@@ -223,7 +223,7 @@ impl CudaIpcBackend {
             Endpoint::local(ordinal, gpu.pci_bus_id().to_string(), ctx.communicator_id, ctx.config.host_id.as_deref())?;
         let exports: Arc<ExportTable> = Arc::new(Mutex::new(HashMap::new()));
         let name = socket_name(&ctx.job_key, ctx.rank, ctx.communicator_id);
-        let server = FdServer::start(name, gpu.context().clone(), exports.clone(), ctx.config.timeout)?;
+        let server = FdServer::start(name, gpu.context().clone(), ordinal, exports.clone(), ctx.config.timeout)?;
         tracing::info!(
             target: comm_core::diagnostics::TRANSPORT,
             rank = ctx.rank,
@@ -427,6 +427,28 @@ impl TransportBackend for CudaIpcBackend {
             }
         };
         Ok(Arc::new(region))
+    }
+
+    fn map_at_peer(&self, peer: usize, peer_endpoint: &[u8], key: u64, region: &Arc<dyn MemoryRegion>) -> Result<u64> {
+        let theirs = self.peer_endpoint(peer, peer_endpoint)?;
+        let payload = self.export(region)?.ok_or_else(|| {
+            Error::Unsupported(format!("transport cudaipc of rank {} did not register this region", self.rank))
+        })?;
+        if !matches!(Payload::decode(&payload)?.export, Export::Legacy { .. }) {
+            return Err(Error::Unsupported(
+                "transport cudaipc maps user memory registered in place (legacy IPC) at a peer's request, not its \
+                 own allocations (exchange those)"
+                    .into(),
+            ));
+        }
+        let name = socket_name(&self.job_key, peer, theirs.communicator_id);
+        FdSource { name: &name, peer, pid: theirs.process.pid, timeout: self.timeout }.map(key, region.len(), payload)
+    }
+
+    fn unmap_at_peer(&self, peer: usize, peer_endpoint: &[u8], key: u64) -> Result<()> {
+        let theirs = self.peer_endpoint(peer, peer_endpoint)?;
+        let name = socket_name(&self.job_key, peer, theirs.communicator_id);
+        FdSource { name: &name, peer, pid: theirs.process.pid, timeout: self.timeout }.unmap(key)
     }
 
     fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {

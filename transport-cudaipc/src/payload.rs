@@ -8,9 +8,15 @@
 //!   meaningful inside the owner's process), base allocation size `u64`, offset of the region
 //!   from the base `u64`.
 //!
-//! FD request: magic `WVFQ`, version `1`, allocation id `u64`. FD reply: magic `WVFR`, version
-//! `1`, status `u8` (0 = the file descriptor rides along as `SCM_RIGHTS`, followed by the
-//! allocation size `u64`; 1 = error, followed by a message string).
+//! FD server request: magic `WVFQ`, version `2`, kind `u8`, then
+//! - kind 1 (descriptor): allocation id `u64`;
+//! - kind 2 (map): key `u64`, length `u64`, then an export payload (length-prefixed bytes, legacy
+//!   kind): map the client's memory in the server's process and keep it under (client pid, key);
+//! - kind 3 (unmap): key `u64`: drop that mapping.
+//!
+//! FD server reply: magic `WVFR`, version `2`, status `u8` (0 = the file descriptor rides along as
+//! `SCM_RIGHTS`, followed by the allocation size `u64`; 1 = error, followed by a message string;
+//! 2 = mapped, followed by the address in the server's process `u64`; 3 = unmapped).
 
 use comm_core::error::{Error, Result};
 use comm_core::memory::MAX_REGISTRATION_LEN;
@@ -24,7 +30,14 @@ const KIND_LEGACY: u8 = 2;
 
 const REQUEST_MAGIC: [u8; 4] = *b"WVFQ";
 const REPLY_MAGIC: [u8; 4] = *b"WVFR";
-const FD_VERSION: u16 = 1;
+const FD_VERSION: u16 = 2;
+const REQUEST_FD: u8 = 1;
+const REQUEST_MAP: u8 = 2;
+const REQUEST_UNMAP: u8 = 3;
+/// Longest export payload a map request carries (a legacy payload is about 100 bytes).
+pub(crate) const MAX_MAP_PAYLOAD: usize = 256;
+/// Size of a receive buffer that holds any well-formed request (and detects longer ones).
+pub(crate) const REQUEST_BUFFER: usize = 4 + 2 + 1 + 8 + 8 + 4 + MAX_MAP_PAYLOAD + 32;
 /// Longest error message a reply carries.
 pub(crate) const MAX_REPLY_MESSAGE: usize = 1024;
 /// Size of a receive buffer that holds any well-formed reply (and detects longer ones).
@@ -117,17 +130,64 @@ impl Payload {
     }
 }
 
-/// Encodes an FD request for allocation `id`.
-pub(crate) fn encode_request(id: u64) -> Vec<u8> {
-    Encoder::new(REQUEST_MAGIC, FD_VERSION).u64(id).finish()
+/// What a client asks of an FD server.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Request {
+    /// A file descriptor of the server's allocation `id`.
+    Fd {
+        /// The allocation id from the export payload.
+        id: u64,
+    },
+    /// Map the client's memory that `payload` exports (`len` bytes) in the server's process,
+    /// keep it under (client pid, `key`) and answer its address there.
+    Map {
+        /// The client's name for this mapping (unique among its live ones).
+        key: u64,
+        /// Bytes of the region.
+        len: u64,
+        /// The region's export payload ([`Payload`], legacy kind).
+        payload: Vec<u8>,
+    },
+    /// Drop the mapping kept under (client pid, `key`).
+    Unmap {
+        /// The key the client mapped it under.
+        key: u64,
+    },
 }
 
-/// Decodes an FD request: the allocation id.
-pub(crate) fn decode_request(bytes: &[u8]) -> Result<u64> {
+/// Encodes a request.
+pub(crate) fn encode_request(request: &Request) -> Vec<u8> {
+    let mut e = Encoder::new(REQUEST_MAGIC, FD_VERSION);
+    match request {
+        Request::Fd { id } => e.u8(REQUEST_FD).u64(*id),
+        Request::Map { key, len, payload } => e.u8(REQUEST_MAP).u64(*key).u64(*len).bytes(payload),
+        Request::Unmap { key } => e.u8(REQUEST_UNMAP).u64(*key),
+    };
+    e.finish()
+}
+
+/// Decodes a request; garbage, an unknown kind or an oversized payload is [`Error::Protocol`].
+pub(crate) fn decode_request(bytes: &[u8]) -> Result<Request> {
     let mut d = Decoder::new(bytes, REQUEST_MAGIC, FD_VERSION, "cudaipc fd request")?;
-    let id = d.u64()?;
+    let request = match d.u8()? {
+        REQUEST_FD => Request::Fd { id: d.u64()? },
+        REQUEST_MAP => {
+            let key = d.u64()?;
+            let len = d.u64()?;
+            let payload = d.bytes()?;
+            if payload.len() > MAX_MAP_PAYLOAD {
+                return Err(Error::protocol(format!("cudaipc map request: payload of {} bytes", payload.len())));
+            }
+            if len == 0 || len > MAX_REGISTRATION_LEN as u64 {
+                return Err(Error::protocol(format!("cudaipc map request: length {len} is out of range")));
+            }
+            Request::Map { key, len, payload: payload.to_vec() }
+        }
+        REQUEST_UNMAP => Request::Unmap { key: d.u64()? },
+        k => return Err(Error::protocol(format!("cudaipc fd request: unknown kind {k}"))),
+    };
     d.finish()?;
-    Ok(id)
+    Ok(request)
 }
 
 /// What the FD server answered.
@@ -140,6 +200,13 @@ pub(crate) enum Reply {
     },
     /// The server refused or failed.
     Error(String),
+    /// The memory of a map request is mapped at this address in the server's process.
+    Mapped {
+        /// The address there.
+        address: u64,
+    },
+    /// The mapping of an unmap request is gone.
+    Unmapped,
 }
 
 /// Encodes a reply (messages are cut to [`MAX_REPLY_MESSAGE`] bytes on a char boundary).
@@ -154,6 +221,8 @@ pub(crate) fn encode_reply(reply: &Reply) -> Vec<u8> {
             }
             e.u8(1).str(&m[..end])
         }
+        Reply::Mapped { address } => e.u8(2).u64(*address),
+        Reply::Unmapped => e.u8(3),
     };
     e.finish()
 }
@@ -170,6 +239,8 @@ pub(crate) fn decode_reply(bytes: &[u8]) -> Result<Reply> {
             }
             Reply::Error(m.to_string())
         }
+        2 => Reply::Mapped { address: d.u64()? },
+        3 => Reply::Unmapped,
         s => return Err(Error::protocol(format!("cudaipc fd reply: unknown status {s}"))),
     };
     d.finish()?;
@@ -246,14 +317,37 @@ mod tests {
 
     #[test]
     fn requests_and_replies_round_trip_and_reject_garbage() {
-        let req = encode_request(77);
-        assert_eq!(decode_request(&req).unwrap(), 77);
-        for bad in comm_core::wire::damaged_messages(&req) {
-            assert!(decode_request(&bad).is_err(), "{bad:02x?}");
+        let requests = [
+            Request::Fd { id: 77 },
+            Request::Map { key: 9, len: 4096, payload: samples()[1].encode() },
+            Request::Unmap { key: u64::MAX },
+        ];
+        for request in &requests {
+            let bytes = encode_request(request);
+            assert!(bytes.len() <= REQUEST_BUFFER, "{} bytes", bytes.len());
+            assert_eq!(&decode_request(&bytes).unwrap(), request);
+            for bad in comm_core::wire::damaged_messages(&bytes) {
+                assert!(decode_request(&bad).is_err(), "{bad:02x?}");
+            }
         }
         assert!(decode_request(&encode_reply(&Reply::Fd { size: 1 })).is_err());
+        for bad in [
+            Request::Map { key: 1, len: 0, payload: vec![1] },
+            Request::Map { key: 1, len: MAX_REGISTRATION_LEN as u64 + 1, payload: vec![1] },
+            Request::Map { key: 1, len: 8, payload: vec![0; MAX_MAP_PAYLOAD + 1] },
+        ] {
+            assert!(matches!(decode_request(&encode_request(&bad)), Err(Error::Protocol(_))), "{bad:?}");
+        }
+        let mut bad_kind = encode_request(&Request::Unmap { key: 1 });
+        bad_kind[6] = 9;
+        assert!(decode_request(&bad_kind).is_err());
 
-        for reply in [Reply::Fd { size: 2 << 20 }, Reply::Error("unknown allocation".into())] {
+        for reply in [
+            Reply::Fd { size: 2 << 20 },
+            Reply::Error("unknown allocation".into()),
+            Reply::Mapped { address: 0x7f00_0000_1000 },
+            Reply::Unmapped,
+        ] {
             let bytes = encode_reply(&reply);
             assert!(bytes.len() <= REPLY_BUFFER);
             assert_eq!(decode_reply(&bytes).unwrap(), reply);

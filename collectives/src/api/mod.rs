@@ -2,7 +2,8 @@
 //! ([`communicator`]), point-to-point groups ([`group`]), shared buffers ([`buffer`]), splits
 //! and shrinks ([`split`], `elastic.rs`), growth ([`grow`]), aborts (`abort.rs`), and on GPUs
 //! the raw device-address calls (`device_raw.rs`), the GPU memory a communicator holds
-//! (`device_memory.rs`) and windows of user memory used in place (`window.rs`), the typed calls over cudarc buffers
+//! (`device_memory.rs`), windows of user memory used in place (`window.rs`) and buffers each
+//! rank registers alone (`registered.rs`), the typed calls over cudarc buffers
 //! (`device_typed.rs`, checked by `device_checks.rs`) and device groups (`device_group.rs`).
 //!
 //! Every call checks its arguments, records itself in the ledger (`ledgered.rs`) and hands the
@@ -27,6 +28,8 @@ pub(crate) mod elastic;
 pub(crate) mod group;
 pub mod grow;
 pub(crate) mod ledgered;
+#[cfg(feature = "cuda")]
+pub(crate) mod registered;
 pub mod split;
 #[cfg(feature = "cuda")]
 pub(crate) mod window;

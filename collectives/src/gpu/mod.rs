@@ -2,8 +2,8 @@
 //!
 //! The direct family (`direct.rs`) gives each rank a device workspace mapped by every peer, in
 //! four areas made as calls first need them; the channel family (`channels.rs`) links pairs of
-//! ranks through the proxy; windows of user memory (`windowed.rs`) let an all-reduce read and
-//! write the peers' memory in place.
+//! ranks through the proxy; windows of user memory (`windowed.rs`) and buffers registered by
+//! each rank alone (`registered.rs`) let an all-reduce read and write the peers' memory in place.
 //! Each kernel family is compiled once per device architecture with NVRTC (cached on disk), and
 //! loaded when the communicator sets it up, so that no call loads code behind calls still queued
 //! (with CUDA's lazy loading that can deadlock them: `DirectLauncher::preload` says how): the
@@ -23,6 +23,7 @@
 pub(crate) mod channels;
 pub mod config;
 mod direct;
+mod registered;
 mod watch;
 mod windowed;
 
@@ -47,6 +48,7 @@ pub use kernels::direct::{
     BLOCK_THREADS, DirectKernel, DirectLauncher, GPU_ARGS_LAYOUT, GpuCollectiveArgs, MAX_GPU_RANKS, PACKET_MAX_BLOCKS,
     PIPE_MAX_BLOCKS, WorkspaceArea, WorkspaceLayout,
 };
+pub(crate) use registered::{RegistrationState, Registrations};
 pub(crate) use windowed::{WindowState, Windows};
 
 /// Per-communicator GPU state: the device, its status words and peer watch, and the two kernel
@@ -82,6 +84,9 @@ pub(crate) struct GpuEngine {
     /// The communicator's windows (`api/window.rs` registers them, `exec.rs` runs all-reduces
     /// on them in place).
     pub(crate) windows: Windows,
+    /// The buffers this rank registered with the communicator (`api/registered.rs` registers
+    /// them, `exec.rs` runs all-reduces on them in place).
+    pub(crate) registrations: Registrations,
 }
 
 impl std::fmt::Debug for GpuEngine {
@@ -221,6 +226,7 @@ impl GpuEngine {
             converter,
             suspended: false,
             windows: Windows::default(),
+            registrations: Registrations::default(),
         }))
     }
 

@@ -2,6 +2,7 @@
 //! registers them), and the all-reduce that uses them in place ([`WindowedCall`], the kernel in
 //! `kernels/cuda/windowed.cu`): a device all-reduce whose input lies in a symmetric window of its
 //! communicator reads every rank's input there, and two-shot writes every rank's output there.
+//! Registered buffers (`registered.rs`) launch the same kernel with published addresses.
 
 use std::sync::Arc;
 
@@ -89,7 +90,7 @@ impl Windows {
             (WindowedForm::TwoShot, Some((w, o))) => w.addresses_at(o),
             _ => [0; MAX_GPU_RANKS],
         };
-        Some(WindowedCall { form, sends: input.addresses_at(at), recvs })
+        Some(WindowedCall { form, sends: input.addresses_at(at), recvs, published: false })
     }
 }
 
@@ -100,9 +101,26 @@ pub(crate) struct WindowedCall {
     sends: [u64; MAX_GPU_RANKS],
     /// Every rank's output as mapped here (two-shot; zeros one-shot).
     recvs: [u64; MAX_GPU_RANKS],
+    /// Whether `sends` and `recvs` are instead this rank's buffers as each rank maps them, which
+    /// the kernel publishes to the peers (registered buffers, `registered.rs`).
+    published: bool,
 }
 
+/// The kernel's `aux[1]` for published addresses (`WINDOWED_PUBLISHED` in windowed.cu).
+const WINDOWED_PUBLISHED: u64 = 1;
+
 impl WindowedCall {
+    /// An all-reduce on registered buffers: `sends[q]` / `recvs[q]` are this rank's input /
+    /// output as rank q maps them.
+    pub(crate) fn published(form: WindowedForm, sends: [u64; MAX_GPU_RANKS], recvs: [u64; MAX_GPU_RANKS]) -> Self {
+        WindowedCall { form, sends, recvs, published: true }
+    }
+
+    /// Whether the buffers are registrations (published addresses) rather than windows.
+    pub(crate) fn is_registered(&self) -> bool {
+        self.published
+    }
+
     /// One-shot or two-shot.
     pub(crate) fn form(&self) -> WindowedForm {
         self.form
@@ -126,6 +144,7 @@ impl WindowedCall {
         args.count = call.count as u64;
         args.op = call.op.map_or(0, ReduceOp::kernel_code);
         args.aux[0] = self.form as u64;
+        args.aux[1] = if self.published { WINDOWED_PUBLISHED } else { 0 };
         args.win_send = self.sends;
         args.win_recv = self.recvs;
         let kernel = DirectKernel::typed(WINDOWED_ALL_REDUCE_FAMILY, call.dtype.rust_name());

@@ -6,10 +6,12 @@
 //! buffers, `typed.rs`), `survive-device` (a rank killed mid all-reduce; the others shrink and go
 //! on, `survive.rs`), `gpu-off`, `device-memory` (what a communicator holds on its GPU,
 //! suspended and resumed, `memory.rs`), `windows` (one buffer a window of two communicators,
-//! used in place from two streams at once, `windows.rs`).
+//! used in place from two streams at once, `windows.rs`), `registered` (buffers each rank
+//! registered alone, used in place at offsets that differ between ranks, `registered.rs`).
 
 mod hierarchy;
 mod memory;
+mod registered;
 mod survive;
 mod typed;
 mod windows;
@@ -41,6 +43,7 @@ fn main() {
         "gpu-off" => gpu_off(),
         "device-memory" => memory::device_memory(),
         "windows" => windows::windows(),
+        "registered" => registered::registered(),
         other => Err(worker::unknown_scenario(other)),
     })
 }
