@@ -9,7 +9,9 @@
 //! Each rank allocates 1 MiB with `cuMemAlloc`, registers it as a symmetric window, all-reduces
 //! in it in place and out of place (the peers' windows are read and written directly, no copy
 //! through the workspace), prints what the communicator holds on the GPU, suspends and resumes
-//! that memory, then deregisters the window and frees the buffer.
+//! that memory, then deregisters the window. Then it registers the same memory on its own
+//! (`register_device`, NCCL's `ncclCommRegister`: local, no peer takes part) and all-reduces
+//! at an offset of its own rank's choosing, in place again, and frees the buffer.
 
 mod common;
 
@@ -55,7 +57,29 @@ fn main() -> Result<(), Box<dyn Error>> {
     comm.resume_device_memory()?;
 
     comm.deregister_window(window)?;
-    // SAFETY: allocated above; the window is gone and deregistering waited for the GPU work.
+
+    // The same memory registered by this rank alone; each rank's buffer starts at an offset of
+    // its own (rank * 256 bytes): the kernel learns the peers' offsets from them.
+    // SAFETY: `base` holds `bytes` of device memory until it is freed below.
+    let registration = unsafe { comm.register_device(base, bytes) }?;
+    let at = base + (me * 256) as u64;
+    let count = COUNT / 2;
+    // SAFETY: `at` + `count` f32 lies inside the buffer (me * 256 < COUNT * 4 for up to 1024 ranks);
+    // `values` outlives the synchronize.
+    unsafe { cudarc::driver::result::memcpy_htod_async(at, &values[..count], stream.cu_stream()) }?;
+    // SAFETY: in place inside the registered buffer, which stays allocated until freed below.
+    unsafe { comm.all_reduce_device_raw(at, at, count, DataType::F32, ReduceOp::Sum, &stream) }?;
+    let mut registered_sums = vec![0f32; count];
+    // SAFETY: as above; `registered_sums` outlives the synchronize.
+    unsafe { cudarc::driver::result::memcpy_dtoh_async(&mut registered_sums, at, stream.cu_stream()) }?;
+    stream.synchronize()?;
+    if registered_sums.iter().any(|&v| v != sum) {
+        return Err(format!("rank {me}: the all-reduce on the registered buffer gave wrong results").into());
+    }
+    println!("rank {me}: registered buffer used in place: {}", registration.zero_copy());
+    comm.deregister_device(registration)?;
+    // SAFETY: allocated above; the window and the registration are gone, and ending them waited
+    // for the GPU work.
     unsafe { cudarc::driver::result::free_sync(base) }?;
     println!("rank {me} of {n}: sums and maxima in the window verified");
     Ok(())
