@@ -17,7 +17,7 @@
 # (nvcc needed; `make MPI=0` with 2+ GPUs, `make MPI=1` with mpicc's MPI with one), for
 # NVCC_GENCODE (default: this GPU's architecture), then every binary runs 8 B..1 GiB with -c 1
 # (eager, then -G 1 graph), printing one line each. NCCL_TESTS_ARGS adds arguments (e.g.
-# "-n 5 -w 1" for fewer iterations). Env: WEAVE_TIMEOUT bounds weave's waits (the dead-peer
+# "-n 5 -w 1" for fewer iterations); NCCL_TESTS_ONLY="all_reduce ..." runs only those binaries. Env: WEAVE_TIMEOUT bounds weave's waits (the dead-peer
 # check uses WEAVE_TIMEOUT=20s). Weave runs set NCCL_DEBUG=INFO and must show weave::nccl's
 # init line (proof the preload took effect).
 set -u
@@ -189,7 +189,7 @@ else
   if make -C "$BUILD" -j 16 $mpi_make NCCL_HOME="${NCCL_HOME:-/usr}" ${GENCODE:+NVCC_GENCODE="$GENCODE"} \
     >"$OUT/nccl-tests-make.log" 2>&1; then
     line PASS nccl-tests-build "$mpi_make"
-    for t in all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv scatter gather hypercube; do
+    for t in ${NCCL_TESTS_ONLY:-all_reduce all_gather reduce_scatter broadcast reduce alltoall sendrecv scatter gather hypercube}; do
       bin="$BUILD/build/${t}_perf"
       [ -x "$bin" ] || { line FAIL "nccl-tests-$t" "no $bin"; continue; }
       for mode in $MODES; do
