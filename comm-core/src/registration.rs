@@ -113,6 +113,19 @@ impl Communicator {
         label: &str,
     ) -> Result<RegisteredMemory> {
         let seq = self.next_registration.fetch_add(1, Ordering::AcqRel);
+        self.register_existing_as(seq, address, len, kind, label)
+    }
+
+    /// Registers existing memory with the first transport that can share it, as registration
+    /// number `seq`.
+    fn register_existing_as(
+        &self,
+        seq: u64,
+        address: u64,
+        len: usize,
+        kind: MemoryKind,
+        label: &str,
+    ) -> Result<RegisteredMemory> {
         let mut last = None;
         for i in self.allocation_order() {
             match self.backends[i].register_existing(address, len, kind) {
@@ -338,22 +351,7 @@ impl Communicator {
         label: &str,
     ) -> Result<RegisteredMemory> {
         let seq = PRIVATE_SEQ_BASE | self.next_private_registration.fetch_add(1, Ordering::AcqRel);
-        let mut last = None;
-        for i in self.allocation_order() {
-            match self.backends[i].register_existing(address, len, kind) {
-                Ok(region) => {
-                    let descriptor = self.describe(&region, seq, len, kind, label)?;
-                    return Ok(RegisteredMemory::new_local(descriptor, region, self.backends[i].transport())?
-                        .in_communicator(self.id, self.transport_ranks[self.rank()]));
-                }
-                Err(Error::Unsupported(m)) => last = Some(m),
-                Err(e) => return Err(e),
-            }
-        }
-        Err(Error::Unsupported(format!(
-            "no transport of this communicator can share {kind:?} memory at {address:#x} ({len} bytes): {}",
-            last.unwrap_or_default()
-        )))
+        self.register_existing_as(seq, address, len, kind, label)
     }
 
     /// The backend that registered `local` (this rank's) and reaches `peer`, with the peer's

@@ -385,14 +385,16 @@ fn device_memory(gpus: usize) {
 /// two streams at once (1,000 all-reduces, exact; no workspace area made), a window of the
 /// wrong communicator refused, deregistered memory copied (`gpu-worker windows`). Rank 0's
 /// plan log must show the windowed kernel.
-fn windows(gpus: usize) {
+/// Runs `scenario` on each world and checks that rank 0's plan log shows all-reduces in place
+/// of both forms, labelled `label` (`windowed`, `registered`).
+fn in_place_all_reduces(gpus: usize, scenario: &str, label: &str) {
     for n in worlds(gpus) {
-        let spec = scenario_spec(worker(), "windows", n, 20.0, Duration::from_secs(300)).env("WEAVE_DEBUG", "info");
-        let report = run_ok(&spec, "windows");
+        let spec = scenario_spec(worker(), scenario, n, 20.0, Duration::from_secs(300)).env("WEAVE_DEBUG", "info");
+        let report = run_ok(&spec, scenario);
         let log = report.ranks[0].stderr.join("\n");
         assert!(
-            log.contains("-> windowed OneShot") && log.contains("-> windowed TwoShot, in place"),
-            "rank 0's plan log shows no windowed all-reduce:\n{}",
+            log.contains(&format!("-> {label} OneShot")) && log.contains(&format!("-> {label} TwoShot, in place")),
+            "rank 0's plan log shows no {label} all-reduce:\n{}",
             &log[log.len().saturating_sub(4000)..]
         );
         if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
@@ -401,20 +403,12 @@ fn windows(gpus: usize) {
     }
 }
 
+fn windows(gpus: usize) {
+    in_place_all_reduces(gpus, "windows", "windowed");
+}
+
 fn registered(gpus: usize) {
-    for n in worlds(gpus) {
-        let spec = scenario_spec(worker(), "registered", n, 20.0, Duration::from_secs(300)).env("WEAVE_DEBUG", "info");
-        let report = run_ok(&spec, "registered");
-        let log = report.ranks[0].stderr.join("\n");
-        assert!(
-            log.contains("-> registered OneShot") && log.contains("-> registered TwoShot, in place"),
-            "rank 0's plan log shows no all-reduce on registered buffers:\n{}",
-            &log[log.len().saturating_sub(4000)..]
-        );
-        if let Some(line) = report.ranks[0].stdout.iter().find(|l| l.starts_with("OK ")) {
-            println!("    [{n} GPUs, rank 0] {line}");
-        }
-    }
+    in_place_all_reduces(gpus, "registered", "registered");
 }
 
 fn weave_gpu_off(_gpus: usize) {

@@ -21,7 +21,7 @@ use comm_core::{Error, Result};
 
 use crate::api::communicator::Communicator;
 use crate::exec::no_gpu;
-use crate::gpu::RegistrationState;
+use crate::gpu::{RegistrationState, UserRange};
 
 /// Device memory this rank registered with one communicator (see the module doc). Keep it while
 /// calls use it; [`Communicator::deregister_device`] ends it. Dropping it without deregistering
@@ -33,28 +33,24 @@ pub struct DeviceRegistration {
 
 impl std::fmt::Debug for DeviceRegistration {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("DeviceRegistration")
-            .field("address", &format_args!("{:#x}", self.state.address))
-            .field("len", &self.state.len)
-            .field("zero_copy", &self.zero_copy())
-            .finish()
+        self.state.range.debug("DeviceRegistration", self.zero_copy(), f)
     }
 }
 
 impl DeviceRegistration {
     /// The registered memory's device address.
     pub fn address(&self) -> u64 {
-        self.state.address
+        self.state.range.address
     }
 
     /// Its length in bytes.
     pub fn len(&self) -> usize {
-        self.state.len
+        self.state.range.len
     }
 
     /// Whether it is empty.
     pub fn is_empty(&self) -> bool {
-        self.state.len == 0
+        self.state.range.len == 0
     }
 
     /// Whether calls on it read and write peers' memory in place: the direct kernels run (every
@@ -66,14 +62,7 @@ impl DeviceRegistration {
 
     /// Errors unless `comm` made this registration.
     pub fn check_owner(&self, comm: &Communicator) -> Result<()> {
-        if self.state.communicator != comm.core().id() {
-            return Err(Error::invalid(format!(
-                "registration of {:#x} ({} bytes) was made with another communicator; a registration is valid only \
-                 on the communicator that made it (register the memory with this one too)",
-                self.state.address, self.state.len
-            )));
-        }
-        Ok(())
+        self.state.range.check_owner(comm.core().id(), "registration")
     }
 }
 
@@ -104,7 +93,8 @@ impl Communicator {
         } else {
             None
         };
-        let state = Arc::new(RegistrationState { communicator: self.core().id(), address, len, memory });
+        let range = UserRange { communicator: self.core().id(), address, len };
+        let state = Arc::new(RegistrationState { range, memory });
         g.registrations.add(state.clone());
         Ok(DeviceRegistration { state })
     }
@@ -127,7 +117,7 @@ impl Communicator {
         let Some(mapped) = g.registrations.remove(&registration.state) else {
             return Err(Error::invalid(format!(
                 "deregister_device: the registration of {:#x} was ended already",
-                registration.state.address
+                registration.state.range.address
             )));
         };
         drop(g);
@@ -139,7 +129,7 @@ impl Communicator {
                         rank = self.rank(),
                         "deregister_device: rank {peer} could not be asked to unmap {:#x} (it keeps its mapping \
                          until its communicator ends): {e}",
-                        registration.state.address
+                        registration.state.range.address
                     );
                 }
             }

@@ -18,7 +18,7 @@ use comm_core::{Error, Result};
 
 use crate::api::communicator::Communicator;
 use crate::exec::no_gpu;
-use crate::gpu::WindowState;
+use crate::gpu::{UserRange, WindowState};
 
 /// What the ranks promise about the calls on a window ([`Communicator::register_window`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -40,28 +40,24 @@ pub struct Window {
 
 impl std::fmt::Debug for Window {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Window")
-            .field("address", &format_args!("{:#x}", self.state.address))
-            .field("len", &self.state.len)
-            .field("zero_copy", &self.zero_copy())
-            .finish()
+        self.state.range.debug("Window", self.zero_copy(), f)
     }
 }
 
 impl Window {
     /// This rank's part: its device address.
     pub fn address(&self) -> u64 {
-        self.state.address
+        self.state.range.address
     }
 
     /// This rank's part: its length in bytes.
     pub fn len(&self) -> usize {
-        self.state.len
+        self.state.range.len
     }
 
     /// Whether this rank's part is empty.
     pub fn is_empty(&self) -> bool {
-        self.state.len == 0
+        self.state.range.len == 0
     }
 
     /// Whether calls on this window read and write peers' memory in place: every peer's part is
@@ -74,24 +70,17 @@ impl Window {
     /// `len` bytes.
     pub fn at(&self, offset: usize, len: usize) -> Result<u64> {
         match offset.checked_add(len) {
-            Some(end) if end <= self.state.len => Ok(self.state.address + offset as u64),
+            Some(end) if end <= self.state.range.len => Ok(self.state.range.address + offset as u64),
             _ => Err(Error::invalid(format!(
                 "window range [{offset}, +{len}) runs past the window's {} bytes",
-                self.state.len
+                self.state.range.len
             ))),
         }
     }
 
     /// Errors unless `comm` registered this window.
     pub fn check_owner(&self, comm: &Communicator) -> Result<()> {
-        if self.state.communicator != comm.core().id() {
-            return Err(Error::invalid(format!(
-                "window at {:#x} ({} bytes) was registered with another communicator; a window is valid only \
-                 on the communicator that registered it (register the memory with this one too)",
-                self.state.address, self.state.len
-            )));
-        }
-        Ok(())
+        self.state.range.check_owner(comm.core().id(), "window")
     }
 }
 
@@ -147,7 +136,8 @@ impl Communicator {
             Some(m) => self.core().exchange(m)?,
             None => Vec::new(),
         };
-        let state = Arc::new(WindowState { communicator: self.core().id(), address, len, parts });
+        let range = UserRange { communicator: self.core().id(), address, len };
+        let state = Arc::new(WindowState { range, parts });
         g.windows.add(state.clone());
         Ok(Window { state })
     }
@@ -167,7 +157,7 @@ impl Communicator {
         if !g.windows.remove(&window.state) {
             return Err(Error::invalid(format!(
                 "deregister_window: the window at {:#x} was deregistered already",
-                window.state.address
+                window.state.range.address
             )));
         }
         Ok(())
@@ -213,7 +203,7 @@ mod tests {
     use super::*;
 
     fn window(address: u64, len: usize) -> WindowState {
-        WindowState { communicator: 1, address, len, parts: Vec::new() }
+        WindowState { range: UserRange { communicator: 1, address, len }, parts: Vec::new() }
     }
 
     #[test]

@@ -24,6 +24,7 @@ pub(crate) mod channels;
 pub mod config;
 mod direct;
 mod registered;
+mod user_range;
 mod watch;
 mod windowed;
 
@@ -49,6 +50,7 @@ pub use kernels::direct::{
     PIPE_MAX_BLOCKS, WorkspaceArea, WorkspaceLayout,
 };
 pub(crate) use registered::{RegistrationState, Registrations};
+pub(crate) use user_range::UserRange;
 pub(crate) use windowed::{WindowState, Windows};
 
 /// Per-communicator GPU state: the device, its status words and peer watch, and the two kernel

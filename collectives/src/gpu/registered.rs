@@ -18,29 +18,18 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::memory::RegisteredMemory;
 use comm_core::{Error, Result};
 
-use super::MAX_GPU_RANKS;
 use super::windowed::WindowedCall;
+use super::{MAX_GPU_RANKS, UserRange};
 use crate::call::DeviceCall;
 use crate::select::device::windowed_form;
 
 /// A buffer this rank registered with a communicator, as the GPU engine keeps it.
 pub(crate) struct RegistrationState {
-    /// The id of the communicator it belongs to.
-    pub(crate) communicator: u64,
-    /// Its device address and length.
-    pub(crate) address: u64,
-    pub(crate) len: usize,
+    /// The memory, and the communicator it was registered with.
+    pub(crate) range: UserRange,
     /// The registration with the transport, where the direct kernels run (calls on it are zero
     /// copy); `None` elsewhere (kept, and calls copy).
     pub(crate) memory: Option<RegisteredMemory>,
-}
-
-impl RegistrationState {
-    /// Whether `[address, address + len)` lies inside this registration; the offset if so.
-    fn offset_of(&self, address: u64, len: usize) -> Option<u64> {
-        let offset = address.checked_sub(self.address)?;
-        (offset.checked_add(len as u64)? <= self.len as u64).then_some(offset)
-    }
 }
 
 /// One registration and where each rank maps it, once a call shared it.
@@ -81,7 +70,7 @@ impl Registrations {
             .iter()
             .enumerate()
             .filter(|(_, e)| e.state.memory.is_some())
-            .find_map(|(i, e)| e.state.offset_of(address, len).map(|o| (i, o)))
+            .find_map(|(i, e)| e.state.range.offset_of(address, len).map(|o| (i, o)))
     }
 
     /// Where each rank maps registration `i`, asking the peers to map it on first use.
@@ -101,7 +90,7 @@ impl Registrations {
                         return Err(Error::invalid(format!(
                             "the registered buffer at {:#x} ({} bytes) could not be shared with rank {peer}: {e}; \
                              the call was not started (its peers wait for it until their timeout)",
-                            entry.state.address, entry.state.len
+                            entry.state.range.address, entry.state.range.len
                         )));
                     }
                 }
@@ -141,17 +130,12 @@ mod tests {
     use super::*;
 
     fn state(address: u64, len: usize) -> Arc<RegistrationState> {
-        Arc::new(RegistrationState { communicator: 1, address, len, memory: None })
+        Arc::new(RegistrationState { range: UserRange { communicator: 1, address, len }, memory: None })
     }
 
     #[test]
-    fn a_range_is_registered_only_whole_and_copy_only_ones_are_not_used() {
+    fn copy_only_registrations_are_kept_but_not_used() {
         let s = state(0x1000, 256);
-        assert_eq!(s.offset_of(0x1000, 256), Some(0));
-        assert_eq!(s.offset_of(0x1080, 128), Some(0x80));
-        assert_eq!(s.offset_of(0x1081, 128), None, "runs past the end");
-        assert_eq!(s.offset_of(0xfff, 2), None, "starts before");
-        assert_eq!(s.offset_of(u64::MAX, usize::MAX), None, "overflow is no match");
         let mut r = Registrations::default();
         r.add(s.clone());
         assert_eq!(r.len(), 1);

@@ -10,18 +10,15 @@ use comm_core::Result;
 use comm_core::memory::RegisteredMemory;
 use cudarc::driver::CudaStream;
 
-use super::{DirectKernel, DirectKernels, GpuCollectiveArgs, MAX_GPU_RANKS};
+use super::{DirectKernel, DirectKernels, GpuCollectiveArgs, MAX_GPU_RANKS, UserRange};
 use crate::call::DeviceCall;
 use crate::op::ReduceOp;
 use crate::select::device::{WINDOWED_ALL_REDUCE_FAMILY, WindowedForm, windowed_form};
 
 /// A window as the communicator's GPU engine keeps it.
 pub(crate) struct WindowState {
-    /// The id of the communicator that registered it.
-    pub(crate) communicator: u64,
-    /// This rank's part: its device address and length.
-    pub(crate) address: u64,
-    pub(crate) len: usize,
+    /// This rank's part, and the communicator that registered it.
+    pub(crate) range: UserRange,
     /// Every rank's part as mapped on this GPU (this rank's own at its rank), where the direct
     /// kernels run (every peer's GPU memory mapped here) and the offsets are symmetric; empty
     /// elsewhere.
@@ -29,12 +26,6 @@ pub(crate) struct WindowState {
 }
 
 impl WindowState {
-    /// Whether `[address, address + len)` lies inside this rank's part; the offset if so.
-    pub(crate) fn offset_of(&self, address: u64, len: usize) -> Option<u64> {
-        let offset = address.checked_sub(self.address)?;
-        (offset.checked_add(len as u64)? <= self.len as u64).then_some(offset)
-    }
-
     /// Every rank's address at `offset` into its part (as mapped here), 0 past the last rank.
     fn addresses_at(&self, offset: u64) -> [u64; MAX_GPU_RANKS] {
         let mut at = [0; MAX_GPU_RANKS];
@@ -74,7 +65,10 @@ impl Windows {
 
     /// The window in place whose part holds `[address, address + len)`, and the offset there.
     fn in_place(&self, address: u64, len: usize) -> Option<(&WindowState, u64)> {
-        self.list.iter().filter(|w| !w.parts.is_empty()).find_map(|w| w.offset_of(address, len).map(|o| (&**w, o)))
+        self.list
+            .iter()
+            .filter(|w| !w.parts.is_empty())
+            .find_map(|w| w.range.offset_of(address, len).map(|o| (&**w, o)))
     }
 
     /// The windowed form of an all-reduce `call` when its input lies in a window used in place
@@ -159,14 +153,8 @@ mod tests {
     use super::*;
 
     #[test]
-    fn a_range_is_in_a_window_only_whole() {
-        let w = WindowState { communicator: 1, address: 0x1000, len: 256, parts: Vec::new() };
-        assert_eq!(w.offset_of(0x1000, 256), Some(0));
-        assert_eq!(w.offset_of(0x1010, 16), Some(0x10));
-        assert_eq!(w.offset_of(0x1100, 0), Some(0x100), "an empty range at the end");
-        assert_eq!(w.offset_of(0x1001, 256), None, "runs past the end");
-        assert_eq!(w.offset_of(0xfff, 1), None, "starts before");
-        assert_eq!(w.offset_of(u64::MAX, usize::MAX), None, "overflow is no match");
+    fn a_window_without_parts_maps_no_rank() {
+        let w = WindowState { range: UserRange { communicator: 1, address: 0x1000, len: 256 }, parts: Vec::new() };
         assert_eq!(w.addresses_at(8), [0; MAX_GPU_RANKS], "no parts mapped");
     }
 }
