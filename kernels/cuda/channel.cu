@@ -1,10 +1,20 @@
-// weave channel kernels: the channel family on device buffers, in the port-channel model. The
-// kernel never touches a peer's memory: it stages each message in its own outbox, pushes a
-// trigger into the proxy's FIFO, and the proxy's connection copies the message into the peer's
-// region and then signals the peer's `ready` token (the connection orders the signal after the
-// copy). The receiving kernel waits on that token in its own device memory, uses the message in
-// place, and hands the slot back by pushing a signal-only trigger that raises the sender's
-// `freed` token. So the same kernel runs over any connection that can write device memory.
+// weave channel kernels: the channel family on device buffers. Over a link whose peer region is
+// not mapped here (a network transport), in the port-channel model: the kernel never touches a
+// peer's memory: it stages each message in its own outbox, pushes a trigger into the proxy's
+// FIFO, and the proxy's connection copies the message into the peer's region and then signals
+// the peer's `ready` token (the connection orders the signal after the copy). The receiving
+// kernel waits on that token in its own device memory, uses the message in place, and hands the
+// slot back by pushing a signal-only trigger that raises the sender's `freed` token. So the same
+// kernel runs over any connection that can write device memory.
+//
+// Over a link whose peer region is mapped into this GPU (CUDA IPC: ChannelLink::peer_region is
+// its address here), in the memory-channel model: the kernel stages each message straight into
+// the peer's slot and raises the peer's `ready` itself (release, system scope), and hands a slot
+// back by raising the peer's `freed` itself; no proxy and no CUDA stream takes part. That
+// matters beyond speed: the proxy's copies run on CUDA streams, and the GPU serves a process's
+// streams through a few hardware queues (CUDA_DEVICE_MAX_CONNECTIONS, 8 by default), so a copy
+// can queue behind work the caller put on its stream after the collective — which waits for the
+// collective, which waits for the copy.
 //
 // One link per peer pair (ChannelLink, built by the host on first use), each side owning one
 // region the other side writes into:
@@ -87,6 +97,7 @@ struct ChannelLink {
   uint32_t slot_bytes;        // header + payload bytes of one slot (a multiple of 64)
   uint32_t peer;              // the peer's rank
   uint32_t built;             // 1 once the host built the link
+  uint64_t peer_region;       // the peer's region as mapped into this GPU; 0: through the proxy
 };
 
 // The link steps and algorithms below are real calls, not inlined into every call site (as the
@@ -137,7 +148,9 @@ WEAVE_CHANNEL_STEP char* outbox(const ChannelArgs& a, uint32_t peer, Shared* sh)
       const uint64_t* freed = as_ptr<const uint64_t>(l->inbox + FREED);
       ok = spin_until([&] { return atomic_load_acquire_sys(freed) >= need; }, a.status,
                       DeviceError::SemaphoreTimeout);
-      sh->at = as_ptr<char>(l->outbox + slot_offset(*l, posted) + HEADER_BYTES);
+      // Memory channel: straight into the peer's slot (freed above, so the peer is done with it).
+      const uint64_t staging = l->peer_region != 0 ? l->peer_region : l->outbox;
+      sh->at = as_ptr<char>(staging + slot_offset(*l, posted) + HEADER_BYTES);
     }
     sh->ok = ok;
   }
@@ -145,7 +158,8 @@ WEAVE_CHANNEL_STEP char* outbox(const ChannelArgs& a, uint32_t peer, Shared* sh)
   return sh->ok ? sh->at : nullptr;
 }
 
-// Block-wide: posts the `bytes`-byte message staged in `peer`'s outbox (after outbox()).
+// Block-wide: posts the `bytes`-byte message staged where outbox() said (the outbox, or the
+// peer's slot over a memory channel).
 WEAVE_CHANNEL_STEP bool post(const ChannelArgs& a, uint32_t peer, uint64_t bytes, Shared* sh) {
   __syncthreads();
   if (threadIdx.x == 0) {
@@ -154,19 +168,26 @@ WEAVE_CHANNEL_STEP bool post(const ChannelArgs& a, uint32_t peer, uint64_t bytes
     if (l != nullptr && !ok) report_error(a.status, DeviceError::BadArgument);
     if (ok) {
       const uint64_t offset = slot_offset(*l, l->posted);
-      uint64_t* header = as_ptr<uint64_t>(l->outbox + offset);
+      const bool direct = l->peer_region != 0;
+      uint64_t* header = as_ptr<uint64_t>((direct ? l->peer_region : l->outbox) + offset);
       header[0] = a.call;
       header[1] = a.signature;
       header[2] = a.agreed;
       header[3] = bytes;
-      // The block's stores into the outbox (ordered before this thread by the barrier) become
-      // visible to the copy engine the proxy starts once it sees the trigger.
+      // The block's stores into the outbox or the peer's slot (ordered before this thread by the
+      // barrier) become visible to the copy engine the proxy starts once it sees the trigger,
+      // or to the peer once it sees `ready` raised.
       __threadfence_system();
-      Trigger t;
-      const TriggerFields f{TriggerType::Data | TriggerType::Flag, HEADER_BYTES + bytes, l->outbox_memory, offset,
-                            l->peer_memory,                         offset,               l->data_semaphore};
-      ok = make_trigger(f, a.status, &t) && push(a.fifo, t, a.status);
-      if (ok) l->posted += 1;
+      if (direct) {
+        l->posted += 1;
+        atomic_store_release_sys(as_ptr<uint64_t>(l->peer_region + READY), l->posted);
+      } else {
+        Trigger t;
+        const TriggerFields f{TriggerType::Data | TriggerType::Flag, HEADER_BYTES + bytes, l->outbox_memory, offset,
+                              l->peer_memory,                         offset,               l->data_semaphore};
+        ok = make_trigger(f, a.status, &t) && push(a.fifo, t, a.status);
+        if (ok) l->posted += 1;
+      }
     }
     sh->ok = ok;
   }
@@ -212,7 +233,11 @@ WEAVE_CHANNEL_STEP bool release(const ChannelArgs& a, uint32_t peer, Shared* sh)
   if (threadIdx.x == 0) {
     ChannelLink* l = link_to(a, peer);
     bool ok = l != nullptr;
-    if (ok) {
+    if (ok && l->peer_region != 0) {
+      // Memory channel: the block's reads of the slot are ordered before this release store.
+      l->consumed += 1;
+      atomic_store_release_sys(as_ptr<uint64_t>(l->peer_region + FREED), l->consumed);
+    } else if (ok) {
       Trigger t;
       const TriggerFields f{TriggerType::Flag, 0, 0, 0, 0, 0, l->credit_semaphore};
       ok = make_trigger(f, a.status, &t) && push(a.fifo, t, a.status);

@@ -278,14 +278,20 @@ pub struct ChannelLink {
     pub peer: u32,
     /// 1 once built.
     pub built: u32,
+    /// The peer's region of the link as mapped into this GPU, where a transport maps it (CUDA
+    /// IPC): the kernels then write messages and tokens into it themselves (a memory channel);
+    /// 0: through the proxy (a port channel).
+    pub peer_region: u64,
 }
 
-const _: () = assert!(std::mem::size_of::<ChannelLink>() == 64);
+/// Bytes of one link table entry (a [`ChannelLink`]); the table holds one per rank.
+pub const LINK_BYTES: usize = std::mem::size_of::<ChannelLink>();
+const _: () = assert!(LINK_BYTES == 72);
 
 impl ChannelLink {
     /// The entry's bytes, as the device table holds them (little-endian, like the GPU).
-    pub fn to_bytes(&self) -> [u8; 64] {
-        let mut b = [0u8; 64];
+    pub fn to_bytes(&self) -> [u8; LINK_BYTES] {
+        let mut b = [0u8; LINK_BYTES];
         let words64 = [self.inbox, self.outbox, self.posted, self.consumed];
         for (i, w) in words64.iter().enumerate() {
             b[8 * i..8 * i + 8].copy_from_slice(&w.to_le_bytes());
@@ -303,6 +309,7 @@ impl ChannelLink {
         for (i, w) in words32.iter().enumerate() {
             b[32 + 4 * i..36 + 4 * i].copy_from_slice(&w.to_le_bytes());
         }
+        b[64..72].copy_from_slice(&self.peer_region.to_le_bytes());
         b
     }
 }
@@ -332,7 +339,8 @@ pub const LAYOUTS: [Layout; 2] = [
             slots,
             slot_bytes,
             peer,
-            built
+            built,
+            peer_region
         ]
     ),
 ];
@@ -373,10 +381,11 @@ mod tests {
             slot_bytes: 10,
             peer: 11,
             built: 1,
+            peer_region: 12,
         };
         let b = l.to_bytes();
         for (name, offset) in LAYOUTS[1].fields {
-            let wide = *offset < 32;
+            let wide = *offset < 32 || *offset >= 64;
             let v = if wide {
                 u64::from_le_bytes(b[*offset..*offset + 8].try_into().unwrap())
             } else {

@@ -1,17 +1,22 @@
-//! The channel family on device buffers: one kernel per call (`kernels/cuda/channel.cu`) that
-//! stages messages in its own memory and pushes triggers into a proxy FIFO in pinned host
-//! memory; this rank's [`ProxyService`] thread carries each trigger out through the peer's
-//! [`Connection`](comm_core::connection::Connection) — copy, then signal — so the kernels never
-//! touch a peer's memory and the same algorithms run over any transport that writes device
-//! memory (today CUDA IPC, so any number of GPUs of one host, beyond the direct kernels' 8).
+//! The channel family on device buffers: one kernel per call (`kernels/cuda/channel.cu`) whose
+//! links are of two kinds. Where the peer's side of a link is device memory mapped into this
+//! GPU (CUDA IPC: any number of GPUs of one host, beyond the direct kernels' 8), a memory
+//! channel: the kernel writes each message into the peer's slot and raises the peer's tokens
+//! itself. Elsewhere (the link's memory is host memory a network transport writes), a port
+//! channel: the kernel stages messages in its own outbox and pushes triggers into a proxy FIFO in
+//! pinned host memory; this rank's [`ProxyService`] thread carries each trigger out through the
+//! peer's [`Connection`](comm_core::connection::Connection) — copy, then signal. A memory channel
+//! needs no CUDA stream: proxy copies on streams can queue behind whatever the caller put on its
+//! own stream after the collective (the GPU serves a process's streams through a few hardware
+//! queues), which waits for the collective — a deadlock seen with 16 ranks sharing one GPU.
 //!
 //! Links are built on demand, only to the peers a call uses, in ascending peer order on every
-//! rank (as the host channel executor builds its own): each link is a pair of device regions (each
-//! side's inbox, written by the other), a private outbox per side, two signal-only semaphores
-//! per direction (`ready` after each message, `freed` after each consumed one) and one entry of
-//! the device link table the kernels read. Every kernel of the family that the kernel cache
-//! holds is loaded when the family is set up (see `preload_cached`); any other is compiled the
-//! first time a call needs it.
+//! rank (as the host channel executor builds its own): each link is a pair of regions (each
+//! side's inbox, written by the other) and one entry of the device link table the kernels read;
+//! a port channel adds a private outbox per side and two signal-only semaphores per direction
+//! (`ready` after each message, `freed` after each consumed one). Every kernel of the family that
+//! the kernel cache holds is loaded when the family is set up (see `preload_cached`); any other
+//! is compiled the first time a call needs it.
 //!
 //! The logarithmic algorithms (recursive doubling and halving, Bruck, binomial trees) run the
 //! host's schedules (`kernels/cuda/channel_log.cu` mirrors `recursive.rs`, `bruck.rs` and
@@ -36,7 +41,7 @@ use comm_core::{Error, Result};
 use cudarc::driver::{CudaContext, CudaFunction, CudaSlice, CudaStream, DevicePtr};
 use kernels::channel::{
     CHANNEL_THREADS, ChannelAlgorithm, ChannelArgs, ChannelCollective, ChannelKernel, ChannelLink, FREED_OFFSET,
-    HEADER_BYTES, NO_PEER, READY_OFFSET, SLOTS_OFFSET,
+    HEADER_BYTES, LINK_BYTES, NO_PEER, READY_OFFSET, SLOTS_OFFSET,
 };
 use kernels::module::KernelModule;
 
@@ -88,7 +93,9 @@ struct DeviceLink {
     _mapped: Vec<weave_cuda::PinnedHostMemory>,
     inbox: RegisteredMemory,
     _peer_region: RegisteredMemory,
-    outbox: RegisteredMemory,
+    /// The staging region of a port channel (none over a memory channel, whose kernels stage
+    /// into the peer's region).
+    outbox: Option<RegisteredMemory>,
 }
 
 /// Per-communicator state of the GPU channel family.
@@ -130,7 +137,8 @@ impl DeviceChannels {
         let bound = ctx.clone();
         proxy.start(move || weave_cuda::bind(&bound))?;
         let table_stream = ctx.new_stream().map_err(cuda("create the channel link table's stream"))?;
-        let table = table_stream.alloc_zeros::<u8>(world * 64).map_err(cuda("allocate the channel link table"))?;
+        let table =
+            table_stream.alloc_zeros::<u8>(world * LINK_BYTES).map_err(cuda("allocate the channel link table"))?;
         let table_address = {
             let (address, _sync) = table.device_ptr(&table_stream);
             address
@@ -214,6 +222,25 @@ impl DeviceChannels {
         let device = MemoryKind::Device(self.device);
         let kind = if core.pair_allocates(peer, device)? { device } else { MemoryKind::Host };
         let (inbox, peer_region) = core.exchange_pair_of(peer, len, kind, &label)?;
+        let mapped_here = core.backend(peer_region.transport()).is_some_and(|b| b.direct_access());
+        if kind == device && mapped_here {
+            // A memory channel: the peer's region is mapped into this GPU (its transport has
+            // direct access), so the kernels write into it themselves, with no proxy, no outbox
+            // and no CUDA stream (see channel.cu).
+            peer_region.check_range(0, len)?;
+            let entry = ChannelLink {
+                inbox: inbox.as_ptr() as u64,
+                slots: SLOTS as u32,
+                slot_bytes: slot_bytes as u32,
+                peer: peer as u32,
+                built: 1,
+                peer_region: peer_region.as_ptr() as u64,
+                ..ChannelLink::default()
+            };
+            self.write_entry(peer, &entry)?;
+            self.links[peer] = Some(DeviceLink { _mapped: Vec::new(), inbox, _peer_region: peer_region, outbox: None });
+            return Ok(());
+        }
         let outbox = core.register_private(len, kind, &format!("{label} outbox"))?;
         let mut mapped = Vec::new();
         let (inbox_address, outbox_address) = if kind == device {
@@ -253,16 +280,22 @@ impl DeviceChannels {
             slot_bytes: slot_bytes as u32,
             peer: peer as u32,
             built: 1,
+            peer_region: 0,
         };
+        self.write_entry(peer, &entry)?;
+        self.links[peer] = Some(DeviceLink { _mapped: mapped, inbox, _peer_region: peer_region, outbox: Some(outbox) });
+        Ok(())
+    }
+
+    /// Writes `peer`'s entry of the device link table.
+    fn write_entry(&mut self, peer: usize, entry: &ChannelLink) -> Result<()> {
         let bytes = entry.to_bytes();
-        let mut slot = self.table.slice_mut(peer * 64..(peer + 1) * 64);
+        let mut slot = self.table.slice_mut(peer * LINK_BYTES..(peer + 1) * LINK_BYTES);
         let copied = self.table_stream.memcpy_htod(&bytes, &mut slot).and_then(|()| self.table_stream.synchronize());
         copied.map_err(|e| Error::Cuda {
             operation: format!("write the link table entry of rank {peer}"),
             message: e.to_string(),
-        })?;
-        self.links[peer] = Some(DeviceLink { _mapped: mapped, inbox, _peer_region: peer_region, outbox });
-        Ok(())
+        })
     }
 
     /// Builds the links to `peers` that do not exist yet, in ascending peer order.
@@ -330,7 +363,7 @@ impl DeviceChannels {
             .links
             .iter()
             .flatten()
-            .flat_map(|l| [&l.inbox, &l.outbox])
+            .flat_map(|l| std::iter::once(&l.inbox).chain(&l.outbox))
             .filter(|m| m.kind() == device)
             .map(super::allocated_bytes)
             .sum();

@@ -2,7 +2,7 @@
 //!
 //! The direct family (`direct.rs`) gives each rank a device workspace mapped by every peer, in
 //! four areas made as calls first need them; the channel family (`channels.rs`) links pairs of
-//! ranks through the proxy; windows of user memory (`windowed.rs`) and buffers registered by
+//! ranks (memory channels where the peer's memory is mapped here, else through the proxy); windows of user memory (`windowed.rs`) and buffers registered by
 //! each rank alone (`registered.rs`) let an all-reduce read and write the peers' memory in place.
 //! Each kernel family is compiled once per device architecture with NVRTC (cached on disk), and
 //! loaded when the communicator sets it up, so that no call loads code behind calls still queued
@@ -55,7 +55,7 @@ pub(crate) use windowed::{WindowState, Windows};
 
 /// Per-communicator GPU state: the device, its status words and peer watch, and the two kernel
 /// families — the direct one (every peer's workspace mapped here, up to 8 GPUs) and the channel
-/// one (any number of GPUs, through the proxy; built at its first call).
+/// one (any number of GPUs, over links between pairs; built at its first call).
 pub(crate) struct GpuEngine {
     ctx: Arc<CudaContext>,
     pub(crate) device: u32,
