@@ -376,6 +376,7 @@ fn wide() -> Result<String> {
     // (docs/perf-log/gpu.md, session 26), and this call tells the order from the FP8 path.
     checked += run_typed::<f32>(&g, &[50_001], &[ReduceOp::Sum])?;
     checked += run_typed::<F8E4M3>(&g, &[50_001], &[ReduceOp::Sum])?;
+    checked += queued_calls(&g, 24, 50_001)?;
     checked += same_bits_on_every_rank(&g, &[50_000])?;
     checked += hierarchy::hierarchical_calls(&g)?;
     ring_shift(&g, 300_001)?;
@@ -394,6 +395,44 @@ fn wide() -> Result<String> {
         started.elapsed(),
         plan.algorithm
     ))
+}
+
+/// `calls` all-reduces (f32 sum, `count` elements) queued back to back on the stream, each
+/// followed on the stream by a copy of its result, with one wait at the end: work queued behind
+/// a collective while it runs, as a framework queues its next kernels. The channel family's
+/// links must not need the caller's stream queue to drain (a proxy copy on a CUDA stream could
+/// wait behind it: channel.cu). Every result is checked.
+fn queued_calls(g: &Gpu, calls: usize, count: usize) -> Result<usize> {
+    let (me, n) = (g.comm.rank(), g.comm.world_size());
+    let value = |call: usize, r: usize, i: usize| ((i * 3 + call * 5 + r * 7) % 17) as f32;
+    let mut buffers = Vec::with_capacity(calls);
+    for call in 0..calls {
+        let send = g.upload(&(0..count).map(|i| value(call, me, i)).collect::<Vec<f32>>())?;
+        let recv = g.zeros(count * 4)?;
+        let copy = g.zeros(count * 4)?;
+        buffers.push((send, recv, copy));
+    }
+    for (send, recv, copy) in &buffers {
+        // SAFETY: each buffer holds count f32 and lives until after the sync below.
+        unsafe {
+            g.comm.all_reduce_device_raw(g.addr(send), g.addr(recv), count, DataType::F32, ReduceOp::Sum, &g.stream)?;
+            cudarc::driver::result::memcpy_dtod_async(g.addr(copy), g.addr(recv), count * 4, g.stream.cu_stream())
+                .map_err(cuda("copy a result behind the collective"))?;
+        }
+    }
+    g.sync()?;
+    for (call, (_, _, copy)) in buffers.iter().enumerate() {
+        let got = g.download::<f32>(copy, count)?;
+        for (i, &v) in got.iter().enumerate() {
+            let want: f32 = (0..n).map(|r| value(call, r, i)).sum();
+            if v != want {
+                return Err(Error::protocol(format!(
+                    "queued all-reduce #{call} of {count} f32 on {n} GPUs: element {i} is {v}, not {want}"
+                )));
+            }
+        }
+    }
+    Ok(calls)
 }
 
 /// f32 sum all-reduces of values whose sum rounds differently in different orders (mixed
