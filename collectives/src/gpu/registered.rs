@@ -18,7 +18,7 @@ use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::memory::RegisteredMemory;
 use comm_core::{Error, Result};
 
-use super::windowed::WindowedCall;
+use super::windowed::{WindowedCall, in_place_kind};
 use super::{MAX_GPU_RANKS, UserRange};
 use crate::call::DeviceCall;
 use crate::select::device::windowed_form;
@@ -105,7 +105,7 @@ impl Registrations {
     /// on first use; `None` when they do not (the call copies), and for types reduced through
     /// a wider one.
     pub(crate) fn all_reduce(&mut self, call: &DeviceCall, core: &CoreCommunicator) -> Result<Option<WindowedCall>> {
-        if self.list.is_empty() || call.bytes == 0 || call.op.is_none() || call.dtype.reduced_in() != call.dtype {
+        if self.list.is_empty() || !in_place_kind(call) {
             return Ok(None);
         }
         let (Some((si, so)), Some((ri, ro))) = (self.find(call.send, call.bytes), self.find(call.recv, call.bytes))

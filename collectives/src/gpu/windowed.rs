@@ -74,7 +74,7 @@ impl Windows {
     /// The windowed form of an all-reduce `call` when its input lies in a window used in place
     /// (and, two-shot, its output too); the kernel needs a reducing type.
     pub(crate) fn all_reduce(&self, call: &DeviceCall) -> Option<WindowedCall> {
-        if self.list.is_empty() || call.bytes == 0 || call.op.is_none() || call.dtype.reduced_in() != call.dtype {
+        if self.list.is_empty() || !in_place_kind(call) {
             return None;
         }
         let (input, at) = self.in_place(call.send, call.bytes)?;
@@ -86,6 +86,12 @@ impl Windows {
         };
         Some(WindowedCall { form, sends: input.addresses_at(at), recvs, published: false })
     }
+}
+
+/// Whether the windowed kernel can run `call` (windows or registrations): a non-empty
+/// reduction of a type the kernel reduces itself (FP8 is carried in a wider type).
+pub(super) fn in_place_kind(call: &DeviceCall) -> bool {
+    call.bytes > 0 && call.op.is_some() && call.dtype.reduced_in() == call.dtype
 }
 
 /// A device all-reduce whose buffers lie in windows of its communicator, ready to launch.
