@@ -16,7 +16,7 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use crate::bootstrap::Bootstrap;
 use crate::config::Config;
@@ -227,6 +227,22 @@ impl std::fmt::Debug for Communicator {
     }
 }
 
+impl Drop for Communicator {
+    /// Lets every connection finish what this rank posted before anything of the communicator
+    /// is released (see [`Connection::finish_before_release`]); an aborted communicator skips
+    /// that and goes at once.
+    fn drop(&mut self) {
+        if self.is_aborted() {
+            return;
+        }
+        let connections: Vec<_> =
+            self.connections.lock().unwrap_or_else(PoisonError::into_inner).values().cloned().collect();
+        for connection in connections {
+            connection.finish_before_release();
+        }
+    }
+}
+
 impl Communicator {
     /// Starts building a communicator over `bootstrap`.
     pub fn builder(bootstrap: impl Bootstrap + 'static) -> CommunicatorBuilder {
@@ -410,6 +426,7 @@ impl Communicator {
 pub(crate) mod tests {
     use super::*;
     use crate::loopback::{LoopbackBootstrap, LoopbackTransport};
+    use crate::memory::{MemoryKind, MemoryRegion};
     use std::time::Duration;
 
     /// Runs `f` on `n` ranks (threads) over the loopback transport, 5 s timeout.
@@ -518,5 +535,98 @@ pub(crate) mod tests {
             assert!(matches!(ch.get(usize::MAX, 0, 2), Err(Error::InvalidArgument(_))));
             ch.put(90, 0, 10).unwrap();
         });
+    }
+
+    /// Loopback, whose connections count the calls of `finish_before_release`.
+    struct Counting(Arc<AtomicU64>);
+
+    struct CountingBackend(Arc<dyn TransportBackend>, Arc<AtomicU64>);
+
+    struct CountingConnection(Arc<dyn Connection>, Arc<AtomicU64>);
+
+    impl TransportFactory for Counting {
+        fn transport(&self) -> Transport {
+            crate::loopback::transport()
+        }
+        fn open(&self, ctx: &TransportContext) -> Result<Arc<dyn TransportBackend>> {
+            Ok(Arc::new(CountingBackend(LoopbackTransport.open(ctx)?, self.0.clone())))
+        }
+    }
+
+    impl TransportBackend for CountingBackend {
+        fn transport(&self) -> Transport {
+            self.0.transport()
+        }
+        fn local_endpoint(&self) -> Result<Vec<u8>> {
+            self.0.local_endpoint()
+        }
+        fn can_reach(&self, a: &[u8], b: &[u8]) -> Result<bool> {
+            self.0.can_reach(a, b)
+        }
+        fn direct_access(&self) -> bool {
+            self.0.direct_access()
+        }
+        fn allocate(&self, len: usize, kind: MemoryKind) -> Result<Arc<dyn MemoryRegion>> {
+            self.0.allocate(len, kind)
+        }
+        fn export(&self, region: &Arc<dyn MemoryRegion>) -> Result<Option<Vec<u8>>> {
+            self.0.export(region)
+        }
+        fn import(&self, export: crate::transport::PeerExport<'_>) -> Result<Arc<dyn MemoryRegion>> {
+            self.0.import(export)
+        }
+        fn connect(&self, peer: usize, peer_endpoint: &[u8]) -> Result<Arc<dyn Connection>> {
+            Ok(Arc::new(CountingConnection(self.0.connect(peer, peer_endpoint)?, self.1.clone())))
+        }
+        fn as_any(&self) -> &dyn std::any::Any {
+            self
+        }
+    }
+
+    impl Connection for CountingConnection {
+        fn transport(&self) -> Transport {
+            self.0.transport()
+        }
+        fn peer(&self) -> usize {
+            self.0.peer()
+        }
+        fn write_checked(&self, write: crate::connection::CheckedWrite<'_>) -> Result<()> {
+            self.0.write_checked(write)
+        }
+        fn update_and_sync(&self, dst: &RegisteredMemory, dst_offset: usize, value: u64) -> Result<()> {
+            self.0.update_and_sync(dst, dst_offset, value)
+        }
+        fn flush(&self) -> Result<()> {
+            self.0.flush()
+        }
+        fn finish_before_release(&self) {
+            self.1.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    #[test]
+    fn a_communicator_going_lets_each_connection_finish_unless_aborted() {
+        for abort in [false, true] {
+            let finished = Arc::new(AtomicU64::new(0));
+            let group = LoopbackBootstrap::group(3, Duration::from_secs(5));
+            std::thread::scope(|s| {
+                for b in group {
+                    let finished = finished.clone();
+                    s.spawn(move || {
+                        let comm = Communicator::builder(b).with_transport(Counting(finished.clone())).build().unwrap();
+                        let me = comm.rank();
+                        for peer in (0..3).filter(|&p| p != me) {
+                            comm.connection(peer).unwrap();
+                        }
+                        if abort {
+                            comm.abort();
+                        }
+                        drop(comm);
+                    });
+                }
+            });
+            // Three ranks, two connections each: each finished once, or none after an abort.
+            assert_eq!(finished.load(Ordering::Relaxed), if abort { 0 } else { 6 });
+        }
     }
 }

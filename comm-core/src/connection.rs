@@ -84,6 +84,15 @@ pub trait Connection: Send + Sync {
     fn check_peer(&self) -> Result<()> {
         Ok(())
     }
+
+    /// Called once as the communicator goes, before its memory is released: lets what this
+    /// rank posted reach the peer (bounded), where releasing memory first could lose it. Over
+    /// RDMA, a peer's write into memory already deregistered here breaks the queue pair, and
+    /// with it this rank's last writes still on the wire, which the peer may be waiting for.
+    ///
+    /// The default does nothing, which is right wherever a write is complete when it returns
+    /// or the transport delivers what it accepted on its own (shared memory, TCP).
+    fn finish_before_release(&self) {}
 }
 
 /// The arguments of one [`Connection::write`] after its two ranges were checked: what a

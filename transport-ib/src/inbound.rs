@@ -136,6 +136,19 @@ impl Inbound {
         self.drain_locked(&mut state).map_err(|why| self.lost(self.failed.get_or_init(|| why)))
     }
 
+    /// Applies every flag that arrived, waiting for a thread already at it to finish first: when
+    /// this returns, every receive completed so far is applied. A verdict that the peer is gone
+    /// comes after this, since the watcher may hold a flag polled but not yet stored — the last
+    /// one the peer sent before it went, the very one a waiter needs. The lock is held only
+    /// while a drain runs, which never waits.
+    pub(crate) fn drain_all(&self) -> Result<()> {
+        if let Some(why) = self.failure() {
+            return Err(self.lost(why));
+        }
+        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        self.drain_locked(&mut state).map_err(|why| self.lost(self.failed.get_or_init(|| why)))
+    }
+
     fn lost(&self, why: &str) -> Error {
         Error::peer_lost(self.peer, "ib receive", why.to_string())
     }

@@ -102,7 +102,10 @@ rdma link add rxe0 type rxe netdev "$NETDEV"
 ulimit -l unlimited
 echo "=== guest ready: $(ibv_devinfo -l 2>&1 | tr '\n' ' ')"
 cd /host && sh /host/test.sh
-echo "=== TEST_EXIT=$?"
+s=$?
+# The kernel's side of a failure (rxe's messages, a stalled NIC) goes with it.
+[ $s -ne 0 ] && { echo "=== kernel messages:"; dmesg | tail -40; }
+echo "=== TEST_EXIT=$s"
 poweroff -f
 INIT
   chmod +x "$R/init"

@@ -581,8 +581,28 @@ impl Connection for IbConnection {
             return Err(self.lost("ib check", why));
         }
         match self.bounds.liveness.lost(self.peer) {
-            Some(why) => Err(self.lost("ib check", &format!("its bootstrap link ended ({why})"))),
+            Some(why) => {
+                // The peer flushed its writes before it closed its bootstrap: what it sent is
+                // here, and a waiter's last look must find it applied (see `drain_all`).
+                self.inbound.drain_all()?;
+                Err(self.lost("ib check", &format!("its bootstrap link ended ({why})")))
+            }
             None => Ok(()),
+        }
+    }
+
+    fn finish_before_release(&self) {
+        self.finish_unless_peer_left();
+    }
+}
+
+impl IbConnection {
+    /// Waits (bounded) for what this connection posted to complete, as the communicator goes;
+    /// nothing to wait for once the peer has left (its memory went with it), so a rank that
+    /// leaves second says nothing of the one that left first. A failure is the connection's.
+    fn finish_unless_peer_left(&self) {
+        if self.bounds.liveness.lost(self.peer).is_none() {
+            let _ = self.flush();
         }
     }
 }
@@ -591,6 +611,6 @@ impl Drop for IbConnection {
     fn drop(&mut self) {
         // The device may still read sources and records: let it finish (bounded) before the
         // queue pair and the registrations go.
-        let _ = self.flush();
+        self.finish_unless_peer_left();
     }
 }
