@@ -101,6 +101,7 @@ pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
 
 /// Makes the handle of one rank: built now (blocking, outside a group) or in the background.
 fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
+    let split_share = a.tuning.split_share_of_new()?;
     let background = !a.blocking || group::in_group();
     let device = a.device.map_or(-1, |d| d as i32);
     let state = if background {
@@ -111,9 +112,9 @@ fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
             .map_err(|e| Fail::new(NcclResult::SYSTEM_ERROR, format!("start the init thread: {e}")))?;
         State::Initializing(h)
     } else {
-        State::Ready(Box::new(Live { comm: build(&a)?, last_stream: usize::MAX }))
+        State::ready(build(&a)?)
     };
-    let p = handle::register(NcclComm::new(a.rank, a.nranks, device, a.blocking, state))?;
+    let p = handle::register(NcclComm::new(a.rank, a.nranks, device, a.blocking, state).with_split_share(split_share))?;
     // SAFETY: `out` was checked non-null by the caller and points at an ncclComm_t.
     unsafe { *out = p };
     if group::in_group() {
@@ -307,9 +308,10 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
         for r in built {
             ok.push(r.map_err(|f| f.context("ncclCommInitAll (several GPUs of one process)"))?);
         }
+        let split_share = ConfigTuning::default().split_share_of_new()?;
         for (rank, comm) in ok.into_iter().enumerate() {
-            let live = State::Ready(Box::new(Live { comm, last_stream: usize::MAX }));
-            let p = handle::register(NcclComm::new(rank, n, devices[rank] as i32, true, live))?;
+            let handle = NcclComm::new(rank, n, devices[rank] as i32, true, State::ready(comm));
+            let p = handle::register(handle.with_split_share(split_share))?;
             // SAFETY: `comms` holds `ndev` writable handles.
             unsafe { *comms.add(rank) = p };
         }
@@ -319,7 +321,9 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
 
 /// `ncclCommSplit`: ranks passing the same `color` form a communicator ordered by `key`;
 /// `NCCL_SPLIT_NOCOLOR` (-1) takes part and gets NULL. Blocking (also with a non-blocking
-/// config, which NCCL allows).
+/// config, which NCCL allows). Where the parent shares (`splitShare`) on every rank and the
+/// split keeps every rank in its order, the new handle shares the parent's communicator (a
+/// family, see `handle.rs`) instead of building one.
 ///
 /// # Safety
 /// `newcomm` writable; `config` NULL or initialized.
@@ -336,22 +340,72 @@ pub unsafe extern "C" fn ncclCommSplit(
         unsafe { clear_out(newcomm, "newcomm") }?;
         let parent = handle::lookup(comm)?;
         // SAFETY: NULL or initialized, as the caller guarantees.
-        let (blocking, name) = unsafe { read_config(config, parent.blocking) }?;
+        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
         let color = match color {
             SPLIT_NOCOLOR => None,
             c if c >= 0 => Some(c as u32),
             c => return Err(Fail::invalid(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR (-1)"))),
         };
-        let child = parent.with_live(|live| Ok(live.comm.split(color, i64::from(key))?))?;
-        let Some(child) = child else { return Ok(()) };
-        tracing::info!(target: crate::debug::NCCL, rank = child.rank(), "split {name}: rank {} of {}", child.rank(), child.world_size());
-        let (rank, n) = (child.rank(), child.world_size());
-        let state = State::Ready(Box::new(Live { comm: child, last_stream: usize::MAX }));
-        let p = handle::register(NcclComm::new(rank, n, parent.device, blocking, state))?;
+        let sharing = parent.with_live(|live| shares_the_parent(&live.comm, parent.split_share, color, key))?;
+        let handle = if sharing {
+            let family = parent.family()?.join();
+            tracing::info!(
+                target: crate::debug::NCCL,
+                rank = parent.rank,
+                "split {}: shares its parent's communicator (splitShare; every rank, in order), a family of {}",
+                derived.name,
+                family.members()
+            );
+            NcclComm::new(parent.rank, parent.nranks, parent.device, derived.blocking, State::Ready(family))
+                .in_family_of(&parent)
+        } else {
+            let child = parent.with_live(|live| Ok(live.comm.split(color, i64::from(key))?))?;
+            let Some(child) = child else { return Ok(()) };
+            tracing::info!(target: crate::debug::NCCL, rank = child.rank(), "split {}: rank {} of {}", derived.name, child.rank(), child.world_size());
+            let (rank, n) = (child.rank(), child.world_size());
+            NcclComm::new(rank, n, parent.device, derived.blocking, State::ready(child))
+        };
+        let p = handle::register(handle.with_split_share(derived.split_share))?;
         // SAFETY: checked non-null.
         unsafe { *newcomm = p };
         Ok(())
     })
+}
+
+/// Whether a split shares its parent's communicator, the same answer on every rank (a
+/// collective over the parent's ranks): where every rank's parent shares (`share`), is not
+/// revoked, passes the same color, and the keys keep the ranks in their order. Where this
+/// rank's parent shares but the split does not qualify, `NCCL_DEBUG=INFO` says why.
+fn shares_the_parent(comm: &Communicator, share: bool, color: Option<u32>, key: c_int) -> Result<bool, Fail> {
+    let willing = share && !comm.is_revoked();
+    let mut mine = Vec::with_capacity(13);
+    mine.push(u8::from(willing));
+    mine.extend_from_slice(&color.map_or(-1, i64::from).to_le_bytes());
+    mine.extend_from_slice(&key.to_le_bytes());
+    let all = comm.core().bootstrap().all_gather(&mine)?;
+    let mut asks = Vec::with_capacity(all.len());
+    for (r, bytes) in all.iter().enumerate() {
+        let &[w, c0, c1, c2, c3, c4, c5, c6, c7, k0, k1, k2, k3] = bytes.as_slice() else {
+            return Err(Fail::new(
+                NcclResult::INTERNAL_ERROR,
+                format!("split: rank {r} sent {} bytes of its color and key, not 13", bytes.len()),
+            ));
+        };
+        asks.push((w == 1, i64::from_le_bytes([c0, c1, c2, c3, c4, c5, c6, c7]), i32::from_le_bytes([k0, k1, k2, k3])));
+    }
+    let why_not = if !asks.iter().all(|a| a.0) {
+        Some("not every rank's parent shares (splitShare) or it was revoked")
+    } else if asks[0].1 < 0 || asks.iter().any(|a| a.1 != asks[0].1) {
+        Some("the split does not keep every rank (colors differ)")
+    } else if asks.windows(2).any(|w| w[1].2 < w[0].2) {
+        Some("the keys reorder the ranks")
+    } else {
+        None
+    };
+    if let Some(why) = why_not.filter(|_| share) {
+        tracing::info!(target: crate::debug::NCCL, rank = comm.rank(), "splitShare: this split builds its own communicator: {why}");
+    }
+    Ok(why_not.is_none())
 }
 
 /// Tears down the communicator of `c` (after `abort` when aborting): waits for a background
@@ -367,18 +421,31 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
     }
     let state = std::mem::replace(&mut *g, State::Gone);
     drop(g);
-    if let State::Ready(live) = state {
-        if let Some(ctx) = live.comm.gpu_context() {
-            let r = cuda::synchronize_context(&ctx);
-            if let Err(e) = r
-                && !abort
-            {
-                drop(live);
-                return Err(Fail::from(e).context("wait for the communicator's GPU work before destroying it"));
-            }
+    let State::Ready(family) = state else { return Ok(()) };
+    let others = family.members().saturating_sub(1);
+    let Some(live) = family.leave()? else {
+        tracing::info!(
+            target: crate::debug::NCCL,
+            rank = c.rank,
+            "this handle leaves its splitShare family; the communicator stays with the other {others}"
+        );
+        // As for the last handle: the work queued so far is done when this returns.
+        let ctx = family.lock()?.as_ref().and_then(|l| l.comm.gpu_context());
+        return match ctx.map(|ctx| cuda::synchronize_context(&ctx)) {
+            Some(Err(e)) if !abort => Err(Fail::from(e).context("wait for the family's GPU work")),
+            _ => Ok(()),
+        };
+    };
+    if let Some(ctx) = live.comm.gpu_context() {
+        let r = cuda::synchronize_context(&ctx);
+        if let Err(e) = r
+            && !abort
+        {
+            drop(live);
+            return Err(Fail::from(e).context("wait for the communicator's GPU work before destroying it"));
         }
-        drop(live);
     }
+    drop(live);
     Ok(())
 }
 
@@ -446,15 +513,27 @@ fn async_state(c: &NcclComm) -> NcclResult {
         State::Initializing(_) => NcclResult::IN_PROGRESS,
         State::Failed(f) => f.code,
         State::Gone => NcclResult::INVALID_USAGE,
-        State::Ready(live) => match live.comm.has_gpu().then(|| live.comm.check_gpu()) {
-            Some(Err(e)) => {
-                let f = Fail::from(e);
-                c.record_async(&f);
-                error::set_last_error(&f.message);
-                f.code
-            }
-            _ => NcclResult::SUCCESS,
+        State::Ready(family) => match family.try_lock() {
+            // A call of another handle of the family holds it: the last known state.
+            None => NcclResult::SUCCESS,
+            Some(live) => match live.as_ref() {
+                None => NcclResult::INVALID_USAGE,
+                Some(live) => gpu_state(c, live),
+            },
         },
+    }
+}
+
+/// What `ncclCommGetAsyncError` reports of a ready communicator: its GPU's error word.
+fn gpu_state(c: &NcclComm, live: &Live) -> NcclResult {
+    match live.comm.has_gpu().then(|| live.comm.check_gpu()) {
+        Some(Err(e)) => {
+            let f = Fail::from(e);
+            c.record_async(&f);
+            error::set_last_error(&f.message);
+            f.code
+        }
+        _ => NcclResult::SUCCESS,
     }
 }
 

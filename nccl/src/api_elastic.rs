@@ -18,19 +18,25 @@ use comm_core::bootstrap::UniqueId;
 
 use crate::abi::{NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId};
 use crate::api_comm::{InitArgs, build, caller_device, clear_out};
-use crate::config::{read_config, read_config_fields};
+use crate::config::{DerivedConfig, read_config, read_config_fields};
 use crate::error::{Fail, guard};
-use crate::handle::{self, Live, NcclComm, State};
+use crate::handle::{self, NcclComm, State};
 use crate::unique_id;
 
 /// `ncclCommShrink`'s flag: the parent may have operations in flight (they are stopped).
 pub const SHRINK_ABORT: c_int = 0x01;
 
-/// Registers `comm` as a new handle on `device` and writes it to `out`.
-fn hand_out(comm: collectives::Communicator, device: i32, blocking: bool, out: *mut NcclCommPtr) -> Result<(), Fail> {
+/// Registers `comm` as a new handle on `device`, configured as `derived` says, and writes it to
+/// `out`.
+fn hand_out(
+    comm: collectives::Communicator,
+    device: i32,
+    derived: &DerivedConfig,
+    out: *mut NcclCommPtr,
+) -> Result<(), Fail> {
     let (rank, n) = (comm.rank(), comm.world_size());
-    let state = State::Ready(Box::new(Live { comm, last_stream: usize::MAX }));
-    let p = handle::register(NcclComm::new(rank, n, device, blocking, state))?;
+    let handle = NcclComm::new(rank, n, device, derived.blocking, State::ready(comm));
+    let p = handle::register(handle.with_split_share(derived.split_share))?;
     // SAFETY: the caller checked `out` non-null (clear_out).
     unsafe { *out = p };
     Ok(())
@@ -98,7 +104,7 @@ pub unsafe extern "C" fn ncclCommShrink(
             excluded.push(r);
         }
         // SAFETY: NULL or initialized, as the caller guarantees.
-        let (blocking, name) = unsafe { read_config(config, parent.blocking) }?;
+        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
         if shrink_flags & SHRINK_ABORT != 0
             && let Some(h) = parent.abort_handle()
         {
@@ -108,11 +114,12 @@ pub unsafe extern "C" fn ncclCommShrink(
         tracing::info!(
             target: crate::debug::NCCL,
             rank = child.rank(),
-            "shrink {name}: rank {} of {}, excluding {excluded:?}",
+            "shrink {}: rank {} of {}, excluding {excluded:?}",
+            derived.name,
             child.rank(),
             child.world_size()
         );
-        hand_out(child, parent.device, blocking, newcomm)
+        hand_out(child, parent.device, &derived, newcomm)
     })
 }
 
@@ -175,8 +182,10 @@ pub unsafe extern "C" fn ncclCommGrow(
             let (blocking, name, tuning) = unsafe { read_config_fields(config, true) }?;
             let device = caller_device()?;
             let args = InitArgs { ids: vec![id], rank, nranks: size, device, blocking: true, name, tuning };
+            let derived =
+                DerivedConfig { blocking, name: String::new(), split_share: args.tuning.split_share_of_new()? };
             let joined = build(&args)?;
-            return hand_out(joined, device.map_or(-1, |d| d as i32), blocking, newcomm);
+            return hand_out(joined, device.map_or(-1, |d| d as i32), &derived, newcomm);
         }
         let parent = handle::lookup(comm)?;
         if rank != -1 && usize::try_from(rank).ok() != Some(parent.rank) {
@@ -196,8 +205,8 @@ pub unsafe extern "C" fn ncclCommGrow(
             None
         };
         // SAFETY: NULL or initialized, as the caller guarantees.
-        let (blocking, _) = unsafe { read_config(config, parent.blocking) }?;
+        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
         let grown = parent.with_live(|live| Ok(live.comm.grow_at(joiners, rank0_id)?.complete()?))?;
-        hand_out(grown, parent.device, blocking, newcomm)
+        hand_out(grown, parent.device, &derived, newcomm)
     })
 }

@@ -1,4 +1,5 @@
-//! `ncclConfig_t` as weave reads it: `blocking` and `commName` for every communicator, `maxCTAs`
+//! `ncclConfig_t` as weave reads it: `blocking`, `commName` and `splitShare` for every
+//! communicator (`NCCL_COMM_SPLIT_SHARE_RESOURCES` overrides the last, as in NCCL), `maxCTAs`
 //! for a new one (it caps the grid of weave's block-pipelined kernels), and every other field
 //! the program set named at `NCCL_DEBUG=INFO` as ignored, with why.
 
@@ -14,6 +15,9 @@ pub(crate) struct ConfigTuning {
     /// `maxCTAs`: the most thread blocks one of weave's kernels runs with (it caps the
     /// block-pipelined kernels' grid, `GpuConfig::pipeline_blocks`).
     pub(crate) max_ctas: Option<u32>,
+    /// `splitShare`, where the program set it: whether the communicator's splits that keep
+    /// every rank share its weave communicator (`handle.rs`, families).
+    pub(crate) split_share: Option<bool>,
     /// Each field the program set that weave ignores, with why (logged at `NCCL_DEBUG=INFO`).
     pub(crate) ignored: Vec<String>,
 }
@@ -27,22 +31,58 @@ impl ConfigTuning {
     }
 }
 
-/// Reads the fields of `config` this library uses: (blocking, name). NULL means defaults.
-/// For a communicator derived from another (split, shrink, grow), which keeps its parent's GPU
-/// settings: every other field the program set is logged as ignored.
+/// What a communicator derived from another (split, shrink, grow) takes of its `ncclConfig_t`.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct DerivedConfig {
+    /// Whether its calls block.
+    pub(crate) blocking: bool,
+    /// Its `commName`, or empty.
+    pub(crate) name: String,
+    /// Whether its own splits share it (`splitShare`, or the parent's when unset).
+    pub(crate) split_share: bool,
+}
+
+/// Reads the fields of `config` a derived communicator (split, shrink, grow) uses: blocking,
+/// name and `splitShare`, each the parent's (`inherit`) where NULL or unset. It keeps its
+/// parent's GPU settings: every other field the program set is logged as ignored.
 ///
 /// # Safety
 /// `config` is NULL or points at an `ncclConfig_t` of at least its `size` bytes.
-pub(crate) unsafe fn read_config(config: *const NcclConfig, inherit_blocking: bool) -> Result<(bool, String), Fail> {
+pub(crate) unsafe fn read_config(config: *const NcclConfig, inherit: &DerivedConfig) -> Result<DerivedConfig, Fail> {
     // SAFETY: forwarded from the caller.
-    let (blocking, name, mut tuning) = unsafe { read_config_fields(config, inherit_blocking) }?;
+    let (blocking, name, mut tuning) = unsafe { read_config_fields(config, inherit.blocking) }?;
     if let Some(most) = tuning.max_ctas.take() {
         tuning
             .ignored
             .push(format!("maxCTAs = {most} ignored: a derived communicator keeps its parent's GPU settings"));
     }
     tuning.log_ignored(None);
-    Ok((blocking, name))
+    let split_share = split_share(tuning.split_share, env_split_share().as_deref())?.unwrap_or(inherit.split_share);
+    Ok(DerivedConfig { blocking, name, split_share })
+}
+
+impl ConfigTuning {
+    /// Whether a new communicator's splits share it: `splitShare` as NCCL settles it
+    /// ([`split_share`]), off where nothing says.
+    pub(crate) fn split_share_of_new(&self) -> Result<bool, Fail> {
+        Ok(split_share(self.split_share, env_split_share().as_deref())?.unwrap_or(false))
+    }
+}
+
+/// `NCCL_COMM_SPLIT_SHARE_RESOURCES`, where set.
+pub(crate) fn env_split_share() -> Option<String> {
+    std::env::var("NCCL_COMM_SPLIT_SHARE_RESOURCES").ok()
+}
+
+/// `splitShare` as NCCL settles it: `NCCL_COMM_SPLIT_SHARE_RESOURCES` (`env`, 0 or 1) over the
+/// config's value; `None` where neither says.
+pub(crate) fn split_share(config: Option<bool>, env: Option<&str>) -> Result<Option<bool>, Fail> {
+    match env.map(str::trim) {
+        None | Some("") => Ok(config),
+        Some("0") => Ok(Some(false)),
+        Some("1") => Ok(Some(true)),
+        Some(other) => Err(Fail::invalid(format!("NCCL_COMM_SPLIT_SHARE_RESOURCES is {other:?}; it must be 0 or 1"))),
+    }
 }
 
 /// Every field of `config`: blocking, name, and the rest as [`ConfigTuning`]. NULL means
@@ -102,10 +142,15 @@ pub(crate) unsafe fn read_config_fields(
             .ok_or_else(|| Fail::invalid(format!("config.maxCTAs is {most}; it must be at least 1")))?;
         tuning.max_ctas = Some(most);
     }
-    let ignored_ints: [(&str, usize, &str); 10] = [
+    tuning.split_share = match int(offset_of!(NcclConfig, splitShare)) {
+        None => None,
+        Some(0) => Some(false),
+        Some(1) => Some(true),
+        Some(other) => return Err(Fail::invalid(format!("config.splitShare is {other}; it must be 0 or 1"))),
+    };
+    let ignored_ints: [(&str, usize, &str); 9] = [
         ("cgaClusterSize", offset_of!(NcclConfig, cgaClusterSize), "weave's kernels launch no thread block clusters"),
         ("minCTAs", offset_of!(NcclConfig, minCTAs), "weave sizes each kernel's grid by the call (maxCTAs caps it)"),
-        ("splitShare", offset_of!(NcclConfig, splitShare), "a split builds its own workspaces"),
         ("trafficClass", offset_of!(NcclConfig, trafficClass), "weave sets no traffic class on its connections"),
         ("collnetEnable", offset_of!(NcclConfig, collnetEnable), "weave has no CollNet"),
         ("CTAPolicy", offset_of!(NcclConfig, CTAPolicy), "weave's plan picks the grid"),
@@ -173,12 +218,34 @@ mod tests {
             ..initialized()
         };
         let (blocking, name, tuning) = read(&c).unwrap();
-        assert_eq!((blocking, name.as_str(), tuning.max_ctas), (false, "tp", Some(8)));
+        assert_eq!((blocking, name.as_str(), tuning.max_ctas, tuning.split_share), (false, "tp", Some(8), Some(true)));
         let ignored = tuning.ignored.join("; ");
-        for field in ["cgaClusterSize = 2", "splitShare = 1", "netName = \"IB\""] {
+        for field in ["cgaClusterSize = 2", "netName = \"IB\""] {
             assert!(ignored.contains(field), "{field} missing from {ignored}");
         }
-        assert_eq!(tuning.ignored.len(), 3, "{ignored}");
+        assert_eq!(tuning.ignored.len(), 2, "{ignored}");
+    }
+
+    #[test]
+    fn split_share_comes_from_the_variable_over_the_config_then_the_parent() {
+        assert_eq!(split_share(None, None).unwrap(), None);
+        assert_eq!(split_share(Some(true), None).unwrap(), Some(true));
+        assert_eq!(split_share(Some(true), Some("0")).unwrap(), Some(false));
+        assert_eq!(split_share(None, Some(" 1")).unwrap(), Some(true));
+        assert_eq!(split_share(Some(false), Some("")).unwrap(), Some(false));
+        assert_eq!(split_share(None, Some("yes")).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+        let bad = NcclConfig { splitShare: 2, ..initialized() };
+        assert_eq!(read(&bad).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+        // A derived communicator: the parent's where its own config leaves it unset.
+        let parent = DerivedConfig { blocking: true, name: String::new(), split_share: true };
+        if env_split_share().is_none() {
+            // SAFETY: NULL is a valid config argument (defaults).
+            let child = unsafe { read_config(std::ptr::null(), &parent) }.unwrap();
+            assert!(child.split_share && child.blocking);
+            let off = NcclConfig { splitShare: 0, ..initialized() };
+            // SAFETY: a whole, initialized config.
+            assert!(!unsafe { read_config(&off, &parent) }.unwrap().split_share);
+        }
     }
 
     #[test]

@@ -5,7 +5,9 @@
 //!
 //! 1. the inits of the group are waited for (a non-blocking one makes the end return
 //!    `ncclInProgress`), then its window registrations run, one thread per communicator;
-//! 2. the queued calls are split by communicator; one communicator runs on this thread, several
+//! 2. the queued calls are split by communicator (the handles of a `splitShare` family are one
+//!    communicator, whose calls, point-to-point ones included, every rank queues in one order:
+//!    `handle.rs`); one communicator runs on this thread, several
 //!    run on one thread each (so a process driving several GPUs cannot block itself on a
 //!    collective setup step that waits for its other ranks);
 //! 3. per communicator, on the first call's stream (which first waits for every other stream
@@ -81,7 +83,7 @@ pub(crate) fn add_window(request: WindowRequest) {
 fn register_windows(requests: &[WindowRequest]) -> Result<(), Fail> {
     let mut by_comm: Vec<Vec<&WindowRequest>> = Vec::new();
     for r in requests {
-        match by_comm.iter_mut().find(|v| Arc::ptr_eq(v[0].comm(), r.comm())) {
+        match by_comm.iter_mut().find(|v| v[0].comm().family_key == r.comm().family_key) {
             Some(v) => v.push(r),
             None => by_comm.push(vec![r]),
         }
@@ -213,10 +215,11 @@ pub fn end() -> Result<(), Fail> {
         return Err(e);
     }
     register_windows(&group.windows)?;
-    // Split by communicator, keeping each one's order.
+    // Split by communicator, keeping each one's order; the handles of a splitShare family run
+    // as one communicator, whose calls every rank makes in one order.
     let mut batches: Vec<Batch> = Vec::new();
     for q in group.calls.into_iter().filter(|q| !q.call.is_empty()) {
-        match batches.iter_mut().find(|(c, _)| Arc::ptr_eq(c, &q.comm)) {
+        match batches.iter_mut().find(|(c, _)| c.family_key == q.comm.family_key) {
             Some((_, v)) => v.push((q.call, q.stream)),
             None => batches.push((q.comm, vec![(q.call, q.stream)])),
         }

@@ -6,12 +6,22 @@
 //! `ncclCommDestroy` or `ncclCommAbort` never frees the object under a running call.
 //!
 //! The weave [`Communicator`] inside is used by one thread at a time (it is `Send`, not
-//! `Sync`): calls lock the handle's state. What must not wait for a running call takes no
-//! lock: `ncclCommAbort` goes through a cloned [`AbortHandle`], and `ncclCommGetAsyncError`
-//! falls back to the cached error when the lock is busy.
+//! `Sync`): calls lock the handle's state, then its [`Family`]. What must not wait for a running
+//! call takes no lock: `ncclCommAbort` goes through a cloned [`AbortHandle`], and
+//! `ncclCommGetAsyncError` falls back to the cached error when the lock is busy.
+//!
+//! **Families (`splitShare`).** A split that keeps every rank in its order, of a parent made with
+//! `splitShare = 1` (`ncclConfig_t` or `NCCL_COMM_SPLIT_SHARE_RESOURCES`), shares the parent's
+//! weave communicator instead of building one: its workspaces, connections and GPU memory. The
+//! handles of a family run their calls through that one communicator, one at a time, in the
+//! order they are made, and on the GPU in that order too (a call on another stream first waits
+//! for the stream of the family's last call), which is how NCCL runs a family sharing its
+//! resources. As in NCCL, aborting or revoking one member makes every member unusable, and the
+//! program issues the calls of a family from one thread at a time in the same order on every
+//! rank. The communicator goes with the family's last handle.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 
@@ -43,18 +53,80 @@ pub struct NcclComm {
     pub premul: Mutex<PreMulTable>,
     /// The id `ncclCommGetUniqueId` handed out for the next `ncclCommGrow` (rank 0).
     grow_id: Mutex<Option<comm_core::bootstrap::UniqueId>>,
+    /// Whether this communicator's splits that keep every rank share its weave communicator
+    /// (`splitShare`, see the module doc).
+    pub split_share: bool,
+    /// Names the family: the same for a parent and the splits sharing its communicator, unique
+    /// otherwise (a group runs a family's calls as one communicator's).
+    pub family_key: usize,
 }
+
+/// The weave communicator behind the handles of one family (see the module doc): one handle,
+/// or a parent and the splits that share it.
+pub struct Family {
+    /// `None` once the last handle went.
+    live: Mutex<Option<Live>>,
+    /// Handles of the family not yet torn down.
+    members: AtomicUsize,
+}
+
+impl Family {
+    /// A family of one handle around `comm`.
+    pub fn new(comm: Communicator) -> Arc<Self> {
+        Arc::new(Family {
+            live: Mutex::new(Some(Live { comm, last_stream: usize::MAX })),
+            members: AtomicUsize::new(1),
+        })
+    }
+
+    /// Counts one more handle of the family (a split sharing it).
+    pub fn join(self: &Arc<Self>) -> Arc<Self> {
+        self.members.fetch_add(1, Ordering::AcqRel);
+        Arc::clone(self)
+    }
+
+    /// Handles of the family not yet torn down.
+    pub fn members(&self) -> usize {
+        self.members.load(Ordering::Acquire)
+    }
+
+    /// Locks the communicator (a poisoned lock is an internal error).
+    pub fn lock(&self) -> Result<MutexGuard<'_, Option<Live>>, Fail> {
+        self.live.lock().map_err(|_| Fail::new(NcclResult::INTERNAL_ERROR, "communicator lock poisoned by a panic"))
+    }
+
+    /// Tries the lock without waiting (`None` when a call of the family holds it).
+    pub fn try_lock(&self) -> Option<MutexGuard<'_, Option<Live>>> {
+        self.live.try_lock().ok()
+    }
+
+    /// One handle leaves: the communicator when it was the last one, else `None` (the others
+    /// keep it).
+    pub fn leave(&self) -> Result<Option<Live>, Fail> {
+        if self.members.fetch_sub(1, Ordering::AcqRel) == 1 { Ok(self.lock()?.take()) } else { Ok(None) }
+    }
+}
+
+/// Numbers the families of this process.
+static FAMILIES: AtomicUsize = AtomicUsize::new(1);
 
 /// Where a communicator is in its life.
 pub enum State {
     /// A background init (non-blocking config, or an init inside a group).
     Initializing(JoinHandle<Result<Communicator, Fail>>),
-    /// Usable.
-    Ready(Box<Live>),
+    /// Usable: the communicator of its family.
+    Ready(Arc<Family>),
     /// Init failed, or the communicator broke; every call returns this.
     Failed(Fail),
     /// Destroyed or aborted (only reachable by calls that looked the handle up before).
     Gone,
+}
+
+impl State {
+    /// A usable communicator, the first of its family.
+    pub fn ready(comm: Communicator) -> Self {
+        State::Ready(Family::new(comm))
+    }
 }
 
 /// A ready communicator and the stream its last call used.
@@ -70,7 +142,7 @@ impl NcclComm {
     /// A handle whose communicator `state` makes or holds.
     pub fn new(rank: usize, nranks: usize, device: i32, blocking: bool, state: State) -> Self {
         let abort = match &state {
-            State::Ready(l) => Some(l.comm.abort_handle()),
+            State::Ready(family) => family.lock().ok().and_then(|l| l.as_ref().map(|l| l.comm.abort_handle())),
             _ => None,
         };
         NcclComm {
@@ -84,6 +156,37 @@ impl NcclComm {
             async_message: Mutex::new(String::new()),
             premul: Mutex::new(PreMulTable::default()),
             grow_id: Mutex::new(None),
+            split_share: false,
+            family_key: FAMILIES.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// What a communicator derived from this one inherits where its config is silent.
+    pub(crate) fn derived_config(&self) -> crate::config::DerivedConfig {
+        crate::config::DerivedConfig { blocking: self.blocking, name: String::new(), split_share: self.split_share }
+    }
+
+    /// `self` with its splits sharing its communicator, or not (`splitShare`).
+    pub fn with_split_share(mut self, on: bool) -> Self {
+        self.split_share = on;
+        self
+    }
+
+    /// `self` as a member of `parent`'s family (a split sharing its communicator).
+    pub fn in_family_of(mut self, parent: &NcclComm) -> Self {
+        self.family_key = parent.family_key;
+        self
+    }
+
+    /// The family of this handle's communicator (waiting for a background init first).
+    pub fn family(&self) -> Result<Arc<Family>, Fail> {
+        let g = self.lock()?;
+        let g = self.settle(g, true);
+        match &*g {
+            State::Ready(family) => Ok(Arc::clone(family)),
+            State::Failed(fail) => Err(fail.clone()),
+            State::Initializing(_) => Err(Fail::new(NcclResult::INTERNAL_ERROR, "init did not settle")),
+            State::Gone => Err(Fail::usage("the communicator was destroyed or aborted")),
         }
     }
 
@@ -106,7 +209,7 @@ impl NcclComm {
                     if let Ok(mut a) = self.abort.lock() {
                         *a = Some(comm.abort_handle());
                     }
-                    State::Ready(Box::new(Live { comm, last_stream: usize::MAX }))
+                    State::ready(comm)
                 }
                 Ok(Err(fail)) => {
                     self.record_async(&fail);
@@ -127,7 +230,11 @@ impl NcclComm {
         let g = self.lock()?;
         let mut g = self.settle(g, true);
         match &mut *g {
-            State::Ready(live) => {
+            State::Ready(family) => {
+                let mut live = family.lock()?;
+                let Some(live) = live.as_mut() else {
+                    return Err(Fail::usage("the communicator was destroyed (its family's last handle went)"));
+                };
                 let r = f(live);
                 if let Err(fail) = &r
                     && fail.code != NcclResult::INVALID_ARGUMENT
@@ -179,6 +286,12 @@ impl NcclComm {
     pub fn abort_handle(&self) -> Option<AbortHandle> {
         self.abort.lock().ok().and_then(|a| a.clone())
     }
+}
+
+/// Whether the handles `a` and `b` run their calls through one weave communicator (one
+/// `splitShare` family, see the module doc).
+pub fn share_a_communicator(a: NcclCommPtr, b: NcclCommPtr) -> Result<bool, Fail> {
+    Ok(Arc::ptr_eq(&lookup(a)?.family()?, &lookup(b)?.family()?))
 }
 
 /// Addresses of the live handles.

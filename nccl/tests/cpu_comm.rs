@@ -2,7 +2,8 @@
 //! process init (blocking and non-blocking), query, split with `NCCL_SPLIT_NOCOLOR`, refuse
 //! device collectives cleanly, take count-0 calls, report no GPU memory (suspend and resume do
 //! nothing), refuse windows (at once, or at `ncclGroupEnd` inside a group), and abort from
-//! another thread.
+//! another thread; with `splitShare`, splits that keep every rank in order share their parent's
+//! communicator and outlive it, and others build their own.
 
 use std::ffi::c_int;
 use std::ptr::null_mut;
@@ -130,17 +131,91 @@ fn rank_main(id: NcclUniqueId, rank: c_int) {
     }
 }
 
-#[test]
-fn two_cpu_ranks_init_split_and_abort() {
-    // SAFETY: set before any thread of this test binary reads the environment.
+/// Runs `rank` as two ranks (threads) of one job without a GPU.
+fn two_cpu_ranks(rank: fn(NcclUniqueId, c_int)) {
+    // SAFETY: set before any thread of this test binary reads the environment (every test sets
+    // the same value).
     unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
     let mut id = NcclUniqueId { internal: [0; 128] };
     // SAFETY: `id` is a live local.
     assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::SUCCESS);
-    let ranks: Vec<_> = (0..2).map(|r| std::thread::spawn(move || rank_main(id, r))).collect();
+    let ranks: Vec<_> = (0..2).map(|r| std::thread::spawn(move || rank(id, r))).collect();
     for r in ranks {
         r.join().unwrap();
     }
+}
+
+#[test]
+fn two_cpu_ranks_init_split_and_abort() {
+    two_cpu_ranks(rank_main);
+}
+
+/// One rank of the `splitShare` test: which splits share their parent's communicator, and a
+/// family outliving its first handle.
+fn split_share_rank(id: NcclUniqueId, rank: c_int) {
+    use nccl::handle::share_a_communicator as shared;
+    let f = NcclDataType::FLOAT32;
+    // SAFETY: every pointer passed is a live local; buffers are never touched (no GPU).
+    unsafe {
+        let mut comm: NcclCommPtr = null_mut();
+        let mut cfg = config(1);
+        cfg.splitShare = 1;
+        assert_eq!(ncclCommInitRankConfig(&mut comm, 2, id, rank, &mut cfg), NcclResult::SUCCESS);
+        let split = |parent: NcclCommPtr, color: c_int, key: c_int, config: *mut NcclConfig| {
+            let mut child: NcclCommPtr = null_mut();
+            assert_eq!(ncclCommSplit(parent, color, key, &mut child, config), NcclResult::SUCCESS);
+            child
+        };
+        // Every rank, keys in rank order (equal keys too): the parent's communicator.
+        let same = split(comm, 5, rank, null_mut());
+        assert!(shared(comm, same).unwrap());
+        let tied = split(same, 0, 0, null_mut());
+        assert!(shared(comm, tied).unwrap(), "a split of a sharing split, config NULL, shares too");
+        // Keys that reorder the ranks, or a rank left out: a communicator of its own.
+        let reordered = split(comm, 5, -rank, null_mut());
+        assert!(!shared(comm, reordered).unwrap());
+        let (mut me, mut n) = (-1, 0);
+        assert_eq!(ncclCommUserRank(reordered, &mut me), NcclResult::SUCCESS);
+        assert_eq!(me, 1 - rank);
+        let alone = split(comm, if rank == 0 { 5 } else { -1 }, 0, null_mut());
+        if rank == 0 {
+            assert!(!shared(comm, alone).unwrap());
+            assert_eq!(ncclCommCount(alone, &mut n), NcclResult::SUCCESS);
+            assert_eq!(n, 1);
+            assert_eq!(ncclCommDestroy(alone), NcclResult::SUCCESS);
+        } else {
+            assert!(alone.is_null());
+        }
+        // A split whose own config says splitShare = 0 shares its parent, but its splits do not.
+        let mut off = config(1);
+        off.splitShare = 0;
+        let quiet = split(comm, 5, rank, &mut off);
+        assert!(shared(comm, quiet).unwrap());
+        let own = split(quiet, 5, rank, null_mut());
+        assert!(!shared(quiet, own).unwrap());
+        // A parent without splitShare: never shared.
+        let plain = split(own, 5, rank, null_mut());
+        assert!(!shared(own, plain).unwrap());
+        // The family outlives its first handle: the others still count, take a count-0 call, split.
+        assert_eq!(ncclCommDestroy(comm), NcclResult::SUCCESS);
+        assert_eq!(ncclCommCount(same, &mut n), NcclResult::SUCCESS);
+        assert_eq!(n, 2);
+        assert_eq!(ncclAllReduce(null_mut(), null_mut(), 0, f, NcclRedOp::SUM, same, null_mut()), NcclResult::SUCCESS);
+        let late = split(same, 5, rank, null_mut());
+        assert!(shared(same, late).unwrap() && shared(tied, late).unwrap());
+        // An abort of one handle aborts the family's communicator (as in NCCL, its other handles
+        // are then only to be destroyed), and takes that handle away.
+        assert_eq!(ncclCommAbort(late), NcclResult::SUCCESS);
+        assert_eq!(ncclCommCount(late, &mut n), NcclResult::INVALID_ARGUMENT);
+        for c in [same, tied, quiet, reordered, own, plain] {
+            assert_eq!(ncclCommDestroy(c), NcclResult::SUCCESS);
+        }
+    }
+}
+
+#[test]
+fn two_cpu_ranks_split_sharing_their_parent() {
+    two_cpu_ranks(split_share_rank);
 }
 
 #[test]
