@@ -143,7 +143,8 @@ else
 fi
 
 # 4. Symmetric windows, the SGLang pattern (windows_check.py: two communicators, a window pool
-# each, 1,000 all-reduces on two streams at once, exact), with GPU memory, suspend and resume.
+# each, 1,000 all-reduces on two streams at once, exact), registered buffers, a splitShare
+# family (its split logged as sharing the parent), GPU memory, suspend and resume.
 if ! part windows; then :
 elif ! has_torch; then
   line SKIP windows "needs python3 with torch and a GPU"
@@ -152,6 +153,8 @@ else
     "$HERE/windows_check.py" "$OUT/windows" >"$OUT/windows.log" 2>&1
   rc=$?
   grep -q "weave::nccl" "$OUT/windows.log" || { rc=99; echo "weave's library was not loaded" >>"$OUT/windows.log"; }
+  grep -q "shares its parent's communicator" "$OUT/windows.log" ||
+    { [ $rc -ne 0 ] || rc=98; echo "no split was logged as sharing its parent" >>"$OUT/windows.log"; }
   [ $rc -eq 0 ] && line PASS windows-sglang-pattern "$(grep -c '^windows: rank' "$OUT/windows.log") ranks" \
     || line FAIL windows-sglang-pattern "exit $rc, $OUT/windows.log"
 fi

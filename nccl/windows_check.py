@@ -14,7 +14,11 @@ communicators' calls in flight at once on two streams, in and out of place, size
 ncclInvalidArgument. Registered buffers (ncclCommRegister, local on each rank, at offsets that
 differ between ranks, on a third communicator): 300 all-reduces exact with no workspace area made
 (the zero-copy check), the wrong communicator's ncclCommDeregister refused, and after
-deregistering calls copy and are exact. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
+deregistering calls copy and are exact. A splitShare family (ncclCommInitRankConfig with
+splitShare = 1, then ncclCommSplit keeping every rank in order): the split's calls grow the
+parent's memory (one communicator), 400 all-reduces alternating parent and split on two streams
+in flight at once are exact, a split reordering the ranks has memory of its own, and the split
+works on after its parent is destroyed. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
 fails, calls after resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an
 estimate above 0, nothing run); and the GPU memory this process uses (nvidia-smi) after
 communicator init, after an 8-byte all-reduce and after a 256 MiB one. Writes
@@ -49,6 +53,30 @@ class SimInfo(ctypes.Structure):
 
 
 SIM_INFO_MAGIC = 0x74685283
+API_MAGIC = 0xcafebeef
+CONFIG_UNDEF_INT = -2147483648
+
+
+class Config(ctypes.Structure):
+    """ncclConfig_t (2.28/2.29)."""
+    _fields_ = [("size", ctypes.c_size_t), ("magic", ctypes.c_uint), ("version", ctypes.c_uint),
+                ("blocking", ctypes.c_int), ("cgaClusterSize", ctypes.c_int), ("minCTAs", ctypes.c_int),
+                ("maxCTAs", ctypes.c_int), ("netName", ctypes.c_char_p), ("splitShare", ctypes.c_int),
+                ("trafficClass", ctypes.c_int), ("commName", ctypes.c_char_p), ("collnetEnable", ctypes.c_int),
+                ("CTAPolicy", ctypes.c_int), ("shrinkShare", ctypes.c_int), ("nvlsCTAs", ctypes.c_int),
+                ("nChannelsPerNetPeer", ctypes.c_int), ("nvlinkCentricSched", ctypes.c_int)]
+
+
+def config(**fields):
+    """A config as NCCL_CONFIG_INITIALIZER leaves it, with `fields` set."""
+    c = Config()
+    c.size, c.magic, c.version = ctypes.sizeof(Config), API_MAGIC, 22902
+    for name, kind in Config._fields_[3:]:
+        if kind is ctypes.c_int:
+            setattr(c, name, CONFIG_UNDEF_INT)
+    for name, value in fields.items():
+        setattr(c, name, value)
+    return c
 
 
 def load():
@@ -67,6 +95,10 @@ def load():
     lib.ncclCommSuspend.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.ncclCommResume.argtypes = [ctypes.c_void_p]
     lib.ncclCommDestroy.argtypes = [ctypes.c_void_p]
+    lib.ncclCommInitRankConfig.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, UniqueId, ctypes.c_int,
+                                           ctypes.POINTER(Config)]
+    lib.ncclCommSplit.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
+                                  ctypes.POINTER(Config)]
     lib.ncclGroupSimulateEnd.argtypes = [ctypes.POINTER(SimInfo)]
     lib.ncclGetErrorString.restype = ctypes.c_char_p
     lib.ncclGetLastError.restype = ctypes.c_char_p
@@ -93,7 +125,7 @@ def process_gpu_mib():
     return None
 
 
-def new_comm(lib, rank, world):
+def new_comm(lib, rank, world, cfg=None):
     uid = UniqueId()
     if rank == 0:
         check(lib, lib.ncclGetUniqueId(ctypes.byref(uid)), "ncclGetUniqueId")
@@ -101,7 +133,11 @@ def new_comm(lib, rank, world):
     dist.broadcast_object_list(box, src=0)
     ctypes.memmove(uid.internal, box[0], 128)
     comm = ctypes.c_void_p()
-    check(lib, lib.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "ncclCommInitRank")
+    if cfg is None:
+        check(lib, lib.ncclCommInitRank(ctypes.byref(comm), world, uid, rank), "ncclCommInitRank")
+    else:
+        check(lib, lib.ncclCommInitRankConfig(ctypes.byref(comm), world, uid, rank, ctypes.byref(cfg)),
+              "ncclCommInitRankConfig")
     return comm
 
 
@@ -161,6 +197,67 @@ def registered(lib, rank, world, wrong_comm, report):
     if report["registered_stats_total_after_deregister_and_1MiB"] <= created:
         raise RuntimeError("after ncclCommDeregister a 1 MiB all-reduce made no workspace area (did it copy?)")
     check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
+
+
+def family(lib, rank, world, report):
+    """A splitShare family: see the module doc."""
+    parent = new_comm(lib, rank, world, config(splitShare=1))
+
+    def split(key):
+        child = ctypes.c_void_p()
+        check(lib, lib.ncclCommSplit(parent, 0, key, ctypes.byref(child), None), "ncclCommSplit")
+        return child
+
+    child, reordered = split(rank), split(-rank)
+    created = stat(lib, parent, "total")
+    elems = 1 << 20
+    bufs = [torch.zeros(2 * elems, dtype=torch.float32, device="cuda") for _ in range(2)]
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    counts = [1, 7, 1000, 4096, 16383, 65536, 100003, 262144]
+
+    def all_reduce(comm, lane, seed, count):
+        buf, stream = bufs[lane], streams[lane]
+        op = NCCL_MAX if seed % 2 else NCCL_SUM
+        send, recv = buf[:count], buf[elems:elems + count]
+        with torch.cuda.stream(stream):
+            i = torch.arange(count, device="cuda", dtype=torch.int64)
+            send.copy_(((i * 7 + seed * 3 + rank * 5) % 13).to(torch.float32))
+            check(lib, lib.ncclAllReduce(send.data_ptr(), recv.data_ptr(), count, NCCL_FLOAT32, op, comm,
+                                         stream.cuda_stream), "ncclAllReduce in a splitShare family")
+        return stream, recv, seed, count, op
+
+    def verify(pending):
+        for stream, recv, seed, count, op in pending:
+            stream.synchronize()
+            want, got = expected(seed, world, count, op), recv.cpu()
+            if not torch.equal(got, want):
+                bad = int((got != want).nonzero()[0])
+                raise RuntimeError(f"family all-reduce #{seed} of {count} f32: element {bad} is {got[bad]}, "
+                                   f"not {want[bad]}")
+
+    # The split's 1 MiB call makes workspace areas: the parent holds them too (one communicator).
+    verify([all_reduce(child, 1, 1, 262144)])
+    shared = (stat(lib, parent, "total"), stat(lib, child, "total"))
+    report["family_stats_total"] = {"created": created, "parent": shared[0], "split": shared[1]}
+    if shared[0] != shared[1] or shared[0] <= created:
+        raise RuntimeError(f"the split's calls did not grow its parent's memory: {report['family_stats_total']}")
+    # Parent and split in flight at once on two streams, 400 calls.
+    for call in range(200):
+        count = counts[call % len(counts)]
+        verify([all_reduce(parent, 0, 2 * call, count), all_reduce(child, 1, 2 * call + 1, count)])
+    report["family_calls_exact"] = 400
+    # A split that reorders the ranks is a communicator of its own.
+    family_total = stat(lib, parent, "total")
+    verify([all_reduce(reordered, 0, 3, 262144)])
+    report["family_reordered_total"] = stat(lib, reordered, "total")
+    if stat(lib, parent, "total") != family_total:
+        raise RuntimeError("a call of the reordered split grew the family's memory")
+    # The split outlives its parent.
+    check(lib, lib.ncclCommDestroy(parent), "ncclCommDestroy(parent of a family)")
+    verify([all_reduce(child, 1, 5, 100003)])
+    for comm in (child, reordered):
+        check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    report["family_split_after_parent"] = "exact"
 
 
 def main(out_dir):
@@ -234,6 +331,7 @@ def main(out_dir):
         check(lib, lib.ncclCommWindowDeregister(comm, windows[name]), f"ncclCommWindowDeregister({name})")
 
     registered(lib, rank, world, comm_a, report)
+    family(lib, rank, world, report)
 
     # Memory: an 8-byte all-reduce, then 256 MiB; suspend and resume.
     stream = torch.cuda.current_stream()
