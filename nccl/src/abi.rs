@@ -148,7 +148,7 @@ pub struct NcclConfig {
     pub maxCTAs: c_int,
     /// Read and ignored (weave picks its transports itself).
     pub netName: *const c_char,
-    /// Read and ignored (a split never shares resources here).
+    /// 0 or 1: whether splits that keep every rank in order share this communicator (`handle.rs`).
     pub splitShare: c_int,
     /// Read and ignored.
     pub trafficClass: c_int,
