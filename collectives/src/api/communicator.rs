@@ -41,6 +41,9 @@ use crate::table::{Algorithm, AlgorithmTable, Collective};
 /// memory, which doubles the cost of a small eager call. Share one between threads inside a
 /// `Mutex`; stop one from another thread with an [`AbortHandle`].
 pub struct Communicator {
+    /// The transport layer. The first field, so it drops first: its connections finish what
+    /// this rank posted before the engines below release the memory peers write into
+    /// (`Connection::finish_before_release`).
     pub(crate) core: CoreCommunicator,
     #[cfg(feature = "cuda")]
     pub(crate) gpu: Option<RefCell<crate::gpu::GpuEngine>>,
