@@ -128,12 +128,11 @@ impl Inbound {
         if let Some(why) = self.failure() {
             return Err(self.lost(why));
         }
-        let mut state = match self.state.try_lock() {
-            Ok(s) => s,
-            Err(TryLockError::Poisoned(p)) => p.into_inner(),
-            Err(TryLockError::WouldBlock) => return Ok(()),
-        };
-        self.drain_locked(&mut state).map_err(|why| self.lost(self.failed.get_or_init(|| why)))
+        match self.state.try_lock() {
+            Ok(mut state) => self.apply(&mut state),
+            Err(TryLockError::Poisoned(p)) => self.apply(&mut p.into_inner()),
+            Err(TryLockError::WouldBlock) => Ok(()),
+        }
     }
 
     /// Applies every flag that arrived, waiting for a thread already at it to finish first: when
@@ -145,8 +144,12 @@ impl Inbound {
         if let Some(why) = self.failure() {
             return Err(self.lost(why));
         }
-        let mut state = self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-        self.drain_locked(&mut state).map_err(|why| self.lost(self.failed.get_or_init(|| why)))
+        self.apply(&mut self.state.lock().unwrap_or_else(std::sync::PoisonError::into_inner))
+    }
+
+    /// Drains under the lock; a failure breaks the connection for good.
+    fn apply(&self, state: &mut State) -> Result<()> {
+        self.drain_locked(state).map_err(|why| self.lost(self.failed.get_or_init(|| why)))
     }
 
     fn lost(&self, why: &str) -> Error {
