@@ -423,29 +423,27 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
     drop(g);
     let State::Ready(family) = state else { return Ok(()) };
     let others = family.members().saturating_sub(1);
-    let Some(live) = family.leave()? else {
-        tracing::info!(
-            target: crate::debug::NCCL,
-            rank = c.rank,
-            "this handle leaves its splitShare family; the communicator stays with the other {others}"
-        );
-        // As for the last handle: the work queued so far is done when this returns.
-        let ctx = family.lock()?.as_ref().and_then(|l| l.comm.gpu_context());
-        return match ctx.map(|ctx| cuda::synchronize_context(&ctx)) {
-            Some(Err(e)) if !abort => Err(Fail::from(e).context("wait for the family's GPU work")),
-            _ => Ok(()),
-        };
-    };
-    if let Some(ctx) = live.comm.gpu_context() {
-        let r = cuda::synchronize_context(&ctx);
-        if let Err(e) = r
-            && !abort
-        {
-            drop(live);
-            return Err(Fail::from(e).context("wait for the communicator's GPU work before destroying it"));
+    // The communicator when this was the family's last handle; the others keep it otherwise.
+    let last = family.leave()?;
+    let ctx = match &last {
+        Some(live) => live.comm.gpu_context(),
+        None => {
+            tracing::info!(
+                target: crate::debug::NCCL,
+                rank = c.rank,
+                "this handle leaves its splitShare family; the communicator stays with the other {others}"
+            );
+            family.lock()?.as_ref().and_then(|l| l.comm.gpu_context())
         }
+    };
+    // The work queued so far is done when this returns, before the communicator (if it goes).
+    if let Some(ctx) = ctx
+        && let Err(e) = cuda::synchronize_context(&ctx)
+        && !abort
+    {
+        return Err(Fail::from(e).context("wait for the communicator's GPU work before destroying it"));
     }
-    drop(live);
+    drop(last);
     Ok(())
 }
 

@@ -29,6 +29,18 @@ impl ConfigTuning {
             tracing::info!(target: crate::debug::NCCL, rank = ?rank, "ncclConfig_t.{field}");
         }
     }
+
+    /// `splitShare` as NCCL settles it ([`split_share`]: the variable over the config); `None`
+    /// where neither says.
+    pub(crate) fn settled_split_share(&self) -> Result<Option<bool>, Fail> {
+        split_share(self.split_share, env_split_share().as_deref())
+    }
+
+    /// Whether a new communicator's splits share it: [`settled_split_share`](Self::settled_split_share),
+    /// off where nothing says.
+    pub(crate) fn split_share_of_new(&self) -> Result<bool, Fail> {
+        Ok(self.settled_split_share()?.unwrap_or(false))
+    }
 }
 
 /// What a communicator derived from another (split, shrink, grow) takes of its `ncclConfig_t`.
@@ -57,16 +69,8 @@ pub(crate) unsafe fn read_config(config: *const NcclConfig, inherit: &DerivedCon
             .push(format!("maxCTAs = {most} ignored: a derived communicator keeps its parent's GPU settings"));
     }
     tuning.log_ignored(None);
-    let split_share = split_share(tuning.split_share, env_split_share().as_deref())?.unwrap_or(inherit.split_share);
+    let split_share = tuning.settled_split_share()?.unwrap_or(inherit.split_share);
     Ok(DerivedConfig { blocking, name, split_share })
-}
-
-impl ConfigTuning {
-    /// Whether a new communicator's splits share it: `splitShare` as NCCL settles it
-    /// ([`split_share`]), off where nothing says.
-    pub(crate) fn split_share_of_new(&self) -> Result<bool, Fail> {
-        Ok(split_share(self.split_share, env_split_share().as_deref())?.unwrap_or(false))
-    }
 }
 
 /// `NCCL_COMM_SPLIT_SHARE_RESOURCES`, where set.
