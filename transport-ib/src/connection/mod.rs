@@ -205,6 +205,15 @@ impl IbConnection {
         Error::peer_lost(self.peer, operation, why.to_string())
     }
 
+    /// Waits (bounded) for what this connection posted to complete, as the communicator goes;
+    /// nothing to wait for once the peer has left (its memory went with it), so a rank that
+    /// leaves second says nothing of the one that left first. A failure is the connection's.
+    fn finish_unless_peer_left(&self) {
+        if self.bounds.liveness.lost(self.peer).is_none() {
+            let _ = self.flush();
+        }
+    }
+
     /// The peer's registration that `dst` names, checked to belong to this connection's peer.
     fn remote<'a>(&self, dst: &'a RegisteredMemory) -> Result<&'a RemoteRegion> {
         comm_core::connection::peer_region(dst, self.peer, crate::NAME)
@@ -593,17 +602,6 @@ impl Connection for IbConnection {
 
     fn finish_before_release(&self) {
         self.finish_unless_peer_left();
-    }
-}
-
-impl IbConnection {
-    /// Waits (bounded) for what this connection posted to complete, as the communicator goes;
-    /// nothing to wait for once the peer has left (its memory went with it), so a rank that
-    /// leaves second says nothing of the one that left first. A failure is the connection's.
-    fn finish_unless_peer_left(&self) {
-        if self.bounds.liveness.lost(self.peer).is_none() {
-            let _ = self.flush();
-        }
     }
 }
 
