@@ -6,9 +6,10 @@
 //! `ncclCommDestroy` or `ncclCommAbort` never frees the object under a running call.
 //!
 //! The weave [`Communicator`] inside is used by one thread at a time (it is `Send`, not
-//! `Sync`): calls lock the handle's state, then its [`Family`]. What must not wait for a running
-//! call takes no lock: `ncclCommAbort` goes through a cloned [`AbortHandle`], and
-//! `ncclCommGetAsyncError` falls back to the cached error when the lock is busy.
+//! `Sync`): a call locks it, in its [`Family`] (a teardown waits there for a running call too).
+//! What must not wait for a running call takes no lock: `ncclCommAbort` goes through a cloned
+//! [`AbortHandle`], and `ncclCommGetAsyncError` falls back to the cached error when the lock is
+//! busy.
 //!
 //! **Families (`splitShare`).** A split that keeps every rank in its order, of a parent made with
 //! `splitShare = 1` (`ncclConfig_t` or `NCCL_COMM_SPLIT_SHARE_RESOURCES`), shares the parent's
@@ -227,27 +228,19 @@ impl NcclComm {
 
     /// Runs `f` on the ready communicator (waiting for a background init first).
     pub fn with_live<R>(&self, f: impl FnOnce(&mut Live) -> Result<R, Fail>) -> Result<R, Fail> {
-        let g = self.lock()?;
-        let mut g = self.settle(g, true);
-        match &mut *g {
-            State::Ready(family) => {
-                let mut live = family.lock()?;
-                let Some(live) = live.as_mut() else {
-                    return Err(Fail::usage("the communicator was destroyed (its family's last handle went)"));
-                };
-                let r = f(live);
-                if let Err(fail) = &r
-                    && fail.code != NcclResult::INVALID_ARGUMENT
-                    && fail.code != NcclResult::INVALID_USAGE
-                {
-                    self.record_async(fail);
-                }
-                r
-            }
-            State::Failed(fail) => Err(fail.clone()),
-            State::Initializing(_) => Err(Fail::new(NcclResult::INTERNAL_ERROR, "init did not settle")),
-            State::Gone => Err(Fail::usage("the communicator was destroyed or aborted")),
+        let family = self.family()?;
+        let mut live = family.lock()?;
+        let Some(live) = live.as_mut() else {
+            return Err(Fail::usage("the communicator was destroyed (its family's last handle went)"));
+        };
+        let r = f(live);
+        if let Err(fail) = &r
+            && fail.code != NcclResult::INVALID_ARGUMENT
+            && fail.code != NcclResult::INVALID_USAGE
+        {
+            self.record_async(fail);
         }
+        r
     }
 
     /// Remembers the first error that breaks the communicator (for `ncclCommGetAsyncError`).
