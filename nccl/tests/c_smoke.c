@@ -9,7 +9,7 @@
 int main(void) {
   int version = 0;
   EXPECT(ncclGetVersion(&version) == ncclSuccess);
-  EXPECT(version == NCCL_VERSION(2, 28, 3));
+  EXPECT(version == NCCL_VERSION_CODE);
   EXPECT(ncclGetVersion(NULL) == ncclInvalidArgument);
   ncclUniqueId id;
   memset(&id, 0, sizeof id);
