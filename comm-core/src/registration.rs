@@ -95,8 +95,30 @@ impl Communicator {
     /// may differ); `label` names the buffer in errors and must match across ranks.
     pub fn register(&self, len: usize, kind: MemoryKind, label: &str) -> Result<RegisteredMemory> {
         let seq = self.next_registration.fetch_add(1, Ordering::AcqRel);
+        self.register_new_as(seq, len, kind, label, false)
+    }
+
+    /// The number of this rank's next private registration (numbered apart from the collective
+    /// ones, which every rank counts alike).
+    fn next_private_seq(&self) -> u64 {
+        PRIVATE_SEQ_BASE | self.next_private_registration.fetch_add(1, Ordering::AcqRel)
+    }
+
+    /// Allocates `len` bytes of `kind` memory as registration `seq`. A `sealed` one gives up its
+    /// name at once (no peer will map it), so a killed rank leaves nothing behind.
+    fn register_new_as(
+        &self,
+        seq: u64,
+        len: usize,
+        kind: MemoryKind,
+        label: &str,
+        sealed: bool,
+    ) -> Result<RegisteredMemory> {
         let (region, transport) = self.allocate_region(len, kind)?;
         let descriptor = self.describe(&region, seq, len, kind, label)?;
+        if sealed {
+            region.seal()?;
+        }
         Ok(RegisteredMemory::new_local(descriptor, region, transport)?
             .in_communicator(self.id, self.transport_ranks[self.rank()]))
     }
@@ -329,13 +351,8 @@ impl Communicator {
     /// connection can read it as the source of a write) but never exchanged: no collective
     /// registration step is taken, and no peer maps it.
     pub fn register_private(&self, len: usize, kind: MemoryKind, label: &str) -> Result<RegisteredMemory> {
-        let seq = PRIVATE_SEQ_BASE | self.next_private_registration.fetch_add(1, Ordering::AcqRel);
-        let (region, transport) = self.allocate_region(len, kind)?;
-        let descriptor = self.describe(&region, seq, len, kind, label)?;
-        // No peer will map it: give up its name at once, so a killed rank leaves nothing behind.
-        region.seal()?;
-        Ok(RegisteredMemory::new_local(descriptor, region, transport)?
-            .in_communicator(self.id, self.transport_ranks[self.rank()]))
+        let seq = self.next_private_seq();
+        self.register_new_as(seq, len, kind, label, true)
     }
 
     /// Local: registers `len` bytes of existing `kind` memory at `address` (the caller's, which
@@ -350,7 +367,7 @@ impl Communicator {
         kind: MemoryKind,
         label: &str,
     ) -> Result<RegisteredMemory> {
-        let seq = PRIVATE_SEQ_BASE | self.next_private_registration.fetch_add(1, Ordering::AcqRel);
+        let seq = self.next_private_seq();
         self.register_existing_as(seq, address, len, kind, label)
     }
 
