@@ -21,7 +21,9 @@ in flight at once are exact, a split reordering the ranks has memory of its own,
 works on after its parent is destroyed. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
 fails, calls after resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an
 estimate above 0, nothing run); and the GPU memory this process uses (nvidia-smi) after
-communicator init, after an 8-byte all-reduce and after a 256 MiB one. Writes
+communicator init, after an 8-byte all-reduce and after a 256 MiB one. Last, nothing left behind:
+five rounds of a communicator made, used (window, registered buffer, copying calls) and
+destroyed leave the memory outside torch's allocator where the first round left it. Writes
 OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on any failure.
 """
 
@@ -260,6 +262,57 @@ def family(lib, rank, world, report):
     report["family_split_after_parent"] = "exact"
 
 
+def outside_torch_mib():
+    """The GPU memory this process holds beyond what torch's caching allocator reserved (MiB), or
+    None: the driver's, the loaded kernels' and the communicators'."""
+    total = process_gpu_mib()
+    return None if total is None else total - torch.cuda.memory_reserved() // (1 << 20)
+
+
+def lifecycle(lib, rank, world, report):
+    """Nothing left behind: five rounds of a communicator made, used (a window, a registered
+    buffer, a copying 1 MiB all-reduce that makes workspace areas, an 8-byte one) and destroyed;
+    the memory outside torch's allocator after the last round is where it was after the first."""
+    elems = 1 << 20
+    buf = torch.zeros(2 * elems, dtype=torch.float32, device="cuda")
+    stream = torch.cuda.current_stream()
+
+    def all_reduce(comm, count, what):
+        check(lib, lib.ncclAllReduce(buf.data_ptr(), buf[elems:].data_ptr(), count, NCCL_FLOAT32, NCCL_SUM, comm,
+                                     stream.cuda_stream), what)
+
+    seen = []
+    for _ in range(5):
+        buf.fill_(1.0)
+        comm = new_comm(lib, rank, world)
+        window = ctypes.c_void_p()
+        check(lib, lib.ncclCommWindowRegister(comm, buf.data_ptr(), buf.numel() * 4, ctypes.byref(window),
+                                              NCCL_WIN_COLL_SYMMETRIC), "ncclCommWindowRegister (lifecycle)")
+        all_reduce(comm, 4096, "windowed all-reduce (lifecycle)")
+        torch.cuda.synchronize()
+        check(lib, lib.ncclCommWindowDeregister(comm, window), "ncclCommWindowDeregister (lifecycle)")
+        handle = ctypes.c_void_p()
+        check(lib, lib.ncclCommRegister(comm, buf.data_ptr(), buf.numel() * 4, ctypes.byref(handle)),
+              "ncclCommRegister (lifecycle)")
+        all_reduce(comm, 4096, "registered all-reduce (lifecycle)")
+        torch.cuda.synchronize()
+        check(lib, lib.ncclCommDeregister(comm, handle), "ncclCommDeregister (lifecycle)")
+        all_reduce(comm, 262144, "1 MiB all-reduce (lifecycle)")
+        all_reduce(comm, 2, "8-byte all-reduce (lifecycle)")
+        torch.cuda.synchronize()
+        if not bool((buf[elems:elems + 262144] == world).all()):
+            raise RuntimeError("an all-reduce of the lifecycle check is wrong")
+        check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy (lifecycle)")
+        torch.cuda.synchronize()
+        dist.barrier()
+        seen.append(outside_torch_mib())
+    report["lifecycle_outside_torch_mib"] = seen
+    # A communicator's control area alone is 14 MiB: one left behind a round would show.
+    if None not in seen and seen[-1] - seen[0] > 4:
+        raise RuntimeError(f"destroyed communicators left GPU memory behind: {seen} MiB outside torch after "
+                           "each of five rounds")
+
+
 def main(out_dir):
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -379,6 +432,7 @@ def main(out_dir):
     report["simulated_group_us"] = sim.estimatedTime
     for comm in (comm_a, comm_b):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    lifecycle(lib, rank, world, report)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"windows-rank{rank}.json"), "w") as f:
         json.dump(report, f, indent=1)
