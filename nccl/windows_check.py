@@ -18,7 +18,7 @@ deregistering calls copy and are exact. A splitShare family (ncclCommInitRankCon
 splitShare = 1, then ncclCommSplit keeping every rank in order): the split's calls grow the
 parent's memory (one communicator), 400 all-reduces alternating parent and split on two streams
 in flight at once are exact, a split reordering the ranks has memory of its own, and the split
-works on after its parent is destroyed. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
+works on after its parent and the stream of the parent's last call are destroyed. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
 fails, calls after resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an
 estimate above 0, nothing run); and the GPU memory this process uses (nvidia-smi) after
 communicator init, after an 8-byte all-reduce and after a 256 MiB one. Last, nothing left behind:
@@ -217,8 +217,8 @@ def family(lib, rank, world, report):
     streams = [torch.cuda.Stream(), torch.cuda.Stream()]
     counts = [1, 7, 1000, 4096, 16383, 65536, 100003, 262144]
 
-    def all_reduce(comm, lane, seed, count):
-        buf, stream = bufs[lane], streams[lane]
+    def all_reduce(comm, lane, seed, count, stream=None):
+        buf, stream = bufs[lane], stream or streams[lane]
         op = NCCL_MAX if seed % 2 else NCCL_SUM
         send, recv = buf[:count], buf[elems:elems + count]
         with torch.cuda.stream(stream):
@@ -254,8 +254,19 @@ def family(lib, rank, world, report):
     report["family_reordered_total"] = stat(lib, reordered, "total")
     if stat(lib, parent, "total") != family_total:
         raise RuntimeError("a call of the reordered split grew the family's memory")
-    # The split outlives its parent.
+    # The split outlives its parent, and the stream of the parent's last call: once that call is
+    # done the program may destroy its stream (NCCL never looks at it again), and the split's next
+    # call, on another stream, must not wait for it.
+    cuda = ctypes.CDLL("libcuda.so.1")
+    temp = ctypes.c_void_p()
+    rc = cuda.cuStreamCreate(ctypes.byref(temp), 0)
+    if rc != 0:
+        raise RuntimeError(f"cuStreamCreate: CUresult {rc}")
+    verify([all_reduce(parent, 0, 4, 65536, torch.cuda.ExternalStream(temp.value))])
     check(lib, lib.ncclCommDestroy(parent), "ncclCommDestroy(parent of a family)")
+    rc = cuda.cuStreamDestroy_v2(temp)
+    if rc != 0:
+        raise RuntimeError(f"cuStreamDestroy: CUresult {rc}")
     verify([all_reduce(child, 1, 5, 100003)])
     for comm in (child, reordered):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")

@@ -426,22 +426,28 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
     // The communicator when this was the family's last handle; the others keep it otherwise.
     let last = family.leave()?;
     let ctx = match &last {
-        Some(live) => live.comm.gpu_context(),
+        Some(live) => live.comm.gpu_context().map(|ctx| (ctx, live.batches())),
         None => {
             tracing::info!(
                 target: crate::debug::NCCL,
                 rank = c.rank,
                 "this handle leaves its splitShare family; the communicator stays with the other {others}"
             );
-            family.lock()?.as_ref().and_then(|l| l.comm.gpu_context())
+            family.lock()?.as_ref().and_then(|l| Some((l.comm.gpu_context()?, l.batches())))
         }
     };
     // The work queued so far is done when this returns, before the communicator (if it goes).
-    if let Some(ctx) = ctx
-        && let Err(e) = cuda::synchronize_context(&ctx)
-        && !abort
-    {
-        return Err(Fail::from(e).context("wait for the communicator's GPU work before destroying it"));
+    if let Some((ctx, batches)) = ctx {
+        match cuda::synchronize_context(&ctx) {
+            // The family goes on: this handle's calls are done, and the program may now destroy
+            // their streams.
+            Ok(()) if last.is_none() => family.forget_finished_stream(batches)?,
+            Ok(()) => {}
+            Err(e) if !abort => {
+                return Err(Fail::from(e).context("wait for the communicator's GPU work before destroying it"));
+            }
+            Err(_) => {}
+        }
     }
     drop(last);
     Ok(())
@@ -457,7 +463,12 @@ pub unsafe extern "C" fn ncclCommFinalize(comm: NcclCommPtr) -> NcclResult {
     guard("ncclCommFinalize", || {
         let c = handle::lookup(comm)?;
         c.with_live(|live| match live.comm.gpu_context() {
-            Some(ctx) => Ok(cuda::synchronize_context(&ctx)?),
+            Some(ctx) => {
+                cuda::synchronize_context(&ctx)?;
+                // Every call is done: the next one waits for no stream.
+                live.forget_stream();
+                Ok(())
+            }
             None => Ok(()),
         })
     })

@@ -251,11 +251,17 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
                 others.push(s);
             }
         }
-        let last = live.last_stream;
         // A captured stream may not wait for work outside the capture: the previous stream is
         // ordered only outside capture (a captured graph is ordered by its launch stream).
-        if last != usize::MAX && last != exec && !others.contains(&last) && !cuda::is_capturing(exec)? {
-            cuda::order_after(exec, last)?;
+        if let Some(last) = live.stream_to_follow()
+            && last != exec
+            && !others.contains(&last)
+            && !cuda::is_capturing(exec)?
+            && let Err(e) = cuda::order_after(exec, last)
+        {
+            // Reported once: later calls do not look at that stream again.
+            live.forget_stream();
+            return Err(e.into());
         }
         for &s in &others {
             cuda::order_after(exec, s)?;
@@ -280,7 +286,7 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
         for &s in &others {
             cuda::order_after(s, exec)?;
         }
-        live.last_stream = exec;
+        live.ran_on(exec);
         Ok(())
     })
 }

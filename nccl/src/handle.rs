@@ -74,10 +74,7 @@ pub struct Family {
 impl Family {
     /// A family of one handle around `comm`.
     pub fn new(comm: Communicator) -> Arc<Self> {
-        Arc::new(Family {
-            live: Mutex::new(Some(Live { comm, last_stream: usize::MAX })),
-            members: AtomicUsize::new(1),
-        })
+        Arc::new(Family { live: Mutex::new(Some(Live::new(comm))), members: AtomicUsize::new(1) })
     }
 
     /// Counts one more handle of the family (a split sharing it).
@@ -99,6 +96,17 @@ impl Family {
     /// Tries the lock without waiting (`None` when a call of the family holds it).
     pub fn try_lock(&self) -> Option<MutexGuard<'_, Option<Live>>> {
         self.live.try_lock().ok()
+    }
+
+    /// After a wait for all of the context's work, begun when `batches` batches had run: when no
+    /// batch ran since, nothing is left to order after (see [`Live::forget_stream`]).
+    pub fn forget_finished_stream(&self, batches: u64) -> Result<(), Fail> {
+        if let Some(live) = self.lock()?.as_mut()
+            && live.batches() == batches
+        {
+            live.forget_stream();
+        }
+        Ok(())
     }
 
     /// One handle leaves: the communicator when it was the last one, else `None` (the others
@@ -134,9 +142,41 @@ impl State {
 pub struct Live {
     /// The weave communicator.
     pub comm: Communicator,
-    /// The stream of the last call: a call on another stream first waits for it, so the
-    /// calls of one communicator run in the order they were made, as NCCL's do.
-    pub last_stream: usize,
+    /// The stream of the last batch of calls while its work may still be queued: a call on
+    /// another stream first waits for it, so the calls of one communicator (or family) run in
+    /// the order they were made, as NCCL's do. `None` when nothing is left to wait for.
+    last_stream: Option<usize>,
+    /// Batches of calls run so far (tells a teardown whether a call came after its wait).
+    batches: u64,
+}
+
+impl Live {
+    fn new(comm: Communicator) -> Self {
+        Live { comm, last_stream: None, batches: 0 }
+    }
+
+    /// The stream the next call must wait for, if any.
+    pub fn stream_to_follow(&self) -> Option<usize> {
+        self.last_stream
+    }
+
+    /// Records a batch of calls enqueued on `stream`.
+    pub fn ran_on(&mut self, stream: usize) {
+        self.last_stream = Some(stream);
+        self.batches += 1;
+    }
+
+    /// Batches of calls run so far.
+    pub fn batches(&self) -> u64 {
+        self.batches
+    }
+
+    /// Forgets the last call's stream: its work is done (the context was synchronized), or
+    /// ordering after it failed and was reported. The program may destroy a stream once its
+    /// work is done, as NCCL allows, so a finished stream is never looked at again.
+    pub fn forget_stream(&mut self) {
+        self.last_stream = None;
+    }
 }
 
 impl NcclComm {
