@@ -433,7 +433,9 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
                 rank = c.rank,
                 "this handle leaves its splitShare family; the communicator stays with the other {others}"
             );
-            family.lock()?.as_ref().and_then(|l| Some((l.comm.gpu_context()?, l.batches())))
+            // An abort does not wait for a sibling's running call to let go of the family: the
+            // abort ends it, and nothing of the communicator is freed here.
+            if abort { None } else { family.lock()?.as_ref().and_then(|l| Some((l.comm.gpu_context()?, l.batches()))) }
         }
     };
     // The work queued so far is done when this returns, before the communicator (if it goes).
