@@ -21,7 +21,9 @@ in flight at once are exact, a split reordering the ranks has memory of its own,
 works on after its parent and the stream of the parent's last call are destroyed. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
 fails, calls after resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an
 estimate above 0, nothing run); and the GPU memory this process uses (nvidia-smi) after
-communicator init, after an 8-byte all-reduce and after a 256 MiB one. Last, nothing left behind:
+communicator init, after an 8-byte all-reduce and after a 256 MiB one. A stream destroyed once
+its call is done is never touched by the communicator's next call on another stream. Last,
+nothing left behind:
 five rounds of a communicator made, used (window, registered buffer, copying calls) and
 destroyed leave the memory outside torch's allocator where the first round left it. Writes
 OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on any failure.
@@ -273,6 +275,40 @@ def family(lib, rank, world, report):
     report["family_split_after_parent"] = "exact"
 
 
+def destroyed_streams(lib, rank, world, report):
+    """A stream destroyed once its call is done (legal in NCCL): a communicator's next call, on
+    another stream, must not touch it. Twenty rounds of: stream A made, an all-reduce on it,
+    synchronized; stream B made (so its handle differs from A's); A destroyed; an all-reduce on
+    B, exact; B destroyed."""
+    cuda = ctypes.CDLL("libcuda.so.1")
+    comm = new_comm(lib, rank, world)
+    buf = torch.zeros(2 << 16, dtype=torch.float32, device="cuda")
+    count = 1 << 16
+
+    def cu(rc, what):
+        if rc != 0:
+            raise RuntimeError(f"{what}: CUresult {rc}")
+
+    for round_ in range(20):
+        streams = [ctypes.c_void_p(), ctypes.c_void_p()]
+        cu(cuda.cuStreamCreate(ctypes.byref(streams[0]), 0), "cuStreamCreate")
+        for i, stream in enumerate(streams):
+            if i == 1:
+                cu(cuda.cuStreamCreate(ctypes.byref(stream), 0), "cuStreamCreate")
+                cu(cuda.cuStreamDestroy_v2(streams[0]), "cuStreamDestroy")
+            buf[:count].fill_(float(rank + round_ + i))
+            torch.cuda.synchronize()
+            check(lib, lib.ncclAllReduce(buf.data_ptr(), buf[count:].data_ptr(), count, NCCL_FLOAT32, NCCL_SUM, comm,
+                                         stream), "all-reduce on a fresh stream")
+            cu(cuda.cuStreamSynchronize(stream), "cuStreamSynchronize")
+            want = float(sum(r + round_ + i for r in range(world)))
+            if not bool((buf[count:] == want).all()):
+                raise RuntimeError(f"all-reduce on a fresh stream (round {round_}, stream {i}) is wrong")
+        cu(cuda.cuStreamDestroy_v2(streams[1]), "cuStreamDestroy")
+    check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy (destroyed streams)")
+    report["destroyed_streams_calls_exact"] = 40
+
+
 def outside_torch_mib():
     """The GPU memory this process holds beyond what torch's caching allocator reserved (MiB), or
     None: the driver's, the loaded kernels' and the communicators'."""
@@ -443,6 +479,7 @@ def main(out_dir):
     report["simulated_group_us"] = sim.estimatedTime
     for comm in (comm_a, comm_b):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
+    destroyed_streams(lib, rank, world, report)
     lifecycle(lib, rank, world, report)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"windows-rank{rank}.json"), "w") as f:

@@ -116,6 +116,52 @@ pub fn order_after(waiter: usize, on: usize) -> Result<()> {
     check(r, "cuEventRecord/cuStreamWaitEvent (ordering the communicator's streams)")
 }
 
+/// An event that marks where a communicator's last batch of calls ends on its stream. A later
+/// call on another stream waits for the event, never for that stream: the program may destroy a
+/// stream once its work is done (NCCL never looks at a stream again after its call), and an
+/// event recorded on it stays valid.
+pub struct EndMark {
+    event: sys::CUevent,
+}
+
+// SAFETY: a CUevent is a handle the driver accepts from any thread; the mark is used under its
+// communicator's lock only.
+unsafe impl Send for EndMark {}
+
+impl EndMark {
+    /// An event of the current context, without timing.
+    pub fn new() -> Result<Self> {
+        let mut event: sys::CUevent = std::ptr::null_mut();
+        let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
+        // SAFETY: writes one event handle; the caller made the communicator's context current.
+        check(unsafe { sys::cuEventCreate(&mut event, flags) }, "cuEventCreate (the end mark of a batch)")?;
+        Ok(EndMark { event })
+    }
+
+    /// Marks the end of the work enqueued on `stream` so far.
+    pub fn record(&self, stream: usize) -> Result<()> {
+        // SAFETY: the event is live; `stream` is the caller's live stream of this context.
+        check(unsafe { sys::cuEventRecord(self.event, stream as CUstream) }, "cuEventRecord (end of a batch)")
+    }
+
+    /// Makes `waiter` wait for the work the last [`record`](Self::record) marked.
+    pub fn make_wait(&self, waiter: usize) -> Result<()> {
+        // SAFETY: the event is live; `waiter` is the caller's live stream of this context.
+        check(
+            unsafe { sys::cuStreamWaitEvent(waiter as CUstream, self.event, 0) },
+            "cuStreamWaitEvent (ordering after the communicator's previous call)",
+        )
+    }
+}
+
+impl Drop for EndMark {
+    fn drop(&mut self) {
+        // SAFETY: the event is live and dropped once; the driver frees it once pending work
+        // that waits for it is done.
+        unsafe { sys::cuEventDestroy_v2(self.event) };
+    }
+}
+
 /// Waits for all work of the current context (bounded: weave's kernels give up after
 /// `WEAVE_TIMEOUT` or on abort).
 pub fn synchronize_context(ctx: &weave_cuda::CudaContext) -> Result<()> {

@@ -11,9 +11,10 @@
 //!    run on one thread each (so a process driving several GPUs cannot block itself on a
 //!    collective setup step that waits for its other ranks);
 //! 3. per communicator, on the first call's stream (which first waits for every other stream
-//!    of the group and for the communicator's previous stream): the collectives in the order
-//!    they were queued, then the sends and receives through `run_p2p`'s deadlock-free
-//!    schedule; then every other stream of the group waits for that stream.
+//!    of the group and for the end of the communicator's previous batch, through an event:
+//!    `Live::follow_on`): the collectives in the order they were queued, then the sends and
+//!    receives through `run_p2p`'s deadlock-free schedule; then every other stream of the
+//!    group waits for that stream, and an event marks the batch's end (`Live::ran_on`).
 //!
 //! Every rank runs its collectives in the same order, and a group's point-to-point calls after
 //! them on every rank, so the order between the two kinds inside one group cannot deadlock.
@@ -251,17 +252,16 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
                 others.push(s);
             }
         }
-        // A captured stream may not wait for work outside the capture: the previous stream is
-        // ordered only outside capture (a captured graph is ordered by its launch stream).
-        if let Some(last) = live.stream_to_follow()
+        // A captured stream may not wait for work outside the capture, nor mark its end for
+        // calls outside it: the previous batch is followed, and this one marked, only outside
+        // capture (a captured graph is ordered by its launch stream).
+        let capturing = cuda::is_capturing(exec)?;
+        if !capturing
+            && let Some(last) = live.stream_to_follow()
             && last != exec
             && !others.contains(&last)
-            && !cuda::is_capturing(exec)?
-            && let Err(e) = cuda::order_after(exec, last)
         {
-            // Reported once: later calls do not look at that stream again.
-            live.forget_stream();
-            return Err(e.into());
+            live.follow_on(exec)?;
         }
         for &s in &others {
             cuda::order_after(exec, s)?;
@@ -286,7 +286,9 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
         for &s in &others {
             cuda::order_after(s, exec)?;
         }
-        live.ran_on(exec);
+        if !capturing {
+            live.ran_on(exec)?;
+        }
         Ok(())
     })
 }

@@ -16,7 +16,7 @@
 //! weave communicator instead of building one: its workspaces, connections and GPU memory. The
 //! handles of a family run their calls through that one communicator, one at a time, in the
 //! order they are made, and on the GPU in that order too (a call on another stream first waits
-//! for the stream of the family's last call), which is how NCCL runs a family sharing its
+//! for the end of the family's last call), which is how NCCL runs a family sharing its
 //! resources. As in NCCL, aborting or revoking one member makes every member unusable, and the
 //! program issues the calls of a family from one thread at a time in the same order on every
 //! rank. The communicator goes with the family's last handle.
@@ -29,6 +29,7 @@ use std::thread::JoinHandle;
 use collectives::{AbortHandle, Communicator};
 
 use crate::abi::{NcclCommPtr, NcclResult};
+use crate::cuda::EndMark;
 use crate::error::Fail;
 use crate::premul::PreMulTable;
 
@@ -138,32 +139,56 @@ impl State {
     }
 }
 
-/// A ready communicator and the stream its last call used.
+/// A ready communicator and where its last call ended.
 pub struct Live {
     /// The weave communicator.
     pub comm: Communicator,
     /// The stream of the last batch of calls while its work may still be queued: a call on
-    /// another stream first waits for it, so the calls of one communicator (or family) run in
-    /// the order they were made, as NCCL's do. `None` when nothing is left to wait for.
+    /// another stream first waits for that batch's end (`end_mark`), so the calls of one
+    /// communicator (or family) run in the order they were made, as NCCL's do. `None` when
+    /// nothing is left to wait for.
     last_stream: Option<usize>,
+    /// Where the last batch ends: an event recorded on `last_stream`, so that waiting for it never
+    /// touches a stream the program may have destroyed since. Made by the first batch.
+    end_mark: Option<EndMark>,
     /// Batches of calls run so far (tells a teardown whether a call came after its wait).
     batches: u64,
 }
 
 impl Live {
     fn new(comm: Communicator) -> Self {
-        Live { comm, last_stream: None, batches: 0 }
+        Live { comm, last_stream: None, end_mark: None, batches: 0 }
     }
 
-    /// The stream the next call must wait for, if any.
+    /// The stream of the last batch, while there is one to wait for.
     pub fn stream_to_follow(&self) -> Option<usize> {
         self.last_stream
     }
 
-    /// Records a batch of calls enqueued on `stream`.
-    pub fn ran_on(&mut self, stream: usize) {
-        self.last_stream = Some(stream);
+    /// Makes `stream` wait for the end of the last batch. A failure is reported once: the next
+    /// call waits for nothing.
+    pub fn follow_on(&mut self, stream: usize) -> Result<(), Fail> {
+        let waited = match (&self.last_stream, &self.end_mark) {
+            (Some(_), Some(mark)) => mark.make_wait(stream),
+            _ => Ok(()),
+        };
+        if waited.is_err() {
+            self.forget_stream();
+        }
+        Ok(waited?)
+    }
+
+    /// Records a batch of calls enqueued on `stream` (with the communicator's context current).
+    pub fn ran_on(&mut self, stream: usize) -> Result<(), Fail> {
+        let mark = match self.end_mark.take() {
+            Some(mark) => mark,
+            None => EndMark::new()?,
+        };
+        let recorded = mark.record(stream);
+        self.end_mark = Some(mark);
         self.batches += 1;
+        self.last_stream = recorded.is_ok().then_some(stream);
+        Ok(recorded?)
     }
 
     /// Batches of calls run so far.
@@ -171,11 +196,17 @@ impl Live {
         self.batches
     }
 
-    /// Forgets the last call's stream: its work is done (the context was synchronized), or
-    /// ordering after it failed and was reported. The program may destroy a stream once its
-    /// work is done, as NCCL allows, so a finished stream is never looked at again.
+    /// Forgets the last batch: its work is done (the context was synchronized), or waiting for
+    /// it failed and was reported.
     pub fn forget_stream(&mut self) {
         self.last_stream = None;
+    }
+}
+
+impl Drop for Live {
+    fn drop(&mut self) {
+        // The event goes while the communicator still holds its CUDA context.
+        self.end_mark.take();
     }
 }
 
