@@ -116,6 +116,10 @@ pub fn order_after(waiter: usize, on: usize) -> Result<()> {
     check(r, "cuEventRecord/cuStreamWaitEvent (ordering the communicator's streams)")
 }
 
+/// `CU_STREAM_PER_THREAD` (`cudaStreamPerThread`): the calling thread's default stream, the same
+/// handle on every thread for a different stream on each.
+pub const PER_THREAD_STREAM: usize = 0x2;
+
 /// An event that marks where a communicator's last batch of calls ends on its stream. A later
 /// call on another stream waits for the event, never for that stream: the program may destroy a
 /// stream once its work is done (NCCL never looks at a stream again after its call), and an

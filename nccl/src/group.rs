@@ -254,11 +254,21 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
         }
         // A captured stream may not wait for work outside the capture, nor mark its end for
         // calls outside it: the previous batch is followed, and this one marked, only outside
-        // capture (a captured graph is ordered by its launch stream).
+        // capture (a captured graph is ordered by its launch stream). As in NCCL, a group's
+        // streams are all captured or none is.
         let capturing = cuda::is_capturing(exec)?;
+        for &s in &others {
+            if cuda::is_capturing(s)? != capturing {
+                return Err(Fail::usage(
+                    "a group's calls on one communicator use streams of which some are being captured into a CUDA \
+                     graph and some are not: capture all of them into one graph, or none",
+                ));
+            }
+        }
+        // The per-thread default stream is one handle for another stream on each thread.
         if !capturing
             && let Some(last) = live.stream_to_follow()
-            && last != exec
+            && (last != exec || exec == cuda::PER_THREAD_STREAM)
             && !others.contains(&last)
         {
             live.follow_on(exec)?;

@@ -165,28 +165,26 @@ impl Live {
         self.last_stream
     }
 
-    /// Makes `stream` wait for the end of the last batch. A failure is reported once: the next
-    /// call waits for nothing.
+    /// Makes `stream` wait for the end of the last batch (its event stays valid whatever became
+    /// of its stream, so a failure here is `stream`'s own).
     pub fn follow_on(&mut self, stream: usize) -> Result<(), Fail> {
-        let waited = match (&self.last_stream, &self.end_mark) {
-            (Some(_), Some(mark)) => mark.make_wait(stream),
+        match (&self.last_stream, &self.end_mark) {
+            (Some(_), Some(mark)) => Ok(mark.make_wait(stream)?),
             _ => Ok(()),
-        };
-        if waited.is_err() {
-            self.forget_stream();
         }
-        Ok(waited?)
     }
 
     /// Records a batch of calls enqueued on `stream` (with the communicator's context current).
+    /// Where its end cannot be marked, the next call waits for nothing (and this one fails).
     pub fn ran_on(&mut self, stream: usize) -> Result<(), Fail> {
+        self.batches += 1;
+        self.last_stream = None;
         let mark = match self.end_mark.take() {
             Some(mark) => mark,
             None => EndMark::new()?,
         };
         let recorded = mark.record(stream);
         self.end_mark = Some(mark);
-        self.batches += 1;
         self.last_stream = recorded.is_ok().then_some(stream);
         Ok(recorded?)
     }
@@ -196,8 +194,7 @@ impl Live {
         self.batches
     }
 
-    /// Forgets the last batch: its work is done (the context was synchronized), or waiting for
-    /// it failed and was reported.
+    /// Forgets the last batch: its work is done (the context was synchronized).
     pub fn forget_stream(&mut self) {
         self.last_stream = None;
     }
