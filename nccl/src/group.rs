@@ -225,6 +225,12 @@ pub fn end() -> Result<(), Fail> {
             None => batches.push((q.comm, vec![(q.call, q.stream)])),
         }
     }
+    if batches.len() > 1 && batches.iter().any(|(_, calls)| calls.iter().any(|&(_, s)| s == cuda::PER_THREAD_STREAM)) {
+        return Err(Fail::usage(
+            "a group over several communicators runs each communicator's calls on a thread of its own, where \
+             cudaStreamPerThread names that thread's stream, not yours: give the group's calls an explicit stream",
+        ));
+    }
     per_communicator(&batches, |(comm, calls)| run_batch(comm, calls))?;
     if in_progress { Err(Fail::new(NcclResult::IN_PROGRESS, "init still running")) } else { Ok(()) }
 }

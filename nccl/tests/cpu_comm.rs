@@ -8,7 +8,7 @@
 use std::ffi::c_int;
 use std::ptr::null_mut;
 
-use nccl::abi::{NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, NcclUniqueId};
+use nccl::abi::{CudaStreamPtr, NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, NcclUniqueId};
 use nccl::api_coll::*;
 use nccl::api_comm::*;
 use nccl::api_memory::*;
@@ -118,6 +118,15 @@ fn rank_main(id: NcclUniqueId, rank: c_int) {
             assert!(!sub.is_null());
             assert_eq!(ncclCommCount(sub, &mut n), NcclResult::SUCCESS);
             assert_eq!(n, 1);
+            // A group over two communicators runs each on a thread of its own, where the
+            // per-thread default stream is another stream: refused before anything runs.
+            let per_thread = 0x2 as CudaStreamPtr;
+            assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+            assert_eq!(ncclAllReduce(fake, fake, 4, f, NcclRedOp::SUM, comm, per_thread), NcclResult::SUCCESS);
+            assert_eq!(ncclAllReduce(fake, fake, 4, f, NcclRedOp::SUM, sub, per_thread), NcclResult::SUCCESS);
+            assert_eq!(ncclGroupEnd(), NcclResult::INVALID_USAGE);
+            let said = std::ffi::CStr::from_ptr(ncclGetLastError(null_mut())).to_string_lossy().into_owned();
+            assert!(said.contains("cudaStreamPerThread"), "{said}");
             assert_eq!(ncclCommDestroy(sub), NcclResult::SUCCESS);
             assert_eq!(ncclCommDestroy(sub), NcclResult::INVALID_ARGUMENT);
         } else {
