@@ -129,6 +129,13 @@ def process_gpu_mib():
     return None
 
 
+def cu(rc, what):
+    """Raises unless a CUDA driver call (libcuda, for streams the checks make and destroy
+    themselves) returned CUDA_SUCCESS."""
+    if rc != 0:
+        raise RuntimeError(f"{what}: CUresult {rc}")
+
+
 def new_comm(lib, rank, world, cfg=None):
     uid = UniqueId()
     if rank == 0:
@@ -261,14 +268,10 @@ def family(lib, rank, world, report):
     # call, on another stream, must not wait for it.
     cuda = ctypes.CDLL("libcuda.so.1")
     temp = ctypes.c_void_p()
-    rc = cuda.cuStreamCreate(ctypes.byref(temp), 0)
-    if rc != 0:
-        raise RuntimeError(f"cuStreamCreate: CUresult {rc}")
+    cu(cuda.cuStreamCreate(ctypes.byref(temp), 0), "cuStreamCreate")
     verify([all_reduce(parent, 0, 4, 65536, torch.cuda.ExternalStream(temp.value))])
     check(lib, lib.ncclCommDestroy(parent), "ncclCommDestroy(parent of a family)")
-    rc = cuda.cuStreamDestroy_v2(temp)
-    if rc != 0:
-        raise RuntimeError(f"cuStreamDestroy: CUresult {rc}")
+    cu(cuda.cuStreamDestroy_v2(temp), "cuStreamDestroy")
     verify([all_reduce(child, 1, 5, 100003)])
     for comm in (child, reordered):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
@@ -284,10 +287,6 @@ def destroyed_streams(lib, rank, world, report):
     comm = new_comm(lib, rank, world)
     buf = torch.zeros(2 << 16, dtype=torch.float32, device="cuda")
     count = 1 << 16
-
-    def cu(rc, what):
-        if rc != 0:
-            raise RuntimeError(f"{what}: CUresult {rc}")
 
     for round_ in range(20):
         streams = [ctypes.c_void_p(), ctypes.c_void_p()]
