@@ -94,26 +94,15 @@ pub unsafe fn copy_async(dst: u64, src: u64, bytes: usize, stream: usize) -> Res
     check(unsafe { sys::cuMemcpyAsync(dst, src, bytes, stream) }, "cuMemcpyAsync (send to self)")
 }
 
-/// Makes `waiter` wait for the work enqueued on `on` so far (`cuEventRecord` +
-/// `cuStreamWaitEvent`; both are allowed during stream capture).
+/// Makes `waiter` wait for the work enqueued on `on` so far, through an event of its own
+/// (recording and waiting are both allowed during stream capture).
 pub fn order_after(waiter: usize, on: usize) -> Result<()> {
     if waiter == on {
         return Ok(());
     }
-    let mut ev: sys::CUevent = std::ptr::null_mut();
-    let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
-    // SAFETY: writes one event handle.
-    check(unsafe { sys::cuEventCreate(&mut ev, flags) }, "cuEventCreate")?;
-    let (waiter, on) = (waiter as CUstream, on as CUstream);
-    // SAFETY: `ev` is live; both streams are the caller's live streams.
-    let mut r = unsafe { sys::cuEventRecord(ev, on) };
-    if r == sys::CUresult::CUDA_SUCCESS {
-        // SAFETY: as above; the event was recorded.
-        r = unsafe { sys::cuStreamWaitEvent(waiter, ev, 0) };
-    }
-    // SAFETY: destroying a recorded event is allowed; the driver frees it once it completes.
-    unsafe { sys::cuEventDestroy_v2(ev) };
-    check(r, "cuEventRecord/cuStreamWaitEvent (ordering the communicator's streams)")
+    let mark = EndMark::new()?;
+    mark.record(on)?;
+    mark.make_wait(waiter)
 }
 
 /// `CU_STREAM_PER_THREAD` (`cudaStreamPerThread`): the calling thread's default stream, the same
@@ -123,7 +112,8 @@ pub const PER_THREAD_STREAM: usize = 0x2;
 /// An event that marks where a communicator's last batch of calls ends on its stream. A later
 /// call on another stream waits for the event, never for that stream: the program may destroy a
 /// stream once its work is done (NCCL never looks at a stream again after its call), and an
-/// event recorded on it stays valid.
+/// event recorded on it stays valid. [`order_after`] uses one for a moment to order the streams
+/// of one group.
 pub struct EndMark {
     event: sys::CUevent,
 }
@@ -138,14 +128,18 @@ impl EndMark {
         let mut event: sys::CUevent = std::ptr::null_mut();
         let flags = sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32;
         // SAFETY: writes one event handle; the caller made the communicator's context current.
-        check(unsafe { sys::cuEventCreate(&mut event, flags) }, "cuEventCreate (the end mark of a batch)")?;
+        let created = unsafe { sys::cuEventCreate(&mut event, flags) };
+        check(created, "cuEventCreate (an event ordering the communicator's streams)")?;
         Ok(EndMark { event })
     }
 
     /// Marks the end of the work enqueued on `stream` so far.
     pub fn record(&self, stream: usize) -> Result<()> {
         // SAFETY: the event is live; `stream` is the caller's live stream of this context.
-        check(unsafe { sys::cuEventRecord(self.event, stream as CUstream) }, "cuEventRecord (end of a batch)")
+        check(
+            unsafe { sys::cuEventRecord(self.event, stream as CUstream) },
+            "cuEventRecord (marking the end of the communicator's work on a stream)",
+        )
     }
 
     /// Makes `waiter` wait for the work the last [`record`](Self::record) marked.
@@ -153,7 +147,7 @@ impl EndMark {
         // SAFETY: the event is live; `waiter` is the caller's live stream of this context.
         check(
             unsafe { sys::cuStreamWaitEvent(waiter as CUstream, self.event, 0) },
-            "cuStreamWaitEvent (ordering after the communicator's previous call)",
+            "cuStreamWaitEvent (ordering a stream after the communicator's work on another)",
         )
     }
 }
