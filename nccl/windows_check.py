@@ -18,15 +18,17 @@ deregistering calls copy and are exact. A splitShare family (ncclCommInitRankCon
 splitShare = 1, then ncclCommSplit keeping every rank in order): the split's calls grow the
 parent's memory (one communicator), 400 all-reduces alternating parent and split on two streams
 in flight at once are exact, a split reordering the ranks has memory of its own, and the split
-works on after its parent and the stream of the parent's last call are destroyed. ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended
-fails, calls after resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an
-estimate above 0, nothing run); and the GPU memory this process uses (nvidia-smi) after
-communicator init, after an 8-byte all-reduce and after a 256 MiB one. A stream destroyed once
-its call is done is never touched by the communicator's next call on another stream. Last,
-nothing left behind:
-five rounds of a communicator made, used (window, registered buffer, copying calls) and
-destroyed leave the memory outside torch's allocator where the first round left it. Writes
-OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on any failure.
+works on after its parent and the stream of the parent's last call are destroyed.
+ncclCommMemStats, ncclCommSuspend and ncclCommResume (a call while suspended fails, calls after
+resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an estimate above 0,
+nothing run); and the GPU memory this process uses (nvidia-smi) after communicator init, after
+an 8-byte all-reduce and after a 256 MiB one. A stream destroyed once its call is done is never
+touched by the communicator's next call on another stream. A group of one communicator's calls
+on two streams waits for both streams' earlier work, and both streams wait for the group. Last,
+nothing left behind: five rounds of a communicator made, used (window, registered buffer,
+copying calls) and destroyed leave the memory outside torch's allocator where the first round
+left it. Writes OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on
+any failure.
 """
 
 import ctypes
@@ -308,6 +310,40 @@ def destroyed_streams(lib, rank, world, report):
     report["destroyed_streams_calls_exact"] = 40
 
 
+def group_on_two_streams(lib, rank, world, report):
+    """One group of a communicator's calls on two streams: the group waits for the work each
+    stream had before it, and each stream waits for the whole group. Twenty rounds of: inputs
+    filled on their own streams (no device-wide synchronization), a group of two 16 MiB
+    all-reduces, one per stream, then both results compared exactly on one of the two streams
+    alone (each in turn)."""
+    comm = new_comm(lib, rank, world)
+    count = 4 << 20
+    streams = [torch.cuda.Stream(), torch.cuda.Stream()]
+    bufs = [torch.zeros(2 * count, dtype=torch.float32, device="cuda") for _ in streams]
+    torch.cuda.synchronize()
+    for round_ in range(20):
+        for lane, (stream, buf) in enumerate(zip(streams, bufs)):
+            with torch.cuda.stream(stream):
+                buf[:count].fill_(float(rank + round_ + 10 * lane))
+                buf[count:].fill_(-1.0)
+        check(lib, lib.ncclGroupStart(), "ncclGroupStart (two streams)")
+        for stream, buf in zip(streams, bufs):
+            check(lib, lib.ncclAllReduce(buf.data_ptr(), buf[count:].data_ptr(), count, NCCL_FLOAT32, NCCL_SUM, comm,
+                                         stream.cuda_stream), "all-reduce in a group on two streams")
+        check(lib, lib.ncclGroupEnd(), "ncclGroupEnd (two streams)")
+        # The comparisons run on the one stream (torch's default stream would wait for both).
+        with torch.cuda.stream(streams[round_ % 2]):
+            exact = [bool((buf[count:] == float(sum(r + round_ + 10 * lane for r in range(world)))).all())
+                     for lane, buf in enumerate(bufs)]
+        for lane, ok in enumerate(exact):
+            if not ok:
+                raise RuntimeError(f"group on two streams, round {round_}: the result on stream {lane} is wrong "
+                                   f"after synchronizing stream {round_ % 2} alone")
+    torch.cuda.synchronize()
+    check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy (group on two streams)")
+    report["group_on_two_streams_calls_exact"] = 40
+
+
 def outside_torch_mib():
     """The GPU memory this process holds beyond what torch's caching allocator reserved (MiB), or
     None: the driver's, the loaded kernels' and the communicators'."""
@@ -479,6 +515,7 @@ def main(out_dir):
     for comm in (comm_a, comm_b):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
     destroyed_streams(lib, rank, world, report)
+    group_on_two_streams(lib, rank, world, report)
     lifecycle(lib, rank, world, report)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"windows-rank{rank}.json"), "w") as f:
