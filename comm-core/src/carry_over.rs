@@ -48,7 +48,7 @@ impl Communicator {
     ///
     /// [`Resilience::retire`]: crate::resilience::Resilience::retire
     pub fn carry_over(&self, bootstrap: Arc<dyn Bootstrap>, members: &[usize]) -> Result<Communicator> {
-        let (rank, world_size) = (bootstrap.rank(), bootstrap.world_size());
+        let (rank, world_size) = crate::bootstrap::checked_shape(&*bootstrap)?;
         let n = self.world_size();
         let mut seen = vec![false; n];
         if members.len() != world_size || members.iter().any(|&m| m >= n || std::mem::replace(&mut seen[m], true)) {

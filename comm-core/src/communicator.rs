@@ -76,7 +76,7 @@ impl CommunicatorBuilder {
             None => Config::from_env()?,
         };
         let bootstrap = self.bootstrap;
-        let (rank, world_size) = (bootstrap.rank(), bootstrap.world_size());
+        let (rank, world_size) = crate::bootstrap::checked_shape(&*bootstrap)?;
         let id = next_communicator_id();
         let started = std::time::Instant::now();
         let _span = tracing::info_span!(target: diagnostics::INIT, "communicator", rank, world_size, id).entered();
@@ -126,6 +126,13 @@ impl CommunicatorBuilder {
             table.push((b.transport(), b.local_endpoint()?));
         }
         let gathered = bootstrap.all_gather(&endpoints::encode(rank, &host, &table)?)?;
+        if gathered.len() != world_size {
+            return Err(Error::protocol(format!(
+                "the bootstrap's all-gather returned {} entries for a {world_size}-rank job: its all_gather must \
+                 return one entry per rank",
+                gathered.len()
+            )));
+        }
         let mut endpoints = Vec::with_capacity(world_size);
         let mut hosts = Vec::with_capacity(world_size);
         for (r, bytes) in gathered.iter().enumerate() {
@@ -454,6 +461,59 @@ pub(crate) mod tests {
                 });
             }
         });
+    }
+
+    /// A user's bootstrap that breaks its contract: a rank outside its world, or an all-gather
+    /// that drops entries.
+    struct Contrary {
+        inner: LoopbackBootstrap,
+        rank_beyond: bool,
+        short_gather: bool,
+    }
+
+    impl Bootstrap for Contrary {
+        fn rank(&self) -> usize {
+            if self.rank_beyond { self.inner.world_size() } else { self.inner.rank() }
+        }
+        fn world_size(&self) -> usize {
+            self.inner.world_size()
+        }
+        fn local_rank(&self) -> usize {
+            self.inner.local_rank()
+        }
+        fn local_world_size(&self) -> usize {
+            self.inner.local_world_size()
+        }
+        fn job_key(&self) -> String {
+            self.inner.job_key()
+        }
+        fn timeout(&self) -> Duration {
+            self.inner.timeout()
+        }
+        fn send(&self, peer: usize, tag: u64, data: &[u8]) -> Result<()> {
+            self.inner.send(peer, tag, data)
+        }
+        fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
+            self.inner.recv(peer, tag)
+        }
+        fn all_gather(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+            let mut all = self.inner.all_gather(data)?;
+            if self.short_gather {
+                all.pop();
+            }
+            Ok(all)
+        }
+    }
+
+    #[test]
+    fn a_bootstrap_that_breaks_its_contract_is_refused_with_an_error() {
+        for (rank_beyond, short_gather) in [(true, false), (false, true)] {
+            let inner = LoopbackBootstrap::group(1, Duration::from_secs(5)).pop().unwrap();
+            let b = Contrary { inner, rank_beyond, short_gather };
+            let e = Communicator::builder(b).with_transport(LoopbackTransport).build().unwrap_err().to_string();
+            let said = if rank_beyond { "rank 1 of 1" } else { "returned 0 entries for a 1-rank job" };
+            assert!(e.contains(said), "{e}");
+        }
     }
 
     #[test]

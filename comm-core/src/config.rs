@@ -10,7 +10,7 @@
 //! | `WEAVE_DEBUG` | what a binary's subscriber prints on stderr: `off`, `warn`, `info`, `debug`, `trace` or `tracing` filter directives (read by [`crate::diagnostics`], not here) | `warn` |
 //! | `WEAVE_SECRET` | 32 hex digits shared by all ranks of a job (the launcher sets it) | derived, see [`crate::bootstrap::EnvRendezvous`] |
 //! | `WEAVE_ALGO` | algorithm overrides: `ring` for every collective that has it, or `all_reduce=one_shot,all_gather=ring` | the algorithm table |
-//! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`) | 4 MiB |
+//! | `WEAVE_HOST_SCRATCH` | bytes of each half of a rank's host scratch (`4M`, `262144`; at most 1 GiB) | 4 MiB |
 //!
 //! Every value can be overridden through the API ([`Config`] fields are public).
 
@@ -23,6 +23,9 @@ use crate::transport_names::Transport;
 
 /// Default bound on every blocking call.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// The most `WEAVE_HOST_SCRATCH` may ask for, per half of a rank's host scratch.
+pub const MAX_HOST_SCRATCH: usize = 1 << 30;
 
 /// Settings shared by one communicator and everything it builds.
 #[derive(Debug, Clone)]
@@ -77,8 +80,14 @@ impl Config {
         c.host_id = checked_host_id(var("WEAVE_HOST_ID"))?;
         c.algorithm_overrides = var("WEAVE_ALGO");
         if let Some(v) = var("WEAVE_HOST_SCRATCH") {
-            c.host_scratch_bytes =
-                Some(parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_HOST_SCRATCH: {e}")))?);
+            let bytes = parse_bytes(&v).map_err(|e| Error::invalid(format!("WEAVE_HOST_SCRATCH: {e}")))?;
+            if bytes > MAX_HOST_SCRATCH {
+                return Err(Error::invalid(format!(
+                    "WEAVE_HOST_SCRATCH={v:?} is more than the {} GiB a half may hold: a few MiB is plenty",
+                    MAX_HOST_SCRATCH >> 30
+                )));
+            }
+            c.host_scratch_bytes = Some(bytes);
         }
         Ok(c)
     }
@@ -227,6 +236,16 @@ mod tests {
         assert_eq!(parse_bytes("4096").unwrap(), 4096);
         assert!(parse_bytes("4X").is_err());
         assert!(parse_bytes("99999999999999999999G").is_err());
+    }
+
+    #[test]
+    fn host_scratch_is_bounded() {
+        let with = |v: &str| Config::from_vars(|name| (name == "WEAVE_HOST_SCRATCH").then(|| v.to_string()));
+        assert_eq!(with("1G").unwrap().host_scratch_bytes, Some(1 << 30));
+        for huge in ["9223372036854775808", "2G", "1025M"] {
+            let e = with(huge).unwrap_err().to_string();
+            assert!(e.contains("WEAVE_HOST_SCRATCH") && e.contains("1 GiB"), "{huge}: {e}");
+        }
     }
 
     #[test]

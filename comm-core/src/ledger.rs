@@ -334,9 +334,13 @@ impl Ledger {
         let groups_finished = self.groups_finished.load(Ordering::Acquire);
         let stable = self.collectives_begun.load(Ordering::Acquire) == collectives_begun
             && self.groups_begun.load(Ordering::Acquire) == groups_begun;
-        if !stable || collectives_finished > collectives_begun || groups_finished > groups_begun {
+        if !stable {
             return None;
         }
+        // With the begun counts stable, more finished than begun is a caller's misuse of
+        // `finish` (no race makes it): the view is clamped rather than retried for ever.
+        let collectives_finished = collectives_finished.min(collectives_begun);
+        let groups_finished = groups_finished.min(groups_begun);
         // A kernel reports the number it was launched with, never more than was begun.
         let device_started = self.device.get().map_or(0, |d| d.started_call().min(collectives_begun));
         let entry = |latest, waited_on| LedgerEntry {
@@ -391,6 +395,17 @@ mod tests {
         assert_eq!(l.entry().latest, Some(broadcast));
         assert_eq!(l.entry().waited_on, None, "a new call clears the timed-out peer");
         assert_eq!(broadcast.to_string(), "broadcast of 1099511627776 B, root 0, device buffers");
+    }
+
+    #[test]
+    fn a_finish_beyond_the_calls_begun_is_clamped_not_spun_on() {
+        let l = Ledger::default();
+        let all_reduce = CallSignature::host(CallKind::AllReduce, 32, None);
+        assert_eq!(l.begin(all_reduce), 1);
+        l.finish(&all_reduce, 7);
+        l.finish(&CallSignature::host(CallKind::Group, 8, None), 3);
+        let e = l.entry();
+        assert_eq!((e.collectives_begun, e.collectives_finished, e.groups_begun, e.groups_finished), (1, 1, 0, 0));
     }
 
     #[test]

@@ -29,6 +29,7 @@ use std::time::Duration;
 
 use crate::agreement::{AgreementMessage, Step};
 use crate::bootstrap::Bootstrap;
+use crate::deadline::Deadline;
 use crate::diagnostics;
 use crate::ledger::{Ledger, LedgerEntry};
 use crate::notice::{NoticeKind, send_notice};
@@ -36,6 +37,10 @@ use crate::verdict::{MemberState, Verdict};
 
 /// Decided agreements kept to answer members still agreeing; older ones are dropped.
 const KEPT_DECISIONS: u64 = 64;
+
+/// How far ahead of this member's own agreements a member's message may be; one further ahead
+/// is dropped (no member can be that far ahead, and its slot would never be cleared).
+const AGREEMENTS_AHEAD: u64 = 64;
 
 /// A hook run once when the communicator is revoked (e.g. raising its GPU abort word).
 pub type RevocationHook = Box<dyn Fn() + Send + Sync>;
@@ -263,6 +268,13 @@ impl Resilience {
                 }
             }
             NoticeKind::Agreement => match AgreementMessage::decode(body, self.size()) {
+                Ok(message)
+                    if message.instance
+                        > self.next_agreement.load(Ordering::Acquire).saturating_add(AGREEMENTS_AHEAD) =>
+                {
+                    let instance = message.instance;
+                    tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, instance, "an agreement message far ahead of this member's agreements was dropped");
+                }
                 Ok(message) => self.deliver(sender, message),
                 Err(e) => {
                     tracing::debug!(target: diagnostics::FAULT, rank = self.rank, from, "a malformed agreement message was dropped: {e}");
@@ -317,8 +329,8 @@ impl Resilience {
             return None;
         }
         let mut states = self.ask(silence, &vec![MemberState::Silent; self.size()]);
-        let settle = std::time::Instant::now() + silence / 2;
-        while moving(&states) && std::time::Instant::now() < settle {
+        let settle = Deadline::after(silence / 2);
+        while moving(&states) && !settle.expired() {
             std::thread::sleep(Duration::from_millis(5));
             // Members that answered answer at once; the silent are not waited for again.
             states = self.ask(silence / 10, &states);
@@ -349,11 +361,11 @@ impl Resilience {
                 &id.to_le_bytes(),
             );
         }
-        let deadline = std::time::Instant::now() + wait;
+        let deadline = Deadline::after(wait);
         let mut query = self.query.lock().unwrap_or_else(PoisonError::into_inner);
         loop {
             let settled = |q: &LedgerQuery| (0..n).all(|m| q.answers[m].is_some() || !asked(m));
-            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            let left = deadline.remaining();
             if settled(&query) || left.is_zero() {
                 break;
             }
@@ -439,7 +451,7 @@ impl Resilience {
         let queued = {
             let mut slots = self.slots();
             let old = slots.insert(instance, Slot::Decided(value.clone()));
-            slots.retain(|&i, _| i + KEPT_DECISIONS > instance);
+            slots.retain(|&i, _| i.saturating_add(KEPT_DECISIONS) > instance);
             match old {
                 Some(Slot::Open(queue)) => queue,
                 _ => VecDeque::new(),

@@ -98,8 +98,11 @@ impl EnvRendezvous {
         };
         let rank = parse_count(rank_var, &require(rank_var)?)?;
         let world_size = parse_count(size_var, &require(size_var)?)?;
-        if world_size == 0 {
-            return Err(Error::invalid(format!("{size_var}=0: a job has at least one rank")));
+        if world_size == 0 || world_size > super::MAX_WORLD_SIZE {
+            return Err(Error::invalid(format!(
+                "{size_var}={world_size}: a job has 1 to {} ranks",
+                super::MAX_WORLD_SIZE
+            )));
         }
         if rank >= world_size {
             return Err(Error::invalid(format!("{rank_var}={rank} is not below {size_var}={world_size}")));
@@ -337,6 +340,24 @@ mod tests {
             ("MASTER_ADDR", "10.0.0.1"),
         ])));
         assert!(message.contains("MASTER_PORT"), "{message}");
+    }
+
+    #[test]
+    fn world_sizes_beyond_the_limit_are_refused() {
+        for size in ["0", "18446744073709551615", "1048577"] {
+            let message = invalid_message(EnvRendezvous::from_vars(vars(&[
+                ("RANK", "0"),
+                ("WORLD_SIZE", size),
+                ("MASTER_ADDR", "127.0.0.1"),
+                ("MASTER_PORT", "29500"),
+            ])));
+            assert!(message.contains("WORLD_SIZE") && message.contains("1 to 1048576 ranks"), "{size}: {message}");
+        }
+        let id = UniqueId::with_secret(SocketAddr::from(([127, 0, 0, 1], 1)), [7; 16]);
+        match TcpBootstrap::with_roots(&[id], 0, usize::MAX, Duration::from_secs(1)) {
+            Err(Error::InvalidArgument(message)) => assert!(message.contains("1 to 1048576 ranks"), "{message}"),
+            other => panic!("a bootstrap of usize::MAX ranks: expected InvalidArgument, got {:?}", other.err()),
+        }
     }
 
     #[test]

@@ -21,6 +21,23 @@ use std::time::Duration;
 
 use crate::error::Result;
 
+/// The most ranks a job may have: a larger world size is refused before anything is sized by it
+/// (a bootstrap keeps a few words per rank).
+pub const MAX_WORLD_SIZE: usize = 1 << 20;
+
+/// A bootstrap's rank and world size, checked: a user's [`Bootstrap`] that reports a rank
+/// outside its world (or an empty or oversized world) is refused before either is used.
+pub(crate) fn checked_shape(bootstrap: &dyn Bootstrap) -> Result<(usize, usize)> {
+    let (rank, world_size) = (bootstrap.rank(), bootstrap.world_size());
+    if world_size == 0 || world_size > MAX_WORLD_SIZE || rank >= world_size {
+        return Err(crate::error::Error::invalid(format!(
+            "the bootstrap says rank {rank} of {world_size}: a bootstrap's rank must be below its world size, \
+             which is 1 to {MAX_WORLD_SIZE}"
+        )));
+    }
+    Ok((rank, world_size))
+}
+
 /// Tags at or above this value belong to weave itself; user code should use smaller tags.
 pub const RESERVED_TAG_BASE: u64 = 1 << 63;
 /// Tag of the messages of the default [`Bootstrap::all_gather`].

@@ -196,10 +196,14 @@ impl<'a> Acceptor<'a> {
         tracing::warn!(target: crate::diagnostics::BOOTSTRAP, rank, %from, "bootstrap rank {rank} refused a connection from {from}: {reason}");
     }
 
-    /// The next connection with a complete hello, or `None` once `deadline` has passed.
+    /// The next connection with a complete hello, or `None` once `deadline` has passed (checked
+    /// first on every call, so a stream of hellos the caller refuses cannot keep it waiting).
     pub(super) fn next(&mut self, deadline: &Deadline) -> Result<Option<Incoming>> {
         let mut idle_sleep = Duration::from_micros(200);
         loop {
+            if deadline.expired() {
+                return Ok(None);
+            }
             let mut progressed = false;
             while self.pending.len() < MAX_PENDING_HANDSHAKES {
                 match self.listener.accept() {
@@ -248,9 +252,6 @@ impl<'a> Acceptor<'a> {
                     }
                     Progress::Waiting => index += 1,
                 }
-            }
-            if deadline.expired() {
-                return Ok(None);
             }
             if progressed {
                 idle_sleep = Duration::from_micros(200);

@@ -137,8 +137,11 @@ impl TcpBootstrap {
     /// Errors as for [`new`](TcpBootstrap::new); no ids, or more ids than ranks, are an
     /// [`Error::InvalidArgument`].
     pub fn with_roots(ids: &[UniqueId], rank: usize, world_size: usize, timeout: Duration) -> Result<Self> {
-        if world_size == 0 {
-            return Err(Error::invalid("bootstrap world size must be at least 1"));
+        if world_size == 0 || world_size > super::MAX_WORLD_SIZE {
+            return Err(Error::invalid(format!(
+                "a bootstrap of {world_size} ranks: a job has 1 to {} ranks",
+                super::MAX_WORLD_SIZE
+            )));
         }
         if rank >= world_size {
             return Err(Error::invalid(format!("bootstrap rank {rank} is not a rank of a {world_size}-rank job")));
