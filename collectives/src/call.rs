@@ -162,7 +162,8 @@ impl DeviceCall {
         world: usize,
     ) -> Self {
         let per_rank = matches!(collective, Collective::AllGather | Collective::ReduceScatter | Collective::AllToAll);
-        let bytes = count * dtype.size() * if per_rank { world } else { 1 };
+        // Saturating: the ledger and the plan read it; the caller checked the buffers' sizes.
+        let bytes = count.saturating_mul(dtype.size()).saturating_mul(if per_rank { world } else { 1 });
         DeviceCall { root, ..DeviceCall::new(collective, dtype, op, buffers, count, bytes) }
     }
 

@@ -525,7 +525,8 @@ impl Communicator {
             return Ok(());
         }
         let esz = dtype.size();
-        let bytes = send.map_or(0, |s| s.1 * esz) + recv.map_or(0, |r| r.1 * esz);
+        let bytes =
+            send.map_or(0, |s| s.1.saturating_mul(esz)).saturating_add(recv.map_or(0, |r| r.1.saturating_mul(esz)));
         let shape = CallShape { collective: Collective::SendRecv, memory: MemorySpace::Device, bytes, payload: bytes };
         let plan = crate::select::plan(self.algorithm_table(), shape, self.core().topology(), Some(&g.caps()))?;
         if plan.executor == Executor::GpuChannel {

@@ -143,12 +143,16 @@ pub(crate) unsafe fn clear_out(p: *mut NcclCommPtr, what: &str) -> CallResult {
     Ok(())
 }
 
+/// The most ranks `ncclCommInitAll` makes at once (each is built on a thread of its own).
+const MAX_INIT_ALL: usize = 1024;
+
 /// Checks `nranks` and `rank` and decodes the id.
 fn rank_args(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Result<(UniqueId, usize, usize), Fail> {
+    let most = comm_core::bootstrap::MAX_WORLD_SIZE;
     let n = usize::try_from(nranks)
         .ok()
-        .filter(|&n| n >= 1)
-        .ok_or_else(|| Fail::invalid(format!("nranks is {nranks}; it must be at least 1")))?;
+        .filter(|&n| (1..=most).contains(&n))
+        .ok_or_else(|| Fail::invalid(format!("nranks is {nranks}; a communicator has 1 to {most} ranks")))?;
     let r = crate::coll::check_rank("rank", rank, n)?;
     Ok((unique_id::decode(id)?, r, n))
 }
@@ -270,10 +274,9 @@ pub unsafe extern "C" fn ncclCommInitRankScalable(
 pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, devlist: *const c_int) -> NcclResult {
     guard("ncclCommInitAll", || {
         check_out(comms, "comms")?;
-        let n = usize::try_from(ndev)
-            .ok()
-            .filter(|&n| n >= 1)
-            .ok_or_else(|| Fail::invalid(format!("ndev is {ndev}; it must be at least 1")))?;
+        let n = usize::try_from(ndev).ok().filter(|&n| (1..=MAX_INIT_ALL).contains(&n)).ok_or_else(|| {
+            Fail::invalid(format!("ndev is {ndev}; ncclCommInitAll makes 1 to {MAX_INIT_ALL} ranks in one process"))
+        })?;
         let mut devices = Vec::with_capacity(n);
         for i in 0..n {
             // SAFETY: `devlist` holds `ndev` ints when non-null.

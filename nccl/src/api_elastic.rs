@@ -94,6 +94,12 @@ pub unsafe extern "C" fn ncclCommShrink(
             return Err(Fail::invalid("excludeRanksList is NULL"));
         }
         let parent = handle::lookup(comm)?;
+        if count > parent.nranks {
+            return Err(Fail::invalid(format!(
+                "excludeRanksCount is {count}, more than the communicator's {} ranks",
+                parent.nranks
+            )));
+        }
         let mut excluded = Vec::with_capacity(count);
         for i in 0..count {
             // SAFETY: the list holds `count` ints, as the caller guarantees.

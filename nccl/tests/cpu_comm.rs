@@ -237,6 +237,9 @@ fn bad_init_arguments_fail_cleanly() {
         assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
         assert_eq!(ncclCommInitRank(&mut comm, 2, id, 2), NcclResult::INVALID_ARGUMENT);
         assert_eq!(ncclCommInitRank(&mut comm, 0, id, 0), NcclResult::INVALID_ARGUMENT);
+        // Refused before anything is sized by it (was an allocation of gigabytes per rank count).
+        assert_eq!(ncclCommInitRank(&mut comm, c_int::MAX, id, 0), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommInitAll(&mut comm, c_int::MAX, std::ptr::null()), NcclResult::INVALID_ARGUMENT);
         let mut cfg = config(1);
         cfg.magic = 0;
         assert_eq!(ncclCommInitRankConfig(&mut comm, 1, id, 0, &mut cfg), NcclResult::INVALID_ARGUMENT);
@@ -337,6 +340,12 @@ fn three_cpu_ranks_revoke_shrink_and_grow_back() {
                     let said = std::ffi::CStr::from_ptr(ncclGetLastError(comm)).to_string_lossy().into_owned();
                     assert!(said.contains("revoked"), "the failure must say the communicator was revoked: {said}");
                     let mut excluded = [2];
+                    let mut sub: NcclCommPtr = null_mut();
+                    assert_eq!(
+                        ncclCommShrink(comm, excluded.as_mut_ptr(), c_int::MAX, &mut sub, null_mut(), 0),
+                        NcclResult::INVALID_ARGUMENT,
+                        "a count beyond the communicator's ranks is refused before the list is read"
+                    );
                     let mut shrunk: NcclCommPtr = null_mut();
                     let r = ncclCommShrink(comm, excluded.as_mut_ptr(), 1, &mut shrunk, null_mut(), SHRINK_ABORT);
                     assert_eq!(r, NcclResult::SUCCESS);

@@ -5,8 +5,8 @@
 
 use std::sync::Arc;
 
-use comm_core::Result;
 use comm_core::ledger::{CallKind, CallSignature};
+use comm_core::{Error, Result};
 use cudarc::driver::CudaStream;
 
 use crate::api::communicator::Communicator;
@@ -213,10 +213,17 @@ impl Communicator {
         dtype: DataType,
         stream: &Arc<CudaStream>,
     ) -> Result<()> {
-        let esz = dtype.size();
-        let send = send.map(|(addr, count, peer)| DeviceTransfer::Send { addr, bytes: count * esz, peer });
-        let recv = recv.map(|(addr, count, peer)| DeviceTransfer::Recv { addr, bytes: count * esz, peer });
-        let ops: Vec<DeviceTransfer> = send.into_iter().chain(recv).collect();
+        let bytes = |count: usize| {
+            count.checked_mul(dtype.size()).ok_or_else(|| {
+                Error::invalid(format!(
+                    "sendrecv_device_raw: {count} elements of {} do not fit in memory",
+                    dtype.rust_name()
+                ))
+            })
+        };
+        let send = send.map(|(addr, count, peer)| Ok(DeviceTransfer::Send { addr, bytes: bytes(count)?, peer }));
+        let recv = recv.map(|(addr, count, peer)| Ok(DeviceTransfer::Recv { addr, bytes: bytes(count)?, peer }));
+        let ops = send.into_iter().chain(recv).collect::<Result<Vec<DeviceTransfer>>>()?;
         // SAFETY: forwarded from the caller.
         unsafe { self.group_device_raw(&ops, stream) }
     }
@@ -240,7 +247,7 @@ impl Communicator {
     /// Every address valid for its bytes (reads for sends, writes for receives) until the
     /// group completes on `stream`; receive ranges disjoint from each other and from sends.
     pub unsafe fn group_device_raw(&self, ops: &[DeviceTransfer], stream: &Arc<CudaStream>) -> Result<()> {
-        let bytes = ops.iter().map(DeviceTransfer::bytes).sum();
+        let bytes = ops.iter().map(DeviceTransfer::bytes).fold(0usize, usize::saturating_add);
         let first_peer = ops.first().map(DeviceTransfer::peer);
         let signature = CallSignature { device: true, ..CallSignature::host(CallKind::Group, bytes, first_peer) };
         // SAFETY: forwarded from the caller.

@@ -50,7 +50,9 @@ impl SubBootstrap {
             .ok_or_else(|| Error::invalid(format!("rank {me} is not a member of the sub-communicator")))?;
         let parent = root.job_key();
         let digest = comm_core::wire::digest64(&[parent.as_bytes(), &namespace.to_le_bytes(), &color.to_le_bytes()]);
-        let job_key = format!("{}x{:012x}", &parent[..parent.len().min(16)], digest & 0xffff_ffff_ffff);
+        // The parent's first 16 characters (a user's bootstrap may give a key that is not hex).
+        let head: String = parent.chars().take(16).collect();
+        let job_key = format!("{head}x{:012x}", digest & 0xffff_ffff_ffff);
         Ok(SubBootstrap { root, members, rank, namespace, job_key })
     }
 

@@ -31,6 +31,8 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
     let b = Buffers { send, recv, count: spec.count };
     let ahead = |pos: usize| (pos + 1 < n).then(|| (me + 1) % n);
     let behind = |pos: usize| (pos > 0).then(|| (me + n - 1) % n);
+    // An invalid rank may name a root outside the world; it moves no data either way.
+    let position = |root: usize| (me + n - if root < n { root } else { 0 }) % n;
     // SAFETY: (every arm) forwarded from the caller; an invalid rank moves no data (count 0).
     unsafe {
         match c {
@@ -39,11 +41,11 @@ pub(super) unsafe fn run<T: Element>(Run { e, core, spec, c }: Run<'_, T>) -> Re
             CollectiveCall::AllGather { .. } => around(e, core, spec, b, None, Ring::AllGather),
             // Broadcast flows from the root (position 0) to position n - 1, reduce back.
             CollectiveCall::Broadcast { root, .. } => {
-                let pos = (me + n - root) % n;
+                let pos = position(root);
                 chain(e, core, spec, b, behind(pos), ahead(pos), None)
             }
             CollectiveCall::Reduce { op, root, .. } => {
-                let pos = (me + n - root) % n;
+                let pos = position(root);
                 chain(e, core, spec, b, ahead(pos), behind(pos), Some(op))
             }
             // No ring form: all-to-all is direct (the table never picks this).

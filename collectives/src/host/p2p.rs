@@ -330,7 +330,8 @@ impl P2pState {
         let (layout, chunk) = (self.layout, self.layout.chunk());
         let receiver_slot = self.slot_of(peer)?;
         let link = self.link(peer)?;
-        while link.free.poll() {
+        // At most the two slots in flight come back: a peer's token is never counted further.
+        while link.freed < link.sent && link.free.poll() {
             link.freed += 1;
         }
         let mut moved = false;
@@ -375,7 +376,9 @@ impl P2pState {
         let (layout, chunk) = (self.layout, self.layout.chunk());
         let my_slot = self.slots[me];
         let link = self.link(peer)?;
-        while link.ready.poll() {
+        // At most two slots fill before this rank frees one: a peer's token is never counted
+        // further.
+        while link.arrived < link.consumed + 2 && link.ready.poll() {
             link.arrived += 1;
         }
         let mut moved = false;

@@ -164,8 +164,19 @@ impl Workspace {
     /// Collective: registers and exchanges this rank's workspace with `scratch_bytes` per half
     /// and a tail of `tail_bytes` (at [`tail_offset`](Self::tail_offset)) for other users.
     pub(crate) fn new(core: &CoreCommunicator, scratch_bytes: usize, tail_bytes: usize) -> Result<Self> {
-        let scratch_bytes = scratch_bytes.max(4096).next_multiple_of(4096);
-        let len = CONTROL_BYTES + 2 * scratch_bytes + tail_bytes;
+        let too_large = || {
+            Error::invalid(format!(
+                "a host workspace of {scratch_bytes} B per scratch half and a {tail_bytes} B tail does not fit in \
+                 memory: set WEAVE_HOST_SCRATCH (Config::host_scratch_bytes) to a few MiB"
+            ))
+        };
+        let scratch_bytes = scratch_bytes.max(4096).checked_next_multiple_of(4096).ok_or_else(too_large)?;
+        let len = scratch_bytes
+            .checked_mul(2)
+            .and_then(|s| s.checked_add(CONTROL_BYTES))
+            .and_then(|s| s.checked_add(tail_bytes))
+            .filter(|&l| isize::try_from(l).is_ok())
+            .ok_or_else(too_large)?;
         let mine = core.register_host(len, "weave host workspace")?;
         mine.check_range(0, len)?;
         let owner = [OWNER_MAGIC | core.rank() as u64, u64::from(std::process::id()), mine.as_ptr() as u64];
