@@ -412,12 +412,24 @@ fn shares_the_parent(comm: &Communicator, share: bool, color: Option<u32>, key: 
 }
 
 /// Tears down the communicator of `c` (after `abort` when aborting): waits for a background
-/// init, then for the GPU work of the context, then drops the weave communicator.
+/// init (an abort leaves one still running to end on its own), then for the GPU work of the
+/// context, then drops the weave communicator.
 fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
     if abort && let Some(h) = c.abort_handle() {
         h.abort();
     }
-    let g = c.lock()?;
+    let mut g = c.lock()?;
+    if abort && matches!(&*g, State::Initializing(init) if !init.is_finished()) {
+        // The init (waiting for peers that may never come) ends within WEAVE_TIMEOUT on its
+        // thread, which drops whatever it built; the abort does not wait for it.
+        *g = State::Gone;
+        tracing::info!(
+            target: crate::debug::NCCL,
+            rank = c.rank,
+            "abort of a communicator still initializing: its init is left to end on its own"
+        );
+        return Ok(());
+    }
     let mut g = c.settle(g, true);
     if abort && let Some(h) = c.abort_handle() {
         h.abort();

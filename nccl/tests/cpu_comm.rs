@@ -2,7 +2,7 @@
 //! process init (blocking and non-blocking), query, split with `NCCL_SPLIT_NOCOLOR`, refuse
 //! device collectives cleanly, take count-0 calls, report no GPU memory (suspend and resume do
 //! nothing), refuse windows (at once, or at `ncclGroupEnd` inside a group), and abort from
-//! another thread; with `splitShare`, splits that keep every rank in order share their parent's
+//! another thread, or while an init still waits for a peer that never comes; with `splitShare`, splits that keep every rank in order share their parent's
 //! communicator and outlive it, and others build their own.
 
 use std::ffi::c_int;
@@ -248,6 +248,29 @@ fn bad_init_arguments_fail_cleanly() {
         assert_eq!(ncclGetVersion(&mut v), NcclResult::SUCCESS);
         assert_eq!(v, 22902);
         assert_eq!(ncclGetVersion(null_mut()), NcclResult::INVALID_ARGUMENT);
+    }
+}
+
+#[test]
+fn an_abort_does_not_wait_for_an_init_whose_peers_never_come() {
+    // SAFETY: set before any thread of this test binary reads the environment.
+    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    let mut comm: NcclCommPtr = null_mut();
+    let mut cfg = config(0);
+    // SAFETY: live locals.
+    unsafe {
+        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
+        // Rank 1 of 2 never joins: the non-blocking init waits for it (WEAVE_TIMEOUT, 60 s).
+        let r = ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut cfg);
+        assert_eq!(r, NcclResult::IN_PROGRESS);
+        let mut state = NcclResult::SUCCESS;
+        assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::SUCCESS);
+        assert_eq!(state, NcclResult::IN_PROGRESS);
+        let started = std::time::Instant::now();
+        assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "the abort waited {:?}", started.elapsed());
+        assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::INVALID_ARGUMENT, "the handle is gone");
     }
 }
 
