@@ -6,7 +6,8 @@
 //! - **Endpoint**: each rank listens on the address of `WEAVE_SOCKET_IFNAME`, or of the route
 //!   to `MASTER_ADDR`, and announces it with a random 16-byte token through the bootstrap
 //!   (which is authenticated by the job secret). A socket that does not present the token is
-//!   closed: strangers learn nothing and write nothing.
+//!   closed: strangers learn nothing and write nothing, and, each handshake being read on a
+//!   thread of its own within one timeout, a stranger that says nothing delays no rank.
 //! - **Memory**: [`TcpBackend::allocate`](comm_core::transport::TransportBackend::allocate)
 //!   gives host memory with an id; peers name it by that id. Frames carry (region id, offset,
 //!   length) and the receiver checks the range — no pointer ever travels (see [`wire`]).

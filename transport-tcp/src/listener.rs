@@ -16,7 +16,7 @@ use std::collections::HashMap;
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::fd::AsFd;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
@@ -33,6 +33,10 @@ use crate::writer::SocketWriter;
 
 /// How often the accept loop looks at its stop flag.
 const ACCEPT_POLL_MS: u16 = 50;
+/// Handshakes read at once, each on a thread of its own; a connection beyond them is closed at
+/// once (a rank retries nothing, but its handshake is read long before this many strangers
+/// could crowd it out).
+const MAX_HANDSHAKES: usize = 64;
 /// How long a higher rank's connection waits for the lower rank's sockets before it dials its
 /// own (see the module doc).
 pub(crate) const OFFER_GRACE: Duration = Duration::from_secs(2);
@@ -46,6 +50,11 @@ pub(crate) struct Inbound {
     /// Whether waiters tend this rank's peers (see [`crate::receive`]).
     pub(crate) tending: Tending,
     stop: AtomicBool,
+    /// Handshakes being read now (see [`MAX_HANDSHAKES`]).
+    handshakes: AtomicUsize,
+    /// The sockets whose handshakes are being read, by number: shut down when the listener
+    /// stops, so that no handshake thread outlives it by more than a moment.
+    handshaking: Mutex<HashMap<u64, TcpStream>>,
     /// Test hook: while set, reader threads leave their sockets alone (waiters still drain
     /// them), standing for readers the scheduler has not run yet.
     pub(crate) readers_paused: AtomicBool,
@@ -166,7 +175,7 @@ impl Inbound {
         let all = {
             let mut closed = self.closed.lock().unwrap_or_else(|p| p.into_inner());
             let n = closed.entry(peer).or_insert(0);
-            *n += 1;
+            *n = n.saturating_add(1);
             *n >= stripes
         };
         if all {
@@ -203,6 +212,8 @@ impl Listener {
             timeout,
             tending,
             stop: AtomicBool::new(false),
+            handshakes: AtomicUsize::new(0),
+            handshaking: Mutex::new(HashMap::new()),
             readers_paused: AtomicBool::new(false),
             peers: Mutex::new(HashMap::new()),
             lost: Mutex::new(HashMap::new()),
@@ -236,6 +247,15 @@ impl Drop for Listener {
         if let Some(t) = self.accept.take() {
             let _ = t.join();
         }
+        // Handshakes still being read fail at once, and their threads let go of the inbound
+        // state (a moment at most: they attach nothing once the listener stops).
+        for (_, s) in self.inbound.handshaking.lock().unwrap_or_else(|p| p.into_inner()).drain() {
+            let _ = s.shutdown(Shutdown::Both);
+        }
+        let settle = comm_core::deadline::Deadline::after(Duration::from_secs(1));
+        while self.inbound.handshakes.load(Ordering::Acquire) > 0 && !settle.expired() {
+            std::thread::sleep(Duration::from_millis(1));
+        }
         for s in self.inbound.sockets.lock().unwrap_or_else(|p| p.into_inner()).drain(..) {
             let _ = s.shutdown(Shutdown::Both);
         }
@@ -244,31 +264,72 @@ impl Drop for Listener {
 }
 
 fn accept_loop(listener: TcpListener, inbound: Arc<Inbound>) {
+    let mut accepted = 0u64;
     while !inbound.stop.load(Ordering::Acquire) {
         let mut fds = [nix::poll::PollFd::new(listener.as_fd(), nix::poll::PollFlags::POLLIN)];
         if !matches!(nix::poll::poll(&mut fds, ACCEPT_POLL_MS), Ok(n) if n > 0) {
             continue;
         }
         let Ok((socket, _)) = listener.accept() else { continue };
-        // A stranger that never completes its handshake costs at most one timeout of this
-        // thread; a wrong token or garbage closes the socket at once.
-        if let Ok((socket, hello)) = handshake(socket, &inbound) {
-            let rank = hello.rank as usize;
-            // A socket that cannot be prepared is dropped: its peer sees it close.
-            if let Ok(writer) = inbound.attach(socket, rank, hello.stripe, hello.stripes) {
-                inbound.offer(rank, hello.stripe, hello.stripes, writer);
-            }
+        // Each handshake is read on a thread of its own, so a stranger that sends nothing (or
+        // a byte at a time) holds up no rank's socket; it costs one thread for at most one
+        // timeout. A wrong token or garbage closes the socket at once.
+        if inbound.handshakes.fetch_add(1, Ordering::AcqRel) >= MAX_HANDSHAKES {
+            inbound.handshakes.fetch_sub(1, Ordering::AcqRel);
+            continue;
+        }
+        accepted += 1;
+        if let Ok(clone) = socket.try_clone() {
+            inbound.handshaking.lock().unwrap_or_else(|p| p.into_inner()).insert(accepted, clone);
+        }
+        let (shared, number) = (inbound.clone(), accepted);
+        let spawned =
+            std::thread::Builder::new().name("weave-tcp-hello".into()).spawn(move || take_in(socket, number, &shared));
+        if spawned.is_err() {
+            inbound.handshaking.lock().unwrap_or_else(|p| p.into_inner()).remove(&accepted);
+            inbound.handshakes.fetch_sub(1, Ordering::AcqRel);
         }
     }
 }
 
-/// Reads and checks a socket's handshake; answers OK.
+/// Reads `socket`'s handshake (socket `number` of the accept loop) and, when it is a rank's,
+/// reads the socket from now on and offers its writing end (a socket that cannot be prepared
+/// is dropped: its peer sees it close).
+fn take_in(socket: TcpStream, number: u64, inbound: &Arc<Inbound>) {
+    let read = handshake(socket, inbound);
+    inbound.handshaking.lock().unwrap_or_else(|p| p.into_inner()).remove(&number);
+    if let Ok((socket, hello)) = read
+        && !inbound.stopping()
+    {
+        let rank = hello.rank as usize;
+        if let Ok(writer) = inbound.attach(socket, rank, hello.stripe, hello.stripes) {
+            inbound.offer(rank, hello.stripe, hello.stripes, writer);
+        }
+    }
+    inbound.handshakes.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Reads and checks a socket's handshake, all of it within the inbound timeout; answers OK.
 fn handshake(socket: TcpStream, inbound: &Inbound) -> Result<(TcpStream, Handshake)> {
     let mut socket = socket;
     socket.set_nonblocking(false).map_err(|e| Error::io("tcp socket blocking", e))?;
-    socket.set_read_timeout(Some(inbound.timeout)).map_err(|e| Error::io("tcp handshake timeout", e))?;
+    let deadline = comm_core::deadline::Deadline::after(inbound.timeout);
     let mut bytes = [0u8; HANDSHAKE_BYTES];
-    socket.read_exact(&mut bytes).map_err(|e| Error::io("read a tcp handshake", e))?;
+    let mut filled = 0;
+    while filled < HANDSHAKE_BYTES {
+        // One deadline for the whole handshake: a byte at a time does not extend it.
+        let left = deadline.remaining();
+        if left.is_zero() {
+            return Err(Error::protocol("tcp handshake not complete within the timeout"));
+        }
+        socket.set_read_timeout(Some(left)).map_err(|e| Error::io("tcp handshake timeout", e))?;
+        match socket.read(&mut bytes[filled..]) {
+            Ok(0) => return Err(Error::protocol("tcp socket closed during its handshake")),
+            Ok(n) => filled += n,
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(Error::io("read a tcp handshake", e)),
+        }
+    }
     let hello = Handshake::decode(&bytes)?;
     // Compare every byte, so the time taken says nothing about where a guess went wrong.
     if hello.token.iter().zip(inbound.token.iter()).fold(0u8, |acc, (a, b)| acc | (a ^ b)) != 0 {

@@ -97,6 +97,31 @@ fn a_wrong_token_is_refused_and_writes_nothing() {
 }
 
 #[test]
+fn strangers_that_trickle_or_say_nothing_hold_up_no_rank_and_no_drop() {
+    let b = backend(1, Duration::from_secs(5));
+    let ep = Endpoint::decode(&b.local_endpoint().unwrap()).unwrap();
+    // Two that say nothing and one that sends a byte a second: each used to hold the accept
+    // thread for a timeout (or, trickling, a timeout per byte).
+    let mut strangers: Vec<TcpStream> = (0..3).map(|_| TcpStream::connect(ep.addr).unwrap()).collect();
+    strangers[2].write_all(&[0]).unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    let started = Instant::now();
+    let mut s = raw(&b, ep.token);
+    let mut ok = [0u8; 1];
+    std::io::Read::read_exact(&mut s, &mut ok).unwrap();
+    assert_eq!(ok[0], crate::wire::HANDSHAKE_OK);
+    assert!(started.elapsed() < Duration::from_secs(1), "a rank's handshake waited {:?}", started.elapsed());
+    let dropping = Instant::now();
+    drop(b);
+    assert!(dropping.elapsed() < Duration::from_secs(2), "the drop waited {:?} for strangers", dropping.elapsed());
+    for mut stranger in strangers {
+        let mut byte = [0u8; 1];
+        stranger.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        assert_eq!(std::io::Read::read(&mut stranger, &mut byte).unwrap_or(0), 0, "a stranger got an answer");
+    }
+}
+
+#[test]
 fn garbage_truncated_oversized_and_out_of_range_frames_mark_the_peer_lost() {
     let token_of = |b: &TcpBackend| Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token;
     let frames: Vec<(&str, Vec<u8>)> = vec![
