@@ -266,7 +266,15 @@ fn handle(conn: &OwnedFd, served: &Served, bound: &Result<()>) -> Result<()> {
             reply(Reply::Fd { size }, Some(fd.as_raw_fd()))
         }
         Request::Map { key, len, payload } => match map_for(served, client, key, len, &payload) {
-            Ok(address) => reply(Reply::Mapped { address }, None),
+            Ok(address) => {
+                let sent = reply(Reply::Mapped { address }, None);
+                if sent.is_err() {
+                    // The client never learns of the mapping (it timed out or died): it is
+                    // closed again, so nothing stays mapped and a retry of the key may map.
+                    served.maps.lock().unwrap_or_else(|p| p.into_inner()).remove(&(client, key));
+                }
+                sent
+            }
             Err(e) => reply(Reply::Error(e.to_string()), None),
         },
         Request::Unmap { key } => {

@@ -50,6 +50,9 @@ impl RegionBacking for ImportedAllocation {
 struct IpcMapping {
     ctx: Arc<CudaContext>,
     base: CUdeviceptr,
+    /// Bytes the driver mapped: the exporter's allocation as it really is, whatever the
+    /// exporter's message claimed.
+    size: usize,
 }
 
 impl Drop for IpcMapping {
@@ -179,7 +182,19 @@ pub(crate) fn import_ipc(
 ) -> Result<DeviceRegion> {
     let (pid, instance) = owner;
     let key = IpcKey { pid, instance, handle: *handle, device };
-    let mapping = cached(&IPC_CACHE, key, || Ok(IpcMapping { ctx: ctx.clone(), base: cu::ipc_open(handle)? }))?;
+    let mapping = cached(&IPC_CACHE, key, || {
+        let base = cu::ipc_open(handle)?;
+        // Owned at once, so that a failure below closes the mapping again.
+        let mut mapping = IpcMapping { ctx: ctx.clone(), base, size: 0 };
+        mapping.size = cu::pointer_range(base)?.1;
+        Ok(mapping)
+    })?;
+    if offset.checked_add(len).is_none_or(|end| end > mapping.size) {
+        return Err(Error::protocol(format!(
+            "rank memory of pid {pid}: [{offset}, +{len}) lies past the {} B the driver mapped",
+            mapping.size
+        )));
+    }
     let ptr = mapping.base + offset as u64;
     Ok(DeviceRegion::mapped(ptr, len, kind, device, mapping))
 }
