@@ -31,6 +31,8 @@ use crate::spec::LaunchSpec;
 const POLL_MIN: Duration = Duration::from_millis(1);
 /// Longest pause between two looks at the ranks: how late a rank's end is noticed at most.
 const POLL_MAX: Duration = Duration::from_millis(20);
+/// How long [`Job::kill_and_reap`] waits for killed ranks to end.
+const KILL_GRACE: Duration = Duration::from_secs(10);
 
 /// One started rank.
 struct RankProc {
@@ -223,14 +225,34 @@ impl Job {
     }
 
     /// Sends `SIGKILL` to every rank still running and reaps every rank. Prompt: a process
-    /// cannot ignore `SIGKILL`, and the rank itself is killed even if it left its group.
+    /// cannot ignore `SIGKILL`, and the rank itself is killed even if it left its group. A
+    /// rank that still has not ended after [`KILL_GRACE`] (the kill was refused: it became
+    /// another user's; or it sleeps in a driver call that cannot be interrupted) is reported
+    /// [`RankExit::Unknown`] rather than waited for.
     pub(crate) fn kill_and_reap(&mut self) {
         self.signal_running(Signal::SIGKILL);
-        for p in self.procs.iter_mut().filter(|p| p.exit.is_none()) {
-            p.exit = Some(match p.child.wait() {
-                Ok(status) => RankExit::from_status(status),
-                Err(_) => RankExit::Unknown,
-            });
+        let give_up = Instant::now() + KILL_GRACE;
+        let mut pause = POLL_MIN;
+        loop {
+            let mut running = false;
+            for p in self.procs.iter_mut().filter(|p| p.exit.is_none()) {
+                match p.child.try_wait() {
+                    Ok(Some(status)) => p.exit = Some(RankExit::from_status(status)),
+                    Ok(None) => running = true,
+                    Err(_) => p.exit = Some(RankExit::Unknown),
+                }
+            }
+            if !running {
+                return;
+            }
+            if Instant::now() >= give_up {
+                for p in self.procs.iter_mut().filter(|p| p.exit.is_none()) {
+                    p.exit = Some(RankExit::Unknown);
+                }
+                return;
+            }
+            thread::sleep(pause);
+            pause = (pause * 2).min(POLL_MAX);
         }
     }
 

@@ -155,13 +155,18 @@ impl Readers {
     }
 }
 
+/// The longest line kept whole: a longer one (a progress bar redrawn with `\r`, binary output)
+/// is echoed and captured in pieces of this size, so that a rank cannot grow the launcher's
+/// memory without bound.
+const MAX_LINE_BYTES: u64 = 64 << 10;
+
 /// Reads `pipe` line by line until it closes, echoing and capturing each line.
 fn pump(rank: usize, stream: Stream, pipe: impl Read, echo: &Echo, lines: Option<&Mutex<Vec<String>>>) {
     let mut reader = BufReader::new(pipe);
     let mut buf = Vec::new();
     loop {
         buf.clear();
-        match reader.read_until(b'\n', &mut buf) {
+        match (&mut reader).take(MAX_LINE_BYTES).read_until(b'\n', &mut buf) {
             Ok(0) => return,
             Ok(_) => {}
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,

@@ -15,7 +15,8 @@ pub enum RankExit {
     Code(i32),
     /// It was ended by this signal number.
     Signal(i32),
-    /// Its status could not be read (something else in this process reaped it).
+    /// Its status could not be read: something else in this process reaped it, or it had not
+    /// ended 10 s after `SIGKILL` (the kill was refused, or it sleeps in the kernel).
     Unknown,
 }
 
@@ -43,7 +44,9 @@ impl fmt::Display for RankExit {
                 Ok(sig) => write!(f, "was killed by signal {s} ({})", sig.as_str()),
                 Err(_) => write!(f, "was killed by signal {s}"),
             },
-            RankExit::Unknown => f.write_str("ended with an unknown status (it was reaped elsewhere)"),
+            RankExit::Unknown => {
+                f.write_str("ended with an unknown status (reaped elsewhere, or not ended 10 s after SIGKILL)")
+            }
         }
     }
 }

@@ -186,3 +186,15 @@ fn posed_nodes_give_each_rank_its_node_and_local_rank() {
     let uneven = sh(5, "true").posed_nodes(2);
     assert!(launch(&uneven).is_err(), "5 ranks cannot split into 2 equal nodes");
 }
+
+#[test]
+fn a_line_without_end_is_kept_in_pieces_of_bounded_size() {
+    // 200,000 bytes and no newline, then a short line: the first comes in 64 KiB pieces.
+    let report = launch(&sh(1, "head -c 200000 /dev/zero | tr '\\0' x; echo; echo done")).unwrap();
+    assert!(report.success(), "{}", report.summary());
+    let out = &report.ranks[0].stdout;
+    assert!(out.iter().all(|l| l.len() <= 64 << 10), "a line longer than 64 KiB was kept whole");
+    assert_eq!(out.iter().map(String::len).sum::<usize>(), 200_000 + "done".len());
+    assert_eq!(out.len(), 5, "four pieces of the long line, then done");
+    assert_eq!(out.last().map(String::as_str), Some("done"));
+}
