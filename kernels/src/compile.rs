@@ -19,8 +19,10 @@
 //! architecture, the options and the NVRTC version, in one file per key. The directory is
 //! chosen by [`cache_dir_from_env`] (`WEAVE_KERNEL_CACHE`). Entries are written to a temporary
 //! file and renamed into place, so readers never see half an entry; an entry that fails its
-//! checks (magic, version, key, lengths, checksum, PTX text) is ignored and rebuilt. A cache
-//! that cannot be written never fails a compile: [`CompiledKernel::cache`] says what happened.
+//! checks (magic, version, key, lengths, checksum, PTX text) is ignored and rebuilt. Only a
+//! directory and entries that are this user's alone are trusted (what is loaded runs on the
+//! GPU); links, pipes and oversized files are misses. A cache that cannot be written never
+//! fails a compile: [`CompiledKernel::cache`] says what happened.
 
 use std::fmt::Write as _;
 use std::path::{Path, PathBuf};
