@@ -216,6 +216,15 @@ impl Communicator {
         if call.root >= n {
             return Err(Error::invalid(format!("{}: root {} is not a rank of {n}", call.collective, call.root)));
         }
+        // Every size below is `count` elements (or blocks of them per rank): checked once here.
+        if call.count.checked_mul(call.dtype.size()).and_then(|b| b.checked_mul(n)).is_none() {
+            return Err(Error::invalid(format!(
+                "{}: {} elements of {} on {n} ranks do not fit in memory",
+                call.collective,
+                call.count,
+                call.dtype.rust_name()
+            )));
+        }
         if n == 1 && call.collective != Collective::AllToAllv {
             // SAFETY: forwarded from the caller.
             return unsafe { self.device_call_alone(&call, stream) };

@@ -160,7 +160,7 @@ impl Communicator {
         };
         #[cfg(feature = "cuda")]
         let gpu_config = match b.gpu_config {
-            Some(c) => c,
+            Some(c) => c.checked()?,
             None => crate::gpu::GpuConfig::from_env()?,
         };
         let factories = if b.factories.is_empty() { default_transports() } else { b.factories };

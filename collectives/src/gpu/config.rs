@@ -78,7 +78,7 @@ impl GpuConfig {
         }
         if let Some(v) = var("WEAVE_GPU_STEPS") {
             c.pipeline_steps = Some(match v.trim().parse::<u32>() {
-                Ok(n @ 1..=16) => n,
+                Ok(n) if STEPS.contains(&n) => n,
                 _ => return Err(Error::invalid(format!("WEAVE_GPU_STEPS={v:?}: expected a step count from 1 to 16"))),
             });
         }
@@ -90,6 +90,37 @@ impl GpuConfig {
         }
         Ok(c)
     }
+
+    /// `self`, once every knob set through the API is checked against the range of its
+    /// variable: [`Error::InvalidArgument`] naming the field otherwise.
+    pub fn checked(self) -> Result<Self> {
+        let out_of = |field: &str, value: String, range: &str| {
+            Err(Error::invalid(format!("GpuConfig::{field} is {value}: expected {range}")))
+        };
+        if let Some(b) = self.pipeline_blocks.filter(|b| !BLOCKS.contains(b)) {
+            return out_of("pipeline_blocks", b.to_string(), "a block count from 1 to 128");
+        }
+        if let Some(p) = self.packets.filter(|p| !PACKETS.contains(p)) {
+            return out_of("packets", p.to_string(), "4K to 1M packets");
+        }
+        if let Some(t) = self.pipeline_tile.filter(|&t| !tile_fits(t)) {
+            return out_of("pipeline_tile", t.to_string(), "4K to 4M bytes in a multiple of 256");
+        }
+        if let Some(s) = self.pipeline_steps.filter(|s| !STEPS.contains(s)) {
+            return out_of("pipeline_steps", s.to_string(), "a step count from 1 to 16");
+        }
+        Ok(self)
+    }
+}
+
+/// The knobs' ranges, for their variables and the API alike.
+const BLOCKS: std::ops::RangeInclusive<u32> = 1..=128;
+const PACKETS: std::ops::RangeInclusive<usize> = 4 << 10..=1 << 20;
+const STEPS: std::ops::RangeInclusive<u32> = 1..=16;
+
+/// Whether a tile of `bytes` is one the pipelined kernels take (4K to 4M, a multiple of 256).
+fn tile_fits(bytes: usize) -> bool {
+    (4 << 10..=4 << 20).contains(&bytes) && bytes.is_multiple_of(256)
 }
 
 /// `1`, `on`, `true`, `yes` or `0`, `off`, `false`, `no` (any case).
@@ -112,14 +143,14 @@ fn parse_gpu_schedule(v: &str) -> Result<bool> {
 
 fn parse_gpu_blocks(v: &str) -> Result<u32> {
     match v.trim().parse::<u32>() {
-        Ok(b) if (1..=128).contains(&b) => Ok(b),
+        Ok(b) if BLOCKS.contains(&b) => Ok(b),
         _ => Err(Error::invalid(format!("WEAVE_GPU_BLOCKS={v:?}: expected a block count from 1 to 128"))),
     }
 }
 
 fn parse_gpu_packets(v: &str) -> Result<usize> {
     let n = parse_bytes(v).map_err(|e| Error::invalid(format!("WEAVE_GPU_PACKETS: {e}")))?;
-    if !(4 << 10..=1 << 20).contains(&n) {
+    if !PACKETS.contains(&n) {
         return Err(Error::invalid(format!("WEAVE_GPU_PACKETS={v:?}: expected 4K to 1M packets")));
     }
     Ok(n)
@@ -127,7 +158,7 @@ fn parse_gpu_packets(v: &str) -> Result<usize> {
 
 fn parse_gpu_tile(v: &str) -> Result<usize> {
     let bytes = parse_bytes(v).map_err(|e| Error::invalid(format!("WEAVE_GPU_TILE: {e}")))?;
-    if !(4 << 10..=4 << 20).contains(&bytes) || bytes % 256 != 0 {
+    if !tile_fits(bytes) {
         return Err(Error::invalid(format!("WEAVE_GPU_TILE={v:?}: expected 4K to 4M bytes in a multiple of 256")));
     }
     Ok(bytes)
@@ -148,6 +179,21 @@ mod tests {
         assert_eq!(parse_gpu_packets("64K").unwrap(), 64 << 10);
         assert!(parse_gpu_packets("1K").is_err() && parse_gpu_packets("2M").is_err());
         assert!(parse_gpu_tile("1K").is_err() && parse_gpu_tile("8M").is_err() && parse_gpu_tile("5000").is_err());
+    }
+
+    #[test]
+    fn knobs_set_through_the_api_keep_the_variables_ranges() {
+        let ok = GpuConfig { pipeline_blocks: Some(128), packets: Some(1 << 20), ..GpuConfig::default() };
+        assert_eq!(ok.clone().checked().unwrap(), ok);
+        for (bad, field) in [
+            (GpuConfig { pipeline_blocks: Some(0), ..GpuConfig::default() }, "pipeline_blocks"),
+            (GpuConfig { packets: Some(1 << 32), ..GpuConfig::default() }, "packets"),
+            (GpuConfig { pipeline_tile: Some(5000), ..GpuConfig::default() }, "pipeline_tile"),
+            (GpuConfig { pipeline_steps: Some(17), ..GpuConfig::default() }, "pipeline_steps"),
+        ] {
+            let e = bad.checked().unwrap_err().to_string();
+            assert!(e.contains(&format!("GpuConfig::{field}")), "{e}");
+        }
     }
 
     #[test]

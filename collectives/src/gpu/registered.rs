@@ -112,13 +112,19 @@ impl Registrations {
         else {
             return Ok(None);
         };
+        // The peers' addresses come from their transports: an offset past the end of the
+        // address space is a peer's error, not a panic.
+        let at = |a: u64, offset: u64| {
+            a.checked_add(offset)
+                .ok_or_else(|| Error::protocol(format!("a peer's registration at {a:#x} cannot hold offset {offset}")))
+        };
         let mut sends = [0; MAX_GPU_RANKS];
         for (s, a) in sends.iter_mut().zip(self.shared(si, core)?) {
-            *s = a + so;
+            *s = at(*a, so)?;
         }
         let mut recvs = [0; MAX_GPU_RANKS];
         for (r, a) in recvs.iter_mut().zip(self.shared(ri, core)?) {
-            *r = a + ro;
+            *r = at(*a, ro)?;
         }
         let form = windowed_form(call.bytes, true, call.send == call.recv);
         Ok(Some(WindowedCall::published(form, sends, recvs)))
