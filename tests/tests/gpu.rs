@@ -82,7 +82,7 @@ fn forced(gpus: usize) {
 }
 
 fn graph(gpus: usize) {
-    scenario("graph", gpus, Duration::from_secs(300));
+    with_both_families("graph", gpus, Duration::from_secs(300));
 }
 
 fn stale_state(gpus: usize) {

@@ -98,12 +98,16 @@ struct Gpu {
     stream: Arc<CudaStream>,
 }
 
+/// The communicator from the environment and a stream of the worker's own, made from a context
+/// handle of its own as a program's would be (not the communicator's handle, whose first
+/// stream the engine itself makes, or not).
 fn gpu() -> Result<Gpu> {
     let comm = Communicator::from_env()?;
     if !comm.has_gpu() {
         return Err(Error::Unsupported("no GPU path on this rank (no CUDA device or driver)".into()));
     }
-    let ctx = comm.gpu_context().ok_or_else(|| Error::Unsupported("no GPU context".into()))?;
+    let ordinal = comm.gpu_context().ok_or_else(|| Error::Unsupported("no GPU context".into()))?.ordinal();
+    let ctx = cudarc::driver::CudaContext::new(ordinal).map_err(cuda("open the device"))?;
     let stream = ctx.new_stream().map_err(cuda("new stream"))?;
     Ok(Gpu { comm, stream })
 }
@@ -518,7 +522,9 @@ fn one_gpu_per_process(comm: &Communicator) -> Result<String> {
 }
 
 /// Captures an LL all-reduce, an RS+AG all-reduce and an all-gather into one CUDA graph, then
-/// replays it with new inputs each time.
+/// replays it with new inputs each time. The captured calls are the communicator's first, so
+/// whatever their family builds at its first use (the channel family's links, table and
+/// stream) is built inside the capture.
 fn graph() -> Result<String> {
     let g = gpu()?;
     let (me, n) = (g.comm.rank(), g.comm.world_size());
