@@ -17,6 +17,7 @@
 //! - [`PinnedHostMemory`]: pinned host memory mapped into the device;
 //! - [`DeviceStatus`]: the device error and abort words kernels report into and poll;
 //! - [`StreamMemory`]: a temporary of one call, allocated and freed in stream order;
+//! - [`PrivateStream`]: a stream of weave's own, made without synchronizing the context;
 //! - the device-handle builders [`device_semaphore`] and [`memory_channel_handle`] (with
 //!   [`PacketBuffers`]), which check every address against the [`DeviceRegion`]s behind the
 //!   registrations.
@@ -39,6 +40,7 @@ mod device;
 mod fifo_storage;
 mod handles;
 mod host_memory;
+mod private_stream;
 mod region;
 mod status;
 mod stream_memory;
@@ -50,6 +52,7 @@ pub use crate::device::{CudaDevice, bind};
 pub use crate::fifo_storage::PinnedFifoStorage;
 pub use crate::handles::{PacketBuffers, device_semaphore, memory_channel_handle};
 pub use crate::host_memory::PinnedHostMemory;
+pub use crate::private_stream::PrivateStream;
 pub use crate::region::{DeviceRegion, RegionBacking};
 pub use crate::status::DeviceStatus;
 pub use crate::stream_memory::StreamMemory;

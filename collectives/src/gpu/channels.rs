@@ -109,7 +109,6 @@ pub(crate) struct DeviceChannels {
     /// The link table (a `ChannelLink` per rank) and the stream that fills it.
     table: CudaSlice<u8>,
     table_address: u64,
-    table_stream: Arc<CudaStream>,
     arch: String,
     functions: HashMap<ChannelKernel, CudaFunction>,
     payload: usize,
@@ -118,6 +117,9 @@ pub(crate) struct DeviceChannels {
     /// Channel collectives launched so far (every rank counts them alike).
     calls: u64,
     timeout: Duration,
+    /// The stream that fills the table and zeroes the scratch buffers; last, so that the
+    /// buffers allocated on it go first.
+    table_stream: weave_cuda::PrivateStream,
 }
 
 comm_core::debug_fields!(DeviceChannels { rank, links: |c| c.links.iter().filter(|l| l.is_some()).count(), calls });
@@ -136,11 +138,15 @@ impl DeviceChannels {
         let proxy = ProxyService::with_fifo(fifo, core.config().timeout, core.abort_flag().clone());
         let bound = ctx.clone();
         proxy.start(move || weave_cuda::bind(&bound))?;
-        let table_stream = ctx.new_stream().map_err(cuda("create the channel link table's stream"))?;
-        let table =
-            table_stream.alloc_zeros::<u8>(world * LINK_BYTES).map_err(cuda("allocate the channel link table"))?;
+        // Not `ctx.new_stream()`: at a context handle's first stream, cudarc synchronizes the
+        // whole context, which a first call being captured into a graph must not do.
+        let table_stream = weave_cuda::PrivateStream::new(ctx)?;
+        let table = table_stream
+            .stream()
+            .alloc_zeros::<u8>(world * LINK_BYTES)
+            .map_err(cuda("allocate the channel link table"))?;
         let table_address = {
-            let (address, _sync) = table.device_ptr(&table_stream);
+            let (address, _sync) = table.device_ptr(table_stream.stream());
             address
         };
         let mut channels = DeviceChannels {
@@ -152,13 +158,13 @@ impl DeviceChannels {
             links: (0..world).map(|_| None).collect(),
             table,
             table_address,
-            table_stream,
             arch: arch.to_string(),
             functions: HashMap::new(),
             payload: payload_for(world),
             scratch: Vec::new(),
             calls: 0,
             timeout: core.config().timeout,
+            table_stream,
         };
         channels.preload_cached();
         Ok(channels)
@@ -291,7 +297,11 @@ impl DeviceChannels {
     fn write_entry(&mut self, peer: usize, entry: &ChannelLink) -> Result<()> {
         let bytes = entry.to_bytes();
         let mut slot = self.table.slice_mut(peer * LINK_BYTES..(peer + 1) * LINK_BYTES);
-        let copied = self.table_stream.memcpy_htod(&bytes, &mut slot).and_then(|()| self.table_stream.synchronize());
+        let copied = self
+            .table_stream
+            .stream()
+            .memcpy_htod(&bytes, &mut slot)
+            .and_then(|()| self.table_stream.stream().synchronize());
         copied.map_err(|e| Error::Cuda {
             operation: format!("write the link table entry of rank {peer}"),
             message: e.to_string(),
@@ -386,10 +396,10 @@ impl DeviceChannels {
             operation: format!("allocate {len} bytes of channel scratch on GPU {}", self.device),
             message: e.to_string(),
         };
-        let buffer = self.table_stream.alloc_zeros::<u8>(len).map_err(cuda)?;
-        self.table_stream.synchronize().map_err(cuda)?;
+        let buffer = self.table_stream.stream().alloc_zeros::<u8>(len).map_err(cuda)?;
+        self.table_stream.stream().synchronize().map_err(cuda)?;
         let address = {
-            let (address, _sync) = buffer.device_ptr(&self.table_stream);
+            let (address, _sync) = buffer.device_ptr(self.table_stream.stream());
             address
         };
         self.scratch.push((buffer, address));
