@@ -39,17 +39,34 @@ struct Entry {
 
 static MODULES: Mutex<Vec<Entry>> = Mutex::new(Vec::new());
 
+/// The module loaded from `key` in context `ctx_id`, if one lives.
+fn loaded(ctx_id: usize, key: u128) -> Option<Arc<KernelModule>> {
+    let mut modules = MODULES.lock().unwrap_or_else(|p| p.into_inner());
+    modules.retain(|e| e.module.strong_count() > 0);
+    modules.iter().find(|e| e.ctx == ctx_id && e.key == key).and_then(|e| e.module.upgrade())
+}
+
+/// Keeps `m` (just loaded in context `ctx_id`) for later loads, unless another thread loaded
+/// the same meanwhile: then that one is returned and `m` unloads. The lock is not held while a
+/// module loads, since a load may wait for the GPU work queued before it, and that work (a
+/// collective of another GPU of this process) may need another thread's load to finish.
+fn remember(ctx_id: usize, m: Arc<KernelModule>) -> Arc<KernelModule> {
+    let mut modules = MODULES.lock().unwrap_or_else(|p| p.into_inner());
+    let key = m.key;
+    if let Some(first) = modules.iter().find(|e| e.ctx == ctx_id && e.key == key).and_then(|e| e.module.upgrade()) {
+        return first;
+    }
+    modules.push(Entry { ctx: ctx_id, key, module: Arc::downgrade(&m) });
+    m
+}
+
 impl KernelModule {
     /// Loads `kernel` into `ctx`, or returns the module already loaded from it there.
     pub fn load(ctx: &Arc<CudaContext>, kernel: &CompiledKernel) -> Result<Arc<KernelModule>> {
         // The raw context identifies it: while a cached module lives, it holds the context, so
         // the handle cannot be reused by another context.
         let ctx_id = ctx.cu_ctx() as usize;
-        let mut modules = MODULES.lock().unwrap_or_else(|p| p.into_inner());
-        modules.retain(|e| e.module.strong_count() > 0);
-        if let Some(m) =
-            modules.iter().find(|e| e.ctx == ctx_id && e.key == kernel.key()).and_then(|e| e.module.upgrade())
-        {
+        if let Some(m) = loaded(ctx_id, kernel.key()) {
             return Ok(m);
         }
         let arch = device_arch(ctx)?;
@@ -69,27 +86,21 @@ impl KernelModule {
             Some(Err(e)) => (load_ptx(format!("; loading the CUBIN failed first: {e}"))?, false),
             None => (load_ptx(String::new())?, false),
         };
-        let m = Arc::new(KernelModule { ctx: ctx.clone(), module, key: kernel.key(), from_cubin });
-        modules.push(Entry { ctx: ctx_id, key: kernel.key(), module: Arc::downgrade(&m) });
-        Ok(m)
+        Ok(remember(ctx_id, Arc::new(KernelModule { ctx: ctx.clone(), module, key: kernel.key(), from_cubin })))
     }
 
     /// Loads a CUBIN compiled for `arch` (an image embedded at build time) into `ctx` under
     /// `key`, or returns the module already loaded under that key there.
     pub fn load_cubin(ctx: &Arc<CudaContext>, key: u128, arch: &str, cubin: &[u8]) -> Result<Arc<KernelModule>> {
         let ctx_id = ctx.cu_ctx() as usize;
-        let mut modules = MODULES.lock().unwrap_or_else(|p| p.into_inner());
-        modules.retain(|e| e.module.strong_count() > 0);
-        if let Some(m) = modules.iter().find(|e| e.ctx == ctx_id && e.key == key).and_then(|e| e.module.upgrade()) {
+        if let Some(m) = loaded(ctx_id, key) {
             return Ok(m);
         }
         let module = ctx.load_module(Ptx::from_binary(cubin.to_vec())).map_err(|e| Error::Cuda {
             operation: format!("cuModuleLoadData of the {arch} CUBIN on device {}", ctx.ordinal()),
             message: e.to_string(),
         })?;
-        let m = Arc::new(KernelModule { ctx: ctx.clone(), module, key, from_cubin: true });
-        modules.push(Entry { ctx: ctx_id, key, module: Arc::downgrade(&m) });
-        Ok(m)
+        Ok(remember(ctx_id, Arc::new(KernelModule { ctx: ctx.clone(), module, key, from_cubin: true })))
     }
 
     /// Compiles [`crate::source::program`]`(extra_source)` for the device's architecture with

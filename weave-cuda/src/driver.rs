@@ -244,15 +244,16 @@ pub(crate) fn set_access_rw(p: CUdeviceptr, size: usize, ordinal: u32) -> Result
     check(unsafe { sys::cuMemSetAccess(p, size, &desc, 1) }, "cuMemSetAccess")
 }
 
-/// `cuMemsetD8` (synchronous with respect to the host for device memory).
-pub(crate) fn memset_d8(p: CUdeviceptr, value: u8, size: usize) -> Result<()> {
-    // SAFETY: `p..p+size` is device memory mapped read/write for the current context.
-    check(unsafe { sys::cuMemsetD8_v2(p, value, size) }, "cuMemsetD8")
+/// `cuMemsetD8Async` on stream `s`.
+pub(crate) fn memset_d8_async(p: CUdeviceptr, value: u8, size: usize, s: CUstream) -> Result<()> {
+    // SAFETY: `p..p+size` is device memory mapped read/write for the current context; `s` is a
+    // live stream of it.
+    check(unsafe { sys::cuMemsetD8Async(p, value, size, s) }, "cuMemsetD8Async")
 }
 
-/// `cuStreamSynchronize` (a null stream is the legacy default stream of the current context).
+/// `cuStreamSynchronize`.
 pub(crate) fn stream_synchronize(s: CUstream) -> Result<()> {
-    // SAFETY: `s` is a live stream of the bound context, or null for its default stream.
+    // SAFETY: `s` is a live stream of the bound context.
     check(unsafe { sys::cuStreamSynchronize(s) }, "cuStreamSynchronize")
 }
 

@@ -84,10 +84,14 @@ impl DeviceRegion {
         })?;
         // SAFETY: `handle` was just created by cuMemCreate and nothing else holds it.
         let mapping = unsafe { VmmMapping::from_handle(ctx, handle, size, device, granularity) }?;
-        driver::memset_d8(mapping.ptr(), 0, size)?;
-        // The memset runs on the legacy default stream; wait for it so that no copy on a
-        // non-blocking stream (ours, a peer's) can overtake it.
-        driver::stream_synchronize(std::ptr::null_mut())?;
+        // Zeroed on a stream of weave's own, and waited for, so that no copy on another stream
+        // (ours, a peer's) can overtake it; not on the legacy default stream, which would wait
+        // for every blocking stream of the program (calls queued there may wait for peers) and
+        // is not allowed beside a stream being captured into a graph.
+        let zeroing = crate::PrivateStream::new(ctx)?;
+        let raw = zeroing.stream().cu_stream();
+        driver::memset_d8_async(mapping.ptr(), 0, size, raw)?;
+        driver::stream_synchronize(raw)?;
         let ptr = mapping.ptr();
         Ok(DeviceRegion {
             ptr,
