@@ -25,9 +25,9 @@ nothing run); and the GPU memory this process uses (nvidia-smi) after communicat
 an 8-byte all-reduce and after a 256 MiB one. A stream destroyed once its call is done is never
 touched by the communicator's next call on another stream. A group of one communicator's calls
 on two streams waits for both streams' earlier work, and both streams wait for the group. Last,
-nothing left behind: five rounds of a communicator made, used (window, registered buffer,
-copying calls) and destroyed leave the memory outside torch's allocator where the first round
-left it. Writes OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on
+nothing left behind: ten rounds of a communicator made, used (window, registered buffer,
+copying calls) and destroyed (the last five without deregistering first) leave the memory
+outside torch's allocator where the first round left it. Writes OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on
 any failure.
 """
 
@@ -352,11 +352,14 @@ def outside_torch_mib():
 
 
 def lifecycle(lib, rank, world, report):
-    """Nothing left behind: five rounds of a communicator made, used (a window, a registered
-    buffer, a copying 1 MiB all-reduce that makes workspace areas, an 8-byte one) and destroyed;
-    the memory outside torch's allocator after the last round is where it was after the first."""
+    """Nothing left behind: ten rounds of a communicator made, used (a window, a registered
+    buffer, a copying 1 MiB all-reduce that makes workspace areas, an 8-byte one) and destroyed,
+    the last five without deregistering the window and the buffer first (destroy drops them, as
+    NCCL's does); the memory outside torch's allocator after the last round is where it was
+    after the first."""
     elems = 1 << 20
     buf = torch.zeros(2 * elems, dtype=torch.float32, device="cuda")
+    other = torch.zeros(elems, dtype=torch.float32, device="cuda")
     stream = torch.cuda.current_stream()
 
     def all_reduce(comm, count, what):
@@ -364,7 +367,8 @@ def lifecycle(lib, rank, world, report):
                                      stream.cuda_stream), what)
 
     seen = []
-    for _ in range(5):
+    for round_ in range(10):
+        left_registered = round_ >= 5
         buf.fill_(1.0)
         comm = new_comm(lib, rank, world)
         window = ctypes.c_void_p()
@@ -372,13 +376,17 @@ def lifecycle(lib, rank, world, report):
                                               NCCL_WIN_COLL_SYMMETRIC), "ncclCommWindowRegister (lifecycle)")
         all_reduce(comm, 4096, "windowed all-reduce (lifecycle)")
         torch.cuda.synchronize()
-        check(lib, lib.ncclCommWindowDeregister(comm, window), "ncclCommWindowDeregister (lifecycle)")
         handle = ctypes.c_void_p()
-        check(lib, lib.ncclCommRegister(comm, buf.data_ptr(), buf.numel() * 4, ctypes.byref(handle)),
-              "ncclCommRegister (lifecycle)")
-        all_reduce(comm, 4096, "registered all-reduce (lifecycle)")
-        torch.cuda.synchronize()
-        check(lib, lib.ncclCommDeregister(comm, handle), "ncclCommDeregister (lifecycle)")
+        if left_registered:
+            check(lib, lib.ncclCommRegister(comm, other.data_ptr(), other.numel() * 4, ctypes.byref(handle)),
+                  "ncclCommRegister (lifecycle, left registered)")
+        else:
+            check(lib, lib.ncclCommWindowDeregister(comm, window), "ncclCommWindowDeregister (lifecycle)")
+            check(lib, lib.ncclCommRegister(comm, buf.data_ptr(), buf.numel() * 4, ctypes.byref(handle)),
+                  "ncclCommRegister (lifecycle)")
+            all_reduce(comm, 4096, "registered all-reduce (lifecycle)")
+            torch.cuda.synchronize()
+            check(lib, lib.ncclCommDeregister(comm, handle), "ncclCommDeregister (lifecycle)")
         all_reduce(comm, 262144, "1 MiB all-reduce (lifecycle)")
         all_reduce(comm, 2, "8-byte all-reduce (lifecycle)")
         torch.cuda.synchronize()
@@ -392,7 +400,7 @@ def lifecycle(lib, rank, world, report):
     # A communicator's control area alone is 14 MiB: one left behind a round would show.
     if None not in seen and seen[-1] - seen[0] > 4:
         raise RuntimeError(f"destroyed communicators left GPU memory behind: {seen} MiB outside torch after "
-                           "each of five rounds")
+                           "each of ten rounds")
 
 
 def main(out_dir):

@@ -491,13 +491,14 @@ pub unsafe extern "C" fn ncclCommFinalize(comm: NcclCommPtr) -> NcclResult {
     })
 }
 
-/// `ncclCommDestroy`: frees the communicator after its GPU work is done.
+/// `ncclCommDestroy`: frees the communicator after its GPU work is done, with the
+/// registrations and windows it still holds.
 ///
 /// # Safety
 /// `comm` is any value (checked against the live handles).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommDestroy(comm: NcclCommPtr) -> NcclResult {
-    guard("ncclCommDestroy", || teardown(&handle::unregister(comm)?, false))
+    guard("ncclCommDestroy", || end(comm, false))
 }
 
 /// `ncclCommAbort`: stops the communicator's waits and kernels (usable from another thread
@@ -507,7 +508,17 @@ pub unsafe extern "C" fn ncclCommDestroy(comm: NcclCommPtr) -> NcclResult {
 /// `comm` is any value (checked against the live handles).
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommAbort(comm: NcclCommPtr) -> NcclResult {
-    guard("ncclCommAbort", || teardown(&handle::unregister(comm)?, true))
+    guard("ncclCommAbort", || end(comm, true))
+}
+
+/// Destroys or aborts `comm`: its teardown, then the registrations and windows it still holds
+/// (the program need not deregister them first, as in NCCL).
+fn end(comm: NcclCommPtr, abort: bool) -> CallResult {
+    let c = handle::unregister(comm)?;
+    let torn = teardown(&c, abort);
+    crate::api_register::forget_communicator(comm as usize);
+    crate::api_window::forget_communicator(comm as usize);
+    torn
 }
 
 /// `ncclCommGetAsyncError`: `ncclInProgress` while a background init runs; the first error

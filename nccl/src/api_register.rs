@@ -34,6 +34,23 @@ fn registrations() -> MutexGuard<'static, Option<HashMap<usize, Registration>>> 
     REGISTRATIONS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Drops the registrations communicator `comm` (its `ncclComm_t`) still holds and frees their
+/// handles, as `ncclCommDestroy` and `ncclCommAbort` do in NCCL.
+pub(crate) fn forget_communicator(comm: usize) {
+    let gone: Vec<(usize, Registration)> = {
+        let mut all = registrations();
+        let Some(table) = all.as_mut() else { return };
+        let keys: Vec<usize> = table.iter().filter(|(_, r)| r.comm == comm).map(|(&k, _)| k).collect();
+        keys.into_iter().filter_map(|k| table.remove(&k).map(|r| (k, r))).collect()
+    };
+    for (key, registration) in gone {
+        drop(registration);
+        // SAFETY: `key` came from Box::into_raw in ncclCommRegister and left the table just now,
+        // so it is freed once.
+        drop(unsafe { Box::from_raw(key as *mut u8) });
+    }
+}
+
 /// `ncclCommRegister`: see the module table.
 ///
 /// # Safety

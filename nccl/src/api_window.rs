@@ -32,6 +32,23 @@ fn windows() -> MutexGuard<'static, Option<HashMap<usize, (usize, Window)>>> {
     WINDOWS.lock().unwrap_or_else(|p| p.into_inner())
 }
 
+/// Drops the windows communicator `comm` (its `ncclComm_t`) still holds and frees their
+/// handles, as `ncclCommDestroy` and `ncclCommAbort` do in NCCL.
+pub(crate) fn forget_communicator(comm: usize) {
+    let gone: Vec<(usize, Window)> = {
+        let mut all = windows();
+        let Some(table) = all.as_mut() else { return };
+        let keys: Vec<usize> = table.iter().filter(|(_, (owner, _))| *owner == comm).map(|(&k, _)| k).collect();
+        keys.into_iter().filter_map(|k| table.remove(&k).map(|(_, w)| (k, w))).collect()
+    };
+    for (key, window) in gone {
+        drop(window);
+        // SAFETY: `key` came from Box::into_raw in ncclCommWindowRegister and left the table
+        // just now, so it is freed once.
+        drop(unsafe { Box::from_raw(key as *mut u8) });
+    }
+}
+
 /// A window registration asked for: run at once, or at `ncclGroupEnd` inside a group.
 pub(crate) struct WindowRequest {
     comm: Arc<NcclComm>,

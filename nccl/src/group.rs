@@ -271,11 +271,13 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
                 ));
             }
         }
-        // The per-thread default stream is one handle for another stream on each thread.
+        // The per-thread default stream is one handle for another stream on each thread: the
+        // last batch's is never this thread's, whichever of this batch's streams it is.
+        let per_thread = cuda::PER_THREAD_STREAM;
         if !capturing
             && let Some(last) = live.stream_to_follow()
-            && (last != exec || exec == cuda::PER_THREAD_STREAM)
-            && !others.contains(&last)
+            && (last != exec || exec == per_thread)
+            && (last == per_thread || !others.contains(&last))
         {
             live.follow_on(exec)?;
         }
@@ -285,27 +287,32 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
         // SAFETY: `exec` is the caller's stream (a live CUstream of this context, or the legacy
         // or per-thread default stream); the wrapper does not own it.
         let stream = unsafe { ctx.wrap_borrowed_stream(exec as _) };
-        let mut p2p = Vec::new();
-        for &(call, _) in calls {
-            if call.is_p2p() {
-                p2p.push(call);
-            } else {
-                // SAFETY: the call's buffers were checked as NCCL's rules require; the program
-                // keeps them valid until the stream reaches the call, as NCCL requires.
-                unsafe { run(&live.comm, call, &stream)? };
+        let enqueued = (|| {
+            let mut p2p = Vec::new();
+            for &(call, _) in calls {
+                if call.is_p2p() {
+                    p2p.push(call);
+                } else {
+                    // SAFETY: the call's buffers were checked as NCCL's rules require; the
+                    // program keeps them valid until the stream reaches the call, as NCCL
+                    // requires.
+                    unsafe { run(&live.comm, call, &stream)? };
+                }
             }
-        }
-        if !p2p.is_empty() {
-            // SAFETY: as above.
-            unsafe { run_p2p(&live.comm, &p2p, &stream)? };
-        }
-        for &s in &others {
-            cuda::order_after(s, exec)?;
-        }
-        if !capturing {
-            live.ran_on(exec)?;
-        }
-        Ok(())
+            if !p2p.is_empty() {
+                // SAFETY: as above.
+                unsafe { run_p2p(&live.comm, &p2p, &stream)? };
+            }
+            Ok::<(), Fail>(())
+        })();
+        // What was enqueued before a failure is ordered as a whole batch would be: the other
+        // streams wait for it, and the next batch follows its end.
+        let ordered = others
+            .iter()
+            .try_for_each(|&s| cuda::order_after(s, exec))
+            .map_err(Fail::from)
+            .and_then(|()| if capturing { Ok(()) } else { live.ran_on(exec) });
+        enqueued.and(ordered)
     })
 }
 
