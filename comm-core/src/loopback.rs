@@ -183,7 +183,40 @@ pub struct LoopbackBootstrap {
     timeout: Duration,
 }
 
+/// How often a loopback receive that an abort may end looks at its flag.
+const ABORT_LOOK: Duration = Duration::from_millis(5);
+
 impl LoopbackBootstrap {
+    /// The next message from `peer` under `tag`, waiting at most the timeout, and giving up
+    /// once `abort` (where given) is set, looking at it every [`ABORT_LOOK`].
+    fn recv_until(&self, peer: usize, tag: u64, abort: Option<&AtomicBool>) -> Result<Vec<u8>> {
+        self.check_peer(peer)?;
+        let deadline = Deadline::after(self.timeout);
+        let mut boxes = self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(m) = boxes.get_mut(&(peer, self.rank, tag)).and_then(VecDeque::pop_front) {
+                return Ok(m);
+            }
+            if self.shared.gone[peer].load(Ordering::Acquire) {
+                return Err(Error::peer_lost(
+                    peer,
+                    format!("loopback recv tag {tag:#x}"),
+                    "peer dropped its bootstrap",
+                ));
+            }
+            if abort.is_some_and(|a| a.load(Ordering::Acquire)) {
+                return Err(Error::Aborted(format!("loopback recv tag {tag:#x} from rank {peer} was aborted")));
+            }
+            let left = deadline.remaining();
+            if left.is_zero() {
+                return Err(Error::timeout(format!("loopback recv tag {tag:#x}"), Some(peer), deadline.elapsed()));
+            }
+            let nap = if abort.is_some() { left.min(ABORT_LOOK) } else { left };
+            let arrived = &self.shared.arrived[self.rank];
+            boxes = arrived.wait_timeout(boxes, nap).unwrap_or_else(|p| p.into_inner()).0;
+        }
+    }
+
     /// Creates the bootstraps of an `n`-rank group, one per thread-rank.
     pub fn group(n: usize, timeout: Duration) -> Vec<LoopbackBootstrap> {
         let shared = Arc::new(Shared {
@@ -275,27 +308,11 @@ impl Bootstrap for LoopbackBootstrap {
     }
 
     fn recv(&self, peer: usize, tag: u64) -> Result<Vec<u8>> {
-        self.check_peer(peer)?;
-        let deadline = Deadline::after(self.timeout);
-        let mut boxes = self.shared.boxes.lock().unwrap_or_else(|p| p.into_inner());
-        loop {
-            if let Some(m) = boxes.get_mut(&(peer, self.rank, tag)).and_then(VecDeque::pop_front) {
-                return Ok(m);
-            }
-            if self.shared.gone[peer].load(Ordering::Acquire) {
-                return Err(Error::peer_lost(
-                    peer,
-                    format!("loopback recv tag {tag:#x}"),
-                    "peer dropped its bootstrap",
-                ));
-            }
-            let left = deadline.remaining();
-            if left.is_zero() {
-                return Err(Error::timeout(format!("loopback recv tag {tag:#x}"), Some(peer), deadline.elapsed()));
-            }
-            let arrived = &self.shared.arrived[self.rank];
-            boxes = arrived.wait_timeout(boxes, left).unwrap_or_else(|p| p.into_inner()).0;
-        }
+        self.recv_until(peer, tag, None)
+    }
+
+    fn recv_or_abort(&self, peer: usize, tag: u64, abort: &AtomicBool) -> Result<Vec<u8>> {
+        self.recv_until(peer, tag, Some(abort))
     }
 
     fn carries_notices(&self) -> bool {

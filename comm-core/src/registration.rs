@@ -16,7 +16,7 @@
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use crate::bootstrap::RESERVED_TAG_BASE;
+use crate::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
 use crate::communicator::{Communicator, WIRE_VERSION};
 use crate::error::{Error, Result};
 use crate::memory::{MemoryDescriptor, MemoryKind, MemoryRegion, RegisteredMemory};
@@ -207,7 +207,7 @@ impl Communicator {
             )));
         }
         let mine = local.descriptor();
-        let all = self.bootstrap.all_gather(&mine.encode())?;
+        let all = self.abortable_bootstrap().all_gather(&mine.encode())?;
         let mut descriptors = Vec::with_capacity(all.len());
         for (r, bytes) in all.iter().enumerate() {
             let d = MemoryDescriptor::decode(bytes)?;
@@ -246,7 +246,7 @@ impl Communicator {
         // Everyone reports whether its imports worked, so that a failure anywhere fails the
         // exchange everywhere promptly instead of leaving ranks waiting.
         let status = encode_status(failure.as_ref());
-        let statuses = self.bootstrap.all_gather(&status)?;
+        let statuses = self.abortable_bootstrap().all_gather(&status)?;
         if let Some(e) = failure {
             return Err(e);
         }
@@ -512,6 +512,29 @@ mod tests {
                     s.wait().unwrap();
                     s.signal().unwrap();
                 }
+            }
+        });
+    }
+
+    #[test]
+    fn an_abort_ends_an_exchange_a_peer_never_joins() {
+        run_with(2, Duration::from_secs(30), |comm| {
+            if comm.rank() == 0 {
+                let m = comm.register_host(64, "alone").unwrap();
+                let flag = Arc::clone(comm.abort_flag());
+                let aborter = std::thread::spawn(move || {
+                    std::thread::sleep(Duration::from_millis(100));
+                    flag.store(true, Ordering::Release);
+                });
+                let started = std::time::Instant::now();
+                let r = comm.exchange(&m);
+                assert!(matches!(r, Err(Error::Aborted(_))), "{r:?}");
+                assert!(started.elapsed() < Duration::from_secs(2), "the exchange waited {:?}", started.elapsed());
+                aborter.join().unwrap();
+                comm.bootstrap().send(1, 1, b"done").unwrap();
+            } else {
+                // Never joins the exchange; waits for rank 0 to be done with it.
+                assert_eq!(comm.bootstrap().recv(0, 1).unwrap(), b"done");
             }
         });
     }

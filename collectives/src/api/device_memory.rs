@@ -12,6 +12,8 @@
 #[cfg(feature = "cuda")]
 use comm_core::Error;
 use comm_core::Result;
+#[cfg(feature = "cuda")]
+use comm_core::bootstrap::Bootstrap as _;
 
 use crate::api::communicator::Communicator;
 
@@ -85,7 +87,7 @@ impl Communicator {
                 ));
             }
             g.synchronize()?;
-            self.core().bootstrap().barrier()?;
+            self.core().abortable_bootstrap().barrier()?;
             g.suspend();
             drop(g);
             self.on_step_communicators(Communicator::suspend_device_memory)?;

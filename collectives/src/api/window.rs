@@ -13,6 +13,7 @@
 
 use std::sync::Arc;
 
+use comm_core::bootstrap::Bootstrap as _;
 use comm_core::memory::MemoryKind;
 use comm_core::{Error, Result};
 
@@ -105,7 +106,7 @@ impl Communicator {
         // The ranks agree on the promise first: it decides whether they register and exchange,
         // so ranks that differ would fall out of step.
         let symmetric = u8::from(offsets == WindowOffsets::Symmetric);
-        let promises = self.core().bootstrap().all_gather(&[symmetric])?;
+        let promises = self.core().abortable_bootstrap().all_gather(&[symmetric])?;
         if let Some(r) = promises.iter().position(|v| v.first() != Some(&symmetric)) {
             return Err(Error::invalid(format!(
                 "register_window: rank {r} registered with other offsets than rank {} ({offsets:?} here); every \
@@ -125,7 +126,7 @@ impl Communicator {
         };
         // Every rank says whether its part could be registered before any waits for the
         // exchange, so one failure fails the registration everywhere, promptly.
-        let agreed = self.core().bootstrap().all_gather(&[u8::from(mine.is_ok())])?;
+        let agreed = self.core().abortable_bootstrap().all_gather(&[u8::from(mine.is_ok())])?;
         let mine = mine?;
         if let Some(r) = agreed.iter().position(|v| v.first() != Some(&1)) {
             return Err(Error::invalid(format!(

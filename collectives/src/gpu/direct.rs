@@ -6,6 +6,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use comm_core::bootstrap::Bootstrap as _;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::diagnostics;
 use comm_core::memory::{MemoryKind, RegisteredMemory};
@@ -207,7 +208,7 @@ impl DirectKernels {
         let bytes = self.layout.area_bytes(area).max(1);
         let label = format!("weave gpu workspace: {}", area.describe());
         let mine = core.register(bytes, MemoryKind::Device(self.device), &label);
-        let made = core.bootstrap().all_gather(&[u8::from(mine.is_ok())])?;
+        let made = core.abortable_bootstrap().all_gather(&[u8::from(mine.is_ok())])?;
         let mine = mine?;
         if let Some(r) = made.iter().position(|v| v.first() != Some(&1)) {
             return Err(Error::Cuda {

@@ -8,11 +8,13 @@
 //! [`from_env`] builds one from torchrun, Open MPI or Slurm variables. Users may implement the
 //! trait over their own channel (MPI, torch.distributed).
 
+mod abortable;
 mod env;
 pub(crate) mod tcp;
 pub mod tree;
 mod unique_id;
 
+pub use abortable::AbortableBootstrap;
 pub use env::{EnvRendezvous, from_env, resolve};
 pub use tcp::TcpBootstrap;
 pub use unique_id::UniqueId;

@@ -18,7 +18,7 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 
-use crate::bootstrap::Bootstrap;
+use crate::bootstrap::{AbortableBootstrap, Bootstrap};
 use crate::config::Config;
 use crate::connection::Connection;
 use crate::diagnostics;
@@ -274,6 +274,14 @@ impl Communicator {
     /// The bootstrap, for small control messages.
     pub fn bootstrap(&self) -> &Arc<dyn Bootstrap> {
         &self.bootstrap
+    }
+
+    /// The bootstrap as this communicator's exchanges in the middle of a call use it: every
+    /// receive, and so every all-gather and barrier, ends with [`Error::Aborted`] once the
+    /// communicator is aborted or revoked. Exchanges that must work on a revoked communicator
+    /// (shrink, agreement) use [`bootstrap`](Self::bootstrap).
+    pub fn abortable_bootstrap(&self) -> AbortableBootstrap<'_> {
+        AbortableBootstrap::new(self.bootstrap.as_ref(), &self.abort)
     }
 
     /// The settings in force.
