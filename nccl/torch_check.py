@@ -13,6 +13,7 @@ reference has (and fails if it has fewer than half of A's).
 """
 import os
 import sys
+import time
 
 import torch
 import torch.distributed as dist
@@ -170,6 +171,24 @@ def kill_peer():
         sys.exit(0)
 
 
+def late_peer(seconds):
+    """Rank 1 comes `seconds` late to an all_reduce (as a rank saving a checkpoint would); rank 0
+    waits in it. With WEAVE_TIMEOUT unset the result must be exact: the caller makes `seconds`
+    longer than weave's own one-minute default."""
+    rank, dev, t = nccl_rank(1 << 20)
+    if rank == 1:
+        time.sleep(seconds)
+    t.fill_(rank + 1.0)
+    start = time.monotonic()
+    dist.all_reduce(t)
+    torch.cuda.synchronize()
+    waited = time.monotonic() - start
+    exact = bool((t == 3.0).all())
+    print(f"torch_check late-peer: rank {rank} waited {waited:.1f} s, all_reduce {'exact' if exact else 'WRONG'}")
+    dist.destroy_process_group()
+    sys.exit(0 if exact else 1)
+
+
 def shrink(flags_name):
     """torch.distributed.shrink_group on three ranks, as PyTorch's own test does it: after a
     warm-up the last rank leaves (it aborts or destroys its group and exits; torchrun would stop
@@ -279,6 +298,8 @@ def compare(a, b, reference_subset=False):
 if __name__ == "__main__":
     if len(sys.argv) == 2 and sys.argv[1] == "--kill-peer":
         kill_peer()
+    if len(sys.argv) == 3 and sys.argv[1] == "--late-peer":
+        late_peer(float(sys.argv[2]))
     if len(sys.argv) == 2 and sys.argv[1] == "--mismatched-splits":
         mismatched_splits()
     if len(sys.argv) == 3 and sys.argv[1] == "--shrink":

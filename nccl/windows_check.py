@@ -24,7 +24,12 @@ resume are exact); ncclGroupSimulateEnd on a group of device all-reduces (an est
 nothing run); and the GPU memory this process uses (nvidia-smi) after communicator init, after
 an 8-byte all-reduce and after a 256 MiB one. A stream destroyed once its call is done is never
 touched by the communicator's next call on another stream. A group of one communicator's calls
-on two streams waits for both streams' earlier work, and both streams wait for the group. Last,
+on two streams waits for both streams' earlier work, and both streams wait for the group. A
+group over two communicators on one stream runs exactly (their work reaches the stream in one
+order on every rank). One process drives two ranks (ncclCommInitAll): their splits made in
+one group, then grouped all-reduces on them exact, the current device unchanged. A graph's
+run of an all-reduce and an eager all-reduce of one communicator on two streams, launched
+together, are both exact (ordered as NCCL orders them). Last,
 nothing left behind: ten rounds of a communicator made, used (window, registered buffer,
 copying calls) and destroyed (the last five without deregistering first) leave the memory
 outside torch's allocator where the first round left it. Writes OUT_DIR/windows-rank<r>.json and prints "windows: ..." lines; exits non-zero on
@@ -106,6 +111,8 @@ def load():
     lib.ncclCommSplit.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.POINTER(ctypes.c_void_p),
                                   ctypes.POINTER(Config)]
     lib.ncclGroupSimulateEnd.argtypes = [ctypes.POINTER(SimInfo)]
+    lib.ncclCommInitAll.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int, ctypes.POINTER(ctypes.c_int)]
+    lib.ncclCommUserRank.argtypes = [ctypes.c_void_p, ctypes.POINTER(ctypes.c_int)]
     lib.ncclGetErrorString.restype = ctypes.c_char_p
     lib.ncclGetLastError.restype = ctypes.c_char_p
     lib.ncclGetLastError.argtypes = [ctypes.c_void_p]
@@ -344,6 +351,122 @@ def group_on_two_streams(lib, rank, world, report):
     report["group_on_two_streams_calls_exact"] = 40
 
 
+def group_over_two_communicators_on_one_stream(lib, rank, world, report):
+    """One group over two communicators whose calls share one stream: their work must reach the
+    stream in the same order on every rank (else each rank's first kernel waits for a peer's
+    kernel queued behind the other communicator's). Thirty rounds of a group of three 4 MiB
+    all-reduces (A, B, A) on one stream, each result exact."""
+    comms = [new_comm(lib, rank, world), new_comm(lib, rank, world)]
+    count = 1 << 20
+    stream = torch.cuda.Stream()
+    bufs = [torch.zeros(count, dtype=torch.float32, device="cuda") for _ in range(3)]
+    for round_ in range(30):
+        with torch.cuda.stream(stream):
+            for i, buf in enumerate(bufs):
+                buf.fill_(float(rank + round_ + 100 * i))
+        check(lib, lib.ncclGroupStart(), "ncclGroupStart (two communicators, one stream)")
+        for i, buf in enumerate(bufs):
+            check(lib, lib.ncclAllReduce(buf.data_ptr(), buf.data_ptr(), count, NCCL_FLOAT32, NCCL_SUM, comms[i % 2],
+                                         stream.cuda_stream), "all-reduce in a group over two communicators")
+        check(lib, lib.ncclGroupEnd(), "ncclGroupEnd (two communicators, one stream)")
+        stream.synchronize()
+        for i, buf in enumerate(bufs):
+            if not bool((buf == float(sum(r + round_ + 100 * i for r in range(world)))).all()):
+                raise RuntimeError(f"group over two communicators on one stream, round {round_}: call {i} is wrong")
+    for comm in comms:
+        check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy (two communicators, one stream)")
+    report["group_over_two_communicators_calls_exact"] = 90
+
+
+def one_process_two_ranks(lib, report):
+    """One process driving two ranks from one thread (ncclCommInitAll; two GPUs where there are,
+    else both on this one), as a program driving several GPUs does: one group splitting both
+    ranks' communicators (keys that reverse the ranks; made at the group's end, where making the
+    first at once would wait for the second), then ten groups of an in-place all-reduce per rank
+    on the splits, each rank on a stream of its device, exact; the caller's current device is the
+    same after every call."""
+    here = torch.cuda.current_device()
+    devs = [here, (here + 1) % torch.cuda.device_count()]
+    comms = (ctypes.c_void_p * 2)()
+    check(lib, lib.ncclCommInitAll(comms, 2, (ctypes.c_int * 2)(*devs)), "ncclCommInitAll")
+    splits = [ctypes.c_void_p(), ctypes.c_void_p()]
+    check(lib, lib.ncclGroupStart(), "ncclGroupStart (splits of two ranks)")
+    for r in range(2):
+        check(lib, lib.ncclCommSplit(comms[r], 0, 1 - r, ctypes.byref(splits[r]), None), "ncclCommSplit in a group")
+    check(lib, lib.ncclGroupEnd(), "ncclGroupEnd (splits of two ranks)")
+    ranks = []
+    for split in splits:
+        me = ctypes.c_int(-1)
+        check(lib, lib.ncclCommUserRank(split, ctypes.byref(me)), "ncclCommUserRank")
+        ranks.append(me.value)
+    if ranks != [1, 0]:
+        raise RuntimeError(f"the splits made in one group have ranks {ranks}, not [1, 0]")
+    count = 1 << 18
+    bufs = [torch.full((count,), float(r + 1), device=f"cuda:{devs[r]}") for r in range(2)]
+    streams = [torch.cuda.Stream(device=devs[r]) for r in range(2)]
+    for d in devs:
+        torch.cuda.synchronize(d)
+    for round_ in range(10):
+        check(lib, lib.ncclGroupStart(), "ncclGroupStart (two ranks)")
+        for r in range(2):
+            check(lib, lib.ncclAllReduce(bufs[r].data_ptr(), bufs[r].data_ptr(), count, NCCL_FLOAT32, NCCL_SUM,
+                                         splits[r], streams[r].cuda_stream), "all-reduce of one process's two ranks")
+        check(lib, lib.ncclGroupEnd(), "ncclGroupEnd (two ranks)")
+        if torch.cuda.current_device() != here:
+            raise RuntimeError(f"the current device is {torch.cuda.current_device()} after a group, not {here}")
+        for r in range(2):
+            streams[r].synchronize()
+            if not bool((bufs[r] == 3.0 * 2 ** round_).all()):
+                raise RuntimeError(f"one process's two ranks, round {round_}: rank {r}'s all-reduce is wrong")
+    for c in list(splits) + [comms[0], comms[1]]:
+        check(lib, lib.ncclCommDestroy(c), "ncclCommDestroy (one process's two ranks)")
+    if torch.cuda.current_device() != here:
+        raise RuntimeError(f"the current device is {torch.cuda.current_device()} after destroy, not {here}")
+    report["one_process_two_ranks_devices"] = devs
+    report["one_process_two_ranks_calls_exact"] = 20
+
+
+def graph_and_eager_calls(lib, rank, world, report):
+    """A communicator's calls captured into a CUDA graph and its eager calls, on two streams,
+    must not overlap (they share the communicator's buffers): each run of the graph waits for the
+    eager calls before its launch, and eager calls wait for the runs before them, as NCCL orders
+    them. An in-place all-reduce captured on stream G; twenty rounds of: the graph replayed on G,
+    at once an eager all-reduce on stream S (no synchronization between them), both results exact
+    (the graph's buffer multiplies by the world size each run)."""
+    comm = new_comm(lib, rank, world)
+    count = 1 << 18
+    x = torch.ones(count, dtype=torch.float32, device="cuda")
+    y = torch.zeros(count, dtype=torch.float32, device="cuda")
+    g_stream, s_stream = torch.cuda.Stream(), torch.cuda.Stream()
+    # One eager call of each size first: the communicator's first call of a size sets things up.
+    with torch.cuda.stream(g_stream):
+        check(lib, lib.ncclAllReduce(y.data_ptr(), y.data_ptr(), count, NCCL_FLOAT32, NCCL_SUM, comm,
+                                     g_stream.cuda_stream), "warm-up all-reduce")
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=g_stream):
+        check(lib, lib.ncclAllReduce(x.data_ptr(), x.data_ptr(), count, NCCL_FLOAT32, NCCL_SUM, comm,
+                                     torch.cuda.current_stream().cuda_stream), "all-reduce captured into a graph")
+    torch.cuda.synchronize()
+    x.fill_(1.0)
+    torch.cuda.synchronize()
+    for round_ in range(20):
+        with torch.cuda.stream(g_stream):
+            graph.replay()
+        with torch.cuda.stream(s_stream):
+            y.fill_(float(rank + round_))
+            check(lib, lib.ncclAllReduce(y.data_ptr(), y.data_ptr(), count, NCCL_FLOAT32, NCCL_SUM, comm,
+                                         s_stream.cuda_stream), "eager all-reduce beside a graph's run")
+        torch.cuda.synchronize()
+        want_y = float(sum(r + round_ for r in range(world)))
+        if not bool((x == float(world ** (round_ + 1))).all()) or not bool((y == want_y).all()):
+            raise RuntimeError(f"graph and eager calls, round {round_}: graph result {x[0].item()} (want "
+                               f"{world ** (round_ + 1)}), eager result {y[0].item()} (want {want_y})")
+    del graph
+    check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy (graph and eager calls)")
+    report["graph_and_eager_calls_exact"] = 40
+
+
 def outside_torch_mib():
     """The GPU memory this process holds beyond what torch's caching allocator reserved (MiB), or
     None: the driver's, the loaded kernels' and the communicators'."""
@@ -524,6 +647,9 @@ def main(out_dir):
         check(lib, lib.ncclCommDestroy(comm), "ncclCommDestroy")
     destroyed_streams(lib, rank, world, report)
     group_on_two_streams(lib, rank, world, report)
+    group_over_two_communicators_on_one_stream(lib, rank, world, report)
+    one_process_two_ranks(lib, report)
+    graph_and_eager_calls(lib, rank, world, report)
     lifecycle(lib, rank, world, report)
     os.makedirs(out_dir, exist_ok=True)
     with open(os.path.join(out_dir, f"windows-rank{rank}.json"), "w") as f:

@@ -25,7 +25,7 @@ fn submit(
 ) -> NcclResult {
     guard(name, || {
         let c = handle::lookup(comm)?;
-        let calls = make(&c).inspect_err(group::record_error)?;
+        let calls = c.check_made().and_then(|()| make(&c)).inspect_err(group::record_error)?;
         group::submit(c, &calls, stream as usize)
     })
 }
@@ -97,7 +97,7 @@ pub unsafe extern "C" fn ncclAllGather(
 ) -> NcclResult {
     submit("ncclAllGather", comm, stream, |c| {
         let dtype = data_type(datatype)?;
-        check_buffers(sendcount, dtype, c.nranks, sendbuff, recvbuff)?;
+        check_buffers(sendcount, dtype, c.nranks(), sendbuff, recvbuff)?;
         Ok(vec![Call::AllGather { send: sendbuff as u64, recv: recvbuff as u64, count: sendcount, dtype }])
     })
 }
@@ -117,7 +117,7 @@ pub unsafe extern "C" fn ncclReduceScatter(
     stream: CudaStreamPtr,
 ) -> NcclResult {
     submit("ncclReduceScatter", comm, stream, |c| {
-        let (dtype, op) = reducing_call(c, datatype, op, recvcount, c.nranks, sendbuff, recvbuff)?;
+        let (dtype, op) = reducing_call(c, datatype, op, recvcount, c.nranks(), sendbuff, recvbuff)?;
         Ok(vec![Call::ReduceScatter { send: sendbuff as u64, recv: recvbuff as u64, count: recvcount, dtype, op }])
     })
 }
@@ -138,9 +138,9 @@ pub unsafe extern "C" fn ncclBroadcast(
 ) -> NcclResult {
     submit("ncclBroadcast", comm, stream, |c| {
         let dtype = data_type(datatype)?;
-        let root = check_rank("root", root, c.nranks)?;
+        let root = check_rank("root", root, c.nranks())?;
         bytes_of(count, dtype, 1)?;
-        if c.rank == root {
+        if c.rank() == root {
             check_buffer("sendbuff (on the root)", sendbuff as u64, count)?;
         }
         check_buffer("recvbuff", recvbuff as u64, count)?;
@@ -184,10 +184,10 @@ pub unsafe extern "C" fn ncclReduce(
     submit("ncclReduce", comm, stream, |c| {
         let dtype = data_type(datatype)?;
         let op = reduction(op, dtype, c)?;
-        let root = check_rank("root", root, c.nranks)?;
+        let root = check_rank("root", root, c.nranks())?;
         bytes_of(count, dtype, 1)?;
         check_buffer("sendbuff", sendbuff as u64, count)?;
-        if c.rank == root {
+        if c.rank() == root {
             check_buffer("recvbuff (on the root)", recvbuff as u64, count)?;
         }
         Ok(vec![Call::Reduce { send: sendbuff as u64, recv: recvbuff as u64, count, dtype, op, root }])
@@ -209,7 +209,7 @@ pub unsafe extern "C" fn ncclAlltoAll(
 ) -> NcclResult {
     submit("ncclAlltoAll", comm, stream, |c| {
         let dtype = data_type(datatype)?;
-        check_buffers(count, dtype, c.nranks, sendbuff, recvbuff)?;
+        check_buffers(count, dtype, c.nranks(), sendbuff, recvbuff)?;
         Ok(vec![Call::AllToAll { send: sendbuff as u64, recv: recvbuff as u64, count, dtype }])
     })
 }
@@ -226,17 +226,17 @@ fn rooted(
     to_root: bool,
 ) -> Result<Vec<Call>, Fail> {
     let dtype = data_type(dt)?;
-    let root = check_rank("root", root, c.nranks)?;
+    let root = check_rank("root", root, c.nranks())?;
     let bytes = bytes_of(count, dtype, 1)?;
-    bytes_of(count, dtype, c.nranks)?;
+    bytes_of(count, dtype, c.nranks())?;
     check_buffer(if to_root { "sendbuff" } else { "recvbuff" }, mine, count)?;
     let one =
         |peer, buf, send: bool| if send { Call::Send { buf, bytes, peer } } else { Call::Recv { buf, bytes, peer } };
-    if c.rank != root {
+    if c.rank() != root {
         return Ok(vec![one(root, mine, to_root)]);
     }
     check_buffer(if to_root { "recvbuff (on the root)" } else { "sendbuff (on the root)" }, blocks, count)?;
-    Ok((0..c.nranks)
+    Ok((0..c.nranks())
         .flat_map(|p| {
             let block = blocks + (p * bytes) as u64;
             if p == root {
@@ -287,7 +287,7 @@ pub unsafe extern "C" fn ncclScatter(
 
 fn p2p(c: &NcclComm, buf: u64, count: usize, dt: NcclDataType, peer: c_int, send: bool) -> Result<Vec<Call>, Fail> {
     let dtype = data_type(dt)?;
-    let peer = check_rank("peer", peer, c.nranks)?;
+    let peer = check_rank("peer", peer, c.nranks())?;
     let bytes = bytes_of(count, dtype, 1)?;
     check_buffer(if send { "sendbuff" } else { "recvbuff" }, buf, count)?;
     Ok(vec![if send { Call::Send { buf, bytes, peer } } else { Call::Recv { buf, bytes, peer } }])

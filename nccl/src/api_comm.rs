@@ -1,11 +1,12 @@
-//! Exported: version, unique id, communicator life (init, split, finalize, destroy, abort),
+//! Exported: version, unique id, communicator life (init, finalize, destroy, abort; split: `api_split.rs`),
 //! queries, and error reporting.
 //!
 //! Init takes the CUDA device current on the calling thread (as NCCL does: `cudaSetDevice`
 //! first), connects the ranks through weave's TCP bootstrap at the address in the unique id,
-//! and builds a weave communicator with the CUDA IPC, shared-memory and TCP transports. It
-//! fails (on every rank alike) when weave's GPU path is off — some rank has no GPU, or the
-//! GPUs are on different hosts (weave's device collectives need every GPU on one host today).
+//! and builds a weave communicator with the CUDA IPC, shared-memory and TCP transports (GPUs
+//! of one host map each other; TCP carries device buffers between hosts). It fails (on every
+//! rank alike) when weave's GPU path is off — some rank has no GPU. A split asked for inside a
+//! group is made at the group's end (`derived.rs`).
 //!
 //! `WEAVE_NCCL_ALLOW_CPU=1` is a testing knob: ranks without a GPU then get a host-only
 //! communicator (device -1) whose init, split, queries and teardown work and whose collectives
@@ -20,8 +21,8 @@ use collectives::transport_shm::ShmTransport;
 use collectives::transport_tcp::{TcpConfig, TcpTransport};
 use comm_core::bootstrap::{TcpBootstrap, UniqueId};
 
-use crate::abi::{self, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId, SPLIT_NOCOLOR};
-use crate::config::{ConfigTuning, read_config, read_config_fields};
+use crate::abi::{self, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId};
+use crate::config::{ConfigTuning, read_config_fields};
 use crate::cuda;
 use crate::error::{self, CallResult, Fail, guard};
 use crate::group;
@@ -61,8 +62,9 @@ pub(crate) fn caller_device() -> Result<Option<u32>, Fail> {
 
 /// Builds the weave communicator of one rank (collective over the ranks of `a.ids`).
 pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
+    // A background init runs outside `guard`, which puts the caller's context back.
     let _saved = cuda::SavedContext::save();
-    let config = comm_core::config::Config::from_env()?;
+    let config = crate::config::communicator_config(|name| std::env::var(name).ok())?;
     let boot = TcpBootstrap::with_roots(&a.ids, a.rank, a.nranks, config.timeout)?;
     let mut gpu = collectives::gpu::GpuConfig::from_env()?;
     if let Some(most) = a.tuning.max_ctas {
@@ -100,7 +102,7 @@ pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
 }
 
 /// Makes the handle of one rank: built now (blocking, outside a group) or in the background.
-fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
+pub(crate) fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
     let split_share = a.tuning.split_share_of_new()?;
     let background = !a.blocking || group::in_group();
     let device = a.device.map_or(-1, |d| d as i32);
@@ -322,95 +324,6 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
     })
 }
 
-/// `ncclCommSplit`: ranks passing the same `color` form a communicator ordered by `key`;
-/// `NCCL_SPLIT_NOCOLOR` (-1) takes part and gets NULL. Blocking (also with a non-blocking
-/// config, which NCCL allows). Where the parent shares (`splitShare`) on every rank and the
-/// split keeps every rank in its order, the new handle shares the parent's communicator (a
-/// family, see `handle.rs`) instead of building one.
-///
-/// # Safety
-/// `newcomm` writable; `config` NULL or initialized.
-#[unsafe(no_mangle)]
-pub unsafe extern "C" fn ncclCommSplit(
-    comm: NcclCommPtr,
-    color: c_int,
-    key: c_int,
-    newcomm: *mut NcclCommPtr,
-    config: *mut NcclConfig,
-) -> NcclResult {
-    guard("ncclCommSplit", || {
-        // SAFETY: the caller passes NULL or a writable handle.
-        unsafe { clear_out(newcomm, "newcomm") }?;
-        let parent = handle::lookup(comm)?;
-        // SAFETY: NULL or initialized, as the caller guarantees.
-        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
-        let color = match color {
-            SPLIT_NOCOLOR => None,
-            c if c >= 0 => Some(c as u32),
-            c => return Err(Fail::invalid(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR (-1)"))),
-        };
-        let sharing = parent.with_live(|live| shares_the_parent(&live.comm, parent.split_share, color, key))?;
-        let handle = if sharing {
-            let family = parent.family()?.join();
-            tracing::info!(
-                target: crate::debug::NCCL,
-                rank = parent.rank,
-                "split {}: shares its parent's communicator (splitShare; every rank, in order), a family of {}",
-                derived.name,
-                family.members()
-            );
-            NcclComm::new(parent.rank, parent.nranks, parent.device, derived.blocking, State::Ready(family))
-                .in_family_of(&parent)
-        } else {
-            let child = parent.with_live(|live| Ok(live.comm.split(color, i64::from(key))?))?;
-            let Some(child) = child else { return Ok(()) };
-            tracing::info!(target: crate::debug::NCCL, rank = child.rank(), "split {}: rank {} of {}", derived.name, child.rank(), child.world_size());
-            let (rank, n) = (child.rank(), child.world_size());
-            NcclComm::new(rank, n, parent.device, derived.blocking, State::ready(child))
-        };
-        let p = handle::register(handle.with_split_share(derived.split_share))?;
-        // SAFETY: checked non-null.
-        unsafe { *newcomm = p };
-        Ok(())
-    })
-}
-
-/// Whether a split shares its parent's communicator, the same answer on every rank (a
-/// collective over the parent's ranks): where every rank's parent shares (`share`), is not
-/// revoked, passes the same color, and the keys keep the ranks in their order. Where this
-/// rank's parent shares but the split does not qualify, `NCCL_DEBUG=INFO` says why.
-fn shares_the_parent(comm: &Communicator, share: bool, color: Option<u32>, key: c_int) -> Result<bool, Fail> {
-    let willing = share && !comm.is_revoked();
-    let mut mine = Vec::with_capacity(13);
-    mine.push(u8::from(willing));
-    mine.extend_from_slice(&color.map_or(-1, i64::from).to_le_bytes());
-    mine.extend_from_slice(&key.to_le_bytes());
-    let all = comm.core().bootstrap().all_gather(&mine)?;
-    let mut asks = Vec::with_capacity(all.len());
-    for (r, bytes) in all.iter().enumerate() {
-        let &[w, c0, c1, c2, c3, c4, c5, c6, c7, k0, k1, k2, k3] = bytes.as_slice() else {
-            return Err(Fail::new(
-                NcclResult::INTERNAL_ERROR,
-                format!("split: rank {r} sent {} bytes of its color and key, not 13", bytes.len()),
-            ));
-        };
-        asks.push((w == 1, i64::from_le_bytes([c0, c1, c2, c3, c4, c5, c6, c7]), i32::from_le_bytes([k0, k1, k2, k3])));
-    }
-    let why_not = if !asks.iter().all(|a| a.0) {
-        Some("not every rank's parent shares (splitShare) or it was revoked")
-    } else if asks[0].1 < 0 || asks.iter().any(|a| a.1 != asks[0].1) {
-        Some("the split does not keep every rank (colors differ)")
-    } else if asks.windows(2).any(|w| w[1].2 < w[0].2) {
-        Some("the keys reorder the ranks")
-    } else {
-        None
-    };
-    if let Some(why) = why_not.filter(|_| share) {
-        tracing::info!(target: crate::debug::NCCL, rank = comm.rank(), "splitShare: this split builds its own communicator: {why}");
-    }
-    Ok(why_not.is_none())
-}
-
 /// Tears down the communicator of `c` (after `abort` when aborting): waits for a background
 /// init (an abort leaves one still running to end on its own), then for the GPU work of the
 /// context, then drops the weave communicator.
@@ -425,12 +338,18 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
         *g = State::Gone;
         tracing::info!(
             target: crate::debug::NCCL,
-            rank = c.rank,
+            rank = c.rank(),
             "abort of a communicator still initializing: its init is left to end on its own"
         );
         return Ok(());
     }
-    let mut g = c.settle(g, true);
+    // An abort found the init over (or none); a destroy waits for it.
+    let mut g = if abort {
+        c.settle(g)
+    } else {
+        drop(g);
+        c.settled()?
+    };
     if abort && let Some(h) = c.abort_handle() {
         h.abort();
     }
@@ -445,7 +364,7 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
         None => {
             tracing::info!(
                 target: crate::debug::NCCL,
-                rank = c.rank,
+                rank = c.rank(),
                 "this handle leaves its splitShare family; the communicator stays with the other {others}"
             );
             // An abort does not wait for a sibling's running call to let go of the family: the
@@ -545,9 +464,9 @@ fn async_state(c: &NcclComm) -> NcclResult {
         return f.code;
     }
     let Some(g) = c.try_lock() else { return NcclResult::SUCCESS };
-    let g = c.settle(g, false);
+    let g = c.settle(g);
     match &*g {
-        State::Initializing(_) => NcclResult::IN_PROGRESS,
+        State::Initializing(_) | State::AwaitingGroup => NcclResult::IN_PROGRESS,
         State::Failed(f) => f.code,
         State::Gone => NcclResult::INVALID_USAGE,
         State::Ready(family) => match family.try_lock() {
@@ -574,23 +493,30 @@ fn gpu_state(c: &NcclComm, live: &Live) -> NcclResult {
     }
 }
 
-fn query(name: &'static str, comm: NcclCommPtr, out: *mut c_int, f: impl FnOnce(&NcclComm) -> c_int) -> NcclResult {
+fn query(
+    name: &'static str,
+    comm: NcclCommPtr,
+    out: *mut c_int,
+    f: impl FnOnce(&NcclComm) -> Result<c_int, Fail>,
+) -> NcclResult {
     guard(name, || {
         check_out(out, "output pointer")?;
         let c = handle::lookup(comm)?;
+        let value = f(&c)?;
         // SAFETY: checked non-null.
-        unsafe { *out = f(&c) };
+        unsafe { *out = value };
         Ok(())
     })
 }
 
-/// `ncclCommCount`: ranks of the communicator.
+/// `ncclCommCount`: ranks of the communicator (`ncclInvalidUsage` for a split's handle before
+/// the end of the group it was asked for in).
 ///
 /// # Safety
 /// `count` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommCount(comm: NcclCommPtr, count: *mut c_int) -> NcclResult {
-    query("ncclCommCount", comm, count, |c| c.nranks as c_int)
+    query("ncclCommCount", comm, count, |c| c.check_made().map(|()| c.nranks() as c_int))
 }
 
 /// `ncclCommCuDevice`: the CUDA device of this rank (-1 in the CPU test mode).
@@ -599,16 +525,16 @@ pub unsafe extern "C" fn ncclCommCount(comm: NcclCommPtr, count: *mut c_int) -> 
 /// `device` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommCuDevice(comm: NcclCommPtr, device: *mut c_int) -> NcclResult {
-    query("ncclCommCuDevice", comm, device, |c| c.device)
+    query("ncclCommCuDevice", comm, device, |c| Ok(c.device))
 }
 
-/// `ncclCommUserRank`: this rank.
+/// `ncclCommUserRank`: this rank (`ncclInvalidUsage` as for [`ncclCommCount`]).
 ///
 /// # Safety
 /// `rank` writable.
 #[unsafe(no_mangle)]
 pub unsafe extern "C" fn ncclCommUserRank(comm: NcclCommPtr, rank: *mut c_int) -> NcclResult {
-    query("ncclCommUserRank", comm, rank, |c| c.rank as c_int)
+    query("ncclCommUserRank", comm, rank, |c| c.check_made().map(|()| c.rank() as c_int))
 }
 
 /// `ncclGetErrorString`: a static description of `result`.

@@ -11,36 +11,24 @@
 //!
 //! Destroying or aborting the parent after a shrink waits for no excluded rank: weave's
 //! teardown has no collective step.
+//!
+//! Inside a group a shrink or a member's grow hands its handle out at once and is made at the
+//! group's `ncclGroupEnd` (`derived.rs`); a joiner's grow runs in the background as an init does.
 
 use std::ffi::c_int;
 
 use comm_core::bootstrap::UniqueId;
 
 use crate::abi::{NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId};
-use crate::api_comm::{InitArgs, build, caller_device, clear_out};
-use crate::config::{DerivedConfig, read_config, read_config_fields};
+use crate::api_comm::{InitArgs, caller_device, clear_out, init};
+use crate::config::{read_config, read_config_fields};
+use crate::derived::{Derivation, derive_or_queue};
 use crate::error::{Fail, guard};
-use crate::handle::{self, NcclComm, State};
+use crate::handle::{self, Derived, NcclComm, State};
 use crate::unique_id;
 
 /// `ncclCommShrink`'s flag: the parent may have operations in flight (they are stopped).
 pub const SHRINK_ABORT: c_int = 0x01;
-
-/// Registers `comm` as a new handle on `device`, configured as `derived` says, and writes it to
-/// `out`.
-fn hand_out(
-    comm: collectives::Communicator,
-    device: i32,
-    derived: &DerivedConfig,
-    out: *mut NcclCommPtr,
-) -> Result<(), Fail> {
-    let (rank, n) = (comm.rank(), comm.world_size());
-    let handle = NcclComm::new(rank, n, device, derived.blocking, State::ready(comm));
-    let p = handle::register(handle.with_split_share(derived.split_share))?;
-    // SAFETY: the caller checked `out` non-null (clear_out).
-    unsafe { *out = p };
-    Ok(())
-}
 
 /// `ncclCommRevoke`: see the module documentation. `revokeFlags` must be 0.
 ///
@@ -94,18 +82,19 @@ pub unsafe extern "C" fn ncclCommShrink(
             return Err(Fail::invalid("excludeRanksList is NULL"));
         }
         let parent = handle::lookup(comm)?;
-        if count > parent.nranks {
+        parent.check_made()?;
+        if count > parent.nranks() {
             return Err(Fail::invalid(format!(
                 "excludeRanksCount is {count}, more than the communicator's {} ranks",
-                parent.nranks
+                parent.nranks()
             )));
         }
         let mut excluded = Vec::with_capacity(count);
         for i in 0..count {
             // SAFETY: the list holds `count` ints, as the caller guarantees.
             let r = unsafe { *exclude_ranks.add(i) };
-            let r = usize::try_from(r).ok().filter(|&r| r < parent.nranks).ok_or_else(|| {
-                Fail::invalid(format!("excludeRanksList[{i}] is {r}, not a rank of {}", parent.nranks))
+            let r = usize::try_from(r).ok().filter(|&r| r < parent.nranks()).ok_or_else(|| {
+                Fail::invalid(format!("excludeRanksList[{i}] is {r}, not a rank of {}", parent.nranks()))
             })?;
             excluded.push(r);
         }
@@ -116,17 +105,27 @@ pub unsafe extern "C" fn ncclCommShrink(
         {
             h.revoke();
         }
-        let child = parent.with_live(|live| Ok(live.comm.shrink(&excluded)?))?;
-        tracing::info!(
-            target: crate::debug::NCCL,
-            rank = child.rank(),
-            "shrink {}: rank {} of {}, excluding {excluded:?}",
-            derived.name,
-            child.rank(),
-            child.world_size()
-        );
-        hand_out(child, parent.device, &derived, newcomm)
+        // SAFETY: checked non-null above.
+        unsafe { derive_or_queue(parent, Derivation::Shrink { excluded }, &derived, newcomm) }
     })
+}
+
+/// Shrinks `parent` for this rank (collective over the ranks not excluded). See
+/// [`ncclCommShrink`].
+pub(crate) fn shrink(parent: &NcclComm, excluded: &[usize], name: &str) -> Result<Derived, Fail> {
+    let child = parent.with_live(|live| Ok(live.comm.shrink(excluded)?))?;
+    let (rank, nranks) = (child.rank(), child.world_size());
+    tracing::info!(target: crate::debug::NCCL, rank, "shrink {name}: rank {rank} of {nranks}, excluding {excluded:?}");
+    Ok(Derived { rank, nranks, state: State::ready(child), family_key: None })
+}
+
+/// Grows `parent` by `joiners` ranks, for this member (collective over the members and the
+/// joiners; rank 0 passes the joiners' id). See [`ncclCommGrow`].
+pub(crate) fn grow(parent: &NcclComm, joiners: usize, rank0_id: Option<UniqueId>, name: &str) -> Result<Derived, Fail> {
+    let grown = parent.with_live(|live| Ok(live.comm.grow_at(joiners, rank0_id)?.complete()?))?;
+    let (rank, nranks) = (grown.rank(), grown.world_size());
+    tracing::info!(target: crate::debug::NCCL, rank, "grow {name}: rank {rank} of {nranks}");
+    Ok(Derived { rank, nranks, state: State::ready(grown), family_key: None })
 }
 
 /// `ncclCommGetUniqueId`: see the module documentation.
@@ -140,11 +139,12 @@ pub unsafe extern "C" fn ncclCommGetUniqueId(comm: NcclCommPtr, unique_id: *mut 
             return Err(Fail::invalid("uniqueId is NULL"));
         }
         let c = handle::lookup(comm)?;
-        if c.rank != 0 {
+        c.check_made()?;
+        if c.rank() != 0 {
             return Err(Fail::usage(format!(
                 "ncclCommGetUniqueId on rank {}: weave's grow waits for the joiners at rank 0 of the communicator, \
                  so call it there",
-                c.rank
+                c.rank()
             )));
         }
         let id = UniqueId::on_free_port(collectives::grow::grow_ip()?)?;
@@ -187,21 +187,22 @@ pub unsafe extern "C" fn ncclCommGrow(
             // SAFETY: NULL or initialized, as the caller guarantees.
             let (blocking, name, tuning) = unsafe { read_config_fields(config, true) }?;
             let device = caller_device()?;
-            let args = InitArgs { ids: vec![id], rank, nranks: size, device, blocking: true, name, tuning };
-            let derived =
-                DerivedConfig { blocking, name: String::new(), split_share: args.tuning.split_share_of_new()? };
-            let joined = build(&args)?;
-            return hand_out(joined, device.map_or(-1, |d| d as i32), &derived, newcomm);
+            // A joiner builds its communicator as an init does: inside a group (or non-blocking)
+            // in the background.
+            return init(newcomm, InitArgs { ids: vec![id], rank, nranks: size, device, blocking, name, tuning });
         }
         let parent = handle::lookup(comm)?;
-        if rank != -1 && usize::try_from(rank).ok() != Some(parent.rank) {
-            return Err(Fail::invalid(format!("a member passes rank -1 (it keeps rank {}); got {rank}", parent.rank)));
+        parent.check_made()?;
+        if rank != -1 && usize::try_from(rank).ok() != Some(parent.rank()) {
+            return Err(Fail::invalid(format!(
+                "a member passes rank -1 (it keeps rank {}); got {rank}",
+                parent.rank()
+            )));
         }
-        let joiners = size
-            .checked_sub(parent.nranks)
-            .filter(|&j| j > 0)
-            .ok_or_else(|| Fail::invalid(format!("nRanks {size} must exceed the communicator's {}", parent.nranks)))?;
-        let rank0_id = if parent.rank == 0 {
+        let joiners = size.checked_sub(parent.nranks()).filter(|&j| j > 0).ok_or_else(|| {
+            Fail::invalid(format!("nRanks {size} must exceed the communicator's {}", parent.nranks()))
+        })?;
+        let rank0_id = if parent.rank() == 0 {
             Some(parent.take_grow_id().ok_or_else(|| {
                 Fail::usage(
                     "rank 0 grows without an id: call ncclCommGetUniqueId there first and hand it to the joiners",
@@ -212,7 +213,7 @@ pub unsafe extern "C" fn ncclCommGrow(
         };
         // SAFETY: NULL or initialized, as the caller guarantees.
         let derived = unsafe { read_config(config, &parent.derived_config()) }?;
-        let grown = parent.with_live(|live| Ok(live.comm.grow_at(joiners, rank0_id)?.complete()?))?;
-        hand_out(grown, parent.device, &derived, newcomm)
+        // SAFETY: checked non-null above.
+        unsafe { derive_or_queue(parent, Derivation::Grow { joiners, rank0_id }, &derived, newcomm) }
     })
 }

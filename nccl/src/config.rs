@@ -1,9 +1,13 @@
 //! `ncclConfig_t` as weave reads it: `blocking`, `commName` and `splitShare` for every
 //! communicator (`NCCL_COMM_SPLIT_SHARE_RESOURCES` overrides the last, as in NCCL), `maxCTAs`
 //! for a new one (it caps the grid of weave's block-pipelined kernels), and every other field
-//! the program set named at `NCCL_DEBUG=INFO` as ignored, with why.
+//! the program set named at `NCCL_DEBUG=INFO` as ignored, with why; and weave's own settings of
+//! a libnccl communicator (`communicator_config`: how long a wait for a live peer may last).
 
 use std::ffi::{c_char, c_int};
+use std::time::Duration;
+
+use comm_core::config::Config;
 
 use crate::abi::{self, CONFIG_UNDEF_INT, NcclConfig};
 use crate::error::Fail;
@@ -71,6 +75,28 @@ pub(crate) unsafe fn read_config(config: *const NcclConfig, inherit: &DerivedCon
     tuning.log_ignored(None);
     let split_share = tuning.settled_split_share()?.unwrap_or(inherit.split_share);
     Ok(DerivedConfig { blocking, name, split_share })
+}
+
+/// How long a libnccl communicator waits for a peer that is alive but has not come yet, where
+/// `WEAVE_TIMEOUT` is unset: 30 minutes, three times PyTorch's default watchdog (10 minutes).
+///
+/// NCCL waits for such a peer for ever and leaves the verdict to the program (PyTorch's watchdog
+/// aborts the communicator at its `timeout`). weave's own default, one minute, would fail a job
+/// whose rank spends two minutes saving a checkpoint while the others wait in an all-reduce. A
+/// dead peer is found in milliseconds whatever this bound is, and `ncclCommAbort` ends every
+/// wait at once; the bound only turns a wait that nothing else ends into an error.
+pub const UNSET_TIMEOUT: Duration = Duration::from_secs(30 * 60);
+
+/// weave's settings for a libnccl communicator: the `WEAVE_*` variables read through `get` (see
+/// [`Config::from_vars`]), with waits bounded by [`UNSET_TIMEOUT`] where `WEAVE_TIMEOUT` is unset
+/// or empty.
+pub(crate) fn communicator_config(get: impl Fn(&str) -> Option<String>) -> Result<Config, Fail> {
+    let timeout_unset = get("WEAVE_TIMEOUT").is_none_or(|v| v.trim().is_empty());
+    let mut config = Config::from_vars(get)?;
+    if timeout_unset {
+        config.timeout = UNSET_TIMEOUT;
+    }
+    Ok(config)
 }
 
 /// `NCCL_COMM_SPLIT_SHARE_RESOURCES`, where set.
@@ -261,5 +287,17 @@ mod tests {
             assert_eq!(read(&bad).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
         }
         assert_eq!(read(&NcclConfig { magic: 1, ..initialized() }).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+    }
+
+    #[test]
+    fn waits_for_a_live_peer_last_thirty_minutes_unless_weave_timeout_says() {
+        let vars = |timeout: Option<&'static str>| {
+            move |name: &str| if name == "WEAVE_TIMEOUT" { timeout.map(String::from) } else { None }
+        };
+        assert_eq!(communicator_config(vars(None)).unwrap().timeout, UNSET_TIMEOUT);
+        assert_eq!(communicator_config(vars(Some(" "))).unwrap().timeout, UNSET_TIMEOUT);
+        assert_eq!(communicator_config(vars(Some("20s"))).unwrap().timeout, Duration::from_secs(20));
+        assert_eq!(communicator_config(vars(Some("forever"))).unwrap_err().code, NcclResult::INVALID_ARGUMENT);
+        assert!(UNSET_TIMEOUT > comm_core::config::DEFAULT_TIMEOUT);
     }
 }

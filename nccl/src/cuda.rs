@@ -25,27 +25,35 @@ pub fn current_device() -> Result<u32> {
     Ok(dev as u32)
 }
 
-/// The thread's current context, to put back after weave bound its own.
-pub struct SavedContext(CUcontext);
+/// The thread's current context, to put back after weave bound its own: `None` when the driver
+/// is absent or not initialized (nothing to put back), else the context, null where the thread
+/// had none.
+pub struct SavedContext(Option<CUcontext>);
 
 impl SavedContext {
-    /// Remembers the current context (none when the driver is absent).
+    /// Remembers the current context.
     pub fn save() -> Self {
-        let mut ctx: CUcontext = std::ptr::null_mut();
-        if weave_cuda::driver_available() {
-            // SAFETY: writes one context handle (or fails harmlessly before cuInit).
-            let _ = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        if !weave_cuda::driver_available() {
+            return SavedContext(None);
         }
-        SavedContext(ctx)
+        let mut ctx: CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle (or fails harmlessly before cuInit).
+        let asked = unsafe { sys::cuCtxGetCurrent(&mut ctx) };
+        SavedContext((asked == sys::CUresult::CUDA_SUCCESS).then_some(ctx))
     }
 }
 
 impl Drop for SavedContext {
     fn drop(&mut self) {
-        if !self.0.is_null() {
-            // SAFETY: the context was current on this thread moments ago and is still alive
-            // (primary contexts live as long as the process retains them).
-            let _ = unsafe { sys::cuCtxSetCurrent(self.0) };
+        let Some(saved) = self.0 else { return };
+        let mut now: CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one context handle; the driver was initialized when `saved` was read.
+        let asked = unsafe { sys::cuCtxGetCurrent(&mut now) };
+        if asked != sys::CUresult::CUDA_SUCCESS || now != saved {
+            // SAFETY: `saved` was current on this thread moments ago and is still alive
+            // (primary contexts live as long as the process retains them), or is null, which
+            // leaves the thread without a context, as it was.
+            let _ = unsafe { sys::cuCtxSetCurrent(saved) };
         }
     }
 }
@@ -148,6 +156,32 @@ impl EndMark {
         check(
             unsafe { sys::cuStreamWaitEvent(waiter as CUstream, self.event, 0) },
             "cuStreamWaitEvent (ordering a stream after the communicator's work on another)",
+        )
+    }
+}
+
+impl EndMark {
+    /// Inside a stream capture: a node of the graph that marks, each time the graph runs, the
+    /// end of the work captured on `stream` so far (an external record, as NCCL orders its
+    /// graph launches with its eager calls).
+    pub fn record_in_graph(&self, stream: usize) -> Result<()> {
+        let external = sys::CUevent_record_flags::CU_EVENT_RECORD_EXTERNAL as u32;
+        // SAFETY: the event is live; `stream` is the caller's live stream, being captured.
+        check(
+            unsafe { sys::cuEventRecordWithFlags(self.event, stream as CUstream, external) },
+            "cuEventRecordWithFlags (marking the end of the communicator's work in a CUDA graph)",
+        )
+    }
+
+    /// Inside a stream capture: a node of the graph that makes each run of the graph wait, on
+    /// `stream`, for the work the mark's latest record marks when the graph is launched (an
+    /// external wait).
+    pub fn make_wait_in_graph(&self, stream: usize) -> Result<()> {
+        let external = sys::CUevent_wait_flags::CU_EVENT_WAIT_EXTERNAL as u32;
+        // SAFETY: the event is live; `stream` is the caller's live stream, being captured.
+        check(
+            unsafe { sys::cuStreamWaitEvent(stream as CUstream, self.event, external) },
+            "cuStreamWaitEvent (ordering a CUDA graph after the communicator's earlier work)",
         )
     }
 }

@@ -117,9 +117,12 @@ pub fn last_error_ptr(preferred: Option<String>) -> *const c_char {
 }
 
 /// Runs the body of exported function `name`: a failure is logged, recorded and turned into
-/// its code; a panic becomes `ncclInternalError`.
+/// its code; a panic becomes `ncclInternalError`. The caller's current CUDA context (its
+/// current device) is the same after the call as before, as NCCL keeps it, though weave binds
+/// the communicator's context to run the call.
 pub fn guard(name: &'static str, body: impl FnOnce() -> CallResult) -> NcclResult {
     crate::debug::install_subscriber_once();
+    let _callers_context = crate::cuda::SavedContext::save();
     match catch_unwind(AssertUnwindSafe(body)) {
         Ok(Ok(())) => NcclResult::SUCCESS,
         Ok(Err(fail)) => report(name, fail),

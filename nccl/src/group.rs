@@ -1,18 +1,27 @@
 //! `ncclGroupStart` / `ncclGroupEnd`, and the ordering of one communicator's calls.
 //!
 //! Inside a group (groups nest; only the outermost `ncclGroupEnd` acts) calls are checked and
-//! queued per thread; inits started inside it run in the background. At the outermost end:
+//! queued per thread; inits started inside it run in the background, and splits, shrinks and
+//! grows wait for its end (`derived.rs`). At the outermost end:
 //!
-//! 1. the inits of the group are waited for (a non-blocking one makes the end return
-//!    `ncclInProgress`), then its window registrations run, one thread per communicator;
+//! 1. its splits, shrinks and grows are made, each parent's in the order asked, one thread per
+//!    parent (so one thread may derive the communicators of several ranks of a process), while
+//!    its inits run in the background (a grow's joiners among them); then the inits are waited
+//!    for (a non-blocking one makes the end return `ncclInProgress`), and its window
+//!    registrations run, one thread per communicator;
 //! 2. the queued calls are split by communicator (the handles of a `splitShare` family are one
 //!    communicator, whose calls, point-to-point ones included, every rank queues in one order:
-//!    `handle.rs`); one communicator runs on this thread, several
-//!    run on one thread each (so a process driving several GPUs cannot block itself on a
-//!    collective setup step that waits for its other ranks);
+//!    `handle.rs`), and the communicators into lanes: those whose calls share a stream of one
+//!    device are one lane, run one after another in an order every rank of each communicator
+//!    shares (its job key: so their work reaches the stream in the same order on every rank,
+//!    whatever order each program made the calls in). One lane runs on this thread, several run
+//!    on one thread each
+//!    (so a process driving several GPUs cannot block itself on a collective setup step that
+//!    waits for its other ranks);
 //! 3. per communicator, on the first call's stream (which first waits for every other stream
 //!    of the group and for the end of the communicator's previous batch, through an event:
-//!    `Live::follow_on`): the collectives in the order they were queued, then the sends and
+//!    `Live::follow_on`; a batch captured into a CUDA graph waits, and marks its end, at each
+//!    run of the graph, `Live::follow_in_graph`): the collectives in the order they were queued, then the sends and
 //!    receives through `run_p2p`'s deadlock-free schedule; then every other stream of the
 //!    group waits for that stream, and an event marks the batch's end (`Live::ran_on`).
 //!
@@ -31,6 +40,7 @@ use cudarc::driver::CudaStream;
 use crate::api_window::WindowRequest;
 use crate::coll::{Call, Reduction};
 use crate::cuda;
+use crate::derived::DerivedRequest;
 use crate::error::Fail;
 use crate::handle::{NcclComm, State};
 use crate::premul;
@@ -50,6 +60,9 @@ struct GroupState {
     depth: usize,
     calls: Vec<Queued>,
     inits: Vec<Arc<NcclComm>>,
+    /// Splits, shrinks and grows asked for inside the group (collective: they are made at its
+    /// end, `derived.rs`).
+    derived: Vec<DerivedRequest>,
     /// Window registrations asked for inside the group (collective: they run at its end).
     windows: Vec<WindowRequest>,
     error: Option<Fail>,
@@ -74,6 +87,32 @@ pub fn add_init(comm: Arc<NcclComm>) {
     GROUP.with(|g| g.borrow_mut().inits.push(comm));
 }
 
+/// Remembers a split, shrink or grow asked for inside the group.
+pub(crate) fn add_derived(request: DerivedRequest) {
+    GROUP.with(|g| g.borrow_mut().derived.push(request));
+}
+
+/// Makes the group's derived communicators: each parent's in the order asked, on one thread per
+/// parent ([`per_communicator`]). The first failure is returned once every one was made.
+fn make_derived(requests: &[DerivedRequest]) -> Result<(), Fail> {
+    let mut by_parent: Vec<Vec<&DerivedRequest>> = Vec::new();
+    for r in requests {
+        match by_parent.iter_mut().find(|v| v[0].parent.family_key() == r.parent.family_key()) {
+            Some(v) => v.push(r),
+            None => by_parent.push(vec![r]),
+        }
+    }
+    per_communicator(&by_parent, |rs| {
+        let mut first = Ok(());
+        for r in rs {
+            if let Err(fail) = r.make() {
+                first = first.and(Err(fail));
+            }
+        }
+        first
+    })
+}
+
 /// Remembers a window registration asked for inside the group.
 pub(crate) fn add_window(request: WindowRequest) {
     GROUP.with(|g| g.borrow_mut().windows.push(request));
@@ -84,7 +123,7 @@ pub(crate) fn add_window(request: WindowRequest) {
 fn register_windows(requests: &[WindowRequest]) -> Result<(), Fail> {
     let mut by_comm: Vec<Vec<&WindowRequest>> = Vec::new();
     for r in requests {
-        match by_comm.iter_mut().find(|v| v[0].comm().family_key == r.comm().family_key) {
+        match by_comm.iter_mut().find(|v| v[0].comm().family_key() == r.comm().family_key()) {
             Some(v) => v.push(r),
             None => by_comm.push(vec![r]),
         }
@@ -165,6 +204,9 @@ fn close_level(symbol: &str) -> Result<Option<GroupState>, Fail> {
 /// nothing closes but the level, and the estimate is 0.
 pub fn simulate() -> Result<f64, Fail> {
     let Some(group) = close_level("ncclGroupSimulateEnd")? else { return Ok(0.0) };
+    let nothing_runs =
+        Fail::usage("ncclGroupSimulateEnd runs none of the group's calls, its splits, shrinks and grows included");
+    group.derived.iter().for_each(|d| d.abandon(&nothing_runs));
     if let Some(e) = group.error {
         return Err(e);
     }
@@ -201,38 +243,120 @@ pub fn end() -> Result<(), Fail> {
     let Some(group) = close_level("ncclGroupEnd")? else { return Ok(()) };
     let mut in_progress = false;
     let mut first_error: Option<Fail> = group.error;
+    // Derived communicators first: the group's inits run meanwhile in the background, and a
+    // grow's joiners (inits) wait for its members' derivations.
+    let derived = match &first_error {
+        Some(e) => {
+            group.derived.iter().for_each(|d| d.abandon(e));
+            Ok(())
+        }
+        None => std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| make_derived(&group.derived))).unwrap_or_else(
+            |_| Err(Fail::new(NcclResult::INTERNAL_ERROR, "a split, shrink or grow panicked; please report it")),
+        ),
+    };
+    // A derivation that did not run (a failure or panic before it) fails its handle.
+    if let Err(e) = &derived {
+        group.derived.iter().for_each(|d| d.abandon(e));
+    }
     for c in &group.inits {
-        let g = c.lock()?;
-        let g = c.settle(g, c.blocking);
+        let g = if c.blocking { c.settled()? } else { c.settle(c.lock()?) };
         match &*g {
             State::Initializing(_) => in_progress = true,
             State::Failed(f) => {
                 first_error.get_or_insert_with(|| f.clone());
             }
-            _ => {}
+            State::Gone => {
+                first_error
+                    .get_or_insert_with(|| Fail::usage("a communicator of the group was aborted while its init ran"));
+            }
+            State::Ready(_) | State::AwaitingGroup => {}
         }
     }
     if let Some(e) = first_error {
         return Err(e);
     }
+    derived?;
     register_windows(&group.windows)?;
     // Split by communicator, keeping each one's order; the handles of a splitShare family run
     // as one communicator, whose calls every rank makes in one order.
     let mut batches: Vec<Batch> = Vec::new();
     for q in group.calls.into_iter().filter(|q| !q.call.is_empty()) {
-        match batches.iter_mut().find(|(c, _)| c.family_key == q.comm.family_key) {
+        match batches.iter_mut().find(|(c, _)| c.family_key() == q.comm.family_key()) {
             Some((_, v)) => v.push((q.call, q.stream)),
             None => batches.push((q.comm, vec![(q.call, q.stream)])),
         }
     }
-    if batches.len() > 1 && batches.iter().any(|(_, calls)| calls.iter().any(|&(_, s)| s == cuda::PER_THREAD_STREAM)) {
+    let lanes = lanes(batches, stream_order_key);
+    for lane in &lanes {
+        let keys: Vec<String> = lane.iter().map(stream_order_key).filter(|k| !k.is_empty()).collect();
+        if keys.iter().enumerate().any(|(i, k)| keys[..i].contains(k)) {
+            return Err(Fail::usage(
+                "a group gives two ranks of one communicator (driven by this process) calls on one stream: each \
+                 rank's kernel would wait on the GPU for the other's, queued behind it; give each rank a stream of \
+                 its own",
+            ));
+        }
+    }
+    let per_thread =
+        |lane: &Vec<Batch>| lane.iter().any(|(_, calls)| calls.iter().any(|&(_, s)| s == cuda::PER_THREAD_STREAM));
+    if lanes.len() > 1 && lanes.iter().any(per_thread) {
         return Err(Fail::usage(
-            "a group over several communicators runs each communicator's calls on a thread of its own, where \
-             cudaStreamPerThread names that thread's stream, not yours: give the group's calls an explicit stream",
+            "a group over several communicators on different streams runs each communicator's calls on a thread \
+             of its own, where cudaStreamPerThread names that thread's stream, not yours: give the group's calls an \
+             explicit stream",
         ));
     }
-    per_communicator(&batches, |(comm, calls)| run_batch(comm, calls))?;
+    per_communicator(&lanes, |lane| lane.iter().try_for_each(|(comm, calls)| run_batch(comm, calls)))?;
     if in_progress { Err(Fail::new(NcclResult::IN_PROGRESS, "init still running")) } else { Ok(()) }
+}
+
+/// Sorts a group's communicators into lanes, each run on a thread of its own: communicators whose
+/// calls share a stream of one device, directly or through others, are one lane, enqueued one
+/// after another by their `order` key (the group's order among equal keys).
+///
+/// Enqueued from threads of their own, two communicators' work could reach a shared stream in
+/// one order on one rank and in the other on another, each kernel then waiting for a peer's
+/// kernel queued behind the other one's. The key is the same on every rank of a communicator,
+/// so every process enqueues a shared stream's communicators in one order, whatever order its
+/// program made the calls in; and since every lane of a process follows that one order, a
+/// communicator's setup step that waits for its rank in another lane (one process driving
+/// several GPUs) never waits for a lane that waits for it. Streams are told apart by device as
+/// well: the legacy and per-thread default streams are one handle for a stream of each device.
+fn lanes<K: Ord>(batches: Vec<Batch>, order: impl Fn(&Batch) -> K) -> Vec<Vec<Batch>> {
+    /// A lane being made: the streams its calls use (with their devices), and its batches with
+    /// their place in the group.
+    type Lane = (Vec<(i32, usize)>, Vec<(usize, Batch)>);
+    let mut lanes: Vec<Lane> = Vec::new();
+    for (place, batch) in batches.into_iter().enumerate() {
+        let device = batch.0.device;
+        let mut streams: Vec<(i32, usize)> = batch.1.iter().map(|&(_, s)| (device, s)).collect();
+        let (sharing, apart): (Vec<_>, Vec<_>) =
+            lanes.into_iter().partition(|(used, _)| used.iter().any(|s| streams.contains(s)));
+        let mut merged = vec![(place, batch)];
+        for (used, batches) in sharing {
+            streams.extend(used);
+            merged.extend(batches);
+        }
+        lanes = apart;
+        lanes.push((streams, merged));
+    }
+    lanes.sort_by_key(|(_, batches)| batches.iter().map(|&(place, _)| place).min());
+    lanes
+        .into_iter()
+        .map(|(_, batches)| {
+            let mut keyed: Vec<(K, usize, Batch)> =
+                batches.into_iter().map(|(place, batch)| (order(&batch), place, batch)).collect();
+            keyed.sort_by(|a, b| (&a.0, a.1).cmp(&(&b.0, b.1)));
+            keyed.into_iter().map(|(_, _, batch)| batch).collect()
+        })
+        .collect()
+}
+
+/// The key that orders a communicator among those sharing a stream ([`lanes`]): its bootstrap's
+/// job key, the same on all its ranks (empty where the communicator is gone: its batch fails
+/// on its own).
+fn stream_order_key(batch: &Batch) -> String {
+    batch.0.with_live(|live| Ok(live.comm.core().bootstrap().job_key())).unwrap_or_default()
 }
 
 /// Runs one communicator's calls (see the module docs for the order).
@@ -258,10 +382,11 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
                 others.push(s);
             }
         }
-        // A captured stream may not wait for work outside the capture, nor mark its end for
-        // calls outside it: the previous batch is followed, and this one marked, only outside
-        // capture (a captured graph is ordered by its launch stream). As in NCCL, a group's
-        // streams are all captured or none is.
+        // A batch captured into a CUDA graph is ordered with the communicator's other batches
+        // as NCCL orders its graphs: each run of the graph waits for the end mark as recorded
+        // when the graph is launched, and records it at its own end (external event nodes);
+        // after a capture every eager batch waits for the mark. As in NCCL, a group's streams
+        // are all captured or none is.
         let capturing = cuda::is_capturing(exec)?;
         for &s in &others {
             if cuda::is_capturing(s)? != capturing {
@@ -274,10 +399,12 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
         // The per-thread default stream is one handle for another stream on each thread: the
         // last batch's is never this thread's, whichever of this batch's streams it is.
         let per_thread = cuda::PER_THREAD_STREAM;
-        if !capturing
-            && let Some(last) = live.stream_to_follow()
-            && (last != exec || exec == per_thread)
-            && (last == per_thread || !others.contains(&last))
+        if capturing {
+            live.follow_in_graph(exec)?;
+        } else if live.in_graphs()
+            || live.stream_to_follow().is_some_and(|last| {
+                (last != exec || exec == per_thread) && (last == per_thread || !others.contains(&last))
+            })
         {
             live.follow_on(exec)?;
         }
@@ -311,7 +438,7 @@ fn run_batch(comm: &NcclComm, calls: &[(Call, usize)]) -> Result<(), Fail> {
             .iter()
             .try_for_each(|&s| cuda::order_after(s, exec))
             .map_err(Fail::from)
-            .and_then(|()| if capturing { Ok(()) } else { live.ran_on(exec) });
+            .and_then(|()| if capturing { live.ran_in_graph(exec) } else { live.ran_on(exec) });
         enqueued.and(ordered)
     })
 }
@@ -390,4 +517,53 @@ unsafe fn run_p2p(comm: &Communicator, calls: &[Call], stream: &Arc<CudaStream>)
         .collect();
     // SAFETY: forwarded from the caller.
     unsafe { comm.group_device_raw(&ops, stream) }.map_err(weave)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A batch of one send per stream of `streams`, on a communicator of its own on `device`.
+    fn batch_on(device: i32, streams: &[usize]) -> Batch {
+        let comm = Arc::new(NcclComm::new(0, 2, device, true, State::Gone));
+        (comm, streams.iter().map(|&s| (Call::Send { buf: 0x1000, bytes: 4, peer: 1 }, s)).collect())
+    }
+
+    fn batch(streams: &[usize]) -> Batch {
+        batch_on(0, streams)
+    }
+
+    /// The places in `batches` of each lane's communicators, the lanes ordered by `key` (a key
+    /// per place).
+    fn lane_places(batches: Vec<Batch>, key: &[u32]) -> Vec<Vec<usize>> {
+        let keys: Vec<usize> = batches.iter().map(|(c, _)| c.family_key()).collect();
+        let place = |b: &Batch| keys.iter().position(|&k| k == b.0.family_key()).unwrap();
+        let lanes = lanes(batches, |b| key[place(b)]);
+        lanes.iter().map(|lane| lane.iter().map(place).collect()).collect()
+    }
+
+    #[test]
+    fn communicators_sharing_a_stream_run_in_one_lane_in_one_order() {
+        let same = [0; 5];
+        let batches = vec![batch(&[1]), batch(&[2]), batch(&[1, 3]), batch(&[3]), batch(&[4])];
+        assert_eq!(lane_places(batches, &same), vec![vec![0, 2, 3], vec![1], vec![4]]);
+        // A communicator on streams 2 and 4 joins the lanes of both, behind what came before.
+        let batches = vec![batch(&[2]), batch(&[1]), batch(&[4]), batch(&[4, 2]), batch(&[5])];
+        assert_eq!(lane_places(batches, &same), vec![vec![0, 2, 3], vec![1], vec![4]]);
+        // Every communicator on its own stream: a lane each.
+        assert_eq!(lane_places(vec![batch(&[7]), batch(&[8])], &same[..2]), vec![vec![0], vec![1]]);
+        // Inside a lane the key orders, whatever the group's order.
+        let batches = vec![batch(&[1]), batch(&[1]), batch(&[1])];
+        assert_eq!(lane_places(batches, &[3, 1, 2]), vec![vec![1, 2, 0]]);
+    }
+
+    #[test]
+    fn default_streams_of_two_devices_are_two_streams_and_lanes_share_one_order() {
+        // One process, GPUs 0 and 1, communicators X and Y over both, called X0, Y1, Y0, X1 on
+        // each device's legacy default stream (0): a lane per device, both in the order X, Y, so
+        // neither lane waits for the other in a cycle.
+        let batches = vec![batch_on(0, &[0]), batch_on(1, &[0]), batch_on(0, &[0]), batch_on(1, &[0])];
+        let (x, y) = (1, 2);
+        assert_eq!(lane_places(batches, &[x, y, y, x]), vec![vec![0, 2], vec![3, 1]]);
+    }
 }

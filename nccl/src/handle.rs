@@ -35,10 +35,11 @@ use crate::premul::PreMulTable;
 
 /// What an `ncclComm_t` holds.
 pub struct NcclComm {
-    /// This rank.
-    pub rank: usize,
-    /// Ranks of the communicator.
-    pub nranks: usize,
+    /// This rank (set once more by [`take_derived`](Self::take_derived) for a communicator
+    /// derived at a group's end).
+    rank: AtomicUsize,
+    /// Ranks of the communicator (as `rank`).
+    nranks: AtomicUsize,
     /// The CUDA device (-1 in the CPU test mode).
     pub device: i32,
     /// Whether calls block (`ncclConfig_t::blocking`, default 1).
@@ -60,7 +61,7 @@ pub struct NcclComm {
     pub split_share: bool,
     /// Names the family: the same for a parent and the splits sharing its communicator, unique
     /// otherwise (a group runs a family's calls as one communicator's).
-    pub family_key: usize,
+    family_key: AtomicUsize,
 }
 
 /// The weave communicator behind the handles of one family (see the module doc): one handle,
@@ -117,6 +118,9 @@ impl Family {
     }
 }
 
+/// How often a call waiting for a background init looks whether it is over ([`NcclComm::settled`]).
+const SETTLE_NAP: std::time::Duration = std::time::Duration::from_millis(1);
+
 /// Numbers the families of this process.
 static FAMILIES: AtomicUsize = AtomicUsize::new(1);
 
@@ -130,6 +134,22 @@ pub enum State {
     Failed(Fail),
     /// Destroyed or aborted (only reachable by calls that looked the handle up before).
     Gone,
+    /// A split, shrink or grow asked for inside a group: the group's `ncclGroupEnd` makes it
+    /// ([`NcclComm::take_derived`], `derived.rs`).
+    AwaitingGroup,
+}
+
+/// What a split, shrink or grow made of one rank: its place in the new communicator and the
+/// communicator.
+pub struct Derived {
+    /// This rank in the new communicator.
+    pub rank: usize,
+    /// Its ranks.
+    pub nranks: usize,
+    /// The new communicator: [`State::Ready`].
+    pub state: State,
+    /// The parent's family key where the split shares the parent's communicator (`splitShare`).
+    pub family_key: Option<usize>,
 }
 
 impl State {
@@ -153,11 +173,14 @@ pub struct Live {
     end_mark: Option<EndMark>,
     /// Batches of calls run so far (tells a teardown whether a call came after its wait).
     batches: u64,
+    /// Whether a batch was captured into a CUDA graph: each run of that graph records the end
+    /// mark again, so every later eager batch waits for the mark, whatever its stream.
+    in_graphs: bool,
 }
 
 impl Live {
     fn new(comm: Communicator) -> Self {
-        Live { comm, last_stream: None, end_mark: None, batches: 0 }
+        Live { comm, last_stream: None, end_mark: None, batches: 0, in_graphs: false }
     }
 
     /// The stream of the last batch, while there is one to wait for.
@@ -165,13 +188,44 @@ impl Live {
         self.last_stream
     }
 
-    /// Makes `stream` wait for the end of the last batch (its event stays valid whatever became
-    /// of its stream, so a failure here is `stream`'s own).
+    /// Whether a batch was captured into a CUDA graph (see the field).
+    pub fn in_graphs(&self) -> bool {
+        self.in_graphs
+    }
+
+    /// Makes `stream` wait for the end of the last batch, eager or a run of a captured one (its
+    /// event stays valid whatever became of its stream, so a failure here is `stream`'s own).
     pub fn follow_on(&mut self, stream: usize) -> Result<(), Fail> {
-        match (&self.last_stream, &self.end_mark) {
-            (Some(_), Some(mark)) => Ok(mark.make_wait(stream)?),
+        match &self.end_mark {
+            Some(mark) if self.last_stream.is_some() || self.in_graphs => Ok(mark.make_wait(stream)?),
             _ => Ok(()),
         }
+    }
+
+    /// Inside a stream capture on `stream`: each run of the graph first waits for the end of the
+    /// batch before its launch, eager or another graph's (an external wait on the end mark, made
+    /// here if no batch made it yet: later eager batches record it).
+    pub fn follow_in_graph(&mut self, stream: usize) -> Result<(), Fail> {
+        if self.end_mark.is_none() {
+            self.end_mark = Some(EndMark::new()?);
+        }
+        match &self.end_mark {
+            Some(mark) => Ok(mark.make_wait_in_graph(stream)?),
+            None => Ok(()),
+        }
+    }
+
+    /// Records a batch captured on `stream` (with the communicator's context current): each run
+    /// of the graph marks its end, which later batches wait for.
+    pub fn ran_in_graph(&mut self, stream: usize) -> Result<(), Fail> {
+        let mark = match self.end_mark.take() {
+            Some(mark) => mark,
+            None => EndMark::new()?,
+        };
+        let recorded = mark.record_in_graph(stream);
+        self.end_mark = Some(mark);
+        self.in_graphs = true;
+        Ok(recorded?)
     }
 
     /// Records a batch of calls enqueued on `stream` (with the communicator's context current).
@@ -215,8 +269,8 @@ impl NcclComm {
             _ => None,
         };
         NcclComm {
-            rank,
-            nranks,
+            rank: AtomicUsize::new(rank),
+            nranks: AtomicUsize::new(nranks),
             device,
             blocking,
             state: Mutex::new(state),
@@ -226,7 +280,83 @@ impl NcclComm {
             premul: Mutex::new(PreMulTable::default()),
             grow_id: Mutex::new(None),
             split_share: false,
-            family_key: FAMILIES.fetch_add(1, Ordering::Relaxed),
+            family_key: AtomicUsize::new(FAMILIES.fetch_add(1, Ordering::Relaxed)),
+        }
+    }
+
+    /// The handle of what a split, shrink or grow (`made`) made of this rank.
+    pub fn derived(made: Derived, device: i32, blocking: bool) -> Self {
+        let family_key = made.family_key;
+        let handle = NcclComm::new(made.rank, made.nranks, device, blocking, made.state);
+        if let Some(key) = family_key {
+            handle.family_key.store(key, Ordering::Release);
+        }
+        handle
+    }
+
+    /// A handle whose communicator is derived at the end of the group it was asked for in
+    /// ([`State::AwaitingGroup`]): its rank and size are 0 until then.
+    pub fn awaiting_group(device: i32, blocking: bool) -> Self {
+        NcclComm::new(0, 0, device, blocking, State::AwaitingGroup)
+    }
+
+    /// Makes this handle, awaiting its group's end, the communicator derived for it (or a
+    /// failed one). A handle destroyed meanwhile takes nothing: a communicator shared with the
+    /// parent's family leaves it again, one of its own goes.
+    pub fn take_derived(&self, made: Result<Derived, Fail>) -> Result<(), Fail> {
+        let mut g = self.lock()?;
+        if !matches!(&*g, State::AwaitingGroup) {
+            drop(g);
+            if let Ok(Derived { state: State::Ready(family), family_key: Some(_), .. }) = made {
+                family.leave()?;
+            }
+            return Ok(());
+        }
+        match made {
+            Ok(made) => {
+                self.rank.store(made.rank, Ordering::Release);
+                self.nranks.store(made.nranks, Ordering::Release);
+                if let Some(key) = made.family_key {
+                    self.family_key.store(key, Ordering::Release);
+                }
+                if let State::Ready(family) = &made.state
+                    && let Ok(live) = family.lock()
+                    && let Some(live) = live.as_ref()
+                    && let Ok(mut a) = self.abort.lock()
+                {
+                    *a = Some(live.comm.abort_handle());
+                }
+                *g = made.state;
+            }
+            Err(fail) => {
+                self.record_async(&fail);
+                *g = State::Failed(fail);
+            }
+        }
+        Ok(())
+    }
+
+    /// This rank.
+    pub fn rank(&self) -> usize {
+        self.rank.load(Ordering::Acquire)
+    }
+
+    /// Ranks of the communicator.
+    pub fn nranks(&self) -> usize {
+        self.nranks.load(Ordering::Acquire)
+    }
+
+    /// Names the family (see the field's doc).
+    pub fn family_key(&self) -> usize {
+        self.family_key.load(Ordering::Acquire)
+    }
+
+    /// Fails while the handle awaits the end of the group that derives it: its rank, size and
+    /// communicator do not exist yet.
+    pub fn check_made(&self) -> Result<(), Fail> {
+        match &*self.lock()? {
+            State::AwaitingGroup => Err(awaiting_group()),
+            _ => Ok(()),
         }
     }
 
@@ -241,21 +371,15 @@ impl NcclComm {
         self
     }
 
-    /// `self` as a member of `parent`'s family (a split sharing its communicator).
-    pub fn in_family_of(mut self, parent: &NcclComm) -> Self {
-        self.family_key = parent.family_key;
-        self
-    }
-
     /// The family of this handle's communicator (waiting for a background init first).
     pub fn family(&self) -> Result<Arc<Family>, Fail> {
-        let g = self.lock()?;
-        let g = self.settle(g, true);
+        let g = self.settled()?;
         match &*g {
             State::Ready(family) => Ok(Arc::clone(family)),
             State::Failed(fail) => Err(fail.clone()),
             State::Initializing(_) => Err(Fail::new(NcclResult::INTERNAL_ERROR, "init did not settle")),
             State::Gone => Err(Fail::usage("the communicator was destroyed or aborted")),
+            State::AwaitingGroup => Err(awaiting_group()),
         }
     }
 
@@ -269,9 +393,24 @@ impl NcclComm {
         self.state.try_lock().ok()
     }
 
-    /// Finishes a background init if it is done (`wait`: wait for it). Returns the state.
-    pub fn settle<'a>(&self, mut g: MutexGuard<'a, State>, wait: bool) -> MutexGuard<'a, State> {
-        let done = matches!(&*g, State::Initializing(h) if wait || h.is_finished());
+    /// The state once a background init is over: waits for the init without holding the state
+    /// lock (in naps of `SETTLE_NAP`), so that `ncclCommAbort` and `ncclCommGetAsyncError`
+    /// from other threads see the init as running meanwhile instead of waiting for it. Bounded:
+    /// an init ends within the communicator's timeout.
+    pub fn settled(&self) -> Result<MutexGuard<'_, State>, Fail> {
+        loop {
+            let g = self.lock()?;
+            if !matches!(&*g, State::Initializing(h) if !h.is_finished()) {
+                return Ok(self.settle(g));
+            }
+            drop(g);
+            std::thread::sleep(SETTLE_NAP);
+        }
+    }
+
+    /// Finishes a background init if it is done; returns the state.
+    pub fn settle<'a>(&self, mut g: MutexGuard<'a, State>) -> MutexGuard<'a, State> {
+        let done = matches!(&*g, State::Initializing(h) if h.is_finished());
         if done && let State::Initializing(h) = std::mem::replace(&mut *g, State::Gone) {
             *g = match h.join() {
                 Ok(Ok(comm)) => {
@@ -347,6 +486,14 @@ impl NcclComm {
     pub fn abort_handle(&self) -> Option<AbortHandle> {
         self.abort.lock().ok().and_then(|a| a.clone())
     }
+}
+
+/// The failure of a call on a handle that awaits the end of the group that derives it.
+fn awaiting_group() -> Fail {
+    Fail::usage(
+        "this communicator comes from an ncclCommSplit, ncclCommShrink or ncclCommGrow inside a group that is still \
+         open: use it after the group's ncclGroupEnd",
+    )
 }
 
 /// Whether the handles `a` and `b` run their calls through one weave communicator (one

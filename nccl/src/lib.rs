@@ -11,8 +11,8 @@
 //!   reads of a config ([`config`]: `blocking`, `commName`, `maxCTAs`, the rest named as
 //!   ignored at `NCCL_DEBUG=INFO`).
 //! - Unique id: weave's bootstrap address and secret in the 128 bytes ([`unique_id`]).
-//! - Init, split, finalize, destroy, abort, queries: [`api_comm`]; revoke, shrink and grow:
-//!   [`api_elastic`].
+//! - Init, finalize, destroy, abort, queries: [`api_comm`]; split: [`api_split`]; revoke, shrink and grow:
+//!   [`api_elastic`]; a split, shrink or grow inside a group, made at its end: [`derived`].
 //! - Collectives, send/recv, groups: [`api_coll`], [`group`], [`coll`] (every data type,
 //!   FP8 included).
 //! - GPU memory: `ncclCommMemStats`, `ncclCommSuspend`, `ncclCommResume` ([`api_memory`]);
@@ -26,7 +26,8 @@
 //!   `tracing` subscriber on stderr).
 //!
 //! Environment: `NCCL_DEBUG`, `NCCL_COMM_ID` (root address of `ncclGetUniqueId`), weave's
-//! `WEAVE_*` (`WEAVE_TIMEOUT` bounds every wait), and `WEAVE_NCCL_ALLOW_CPU=1` (tests only:
+//! `WEAVE_*` (`WEAVE_TIMEOUT` bounds every wait; unset, libnccl waits up to 30 minutes for a
+//! live peer, [`config::UNSET_TIMEOUT`], where NCCL waits for ever), and `WEAVE_NCCL_ALLOW_CPU=1` (tests only:
 //! host-only communicators without a GPU).
 
 #![allow(non_snake_case, reason = "exported C symbols carry NCCL's names")]
@@ -38,11 +39,13 @@ pub mod api_elastic;
 pub mod api_memory;
 pub mod api_misc;
 pub mod api_register;
+pub mod api_split;
 pub mod api_window;
 pub mod coll;
 pub mod config;
 pub mod cuda;
 pub mod debug;
+pub mod derived;
 pub mod error;
 pub mod group;
 pub mod handle;

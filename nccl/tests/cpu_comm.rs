@@ -11,8 +11,10 @@ use std::ptr::null_mut;
 use nccl::abi::{CudaStreamPtr, NcclCommPtr, NcclConfig, NcclDataType, NcclRedOp, NcclResult, NcclUniqueId};
 use nccl::api_coll::*;
 use nccl::api_comm::*;
+use nccl::api_elastic::*;
 use nccl::api_memory::*;
 use nccl::api_register::*;
+use nccl::api_split::*;
 use nccl::api_window::*;
 
 fn config(blocking: c_int) -> NcclConfig {
@@ -118,15 +120,22 @@ fn rank_main(id: NcclUniqueId, rank: c_int) {
             assert!(!sub.is_null());
             assert_eq!(ncclCommCount(sub, &mut n), NcclResult::SUCCESS);
             assert_eq!(n, 1);
-            // A group over two communicators runs each on a thread of its own, where the
-            // per-thread default stream is another stream: refused before anything runs.
-            let per_thread = 0x2 as CudaStreamPtr;
+            // A group over two communicators on different streams runs each on a thread of its
+            // own, where the per-thread default stream is another stream: refused before
+            // anything runs. On one stream they run one after the other on this thread, so the
+            // per-thread stream is fine (here the missing GPU path fails them).
+            let (per_thread, other) = (0x2 as CudaStreamPtr, 0x1234 as CudaStreamPtr);
+            let last_error = || std::ffi::CStr::from_ptr(ncclGetLastError(null_mut())).to_string_lossy().into_owned();
+            assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+            assert_eq!(ncclAllReduce(fake, fake, 4, f, NcclRedOp::SUM, comm, per_thread), NcclResult::SUCCESS);
+            assert_eq!(ncclAllReduce(fake, fake, 4, f, NcclRedOp::SUM, sub, other), NcclResult::SUCCESS);
+            assert_eq!(ncclGroupEnd(), NcclResult::INVALID_USAGE);
+            assert!(last_error().contains("cudaStreamPerThread"), "{}", last_error());
             assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
             assert_eq!(ncclAllReduce(fake, fake, 4, f, NcclRedOp::SUM, comm, per_thread), NcclResult::SUCCESS);
             assert_eq!(ncclAllReduce(fake, fake, 4, f, NcclRedOp::SUM, sub, per_thread), NcclResult::SUCCESS);
             assert_eq!(ncclGroupEnd(), NcclResult::INVALID_USAGE);
-            let said = std::ffi::CStr::from_ptr(ncclGetLastError(null_mut())).to_string_lossy().into_owned();
-            assert!(said.contains("cudaStreamPerThread"), "{said}");
+            assert!(last_error().contains("no GPU path"), "{}", last_error());
             assert_eq!(ncclCommDestroy(sub), NcclResult::SUCCESS);
             assert_eq!(ncclCommDestroy(sub), NcclResult::INVALID_ARGUMENT);
         } else {
@@ -157,6 +166,130 @@ fn two_cpu_ranks(rank: fn(NcclUniqueId, c_int)) {
 #[test]
 fn two_cpu_ranks_init_split_and_abort() {
     two_cpu_ranks(rank_main);
+}
+
+/// The communicators of `N` CPU ranks, made by this one thread in one group.
+fn init_in_one_group<const N: usize>() -> [NcclCommPtr; N] {
+    // SAFETY: set before any thread of this test reads the environment (same value as above).
+    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    let mut comms: [NcclCommPtr; N] = [null_mut(); N];
+    // SAFETY: every pointer passed is a live local.
+    unsafe {
+        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        for (r, comm) in comms.iter_mut().enumerate() {
+            assert_eq!(ncclCommInitRank(comm, N as c_int, id, r as c_int), NcclResult::SUCCESS);
+        }
+        assert_eq!(ncclGroupEnd(), NcclResult::SUCCESS);
+    }
+    comms
+}
+
+#[test]
+fn one_thread_splits_the_communicators_of_two_ranks_in_one_group() {
+    let fake: NcclCommPtr = 0x1000 as NcclCommPtr;
+    let comms: [NcclCommPtr; 2] = init_in_one_group();
+    // SAFETY: every pointer passed is a live local; no buffer is touched.
+    unsafe {
+        // Two splits of each rank's communicator in one group, from this one thread: both ranks
+        // with keys that reverse them, then rank 0 alone (rank 1 passes NCCL_SPLIT_NOCOLOR).
+        let (mut pair, mut alone) = ([null_mut(); 2], [fake; 2]);
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        for r in 0..2 {
+            assert_eq!(ncclCommSplit(comms[r], 3, -(r as c_int), &mut pair[r], null_mut()), NcclResult::SUCCESS);
+            let color = if r == 0 { 4 } else { -1 };
+            assert_eq!(ncclCommSplit(comms[r], color, 0, &mut alone[r], null_mut()), NcclResult::SUCCESS);
+        }
+        // Handed out at once, usable after the group's end.
+        assert!(!pair[0].is_null() && !pair[1].is_null() && !alone[0].is_null() && alone[1].is_null());
+        let (mut n, mut me, mut state) = (0, -1, NcclResult::SUCCESS);
+        assert_eq!(ncclCommCount(pair[0], &mut n), NcclResult::INVALID_USAGE);
+        assert_eq!(ncclCommGetAsyncError(pair[0], &mut state), NcclResult::SUCCESS);
+        assert_eq!(state, NcclResult::IN_PROGRESS);
+        let started = std::time::Instant::now();
+        assert_eq!(ncclGroupEnd(), NcclResult::SUCCESS);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5), "the splits took {:?}", started.elapsed());
+        for (r, &split) in pair.iter().enumerate() {
+            assert_eq!(ncclCommCount(split, &mut n), NcclResult::SUCCESS);
+            assert_eq!(ncclCommUserRank(split, &mut me), NcclResult::SUCCESS);
+            assert_eq!((n, me), (2, 1 - r as c_int), "rank {r}'s split reverses the ranks");
+            assert_eq!(ncclCommGetAsyncError(split, &mut state), NcclResult::SUCCESS);
+            assert_eq!(state, NcclResult::SUCCESS);
+        }
+        assert_eq!(ncclCommCount(alone[0], &mut n), NcclResult::SUCCESS);
+        assert_eq!(n, 1);
+        // Two ranks of one communicator given one stream: refused, not left to wait on each other.
+        let (f, stream) = (NcclDataType::FLOAT32, 0x1234 as CudaStreamPtr);
+        let fake_buf = 0x1000 as *mut std::ffi::c_void;
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        for &c in &comms {
+            assert_eq!(ncclAllReduce(fake_buf, fake_buf, 4, f, NcclRedOp::SUM, c, stream), NcclResult::SUCCESS);
+        }
+        assert_eq!(ncclGroupEnd(), NcclResult::INVALID_USAGE);
+        let said = std::ffi::CStr::from_ptr(ncclGetLastError(null_mut())).to_string_lossy().into_owned();
+        assert!(said.contains("two ranks of one communicator"), "{said}");
+        // A group that fails before its end runs nothing: its split's handle fails with it.
+        let mut lost: NcclCommPtr = null_mut();
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        assert_eq!(ncclCommSplit(comms[0], 5, 0, &mut lost, null_mut()), NcclResult::SUCCESS);
+        assert_eq!(
+            ncclAllReduce(null_mut(), null_mut(), 4, f, NcclRedOp::SUM, comms[0], null_mut()),
+            NcclResult::INVALID_ARGUMENT
+        );
+        assert_eq!(ncclGroupEnd(), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommGetAsyncError(lost, &mut state), NcclResult::SUCCESS);
+        assert_eq!(state, NcclResult::INVALID_ARGUMENT, "the split's handle fails with its group");
+        for c in [pair[0], pair[1], alone[0], lost, comms[0], comms[1]] {
+            assert_eq!(ncclCommDestroy(c), NcclResult::SUCCESS);
+        }
+    }
+}
+
+#[test]
+fn one_thread_shrinks_and_grows_the_communicators_of_three_ranks_in_groups() {
+    let comms: [NcclCommPtr; 3] = init_in_one_group();
+    // SAFETY: every pointer passed is a live local; no buffer is touched.
+    unsafe {
+        // Ranks 0 and 1 shrink rank 2 away, in one group from this one thread.
+        let mut excluded: [c_int; 1] = [2];
+        let mut shrunk: [NcclCommPtr; 2] = [null_mut(); 2];
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        for (r, out) in shrunk.iter_mut().enumerate() {
+            assert_eq!(ncclCommShrink(comms[r], excluded.as_mut_ptr(), 1, out, null_mut(), 0), NcclResult::SUCCESS);
+        }
+        assert!(shrunk.iter().all(|h| !h.is_null()));
+        let mut n = 0;
+        assert_eq!(ncclCommCount(shrunk[0], &mut n), NcclResult::INVALID_USAGE, "not made before the group's end");
+        assert_eq!(ncclGroupEnd(), NcclResult::SUCCESS);
+        for (r, &h) in shrunk.iter().enumerate() {
+            let mut me = -1;
+            assert_eq!(ncclCommCount(h, &mut n), NcclResult::SUCCESS);
+            assert_eq!(ncclCommUserRank(h, &mut me), NcclResult::SUCCESS);
+            assert_eq!((n, me), (2, r as c_int));
+        }
+        // And grow back to three in one group: the two members and a joiner.
+        let mut gid = NcclUniqueId { internal: [0; 128] };
+        assert_eq!(ncclCommGetUniqueId(shrunk[0], &mut gid), NcclResult::SUCCESS);
+        let mut grown: [NcclCommPtr; 3] = [null_mut(); 3];
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        for (r, &h) in shrunk.iter().enumerate() {
+            assert_eq!(ncclCommGrow(h, 3, std::ptr::null(), -1, &mut grown[r], null_mut()), NcclResult::SUCCESS);
+        }
+        assert_eq!(ncclCommGrow(null_mut(), 3, &gid, 2, &mut grown[2], null_mut()), NcclResult::SUCCESS);
+        let started = std::time::Instant::now();
+        assert_eq!(ncclGroupEnd(), NcclResult::SUCCESS);
+        assert!(started.elapsed() < std::time::Duration::from_secs(10), "the grow took {:?}", started.elapsed());
+        for (r, &h) in grown.iter().enumerate() {
+            let mut me = -1;
+            assert_eq!(ncclCommCount(h, &mut n), NcclResult::SUCCESS);
+            assert_eq!(ncclCommUserRank(h, &mut me), NcclResult::SUCCESS);
+            assert_eq!((n, me), (3, r as c_int));
+        }
+        for h in grown.into_iter().chain(shrunk).chain(comms) {
+            assert_eq!(ncclCommDestroy(h), NcclResult::SUCCESS);
+        }
+    }
 }
 
 /// One rank of the `splitShare` test: which splits share their parent's communicator, and a
@@ -261,15 +394,33 @@ fn an_abort_does_not_wait_for_an_init_whose_peers_never_come() {
     // SAFETY: live locals.
     unsafe {
         assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
-        // Rank 1 of 2 never joins: the non-blocking init waits for it (WEAVE_TIMEOUT, 60 s).
+        // Rank 1 of 2 never joins: the non-blocking init waits for it (WEAVE_TIMEOUT unset:
+        // 30 minutes).
         let r = ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut cfg);
         assert_eq!(r, NcclResult::IN_PROGRESS);
         let mut state = NcclResult::SUCCESS;
         assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::SUCCESS);
         assert_eq!(state, NcclResult::IN_PROGRESS);
+        // A call on another thread waits for the init; meanwhile the communicator still reports
+        // its init running, and the abort neither waits for the init nor for that call.
+        let handle = comm as usize;
+        let caller = std::thread::spawn(move || {
+            let fake = 0x1000 as *mut std::ffi::c_void;
+            let (f, sum) = (NcclDataType::FLOAT32, NcclRedOp::SUM);
+            // The buffers are never touched: the call fails before any GPU work.
+            ncclAllReduce(fake, fake, 4, f, sum, handle as NcclCommPtr, null_mut())
+        });
+        std::thread::sleep(std::time::Duration::from_millis(200));
+        assert!(!caller.is_finished(), "the call did not wait for the init");
+        state = NcclResult::SUCCESS;
+        assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::SUCCESS);
+        assert_eq!(state, NcclResult::IN_PROGRESS, "a call waiting for the init hid it");
         let started = std::time::Instant::now();
         assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "the abort waited {:?}", started.elapsed());
+        let code = caller.join().unwrap();
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "the call waited {:?}", started.elapsed());
+        assert_eq!(code, NcclResult::INVALID_USAGE, "the waiting call fails: its communicator was aborted");
         assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::INVALID_ARGUMENT, "the handle is gone");
     }
 }
@@ -324,7 +475,6 @@ fn three_cpu_ranks_init_scalable_with_two_roots() {
 /// its size and rank, and the parents are destroyed without waiting for the excluded rank.
 #[test]
 fn three_cpu_ranks_revoke_shrink_and_grow_back() {
-    use nccl::api_elastic::*;
     // SAFETY: set before any thread of this test binary reads the environment.
     unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
     let mut id = NcclUniqueId { internal: [0; 128] };
