@@ -14,6 +14,8 @@
 
 use std::ffi::{c_char, c_int};
 use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
 
 use collectives::Communicator;
 use collectives::transport_cudaipc::CudaIpcTransport;
@@ -22,6 +24,7 @@ use collectives::transport_tcp::{TcpConfig, TcpTransport};
 use comm_core::bootstrap::{TcpBootstrap, UniqueId};
 
 use crate::abi::{self, NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId};
+use crate::background_init::BackgroundInit;
 use crate::config::{ConfigTuning, read_config_fields};
 use crate::cuda;
 use crate::error::{self, CallResult, Fail, guard};
@@ -60,18 +63,25 @@ pub(crate) fn caller_device() -> Result<Option<u32>, Fail> {
     }
 }
 
-/// Builds the weave communicator of one rank (collective over the ranks of `a.ids`).
-pub(crate) fn build(a: &InitArgs) -> Result<Communicator, Fail> {
+/// Builds the weave communicator of one rank (collective over the ranks of `a.ids`); where
+/// `cancel` is given (a background init), setting it ends the build's waits for peers.
+pub(crate) fn build(a: &InitArgs, cancel: Option<Arc<AtomicBool>>) -> Result<Communicator, Fail> {
     // A background init runs outside `guard`, which puts the caller's context back.
     let _saved = cuda::SavedContext::save();
     let config = crate::config::communicator_config(|name| std::env::var(name).ok())?;
-    let boot = TcpBootstrap::with_roots(&a.ids, a.rank, a.nranks, config.timeout)?;
+    let boot = match &cancel {
+        Some(flag) => TcpBootstrap::with_roots_cancellable(&a.ids, a.rank, a.nranks, config.timeout, flag.clone())?,
+        None => TcpBootstrap::with_roots(&a.ids, a.rank, a.nranks, config.timeout)?,
+    };
     let mut gpu = collectives::gpu::GpuConfig::from_env()?;
     if let Some(most) = a.tuning.max_ctas {
         gpu.pipeline_blocks = Some(gpu.pipeline_blocks.map_or(most, |b| b.min(most)));
     }
     a.tuning.log_ignored(Some(a.rank));
     let mut b = Communicator::builder(boot).with_config(config).with_gpu_config(gpu);
+    if let Some(flag) = cancel {
+        b = b.with_abort_flag(flag);
+    }
     if let Some(d) = a.device {
         b = b.with_transport(CudaIpcTransport::on_device(d));
     }
@@ -108,13 +118,9 @@ pub(crate) fn init(out: *mut NcclCommPtr, a: InitArgs) -> CallResult {
     let device = a.device.map_or(-1, |d| d as i32);
     let state = if background {
         let args = a.clone();
-        let h = std::thread::Builder::new()
-            .name(format!("weave-nccl-init-{}", a.rank))
-            .spawn(move || build(&args))
-            .map_err(|e| Fail::new(NcclResult::SYSTEM_ERROR, format!("start the init thread: {e}")))?;
-        State::Initializing(h)
+        State::Initializing(BackgroundInit::start(a.rank, move |cancel| build(&args, Some(cancel)))?)
     } else {
-        State::ready(build(&a)?)
+        State::ready(build(&a, None)?)
     };
     let p = handle::register(NcclComm::new(a.rank, a.nranks, device, a.blocking, state).with_split_share(split_share))?;
     // SAFETY: `out` was checked non-null by the caller and points at an ncclComm_t.
@@ -147,6 +153,11 @@ pub(crate) unsafe fn clear_out(p: *mut NcclCommPtr, what: &str) -> CallResult {
 
 /// The most ranks `ncclCommInitAll` makes at once (each is built on a thread of its own).
 const MAX_INIT_ALL: usize = 1024;
+
+/// How long `ncclCommAbort` of a communicator still initializing waits for its init to end
+/// once called off (its waits look at the call-off every few milliseconds; a connection
+/// attempt to a host that does not answer takes up to 5 s).
+const INIT_CALL_OFF_WAIT: Duration = Duration::from_secs(10);
 
 /// Checks `nranks` and `rank` and decodes the id.
 fn rank_args(nranks: c_int, id: &NcclUniqueId, rank: c_int) -> Result<(UniqueId, usize, usize), Fail> {
@@ -300,7 +311,7 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
                         name: "initall".into(),
                         tuning: ConfigTuning::default(),
                     };
-                    s.spawn(move || build(&a))
+                    s.spawn(move || build(&a, None))
                 })
                 .collect();
             hs.into_iter()
@@ -325,21 +336,28 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
 }
 
 /// Tears down the communicator of `c` (after `abort` when aborting): waits for a background
-/// init (an abort leaves one still running to end on its own), then for the GPU work of the
-/// context, then drops the weave communicator.
+/// init (an abort calls it off first, and leaves one that does not end within
+/// [`INIT_CALL_OFF_WAIT`] to end on its own), then for the GPU work of the context, then drops
+/// the weave communicator.
 fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
     if abort && let Some(h) = c.abort_handle() {
         h.abort();
     }
     let mut g = c.lock()?;
-    if abort && matches!(&*g, State::Initializing(init) if !init.is_finished()) {
-        // The init (waiting for peers that may never come) ends within WEAVE_TIMEOUT on its
-        // thread, which drops whatever it built; the abort does not wait for it.
+    if abort
+        && let State::Initializing(init) = &*g
+        && !init.is_finished()
+        && !init.call_off(INIT_CALL_OFF_WAIT)
+    {
+        // The init did not see the call-off in time (a connection attempt to a silent host, a
+        // CUDA call): it ends within WEAVE_TIMEOUT on its thread, which drops whatever it
+        // built; the abort does not wait for it.
         *g = State::Gone;
         tracing::info!(
             target: crate::debug::NCCL,
             rank = c.rank(),
-            "abort of a communicator still initializing: its init is left to end on its own"
+            "abort of a communicator still initializing: its init did not end within {INIT_CALL_OFF_WAIT:?} of \
+             being called off and is left to end on its own"
         );
         return Ok(());
     }

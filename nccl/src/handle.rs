@@ -24,11 +24,11 @@
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
-use std::thread::JoinHandle;
 
 use collectives::{AbortHandle, Communicator};
 
 use crate::abi::{NcclCommPtr, NcclResult};
+use crate::background_init::BackgroundInit;
 use crate::cuda::EndMark;
 use crate::error::Fail;
 use crate::premul::PreMulTable;
@@ -127,7 +127,7 @@ static FAMILIES: AtomicUsize = AtomicUsize::new(1);
 /// Where a communicator is in its life.
 pub enum State {
     /// A background init (non-blocking config, or an init inside a group).
-    Initializing(JoinHandle<Result<Communicator, Fail>>),
+    Initializing(BackgroundInit),
     /// Usable: the communicator of its family.
     Ready(Arc<Family>),
     /// Init failed, or the communicator broke; every call returns this.
@@ -413,18 +413,13 @@ impl NcclComm {
         let done = matches!(&*g, State::Initializing(h) if h.is_finished());
         if done && let State::Initializing(h) = std::mem::replace(&mut *g, State::Gone) {
             *g = match h.join() {
-                Ok(Ok(comm)) => {
+                Ok(comm) => {
                     if let Ok(mut a) = self.abort.lock() {
                         *a = Some(comm.abort_handle());
                     }
                     State::ready(comm)
                 }
-                Ok(Err(fail)) => {
-                    self.record_async(&fail);
-                    State::Failed(fail)
-                }
-                Err(_) => {
-                    let fail = Fail::new(NcclResult::INTERNAL_ERROR, "communicator init panicked; please report it");
+                Err(fail) => {
                     self.record_async(&fail);
                     State::Failed(fail)
                 }

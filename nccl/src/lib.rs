@@ -41,6 +41,7 @@ pub mod api_misc;
 pub mod api_register;
 pub mod api_split;
 pub mod api_window;
+pub mod background_init;
 pub mod coll;
 pub mod config;
 pub mod cuda;

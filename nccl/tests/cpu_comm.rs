@@ -385,7 +385,7 @@ fn bad_init_arguments_fail_cleanly() {
 }
 
 #[test]
-fn an_abort_does_not_wait_for_an_init_whose_peers_never_come() {
+fn an_abort_calls_off_an_init_whose_peers_never_come() {
     // SAFETY: set before any thread of this test binary reads the environment.
     unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
     let mut id = NcclUniqueId { internal: [0; 128] };
@@ -415,9 +415,14 @@ fn an_abort_does_not_wait_for_an_init_whose_peers_never_come() {
         state = NcclResult::SUCCESS;
         assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::SUCCESS);
         assert_eq!(state, NcclResult::IN_PROGRESS, "a call waiting for the init hid it");
+        // Rank 0 listens on the id's address while it waits for rank 1.
+        let root = nccl::unique_id::decode(&id).unwrap().addr;
+        assert!(std::net::TcpListener::bind(root).is_err(), "the init does not listen at {root}");
         let started = std::time::Instant::now();
         assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "the abort waited {:?}", started.elapsed());
+        // The abort called the init off and it ended: nothing listens there any more.
+        std::net::TcpListener::bind(root).expect("the aborted init's root address is free when the abort returns");
         let code = caller.join().unwrap();
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "the call waited {:?}", started.elapsed());
         assert_eq!(code, NcclResult::INVALID_USAGE, "the waiting call fails: its communicator was aborted");

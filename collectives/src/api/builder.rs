@@ -5,7 +5,7 @@
 
 use std::cell::{Cell, OnceCell, RefCell};
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 
 use comm_core::bootstrap::{Bootstrap, TcpBootstrap, UniqueId};
 use comm_core::communicator::Communicator as CoreCommunicator;
@@ -47,6 +47,8 @@ pub struct Builder {
     /// The primitives layer, when it is built already (a shrink's, carried over from its
     /// parent: [`CoreCommunicator::carry_over`]).
     core: Option<CoreCommunicator>,
+    /// The abort flag from the start (see [`Builder::with_abort_flag`]).
+    abort: Option<Arc<AtomicBool>>,
 }
 
 impl Builder {
@@ -83,6 +85,15 @@ impl Builder {
         self
     }
 
+    /// Uses `abort` as the communicator's abort flag from the start: setting it while
+    /// [`build`](Self::build) waits for peers ends the build with [`Error::Aborted`] (what
+    /// `ncclCommAbort` does to a communicator still being made); afterwards it is the flag that
+    /// [`AbortHandle::abort`](crate::AbortHandle::abort) sets.
+    pub fn with_abort_flag(mut self, abort: Arc<AtomicBool>) -> Self {
+        self.abort = Some(abort);
+        self
+    }
+
     /// The builder of a child of `parent` (a split or shrink) over `bootstrap`: the parent's
     /// transports and settings.
     pub(crate) fn for_child(parent: &Communicator, bootstrap: Arc<dyn Bootstrap>) -> Builder {
@@ -95,6 +106,7 @@ impl Builder {
             overrides: Vec::new(),
             family: None,
             core: None,
+            abort: None,
         }
     }
 
@@ -133,6 +145,7 @@ impl Communicator {
             overrides: Vec::new(),
             family: None,
             core: None,
+            abort: None,
         }
     }
 
@@ -184,6 +197,9 @@ impl Communicator {
             Some(core) => core,
             None => {
                 let mut core = CoreCommunicator::builder_arc(b.bootstrap.clone()).with_config(config.clone());
+                if let Some(abort) = b.abort {
+                    core = core.with_abort_flag(abort);
+                }
                 for f in &factories {
                     core = core.with_transport_arc(f.clone());
                 }

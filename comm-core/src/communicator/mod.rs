@@ -47,6 +47,7 @@ pub struct CommunicatorBuilder {
     bootstrap: Arc<dyn Bootstrap>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Option<Config>,
+    abort: Option<Arc<AtomicBool>>,
 }
 
 impl CommunicatorBuilder {
@@ -68,8 +69,18 @@ impl CommunicatorBuilder {
         self
     }
 
+    /// Uses `abort` as the communicator's abort flag from the start: setting it during
+    /// [`build`](Self::build) ends the build's exchange with [`Error::Aborted`] (a program that
+    /// gives up on a communicator still being made), and afterwards it is the flag that
+    /// [`Communicator::abort`] sets.
+    pub fn with_abort_flag(mut self, abort: Arc<AtomicBool>) -> Self {
+        self.abort = Some(abort);
+        self
+    }
+
     /// Collective: opens the transports, exchanges endpoints with every rank, and picks a
-    /// transport for each peer.
+    /// transport for each peer. Ends with [`Error::Aborted`] where the flag of
+    /// [`with_abort_flag`](Self::with_abort_flag) is set meanwhile.
     pub fn build(self) -> Result<Communicator> {
         let config = match self.config {
             Some(c) => c,
@@ -80,7 +91,12 @@ impl CommunicatorBuilder {
         let id = next_communicator_id();
         let started = std::time::Instant::now();
         let _span = tracing::info_span!(target: diagnostics::INIT, "communicator", rank, world_size, id).entered();
-        let abort = Arc::new(AtomicBool::new(false));
+        // Only a caller's flag can be set during the build: the exchange then waits on it.
+        let abortable = self.abort.is_some();
+        let abort = self.abort.unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
+        if abort.load(Ordering::Acquire) {
+            return Err(Error::Aborted(format!("building communicator {id} (rank {rank}): aborted before it began")));
+        }
         let ctx = TransportContext {
             rank,
             world_size,
@@ -125,7 +141,12 @@ impl CommunicatorBuilder {
         for b in &backends {
             table.push((b.transport(), b.local_endpoint()?));
         }
-        let gathered = bootstrap.all_gather(&endpoints::encode(rank, &host, &table)?)?;
+        let mine = endpoints::encode(rank, &host, &table)?;
+        let gathered = if abortable {
+            AbortableBootstrap::new(bootstrap.as_ref(), &abort).all_gather(&mine)?
+        } else {
+            bootstrap.all_gather(&mine)?
+        };
         if gathered.len() != world_size {
             return Err(Error::protocol(format!(
                 "the bootstrap's all-gather returned {} entries for a {world_size}-rank job: its all_gather must \
@@ -258,7 +279,7 @@ impl Communicator {
 
     /// Starts building a communicator over a shared bootstrap.
     pub fn builder_arc(bootstrap: Arc<dyn Bootstrap>) -> CommunicatorBuilder {
-        CommunicatorBuilder { bootstrap, factories: Vec::new(), config: None }
+        CommunicatorBuilder { bootstrap, factories: Vec::new(), config: None, abort: None }
     }
 
     /// This rank.

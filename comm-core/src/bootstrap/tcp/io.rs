@@ -60,7 +60,8 @@ pub(super) fn write_all_until(stream: &TcpStream, bytes: &[u8], deadline: &Deadl
 
 /// Moves `len` bytes through `stream` by calling `step(stream, done)`, which reads or writes
 /// some of the bytes after the first `done` and says how many it moved, until all are moved or
-/// `deadline` passes. Each step is bounded by the time left, through `set_timeout`; a step that
+/// `deadline` passes. Each step is bounded by the time left (a slice of it where the
+/// deadline is cancellable), through `set_timeout`; a step that
 /// moves nothing means the other side is gone (`ended` says how), transient errors are retried.
 fn transfer_until(
     stream: &TcpStream,
@@ -72,11 +73,12 @@ fn transfer_until(
 ) -> Result<(), IoFailure> {
     let mut done = 0;
     while done < len {
-        let remaining = deadline.remaining();
-        if remaining.is_zero() {
+        // At most the time left (a cancellable deadline: a short slice, to look at its flag).
+        let wait = deadline.next_wait();
+        if wait.is_zero() {
             return Err(IoFailure::TimedOut);
         }
-        set_timeout(stream, Some(remaining)).map_err(|e| IoFailure::Closed(e.to_string()))?;
+        set_timeout(stream, Some(wait)).map_err(|e| IoFailure::Closed(e.to_string()))?;
         match step(stream, done) {
             Ok(0) => return Err(IoFailure::Closed(ended.to_string())),
             Ok(n) => done += n,

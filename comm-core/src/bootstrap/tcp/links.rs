@@ -81,7 +81,7 @@ pub(super) fn write_all_until(stream: &TcpStream, bytes: &[u8], deadline: &Deadl
             Ok(n) => done += n,
             Err(e) if e.kind() == ErrorKind::Interrupted => {}
             Err(e) if e.kind() == ErrorKind::WouldBlock => {
-                let remaining = deadline.remaining();
+                let remaining = deadline.next_wait();
                 if remaining.is_zero() {
                     return Err(WriteFailure::TimedOut);
                 }

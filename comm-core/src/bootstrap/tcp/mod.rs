@@ -55,6 +55,7 @@ mod rendezvous;
 
 use std::net::{Shutdown, SocketAddr};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, MutexGuard, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -137,6 +138,34 @@ impl TcpBootstrap {
     /// Errors as for [`new`](TcpBootstrap::new); no ids, or more ids than ranks, are an
     /// [`Error::InvalidArgument`].
     pub fn with_roots(ids: &[UniqueId], rank: usize, world_size: usize, timeout: Duration) -> Result<Self> {
+        Self::join(ids, rank, world_size, timeout, None)
+    }
+
+    /// [`with_roots`](Self::with_roots) that another thread may call off: once `cancel` is set,
+    /// joining gives up within [`CANCEL_LOOK`](crate::deadline::CANCEL_LOOK) (a connection
+    /// attempt to a root host that does not answer: within 5 s) with [`Error::Aborted`], and
+    /// everything it opened (listeners, links, its poller thread) is closed when it returns.
+    /// The flag bounds joining only: the sends and receives of the bootstrap it returns are
+    /// bounded by `timeout`, as with `with_roots`.
+    pub fn with_roots_cancellable(
+        ids: &[UniqueId],
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+        cancel: Arc<AtomicBool>,
+    ) -> Result<Self> {
+        Self::join(ids, rank, world_size, timeout, Some(cancel))
+    }
+
+    /// Joins the job (see [`with_roots`](Self::with_roots)), within `timeout` or until `cancel`
+    /// is set.
+    fn join(
+        ids: &[UniqueId],
+        rank: usize,
+        world_size: usize,
+        timeout: Duration,
+        cancel: Option<Arc<AtomicBool>>,
+    ) -> Result<Self> {
         if world_size == 0 || world_size > super::MAX_WORLD_SIZE {
             return Err(Error::invalid(format!(
                 "a bootstrap of {world_size} ranks: a job has 1 to {} ranks",
@@ -155,7 +184,10 @@ impl TcpBootstrap {
                 ids.len()
             )));
         }
-        let deadline = Deadline::after(timeout);
+        let deadline = match cancel {
+            Some(flag) => Deadline::cancellable(timeout, flag),
+            None => Deadline::after(timeout),
+        };
         let host = local_host_identity();
         let (wake_rx, wake_tx) =
             UnixStream::pair().map_err(|e| Error::io("create the bootstrap wake-up socket pair", e))?;
@@ -186,7 +218,7 @@ impl TcpBootstrap {
         };
         // From here on, an error drops `bootstrap`, which stops the poller and closes every link.
         bootstrap.poller = Some(poller::spawn(setup).map_err(|e| Error::io("start the bootstrap poller thread", e))?);
-        bootstrap.spread_rank_table(ids, table, &rendezvous.host, &deadline)?;
+        bootstrap.spread_rank_table(ids, table, &rendezvous.host, &rendezvous.deadline)?;
         Ok(bootstrap)
     }
 
@@ -260,7 +292,7 @@ impl TcpBootstrap {
     }
 
     fn wait<'a>(&'a self, state: MutexGuard<'a, State>, deadline: &Deadline) -> MutexGuard<'a, State> {
-        let remaining = deadline.remaining();
+        let remaining = deadline.next_wait();
         self.shared.changed.wait_timeout(state, remaining).unwrap_or_else(PoisonError::into_inner).0
     }
 
@@ -281,19 +313,15 @@ impl TcpBootstrap {
             if !state.connecting.contains(&peer) {
                 if requested {
                     let why = state.connect_failed.get(&peer).cloned().unwrap_or_default();
-                    return Err(Error::timeout(format!("{} ({why})", operation()), Some(peer), deadline.elapsed()));
+                    return Err(deadline.give_up(format!("{} ({why})", operation()), Some(peer)));
                 }
-                if !self.request_link(&mut state, peer, *deadline) {
+                if !self.request_link(&mut state, peer, deadline.clone()) {
                     return Err(Error::peer_lost(peer, operation(), "its address is not known yet (no rank table)"));
                 }
                 requested = true;
             }
             if deadline.expired() {
-                return Err(Error::timeout(
-                    format!("{} (opening a link)", operation()),
-                    Some(peer),
-                    deadline.elapsed(),
-                ));
+                return Err(deadline.give_up(format!("{} (opening a link)", operation()), Some(peer)));
             }
             state = self.wait(state, deadline);
         }
@@ -304,7 +332,7 @@ impl TcpBootstrap {
         let link = self.link_to(peer, deadline, &operation)?;
         match link.write_frame(tag, data, deadline) {
             Ok(()) => Ok(()),
-            Err(WriteFailure::TimedOut) => Err(Error::timeout(operation(), Some(peer), deadline.elapsed())),
+            Err(WriteFailure::TimedOut) => Err(deadline.give_up(operation(), Some(peer))),
             Err(WriteFailure::Closed(reason)) => Err(Error::peer_lost(peer, operation(), reason)),
         }
     }
@@ -327,7 +355,7 @@ impl TcpBootstrap {
         tag: u64,
         deadline: &Deadline,
         operation: impl Fn() -> String,
-        abort: Option<&std::sync::atomic::AtomicBool>,
+        abort: Option<&AtomicBool>,
     ) -> Result<Vec<u8>> {
         let mut state = self.shared.lock();
         loop {
@@ -341,7 +369,7 @@ impl TcpBootstrap {
                 return Err(Error::Aborted(format!("{} was aborted", operation())));
             }
             if deadline.expired() {
-                return Err(Error::timeout(operation(), Some(peer), deadline.elapsed()));
+                return Err(deadline.give_up(operation(), Some(peer)));
             }
             state = match abort {
                 Some(_) => self.wait(state, &Deadline::after(ABORT_LOOK.min(deadline.remaining()))),
@@ -455,7 +483,7 @@ impl Bootstrap for TcpBootstrap {
         Ok(())
     }
 
-    fn recv_or_abort(&self, peer: usize, tag: u64, abort: &std::sync::atomic::AtomicBool) -> Result<Vec<u8>> {
+    fn recv_or_abort(&self, peer: usize, tag: u64, abort: &AtomicBool) -> Result<Vec<u8>> {
         self.check_peer(peer, "recv")?;
         let operation = || format!("bootstrap recv {}", describe_tag(tag));
         self.recv_until_or_abort(peer, tag, &Deadline::after(self.timeout), operation, Some(abort))

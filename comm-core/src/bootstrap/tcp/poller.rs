@@ -95,7 +95,7 @@ impl Poller {
     /// One wait and what follows it; false once told to stop.
     fn turn(&mut self) -> bool {
         let accepting = self.handshakes.len() < MAX_PENDING_HANDSHAKES;
-        let wait = self.handshakes.iter().map(|h| h.deadline.remaining()).fold(POLL_MAX, Duration::min);
+        let wait = self.handshakes.iter().map(|h| h.deadline.next_wait()).fold(POLL_MAX, Duration::min);
         let ready: Vec<bool> = {
             let mut fds = Vec::with_capacity(2 + self.links.len() + self.handshakes.len());
             fds.push(PollFd::new(self.setup.wake.as_fd(), PollFlags::POLLIN));

@@ -20,6 +20,10 @@ use crate::error::{Error, Result};
 /// Longest pause between two attempts to reach a root.
 const CONNECT_RETRY_MAX: Duration = Duration::from_millis(200);
 
+/// Longest one attempt to reach a root may take (three SYNs): a root host that does not answer
+/// at all is tried again, and a cancelled deadline is seen between attempts.
+const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(5);
+
 /// The ranks that join at root `group` of `roots`: contiguous ranges, the first
 /// `world_size % roots` of them one rank longer. The group's first rank is its root.
 pub(super) fn group_range(group: usize, world_size: usize, roots: usize) -> Range<usize> {
@@ -46,8 +50,9 @@ pub(super) struct Rendezvous<'a> {
 }
 
 impl Rendezvous<'_> {
+    /// The error of a step that ran out of time (or was cancelled: [`Error::Aborted`]).
     fn timeout_error(&self, operation: String, peer: Option<usize>) -> Error {
-        Error::timeout(operation, peer, self.deadline.elapsed())
+        self.deadline.give_up(operation, peer)
     }
 
     fn io_failure(&self, failure: IoFailure, peer: usize, operation: &str) -> Error {
@@ -196,7 +201,7 @@ impl Rendezvous<'_> {
             let attempt = if remaining.is_zero() {
                 Err(io::Error::from(ErrorKind::TimedOut))
             } else {
-                TcpStream::connect_timeout(&addr, remaining)
+                TcpStream::connect_timeout(&addr, remaining.min(CONNECT_ATTEMPT_MAX))
             };
             match attempt {
                 Ok(stream) => return Ok(stream),
@@ -207,7 +212,7 @@ impl Rendezvous<'_> {
                     ));
                 }
                 Err(_) => {
-                    std::thread::sleep(pause.min(self.deadline.remaining()));
+                    std::thread::sleep(pause.min(self.deadline.next_wait()));
                     pause = (pause * 2).min(CONNECT_RETRY_MAX);
                 }
             }

@@ -3,6 +3,7 @@
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Barrier;
+use std::sync::atomic::AtomicBool;
 use std::time::Instant;
 
 use super::*;
@@ -369,4 +370,56 @@ fn a_garbage_frame_on_a_link_marks_its_peer_lost() {
             assert!(b.peer_lost(0).is_some());
         }
     });
+}
+
+/// Joins rank `rank` of a `world_size`-rank job at `id` on a thread, with a cancel flag (and a
+/// 5-second timeout, so that a join the flag does not end fails with a timeout).
+fn join_cancellable(
+    id: &UniqueId,
+    rank: usize,
+    world_size: usize,
+) -> (Arc<AtomicBool>, std::thread::JoinHandle<Result<TcpBootstrap>>) {
+    let cancel = Arc::new(AtomicBool::new(false));
+    let (id, flag) = (id.clone(), cancel.clone());
+    let joining = std::thread::spawn(move || {
+        TcpBootstrap::with_roots_cancellable(&[id], rank, world_size, Duration::from_secs(5), flag)
+    });
+    (cancel, joining)
+}
+
+#[test]
+fn a_cancelled_join_ends_at_once_and_frees_the_root_address() {
+    // Ranks 0 and 1 of 3 join; rank 2 never comes. Rank 0 waits in the rendezvous for it, rank
+    // 1 (acknowledged) for the rank table, each until its timeout unless called off.
+    let id = new_id();
+    let joins = [join_cancellable(&id, 0, 3), join_cancellable(&id, 1, 3)];
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(joins.iter().all(|(_, j)| !j.is_finished()), "the join did not wait for rank 2");
+    assert!(std::net::TcpListener::bind(id.addr).is_err(), "the root listens on the id's address while it waits");
+    let started = Instant::now();
+    for (cancel, _) in &joins {
+        cancel.store(true, std::sync::atomic::Ordering::Release);
+    }
+    for (rank, (_, joining)) in joins.into_iter().enumerate() {
+        match joining.join().unwrap() {
+            Err(Error::Aborted(why)) => assert!(why.contains("bootstrap"), "rank {rank}: {why}"),
+            other => panic!("rank {rank}: a cancelled join gave {:?}", other.map(|_| ())),
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(2), "the joins took {:?} to end", started.elapsed());
+    // Nothing is left listening: the id's address is free again.
+    std::net::TcpListener::bind(id.addr).expect("the root's address is free once its join ended");
+}
+
+#[test]
+fn a_cancelled_join_stops_looking_for_a_root_that_never_listens() {
+    let id = new_id();
+    let (cancel, joining) = join_cancellable(&id, 1, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!joining.is_finished(), "rank 1 did not keep trying to reach its root");
+    let started = Instant::now();
+    cancel.store(true, std::sync::atomic::Ordering::Release);
+    let outcome = joining.join().unwrap();
+    assert!(matches!(outcome, Err(Error::Aborted(_))), "gave {:?}", outcome.map(|_| ()));
+    assert!(started.elapsed() < Duration::from_secs(1), "the join took {:?} to end", started.elapsed());
 }
