@@ -17,8 +17,8 @@
 //! returned as before; an event never replaces one.
 //!
 //! Binaries, the launcher's ranks and `libnccl.so.2` install one subscriber on stderr from
-//! `WEAVE_DEBUG` ([`install_subscriber_from_env`], feature `subscriber`); a library never
-//! installs one unless the application asks.
+//! `WEAVE_DEBUG` (`install_subscriber_from_env`, a function of feature `subscriber`); a library
+//! never installs one unless the application asks.
 
 /// Communicator creation: transports to each peer, timings, the GPU engine's set-up.
 pub const INIT: &str = "weave::init";
