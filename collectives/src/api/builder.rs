@@ -88,7 +88,27 @@ impl Builder {
     /// Uses `abort` as the communicator's abort flag from the start: setting it while
     /// [`build`](Self::build) waits for peers ends the build with [`Error::Aborted`] (what
     /// `ncclCommAbort` does to a communicator still being made); afterwards it is the flag that
-    /// [`AbortHandle::abort`](crate::AbortHandle::abort) sets.
+    /// [`AbortHandle::abort`](crate::AbortHandle::abort) sets. Pass the same flag to
+    /// [`TcpBootstrap::with_roots_cancellable`] to call off the rendezvous before it as well:
+    ///
+    /// ```no_run
+    /// # use std::sync::{Arc, atomic::{AtomicBool, Ordering}};
+    /// # use std::time::Duration;
+    /// # use collectives::Communicator;
+    /// # use comm_core::bootstrap::{TcpBootstrap, UniqueId};
+    /// # fn f(id: UniqueId, rank: usize, world_size: usize) {
+    /// let give_up = Arc::new(AtomicBool::new(false));
+    /// let flag = give_up.clone();
+    /// let making = std::thread::spawn(move || {
+    ///     let boot = TcpBootstrap::with_roots_cancellable(&[id], rank, world_size, Duration::from_secs(600), flag.clone())?;
+    ///     Communicator::builder(boot).with_abort_flag(flag).build()
+    /// });
+    /// // … the job is being torn down before every rank came:
+    /// give_up.store(true, Ordering::Release);
+    /// // Err(Error::Aborted) within milliseconds, unless every rank had come by then.
+    /// let outcome = making.join().expect("the thread making the communicator");
+    /// # }
+    /// ```
     pub fn with_abort_flag(mut self, abort: Arc<AtomicBool>) -> Self {
         self.abort = Some(abort);
         self
