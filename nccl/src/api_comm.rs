@@ -344,11 +344,16 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
         h.abort();
     }
     let mut g = c.lock()?;
-    if abort
-        && let State::Initializing(init) = &*g
-        && !init.is_finished()
-        && !init.call_off(INIT_CALL_OFF_WAIT)
-    {
+    let mut ended_in_time = true;
+    if abort && let State::Initializing(init) = &*g {
+        // Waited for without the lock, as `settled` does: other threads' calls see the init
+        // running meanwhile.
+        let end = init.call_off();
+        drop(g);
+        ended_in_time = end.wait(INIT_CALL_OFF_WAIT);
+        g = c.lock()?;
+    }
+    if !ended_in_time && matches!(&*g, State::Initializing(_)) {
         // The init did not see the call-off in time (a connection attempt to a silent host, a
         // CUDA call): it ends within WEAVE_TIMEOUT on its thread, which drops whatever it
         // built; the abort does not wait for it.

@@ -4,9 +4,9 @@
 //! `ncclCommAbort` of a communicator still being made sets the flag. The init's waits look at
 //! it (the bootstrap's rendezvous, the communicator's first exchanges: see
 //! [`TcpBootstrap::with_roots_cancellable`](comm_core::bootstrap::TcpBootstrap::with_roots_cancellable)
-//! and [`collectives::Builder::with_abort_flag`]), so the init ends within milliseconds and
-//! closes what it opened (the root's listening port, links, its threads) before the abort
-//! returns, instead of waiting for peers that may never come until `WEAVE_TIMEOUT`.
+//! and [`collectives::Builder::with_abort_flag`]), so an init waiting for peers that may never
+//! come ends within milliseconds, and closes what it opened (the root's listening port, links,
+//! its threads) before the abort returns, instead of waiting until `WEAVE_TIMEOUT`.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -18,13 +18,42 @@ use collectives::Communicator;
 use crate::abi::NcclResult;
 use crate::error::Fail;
 
-/// How often [`BackgroundInit::call_off`] looks whether the init's thread has ended.
+/// How often [`InitEnd::wait`] looks whether the init has ended.
 const CALL_OFF_NAP: Duration = Duration::from_millis(1);
 
 /// An init running on its own thread, and the flag that calls it off.
 pub struct BackgroundInit {
     thread: JoinHandle<Result<Communicator, Fail>>,
     cancel: Arc<AtomicBool>,
+    /// Set by the thread once the init has returned and dropped what it made on the way.
+    ended: Arc<AtomicBool>,
+}
+
+/// Sets its flag when dropped: at the end of the init's thread, panicking or not.
+struct SetOnDrop(Arc<AtomicBool>);
+
+impl Drop for SetOnDrop {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+/// Whether a called-off init has ended ([`BackgroundInit::call_off`]), to wait on without the
+/// handle's state.
+pub struct InitEnd(Arc<AtomicBool>);
+
+impl InitEnd {
+    /// Waits at most `bound` for the init to end; true once it has.
+    pub fn wait(&self, bound: Duration) -> bool {
+        let started = Instant::now();
+        while !self.0.load(Ordering::Acquire) {
+            if started.elapsed() >= bound {
+                return false;
+            }
+            std::thread::sleep(CALL_OFF_NAP);
+        }
+        true
+    }
 }
 
 impl BackgroundInit {
@@ -35,35 +64,34 @@ impl BackgroundInit {
         init: impl FnOnce(Arc<AtomicBool>) -> Result<Communicator, Fail> + Send + 'static,
     ) -> Result<Self, Fail> {
         let cancel = Arc::new(AtomicBool::new(false));
-        let flag = cancel.clone();
+        let ended = Arc::new(AtomicBool::new(false));
+        let (flag, end) = (cancel.clone(), SetOnDrop(ended.clone()));
         let thread = std::thread::Builder::new()
             .name(format!("weave-nccl-init-{rank}"))
-            .spawn(move || init(flag))
+            .spawn(move || {
+                let _end = end;
+                init(flag)
+            })
             .map_err(|e| Fail::new(NcclResult::SYSTEM_ERROR, format!("start the init thread: {e}")))?;
-        Ok(BackgroundInit { thread, cancel })
+        Ok(BackgroundInit { thread, cancel, ended })
     }
 
-    /// Whether the init is over (made, or failed).
+    /// Whether the init is over (made, or failed): [`join`](Self::join) then returns at once.
     pub fn is_finished(&self) -> bool {
-        self.thread.is_finished()
+        self.ended.load(Ordering::Acquire)
     }
 
-    /// Calls the init off and waits at most `bound` for its thread to end; true once it has
-    /// (its outcome is then [`join`](Self::join)'s, at once).
-    pub fn call_off(&self, bound: Duration) -> bool {
+    /// Calls the init off: its waits give up within milliseconds. The [`InitEnd`] returned
+    /// says when it has ended (its outcome is then [`join`](Self::join)'s at once), so that the
+    /// caller may wait for it without holding the handle's lock.
+    pub fn call_off(&self) -> InitEnd {
         self.cancel.store(true, Ordering::Release);
-        let started = Instant::now();
-        while !self.thread.is_finished() {
-            if started.elapsed() >= bound {
-                return false;
-            }
-            std::thread::sleep(CALL_OFF_NAP);
-        }
-        true
+        InitEnd(self.ended.clone())
     }
 
     /// The communicator the init made, or why it failed (waits for the init to end: call it
-    /// once [`is_finished`](Self::is_finished)).
+    /// once [`is_finished`](Self::is_finished), when only the thread's last instructions are
+    /// left).
     pub fn join(self) -> Result<Communicator, Fail> {
         self.thread.join().unwrap_or_else(|_| {
             Err(Fail::new(NcclResult::INTERNAL_ERROR, "communicator init panicked; please report it"))

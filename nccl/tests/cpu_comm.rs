@@ -425,7 +425,12 @@ fn an_abort_calls_off_an_init_whose_peers_never_come() {
         std::net::TcpListener::bind(root).expect("the aborted init's root address is free when the abort returns");
         let code = caller.join().unwrap();
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "the call waited {:?}", started.elapsed());
-        assert_eq!(code, NcclResult::INVALID_USAGE, "the waiting call fails: its communicator was aborted");
+        // The waiting call fails: with the called-off init's error where it settled the init
+        // itself, else finding its communicator aborted.
+        assert!(
+            [NcclResult::SYSTEM_ERROR, NcclResult::INVALID_USAGE].contains(&code),
+            "the waiting call gave {code:?}"
+        );
         assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::INVALID_ARGUMENT, "the handle is gone");
     }
 }

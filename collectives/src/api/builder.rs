@@ -88,7 +88,9 @@ impl Builder {
     /// Uses `abort` as the communicator's abort flag from the start: setting it while
     /// [`build`](Self::build) waits for peers ends the build with [`Error::Aborted`] (what
     /// `ncclCommAbort` does to a communicator still being made); afterwards it is the flag that
-    /// [`AbortHandle::abort`](crate::AbortHandle::abort) sets. Pass the same flag to
+    /// [`AbortHandle::abort`](crate::AbortHandle::abort) sets. Every rank passes a flag or none
+    /// (see [`CommunicatorBuilder::with_abort_flag`](comm_core::communicator::CommunicatorBuilder::with_abort_flag)).
+    /// Pass the same flag to
     /// [`TcpBootstrap::with_roots_cancellable`] to call off the rendezvous before it as well:
     ///
     /// ```no_run
@@ -213,6 +215,7 @@ impl Communicator {
         if b.family.is_some() {
             table.set_family(b.family);
         }
+        let callers_flag = b.abort.is_some();
         let core = match b.core {
             Some(core) => core,
             None => {
@@ -253,6 +256,14 @@ impl Communicator {
         if let Some(status) = &gpu_status {
             let status = status.clone();
             resilience.on_revoke(Box::new(move || status.abort()));
+        }
+        // The caller's flag, set after the last wait that looked at it: the caller gave up on
+        // this communicator.
+        if callers_flag && core.is_aborted() {
+            return Err(Error::Aborted(format!(
+                "rank {} gave up on its new communicator as it was made (its abort flag is set)",
+                core.rank()
+            )));
         }
         let world_size = core.world_size();
         Ok(Communicator {

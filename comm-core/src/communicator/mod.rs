@@ -72,7 +72,14 @@ impl CommunicatorBuilder {
     /// Uses `abort` as the communicator's abort flag from the start: setting it during
     /// [`build`](Self::build) ends the build's exchange with [`Error::Aborted`] (a program that
     /// gives up on a communicator still being made), and afterwards it is the flag that
-    /// [`Communicator::abort`] sets.
+    /// [`Communicator::abort`] sets (and a revocation too: read it as "this communicator is
+    /// over", not as "the caller called it off").
+    ///
+    /// With a flag, the build's exchange runs over the bootstrap's `send` and
+    /// [`recv_or_abort`](Bootstrap::recv_or_abort) (the trait's tree all-gather) instead of its own
+    /// `all_gather`, so every rank passes a flag or none; the bootstrap's `recv_or_abort` must
+    /// look at the flag ([`TcpBootstrap`](crate::bootstrap::TcpBootstrap) and the loopback one do;
+    /// the trait's default waits on).
     pub fn with_abort_flag(mut self, abort: Arc<AtomicBool>) -> Self {
         self.abort = Some(abort);
         self
