@@ -335,17 +335,17 @@ pub unsafe extern "C" fn ncclCommInitAll(comms: *mut NcclCommPtr, ndev: c_int, d
     })
 }
 
-/// Tears down the communicator of `c` (after `abort` when aborting): waits for a background
-/// init (an abort calls it off first, and leaves one that does not end within
-/// [`INIT_CALL_OFF_WAIT`] to end on its own), then for the GPU work of the context, then drops
-/// the weave communicator.
+/// Tears down the communicator of `c` (after `abort` when aborting): calls a background init
+/// off and waits for it (one that does not end within [`INIT_CALL_OFF_WAIT`] is left to end on
+/// its own: nothing waits for a communicator that is going), then for the GPU work of the
+/// context, then drops the weave communicator.
 fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
     if abort && let Some(h) = c.abort_handle() {
         h.abort();
     }
     let mut g = c.lock()?;
     let mut ended_in_time = true;
-    if abort && let State::Initializing(init) = &*g {
+    if let State::Initializing(init) = &*g {
         // Waited for without the lock, as `settled` does: other threads' calls see the init
         // running meanwhile.
         let end = init.call_off();
@@ -356,17 +356,18 @@ fn teardown(c: &Arc<NcclComm>, abort: bool) -> CallResult {
     if !ended_in_time && matches!(&*g, State::Initializing(_)) {
         // The init did not see the call-off in time (a connection attempt to a silent host, a
         // CUDA call): it ends within WEAVE_TIMEOUT on its thread, which drops whatever it
-        // built; the abort does not wait for it.
+        // built; the abort or destroy does not wait for it.
         *g = State::Gone;
         tracing::info!(
             target: crate::debug::NCCL,
             rank = c.rank(),
-            "abort of a communicator still initializing: its init did not end within {INIT_CALL_OFF_WAIT:?} of \
-             being called off and is left to end on its own"
+            "{} of a communicator still initializing: its init did not end within {INIT_CALL_OFF_WAIT:?} of \
+             being called off and is left to end on its own",
+            if abort { "abort" } else { "destroy" }
         );
         return Ok(());
     }
-    // An abort found the init over (or none); a destroy waits for it.
+    // The init is over (or there was none).
     let mut g = if abort {
         c.settle(g)
     } else {

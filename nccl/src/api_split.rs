@@ -11,6 +11,7 @@ use crate::api_comm::clear_out;
 use crate::config::read_config;
 use crate::derived::{Derivation, derive_or_queue};
 use crate::error::{Fail, guard};
+use crate::group;
 use crate::handle::{self, Derived, NcclComm, State};
 
 /// `ncclCommSplit`: ranks passing the same `color` form a communicator ordered by `key`;
@@ -34,19 +35,21 @@ pub unsafe extern "C" fn ncclCommSplit(
     config: *mut NcclConfig,
 ) -> NcclResult {
     guard("ncclCommSplit", || {
-        // SAFETY: the caller passes NULL or a writable handle.
-        unsafe { clear_out(newcomm, "newcomm") }?;
-        let parent = handle::lookup(comm)?;
-        parent.check_made()?;
-        // SAFETY: NULL or initialized, as the caller guarantees.
-        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
-        let color = match color {
-            SPLIT_NOCOLOR => None,
-            c if c >= 0 => Some(c as u32),
-            c => return Err(Fail::invalid(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR (-1)"))),
-        };
-        // SAFETY: checked non-null above.
-        unsafe { derive_or_queue(parent, Derivation::Split { color, key }, &derived, newcomm) }
+        group::recording(|| {
+            // SAFETY: the caller passes NULL or a writable handle.
+            unsafe { clear_out(newcomm, "newcomm") }?;
+            let parent = handle::lookup(comm)?;
+            parent.check_made()?;
+            // SAFETY: NULL or initialized, as the caller guarantees.
+            let derived = unsafe { read_config(config, &parent.derived_config()) }?;
+            let color = match color {
+                SPLIT_NOCOLOR => None,
+                c if c >= 0 => Some(c as u32),
+                c => return Err(Fail::invalid(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR (-1)"))),
+            };
+            // SAFETY: checked non-null above.
+            unsafe { derive_or_queue(parent, Derivation::Split { color, key }, &derived, newcomm) }
+        })
     })
 }
 

@@ -117,6 +117,10 @@ pub fn order_after(waiter: usize, on: usize) -> Result<()> {
 /// handle on every thread for a different stream on each.
 pub const PER_THREAD_STREAM: usize = 0x2;
 
+/// `CU_STREAM_LEGACY` (`cudaStreamLegacy`): the legacy default stream, as `NULL` names it where
+/// the program is not built for per-thread default streams.
+pub const LEGACY_STREAM: usize = 0x1;
+
 /// An event that marks where a communicator's last batch of calls ends on its stream. A later
 /// call on another stream waits for the event, never for that stream: the program may destroy a
 /// stream once its work is done (NCCL never looks at a stream again after its call), and an

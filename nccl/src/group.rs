@@ -153,6 +153,13 @@ fn per_communicator<T: Sync>(shares: &[T], work: impl Fn(&T) -> Result<(), Fail>
     })
 }
 
+/// Runs `call` (a split, shrink or grow, queued inside a group) and remembers its failure in
+/// the open group, as NCCL does: the group's `ncclGroupEnd` then fails too, instead of running
+/// the group's other calls.
+pub fn recording<T>(call: impl FnOnce() -> Result<T, Fail>) -> Result<T, Fail> {
+    call().inspect_err(record_error)
+}
+
 /// Remembers a failure of a call queued in the group (returned again by `ncclGroupEnd`).
 pub fn record_error(fail: &Fail) {
     GROUP.with(|g| {
@@ -291,9 +298,10 @@ pub fn end() -> Result<(), Fail> {
         let keys: Vec<String> = lane.iter().map(stream_order_key).filter(|k| !k.is_empty()).collect();
         if keys.iter().enumerate().any(|(i, k)| keys[..i].contains(k)) {
             return Err(Fail::usage(
-                "a group gives two ranks of one communicator (driven by this process) calls on one stream: each \
-                 rank's kernel would wait on the GPU for the other's, queued behind it; give each rank a stream of \
-                 its own",
+                "a group gives two ranks of one communicator (driven by this process) calls on one stream, or one \
+                 of them on the legacy default stream, which waits for every stream of its device: each rank's \
+                 kernel would wait on the GPU for the other's, queued behind it; give each rank a stream of its own \
+                 (not the legacy default stream)",
             ));
         }
     }
@@ -306,7 +314,18 @@ pub fn end() -> Result<(), Fail> {
              explicit stream",
         ));
     }
-    per_communicator(&lanes, |lane| lane.iter().try_for_each(|(comm, calls)| run_batch(comm, calls)))?;
+    per_communicator(&lanes, |lane| {
+        // A batch that fails on this rank does not keep the lane's later communicators from
+        // their peers, which would wait for them until the timeout.
+        let mut first = Ok(());
+        for (comm, calls) in lane {
+            let ran = run_batch(comm, calls);
+            if first.is_ok() {
+                first = ran;
+            }
+        }
+        first
+    })?;
     if in_progress { Err(Fail::new(NcclResult::IN_PROGRESS, "init still running")) } else { Ok(()) }
 }
 
@@ -322,6 +341,8 @@ pub fn end() -> Result<(), Fail> {
 /// communicator's setup step that waits for its rank in another lane (one process driving
 /// several GPUs) never waits for a lane that waits for it. Streams are told apart by device as
 /// well: the legacy and per-thread default streams are one handle for a stream of each device.
+/// The legacy default stream waits for every blocking stream of its device, and they for it:
+/// it shares a lane with every stream of its device ([`share_a_queue`]).
 fn lanes<K: Ord>(batches: Vec<Batch>, order: impl Fn(&Batch) -> K) -> Vec<Vec<Batch>> {
     /// A lane being made: the streams its calls use (with their devices), and its batches with
     /// their place in the group.
@@ -331,7 +352,7 @@ fn lanes<K: Ord>(batches: Vec<Batch>, order: impl Fn(&Batch) -> K) -> Vec<Vec<Ba
         let device = batch.0.device;
         let mut streams: Vec<(i32, usize)> = batch.1.iter().map(|&(_, s)| (device, s)).collect();
         let (sharing, apart): (Vec<_>, Vec<_>) =
-            lanes.into_iter().partition(|(used, _)| used.iter().any(|s| streams.contains(s)));
+            lanes.into_iter().partition(|(used, _)| used.iter().any(|&s| streams.iter().any(|&t| share_a_queue(s, t))));
         let mut merged = vec![(place, batch)];
         for (used, batches) in sharing {
             streams.extend(used);
@@ -350,6 +371,15 @@ fn lanes<K: Ord>(batches: Vec<Batch>, order: impl Fn(&Batch) -> K) -> Vec<Vec<Ba
             keyed.into_iter().map(|(_, _, batch)| batch).collect()
         })
         .collect()
+}
+
+/// Whether work on stream `a` and stream `b` (each with its device) may wait on each other on the
+/// GPU: the same stream, or one of them the legacy default stream (`NULL` or `cudaStreamLegacy`),
+/// which waits for every blocking stream of its device (non-blocking ones are counted too: a
+/// shared lane costs only enqueueing one after another).
+fn share_a_queue((device_a, a): (i32, usize), (device_b, b): (i32, usize)) -> bool {
+    let legacy = |s: usize| s == 0 || s == cuda::LEGACY_STREAM;
+    device_a == device_b && (a == b || legacy(a) || legacy(b))
 }
 
 /// The key that orders a communicator among those sharing a stream ([`lanes`]): its bootstrap's
@@ -545,16 +575,33 @@ mod tests {
     #[test]
     fn communicators_sharing_a_stream_run_in_one_lane_in_one_order() {
         let same = [0; 5];
-        let batches = vec![batch(&[1]), batch(&[2]), batch(&[1, 3]), batch(&[3]), batch(&[4])];
+        // Streams created by the program (handles other than the default streams' 0, 1 and 2).
+        let [s1, s2, s3, s4, s5, s7, s8] = [0x11, 0x12, 0x13, 0x14, 0x15, 0x17, 0x18];
+        let batches = vec![batch(&[s1]), batch(&[s2]), batch(&[s1, s3]), batch(&[s3]), batch(&[s4])];
         assert_eq!(lane_places(batches, &same), vec![vec![0, 2, 3], vec![1], vec![4]]);
         // A communicator on streams 2 and 4 joins the lanes of both, behind what came before.
-        let batches = vec![batch(&[2]), batch(&[1]), batch(&[4]), batch(&[4, 2]), batch(&[5])];
+        let batches = vec![batch(&[s2]), batch(&[s1]), batch(&[s4]), batch(&[s4, s2]), batch(&[s5])];
         assert_eq!(lane_places(batches, &same), vec![vec![0, 2, 3], vec![1], vec![4]]);
         // Every communicator on its own stream: a lane each.
-        assert_eq!(lane_places(vec![batch(&[7]), batch(&[8])], &same[..2]), vec![vec![0], vec![1]]);
+        assert_eq!(lane_places(vec![batch(&[s7]), batch(&[s8])], &same[..2]), vec![vec![0], vec![1]]);
         // Inside a lane the key orders, whatever the group's order.
-        let batches = vec![batch(&[1]), batch(&[1]), batch(&[1])];
+        let batches = vec![batch(&[s1]), batch(&[s1]), batch(&[s1])];
         assert_eq!(lane_places(batches, &[3, 1, 2]), vec![vec![1, 2, 0]]);
+    }
+
+    #[test]
+    fn the_legacy_default_stream_shares_a_lane_with_every_stream_of_its_device() {
+        let same = [0; 4];
+        let legacy = [0, cuda::LEGACY_STREAM];
+        for l in legacy {
+            // X on the legacy stream and Y on a stream of the program, both of GPU 0: the legacy
+            // stream waits for Y's, so one lane; Z on GPU 1 stays apart.
+            let batches = vec![batch_on(0, &[l]), batch_on(1, &[0x21]), batch_on(0, &[0x22]), batch_on(0, &[0x23])];
+            assert_eq!(lane_places(batches, &same), vec![vec![0, 2, 3], vec![1]], "legacy stream {l:#x}");
+        }
+        // Without the legacy stream, the three streams of GPU 0 are three lanes.
+        let batches = vec![batch_on(0, &[0x21]), batch_on(0, &[0x22]), batch_on(0, &[cuda::PER_THREAD_STREAM])];
+        assert_eq!(lane_places(batches, &same[..3]), vec![vec![0], vec![1], vec![2]]);
     }
 
     #[test]

@@ -436,6 +436,51 @@ fn an_abort_calls_off_an_init_whose_peers_never_come() {
 }
 
 #[test]
+fn a_destroy_calls_off_an_init_whose_peers_never_come() {
+    // SAFETY: set before any thread of this test binary reads the environment.
+    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    let mut comm: NcclCommPtr = null_mut();
+    let mut cfg = config(0);
+    // SAFETY: live locals.
+    unsafe {
+        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
+        // Rank 1 of 2 never joins; the program gives up and destroys the communicator (whose
+        // init would wait 30 minutes for it).
+        assert_eq!(ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut cfg), NcclResult::IN_PROGRESS);
+        let root = nccl::unique_id::decode(&id).unwrap().addr;
+        let listening = std::time::Instant::now();
+        while std::net::TcpListener::bind(root).is_ok() {
+            assert!(listening.elapsed() < std::time::Duration::from_secs(5), "the init does not listen at {root}");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        let started = std::time::Instant::now();
+        assert_eq!(ncclCommDestroy(comm), NcclResult::SUCCESS);
+        assert!(started.elapsed() < std::time::Duration::from_secs(2), "the destroy waited {:?}", started.elapsed());
+        std::net::TcpListener::bind(root).expect("the destroyed init's root address is free when the destroy returns");
+    }
+}
+
+#[test]
+fn a_split_refused_inside_a_group_fails_the_group() {
+    // SAFETY: set before any thread of this test binary reads the environment.
+    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    let (mut comm, mut child): (NcclCommPtr, NcclCommPtr) = (null_mut(), null_mut());
+    // SAFETY: live locals.
+    unsafe {
+        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
+        assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), NcclResult::SUCCESS);
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        assert_eq!(ncclCommSplit(comm, -5, 0, &mut child, null_mut()), NcclResult::INVALID_ARGUMENT);
+        assert!(child.is_null(), "a refused split hands out no handle");
+        // As in NCCL, the group remembers the failure: its end fails too.
+        assert_eq!(ncclGroupEnd(), NcclResult::INVALID_ARGUMENT);
+        assert_eq!(ncclCommDestroy(comm), NcclResult::SUCCESS);
+    }
+}
+
+#[test]
 fn three_cpu_ranks_init_scalable_with_two_roots() {
     // SAFETY: set before any thread of this test reads the environment (same value as above).
     unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };

@@ -86,8 +86,11 @@ impl Builder {
     }
 
     /// Uses `abort` as the communicator's abort flag from the start: setting it while
-    /// [`build`](Self::build) waits for peers ends the build with [`Error::Aborted`] (what
-    /// `ncclCommAbort` does to a communicator still being made); afterwards it is the flag that
+    /// [`build`](Self::build) waits for peers in its first exchange (the endpoints: where a rank
+    /// that never comes is waited for) ends the build with [`Error::Aborted`], and a build that
+    /// finds it set at its end fails the same way (what `ncclCommAbort` does to a communicator
+    /// still being made; the exchanges in between, once every rank is there, run to their end).
+    /// Afterwards it is the flag that
     /// [`AbortHandle::abort`](crate::AbortHandle::abort) sets. Every rank passes a flag or none
     /// (see [`CommunicatorBuilder::with_abort_flag`](comm_core::communicator::CommunicatorBuilder::with_abort_flag)).
     /// Pass the same flag to

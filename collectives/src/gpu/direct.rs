@@ -113,7 +113,7 @@ impl DirectKernels {
         let mut packet_capacity = usize::MAX;
         let mut pipeline_steps = u32::MAX;
         let mut archs = Vec::with_capacity(world);
-        for v in core.abortable_bootstrap().all_gather(&gpu_facts)? {
+        for v in core.bootstrap().all_gather(&gpu_facts)? {
             let word = |i: usize| -> Result<u32> {
                 let b: [u8; 4] = v.get(4 * i..4 * i + 4).and_then(|b| b.try_into().ok()).ok_or_else(|| {
                     Error::Protocol(format!(
@@ -138,7 +138,7 @@ impl DirectKernels {
                 linked &= device.nvlink_with(bus_id)?;
             }
         }
-        let nvlink = core.abortable_bootstrap().all_gather(&[u8::from(linked)])?.iter().all(|v| v.first() == Some(&1));
+        let nvlink = core.bootstrap().all_gather(&[u8::from(linked)])?.iter().all(|v| v.first() == Some(&1));
         // The kernels wait for their predecessor themselves on sm_90 and later (the program is
         // compiled for this GPU's own architecture), so this rank may overlap its launches.
         let overlap_launches = gpu.overlap_launches && arch_number.is_some_and(|a| a >= 90);

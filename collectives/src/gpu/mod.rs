@@ -31,7 +31,6 @@ mod windowed;
 use std::sync::Arc;
 use std::time::Duration;
 
-use comm_core::bootstrap::Bootstrap;
 use comm_core::communicator::Communicator as CoreCommunicator;
 use comm_core::device::DeviceError;
 use comm_core::diagnostics;
@@ -181,7 +180,7 @@ impl GpuEngine {
             }
             None => None,
         };
-        let all = core.abortable_bootstrap().all_gather(&[u8::from(device.is_some())])?;
+        let all = core.bootstrap().all_gather(&[u8::from(device.is_some())])?;
         if all.iter().any(|v| v.first() != Some(&1)) {
             tracing::info!(target: diagnostics::INIT, rank = core.rank(), "GPU collectives off: not every rank has a CUDA device");
             return Ok(None);
