@@ -154,6 +154,9 @@ pub(crate) unsafe fn clear_out(p: *mut NcclCommPtr, what: &str) -> CallResult {
 /// The most ranks `ncclCommInitAll` makes at once (each is built on a thread of its own).
 const MAX_INIT_ALL: usize = 1024;
 
+/// How many times `ncclCommGetAsyncError` tries the handle's lock, a millisecond apart.
+const ASYNC_STATE_TRIES: usize = 20;
+
 /// How long `ncclCommAbort` of a communicator still initializing waits for its init to end
 /// once called off (its waits look at the call-off every few milliseconds; a connection
 /// attempt to a host that does not answer takes up to 5 s).
@@ -487,7 +490,16 @@ fn async_state(c: &NcclComm) -> NcclResult {
     if let Some(f) = c.async_error() {
         return f.code;
     }
-    let Some(g) = c.try_lock() else { return NcclResult::SUCCESS };
+    // The handle's lock is only ever held for moments: a few tries find it free. Should they
+    // not, the last known state (no error) is the answer rather than a wait.
+    let Some(g) = (0..ASYNC_STATE_TRIES).find_map(|try_| {
+        if try_ > 0 {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        c.try_lock()
+    }) else {
+        return NcclResult::SUCCESS;
+    };
     let g = c.settle(g);
     match &*g {
         State::Initializing(_) | State::AwaitingGroup => NcclResult::IN_PROGRESS,

@@ -304,6 +304,15 @@ impl NcclComm {
     /// failed one). A handle destroyed meanwhile takes nothing: a communicator shared with the
     /// parent's family leaves it again, one of its own goes.
     pub fn take_derived(&self, made: Result<Derived, Fail>) -> Result<(), Fail> {
+        // Taken before the handle's lock: the family's lock may be held by a running call of
+        // another of its handles, and the handle's lock must stay free meanwhile (an abort, an
+        // async-error query).
+        let abort = match &made {
+            Ok(Derived { state: State::Ready(family), .. }) => {
+                family.lock().ok().and_then(|live| live.as_ref().map(|live| live.comm.abort_handle()))
+            }
+            _ => None,
+        };
         let mut g = self.lock()?;
         if !matches!(&*g, State::AwaitingGroup) {
             drop(g);
@@ -319,12 +328,10 @@ impl NcclComm {
                 if let Some(key) = made.family_key {
                     self.family_key.store(key, Ordering::Release);
                 }
-                if let State::Ready(family) = &made.state
-                    && let Ok(live) = family.lock()
-                    && let Some(live) = live.as_ref()
+                if let Some(handle) = abort
                     && let Ok(mut a) = self.abort.lock()
                 {
-                    *a = Some(live.comm.abort_handle());
+                    *a = Some(handle);
                 }
                 *g = made.state;
             }
