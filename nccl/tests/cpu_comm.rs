@@ -384,8 +384,10 @@ fn bad_init_arguments_fail_cleanly() {
     }
 }
 
-#[test]
-fn an_abort_calls_off_an_init_whose_peers_never_come() {
+/// Rank 0 of a two-rank communicator whose rank 1 never joins, made non-blocking (its init waits
+/// for rank 1: WEAVE_TIMEOUT unset, 30 minutes), once it listens at the id's address; that
+/// address.
+fn an_init_whose_peer_never_comes() -> (NcclCommPtr, std::net::SocketAddr) {
     // SAFETY: set before any thread of this test binary reads the environment.
     unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
     let mut id = NcclUniqueId { internal: [0; 128] };
@@ -394,10 +396,22 @@ fn an_abort_calls_off_an_init_whose_peers_never_come() {
     // SAFETY: live locals.
     unsafe {
         assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
-        // Rank 1 of 2 never joins: the non-blocking init waits for it (WEAVE_TIMEOUT unset:
-        // 30 minutes).
-        let r = ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut cfg);
-        assert_eq!(r, NcclResult::IN_PROGRESS);
+        assert_eq!(ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut cfg), NcclResult::IN_PROGRESS);
+    }
+    let root = nccl::unique_id::decode(&id).unwrap().addr;
+    let listening = std::time::Instant::now();
+    while std::net::TcpListener::bind(root).is_ok() {
+        assert!(listening.elapsed() < std::time::Duration::from_secs(5), "the init does not listen at {root}");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    (comm, root)
+}
+
+#[test]
+fn an_abort_calls_off_an_init_whose_peers_never_come() {
+    let (comm, root) = an_init_whose_peer_never_comes();
+    // SAFETY: `comm` is a live handle; every other pointer a live local.
+    unsafe {
         let mut state = NcclResult::SUCCESS;
         assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::SUCCESS);
         assert_eq!(state, NcclResult::IN_PROGRESS);
@@ -415,9 +429,6 @@ fn an_abort_calls_off_an_init_whose_peers_never_come() {
         state = NcclResult::SUCCESS;
         assert_eq!(ncclCommGetAsyncError(comm, &mut state), NcclResult::SUCCESS);
         assert_eq!(state, NcclResult::IN_PROGRESS, "a call waiting for the init hid it");
-        // Rank 0 listens on the id's address while it waits for rank 1.
-        let root = nccl::unique_id::decode(&id).unwrap().addr;
-        assert!(std::net::TcpListener::bind(root).is_err(), "the init does not listen at {root}");
         let started = std::time::Instant::now();
         assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "the abort waited {:?}", started.elapsed());
@@ -437,23 +448,10 @@ fn an_abort_calls_off_an_init_whose_peers_never_come() {
 
 #[test]
 fn a_destroy_calls_off_an_init_whose_peers_never_come() {
-    // SAFETY: set before any thread of this test binary reads the environment.
-    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    let mut comm: NcclCommPtr = null_mut();
-    let mut cfg = config(0);
-    // SAFETY: live locals.
+    // The program gives up on rank 1 and destroys the communicator.
+    let (comm, root) = an_init_whose_peer_never_comes();
+    // SAFETY: `comm` is a live handle.
     unsafe {
-        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
-        // Rank 1 of 2 never joins; the program gives up and destroys the communicator (whose
-        // init would wait 30 minutes for it).
-        assert_eq!(ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut cfg), NcclResult::IN_PROGRESS);
-        let root = nccl::unique_id::decode(&id).unwrap().addr;
-        let listening = std::time::Instant::now();
-        while std::net::TcpListener::bind(root).is_ok() {
-            assert!(listening.elapsed() < std::time::Duration::from_secs(5), "the init does not listen at {root}");
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        }
         let started = std::time::Instant::now();
         assert_eq!(ncclCommDestroy(comm), NcclResult::SUCCESS);
         assert!(started.elapsed() < std::time::Duration::from_secs(2), "the destroy waited {:?}", started.elapsed());
