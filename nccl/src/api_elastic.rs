@@ -206,6 +206,9 @@ pub unsafe extern "C" fn ncclCommGrow(
             let joiners = size.checked_sub(parent.nranks()).filter(|&j| j > 0).ok_or_else(|| {
                 Fail::invalid(format!("nRanks {size} must exceed the communicator's {}", parent.nranks()))
             })?;
+            // SAFETY: NULL or initialized, as the caller guarantees.
+            let derived = unsafe { read_config(config, &parent.derived_config()) }?;
+            // Taken last, once nothing else can refuse the call (an abandoned group gives it back).
             let rank0_id = if parent.rank() == 0 {
                 Some(parent.take_grow_id().ok_or_else(|| {
                     Fail::usage(
@@ -215,8 +218,6 @@ pub unsafe extern "C" fn ncclCommGrow(
             } else {
                 None
             };
-            // SAFETY: NULL or initialized, as the caller guarantees.
-            let derived = unsafe { read_config(config, &parent.derived_config()) }?;
             // SAFETY: checked non-null above.
             unsafe { derive_or_queue(parent, Derivation::Grow { joiners, rank0_id }, &derived, newcomm) }
         })

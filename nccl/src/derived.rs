@@ -58,6 +58,11 @@ impl DerivedRequest {
     /// Gives the derivation up, its group having failed (or been simulated) before it ran: its
     /// handle fails with `why`.
     pub(crate) fn abandon(&self, why: &Fail) {
+        // Rank 0's grow id goes back to the parent: the joiners hold it, and a grow asked again
+        // uses it.
+        if let Derivation::Grow { rank0_id: Some(id), .. } = &self.derivation {
+            self.parent.give_back_grow_id(id.clone());
+        }
         if let Some(h) = &self.handle {
             let _ = h.take_derived(Err(why.clone().context("the group of this call did not run it")));
         }

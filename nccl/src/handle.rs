@@ -479,6 +479,16 @@ impl NcclComm {
         }
     }
 
+    /// Gives back the id a grow took and did not use (its group was abandoned), unless a newer
+    /// one was handed out meanwhile.
+    pub fn give_back_grow_id(&self, id: comm_core::bootstrap::UniqueId) {
+        if let Ok(mut g) = self.grow_id.lock()
+            && g.is_none()
+        {
+            *g = Some(id);
+        }
+    }
+
     /// The id of the next grow, once (an id is good for one grow).
     pub fn take_grow_id(&self) -> Option<comm_core::bootstrap::UniqueId> {
         self.grow_id.lock().ok().and_then(|mut g| g.take())

@@ -272,6 +272,20 @@ fn one_thread_shrinks_and_grows_the_communicators_of_three_ranks_in_groups() {
         let mut gid = NcclUniqueId { internal: [0; 128] };
         assert_eq!(ncclCommGetUniqueId(shrunk[0], &mut gid), NcclResult::SUCCESS);
         let mut grown: [NcclCommPtr; 3] = [null_mut(); 3];
+        // A simulated group runs no grow: its handles fail, and rank 0 keeps the id the joiner
+        // holds for the grow asked again.
+        assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+        for (r, &h) in shrunk.iter().enumerate() {
+            assert_eq!(ncclCommGrow(h, 3, std::ptr::null(), -1, &mut grown[r], null_mut()), NcclResult::SUCCESS);
+        }
+        assert_eq!(nccl::api_misc::ncclGroupSimulateEnd(null_mut()), NcclResult::SUCCESS);
+        for h in &mut grown[..2] {
+            let mut state = NcclResult::SUCCESS;
+            assert_eq!(ncclCommGetAsyncError(*h, &mut state), NcclResult::SUCCESS);
+            assert_eq!(state, NcclResult::INVALID_USAGE, "a simulated grow made nothing");
+            assert_eq!(ncclCommDestroy(*h), NcclResult::SUCCESS);
+            *h = null_mut();
+        }
         assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
         for (r, &h) in shrunk.iter().enumerate() {
             assert_eq!(ncclCommGrow(h, 3, std::ptr::null(), -1, &mut grown[r], null_mut()), NcclResult::SUCCESS);
