@@ -61,6 +61,8 @@ pub struct Resilience {
     rank: usize,
     bootstrap: Arc<dyn Bootstrap>,
     abort: Arc<AtomicBool>,
+    /// Raised by [`abort`](Self::abort) alone, never by a revocation ([`aborted`](Self::aborted)).
+    aborted: AtomicBool,
     revoked: AtomicBool,
     /// Set by [`retire`](Self::retire): the abort flag is no longer this communicator's to
     /// raise. Read and written under the `hooks` lock.
@@ -112,6 +114,7 @@ impl Resilience {
             rank,
             bootstrap,
             abort,
+            aborted: AtomicBool::new(false),
             revoked: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             hooks: Mutex::new(Vec::new()),
@@ -202,7 +205,16 @@ impl Resilience {
         let _order = self.hooks.lock().unwrap_or_else(PoisonError::into_inner);
         if !self.retired.load(Ordering::Acquire) {
             self.abort.store(true, Ordering::Release);
+            self.aborted.store(true, Ordering::Release);
         }
+    }
+
+    /// Set once [`abort`](Self::abort) was called, and by nothing else: the flag of the waits
+    /// that an abort must end but a revocation must not — a split's exchange, which a member
+    /// that finished it may follow with a revocation of the parent before a slower member has
+    /// received everything (with [`AbortableBootstrap`](crate::bootstrap::AbortableBootstrap)).
+    pub fn aborted(&self) -> &AtomicBool {
+        &self.aborted
     }
 
     /// Retires the communicator in favour of one that carries over its transports and shares

@@ -85,7 +85,8 @@ fn shares_the_parent(comm: &Communicator, share: bool, color: Option<u32>, key: 
     mine.push(u8::from(willing));
     mine.extend_from_slice(&color.map_or(-1, i64::from).to_le_bytes());
     mine.extend_from_slice(&key.to_le_bytes());
-    let all = comm.core().bootstrap().all_gather(&mine)?;
+    // Ends when the parent is aborted (PyTorch's watchdog), as the split itself does.
+    let all = comm.all_gather_for_derivation(&mine)?;
     let mut asks = Vec::with_capacity(all.len());
     for (r, bytes) in all.iter().enumerate() {
         let &[w, c0, c1, c2, c3, c4, c5, c6, c7, k0, k1, k2, k3] = bytes.as_slice() else {

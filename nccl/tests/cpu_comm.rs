@@ -474,6 +474,54 @@ fn a_destroy_calls_off_an_init_whose_peers_never_come() {
 }
 
 #[test]
+fn an_abort_ends_a_split_waiting_for_a_rank_that_never_splits() {
+    // Rank 1 never splits: rank 0's split waits for it (30 minutes) until rank 0's communicator
+    // is aborted from another thread (PyTorch's watchdog).
+    let (to_rank_1, rank_1_may_go) = std::sync::mpsc::channel::<()>();
+    let rank_1_may_go = std::sync::Mutex::new(Some(rank_1_may_go));
+    let rank = move |id: NcclUniqueId, rank: c_int| {
+        let mut comm: NcclCommPtr = null_mut();
+        // SAFETY: live locals; `comm` is a live handle until aborted.
+        unsafe {
+            assert_eq!(ncclCommInitRank(&mut comm, 2, id, rank), NcclResult::SUCCESS);
+            if rank == 1 {
+                let go = rank_1_may_go.lock().unwrap().take().unwrap();
+                go.recv_timeout(std::time::Duration::from_secs(60)).expect("rank 0's word");
+                assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
+                return;
+            }
+            let handle = comm as usize;
+            let splitting = std::thread::spawn(move || {
+                let mut child: NcclCommPtr = null_mut();
+                let r = ncclCommSplit(handle as NcclCommPtr, 0, 0, &mut child, null_mut());
+                (r, child.is_null())
+            });
+            std::thread::sleep(std::time::Duration::from_millis(300));
+            assert!(!splitting.is_finished(), "the split did not wait for rank 1");
+            let started = std::time::Instant::now();
+            assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
+            let (r, no_child) = splitting.join().unwrap();
+            assert!(started.elapsed() < std::time::Duration::from_secs(2), "the abort took {:?}", started.elapsed());
+            assert_ne!(r, NcclResult::SUCCESS, "the split was aborted");
+            assert!(no_child, "an aborted split hands out no handle");
+            to_rank_1.send(()).unwrap();
+        }
+    };
+    // SAFETY: set before any thread of this test binary reads the environment.
+    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
+    let mut id = NcclUniqueId { internal: [0; 128] };
+    // SAFETY: `id` is a live local.
+    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::SUCCESS);
+    std::thread::scope(|s| {
+        let rank = &rank;
+        let ranks: Vec<_> = (0..2).map(|r| s.spawn(move || rank(id, r))).collect();
+        for r in ranks {
+            r.join().unwrap();
+        }
+    });
+}
+
+#[test]
 fn a_split_refused_inside_a_group_fails_the_group() {
     // SAFETY: set before any thread of this test binary reads the environment.
     unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };

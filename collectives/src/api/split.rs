@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use std::sync::atomic::Ordering;
 
-use comm_core::bootstrap::{Bootstrap, RESERVED_TAG_BASE};
+use comm_core::bootstrap::{AbortableBootstrap, Bootstrap, RESERVED_TAG_BASE};
 use comm_core::wire::{Decoder, Encoder};
 use comm_core::{Error, Result};
 
@@ -133,6 +133,16 @@ impl Bootstrap for SubBootstrap {
 
 /// Splits, the communicators of their groups.
 impl Communicator {
+    /// Collective over this communicator's ranks: every rank's `data`, by rank, through the
+    /// bootstrap, for setting up a communicator derived from this one (what each rank asks of a
+    /// split). Ends with [`Error::Aborted`] once this communicator is aborted
+    /// ([`AbortHandle`](crate::AbortHandle)), so that an abort ends a split waiting for a rank that
+    /// never comes; a revocation does not end it, since a member that finished the exchange may
+    /// revoke this communicator before a slower member has received everything.
+    pub fn all_gather_for_derivation(&self, data: &[u8]) -> Result<Vec<Vec<u8>>> {
+        AbortableBootstrap::new(self.core().bootstrap().as_ref(), self.resilience.aborted()).all_gather(data)
+    }
+
     /// Collective: the sub-communicator of the ranks passing `color`, ordered by `key`, for the
     /// steps of hierarchical calls: as [`split`](Self::split), with a table that cannot choose
     /// the hierarchical algorithm again.
@@ -157,7 +167,7 @@ impl Communicator {
             .u64(key as u64)
             .u32(self.rank() as u32)
             .finish();
-        let all = self.core().bootstrap().all_gather(&mine)?;
+        let all = self.all_gather_for_derivation(&mine)?;
         let mut members = Vec::new();
         for (r, bytes) in all.iter().enumerate() {
             let mut d = Decoder::new(bytes, *b"WVSP", 1, "split request")?;
