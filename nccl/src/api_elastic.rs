@@ -20,11 +20,10 @@ use std::ffi::c_int;
 use comm_core::bootstrap::UniqueId;
 
 use crate::abi::{NcclCommPtr, NcclConfig, NcclResult, NcclUniqueId};
-use crate::api_comm::{InitArgs, caller_device, clear_out, init};
+use crate::api_comm::{InitArgs, caller_device, init};
 use crate::config::{read_config, read_config_fields};
-use crate::derived::{Derivation, derive_or_queue};
+use crate::derived::{Derivation, derivation_call, derive_or_queue};
 use crate::error::{Fail, guard};
-use crate::group;
 use crate::handle::{self, Derived, NcclComm, State};
 use crate::unique_id;
 
@@ -67,50 +66,48 @@ pub unsafe extern "C" fn ncclCommShrink(
     config: *mut NcclConfig,
     shrink_flags: c_int,
 ) -> NcclResult {
-    guard("ncclCommShrink", || {
-        group::recording(|| {
-            // SAFETY: the caller passes NULL or a writable handle.
-            unsafe { clear_out(newcomm, "newcomm") }?;
-            if shrink_flags & !SHRINK_ABORT != 0 {
-                return Err(Fail::invalid(format!(
-                    "shrinkFlags {shrink_flags:#x}: only NCCL_SHRINK_DEFAULT (0) and NCCL_SHRINK_ABORT (1) exist"
-                )));
-            }
-            let count = usize::try_from(exclude_count)
-                .ok()
-                .filter(|&c| c > 0)
-                .ok_or_else(|| Fail::invalid(format!("excludeRanksCount is {exclude_count}; it must be at least 1")))?;
-            if exclude_ranks.is_null() {
-                return Err(Fail::invalid("excludeRanksList is NULL"));
-            }
-            let parent = handle::lookup(comm)?;
-            parent.check_made()?;
-            if count > parent.nranks() {
-                return Err(Fail::invalid(format!(
-                    "excludeRanksCount is {count}, more than the communicator's {} ranks",
-                    parent.nranks()
-                )));
-            }
-            let mut excluded = Vec::with_capacity(count);
-            for i in 0..count {
-                // SAFETY: the list holds `count` ints, as the caller guarantees.
-                let r = unsafe { *exclude_ranks.add(i) };
-                let r = usize::try_from(r).ok().filter(|&r| r < parent.nranks()).ok_or_else(|| {
-                    Fail::invalid(format!("excludeRanksList[{i}] is {r}, not a rank of {}", parent.nranks()))
-                })?;
-                excluded.push(r);
-            }
-            // SAFETY: NULL or initialized, as the caller guarantees.
-            let derived = unsafe { read_config(config, &parent.derived_config()) }?;
-            if shrink_flags & SHRINK_ABORT != 0
-                && let Some(h) = parent.abort_handle()
-            {
-                h.revoke();
-            }
-            // SAFETY: checked non-null above.
-            unsafe { derive_or_queue(parent, Derivation::Shrink { excluded }, &derived, newcomm) }
-        })
-    })
+    let body = || {
+        if shrink_flags & !SHRINK_ABORT != 0 {
+            return Err(Fail::invalid(format!(
+                "shrinkFlags {shrink_flags:#x}: only NCCL_SHRINK_DEFAULT (0) and NCCL_SHRINK_ABORT (1) exist"
+            )));
+        }
+        let count = usize::try_from(exclude_count)
+            .ok()
+            .filter(|&c| c > 0)
+            .ok_or_else(|| Fail::invalid(format!("excludeRanksCount is {exclude_count}; it must be at least 1")))?;
+        if exclude_ranks.is_null() {
+            return Err(Fail::invalid("excludeRanksList is NULL"));
+        }
+        let parent = handle::lookup(comm)?;
+        parent.check_made()?;
+        if count > parent.nranks() {
+            return Err(Fail::invalid(format!(
+                "excludeRanksCount is {count}, more than the communicator's {} ranks",
+                parent.nranks()
+            )));
+        }
+        let mut excluded = Vec::with_capacity(count);
+        for i in 0..count {
+            // SAFETY: the list holds `count` ints, as the caller guarantees.
+            let r = unsafe { *exclude_ranks.add(i) };
+            let r = usize::try_from(r).ok().filter(|&r| r < parent.nranks()).ok_or_else(|| {
+                Fail::invalid(format!("excludeRanksList[{i}] is {r}, not a rank of {}", parent.nranks()))
+            })?;
+            excluded.push(r);
+        }
+        // SAFETY: NULL or initialized, as the caller guarantees.
+        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
+        if shrink_flags & SHRINK_ABORT != 0
+            && let Some(h) = parent.abort_handle()
+        {
+            h.revoke();
+        }
+        // SAFETY: checked non-null above.
+        unsafe { derive_or_queue(parent, Derivation::Shrink { excluded }, &derived, newcomm) }
+    };
+    // SAFETY: `newcomm` NULL or writable, as the caller guarantees.
+    unsafe { derivation_call("ncclCommShrink", newcomm, body) }
 }
 
 /// Shrinks `parent` for this rank (collective over the ranks not excluded). See
@@ -172,54 +169,52 @@ pub unsafe extern "C" fn ncclCommGrow(
     newcomm: *mut NcclCommPtr,
     config: *mut NcclConfig,
 ) -> NcclResult {
-    guard("ncclCommGrow", || {
-        group::recording(|| {
-            // SAFETY: the caller passes NULL or a writable handle.
-            unsafe { clear_out(newcomm, "newcomm") }?;
-            let size = usize::try_from(n_ranks).map_err(|_| Fail::invalid(format!("nRanks is {n_ranks}")))?;
-            if comm.is_null() {
-                // A joiner.
-                if unique_id.is_null() {
-                    return Err(Fail::invalid("a joiner (comm NULL) must pass the uniqueId from ncclCommGetUniqueId"));
-                }
-                let rank = usize::try_from(rank)
-                    .ok()
-                    .filter(|&r| r < size)
-                    .ok_or_else(|| Fail::invalid(format!("rank {rank} is not a rank of {size}")))?;
-                // SAFETY: non-null and readable, as the caller guarantees.
-                let id = unique_id::decode(unsafe { &*unique_id })?;
-                // SAFETY: NULL or initialized, as the caller guarantees.
-                let (blocking, name, tuning) = unsafe { read_config_fields(config, true) }?;
-                let device = caller_device()?;
-                // A joiner builds its communicator as an init does: inside a group (or non-blocking)
-                // in the background.
-                return init(newcomm, InitArgs { ids: vec![id], rank, nranks: size, device, blocking, name, tuning });
+    let body = || {
+        let size = usize::try_from(n_ranks).map_err(|_| Fail::invalid(format!("nRanks is {n_ranks}")))?;
+        if comm.is_null() {
+            // A joiner.
+            if unique_id.is_null() {
+                return Err(Fail::invalid("a joiner (comm NULL) must pass the uniqueId from ncclCommGetUniqueId"));
             }
-            let parent = handle::lookup(comm)?;
-            parent.check_made()?;
-            if rank != -1 && usize::try_from(rank).ok() != Some(parent.rank()) {
-                return Err(Fail::invalid(format!(
-                    "a member passes rank -1 (it keeps rank {}); got {rank}",
-                    parent.rank()
-                )));
-            }
-            let joiners = size.checked_sub(parent.nranks()).filter(|&j| j > 0).ok_or_else(|| {
-                Fail::invalid(format!("nRanks {size} must exceed the communicator's {}", parent.nranks()))
-            })?;
+            let rank = usize::try_from(rank)
+                .ok()
+                .filter(|&r| r < size)
+                .ok_or_else(|| Fail::invalid(format!("rank {rank} is not a rank of {size}")))?;
+            // SAFETY: non-null and readable, as the caller guarantees.
+            let id = unique_id::decode(unsafe { &*unique_id })?;
             // SAFETY: NULL or initialized, as the caller guarantees.
-            let derived = unsafe { read_config(config, &parent.derived_config()) }?;
-            // Taken last, once nothing else can refuse the call (an abandoned group gives it back).
-            let rank0_id = if parent.rank() == 0 {
-                Some(parent.take_grow_id().ok_or_else(|| {
-                    Fail::usage(
-                        "rank 0 grows without an id: call ncclCommGetUniqueId there first and hand it to the joiners",
-                    )
-                })?)
-            } else {
-                None
-            };
-            // SAFETY: checked non-null above.
-            unsafe { derive_or_queue(parent, Derivation::Grow { joiners, rank0_id }, &derived, newcomm) }
-        })
-    })
+            let (blocking, name, tuning) = unsafe { read_config_fields(config, true) }?;
+            let device = caller_device()?;
+            // A joiner builds its communicator as an init does: inside a group (or non-blocking)
+            // in the background.
+            return init(newcomm, InitArgs { ids: vec![id], rank, nranks: size, device, blocking, name, tuning });
+        }
+        let parent = handle::lookup(comm)?;
+        parent.check_made()?;
+        if rank != -1 && usize::try_from(rank).ok() != Some(parent.rank()) {
+            return Err(Fail::invalid(format!(
+                "a member passes rank -1 (it keeps rank {}); got {rank}",
+                parent.rank()
+            )));
+        }
+        let joiners = size.checked_sub(parent.nranks()).filter(|&j| j > 0).ok_or_else(|| {
+            Fail::invalid(format!("nRanks {size} must exceed the communicator's {}", parent.nranks()))
+        })?;
+        // SAFETY: NULL or initialized, as the caller guarantees.
+        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
+        // Taken last, once nothing else can refuse the call (an abandoned group gives it back).
+        let rank0_id = if parent.rank() == 0 {
+            Some(parent.take_grow_id().ok_or_else(|| {
+                Fail::usage(
+                    "rank 0 grows without an id: call ncclCommGetUniqueId there first and hand it to the joiners",
+                )
+            })?)
+        } else {
+            None
+        };
+        // SAFETY: checked non-null above.
+        unsafe { derive_or_queue(parent, Derivation::Grow { joiners, rank0_id }, &derived, newcomm) }
+    };
+    // SAFETY: `newcomm` NULL or writable, as the caller guarantees.
+    unsafe { derivation_call("ncclCommGrow", newcomm, body) }
 }

@@ -7,11 +7,9 @@ use std::ffi::c_int;
 use collectives::Communicator;
 
 use crate::abi::{NcclCommPtr, NcclConfig, NcclResult, SPLIT_NOCOLOR};
-use crate::api_comm::clear_out;
 use crate::config::read_config;
-use crate::derived::{Derivation, derive_or_queue};
-use crate::error::{Fail, guard};
-use crate::group;
+use crate::derived::{Derivation, derivation_call, derive_or_queue};
+use crate::error::Fail;
 use crate::handle::{self, Derived, NcclComm, State};
 
 /// `ncclCommSplit`: ranks passing the same `color` form a communicator ordered by `key`;
@@ -34,23 +32,21 @@ pub unsafe extern "C" fn ncclCommSplit(
     newcomm: *mut NcclCommPtr,
     config: *mut NcclConfig,
 ) -> NcclResult {
-    guard("ncclCommSplit", || {
-        group::recording(|| {
-            // SAFETY: the caller passes NULL or a writable handle.
-            unsafe { clear_out(newcomm, "newcomm") }?;
-            let parent = handle::lookup(comm)?;
-            parent.check_made()?;
-            // SAFETY: NULL or initialized, as the caller guarantees.
-            let derived = unsafe { read_config(config, &parent.derived_config()) }?;
-            let color = match color {
-                SPLIT_NOCOLOR => None,
-                c if c >= 0 => Some(c as u32),
-                c => return Err(Fail::invalid(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR (-1)"))),
-            };
-            // SAFETY: checked non-null above.
-            unsafe { derive_or_queue(parent, Derivation::Split { color, key }, &derived, newcomm) }
-        })
-    })
+    let body = || {
+        let parent = handle::lookup(comm)?;
+        parent.check_made()?;
+        // SAFETY: NULL or initialized, as the caller guarantees.
+        let derived = unsafe { read_config(config, &parent.derived_config()) }?;
+        let color = match color {
+            SPLIT_NOCOLOR => None,
+            c if c >= 0 => Some(c as u32),
+            c => return Err(Fail::invalid(format!("color {c} is negative and not NCCL_SPLIT_NOCOLOR (-1)"))),
+        };
+        // SAFETY: checked non-null above.
+        unsafe { derive_or_queue(parent, Derivation::Split { color, key }, &derived, newcomm) }
+    };
+    // SAFETY: `newcomm` NULL or writable, as the caller guarantees.
+    unsafe { derivation_call("ncclCommSplit", newcomm, body) }
 }
 
 /// Splits `parent` for this rank (collective over its ranks): what the split made of this rank,

@@ -12,10 +12,31 @@ use std::sync::Arc;
 use comm_core::bootstrap::UniqueId;
 
 use crate::abi::{NcclCommPtr, NcclResult};
+use crate::api_comm::clear_out;
 use crate::config::DerivedConfig;
-use crate::error::Fail;
+use crate::error::{Fail, guard};
 use crate::group;
 use crate::handle::{self, Derived, NcclComm};
+
+/// The frame of `ncclCommSplit`, `ncclCommShrink` and `ncclCommGrow`: `newcomm` cleared first
+/// (a refused call leaves the caller no handle), then `body`, whose failure an open group
+/// remembers, as NCCL's does, so that its `ncclGroupEnd` fails too.
+///
+/// # Safety
+/// `newcomm` is NULL or writable.
+pub(crate) unsafe fn derivation_call(
+    symbol: &'static str,
+    newcomm: *mut NcclCommPtr,
+    body: impl FnOnce() -> Result<(), Fail>,
+) -> NcclResult {
+    guard(symbol, || {
+        group::recording(|| {
+            // SAFETY: NULL or writable, as the caller guarantees.
+            unsafe { clear_out(newcomm, "newcomm") }?;
+            body()
+        })
+    })
+}
 
 /// Which derivation of the parent.
 pub(crate) enum Derivation {

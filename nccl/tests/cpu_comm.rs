@@ -149,18 +149,27 @@ fn rank_main(id: NcclUniqueId, rank: c_int) {
     }
 }
 
-/// Runs `rank` as two ranks (threads) of one job without a GPU.
-fn two_cpu_ranks(rank: fn(NcclUniqueId, c_int)) {
+/// A new job's id, in the CPU test mode (communicators without a GPU).
+fn cpu_job_id() -> NcclUniqueId {
     // SAFETY: set before any thread of this test binary reads the environment (every test sets
     // the same value).
     unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
     let mut id = NcclUniqueId { internal: [0; 128] };
     // SAFETY: `id` is a live local.
     assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::SUCCESS);
-    let ranks: Vec<_> = (0..2).map(|r| std::thread::spawn(move || rank(id, r))).collect();
-    for r in ranks {
-        r.join().unwrap();
-    }
+    id
+}
+
+/// Runs `rank` as two ranks (threads) of one job without a GPU.
+fn two_cpu_ranks(rank: impl Fn(NcclUniqueId, c_int) + Sync) {
+    let id = cpu_job_id();
+    std::thread::scope(|s| {
+        let rank = &rank;
+        let ranks: Vec<_> = (0..2).map(|r| s.spawn(move || rank(id, r))).collect();
+        for r in ranks {
+            r.join().unwrap();
+        }
+    });
 }
 
 #[test]
@@ -170,13 +179,10 @@ fn two_cpu_ranks_init_split_and_abort() {
 
 /// The communicators of `N` CPU ranks, made by this one thread in one group.
 fn init_in_one_group<const N: usize>() -> [NcclCommPtr; N] {
-    // SAFETY: set before any thread of this test reads the environment (same value as above).
-    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
-    let mut id = NcclUniqueId { internal: [0; 128] };
+    let id = cpu_job_id();
     let mut comms: [NcclCommPtr; N] = [null_mut(); N];
     // SAFETY: every pointer passed is a live local.
     unsafe {
-        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
         assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
         for (r, comm) in comms.iter_mut().enumerate() {
             assert_eq!(ncclCommInitRank(comm, N as c_int, id, r as c_int), NcclResult::SUCCESS);
@@ -402,14 +408,11 @@ fn bad_init_arguments_fail_cleanly() {
 /// for rank 1: WEAVE_TIMEOUT unset, 30 minutes), once it listens at the id's address; that
 /// address.
 fn an_init_whose_peer_never_comes() -> (NcclCommPtr, std::net::SocketAddr) {
-    // SAFETY: set before any thread of this test binary reads the environment.
-    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
-    let mut id = NcclUniqueId { internal: [0; 128] };
+    let id = cpu_job_id();
     let mut comm: NcclCommPtr = null_mut();
     let mut cfg = config(0);
     // SAFETY: live locals.
     unsafe {
-        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
         assert_eq!(ncclCommInitRankConfig(&mut comm, 2, id, 0, &mut cfg), NcclResult::IN_PROGRESS);
     }
     let root = nccl::unique_id::decode(&id).unwrap().addr;
@@ -507,29 +510,15 @@ fn an_abort_ends_a_split_waiting_for_a_rank_that_never_splits() {
             to_rank_1.send(()).unwrap();
         }
     };
-    // SAFETY: set before any thread of this test binary reads the environment.
-    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    // SAFETY: `id` is a live local.
-    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::SUCCESS);
-    std::thread::scope(|s| {
-        let rank = &rank;
-        let ranks: Vec<_> = (0..2).map(|r| s.spawn(move || rank(id, r))).collect();
-        for r in ranks {
-            r.join().unwrap();
-        }
-    });
+    two_cpu_ranks(rank);
 }
 
 #[test]
 fn a_split_refused_inside_a_group_fails_the_group() {
-    // SAFETY: set before any thread of this test binary reads the environment.
-    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
-    let mut id = NcclUniqueId { internal: [0; 128] };
+    let id = cpu_job_id();
     let (mut comm, mut child): (NcclCommPtr, NcclCommPtr) = (null_mut(), null_mut());
     // SAFETY: live locals.
     unsafe {
-        assert_eq!(ncclGetUniqueId(&mut id), NcclResult::SUCCESS);
         assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), NcclResult::SUCCESS);
         assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
         assert_eq!(ncclCommSplit(comm, -5, 0, &mut child, null_mut()), NcclResult::INVALID_ARGUMENT);
@@ -590,11 +579,7 @@ fn three_cpu_ranks_init_scalable_with_two_roots() {
 /// its size and rank, and the parents are destroyed without waiting for the excluded rank.
 #[test]
 fn three_cpu_ranks_revoke_shrink_and_grow_back() {
-    // SAFETY: set before any thread of this test binary reads the environment.
-    unsafe { std::env::set_var("WEAVE_NCCL_ALLOW_CPU", "1") };
-    let mut id = NcclUniqueId { internal: [0; 128] };
-    // SAFETY: `id` is a live local.
-    assert_eq!(unsafe { ncclGetUniqueId(&mut id) }, NcclResult::SUCCESS);
+    let id = cpu_job_id();
     let (grow_tx, grow_rx) = std::sync::mpsc::channel::<NcclUniqueId>();
     let grow_rx = std::sync::Arc::new(std::sync::Mutex::new(grow_rx));
     let ranks: Vec<_> = (0..3)
