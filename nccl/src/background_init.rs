@@ -98,3 +98,51 @@ impl BackgroundInit {
         })
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An init that waits for its call-off (a minute at the most), then fails as the real one does.
+    fn waits_for_call_off(cancel: Arc<AtomicBool>) -> Result<Communicator, Fail> {
+        let started = Instant::now();
+        while !cancel.load(Ordering::Acquire) && started.elapsed() < Duration::from_secs(60) {
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        Err(Fail::new(NcclResult::SYSTEM_ERROR, "called off"))
+    }
+
+    #[test]
+    fn a_called_off_init_ends_and_says_why() {
+        let init = BackgroundInit::start(0, waits_for_call_off).unwrap();
+        std::thread::sleep(Duration::from_millis(20));
+        assert!(!init.is_finished(), "the init ended before it was called off");
+        let started = Instant::now();
+        assert!(init.call_off().wait(Duration::from_secs(5)), "the init did not end once called off");
+        assert!(started.elapsed() < Duration::from_secs(1), "the call-off took {:?}", started.elapsed());
+        assert!(init.is_finished());
+        let outcome = init.join();
+        assert!(matches!(&outcome, Err(f) if f.message.contains("called off")), "{:?}", outcome.err());
+    }
+
+    #[test]
+    fn an_init_that_does_not_end_in_time_is_reported_so() {
+        // An init that ignores its flag for a while (a CUDA call): the wait gives up first.
+        let init = BackgroundInit::start(1, |_| {
+            std::thread::sleep(Duration::from_millis(300));
+            Err(Fail::new(NcclResult::SYSTEM_ERROR, "late"))
+        })
+        .unwrap();
+        assert!(!init.call_off().wait(Duration::from_millis(20)), "the wait did not give up");
+        assert!(!init.is_finished());
+        assert!(init.call_off().wait(Duration::from_secs(5)), "the init never ended");
+    }
+
+    #[test]
+    fn an_init_that_panics_ends_and_fails() {
+        let init = BackgroundInit::start(2, |_| panic!("a bug in the init")).unwrap();
+        assert!(init.call_off().wait(Duration::from_secs(5)), "a panicking init never ended");
+        let outcome = init.join();
+        assert!(matches!(&outcome, Err(f) if f.code == NcclResult::INTERNAL_ERROR), "{:?}", outcome.err());
+    }
+}
