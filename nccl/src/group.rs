@@ -68,8 +68,30 @@ struct GroupState {
     error: Option<Fail>,
 }
 
+/// The group state of one thread. A thread that ends with a group still open gives up what the
+/// group asked for: its splits', shrinks' and grows' handles fail, instead of waiting for an
+/// `ncclGroupEnd` that can no longer come.
+struct ThreadGroup(RefCell<GroupState>);
+
+impl std::ops::Deref for ThreadGroup {
+    type Target = RefCell<GroupState>;
+    fn deref(&self) -> &Self::Target {
+        &self.0
+    }
+}
+
+impl Drop for ThreadGroup {
+    fn drop(&mut self) {
+        let group = self.0.get_mut();
+        if group.depth > 0 {
+            let why = Fail::usage("the thread that opened the group ended without ncclGroupEnd: none of it ran");
+            group.derived.iter().for_each(|d| d.abandon(&why));
+        }
+    }
+}
+
 thread_local! {
-    static GROUP: RefCell<GroupState> = RefCell::new(GroupState::default());
+    static GROUP: ThreadGroup = ThreadGroup(RefCell::new(GroupState::default()));
 }
 
 /// True inside `ncclGroupStart` … `ncclGroupEnd` on this thread.

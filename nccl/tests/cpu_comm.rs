@@ -514,6 +514,31 @@ fn an_abort_ends_a_split_waiting_for_a_rank_that_never_splits() {
 }
 
 #[test]
+fn a_thread_that_ends_inside_a_group_leaves_no_handle_waiting() {
+    let id = cpu_job_id();
+    let mut comm: NcclCommPtr = null_mut();
+    // SAFETY: live locals; `comm` is live until destroyed.
+    unsafe {
+        assert_eq!(ncclCommInitRank(&mut comm, 1, id, 0), NcclResult::SUCCESS);
+        let parent = comm as usize;
+        let child = std::thread::spawn(move || {
+            let mut child: NcclCommPtr = null_mut();
+            assert_eq!(ncclGroupStart(), NcclResult::SUCCESS);
+            assert_eq!(ncclCommSplit(parent as NcclCommPtr, 0, 0, &mut child, null_mut()), NcclResult::SUCCESS);
+            // The thread ends without ncclGroupEnd.
+            child as usize
+        })
+        .join()
+        .unwrap() as NcclCommPtr;
+        let mut state = NcclResult::SUCCESS;
+        assert_eq!(ncclCommGetAsyncError(child, &mut state), NcclResult::SUCCESS);
+        assert_eq!(state, NcclResult::INVALID_USAGE, "the split's handle still waits for its group");
+        assert_eq!(ncclCommDestroy(child), NcclResult::SUCCESS);
+        assert_eq!(ncclCommDestroy(comm), NcclResult::SUCCESS);
+    }
+}
+
+#[test]
 fn a_split_refused_inside_a_group_fails_the_group() {
     let id = cpu_job_id();
     let (mut comm, mut child): (NcclCommPtr, NcclCommPtr) = (null_mut(), null_mut());
