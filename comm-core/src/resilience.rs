@@ -62,7 +62,7 @@ pub struct Resilience {
     bootstrap: Arc<dyn Bootstrap>,
     abort: Arc<AtomicBool>,
     /// Raised by [`abort`](Self::abort) alone, never by a revocation ([`aborted`](Self::aborted)).
-    aborted: AtomicBool,
+    aborted: Arc<AtomicBool>,
     revoked: AtomicBool,
     /// Set by [`retire`](Self::retire): the abort flag is no longer this communicator's to
     /// raise. Read and written under the `hooks` lock.
@@ -114,7 +114,7 @@ impl Resilience {
             rank,
             bootstrap,
             abort,
-            aborted: AtomicBool::new(false),
+            aborted: Arc::new(AtomicBool::new(false)),
             revoked: AtomicBool::new(false),
             retired: AtomicBool::new(false),
             hooks: Mutex::new(Vec::new()),
@@ -210,10 +210,12 @@ impl Resilience {
     }
 
     /// Set once [`abort`](Self::abort) was called, and by nothing else: the flag of the waits
-    /// that an abort must end but a revocation must not — a split's exchange, which a member
-    /// that finished it may follow with a revocation of the parent before a slower member has
-    /// received everything (with [`AbortableBootstrap`](crate::bootstrap::AbortableBootstrap)).
-    pub fn aborted(&self) -> &AtomicBool {
+    /// that an abort must end but a revocation must not — a split's exchange and its child's
+    /// build, which a member that finished them may follow with a revocation of the parent
+    /// before a slower member has received everything (with
+    /// [`AbortableBootstrap`](crate::bootstrap::AbortableBootstrap), or as a build's cancel
+    /// flag).
+    pub fn aborted(&self) -> &Arc<AtomicBool> {
         &self.aborted
     }
 

@@ -80,7 +80,7 @@ pub(crate) fn build(a: &InitArgs, cancel: Option<Arc<AtomicBool>>) -> Result<Com
     a.tuning.log_ignored(Some(a.rank));
     let mut b = Communicator::builder(boot).with_config(config).with_gpu_config(gpu);
     if let Some(flag) = cancel {
-        b = b.with_abort_flag(flag);
+        b = b.with_cancel_flag(flag);
     }
     if let Some(d) = a.device {
         b = b.with_transport(CudaIpcTransport::on_device(d));
@@ -470,7 +470,8 @@ fn end(comm: NcclCommPtr, abort: bool) -> CallResult {
 /// `ncclCommGetAsyncError`: `ncclInProgress` while a background init runs; the first error
 /// that broke the communicator (a dead peer is `ncclRemoteError`, found by weave's peer watch
 /// when a kernel stops waiting for it, within `WEAVE_TIMEOUT` at most); else `ncclSuccess`.
-/// Never waits: when another thread is inside a call, the last known state is reported.
+/// Waits 20 ms at the most: when another thread holds the handle that long, the last known
+/// state is reported.
 ///
 /// # Safety
 /// `async_error` writable.

@@ -4,7 +4,7 @@
 //! `ncclCommAbort` of a communicator still being made sets the flag. The init's waits look at
 //! it (the bootstrap's rendezvous, the communicator's first exchanges: see
 //! [`TcpBootstrap::with_roots_cancellable`](comm_core::bootstrap::TcpBootstrap::with_roots_cancellable)
-//! and [`collectives::Builder::with_abort_flag`]), so an init waiting for peers that may never
+//! and [`collectives::Builder::with_cancel_flag`]), so an init waiting for peers that may never
 //! come ends within milliseconds, and closes what it opened (the root's listening port, links,
 //! its threads) before the abort returns, instead of waiting until `WEAVE_TIMEOUT`.
 

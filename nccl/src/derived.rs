@@ -8,6 +8,7 @@
 
 use std::ffi::c_int;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use comm_core::bootstrap::UniqueId;
 
@@ -58,12 +59,15 @@ pub(crate) struct DerivedRequest {
     pub(crate) name: String,
     /// The handle handed out, awaiting the group's end (none for `NCCL_SPLIT_NOCOLOR`).
     pub(crate) handle: Option<Arc<NcclComm>>,
+    /// Set once [`make`](Self::make) began: a grow that ran used rank 0's id.
+    pub(crate) started: AtomicBool,
 }
 
 impl DerivedRequest {
     /// Derives this rank's communicator (collective over the parent's ranks) and hands it to the
     /// handle; a failure goes to the handle too, and is returned.
     pub(crate) fn make(&self) -> Result<(), Fail> {
+        self.started.store(true, Ordering::Release);
         let made = derive(&self.parent, &self.derivation, &self.name);
         let Some(handle) = &self.handle else { return made.map(drop) };
         let made = made.and_then(|m| {
@@ -79,9 +83,11 @@ impl DerivedRequest {
     /// Gives the derivation up, its group having failed (or been simulated) before it ran: its
     /// handle fails with `why`.
     pub(crate) fn abandon(&self, why: &Fail) {
-        // Rank 0's grow id goes back to the parent: the joiners hold it, and a grow asked again
-        // uses it.
-        if let Derivation::Grow { rank0_id: Some(id), .. } = &self.derivation {
+        // Rank 0's id of a grow that never ran goes back to the parent: the joiners hold it, and
+        // a grow asked again uses it.
+        if let Derivation::Grow { rank0_id: Some(id), .. } = &self.derivation
+            && !self.started.load(Ordering::Acquire)
+        {
             self.parent.give_back_grow_id(id.clone());
         }
         if let Some(h) = &self.handle {
@@ -126,7 +132,8 @@ pub(crate) unsafe fn derive_or_queue(
         } else {
             None
         };
-        group::add_derived(DerivedRequest { parent, derivation, name: config.name.clone(), handle });
+        let started = AtomicBool::new(false);
+        group::add_derived(DerivedRequest { parent, derivation, name: config.name.clone(), handle, started });
         return Ok(());
     }
     let Some(made) = derive(&parent, &derivation, &config.name)? else { return Ok(()) };

@@ -277,3 +277,62 @@ fn a_revocation_ends_a_hierarchical_call_waiting_in_a_step() {
         }
     });
 }
+
+#[test]
+fn a_revocation_does_not_end_a_split_and_an_abort_does() {
+    const N: usize = 3;
+    let timeout = Duration::from_secs(20);
+    let group = LoopbackBootstrap::group(N, timeout);
+    // Rank 2 stays until the others are done (gone, it would be a lost peer, not a late one).
+    let done = std::sync::Barrier::new(N);
+    let done = &done;
+    std::thread::scope(|s| {
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|b| {
+                s.spawn(move || {
+                    let rank = b_rank(&b);
+                    let config = Config { timeout, ..Config::default() };
+                    let comm = Communicator::builder(b)
+                        .with_transport(LoopbackTransport)
+                        .with_config(config)
+                        .build()
+                        .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
+                    // Rank 2 revokes the communicator while ranks 0 and 1 wait in a split for it,
+                    // then splits too: a member may revoke a parent once its own split is done, so
+                    // a revocation must not end a split the others are still in.
+                    if rank == N - 1 {
+                        std::thread::sleep(Duration::from_millis(200));
+                        comm.revoke();
+                    }
+                    let child = comm
+                        .split(Some(0), rank as i64)
+                        .unwrap_or_else(|e| panic!("rank {rank}: the split of a revoked parent: {e}"))
+                        .expect("every rank passed color 0");
+                    assert_eq!((child.rank(), child.world_size()), (rank, N));
+                    // Ranks 0 and 1 split the child, rank 2 never does: an abort (from another
+                    // thread) ends the wait at once.
+                    if rank == N - 1 {
+                        done.wait();
+                        return;
+                    }
+                    let aborting = child.abort_handle();
+                    let abort = std::thread::spawn(move || {
+                        std::thread::sleep(Duration::from_millis(300));
+                        aborting.abort();
+                        Instant::now()
+                    });
+                    let e = child.split(Some(0), 0).map(|_| ()).expect_err("rank 2 never split the child");
+                    let aborted_at = abort.join().unwrap();
+                    assert!(matches!(e, comm_core::Error::Aborted(_)), "rank {rank}: {e}");
+                    let took = aborted_at.elapsed();
+                    assert!(took < Duration::from_secs(2), "rank {rank}: the aborted split returned after {took:.2?}");
+                    done.wait();
+                })
+            })
+            .collect();
+        for h in handles {
+            h.join().expect("a rank thread panicked");
+        }
+    });
+}

@@ -47,8 +47,8 @@ pub struct Builder {
     /// The primitives layer, when it is built already (a shrink's, carried over from its
     /// parent: [`CoreCommunicator::carry_over`]).
     core: Option<CoreCommunicator>,
-    /// The abort flag from the start (see [`Builder::with_abort_flag`]).
-    abort: Option<Arc<AtomicBool>>,
+    /// The flag that calls the build off (see [`Builder::with_cancel_flag`]).
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl Builder {
@@ -85,14 +85,14 @@ impl Builder {
         self
     }
 
-    /// Uses `abort` as the communicator's abort flag from the start: setting it while
-    /// [`build`](Self::build) waits for peers in its first exchange (the endpoints: where a rank
-    /// that never comes is waited for) ends the build with [`Error::Aborted`], and a build that
-    /// finds it set at its end fails the same way (what `ncclCommAbort` does to a communicator
-    /// still being made; the exchanges in between, once every rank is there, run to their end).
-    /// Afterwards it is the flag that
-    /// [`AbortHandle::abort`](crate::AbortHandle::abort) sets. Every rank passes a flag or none
-    /// (see [`CommunicatorBuilder::with_abort_flag`](comm_core::communicator::CommunicatorBuilder::with_abort_flag)).
+    /// Lets another thread call the build off: setting `cancel` while [`build`](Self::build)
+    /// waits for peers in its first exchange (the endpoints: where a rank that never comes is
+    /// waited for) ends the build with [`Error::Aborted`], and a build that finds it set at its
+    /// end fails the same way (what `ncclCommAbort` does to a communicator still being made; the
+    /// exchanges in between, once every rank is there, run to their end). The flag is the
+    /// build's alone: the communicator it makes has an abort flag of its own
+    /// ([`AbortHandle`](crate::AbortHandle)). Every rank passes a flag or none (see
+    /// [`CommunicatorBuilder::with_cancel_flag`](comm_core::communicator::CommunicatorBuilder::with_cancel_flag)).
     /// Pass the same flag to
     /// [`TcpBootstrap::with_roots_cancellable`] to call off the rendezvous before it as well:
     ///
@@ -106,7 +106,7 @@ impl Builder {
     /// let flag = give_up.clone();
     /// let making = std::thread::spawn(move || {
     ///     let boot = TcpBootstrap::with_roots_cancellable(&[id], rank, world_size, Duration::from_secs(600), flag.clone())?;
-    ///     Communicator::builder(boot).with_abort_flag(flag).build()
+    ///     Communicator::builder(boot).with_cancel_flag(flag).build()
     /// });
     /// // … the job is being torn down before every rank came:
     /// give_up.store(true, Ordering::Release);
@@ -114,12 +114,13 @@ impl Builder {
     /// let outcome = making.join().expect("the thread making the communicator");
     /// # }
     /// ```
-    pub fn with_abort_flag(mut self, abort: Arc<AtomicBool>) -> Self {
-        self.abort = Some(abort);
+    pub fn with_cancel_flag(mut self, cancel: Arc<AtomicBool>) -> Self {
+        self.cancel = Some(cancel);
         self
     }
 
-    /// The builder of a child of `parent` (a split or shrink) over `bootstrap`: the parent's
+    /// The builder of a child of `parent` (a split or shrink) over `bootstrap`, called off by an
+    /// abort of the parent (not by its revocation: see [`Resilience::aborted`]): the parent's
     /// transports and settings.
     pub(crate) fn for_child(parent: &Communicator, bootstrap: Arc<dyn Bootstrap>) -> Builder {
         Builder {
@@ -131,14 +132,15 @@ impl Builder {
             overrides: Vec::new(),
             family: None,
             core: None,
-            abort: None,
+            cancel: Some(parent.resilience.aborted().clone()),
         }
     }
 
     /// The builder of a child of `parent` whose primitives layer is `core`, built already.
     pub(crate) fn for_child_over(parent: &Communicator, core: CoreCommunicator) -> Builder {
         let bootstrap = core.bootstrap().clone();
-        Builder { core: Some(core), ..Self::for_child(parent, bootstrap) }
+        // No exchange of endpoints to call off: a shrink, which an aborted parent may make.
+        Builder { core: Some(core), cancel: None, ..Self::for_child(parent, bootstrap) }
     }
 
     /// Collective: connects the ranks and builds the host workspace.
@@ -170,7 +172,7 @@ impl Communicator {
             overrides: Vec::new(),
             family: None,
             core: None,
-            abort: None,
+            cancel: None,
         }
     }
 
@@ -218,13 +220,13 @@ impl Communicator {
         if b.family.is_some() {
             table.set_family(b.family);
         }
-        let callers_flag = b.abort.is_some();
+        let cancel = b.cancel.clone();
         let core = match b.core {
             Some(core) => core,
             None => {
                 let mut core = CoreCommunicator::builder_arc(b.bootstrap.clone()).with_config(config.clone());
-                if let Some(abort) = b.abort {
-                    core = core.with_abort_flag(abort);
+                if let Some(cancel) = b.cancel {
+                    core = core.with_cancel_flag(cancel);
                 }
                 for f in &factories {
                     core = core.with_transport_arc(f.clone());
@@ -260,11 +262,10 @@ impl Communicator {
             let status = status.clone();
             resilience.on_revoke(Box::new(move || status.abort()));
         }
-        // The caller's flag, set after the last wait that looked at it: the caller gave up on
-        // this communicator.
-        if callers_flag && core.is_aborted() {
+        // Set after the last wait that looked at it: the caller gave up on this communicator.
+        if cancel.is_some_and(|c| c.load(std::sync::atomic::Ordering::Acquire)) {
             return Err(Error::Aborted(format!(
-                "rank {} gave up on its new communicator as it was made (its abort flag is set)",
+                "rank {} gave up on its new communicator as it was made (the build was called off)",
                 core.rank()
             )));
         }

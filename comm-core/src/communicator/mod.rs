@@ -47,7 +47,7 @@ pub struct CommunicatorBuilder {
     bootstrap: Arc<dyn Bootstrap>,
     factories: Vec<Arc<dyn TransportFactory>>,
     config: Option<Config>,
-    abort: Option<Arc<AtomicBool>>,
+    cancel: Option<Arc<AtomicBool>>,
 }
 
 impl CommunicatorBuilder {
@@ -69,25 +69,24 @@ impl CommunicatorBuilder {
         self
     }
 
-    /// Uses `abort` as the communicator's abort flag from the start: setting it during
-    /// [`build`](Self::build) ends the build's exchange with [`Error::Aborted`] (a program that
-    /// gives up on a communicator still being made), and afterwards it is the flag that
-    /// [`Communicator::abort`] sets (and a revocation too: read it as "this communicator is
-    /// over", not as "the caller called it off").
+    /// Lets another thread call the build off: once `cancel` is set, [`build`](Self::build)'s
+    /// exchange with the other ranks (where a rank that never comes is waited for) ends with
+    /// [`Error::Aborted`] (a program giving up on a communicator still being made). The flag is
+    /// the build's alone: the communicator has an abort flag of its own.
     ///
-    /// With a flag, the build's exchange runs over the bootstrap's `send` and
+    /// With a flag, the exchange runs over the bootstrap's `send` and
     /// [`recv_or_abort`](Bootstrap::recv_or_abort) (the trait's tree all-gather) instead of its own
     /// `all_gather`, so every rank passes a flag or none; the bootstrap's `recv_or_abort` must
     /// look at the flag ([`TcpBootstrap`](crate::bootstrap::TcpBootstrap) and the loopback one do;
     /// the trait's default waits on).
-    pub fn with_abort_flag(mut self, abort: Arc<AtomicBool>) -> Self {
-        self.abort = Some(abort);
+    pub fn with_cancel_flag(mut self, cancel: Arc<AtomicBool>) -> Self {
+        self.cancel = Some(cancel);
         self
     }
 
     /// Collective: opens the transports, exchanges endpoints with every rank, and picks a
     /// transport for each peer. Ends with [`Error::Aborted`] where the flag of
-    /// [`with_abort_flag`](Self::with_abort_flag) is set meanwhile.
+    /// [`with_cancel_flag`](Self::with_cancel_flag) is set meanwhile.
     pub fn build(self) -> Result<Communicator> {
         let config = match self.config {
             Some(c) => c,
@@ -98,12 +97,13 @@ impl CommunicatorBuilder {
         let id = next_communicator_id();
         let started = std::time::Instant::now();
         let _span = tracing::info_span!(target: diagnostics::INIT, "communicator", rank, world_size, id).entered();
-        // Only a caller's flag can be set during the build: the exchange then waits on it.
-        let abortable = self.abort.is_some();
-        let abort = self.abort.unwrap_or_else(|| Arc::new(AtomicBool::new(false)));
-        if abort.load(Ordering::Acquire) {
-            return Err(Error::Aborted(format!("building communicator {id} (rank {rank}): aborted before it began")));
+        let cancel = self.cancel;
+        if cancel.as_ref().is_some_and(|c| c.load(Ordering::Acquire)) {
+            return Err(Error::Aborted(format!(
+                "building communicator {id} (rank {rank}): called off before it began"
+            )));
         }
+        let abort = Arc::new(AtomicBool::new(false));
         let ctx = TransportContext {
             rank,
             world_size,
@@ -149,10 +149,9 @@ impl CommunicatorBuilder {
             table.push((b.transport(), b.local_endpoint()?));
         }
         let mine = endpoints::encode(rank, &host, &table)?;
-        let gathered = if abortable {
-            AbortableBootstrap::new(bootstrap.as_ref(), &abort).all_gather(&mine)?
-        } else {
-            bootstrap.all_gather(&mine)?
+        let gathered = match &cancel {
+            Some(cancel) => AbortableBootstrap::new(bootstrap.as_ref(), cancel).all_gather(&mine)?,
+            None => bootstrap.all_gather(&mine)?,
         };
         if gathered.len() != world_size {
             return Err(Error::protocol(format!(
@@ -286,7 +285,7 @@ impl Communicator {
 
     /// Starts building a communicator over a shared bootstrap.
     pub fn builder_arc(bootstrap: Arc<dyn Bootstrap>) -> CommunicatorBuilder {
-        CommunicatorBuilder { bootstrap, factories: Vec::new(), config: None, abort: None }
+        CommunicatorBuilder { bootstrap, factories: Vec::new(), config: None, cancel: None }
     }
 
     /// This rank.

@@ -141,28 +141,28 @@ fn port_channels_move_data_through_the_proxy() {
 }
 
 #[test]
-fn a_build_given_an_abort_flag_ends_when_it_is_set() {
+fn a_build_given_a_cancel_flag_ends_when_it_is_set() {
     // Rank 1 of 2 never builds: rank 0's endpoint exchange waits for it (5 s at the most) until
     // the flag is set.
     let mut group = LoopbackBootstrap::group(2, Duration::from_secs(5));
     let _absent = group.pop();
     let b = group.pop().unwrap();
-    let abort = Arc::new(AtomicBool::new(false));
-    let flag = abort.clone();
+    let cancel = Arc::new(AtomicBool::new(false));
+    let flag = cancel.clone();
     let building = std::thread::spawn(move || {
-        Communicator::builder(b).with_transport(LoopbackTransport).with_abort_flag(flag).build().map(|_| ())
+        Communicator::builder(b).with_transport(LoopbackTransport).with_cancel_flag(flag).build().map(|_| ())
     });
     std::thread::sleep(Duration::from_millis(200));
     assert!(!building.is_finished(), "the build did not wait for rank 1");
     let started = std::time::Instant::now();
-    abort.store(true, Ordering::Release);
+    cancel.store(true, Ordering::Release);
     let built = building.join().unwrap();
     assert!(matches!(&built, Err(Error::Aborted(_))), "{built:?}");
     assert!(started.elapsed() < Duration::from_secs(1), "the build took {:?} to end", started.elapsed());
     // A flag set before the build begins ends it at once.
     let b = LoopbackBootstrap::group(1, Duration::from_secs(5)).pop().unwrap();
     let set = Arc::new(AtomicBool::new(true));
-    let built = Communicator::builder(b).with_transport(LoopbackTransport).with_abort_flag(set).build();
+    let built = Communicator::builder(b).with_transport(LoopbackTransport).with_cancel_flag(set).build();
     assert!(matches!(&built, Err(Error::Aborted(_))), "{:?}", built.map(|_| ()));
 }
 
