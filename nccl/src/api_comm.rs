@@ -438,7 +438,9 @@ pub unsafe extern "C" fn ncclCommFinalize(comm: NcclCommPtr) -> NcclResult {
 }
 
 /// `ncclCommDestroy`: frees the communicator after its GPU work is done, with the
-/// registrations and windows it still holds.
+/// registrations and windows it still holds. Unlike NCCL's, which first waits for a non-blocking
+/// init to finish, it calls an init still running off (as `ncclCommAbort` does): the program is
+/// done with the communicator, and a peer that never comes would keep NCCL's waiting for ever.
 ///
 /// # Safety
 /// `comm` is any value (checked against the live handles).
