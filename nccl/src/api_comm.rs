@@ -157,9 +157,9 @@ const MAX_INIT_ALL: usize = 1024;
 /// How many times `ncclCommGetAsyncError` tries the handle's lock, a millisecond apart.
 const ASYNC_STATE_TRIES: usize = 20;
 
-/// How long `ncclCommAbort` of a communicator still initializing waits for its init to end
-/// once called off (its waits look at the call-off every few milliseconds; a connection
-/// attempt to a host that does not answer takes up to 5 s).
+/// How long `ncclCommAbort` or `ncclCommDestroy` of a communicator still initializing waits for
+/// its init to end once called off (its waits look at the call-off every few milliseconds; a
+/// connection attempt to a host that does not answer takes up to 5 s).
 const INIT_CALL_OFF_WAIT: Duration = Duration::from_secs(10);
 
 /// Checks `nranks` and `rank` and decodes the id.
