@@ -502,7 +502,14 @@ fn an_abort_ends_a_split_waiting_for_a_rank_that_never_splits() {
             std::thread::sleep(std::time::Duration::from_millis(300));
             assert!(!splitting.is_finished(), "the split did not wait for rank 1");
             let started = std::time::Instant::now();
-            assert_eq!(ncclCommAbort(comm), NcclResult::SUCCESS);
+            // On a thread as well: an abort that did not end the split would wait for it (the
+            // 30-minute timeout), and the test must fail instead.
+            let aborting = std::thread::spawn(move || ncclCommAbort(handle as NcclCommPtr));
+            while !(splitting.is_finished() && aborting.is_finished()) {
+                assert!(started.elapsed() < std::time::Duration::from_secs(10), "the abort did not end the split");
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            assert_eq!(aborting.join().unwrap(), NcclResult::SUCCESS);
             let (r, no_child) = splitting.join().unwrap();
             assert!(started.elapsed() < std::time::Duration::from_secs(2), "the abort took {:?}", started.elapsed());
             assert_ne!(r, NcclResult::SUCCESS, "the split was aborted");
