@@ -238,40 +238,40 @@ fn a_thousand_and_twenty_four_thread_ranks_agree_and_shrink_within_five_seconds(
 fn a_revocation_ends_a_hierarchical_call_waiting_in_a_step() {
     const N: usize = 4;
     let timeout = Duration::from_secs(20);
-    let group = LoopbackBootstrap::group(N, timeout);
     let ready = std::sync::Barrier::new(N);
     let ready = &ready;
+    on_thread_ranks(N, timeout, |b| {
+        let rank = b_rank(&b);
+        let config = Config { timeout, host_id: Some(format!("posed-node-{}", rank / 2)), ..Config::default() };
+        let comm = Communicator::builder(b)
+            .with_transport(LoopbackTransport)
+            .with_config(config)
+            .with_algorithm(Collective::AllReduce, Algorithm::Hierarchical)
+            .build()
+            .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
+        let mut sum = [0u64; 1024];
+        comm.all_reduce(&[rank as u64 + 1; 1024], &mut sum, ReduceOp::Sum).unwrap();
+        assert_eq!(sum, [10; 1024], "rank {rank}: the first all-reduce");
+        ready.wait();
+        if rank == N - 1 {
+            std::thread::sleep(Duration::from_millis(200));
+            comm.revoke();
+            return;
+        }
+        let started = Instant::now();
+        let e = comm.all_reduce(&[1u64; 1024], &mut sum, ReduceOp::Sum).expect_err("rank 3 never called");
+        let took = started.elapsed();
+        assert!(matches!(e, comm_core::Error::Revoked(_)), "rank {rank}: {e}");
+        assert!(took < Duration::from_secs(3), "rank {rank}: the revoked call returned after {took:.2?}");
+    });
+}
+
+/// Runs `body` on `n` ranks (threads) of one loopback job with `timeout`; panics where a rank did.
+fn on_thread_ranks(n: usize, timeout: Duration, body: impl Fn(LoopbackBootstrap) + Sync) {
+    let body = &body;
     std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .map(|b| {
-                s.spawn(move || {
-                    let rank = b_rank(&b);
-                    let config =
-                        Config { timeout, host_id: Some(format!("posed-node-{}", rank / 2)), ..Config::default() };
-                    let comm = Communicator::builder(b)
-                        .with_transport(LoopbackTransport)
-                        .with_config(config)
-                        .with_algorithm(Collective::AllReduce, Algorithm::Hierarchical)
-                        .build()
-                        .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
-                    let mut sum = [0u64; 1024];
-                    comm.all_reduce(&[rank as u64 + 1; 1024], &mut sum, ReduceOp::Sum).unwrap();
-                    assert_eq!(sum, [10; 1024], "rank {rank}: the first all-reduce");
-                    ready.wait();
-                    if rank == N - 1 {
-                        std::thread::sleep(Duration::from_millis(200));
-                        comm.revoke();
-                        return;
-                    }
-                    let started = Instant::now();
-                    let e = comm.all_reduce(&[1u64; 1024], &mut sum, ReduceOp::Sum).expect_err("rank 3 never called");
-                    let took = started.elapsed();
-                    assert!(matches!(e, comm_core::Error::Revoked(_)), "rank {rank}: {e}");
-                    assert!(took < Duration::from_secs(3), "rank {rank}: the revoked call returned after {took:.2?}");
-                })
-            })
-            .collect();
+        let handles: Vec<_> =
+            LoopbackBootstrap::group(n, timeout).into_iter().map(|b| s.spawn(move || body(b))).collect();
         for h in handles {
             h.join().expect("a rank thread panicked");
         }
@@ -300,63 +300,52 @@ fn wait_for_count(count: &std::sync::atomic::AtomicUsize, n: usize, rank: usize)
 fn a_revocation_does_not_end_a_split_and_an_abort_does() {
     const N: usize = 3;
     let timeout = Duration::from_secs(20);
-    let group = LoopbackBootstrap::group(N, timeout);
     // Every rank stays until ranks 0 and 1 are done with the child (gone, a rank would be a lost
     // peer, not a late one); a rank that panics counts as done, so nothing waits for it.
     let done = std::sync::atomic::AtomicUsize::new(0);
     let done = &done;
-    std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .map(|b| {
-                s.spawn(move || {
-                    let rank = b_rank(&b);
-                    let finished = (rank < N - 1).then(|| DoneOnDrop(done));
-                    let config = Config { timeout, ..Config::default() };
-                    let comm = Communicator::builder(b)
-                        .with_transport(LoopbackTransport)
-                        .with_config(config)
-                        .build()
-                        .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
-                    // Rank 2 revokes the communicator while ranks 0 and 1 wait in a split for it,
-                    // then splits too: a member may revoke a parent once its own split is done, so
-                    // a revocation must not end a split the others are still in.
-                    if rank == N - 1 {
-                        std::thread::sleep(Duration::from_millis(200));
-                        comm.revoke();
-                    }
-                    let child = comm
-                        .split(Some(0), rank as i64)
-                        .unwrap_or_else(|e| panic!("rank {rank}: the split of a revoked parent: {e}"))
-                        .expect("every rank passed color 0");
-                    assert_eq!((child.rank(), child.world_size()), (rank, N));
-                    // Ranks 0 and 1 split the child, rank 2 never does: an abort (from another
-                    // thread) ends the wait, well before the 20-second timeout would.
-                    if rank == N - 1 {
-                        wait_for_count(done, N - 1, rank);
-                        return;
-                    }
-                    let aborting = child.abort_handle();
-                    let abort = std::thread::spawn(move || {
-                        std::thread::sleep(Duration::from_millis(300));
-                        aborting.abort();
-                        Instant::now()
-                    });
-                    let e = child.split(Some(0), 0).map(|_| ()).expect_err("rank 2 never split the child");
-                    let aborted_at = abort.join().unwrap();
-                    // Its own abort, or the other rank's passed on to it by the tree all-gather
-                    // (whichever came first), never the timeout.
-                    let aborted = matches!(e, comm_core::Error::Aborted(_)) || e.to_string().contains("aborted");
-                    assert!(aborted, "rank {rank}: {e}");
-                    let took = aborted_at.elapsed();
-                    assert!(took < Duration::from_secs(10), "rank {rank}: the aborted split returned after {took:.2?}");
-                    drop(finished);
-                    wait_for_count(done, N - 1, rank);
-                })
-            })
-            .collect();
-        for h in handles {
-            h.join().expect("a rank thread panicked");
+    on_thread_ranks(N, timeout, |b| {
+        let rank = b_rank(&b);
+        let finished = (rank < N - 1).then(|| DoneOnDrop(done));
+        let config = Config { timeout, ..Config::default() };
+        let comm = Communicator::builder(b)
+            .with_transport(LoopbackTransport)
+            .with_config(config)
+            .build()
+            .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
+        // Rank 2 revokes the communicator while ranks 0 and 1 wait in a split for it,
+        // then splits too: a member may revoke a parent once its own split is done, so
+        // a revocation must not end a split the others are still in.
+        if rank == N - 1 {
+            std::thread::sleep(Duration::from_millis(200));
+            comm.revoke();
         }
+        let child = comm
+            .split(Some(0), rank as i64)
+            .unwrap_or_else(|e| panic!("rank {rank}: the split of a revoked parent: {e}"))
+            .expect("every rank passed color 0");
+        assert_eq!((child.rank(), child.world_size()), (rank, N));
+        // Ranks 0 and 1 split the child, rank 2 never does: an abort (from another
+        // thread) ends the wait, well before the 20-second timeout would.
+        if rank == N - 1 {
+            wait_for_count(done, N - 1, rank);
+            return;
+        }
+        let aborting = child.abort_handle();
+        let abort = std::thread::spawn(move || {
+            std::thread::sleep(Duration::from_millis(300));
+            aborting.abort();
+            Instant::now()
+        });
+        let e = child.split(Some(0), 0).map(|_| ()).expect_err("rank 2 never split the child");
+        let aborted_at = abort.join().unwrap();
+        // Its own abort, or the other rank's passed on to it by the tree all-gather
+        // (whichever came first), never the timeout.
+        let aborted = matches!(e, comm_core::Error::Aborted(_)) || e.to_string().contains("aborted");
+        assert!(aborted, "rank {rank}: {e}");
+        let took = aborted_at.elapsed();
+        assert!(took < Duration::from_secs(10), "rank {rank}: the aborted split returned after {took:.2?}");
+        drop(finished);
+        wait_for_count(done, N - 1, rank);
     });
 }
