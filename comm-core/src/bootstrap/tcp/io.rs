@@ -1,11 +1,17 @@
 //! What the rendezvous of the TCP bootstrap does with sockets, before the poller takes over:
-//! blocking reads and writes bounded by a deadline, the length-prefixed handshake messages, the
+//! connecting within a bound that a cancelled deadline cuts short (the poller's non-blocking
+//! connect starts here too), blocking reads and writes bounded by a deadline, the length-prefixed handshake messages, the
 //! [`Acceptor`] with which a root reads one hello from every accepted connection without letting
 //! a slow or silent one hold up the others, and binding a member's listener.
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
+use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
+
+use nix::errno::Errno;
+use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
+use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6, connect, socket};
 
 use super::messages::MAX_HELLO_LEN;
 use crate::deadline::Deadline;
@@ -20,6 +26,60 @@ pub(super) const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 pub(super) const MAX_PENDING_HANDSHAKES: usize = 1024;
 /// Longest sleep of the accept loop when nothing happens.
 const ACCEPT_POLL_MAX: Duration = Duration::from_millis(5);
+
+// ---------------------------------------------------------------------------------------------
+// Connecting.
+
+/// Starts a non-blocking connect to `addr`: the stream comes back at once, connected or on its
+/// way (writable once the handshake ended; `take_error` then says whether it failed).
+pub(super) fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
+    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
+    let (fd, connected) = match addr {
+        SocketAddr::V4(v4) => {
+            let fd = socket(AddressFamily::Inet, SockType::Stream, flags, None)?;
+            let connected = connect(fd.as_raw_fd(), &SockaddrIn::from(v4));
+            (fd, connected)
+        }
+        SocketAddr::V6(v6) => {
+            let fd = socket(AddressFamily::Inet6, SockType::Stream, flags, None)?;
+            let connected = connect(fd.as_raw_fd(), &SockaddrIn6::from(v6));
+            (fd, connected)
+        }
+    };
+    match connected {
+        Ok(()) | Err(Errno::EINPROGRESS) => Ok(TcpStream::from(fd)),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// One attempt to connect to `addr`, given up after `limit` or once `deadline` passes or is
+/// cancelled (seen within its [`next_wait`](Deadline::next_wait), even while the host at
+/// `addr` drops the handshake). The stream comes back blocking.
+pub(super) fn connect_within(addr: SocketAddr, limit: Duration, deadline: &Deadline) -> io::Result<TcpStream> {
+    let attempt = Deadline::after(limit);
+    let stream = start_connect(addr)?;
+    loop {
+        let wait = deadline.next_wait().min(attempt.remaining());
+        if wait.is_zero() {
+            let why = if deadline.cancelled() { "the wait was called off" } else { "no answer in time" };
+            return Err(io::Error::new(ErrorKind::TimedOut, format!("connecting to {addr}: {why}")));
+        }
+        // Whole milliseconds, at least one: a shorter wait would spin.
+        let millis = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
+        let mut fds = [PollFd::new(stream.as_fd(), PollFlags::POLLOUT)];
+        match poll(&mut fds, PollTimeout::try_from(millis).unwrap_or(PollTimeout::MAX)) {
+            Ok(0) | Err(Errno::EINTR) => continue,
+            Ok(_) => {
+                if let Some(e) = stream.take_error()? {
+                    return Err(e);
+                }
+                stream.set_nonblocking(false)?;
+                return Ok(stream);
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
 
 // ---------------------------------------------------------------------------------------------
 // Blocking I/O with a deadline.

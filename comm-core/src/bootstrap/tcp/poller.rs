@@ -16,17 +16,15 @@
 
 use std::io::{ErrorKind, Read, Write};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::os::fd::{AsFd, AsRawFd};
+use std::os::fd::AsFd;
 use std::os::unix::net::UnixStream;
 use std::sync::Arc;
 use std::time::Duration;
 
-use nix::errno::Errno;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
-use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, SockaddrIn6, connect, socket};
 
 use super::TcpBootstrap;
-use super::io::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES};
+use super::io::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, start_connect};
 use super::links::{Command, Link, Shared};
 use super::messages::{MAX_HELLO_LEN, ROOT_HELLO_MAGIC, decode_peer_hello, encode_peer_hello};
 use crate::bootstrap::{TAG_NOTICE, UniqueId};
@@ -256,27 +254,6 @@ impl Poller {
         }
         drop(state);
         self.setup.shared.changed.notify_all();
-    }
-}
-
-/// Starts a non-blocking connect to `addr`.
-fn start_connect(addr: SocketAddr) -> std::io::Result<TcpStream> {
-    let flags = SockFlag::SOCK_NONBLOCK | SockFlag::SOCK_CLOEXEC;
-    let (fd, connected) = match addr {
-        SocketAddr::V4(v4) => {
-            let fd = socket(AddressFamily::Inet, SockType::Stream, flags, None)?;
-            let connected = connect(fd.as_raw_fd(), &SockaddrIn::from(v4));
-            (fd, connected)
-        }
-        SocketAddr::V6(v6) => {
-            let fd = socket(AddressFamily::Inet6, SockType::Stream, flags, None)?;
-            let connected = connect(fd.as_raw_fd(), &SockaddrIn6::from(v6));
-            (fd, connected)
-        }
-    };
-    match connected {
-        Ok(()) | Err(Errno::EINPROGRESS) => Ok(TcpStream::from(fd)),
-        Err(e) => Err(e.into()),
     }
 }
 

@@ -3,12 +3,11 @@
 //! the first sends its group's table to the first, and the first root ends up with the rank
 //! table. Every step is bounded by one deadline.
 
-use std::io::{self, ErrorKind};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::time::Duration;
 
-use super::io::{Acceptor, IoFailure, bind_member_listener, read_handshake, write_handshake};
+use super::io::{Acceptor, IoFailure, bind_member_listener, connect_within, read_handshake, write_handshake};
 use super::messages::{
     GROUP_TABLE_MAGIC, MAX_HELLO_LEN, RankEntry, decode_group_table, decode_root_ack, decode_root_hello,
     encode_group_table, encode_root_ack, encode_root_hello,
@@ -21,7 +20,7 @@ use crate::error::{Error, Result};
 const CONNECT_RETRY_MAX: Duration = Duration::from_millis(200);
 
 /// Longest one attempt to reach a root may take (three SYNs): a root host that does not answer
-/// at all is tried again, and a cancelled deadline is seen between attempts.
+/// at all is tried again (a cancelled deadline ends an attempt at once).
 const CONNECT_ATTEMPT_MAX: Duration = Duration::from_secs(5);
 
 /// The ranks that join at root `group` of `roots`: contiguous ranges, the first
@@ -197,12 +196,7 @@ impl Rendezvous<'_> {
     fn connect_to_root(&self, root: usize, addr: SocketAddr) -> Result<TcpStream> {
         let mut pause = Duration::from_millis(2);
         loop {
-            let remaining = self.deadline.remaining();
-            let attempt = if remaining.is_zero() {
-                Err(io::Error::from(ErrorKind::TimedOut))
-            } else {
-                TcpStream::connect_timeout(&addr, remaining.min(CONNECT_ATTEMPT_MAX))
-            };
+            let attempt = connect_within(addr, CONNECT_ATTEMPT_MAX, &self.deadline);
             match attempt {
                 Ok(stream) => return Ok(stream),
                 Err(e) if self.deadline.expired() => {
@@ -228,7 +222,7 @@ pub(super) fn local_host_identity() -> String {
 
 #[cfg(test)]
 mod tests {
-    use std::io::{Read, Write};
+    use std::io::{ErrorKind, Read, Write};
     use std::time::Instant;
 
     use super::super::TcpBootstrap;

@@ -1,7 +1,7 @@
 //! Tests of the TCP bootstrap: jobs of threads over loopback, from 1 to 1,024 ranks.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, TcpListener, TcpStream};
 use std::sync::Barrier;
 use std::sync::atomic::AtomicBool;
 use std::time::Instant;
@@ -414,6 +414,33 @@ fn a_cancelled_join_ends_at_once_and_frees_the_root_address() {
 #[test]
 fn a_cancelled_join_stops_looking_for_a_root_that_never_listens() {
     let id = new_id();
+    let (cancel, joining) = join_cancellable(&id, 1, 2);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!joining.is_finished(), "rank 1 did not keep trying to reach its root");
+    let started = Instant::now();
+    cancel.store(true, std::sync::atomic::Ordering::Release);
+    let outcome = joining.join().unwrap();
+    assert!(matches!(outcome, Err(Error::Aborted(_))), "gave {:?}", outcome.map(|_| ()));
+    assert!(started.elapsed() < Duration::from_secs(1), "the join took {:?} to end", started.elapsed());
+}
+
+#[test]
+fn a_cancelled_join_ends_at_once_while_the_root_host_drops_its_handshakes() {
+    // A root port whose accept queue is full: the kernel drops further SYNs, as a firewall
+    // or a host gone dark does, so a connection attempt waits for its own limit (seconds).
+    let root = TcpListener::bind((LOCALHOST, 0)).unwrap();
+    nix::sys::socket::listen(&root, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
+    let addr = root.local_addr().unwrap();
+    let mut queued = Vec::new();
+    let dropped = (0..8).any(|_| match TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+        Ok(stream) => {
+            queued.push(stream);
+            false
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::TimedOut,
+    });
+    assert!(dropped, "the full accept queue never dropped a handshake: the test cannot show anything");
+    let id = UniqueId::with_secret(addr, [0x33; 16]);
     let (cancel, joining) = join_cancellable(&id, 1, 2);
     std::thread::sleep(Duration::from_millis(300));
     assert!(!joining.is_finished(), "rank 1 did not keep trying to reach its root");
