@@ -1,8 +1,9 @@
 //! What the rendezvous of the TCP bootstrap does with sockets, before the poller takes over:
 //! connecting within a bound that a cancelled deadline cuts short (the poller's non-blocking
-//! connect starts here too), blocking reads and writes bounded by a deadline, the length-prefixed handshake messages, the
-//! [`Acceptor`] with which a root reads one hello from every accepted connection without letting
-//! a slow or silent one hold up the others, and binding a member's listener.
+//! connect starts here too), blocking reads and writes bounded by a deadline, the
+//! length-prefixed handshake messages, the [`Acceptor`] with which a root reads one hello from
+//! every accepted connection without letting a slow or silent one hold up the others, and
+//! binding a member's listener.
 
 use std::io::{self, ErrorKind, Read, Write};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
