@@ -9,12 +9,13 @@ use std::time::{Duration, Instant};
 
 use comm_core::Error;
 use comm_core::connection::Connection;
-use comm_core::memory::{MemoryKind, RegisteredMemory};
+use comm_core::memory::{MemoryKind, MemoryRegion, RegisteredMemory};
 use comm_core::testing::{patterned_source, region_of, remote_region, same_bytes};
 use comm_core::transport::TransportBackend;
 
 use crate::endpoint::Endpoint;
-use crate::wire::{FrameHeader, FrameKind, Handshake, MAX_FRAME_BYTES};
+use crate::listener::Inbound;
+use crate::wire::{FrameHeader, FrameKind, HANDSHAKE_OK, Handshake, MAX_FRAME_BYTES};
 use crate::{TcpBackend, TcpConfig, Tending};
 
 fn backend(rank: usize, timeout: Duration) -> TcpBackend {
@@ -76,6 +77,41 @@ fn raw(b: &TcpBackend, token: [u8; 16]) -> TcpStream {
     s
 }
 
+/// Opens a raw socket to `b` with `b`'s own token, as rank 0's stripe 0 of 1, and reads the
+/// listener's answer, which must be [`HANDSHAKE_OK`]: from here on `b` reads frames from it.
+fn accepted_raw(b: &TcpBackend) -> TcpStream {
+    let mut s = raw(b, Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token);
+    let mut ok = [0u8; 1];
+    std::io::Read::read_exact(&mut s, &mut ok).unwrap();
+    assert_eq!(ok[0], HANDSHAKE_OK);
+    s
+}
+
+/// Rank 1 (`b`) waiting on rank 0 (`a`) with its reader threads paused, so that only the
+/// waiter's `progress` reads what rank 0 sends, and a raw socket (`stream`) that stands for rank
+/// 0's only stripe.
+struct PausedWaiter {
+    a: TcpBackend,
+    b: TcpBackend,
+    waiter: Arc<dyn Connection>,
+    /// `region_len` bytes on `b`, its first region: the one raw frames name as region 1.
+    region: Arc<dyn MemoryRegion>,
+    inbound: Arc<Inbound>,
+    stream: TcpStream,
+}
+
+impl PausedWaiter {
+    fn new(region_len: usize) -> Self {
+        let (a, b) = (backend(0, Duration::from_secs(5)), backend(1, Duration::from_secs(5)));
+        let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
+        let region = b.allocate(region_len, MemoryKind::Host).unwrap();
+        let inbound = b.listener.inbound().clone();
+        inbound.readers_paused.store(true, Ordering::Release);
+        let stream = accepted_raw(&b);
+        PausedWaiter { a, b, waiter, region, inbound, stream }
+    }
+}
+
 fn wait_lost(b: &TcpBackend) -> String {
     let started = Instant::now();
     loop {
@@ -106,10 +142,7 @@ fn strangers_that_trickle_or_say_nothing_hold_up_no_rank_and_no_drop() {
     strangers[2].write_all(&[0]).unwrap();
     std::thread::sleep(Duration::from_millis(100));
     let started = Instant::now();
-    let mut s = raw(&b, ep.token);
-    let mut ok = [0u8; 1];
-    std::io::Read::read_exact(&mut s, &mut ok).unwrap();
-    assert_eq!(ok[0], crate::wire::HANDSHAKE_OK);
+    let _s = accepted_raw(&b);
     assert!(started.elapsed() < Duration::from_secs(1), "a rank's handshake waited {:?}", started.elapsed());
     let dropping = Instant::now();
     drop(b);
@@ -123,7 +156,6 @@ fn strangers_that_trickle_or_say_nothing_hold_up_no_rank_and_no_drop() {
 
 #[test]
 fn garbage_truncated_oversized_and_out_of_range_frames_mark_the_peer_lost() {
-    let token_of = |b: &TcpBackend| Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token;
     let frames: Vec<(&str, Vec<u8>)> = vec![
         ("garbage", vec![0xff; 64]),
         (
@@ -148,9 +180,7 @@ fn garbage_truncated_oversized_and_out_of_range_frames_mark_the_peer_lost() {
     for (what, frame) in frames {
         let b = backend(1, Duration::from_secs(2));
         let region = b.allocate(64, MemoryKind::Host).unwrap();
-        let mut s = raw(&b, token_of(&b));
-        let mut ok = [0u8; 1];
-        std::io::Read::read_exact(&mut s, &mut ok).unwrap();
+        let mut s = accepted_raw(&b);
         s.write_all(&frame).unwrap();
         let _ = s.write_all(&[0u8; 8]);
         drop(s);
@@ -190,13 +220,7 @@ fn data_and_flag(payload: &[u8], offset: u64, value: u64) -> Vec<u8> {
 
 #[test]
 fn a_frame_split_across_hand_overs_is_applied_once_whole() {
-    let (a, b) = (backend(0, Duration::from_secs(5)), backend(1, Duration::from_secs(5)));
-    let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
-    let region = b.allocate(256, MemoryKind::Host).unwrap();
-    let inbound = b.listener.inbound().clone();
-    inbound.readers_paused.store(true, Ordering::Release);
-    let mut s = raw(&b, Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token);
-    std::io::Read::read_exact(&mut s, &mut [0u8; 1]).unwrap();
+    let PausedWaiter { a: _a, b: _b, waiter, region, inbound, stream: mut s } = PausedWaiter::new(256);
     // SAFETY: the region holds 256 bytes; frames write it only while this test waits.
     let bytes = |at: usize, n: usize| unsafe { std::slice::from_raw_parts(region.as_ptr().add(at), n) }.to_vec();
     let flag = || bytes(0, 8);
@@ -238,13 +262,7 @@ fn a_frame_split_across_hand_overs_is_applied_once_whole() {
 
 #[test]
 fn a_waiter_that_reads_garbage_gets_peer_lost_and_marks_the_peer() {
-    let (a, b) = (backend(0, Duration::from_secs(5)), backend(1, Duration::from_secs(5)));
-    let waiter = b.connect(0, &a.local_endpoint().unwrap()).unwrap();
-    let _region = b.allocate(64, MemoryKind::Host).unwrap();
-    let inbound = b.listener.inbound().clone();
-    inbound.readers_paused.store(true, Ordering::Release);
-    let mut s = raw(&b, Endpoint::decode(&b.local_endpoint().unwrap()).unwrap().token);
-    std::io::Read::read_exact(&mut s, &mut [0u8; 1]).unwrap();
+    let PausedWaiter { a: _a, b: _b, waiter, region: _region, inbound, stream: mut s } = PausedWaiter::new(64);
     s.write_all(&[0xff; 64]).unwrap();
     let started = Instant::now();
     let r = loop {

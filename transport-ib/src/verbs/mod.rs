@@ -44,6 +44,13 @@ fn verbs_failed(what: &str, device: &str, rc: i32) -> Error {
     Error::transport(crate::NAME, format!("{what} on {device}: errno {rc} ({})", std::io::Error::from_raw_os_error(rc)))
 }
 
+/// The object a verbs call that creates one (open, allocate, create) returned, or, where it
+/// returned null, the error the call left in `errno`: `what` names the call, `device` the device
+/// it was made on. Called right after the call, before anything else can change `errno`.
+fn created<T>(object: *mut T, what: &str, device: &str) -> Result<NonNull<T>> {
+    NonNull::new(object).ok_or_else(|| Error::transport(crate::NAME, format!("{what}({device}): {}", errno())))
+}
+
 /// An opened device with the port weave uses on it.
 pub struct Port {
     context: NonNull<ffi::ibv_context>,
@@ -144,8 +151,7 @@ impl Port {
     /// is not).
     fn open_device(device: *mut ffi::ibv_device, name: &str, choice: &PortChoice) -> Result<Option<Port>> {
         // SAFETY: `device` is an entry of the live device list.
-        let context = NonNull::new(unsafe { ffi::ibv_open_device(device) })
-            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_open_device({name}): {}", errno())))?;
+        let context = created(unsafe { ffi::ibv_open_device(device) }, "ibv_open_device", name)?;
         let close = |e: Error| {
             // SAFETY: the context was opened above and nothing else refers to it yet.
             unsafe { ffi::ibv_close_device(context.as_ptr()) };
@@ -304,8 +310,7 @@ impl ProtectionDomain {
     /// Allocates a protection domain on `port`'s device.
     pub fn new(port: &Arc<Port>) -> Result<Arc<Self>> {
         // SAFETY: an open context.
-        let pd = NonNull::new(unsafe { ffi::ibv_alloc_pd(port.context.as_ptr()) })
-            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_alloc_pd({}): {}", port.device, errno())))?;
+        let pd = created(unsafe { ffi::ibv_alloc_pd(port.context.as_ptr()) }, "ibv_alloc_pd", &port.device)?;
         Ok(Arc::new(ProtectionDomain { port: port.clone(), pd }))
     }
 

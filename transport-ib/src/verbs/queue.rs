@@ -13,7 +13,7 @@ use std::time::Duration;
 use comm_core::{Error, Result};
 use ibverbs_sys as ffi;
 
-use super::{Port, PortAddress, ProtectionDomain, errno, verbs_failed};
+use super::{Port, PortAddress, ProtectionDomain, created, errno, verbs_failed};
 
 /// Inline bytes asked of a queue pair: a small write or a flag record then travels inside the
 /// work request, and the device reads no memory for it (providers that offer less get less).
@@ -35,10 +35,8 @@ impl CompletionChannel {
     /// A channel on `port`'s device, its descriptor non-blocking.
     pub fn new(port: &Arc<Port>) -> Result<Arc<Self>> {
         // SAFETY: an open context.
-        let channel =
-            NonNull::new(unsafe { ffi::ibv_create_comp_channel(port.context.as_ptr()) }).ok_or_else(|| {
-                Error::transport(crate::NAME, format!("ibv_create_comp_channel({}): {}", port.device, errno()))
-            })?;
+        let channel = unsafe { ffi::ibv_create_comp_channel(port.context.as_ptr()) };
+        let channel = created(channel, "ibv_create_comp_channel", &port.device)?;
         let this = CompletionChannel { port: port.clone(), channel };
         let fd = this.fd();
         // SAFETY: fcntl on the channel's own open descriptor.
@@ -141,8 +139,7 @@ impl CompletionQueue {
         let ch = channel.map_or(std::ptr::null_mut(), |c| c.channel.as_ptr());
         // SAFETY: an open context and a live channel (or none); the context is an opaque tag.
         let cq = unsafe { ffi::ibv_create_cq(port.context.as_ptr(), entries, context as *mut _, ch, 0) };
-        let cq = NonNull::new(cq)
-            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_create_cq({}): {}", port.device, errno())))?;
+        let cq = created(cq, "ibv_create_cq", &port.device)?;
         Ok(Arc::new(CompletionQueue { port: port.clone(), cq, _channel: channel.cloned() }))
     }
 
@@ -248,8 +245,7 @@ impl QueuePair {
             // SAFETY: as above.
             qp = unsafe { ffi::ibv_create_qp(pd.pd.as_ptr(), &mut init) };
         }
-        let qp = NonNull::new(qp)
-            .ok_or_else(|| Error::transport(crate::NAME, format!("ibv_create_qp({device}): {}", errno())))?;
+        let qp = created(qp, "ibv_create_qp", device)?;
         let this = QueuePair {
             pd: pd.clone(),
             qp,
