@@ -99,6 +99,15 @@ fn run(roles: &[Role], timeout: Duration) -> (Vec<Outcome>, Duration) {
     (results.into_iter().map(|r| r.0).collect(), longest)
 }
 
+/// `n` ranks that agree, but for those of `dead`, dead from the start.
+fn dead_at_start(n: usize, dead: &[usize]) -> Vec<Role> {
+    let mut roles = vec![Role::Agree; n];
+    for &r in dead {
+        roles[r] = Role::DeadAtStart;
+    }
+    roles
+}
+
 /// Every live rank decided, and all the same set, which holds every rank dead from the start.
 fn check_uniform(roles: &[Role], outcomes: &[Outcome]) -> Vec<usize> {
     let decided: Vec<&Vec<usize>> = outcomes
@@ -123,10 +132,7 @@ fn check_uniform(roles: &[Role], outcomes: &[Outcome]) -> Vec<usize> {
 
 #[test]
 fn sixteen_ranks_with_three_dead_agree_on_those_three() {
-    let mut roles = vec![Role::Agree; 16];
-    for r in [0, 5, 15] {
-        roles[r] = Role::DeadAtStart;
-    }
+    let roles = dead_at_start(16, &[0, 5, 15]);
     let (outcomes, took) = run(&roles, Duration::from_secs(5));
     assert_eq!(check_uniform(&roles, &outcomes), vec![0, 5, 15]);
     assert!(took < Duration::from_secs(2), "took {took:?}");
@@ -159,8 +165,7 @@ fn ranks_dying_during_the_agreement_still_leave_one_decision() {
     for (case, dying) in
         [vec![(0usize, 5u64)], vec![(1, 0), (6, 20)], vec![(0, 0), (2, 10), (7, 30)]].iter().enumerate()
     {
-        let mut roles = vec![Role::Agree; 24];
-        roles[23] = Role::DeadAtStart;
+        let mut roles = dead_at_start(24, &[23]);
         for &(r, ms) in dying {
             roles[r] = Role::DiesAfter(ms);
         }
@@ -173,10 +178,7 @@ fn ranks_dying_during_the_agreement_still_leave_one_decision() {
 
 #[test]
 fn a_thousand_and_twenty_four_ranks_agree_within_seconds() {
-    let mut roles = vec![Role::Agree; 1024];
-    for r in [3, 500, 1023] {
-        roles[r] = Role::DeadAtStart;
-    }
+    let roles = dead_at_start(1024, &[3, 500, 1023]);
     let (outcomes, took) = run(&roles, Duration::from_secs(10));
     assert_eq!(check_uniform(&roles, &outcomes), vec![3, 500, 1023]);
     println!("1,024 ranks, 3 dead: agreed in {took:?}");

@@ -30,34 +30,19 @@ fn matrix_on_threads_with(
     let group = LoopbackBootstrap::group(n, timeout);
     let config = Config { timeout, ..Config::default() };
     let start = Instant::now();
-    let results: Vec<(usize, Duration)> = std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .map(|b| {
-                let config = config.clone();
-                std::thread::Builder::new()
-                    .name(format!("rank-{}", b_rank(&b)))
-                    .stack_size(1 << 20)
-                    .spawn_scoped(s, move || {
-                        let rank = b_rank(&b);
-                        let mut builder =
-                            Communicator::builder(b).with_transport(LoopbackTransport).with_config(config);
-                        for &(c, a) in forced {
-                            builder = builder.with_algorithm(c, a);
-                        }
-                        let comm =
-                            builder.build().unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
-                        let built = start.elapsed();
-                        if std::env::var_os(BUILD_ONLY).is_some() {
-                            return (1, built);
-                        }
-                        let checked = run_matrix(&comm, spec).unwrap_or_else(|e| panic!("rank {rank} of {n}: {e}"));
-                        (checked, built)
-                    })
-                    .expect("spawning a rank thread")
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
+    let results: Vec<(usize, Duration)> = on_thread_ranks(group, |b| {
+        let rank = b_rank(&b);
+        let mut builder = Communicator::builder(b).with_transport(LoopbackTransport).with_config(config.clone());
+        for &(c, a) in forced {
+            builder = builder.with_algorithm(c, a);
+        }
+        let comm = builder.build().unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
+        let built = start.elapsed();
+        if std::env::var_os(BUILD_ONLY).is_some() {
+            return (1, built);
+        }
+        let checked = run_matrix(&comm, spec).unwrap_or_else(|e| panic!("rank {rank} of {n}: {e}"));
+        (checked, built)
     });
     let built = results.iter().map(|r| r.1).max().unwrap_or_default();
     (results[0].0, built, start.elapsed() - built)
@@ -132,36 +117,25 @@ fn blocking_sends_to_every_peer_return_before_any_receive_with_64_thread_ranks()
     let timeout = Duration::from_secs(60);
     let group = LoopbackBootstrap::group(n, timeout);
     let config = Config { timeout, ..Config::default() };
-    std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .map(|b| {
-                let config = config.clone();
-                s.spawn(move || {
-                    let comm =
-                        Communicator::builder(b).with_transport(LoopbackTransport).with_config(config).build()?;
-                    let me = comm.rank();
-                    let message = |from: usize, to: usize| vec![(from * n + to) as u32; 1 + (from + to) % 7];
-                    for peer in (0..n).filter(|&p| p != me) {
-                        comm.send(&message(me, peer), peer)?;
-                    }
-                    for peer in (0..n).rev().filter(|&p| p != me) {
-                        let mut got = vec![0u32; message(peer, me).len()];
-                        comm.recv(&mut got, peer)?;
-                        if got != message(peer, me) {
-                            return Err(comm_core::Error::protocol(format!(
-                                "rank {me} received {got:?} from rank {peer}"
-                            )));
-                        }
-                    }
-                    Ok::<_, comm_core::Error>(())
-                })
-            })
-            .collect();
-        for (rank, h) in handles.into_iter().enumerate() {
-            h.join().expect("a rank thread panicked").unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    let results = on_thread_ranks(group, |b| {
+        let comm = Communicator::builder(b).with_transport(LoopbackTransport).with_config(config.clone()).build()?;
+        let me = comm.rank();
+        let message = |from: usize, to: usize| vec![(from * n + to) as u32; 1 + (from + to) % 7];
+        for peer in (0..n).filter(|&p| p != me) {
+            comm.send(&message(me, peer), peer)?;
         }
+        for peer in (0..n).rev().filter(|&p| p != me) {
+            let mut got = vec![0u32; message(peer, me).len()];
+            comm.recv(&mut got, peer)?;
+            if got != message(peer, me) {
+                return Err(comm_core::Error::protocol(format!("rank {me} received {got:?} from rank {peer}")));
+            }
+        }
+        Ok::<_, comm_core::Error>(())
     });
+    for (rank, result) in results.into_iter().enumerate() {
+        result.unwrap_or_else(|e| panic!("rank {rank}: {e}"));
+    }
 }
 
 /// `n` thread ranks build a communicator; the ranks of `dead` drop theirs (their bootstraps go
@@ -174,43 +148,31 @@ fn agree_and_shrink_on_threads(n: usize, dead: &[usize], timeout: Duration) -> (
     let built = std::sync::Barrier::new(n);
     let done = std::sync::Barrier::new(n - dead.len());
     let (built, done) = (&built, &done);
-    let took: Vec<(Duration, Duration)> = std::thread::scope(|s| {
-        let handles: Vec<_> = group
-            .into_iter()
-            .map(|b| {
-                let config = config.clone();
-                std::thread::Builder::new()
-                    .stack_size(1 << 20)
-                    .spawn_scoped(s, move || {
-                        let rank = b_rank(&b);
-                        let comm = Communicator::builder(b)
-                            .with_transport(LoopbackTransport)
-                            .with_config(config)
-                            .build()
-                            .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
-                        built.wait();
-                        if dead.contains(&rank) {
-                            drop(comm);
-                            return (Duration::ZERO, Duration::ZERO);
-                        }
-                        let started = Instant::now();
-                        let lost = comm.agree_on_failed().unwrap_or_else(|e| panic!("rank {rank}: agree: {e}"));
-                        let agreed = started.elapsed();
-                        assert_eq!(lost, dead, "rank {rank} agreed on the wrong ranks");
-                        let shrunk = comm.shrink(&lost).unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
-                        let took = started.elapsed();
-                        let mut sum = [0u64];
-                        shrunk.all_reduce(&[rank as u64], &mut sum, ReduceOp::Sum).unwrap();
-                        let want: u64 = (0..n as u64).filter(|r| !dead.contains(&(*r as usize))).sum();
-                        assert_eq!(sum[0], want, "rank {rank}: the shrunk communicator's all-reduce");
-                        // Reachable until every survivor is done: a late one may still ask.
-                        done.wait();
-                        (agreed, took)
-                    })
-                    .expect("spawning a rank thread")
-            })
-            .collect();
-        handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
+    let took: Vec<(Duration, Duration)> = on_thread_ranks(group, |b| {
+        let rank = b_rank(&b);
+        let comm = Communicator::builder(b)
+            .with_transport(LoopbackTransport)
+            .with_config(config.clone())
+            .build()
+            .unwrap_or_else(|e| panic!("rank {rank}: building the communicator: {e}"));
+        built.wait();
+        if dead.contains(&rank) {
+            drop(comm);
+            return (Duration::ZERO, Duration::ZERO);
+        }
+        let started = Instant::now();
+        let lost = comm.agree_on_failed().unwrap_or_else(|e| panic!("rank {rank}: agree: {e}"));
+        let agreed = started.elapsed();
+        assert_eq!(lost, dead, "rank {rank} agreed on the wrong ranks");
+        let shrunk = comm.shrink(&lost).unwrap_or_else(|e| panic!("rank {rank}: shrink: {e}"));
+        let took = started.elapsed();
+        let mut sum = [0u64];
+        shrunk.all_reduce(&[rank as u64], &mut sum, ReduceOp::Sum).unwrap();
+        let want: u64 = (0..n as u64).filter(|r| !dead.contains(&(*r as usize))).sum();
+        assert_eq!(sum[0], want, "rank {rank}: the shrunk communicator's all-reduce");
+        // Reachable until every survivor is done: a late one may still ask.
+        done.wait();
+        (agreed, took)
     });
     let agreed = took.iter().map(|t| t.0).max().unwrap_or_default();
     (agreed, took.iter().map(|t| t.1).max().unwrap_or_default())
@@ -240,7 +202,7 @@ fn a_revocation_ends_a_hierarchical_call_waiting_in_a_step() {
     let timeout = Duration::from_secs(20);
     let ready = std::sync::Barrier::new(N);
     let ready = &ready;
-    on_thread_ranks(N, timeout, |b| {
+    on_thread_ranks(LoopbackBootstrap::group(N, timeout), |b| {
         let rank = b_rank(&b);
         let config = Config { timeout, host_id: Some(format!("posed-node-{}", rank / 2)), ..Config::default() };
         let comm = Communicator::builder(b)
@@ -266,16 +228,26 @@ fn a_revocation_ends_a_hierarchical_call_waiting_in_a_step() {
     });
 }
 
-/// Runs `body` on `n` ranks (threads) of one loopback job with `timeout`; panics where a rank did.
-fn on_thread_ranks(n: usize, timeout: Duration, body: impl Fn(LoopbackBootstrap) + Sync) {
+/// The stack of a rank thread: small, so that a thousand ranks fit.
+const RANK_STACK_BYTES: usize = 1 << 20;
+
+/// Runs `body` on each bootstrap of `group` (one loopback job), each in its own thread named
+/// after its rank; returns what each rank returned, in rank order; panics where a rank did.
+fn on_thread_ranks<R: Send>(group: Vec<LoopbackBootstrap>, body: impl Fn(LoopbackBootstrap) -> R + Sync) -> Vec<R> {
     let body = &body;
     std::thread::scope(|s| {
-        let handles: Vec<_> =
-            LoopbackBootstrap::group(n, timeout).into_iter().map(|b| s.spawn(move || body(b))).collect();
-        for h in handles {
-            h.join().expect("a rank thread panicked");
-        }
-    });
+        let handles: Vec<_> = group
+            .into_iter()
+            .map(|b| {
+                std::thread::Builder::new()
+                    .name(format!("rank-{}", b_rank(&b)))
+                    .stack_size(RANK_STACK_BYTES)
+                    .spawn_scoped(s, move || body(b))
+                    .expect("spawning a rank thread")
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()
+    })
 }
 
 /// Counts a rank as done when dropped, so that a rank that panics counts too.
@@ -304,7 +276,7 @@ fn a_revocation_does_not_end_a_split_and_an_abort_does() {
     // peer, not a late one); a rank that panics counts as done, so nothing waits for it.
     let done = std::sync::atomic::AtomicUsize::new(0);
     let done = &done;
-    on_thread_ranks(N, timeout, |b| {
+    on_thread_ranks(LoopbackBootstrap::group(N, timeout), |b| {
         let rank = b_rank(&b);
         let finished = (rank < N - 1).then(|| DoneOnDrop(done));
         let config = Config { timeout, ..Config::default() };

@@ -115,11 +115,21 @@ fn a_rank_that_calls_something_else_is_named_with_its_call() {
     println!("{text}");
 }
 
-/// `collectives-worker stall MODE` on four ranks with a 2 s timeout: the verdict lines of the
-/// ranks that failed (rank, milliseconds the failed call took, the verdict), after checking
-/// that they are the same text and that rank 3 died by SIGKILL when it was to; and every
-/// rank's output, for messages.
-fn stall_job(mode: &str, odd_killed: bool) -> (Vec<(usize, u64, String)>, String) {
+/// What `collectives-worker stall MODE` reported on four ranks with a 2 s timeout.
+struct StallJob {
+    /// The ranks that reported a verdict, in rank order.
+    ranks: Vec<usize>,
+    /// Their verdict, the same text on each.
+    text: String,
+    /// The most milliseconds a failed call took on those ranks.
+    worst: u64,
+    /// Every rank's output, for messages.
+    all: String,
+}
+
+/// Runs `collectives-worker stall MODE` on four ranks with a 2 s timeout, after checking that
+/// the ranks that failed report the same verdict and that rank 3 died by SIGKILL when it was to.
+fn stall_job(mode: &str, odd_killed: bool) -> StallJob {
     let spec = scenario_spec(WORKER.as_ref(), "stall", 4, 2.0, Duration::from_secs(60)).arg(mode).keep_going(true);
     let report = launch_serialized(&spec).unwrap_or_else(|e| panic!("launching stall {mode}: {e}"));
     let mut verdicts = Vec::new();
@@ -137,36 +147,36 @@ fn stall_job(mode: &str, odd_killed: bool) -> (Vec<(usize, u64, String)>, String
     assert!(!verdicts.is_empty(), "stall {mode}: no rank reported a verdict\n{}", dump(&report));
     let first = &verdicts[0].2;
     assert!(verdicts.iter().all(|v| v.2 == *first), "stall {mode}: the verdicts differ\n{}", dump(&report));
-    (verdicts, dump(&report))
+    StallJob {
+        ranks: verdicts.iter().map(|v| v.0).collect(),
+        text: first.clone(),
+        worst: verdicts.iter().map(|v| v.1).max().unwrap_or_default(),
+        all: dump(&report),
+    }
 }
 
 #[test]
 fn a_killed_rank_is_named_lost_by_every_survivor() {
-    let (verdicts, all) = stall_job("kill", true);
-    assert_eq!(verdicts.iter().map(|v| v.0).collect::<Vec<_>>(), [0, 1, 2]);
-    let text = &verdicts[0].2;
+    let StallJob { ranks, text, worst, all } = stall_job("kill", true);
+    assert_eq!(ranks, [0, 1, 2]);
     assert!(text.contains("rank 3 was lost") && !text.contains("rank 0") && !text.contains("rank 1 "), "{all}");
-    let worst = verdicts.iter().map(|v| v.1).max().unwrap_or_default();
     assert!(worst < 1000, "a survivor's error with its verdict took {worst} ms\n{all}");
     println!("killed: within {worst} ms: {text}");
 }
 
 #[test]
 fn a_stopped_rank_is_named_silent_by_every_other_within_a_second_of_the_timeout() {
-    let (verdicts, all) = stall_job("stop", true);
-    assert_eq!(verdicts.len(), 3, "{all}");
-    let text = &verdicts[0].2;
+    let StallJob { ranks, text, worst, all } = stall_job("stop", true);
+    assert_eq!(ranks.len(), 3, "{all}");
     assert!(text.contains("rank 3 did not answer within 500.0ms"), "{all}");
-    let worst = verdicts.iter().map(|v| v.1).max().unwrap_or_default();
     assert!((2000..3000).contains(&worst), "the verdict came {worst} ms after the call began (timeout 2 s)\n{all}");
     println!("stopped: within {worst} ms: {text}");
 }
 
 #[test]
 fn an_unmatched_receive_names_the_peer_it_waits_for() {
-    let (verdicts, all) = stall_job("recv", false);
-    assert_eq!(verdicts.len(), 1, "only rank 0 was in a call\n{all}");
-    let text = &verdicts[0].2;
+    let StallJob { ranks, text, all, .. } = stall_job("recv", false);
+    assert_eq!(ranks.len(), 1, "only rank 0 was in a call\n{all}");
     let waits = "nobody is behind it; rank 0 waits in a point-to-point group of 256 B, first peer 1 for rank 1";
     assert!(text.contains(waits), "{all}");
     println!("unmatched receive: {text}");
@@ -174,9 +184,8 @@ fn an_unmatched_receive_names_the_peer_it_waits_for() {
 
 #[test]
 fn an_unmatched_send_names_the_peer_it_waits_for() {
-    let (verdicts, all) = stall_job("send", false);
-    assert_eq!(verdicts.len(), 1, "only rank 1 was in a call\n{all}");
-    let text = &verdicts[0].2;
+    let StallJob { ranks, text, all, .. } = stall_job("send", false);
+    assert_eq!(ranks.len(), 1, "only rank 1 was in a call\n{all}");
     assert!(text.contains("rank 1 waits in a point-to-point group of 8388608 B, first peer 0 for rank 0"), "{all}");
     println!("unmatched send: {text}");
 }

@@ -11,8 +11,9 @@
 //!   `--vs-nccl`.
 //!
 //! Every worker prints one JSON line per size ([`record`]); the driver prints the table
-//! (`table`) and, if asked, a plot (`plot`). `weave-bench scale-model` fits the alpha-beta
-//! model of weave's plans to saved lines ([`scale_model`]).
+//! (`table`) and, if asked, a plot (`plot`). The workers' command lines share their value
+//! parsers ([`worker_args`]). `weave-bench scale-model` fits the alpha-beta model of weave's
+//! plans to saved lines ([`scale_model`]).
 
 pub mod cli;
 mod gpu_run;
@@ -26,6 +27,7 @@ pub mod scale_model;
 mod sweep;
 mod table;
 pub mod turns;
+pub mod worker_args;
 
 use std::process::ExitCode;
 

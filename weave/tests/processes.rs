@@ -16,13 +16,8 @@ fn four_processes_reach_every_call_through_the_facade() {
         return;
     }
     let program = std::env::current_exe().expect("the path of this test binary");
-    let spec = weave_launch::LaunchSpec::new(4, program)
-        .args([TEST, "--exact", "--nocapture", "--test-threads=1"])
-        .env("WEAVE_TIMEOUT", "20")
-        .capture(true)
-        .timeout(Duration::from_secs(120));
-    let report = weave_launch::launch(&spec).expect("starting 4 ranks");
-    assert!(report.success(), "{}", report.summary());
+    let spec = weave_launch::LaunchSpec::new(4, program).args([TEST, "--exact", "--nocapture", "--test-threads=1"]);
+    let report = launch_successfully(spec, "starting 4 ranks");
     for r in &report.ranks {
         let line = format!("rank {} of 4: checked", r.rank);
         assert!(
@@ -40,13 +35,8 @@ fn four_processes_reach_every_call_through_the_facade() {
 #[test]
 fn a_users_subscriber_sees_the_communicators_creation_and_plan_choices() {
     let example = example("all_reduce");
-    let spec = weave_launch::LaunchSpec::new(2, &example)
-        .env("WEAVE_TIMEOUT", "20")
-        .env("RUST_LOG", "weave=debug")
-        .capture(true)
-        .timeout(Duration::from_secs(120));
-    let report = weave_launch::launch(&spec).expect("starting 2 ranks of the example");
-    assert!(report.success(), "{}", report.summary());
+    let spec = weave_launch::LaunchSpec::new(2, &example).env("RUST_LOG", "weave=debug");
+    let report = launch_successfully(spec, "starting 2 ranks of the example");
     for r in &report.ranks {
         let says = |what: &str| r.stderr.iter().any(|l| l.contains(what));
         assert!(
@@ -84,6 +74,15 @@ fn the_elastic_example_loses_a_rank_grows_back_and_finishes() {
     assert!(stdout.contains("the others shrank, grew back and finished"), "{stdout}");
     let finished = stdout.lines().filter(|l| l.contains("20 steps, every sum exact, weights equal")).count();
     assert_eq!(finished, 4, "three survivors and the replacement finish: {stdout}");
+}
+
+/// Launches `spec` with a 20 s communicator timeout, its output kept and the job bounded by two
+/// minutes; panics with `starting` when it cannot start, and with the summary when a rank failed.
+fn launch_successfully(spec: weave_launch::LaunchSpec, starting: &str) -> weave_launch::LaunchReport {
+    let spec = spec.env("WEAVE_TIMEOUT", "20").capture(true).timeout(Duration::from_secs(120));
+    let report = weave_launch::launch(&spec).expect(starting);
+    assert!(report.success(), "{}", report.summary());
+    report
 }
 
 /// The path of example `name`, built now if `cargo test` did not build it.

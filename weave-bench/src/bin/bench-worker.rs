@@ -53,13 +53,13 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use clap::builder::RangedU64ValueParser;
 use collectives::{Collective, Communicator, DataType, Element, F8E4M3, F8E5M2, ReduceOp, bf16, f16};
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::{Error, Result};
 use weave_bench::record::{SizeResult, benched_collective, reduces, sweep_sizes};
 use weave_bench::turns::RankTurns;
+use weave_bench::worker_args::{at_least, size};
 use weave_tests::matrix::tolerance;
 
 /// The root of broadcast and reduce.
@@ -114,16 +114,6 @@ struct Options {
     /// Run the whole job as this many thread ranks of this process
     #[arg(long, value_parser = at_least(1))]
     threads: Option<usize>,
-}
-
-/// A count of at least `min`.
-fn at_least(min: u64) -> RangedU64ValueParser<usize> {
-    RangedU64ValueParser::new().range(min..)
-}
-
-/// A size in bytes (`8`, `64K`, `1G`).
-fn size(s: &str) -> std::result::Result<usize, String> {
-    weave_launch::parse_size(s).and_then(|bytes| usize::try_from(bytes).ok()).ok_or_else(|| format!("bad size {s:?}"))
 }
 
 /// Whole seconds, at least one.

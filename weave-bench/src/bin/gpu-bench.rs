@@ -15,11 +15,11 @@
 use std::sync::Arc;
 
 use clap::Parser;
-use clap::builder::RangedU64ValueParser;
 use collectives::{Collective, Communicator, DataType, ReduceOp};
 use comm_core::{Error, Result};
 use cudarc::driver::{CudaSlice, CudaStream, DevicePtr};
 use weave_bench::record::{benched_collective, bus_factor, sweep_sizes};
+use weave_bench::worker_args::{at_least, size};
 
 /// A parsed command line.
 #[derive(Debug, Clone, Parser)]
@@ -72,16 +72,6 @@ fn gpu_collective(name: &str) -> std::result::Result<Collective, String> {
     Collective::parse(name)
         .filter(|&c| c != Collective::Reduce)
         .ok_or_else(|| format!("{name}: the GPU bench has no reduce"))
-}
-
-/// A count of at least `min`.
-fn at_least(min: u64) -> RangedU64ValueParser<usize> {
-    RangedU64ValueParser::new().range(min..)
-}
-
-/// A size in bytes (`8`, `64K`, `1G`).
-fn size(s: &str) -> std::result::Result<usize, String> {
-    weave_launch::parse_size(s).and_then(|b| usize::try_from(b).ok()).ok_or_else(|| format!("bad size {s:?}"))
 }
 
 impl Options {
