@@ -387,6 +387,21 @@ fn join_cancellable(
     (cancel, joining)
 }
 
+/// After 300 ms in which the join (rank 1's) must still be trying to reach its root, cancels it:
+/// it must end with [`Error::Aborted`] within a second.
+fn calls_off_a_join_still_looking_for_its_root(
+    cancel: Arc<AtomicBool>,
+    joining: std::thread::JoinHandle<Result<TcpBootstrap>>,
+) {
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(!joining.is_finished(), "rank 1 did not keep trying to reach its root");
+    let started = Instant::now();
+    cancel.store(true, std::sync::atomic::Ordering::Release);
+    let outcome = joining.join().unwrap();
+    assert!(matches!(outcome, Err(Error::Aborted(_))), "gave {:?}", outcome.map(|_| ()));
+    assert!(started.elapsed() < Duration::from_secs(1), "the join took {:?} to end", started.elapsed());
+}
+
 #[test]
 fn a_cancelled_join_ends_at_once_and_frees_the_root_address() {
     // Ranks 0 and 1 of 3 join; rank 2 never comes. Rank 0 waits in the rendezvous for it, rank
@@ -415,13 +430,7 @@ fn a_cancelled_join_ends_at_once_and_frees_the_root_address() {
 fn a_cancelled_join_stops_looking_for_a_root_that_never_listens() {
     let id = new_id();
     let (cancel, joining) = join_cancellable(&id, 1, 2);
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!joining.is_finished(), "rank 1 did not keep trying to reach its root");
-    let started = Instant::now();
-    cancel.store(true, std::sync::atomic::Ordering::Release);
-    let outcome = joining.join().unwrap();
-    assert!(matches!(outcome, Err(Error::Aborted(_))), "gave {:?}", outcome.map(|_| ()));
-    assert!(started.elapsed() < Duration::from_secs(1), "the join took {:?} to end", started.elapsed());
+    calls_off_a_join_still_looking_for_its_root(cancel, joining);
 }
 
 #[test]
@@ -442,11 +451,5 @@ fn a_cancelled_join_ends_at_once_while_the_root_host_drops_its_handshakes() {
     assert!(dropped, "the full accept queue never dropped a handshake: the test cannot show anything");
     let id = UniqueId::with_secret(addr, [0x33; 16]);
     let (cancel, joining) = join_cancellable(&id, 1, 2);
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(!joining.is_finished(), "rank 1 did not keep trying to reach its root");
-    let started = Instant::now();
-    cancel.store(true, std::sync::atomic::Ordering::Release);
-    let outcome = joining.join().unwrap();
-    assert!(matches!(outcome, Err(Error::Aborted(_))), "gave {:?}", outcome.map(|_| ()));
-    assert!(started.elapsed() < Duration::from_secs(1), "the join took {:?} to end", started.elapsed());
+    calls_off_a_join_still_looking_for_its_root(cancel, joining);
 }
