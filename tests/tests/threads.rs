@@ -228,22 +228,24 @@ fn a_revocation_ends_a_hierarchical_call_waiting_in_a_step() {
     });
 }
 
-/// The stack of a rank thread: small, so that a thousand ranks fit.
+/// The stack of a rank thread in a job of more than [`SMALL_JOB`] ranks: small, so that a
+/// thousand ranks fit. Smaller jobs keep the default (which `RUST_MIN_STACK` sets).
 const RANK_STACK_BYTES: usize = 1 << 20;
+/// The most ranks whose threads keep the default stack.
+const SMALL_JOB: usize = 64;
 
 /// Runs `body` on each bootstrap of `group` (one loopback job), each in its own thread named
 /// after its rank; returns what each rank returned, in rank order; panics where a rank did.
 fn on_thread_ranks<R: Send>(group: Vec<LoopbackBootstrap>, body: impl Fn(LoopbackBootstrap) -> R + Sync) -> Vec<R> {
     let body = &body;
+    let small_stacks = group.len() > SMALL_JOB;
     std::thread::scope(|s| {
         let handles: Vec<_> = group
             .into_iter()
             .map(|b| {
-                std::thread::Builder::new()
-                    .name(format!("rank-{}", b_rank(&b)))
-                    .stack_size(RANK_STACK_BYTES)
-                    .spawn_scoped(s, move || body(b))
-                    .expect("spawning a rank thread")
+                let thread = std::thread::Builder::new().name(format!("rank-{}", b_rank(&b)));
+                let thread = if small_stacks { thread.stack_size(RANK_STACK_BYTES) } else { thread };
+                thread.spawn_scoped(s, move || body(b)).expect("spawning a rank thread")
             })
             .collect();
         handles.into_iter().map(|h| h.join().expect("a rank thread panicked")).collect()

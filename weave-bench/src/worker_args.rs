@@ -1,5 +1,4 @@
-//! The value parsers the two workers' command lines share (`bench-worker`, `gpu-bench`): the
-//! driver writes those lines, so a bad value there is the driver's bug, not the user's.
+//! The value parsers the two workers' command lines share (`bench-worker`, `gpu-bench`).
 
 use clap::builder::RangedU64ValueParser;
 

@@ -57,13 +57,19 @@ pub(super) fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
 /// cancelled (seen within its [`next_wait`](Deadline::next_wait), even while the host at
 /// `addr` drops the handshake). The stream comes back blocking.
 pub(super) fn connect_within(addr: SocketAddr, limit: Duration, deadline: &Deadline) -> io::Result<TcpStream> {
+    let given_up = || {
+        let why = if deadline.cancelled() { "the wait was called off" } else { "no answer in time" };
+        io::Error::new(ErrorKind::TimedOut, format!("connecting to {addr}: {why}"))
+    };
+    if deadline.expired() {
+        return Err(given_up());
+    }
     let attempt = Deadline::after(limit);
     let stream = start_connect(addr)?;
     loop {
         let wait = deadline.next_wait().min(attempt.remaining());
         if wait.is_zero() {
-            let why = if deadline.cancelled() { "the wait was called off" } else { "no answer in time" };
-            return Err(io::Error::new(ErrorKind::TimedOut, format!("connecting to {addr}: {why}")));
+            return Err(given_up());
         }
         // Whole milliseconds, at least one: a shorter wait would spin.
         let millis = wait.as_millis().clamp(1, i32::MAX as u128) as i32;
