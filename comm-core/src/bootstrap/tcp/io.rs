@@ -80,12 +80,26 @@ pub(super) fn connect_within(addr: SocketAddr, limit: Duration, deadline: &Deadl
                 if let Some(e) = stream.take_error()? {
                     return Err(e);
                 }
+                if connected_to_itself(&stream) {
+                    return Err(io::Error::new(
+                        ErrorKind::ConnectionRefused,
+                        format!("connecting to {addr}: nobody listens there yet and the socket met itself"),
+                    ));
+                }
                 stream.set_nonblocking(false)?;
                 return Ok(stream);
             }
             Err(e) => return Err(e.into()),
         }
     }
+}
+
+/// Whether `stream` is connected to itself: a connect to a free port of this host can pick that
+/// very port as its own and complete by simultaneous open. A root's port is free until the root
+/// binds it, so a rank that dials early and often would otherwise, now and then, read its own
+/// hello as the root's answer.
+pub(super) fn connected_to_itself(stream: &TcpStream) -> bool {
+    matches!((stream.local_addr(), stream.peer_addr()), (Ok(local), Ok(peer)) if local == peer)
 }
 
 // ---------------------------------------------------------------------------------------------

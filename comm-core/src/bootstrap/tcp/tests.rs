@@ -453,3 +453,20 @@ fn a_cancelled_join_ends_at_once_while_the_root_host_drops_its_handshakes() {
     let (cancel, joining) = join_cancellable(&id, 1, 2);
     calls_off_a_join_still_looking_for_its_root(cancel, joining);
 }
+
+#[test]
+fn a_socket_that_met_itself_is_told_from_a_connection() {
+    use nix::sys::socket::{AddressFamily, SockFlag, SockType, SockaddrIn, bind, connect, getsockname, socket};
+    use std::os::fd::AsRawFd;
+    // Bound to a port and dialling that same port, with nobody listening: simultaneous open
+    // connects the socket to itself, as a rank dialling a root's free port may by chance.
+    let fd = socket(AddressFamily::Inet, SockType::Stream, SockFlag::SOCK_CLOEXEC, None).unwrap();
+    bind(fd.as_raw_fd(), &SockaddrIn::new(127, 0, 0, 1, 0)).unwrap();
+    let me: SockaddrIn = getsockname(fd.as_raw_fd()).unwrap();
+    connect(fd.as_raw_fd(), &me).unwrap();
+    let met_itself = TcpStream::from(fd);
+    assert!(super::io::connected_to_itself(&met_itself));
+    let root = TcpListener::bind((LOCALHOST, 0)).unwrap();
+    let dialled = TcpStream::connect(root.local_addr().unwrap()).unwrap();
+    assert!(!super::io::connected_to_itself(&dialled));
+}
