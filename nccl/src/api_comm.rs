@@ -158,8 +158,8 @@ const MAX_INIT_ALL: usize = 1024;
 const ASYNC_STATE_TRIES: usize = 20;
 
 /// How long `ncclCommAbort` or `ncclCommDestroy` of a communicator still initializing waits for
-/// its init to end once called off (its waits look at the call-off every few milliseconds; a
-/// connection attempt to a host that does not answer takes up to 5 s).
+/// its init to end once called off (the rendezvous, its connection attempts to a silent root
+/// included, and the endpoint exchange look at the call-off every few milliseconds).
 const INIT_CALL_OFF_WAIT: Duration = Duration::from_secs(10);
 
 /// Checks `nranks` and `rank` and decodes the id.

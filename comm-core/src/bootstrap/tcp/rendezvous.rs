@@ -196,8 +196,7 @@ impl Rendezvous<'_> {
     fn connect_to_root(&self, root: usize, addr: SocketAddr) -> Result<TcpStream> {
         let mut pause = Duration::from_millis(2);
         loop {
-            let attempt = connect_within(addr, CONNECT_ATTEMPT_MAX, &self.deadline);
-            match attempt {
+            match connect_within(addr, CONNECT_ATTEMPT_MAX, &self.deadline) {
                 Ok(stream) => return Ok(stream),
                 Err(e) if self.deadline.expired() => {
                     return Err(self.timeout_error(
