@@ -25,7 +25,7 @@
 //! ([`progress`](Connection::progress)), or when any wait of this process outlasts its spin
 //! ([`comm_core::deferred`]). At most one is held per connection: a second one sends both.
 
-use std::io::{IoSlice, Read, Write};
+use std::io::{ErrorKind, IoSlice, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -34,8 +34,10 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use comm_core::connection::{CheckedWrite, Connection, spin_until_peer};
+use comm_core::deadline::Deadline;
 use comm_core::deferred::HeldSends;
 use comm_core::memory::RegisteredMemory;
+use comm_core::tcp_connect::connect_within;
 use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 
@@ -303,24 +305,55 @@ fn dial_set(peer: usize, addr: SocketAddr, token: [u8; 16], dial: &Dial) -> Resu
     (0..stripes)
         .map(|stripe| {
             let hello = Handshake { token, rank, stripe, stripes };
-            let socket = dial_socket(peer, addr, &hello, dial.timeout)?;
+            let socket = dial_socket(peer, addr, &hello, dial.timeout, &dial.abort)?;
             dial.inbound.attach(socket, peer, stripe, stripes)
         })
         .collect()
 }
 
-fn dial_socket(peer: usize, addr: SocketAddr, hello: &Handshake, timeout: Duration) -> Result<TcpStream> {
-    let what = |e| Error::peer_lost(peer, format!("tcp connect to {addr}"), format!("{e}"));
-    let mut s = TcpStream::connect_timeout(&addr, timeout).map_err(what)?;
-    s.set_nodelay(true).map_err(what)?;
-    s.set_write_timeout(Some(timeout)).map_err(what)?;
-    s.set_read_timeout(Some(timeout)).map_err(what)?;
-    s.write_all(&hello.encode()).map_err(what)?;
+/// Dials one socket to `peer` at `addr` and presents `hello` on it: the connect and the
+/// listener's answer are bounded by `timeout` and end within
+/// [`CANCEL_LOOK`](comm_core::deadline::CANCEL_LOOK) once `abort` is set (a peer whose host
+/// drops the handshake holds no one up for longer than the caller wants).
+fn dial_socket(
+    peer: usize,
+    addr: SocketAddr,
+    hello: &Handshake,
+    timeout: Duration,
+    abort: &Arc<AtomicBool>,
+) -> Result<TcpStream> {
+    let deadline = Deadline::cancellable(timeout, abort.clone());
+    let operation = || format!("tcp connect to {addr}");
+    let lost = |e: std::io::Error| {
+        if deadline.expired() {
+            deadline.give_up(operation(), Some(peer))
+        } else {
+            Error::peer_lost(peer, operation(), format!("{e}"))
+        }
+    };
+    let mut s = connect_within(addr, timeout, &deadline).map_err(lost)?;
+    s.set_nodelay(true).map_err(lost)?;
+    s.set_write_timeout(Some(timeout)).map_err(lost)?;
+    s.write_all(&hello.encode()).map_err(lost)?;
     let mut ok = [0u8; 1];
-    s.read_exact(&mut ok).map_err(what)?;
+    loop {
+        // Slices of the time left, to see `abort` between them.
+        s.set_read_timeout(Some(deadline.next_wait().max(Duration::from_millis(1)))).map_err(lost)?;
+        match s.read(&mut ok) {
+            Ok(1) => break,
+            Ok(_) => return Err(lost(std::io::ErrorKind::UnexpectedEof.into())),
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
+                if deadline.expired() {
+                    return Err(deadline.give_up(format!("tcp handshake with {addr}"), Some(peer)));
+                }
+            }
+            Err(e) => return Err(lost(e)),
+        }
+    }
     if ok[0] != HANDSHAKE_OK {
         return Err(Error::protocol(format!("rank {peer} refused the tcp handshake")));
     }
+    s.set_read_timeout(Some(timeout)).map_err(lost)?;
     Ok(s)
 }
 

@@ -500,3 +500,48 @@ fn three_peers_writing_at_once_are_read_by_one_thread_per_stripe() {
     }
     assert_eq!(inbound.reader_threads(), 3, "no reader thread per socket");
 }
+
+/// Connects rank 0 (comm timeout 30 s) to a peer said to listen at `addr`, sets the backend's
+/// abort flag 200 ms in, and checks the connect ends as aborted within a second.
+fn a_called_off_dial_ends_at_once(addr: std::net::SocketAddr) {
+    let a = backend(0, Duration::from_secs(30));
+    let peer = Endpoint { addr, token: [7; 16] }.encode();
+    let abort = a.abort.clone();
+    let started = Instant::now();
+    let outcome = std::thread::scope(|s| {
+        s.spawn(|| {
+            std::thread::sleep(Duration::from_millis(200));
+            abort.store(true, Ordering::Release);
+        });
+        a.connect(1, &peer).map(|_| ())
+    });
+    let took = started.elapsed();
+    assert!(matches!(outcome, Err(Error::Aborted(_))), "a called-off connect gave {outcome:?}");
+    assert!(took < Duration::from_secs(1), "the called-off connect took {took:?} to end");
+}
+
+#[test]
+fn a_connect_to_a_host_that_drops_the_handshake_is_called_off_at_once() {
+    // A listener whose accept queue is full: the kernel drops further SYNs, as a host gone dark
+    // does; a blocking connect would wait out the whole comm timeout.
+    let full = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    nix::sys::socket::listen(&full, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
+    let addr = full.local_addr().unwrap();
+    let mut queued = Vec::new();
+    let dropped = (0..8).any(|_| match TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+        Ok(stream) => {
+            queued.push(stream);
+            false
+        }
+        Err(e) => e.kind() == std::io::ErrorKind::TimedOut,
+    });
+    assert!(dropped, "the full accept queue never dropped a handshake: the test cannot show anything");
+    a_called_off_dial_ends_at_once(addr);
+}
+
+#[test]
+fn a_connect_whose_handshake_is_never_answered_is_called_off_at_once() {
+    // The kernel accepts the connection into the queue, but nobody reads the hello or answers.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    a_called_off_dial_ends_at_once(silent.local_addr().unwrap());
+}

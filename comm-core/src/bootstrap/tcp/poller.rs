@@ -24,12 +24,13 @@ use std::time::Duration;
 use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 
 use super::TcpBootstrap;
-use super::io::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES, start_connect};
+use super::io::{HANDSHAKE_TIMEOUT, MAX_PENDING_HANDSHAKES};
 use super::links::{Command, Link, Shared};
 use super::messages::{MAX_HELLO_LEN, ROOT_HELLO_MAGIC, decode_peer_hello, encode_peer_hello};
 use crate::bootstrap::{TAG_NOTICE, UniqueId};
 use crate::deadline::Deadline;
 use crate::diagnostics;
+use crate::tcp_connect::start_connect;
 
 /// Bound on writing a notice queued for a link when the link opens.
 const NOTICE_WRITE: Duration = Duration::from_millis(200);

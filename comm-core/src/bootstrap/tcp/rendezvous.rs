@@ -7,7 +7,7 @@ use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::ops::Range;
 use std::time::Duration;
 
-use super::io::{Acceptor, IoFailure, bind_member_listener, connect_within, read_handshake, write_handshake};
+use super::io::{Acceptor, IoFailure, bind_member_listener, read_handshake, write_handshake};
 use super::messages::{
     GROUP_TABLE_MAGIC, MAX_HELLO_LEN, RankEntry, decode_group_table, decode_root_ack, decode_root_hello,
     encode_group_table, encode_root_ack, encode_root_hello,
@@ -15,6 +15,7 @@ use super::messages::{
 use crate::bootstrap::UniqueId;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
+use crate::tcp_connect::connect_within;
 
 /// Longest pause between two attempts to reach a root.
 const CONNECT_RETRY_MAX: Duration = Duration::from_millis(200);
