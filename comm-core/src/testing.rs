@@ -196,3 +196,45 @@ pub fn check_fuzz_seeds(
     }
     Ok(())
 }
+
+/// A listener on this host that drops connection handshakes, as a host gone dark or a
+/// firewall does: its accept queue (backlog 0) is full of connections it holds and never
+/// accepts, so the kernel answers no further SYN. Connects to [`addr`](Self::addr) wait for
+/// their own limit; tests show with it that a called-off connect ends at once.
+pub struct HandshakeDropper {
+    addr: std::net::SocketAddr,
+    _listener: std::net::TcpListener,
+    /// The connections that fill the accept queue, kept open.
+    _queued: Vec<std::net::TcpStream>,
+}
+
+impl HandshakeDropper {
+    /// Binds a listener on 127.0.0.1 and fills its accept queue; an error where this kernel
+    /// kept answering (a test could then show nothing).
+    pub fn open() -> Result<Self> {
+        use std::time::Duration;
+        fn io(what: &'static str) -> impl Fn(std::io::Error) -> Error {
+            move |e| Error::io(format!("handshake dropper: {what}"), e)
+        }
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").map_err(io("bind"))?;
+        let zero = nix::sys::socket::Backlog::new(0).map_err(|e| io("backlog")(e.into()))?;
+        nix::sys::socket::listen(&listener, zero).map_err(|e| io("listen")(e.into()))?;
+        let addr = listener.local_addr().map_err(io("local address"))?;
+        let mut queued = Vec::new();
+        for _ in 0..8 {
+            match std::net::TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
+                Ok(stream) => queued.push(stream),
+                Err(e) if e.kind() == std::io::ErrorKind::TimedOut => {
+                    return Ok(HandshakeDropper { addr, _listener: listener, _queued: queued });
+                }
+                Err(e) => return Err(io("fill the accept queue")(e)),
+            }
+        }
+        Err(Error::Unsupported(format!("handshake dropper: {addr} answered 8 connects with a full accept queue")))
+    }
+
+    /// Where connects get no answer.
+    pub fn addr(&self) -> std::net::SocketAddr {
+        self.addr
+    }
+}

@@ -435,21 +435,10 @@ fn a_cancelled_join_stops_looking_for_a_root_that_never_listens() {
 
 #[test]
 fn a_cancelled_join_ends_at_once_while_the_root_host_drops_its_handshakes() {
-    // A root port whose accept queue is full: the kernel drops further SYNs, as a firewall
-    // or a host gone dark does, so a connection attempt waits for its own limit (seconds).
-    let root = TcpListener::bind((LOCALHOST, 0)).unwrap();
-    nix::sys::socket::listen(&root, nix::sys::socket::Backlog::new(0).unwrap()).unwrap();
-    let addr = root.local_addr().unwrap();
-    let mut queued = Vec::new();
-    let dropped = (0..8).any(|_| match TcpStream::connect_timeout(&addr, Duration::from_millis(300)) {
-        Ok(stream) => {
-            queued.push(stream);
-            false
-        }
-        Err(e) => e.kind() == std::io::ErrorKind::TimedOut,
-    });
-    assert!(dropped, "the full accept queue never dropped a handshake: the test cannot show anything");
-    let id = UniqueId::with_secret(addr, [0x33; 16]);
+    // A root port that drops the handshakes, as a firewall or a host gone dark does, so a
+    // connection attempt waits for its own limit (seconds).
+    let dropper = crate::testing::HandshakeDropper::open().unwrap();
+    let id = UniqueId::with_secret(dropper.addr(), [0x33; 16]);
     let (cancel, joining) = join_cancellable(&id, 1, 2);
     calls_off_a_join_still_looking_for_its_root(cancel, joining);
 }
