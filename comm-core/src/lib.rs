@@ -46,7 +46,7 @@ pub mod semaphore;
 pub mod slot_credits;
 pub mod spin;
 mod sync;
-pub mod tcp_connect;
+pub mod tcp_bounded;
 pub mod tcp_listener;
 pub mod testing;
 pub mod topology;

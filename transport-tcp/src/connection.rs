@@ -25,7 +25,7 @@
 //! ([`progress`](Connection::progress)), or when any wait of this process outlasts its spin
 //! ([`comm_core::deferred`]). At most one is held per connection: a second one sends both.
 
-use std::io::{ErrorKind, IoSlice, Read, Write};
+use std::io::{IoSlice, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{Receiver, Sender, channel};
@@ -37,7 +37,7 @@ use comm_core::connection::{CheckedWrite, Connection, spin_until_peer};
 use comm_core::deadline::Deadline;
 use comm_core::deferred::HeldSends;
 use comm_core::memory::RegisteredMemory;
-use comm_core::tcp_connect::connect_within;
+use comm_core::tcp_bounded::{connect_within, read_exact_within, write_all_within};
 use comm_core::transport::Transport;
 use comm_core::{Error, Result};
 
@@ -331,29 +331,17 @@ fn dial_socket(
             Error::peer_lost(peer, operation(), format!("{e}"))
         }
     };
-    let mut s = connect_within(addr, timeout, &deadline).map_err(lost)?;
+    let s = connect_within(addr, timeout, &deadline).map_err(lost)?;
     s.set_nodelay(true).map_err(lost)?;
-    s.set_write_timeout(Some(timeout)).map_err(lost)?;
-    s.write_all(&hello.encode()).map_err(lost)?;
+    write_all_within(&s, &hello.encode(), &deadline).map_err(lost)?;
     let mut ok = [0u8; 1];
-    loop {
-        // Slices of the time left, to see `abort` between them.
-        s.set_read_timeout(Some(deadline.next_wait().max(Duration::from_millis(1)))).map_err(lost)?;
-        match s.read(&mut ok) {
-            Ok(1) => break,
-            Ok(_) => return Err(lost(std::io::ErrorKind::UnexpectedEof.into())),
-            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted) => {
-                if deadline.expired() {
-                    return Err(deadline.give_up(format!("tcp handshake with {addr}"), Some(peer)));
-                }
-            }
-            Err(e) => return Err(lost(e)),
-        }
-    }
+    read_exact_within(&s, &mut ok, &deadline).map_err(lost)?;
     if ok[0] != HANDSHAKE_OK {
         return Err(Error::protocol(format!("rank {peer} refused the tcp handshake")));
     }
+    // The handshake left its last short slice as the timeouts; later frames get the comm timeout.
     s.set_read_timeout(Some(timeout)).map_err(lost)?;
+    s.set_write_timeout(Some(timeout)).map_err(lost)?;
     Ok(s)
 }
 

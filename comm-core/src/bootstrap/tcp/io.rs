@@ -1,16 +1,17 @@
 //! What the rendezvous of the TCP bootstrap does with sockets, before the poller takes over
-//! (connecting is [`tcp_connect`](crate::tcp_connect)'s): blocking reads and writes bounded by
-//! a deadline, the length-prefixed handshake messages, the [`Acceptor`] with which a root reads
+//! (connecting and bounded reads and writes are [`tcp_bounded`](crate::tcp_bounded)'s): the
+//! length-prefixed handshake messages, the [`Acceptor`] with which a root reads
 //! one hello from every accepted connection without letting a slow or silent one hold up the
 //! others, and binding a member's listener.
 
-use std::io::{self, ErrorKind, Read, Write};
+use std::io::{self, ErrorKind, Read};
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, TcpListener, TcpStream, UdpSocket};
 use std::time::{Duration, Instant};
 
 use super::messages::MAX_HELLO_LEN;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
+use crate::tcp_bounded::{read_exact_within, write_all_within};
 
 /// How long an accepted connection may take to send its complete hello (at the root during the
 /// rendezvous, and at every rank's poller later).
@@ -35,59 +36,12 @@ pub(super) enum IoFailure {
     Malformed(String),
 }
 
-/// True for errors after which a bounded read or write simply tries again.
-pub(super) fn is_transient(e: &io::Error) -> bool {
-    matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut | ErrorKind::Interrupted)
-}
-
-fn read_exact_until(stream: &mut TcpStream, buf: &mut [u8], deadline: &Deadline) -> Result<(), IoFailure> {
-    let len = buf.len();
-    let read = |mut s: &TcpStream, filled: usize| s.read(&mut buf[filled..]);
-    transfer_until(stream, len, deadline, TcpStream::set_read_timeout, "the connection was closed", read)
-}
-
-/// Writes all of `bytes`, or fails once `deadline` has passed.
-pub(super) fn write_all_until(stream: &TcpStream, bytes: &[u8], deadline: &Deadline) -> Result<(), IoFailure> {
-    let write = |mut s: &TcpStream, written: usize| s.write(&bytes[written..]);
-    transfer_until(
-        stream,
-        bytes.len(),
-        deadline,
-        TcpStream::set_write_timeout,
-        "the connection accepts no more data",
-        write,
-    )
-}
-
-/// Moves `len` bytes through `stream` by calling `step(stream, done)`, which reads or writes
-/// some of the bytes after the first `done` and says how many it moved, until all are moved or
-/// `deadline` passes. Each step is bounded by the time left (a slice of it where the
-/// deadline is cancellable), through `set_timeout`; a step that
-/// moves nothing means the other side is gone (`ended` says how), transient errors are retried.
-fn transfer_until(
-    stream: &TcpStream,
-    len: usize,
-    deadline: &Deadline,
-    set_timeout: fn(&TcpStream, Option<Duration>) -> io::Result<()>,
-    ended: &str,
-    mut step: impl FnMut(&TcpStream, usize) -> io::Result<usize>,
-) -> Result<(), IoFailure> {
-    let mut done = 0;
-    while done < len {
-        // At most the time left (a cancellable deadline: a short slice, to look at its flag).
-        let wait = deadline.next_wait();
-        if wait.is_zero() {
-            return Err(IoFailure::TimedOut);
-        }
-        set_timeout(stream, Some(wait)).map_err(|e| IoFailure::Closed(e.to_string()))?;
-        match step(stream, done) {
-            Ok(0) => return Err(IoFailure::Closed(ended.to_string())),
-            Ok(n) => done += n,
-            Err(e) if is_transient(&e) => {}
-            Err(e) => return Err(IoFailure::Closed(e.to_string())),
-        }
-    }
-    Ok(())
+/// A bounded read or write's outcome as the rendezvous tells failures apart.
+fn bounded(done: io::Result<()>) -> Result<(), IoFailure> {
+    done.map_err(|e| match e.kind() {
+        ErrorKind::TimedOut => IoFailure::TimedOut,
+        _ => IoFailure::Closed(e.to_string()),
+    })
 }
 
 /// Writes one handshake message: `u32` length, then the message.
@@ -96,7 +50,7 @@ pub(super) fn write_handshake(stream: &TcpStream, message: &[u8], deadline: &Dea
     let mut framed = Vec::with_capacity(4 + message.len());
     framed.extend_from_slice(&len.to_le_bytes());
     framed.extend_from_slice(message);
-    write_all_until(stream, &framed, deadline)
+    bounded(write_all_within(stream, &framed, deadline))
 }
 
 /// Reads one handshake message of at most `max_len` bytes. Reads exactly its bytes and no
@@ -107,13 +61,13 @@ pub(super) fn read_handshake(
     deadline: &Deadline,
 ) -> Result<Vec<u8>, IoFailure> {
     let mut prefix = [0u8; 4];
-    read_exact_until(stream, &mut prefix, deadline)?;
+    bounded(read_exact_within(stream, &mut prefix, deadline))?;
     let len = u32::from_le_bytes(prefix) as usize;
     if len == 0 || len > max_len {
         return Err(IoFailure::Malformed(format!("announced a {len}-byte handshake message (limit {max_len})")));
     }
     let mut message = vec![0u8; len];
-    read_exact_until(stream, &mut message, deadline)?;
+    bounded(read_exact_within(stream, &mut message, deadline))?;
     Ok(message)
 }
 

@@ -30,7 +30,7 @@ use super::messages::{MAX_HELLO_LEN, ROOT_HELLO_MAGIC, decode_peer_hello, encode
 use crate::bootstrap::{TAG_NOTICE, UniqueId};
 use crate::deadline::Deadline;
 use crate::diagnostics;
-use crate::tcp_connect::start_connect;
+use crate::tcp_bounded::start_connect;
 
 /// Bound on writing a notice queued for a link when the link opens.
 const NOTICE_WRITE: Duration = Duration::from_millis(200);

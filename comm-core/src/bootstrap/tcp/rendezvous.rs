@@ -15,7 +15,7 @@ use super::messages::{
 use crate::bootstrap::UniqueId;
 use crate::deadline::Deadline;
 use crate::error::{Error, Result};
-use crate::tcp_connect::connect_within;
+use crate::tcp_bounded::connect_within;
 
 /// Longest pause between two attempts to reach a root.
 const CONNECT_RETRY_MAX: Duration = Duration::from_millis(200);

@@ -454,8 +454,8 @@ fn a_socket_that_met_itself_is_told_from_a_connection() {
     let me: SockaddrIn = getsockname(fd.as_raw_fd()).unwrap();
     connect(fd.as_raw_fd(), &me).unwrap();
     let met_itself = TcpStream::from(fd);
-    assert!(crate::tcp_connect::connected_to_itself(&met_itself));
+    assert!(crate::tcp_bounded::connected_to_itself(&met_itself));
     let root = TcpListener::bind((LOCALHOST, 0)).unwrap();
     let dialled = TcpStream::connect(root.local_addr().unwrap()).unwrap();
-    assert!(!crate::tcp_connect::connected_to_itself(&dialled));
+    assert!(!crate::tcp_bounded::connected_to_itself(&dialled));
 }
