@@ -97,7 +97,7 @@ const ONE_RAIL: u8 = 1;
 const EVERY_RAIL: u8 = 2;
 
 /// What the hierarchical executor needs of the communicators its steps run on: the node and
-/// the rail, both split from the communicator the call was made on. `exec.rs` implements it
+/// the rail, both split from the communicator the call was made on. `exec/` implements it
 /// for the communicator; the hierarchy names no communicator type.
 ///
 /// # Safety

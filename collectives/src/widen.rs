@@ -1,7 +1,7 @@
 //! Reductions of FP8 elements, carried in a wide type ([`DataType::reduced_in`]): the inputs
 //! are widened, the call runs on the wide elements with whatever the plan picks, and the result
 //! is narrowed once (see [`crate::fp8`] for why that rounds once whatever the algorithm).
-//! `exec.rs` runs the wide call; this module makes its buffers and brings its result back.
+//! `exec/` runs the wide call; this module makes its buffers and brings its result back.
 
 use crate::call::CollectiveCall;
 use crate::dtype::Element;

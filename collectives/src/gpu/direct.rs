@@ -48,7 +48,7 @@ const DEFAULT_PIPE_STEPS: u32 = 1;
 /// a kernel first needs it, and the collective kernels that load and store peers' workspaces.
 pub(crate) struct DirectKernels {
     /// Compiles the program at the first launch and launches its kernels (the executor in
-    /// `exec.rs` launches through it).
+    /// `exec/device.rs` launches through it).
     pub(crate) launcher: DirectLauncher,
     /// Every rank's mapping of each area made so far, indexed by [`WorkspaceArea::index`].
     areas: [Option<Vec<RegisteredMemory>>; 4],

@@ -83,11 +83,11 @@ pub(crate) struct GpuEngine {
     /// Whether [`suspend`](Self::suspend) released the workspace (device calls are refused until
     /// [`resume`](Self::resume)).
     suspended: bool,
-    /// The communicator's windows (`api/window.rs` registers them, `exec.rs` runs all-reduces
-    /// on them in place).
+    /// The communicator's windows (`api/window.rs` registers them, `exec/device.rs` runs
+    /// all-reduces on them in place).
     pub(crate) windows: Windows,
     /// The buffers this rank registered with the communicator (`api/registered.rs` registers
-    /// them, `exec.rs` runs all-reduces on them in place).
+    /// them, `exec/device.rs` runs all-reduces on them in place).
     pub(crate) registrations: Registrations,
 }
 
