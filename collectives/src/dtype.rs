@@ -122,6 +122,49 @@ impl DataType {
     }
 }
 
+/// Code generic over the element type, run for a type known only at run time: implement it
+/// and pass it to [`DataType::run`], which calls [`run`](Self::run) with the matching Rust type.
+///
+/// ```
+/// use collectives::{DataType, Element, ForEachElement};
+///
+/// /// The bytes of a buffer of this many elements.
+/// struct Bytes(usize);
+/// impl ForEachElement for Bytes {
+///     type Output = usize;
+///     fn run<T: Element>(self) -> usize {
+///         self.0 * std::mem::size_of::<T>()
+///     }
+/// }
+/// assert_eq!(DataType::Bf16.run(Bytes(3)), 6);
+/// ```
+pub trait ForEachElement {
+    /// What the code returns.
+    type Output;
+    /// The code, for the element type `T`.
+    fn run<T: Element>(self) -> Self::Output;
+}
+
+impl DataType {
+    /// Runs `code` with the Rust type of this data type (see [`ForEachElement`]).
+    pub fn run<C: ForEachElement>(self, code: C) -> C::Output {
+        match self {
+            DataType::F64 => code.run::<f64>(),
+            DataType::F32 => code.run::<f32>(),
+            DataType::F16 => code.run::<f16>(),
+            DataType::Bf16 => code.run::<bf16>(),
+            DataType::I64 => code.run::<i64>(),
+            DataType::I32 => code.run::<i32>(),
+            DataType::U64 => code.run::<u64>(),
+            DataType::U32 => code.run::<u32>(),
+            DataType::I8 => code.run::<i8>(),
+            DataType::U8 => code.run::<u8>(),
+            DataType::F8E4M3 => code.run::<F8E4M3>(),
+            DataType::F8E5M2 => code.run::<F8E5M2>(),
+        }
+    }
+}
+
 mod sealed {
     pub trait Sealed {}
 }
@@ -186,5 +229,19 @@ mod tests {
         assert_eq!(<bf16 as Element>::DTYPE.size(), 2);
         assert_eq!(std::mem::size_of::<f16>(), DataType::F16.size());
         assert_eq!(i8::from_f64(300.0), 44); // wraps after truncation
+    }
+
+    #[test]
+    fn run_calls_the_code_with_the_matching_type() {
+        struct Named;
+        impl ForEachElement for Named {
+            type Output = (DataType, usize);
+            fn run<T: Element>(self) -> (DataType, usize) {
+                (T::DTYPE, std::mem::size_of::<T>())
+            }
+        }
+        for t in DataType::ALL {
+            assert_eq!(t.run(Named), (t, t.size()));
+        }
     }
 }

@@ -64,7 +64,7 @@ pub use api::{buffer, communicator, grow, split};
 pub use call::DeviceTransfer;
 pub use comm_core as core;
 pub use communicator::Communicator;
-pub use dtype::{DataType, Element};
+pub use dtype::{DataType, Element, ForEachElement};
 pub use fp8::{F8E4M3, F8E5M2};
 pub use half::{bf16, f16};
 pub use op::ReduceOp;

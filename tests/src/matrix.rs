@@ -9,7 +9,7 @@
 //! e4m3, 8 in e5m2); as weave rounds an FP8 reduction once, its results are compared exactly
 //! with the exact result rounded to the type.
 
-use collectives::{Communicator, DataType, Element, F8E4M3, F8E5M2, ReduceOp, bf16, f16};
+use collectives::{Communicator, DataType, Element, ForEachElement, ReduceOp};
 use comm_core::{Error, Result};
 
 /// What to run.
@@ -259,24 +259,24 @@ fn run_typed<T: Element>(comm: &Communicator, spec: &MatrixSpec) -> Result<usize
     Ok(checked)
 }
 
+/// The matrix on one element type (see [`run_typed`]).
+struct TypedMatrix<'a> {
+    comm: &'a Communicator,
+    spec: &'a MatrixSpec,
+}
+
+impl ForEachElement for TypedMatrix<'_> {
+    type Output = Result<usize>;
+    fn run<T: Element>(self) -> Result<usize> {
+        run_typed::<T>(self.comm, self.spec)
+    }
+}
+
 /// Runs the matrix on every dtype of `spec`; returns the number of checked calls.
 pub fn run_matrix(comm: &Communicator, spec: &MatrixSpec) -> Result<usize> {
     let mut total = 0;
     for &d in &spec.dtypes {
-        total += match d {
-            DataType::F64 => run_typed::<f64>(comm, spec)?,
-            DataType::F32 => run_typed::<f32>(comm, spec)?,
-            DataType::F16 => run_typed::<f16>(comm, spec)?,
-            DataType::Bf16 => run_typed::<bf16>(comm, spec)?,
-            DataType::I64 => run_typed::<i64>(comm, spec)?,
-            DataType::I32 => run_typed::<i32>(comm, spec)?,
-            DataType::U64 => run_typed::<u64>(comm, spec)?,
-            DataType::U32 => run_typed::<u32>(comm, spec)?,
-            DataType::I8 => run_typed::<i8>(comm, spec)?,
-            DataType::U8 => run_typed::<u8>(comm, spec)?,
-            DataType::F8E4M3 => run_typed::<F8E4M3>(comm, spec)?,
-            DataType::F8E5M2 => run_typed::<F8E5M2>(comm, spec)?,
-        };
+        total += d.run(TypedMatrix { comm, spec })?;
     }
     Ok(total)
 }

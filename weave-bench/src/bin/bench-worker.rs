@@ -53,7 +53,7 @@
 use std::time::{Duration, Instant};
 
 use clap::Parser;
-use collectives::{Collective, Communicator, DataType, Element, F8E4M3, F8E5M2, ReduceOp, bf16, f16};
+use collectives::{Collective, Communicator, DataType, Element, ForEachElement, ReduceOp};
 use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::{Error, Result};
@@ -439,21 +439,7 @@ fn bench(comm: &Communicator, o: &Options, start: Instant) -> Result<()> {
     let mut turns = RankTurns::connect(o.turns.as_deref(), o.turn_timeout, comm.rank())?;
     for size in o.sizes() {
         turns.wait()?;
-        let t = &mut turns;
-        let line = match o.dtype {
-            DataType::F64 => run_size::<f64>(comm, o, size, t)?,
-            DataType::F32 => run_size::<f32>(comm, o, size, t)?,
-            DataType::F16 => run_size::<f16>(comm, o, size, t)?,
-            DataType::Bf16 => run_size::<bf16>(comm, o, size, t)?,
-            DataType::I64 => run_size::<i64>(comm, o, size, t)?,
-            DataType::I32 => run_size::<i32>(comm, o, size, t)?,
-            DataType::U64 => run_size::<u64>(comm, o, size, t)?,
-            DataType::U32 => run_size::<u32>(comm, o, size, t)?,
-            DataType::I8 => run_size::<i8>(comm, o, size, t)?,
-            DataType::U8 => run_size::<u8>(comm, o, size, t)?,
-            DataType::F8E4M3 => run_size::<F8E4M3>(comm, o, size, t)?,
-            DataType::F8E5M2 => run_size::<F8E5M2>(comm, o, size, t)?,
-        };
+        let line = o.dtype.run(SizeRun { comm, o, size, turns: &mut turns })?;
         if comm.rank() == 0 {
             // Rust's stdout is line-buffered: the line is out before the turn ends.
             println!("{}", result_line(o, comm.world_size(), &line, create_s[0]));
@@ -469,6 +455,21 @@ fn count_for(op: Collective, size: usize, elt: usize, n: usize) -> usize {
     match op {
         Collective::AllReduce | Collective::Broadcast | Collective::Reduce => count,
         _ => (count / n) & !(16 / elt).saturating_sub(1),
+    }
+}
+
+/// One size of the benchmark, for the element type of `--dtype` (see [`run_size`]).
+struct SizeRun<'a> {
+    comm: &'a Communicator,
+    o: &'a Options,
+    size: usize,
+    turns: &'a mut RankTurns,
+}
+
+impl ForEachElement for SizeRun<'_> {
+    type Output = Result<Line>;
+    fn run<T: Element>(self) -> Result<Line> {
+        run_size::<T>(self.comm, self.o, self.size, self.turns)
     }
 }
 
