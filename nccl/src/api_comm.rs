@@ -582,8 +582,9 @@ pub extern "C" fn ncclGetErrorString(result: NcclResult) -> *const c_char {
     error::error_cstr(result).as_ptr()
 }
 
-/// `ncclGetLastError`: the message of the last failure (of `comm` when it has one, else of
-/// the process); valid until this thread calls it again. Empty when nothing failed.
+/// `ncclGetLastError`: the message of the last failure: of `comm` when it has one, else of the
+/// calling thread's last failed call, else of the process; valid until this thread calls it
+/// again. Empty when nothing failed.
 #[unsafe(no_mangle)]
 pub extern "C" fn ncclGetLastError(comm: NcclCommPtr) -> *const c_char {
     let own = std::panic::catch_unwind(|| {

@@ -88,27 +88,35 @@ pub fn warn_once(symbol: &'static str, message: &str) {
     }
 }
 
-/// The last failure of any thread (for `ncclGetLastError` on another thread).
+/// The last failure of any thread (for `ncclGetLastError` on a thread where nothing failed).
 static LAST_ERROR: Mutex<String> = Mutex::new(String::new());
 
 thread_local! {
+    /// The last failure of a call made on this thread: what `ncclGetLastError` reports first,
+    /// as NCCL keeps its last error per thread, so that another thread's failure in between
+    /// does not hide it.
+    static LAST_ON_THIS_THREAD: RefCell<Option<String>> = const { RefCell::new(None) };
     /// The string `ncclGetLastError` last handed out on this thread (valid until this thread's
     /// next `ncclGetLastError`).
     static HANDED_OUT: RefCell<CString> = RefCell::new(CString::default());
 }
 
-/// Records `message` as the last error.
+/// Records `message` as the last error of this thread and of the process.
 pub fn set_last_error(message: &str) {
+    LAST_ON_THIS_THREAD.with(|last| *last.borrow_mut() = Some(message.to_owned()));
     if let Ok(mut last) = LAST_ERROR.lock() {
         last.clear();
         last.push_str(message);
     }
 }
 
-/// The last error as a C string owned by this thread (empty when none), valid until this
-/// thread calls this again.
+/// The last error as a C string owned by this thread, valid until this thread calls this
+/// again: `preferred` when given, else this thread's last failure, else the process's (empty
+/// when nothing failed).
 pub fn last_error_ptr(preferred: Option<String>) -> *const c_char {
-    let text = preferred.unwrap_or_else(|| LAST_ERROR.lock().map(|s| s.clone()).unwrap_or_default());
+    let text = preferred
+        .or_else(|| LAST_ON_THIS_THREAD.with(|last| last.borrow().clone()))
+        .unwrap_or_else(|| LAST_ERROR.lock().map(|s| s.clone()).unwrap_or_default());
     let c = CString::new(text.replace('\0', " ")).unwrap_or_default();
     HANDED_OUT.with(|h| {
         *h.borrow_mut() = c;
@@ -207,5 +215,22 @@ mod tests {
         let text = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
         assert!(text.contains("count too large") || text.contains("ncclTest"), "{text}");
         assert_eq!(guard("ncclTest", || Ok(())), NcclResult::SUCCESS);
+    }
+
+    #[test]
+    fn a_thread_reads_its_own_last_failure_not_another_threads() {
+        set_last_error("failure of this thread");
+        std::thread::spawn(|| set_last_error("failure of another thread")).join().unwrap();
+        let p = last_error_ptr(None);
+        // SAFETY: last_error_ptr returns a live NUL-terminated string owned by this thread.
+        let here = unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned();
+        assert_eq!(here, "failure of this thread");
+        let elsewhere = std::thread::spawn(|| {
+            // SAFETY: as above, on the thread that read it.
+            unsafe { CStr::from_ptr(last_error_ptr(None)) }.to_string_lossy().into_owned()
+        })
+        .join()
+        .unwrap();
+        assert!(elsewhere.starts_with("failure of"), "a thread where nothing failed reads the process's: {elsewhere}");
     }
 }
