@@ -26,10 +26,16 @@ pub fn scenario_spec(
 /// two cores would slow each other down by orders of magnitude.
 static ONE_JOB_AT_A_TIME: std::sync::Mutex<()> = std::sync::Mutex::new(());
 
-/// Launches a job, holding the one-job-at-a-time lock (a panicking test does not poison it
-/// for the others).
+/// This test's turn among the jobs of its binary (see `ONE_JOB_AT_A_TIME`), held until the
+/// guard drops: for tests that run ranks as threads of their own. A panicking test does not
+/// poison it for the others.
+pub fn job_turn() -> std::sync::MutexGuard<'static, ()> {
+    ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Launches a job in its turn ([`job_turn`]).
 pub fn launch_serialized(spec: &LaunchSpec) -> weave_launch::Result<LaunchReport> {
-    let _turn = ONE_JOB_AT_A_TIME.lock().unwrap_or_else(|p| p.into_inner());
+    let _turn = job_turn();
     launch(spec)
 }
 

@@ -14,7 +14,7 @@ use comm_core::config::Config;
 use comm_core::loopback::{LoopbackBootstrap, LoopbackTransport};
 use comm_core::verdict::Lag;
 use weave_launch::RankExit;
-use weave_tests::launcher::{dump, launch_serialized, number_after, scenario_spec};
+use weave_tests::launcher::{dump, job_turn, launch_serialized, number_after, scenario_spec};
 
 const WORKER: &str = env!("CARGO_BIN_EXE_collectives-worker");
 
@@ -31,6 +31,8 @@ struct Stalled {
 /// `n` thread ranks run `calls` checked all-reduces; rank `odd` runs `odd_one` instead of its
 /// call `at` (0-based) and then waits for the others to finish. Returns the others' errors.
 fn stall(n: usize, odd: usize, at: usize, odd_one: impl Fn(&Communicator) + Sync) -> Vec<Stalled> {
+    // The ranks spin while they wait; the bounds below assume no other job of this binary runs.
+    let _turn = job_turn();
     let group = LoopbackBootstrap::group(n, TIMEOUT);
     let done = Barrier::new(n);
     let (done, odd_one) = (&done, &odd_one);

@@ -142,9 +142,9 @@ fn port_channels_move_data_through_the_proxy() {
 
 #[test]
 fn a_build_given_a_cancel_flag_ends_when_it_is_set() {
-    // Rank 1 of 2 never builds: rank 0's endpoint exchange waits for it (5 s at the most) until
-    // the flag is set.
-    let mut group = LoopbackBootstrap::group(2, Duration::from_secs(5));
+    // Rank 1 of 2 never builds: rank 0's endpoint exchange waits for it (60 s at the most)
+    // until the flag is set.
+    let mut group = LoopbackBootstrap::group(2, Duration::from_secs(60));
     let _absent = group.pop();
     let b = group.pop().unwrap();
     let cancel = Arc::new(AtomicBool::new(false));
@@ -158,7 +158,8 @@ fn a_build_given_a_cancel_flag_ends_when_it_is_set() {
     cancel.store(true, Ordering::Release);
     let built = building.join().unwrap();
     assert!(matches!(&built, Err(Error::Aborted(_))), "{built:?}");
-    assert!(started.elapsed() < Duration::from_secs(1), "the build took {:?} to end", started.elapsed());
+    // Far below the timeout, far above a loaded machine's delay (other tests run 256 threads).
+    assert!(started.elapsed() < Duration::from_secs(10), "the build took {:?} to end", started.elapsed());
     // A flag set before the build begins ends it at once.
     let b = LoopbackBootstrap::group(1, Duration::from_secs(5)).pop().unwrap();
     let set = Arc::new(AtomicBool::new(true));
