@@ -1,8 +1,10 @@
 //! The object behind an `ncclComm_t`, and the registry of live handles.
 //!
-//! An `ncclComm_t` is `Arc::into_raw` of an [`NcclComm`]. Every call first looks the pointer up
-//! in the registry of live handles, so a NULL, destroyed or foreign handle gives
-//! `ncclInvalidArgument` instead of a crash, and takes its own reference, so a concurrent
+//! An `ncclComm_t` is an opaque number, never handed out twice in a process, that the registry
+//! of live handles maps to its [`NcclComm`]. Every call first looks it up there, so a NULL,
+//! destroyed or foreign handle gives `ncclInvalidArgument` instead of a crash — also after the
+//! process made new communicators, which a handle that were the object's address could come to
+//! name when the allocator reuses the memory — and takes its own reference, so a concurrent
 //! `ncclCommDestroy` or `ncclCommAbort` never frees the object under a running call.
 //!
 //! The weave [`Communicator`] inside is used by one thread at a time (it is `Send`, not
@@ -21,7 +23,7 @@
 //! program issues the calls of a family from one thread at a time in the same order on every
 //! rank. The communicator goes with the family's last handle.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::sync::atomic::{AtomicI32, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
@@ -514,19 +516,29 @@ pub fn share_a_communicator(a: NcclCommPtr, b: NcclCommPtr) -> Result<bool, Fail
     Ok(Arc::ptr_eq(&lookup(a)?.family()?, &lookup(b)?.family()?))
 }
 
-/// Addresses of the live handles.
-static LIVE: Mutex<Option<HashSet<usize>>> = Mutex::new(None);
+/// The live handles, by their number.
+type Registry = Option<HashMap<usize, Arc<NcclComm>>>;
 
-fn live() -> Result<MutexGuard<'static, Option<HashSet<usize>>>, Fail> {
+/// The registry of live handles.
+static LIVE: Mutex<Registry> = Mutex::new(None);
+
+/// The number of the next handle. Handles step by 16 from a page above NULL, so that they read
+/// as aligned addresses in a caller's log; at 2⁶⁴ / 16 of them a process never reuses one.
+static NEXT_HANDLE: AtomicUsize = AtomicUsize::new(HANDLE_STEP * 256);
+
+/// The distance between two handles' numbers.
+const HANDLE_STEP: usize = 16;
+
+fn live() -> Result<MutexGuard<'static, Registry>, Fail> {
     LIVE.lock().map_err(|_| Fail::new(NcclResult::INTERNAL_ERROR, "handle registry poisoned by a panic"))
 }
 
 /// Makes `comm` a handle C can hold.
 pub fn register(comm: NcclComm) -> Result<NcclCommPtr, Fail> {
-    let mut set = live()?;
-    let p = Arc::into_raw(Arc::new(comm)) as NcclCommPtr;
-    set.get_or_insert_with(HashSet::new).insert(p as usize);
-    Ok(p)
+    let mut map = live()?;
+    let number = NEXT_HANDLE.fetch_add(HANDLE_STEP, Ordering::Relaxed);
+    map.get_or_insert_with(HashMap::new).insert(number, Arc::new(comm));
+    Ok(std::ptr::without_provenance_mut(number))
 }
 
 /// The handle behind `p`, with a reference of its own.
@@ -534,18 +546,11 @@ pub fn lookup(p: NcclCommPtr) -> Result<Arc<NcclComm>, Fail> {
     if p.is_null() {
         return Err(Fail::invalid("comm is NULL"));
     }
-    let set = live()?;
-    if !set.as_ref().is_some_and(|s| s.contains(&(p as usize))) {
-        return Err(Fail::invalid(format!(
+    live()?.as_ref().and_then(|map| map.get(&(p as usize)).cloned()).ok_or_else(|| {
+        Fail::invalid(format!(
             "comm {p:p} is not a live communicator of this library (destroyed already, or never made by it)"
-        )));
-    }
-    // SAFETY: `p` is in the registry, so it came from Arc::into_raw in `register` and the
-    // registry still owns that reference (we hold the registry lock).
-    unsafe {
-        Arc::increment_strong_count(p as *const NcclComm);
-        Ok(Arc::from_raw(p as *const NcclComm))
-    }
+        ))
+    })
 }
 
 /// Removes `p` from the registry and returns the registry's reference.
@@ -553,11 +558,30 @@ pub fn unregister(p: NcclCommPtr) -> Result<Arc<NcclComm>, Fail> {
     if p.is_null() {
         return Err(Fail::invalid("comm is NULL"));
     }
-    let mut set = live()?;
-    if !set.as_mut().is_some_and(|s| s.remove(&(p as usize))) {
-        return Err(Fail::invalid(format!("comm {p:p} is not a live communicator (destroyed twice?)")));
+    live()?
+        .as_mut()
+        .and_then(|map| map.remove(&(p as usize)))
+        .ok_or_else(|| Fail::invalid(format!("comm {p:p} is not a live communicator (destroyed twice?)")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_destroyed_handle_never_names_a_later_communicator() {
+        let gone = register(NcclComm::awaiting_group(-1, true)).unwrap();
+        assert!(lookup(gone).is_ok());
+        drop(unregister(gone).unwrap());
+        // Objects of the same size, made right after the free, that an address would reuse.
+        let later: Vec<NcclCommPtr> = (0..64).map(|_| register(NcclComm::awaiting_group(-1, true)).unwrap()).collect();
+        assert!(later.iter().all(|&p| p != gone), "a handle was handed out twice");
+        let err = lookup(gone).err().expect("a destroyed handle must not resolve");
+        assert_eq!(err.code, NcclResult::INVALID_ARGUMENT);
+        assert!(err.message.contains("not a live communicator"), "{}", err.message);
+        assert!(unregister(gone).is_err(), "destroyed twice");
+        for p in later {
+            drop(unregister(p).unwrap());
+        }
     }
-    // SAFETY: `p` was in the registry (removed just now under the lock): it came from
-    // Arc::into_raw and this takes back the registry's reference exactly once.
-    Ok(unsafe { Arc::from_raw(p as *const NcclComm) })
 }
