@@ -2,9 +2,9 @@
 //!
 //! An `ncclComm_t` is an opaque number, never handed out twice in a process, that the registry
 //! of live handles maps to its [`NcclComm`]. Every call first looks it up there, so a NULL,
-//! destroyed or foreign handle gives `ncclInvalidArgument` instead of a crash — also after the
-//! process made new communicators, which a handle that were the object's address could come to
-//! name when the allocator reuses the memory — and takes its own reference, so a concurrent
+//! destroyed or foreign handle gives `ncclInvalidArgument` instead of a crash, even after the
+//! process made new communicators (an object's address may be reused by the allocator, a
+//! handle's number never is), and takes its own reference, so a concurrent
 //! `ncclCommDestroy` or `ncclCommAbort` never frees the object under a running call.
 //!
 //! The weave [`Communicator`] inside is used by one thread at a time (it is `Send`, not
